@@ -1,0 +1,119 @@
+# kvq — GNU Make build. `make` builds build/libkvq.a and bin/kv{dump,calib,stat,eval}.
+#   make CUDA=0        CPU-only build (default: CUDA=1 when nvcc is found)
+#   make CUDA_ARCH=sm_80  override the GPU architecture (default sm_90)
+#   make test          setup + build + run every Check suite
+#   make asan          AddressSanitizer + UBSan build of everything, then the tests
+#   make bench         benchmarks (tests/bench), results for docs/BENCHMARKS.md
+#   make demo          the whole pipeline on the default model and data
+.DEFAULT_GOAL := all
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(strip $(NVCC)),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+CUDA_ARCH ?= sm_90
+SAN ?= 0
+
+BUILD := build$(if $(filter 1,$(SAN)),-asan,)
+BIN := bin$(if $(filter 1,$(SAN)),-asan,)
+
+PKGS := hdf5 libcjson libpcre2-8 cairo openblas libcrypto
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+CC ?= cc
+OPT ?= -O2
+CFLAGS := -std=c17 $(OPT) -g -Wall -Wextra -Werror -fopenmp -D_GNU_SOURCE \
+          -I. -Iformats -Idatasets -Ikernels -Icalib -Ianalysis $(PKG_CFLAGS) -MMD -MP
+LDLIBS := $(PKG_LIBS) -lz -lm -fopenmp -lpthread
+ifeq ($(SAN),1)
+CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDLIBS += -fsanitize=address,undefined
+endif
+
+LIB_DIRS := formats datasets kernels calib analysis
+LIB_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
+CU_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
+NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. -Iformats -Ikernels
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+else
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+endif
+
+LIB := $(BUILD)/libkvq.a
+TOOLS := kvdump kvcalib kvstat kveval
+TOOL_BINS := $(TOOLS:%=$(BIN)/%)
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(wildcard tests/bench/bench_*.c)
+BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all lib tools tests test check-deps asan bench demo setup clean help
+all: check-deps $(LIB) $(TOOL_BINS)
+lib: $(LIB)
+tools: $(TOOL_BINS)
+tests: $(TEST_BINS)
+
+help:
+	@sed -n '1,9p' Makefile | sed 's/^# \{0,1\}//'
+
+check-deps:
+	@pkg-config --exists $(PKGS) check || { echo "kvq: missing build dependencies (pkg-config: $(PKGS) check)."; \
+	  echo "     run 'bash scripts/setup.sh' (as root) or 'make test', which runs it."; exit 1; }
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/%: $(BUILD)/cmd/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/bench/%: tests/bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+setup:
+	bash scripts/setup.sh
+
+# Tests run from the repo root; ../shared and models/ are optional (tests skip with a message).
+test: setup
+	$(MAKE) all tests
+	@bash scripts/run_tests.sh $(TEST_BINS)
+
+asan:
+	bash scripts/setup.sh --no-model
+	$(MAKE) SAN=1 CUDA=0 OPT=-O1 all tests
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  KVQ_TEST_QUICK=1 bash scripts/run_tests.sh $(patsubst build/%,build-asan/%,$(TEST_BINS))
+
+bench: all $(BENCH_BINS)
+	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
+
+demo: setup all
+	bash scripts/demo.sh
+
+clean:
+	rm -rf build build-asan bin bin-asan
+
+-include $(shell find build build-asan -name '*.d' 2>/dev/null)

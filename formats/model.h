@@ -1,0 +1,99 @@
+/* model.h — the one in-memory model every loader produces (GGUF, safetensors,
+ * llama2.c). The forward pass never knows the source format.
+ *
+ * Weights are fp32, dequantized once at load, row-major. A linear layer
+ * W of shape [out][in] computes y = W x (x is a row of `in` floats).
+ *
+ * RoPE pairing is normalised at load: every loader permutes q/k projection rows
+ * so that rotary pairs are adjacent channels (2i, 2i+1) within each head
+ * ("interleaved", GGML rope mode 0, llama2.c, Meta's reference). HF checkpoints
+ * (rotate-half pairs (i, i + rotary_dim/2)) are un-permuted by the safetensors
+ * loader. As a consequence, pre-RoPE key channels are always reported in the
+ * interleaved order. Source: llama.cpp convert_hf_to_gguf.py `permute`.
+ */
+#ifndef KVQ_MODEL_H
+#define KVQ_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum {
+    KVQ_ROPE_SCALING_NONE = 0,
+    KVQ_ROPE_SCALING_LINEAR,  /* positions divided by factor */
+    KVQ_ROPE_SCALING_LLAMA3   /* Llama-3.1 frequency-dependent scaling */
+} kvq_rope_scaling;
+
+typedef enum {
+    KVQ_SRC_GGUF = 0,
+    KVQ_SRC_SAFETENSORS,
+    KVQ_SRC_LLAMA2C
+} kvq_model_source;
+
+/* Architecture hyperparameters. */
+typedef struct {
+    int n_layers;     /* llama.block_count */
+    int dim;          /* llama.embedding_length (d_model) */
+    int hidden_dim;   /* llama.feed_forward_length (SwiGLU inner size) */
+    int n_heads;      /* llama.attention.head_count (query heads) */
+    int n_kv_heads;   /* llama.attention.head_count_kv (GQA: n_heads % n_kv_heads == 0) */
+    int head_dim;     /* dim / n_heads */
+    int vocab_size;   /* rows of the embedding table */
+    int ctx_len;      /* llama.context_length (training context) */
+    int rope_dim;     /* llama.rope.dimension_count (rotated channels per head, <= head_dim, even) */
+    float rope_theta; /* llama.rope.freq_base */
+    kvq_rope_scaling rope_scaling;
+    float rope_scale_factor;   /* linear/llama3 factor (1 when none) */
+    float rope_low_freq_factor, rope_high_freq_factor; /* llama3 only */
+    int rope_orig_ctx;         /* llama3 only: original context length */
+    float norm_eps;   /* llama.attention.layer_norm_rms_epsilon */
+    bool tied_embeddings; /* LM head shares tok_embd */
+} kvq_hparams;
+
+/* Per-layer weights, fp32 row-major. q_dim = n_heads*head_dim, kv_dim = n_kv_heads*head_dim. */
+typedef struct {
+    float *attn_norm; /* [dim] */
+    float *wq;        /* [q_dim][dim] */
+    float *wk;        /* [kv_dim][dim] */
+    float *wv;        /* [kv_dim][dim] */
+    float *wo;        /* [dim][q_dim] */
+    float *ffn_norm;  /* [dim] */
+    float *w_gate;    /* [hidden_dim][dim] (w1) */
+    float *w_up;      /* [hidden_dim][dim] (w3) */
+    float *w_down;    /* [dim][hidden_dim] (w2) */
+} kvq_layer_weights;
+
+typedef struct {
+    kvq_hparams hp;
+    float *tok_embd;          /* [vocab_size][dim] */
+    float *out_norm;          /* [dim] */
+    float *output;            /* [vocab_size][dim]; == tok_embd when tied */
+    kvq_layer_weights *layers;/* [n_layers] */
+    kvq_model_source source;
+    char path[4096];          /* file the weights came from */
+    /* ownership: every float* above points into `arena` (one allocation) */
+    float *arena;
+    size_t arena_floats;
+} kvq_model;
+
+/* Load any supported model file, choosing the loader by content:
+ * GGUF magic, a directory / .safetensors / config.json (HF), else llama2.c.
+ * On success *out owns its memory; release with kvq_model_free. */
+kvq_status kvq_model_load(const char *path, kvq_model *out, kvq_err *err);
+
+/* Validate hyperparameters (positive, divisible, products that fit); names the
+ * offending field. Loaders call it; exposed for tests. */
+kvq_status kvq_hparams_validate(const kvq_hparams *hp, const char *path, kvq_err *err);
+
+/* Allocate the arena for hp and point every weight into it (zeroed).
+ * Used by loaders. */
+kvq_status kvq_model_alloc(kvq_model *m, const kvq_hparams *hp, kvq_err *err);
+
+void kvq_model_free(kvq_model *m);
+
+static inline int kvq_q_dim(const kvq_hparams *hp) { return hp->n_heads * hp->head_dim; }
+static inline int kvq_kv_dim(const kvq_hparams *hp) { return hp->n_kv_heads * hp->head_dim; }
+
+#endif

@@ -1,0 +1,64 @@
+#include "status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+kvq_status kvq_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+kvq_status kvq_err_prefix(kvq_err *err, const char *fmt, ...)
+{
+    if (!err) return KVQ_OK;
+    char pre[KVQ_ERR_MSG_MAX], old[KVQ_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    size_t np = strnlen(pre, sizeof pre - 1), no = strnlen(old, sizeof old - 1), cap = sizeof err->msg - 1;
+    size_t k = 0;
+    for (size_t i = 0; i < np && k < cap; i++) err->msg[k++] = pre[i];
+    for (const char *sep = ": "; *sep && k < cap; sep++) err->msg[k++] = *sep;
+    for (size_t i = 0; i < no && k < cap; i++) err->msg[k++] = old[i];
+    err->msg[k] = 0;
+    return err->code;
+}
+
+const char *kvq_status_name(kvq_status s)
+{
+    switch (s) {
+    case KVQ_OK: return "ok";
+    case KVQ_EIO: return "I/O error";
+    case KVQ_EFORMAT: return "format error";
+    case KVQ_ENOMEM: return "out of memory";
+    case KVQ_EINVAL: return "invalid argument";
+    case KVQ_EUNSUPPORTED: return "unsupported";
+    case KVQ_ENUMERIC: return "numerical error";
+    case KVQ_EMISMATCH: return "mismatch";
+    }
+    return "unknown error";
+}
+
+int kvq_mul_size(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > (size_t)-1 / a) return 1;
+    *out = a * b;
+    return 0;
+}
+
+int kvq_add_size(size_t a, size_t b, size_t *out)
+{
+    if (b > (size_t)-1 - a) return 1;
+    *out = a + b;
+    return 0;
+}

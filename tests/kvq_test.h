@@ -1,0 +1,58 @@
+/* kvq_test.h — shared helpers for the Check suites under tests/.
+ * Each tests/test_<name>.c defines `static Suite *suite(void)` and ends with
+ * KVQ_TEST_MAIN(suite). Tests run from the repository root.
+ * External inputs are optional: ../shared (override: KVQ_SHARED) and the
+ * default model models/SmolLM2-135M-Instruct.Q4_1.gguf (override: KVQ_MODEL).
+ * A test whose input is absent prints "SKIP <test>: <why>" and returns. */
+#ifndef KVQ_TEST_H
+#define KVQ_TEST_H
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static inline const char *kvq_test_shared_dir(void)
+{
+    const char *s = getenv("KVQ_SHARED");
+    return s && *s ? s : "../shared";
+}
+
+/* Build "<shared>/<rel>" into buf; returns buf if the file exists, else NULL. */
+static inline const char *kvq_test_shared(char *buf, size_t n, const char *rel)
+{
+    snprintf(buf, n, "%s/%s", kvq_test_shared_dir(), rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+static inline const char *kvq_test_model(void)
+{
+    const char *s = getenv("KVQ_MODEL");
+    const char *p = s && *s ? s : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    return access(p, R_OK) == 0 ? p : NULL;
+}
+
+/* Quick mode (ASan runs): tests may shrink their workloads. */
+static inline int kvq_test_quick(void) { const char *q = getenv("KVQ_TEST_QUICK"); return q && *q == '1'; }
+
+#define KVQ_SKIP_IF(cond, why) do { if (cond) { fprintf(stderr, "SKIP %s: %s\n", __func__, (why)); return; } } while (0)
+
+/* relative L2 error ||a-b|| / ||b|| in double */
+static inline double kvq_test_rel_l2_f(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) { double d = (double)a[i] - b[i]; num += d * d; den += (double)b[i] * b[i]; }
+    return den > 0 ? __builtin_sqrt(num / den) : __builtin_sqrt(num);
+}
+
+#define KVQ_TEST_MAIN(suite_fn) \
+    int main(void) { \
+        SRunner *sr = srunner_create(suite_fn()); \
+        srunner_run_all(sr, CK_NORMAL); \
+        int nf = srunner_ntests_failed(sr); \
+        srunner_free(sr); \
+        return nf ? EXIT_FAILURE : EXIT_SUCCESS; \
+    }
+
+#endif
