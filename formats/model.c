@@ -1,0 +1,111 @@
+/* model.c — model allocation, validation and format dispatch; see model.h. */
+#include "model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "loaders.h"
+
+kvq_status kvq_hparams_validate(const kvq_hparams *hp, const char *path, kvq_err *err)
+{
+#define POS(f, name) if (hp->f <= 0) return kvq_fail(err, KVQ_EFORMAT, "%s: %s: expected > 0, found %d", path, name, hp->f)
+    POS(n_layers, "n_layers (block_count)");
+    POS(dim, "dim (embedding_length)");
+    POS(hidden_dim, "hidden_dim (feed_forward_length)");
+    POS(n_heads, "n_heads (attention.head_count)");
+    POS(n_kv_heads, "n_kv_heads (attention.head_count_kv)");
+    POS(head_dim, "head_dim");
+    POS(vocab_size, "vocab_size");
+    POS(ctx_len, "ctx_len (context_length)");
+#undef POS
+    const int big = 1 << 20;
+    if (hp->dim > big || hp->hidden_dim > big || hp->n_layers > 4096 || hp->n_heads > 4096 || hp->vocab_size > (1 << 24) || hp->head_dim > 4096)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: implausible dimensions (dim %d, hidden %d, layers %d, heads %d, vocab %d, head_dim %d)",
+                        path, hp->dim, hp->hidden_dim, hp->n_layers, hp->n_heads, hp->vocab_size, hp->head_dim);
+    if (hp->n_heads % hp->n_kv_heads)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: n_heads %d is not a multiple of n_kv_heads %d (GQA)", path, hp->n_heads, hp->n_kv_heads);
+    if (hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: rope dimension_count: expected an even value in 2..head_dim (%d), found %d", path, hp->head_dim, hp->rope_dim);
+    if (!(hp->rope_theta > 0) || !(hp->norm_eps > 0) || !(hp->norm_eps < 1))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: rope theta %g / rms eps %g out of range", path, hp->rope_theta, hp->norm_eps);
+    return KVQ_OK;
+}
+
+/* Sizes, in floats, of every weight; one arena holds them all (llm.c style). */
+kvq_status kvq_model_alloc(kvq_model *m, const kvq_hparams *hp, kvq_err *err)
+{
+    size_t dim = hp->dim, hid = hp->hidden_dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), V = hp->vocab_size, L = hp->n_layers;
+    size_t per_layer = dim /*attn_norm*/ + qd * dim + 2 * kvd * dim + dim * qd + dim /*ffn_norm*/ + 3 * hid * dim;
+    size_t total = V * dim + dim + (hp->tied_embeddings ? 0 : V * dim);
+    size_t tl;
+    if (kvq_mul_size(per_layer, L, &tl) || kvq_add_size(total, tl, &total) || total > ((size_t)1 << 40))
+        return kvq_fail(err, KVQ_ENOMEM, "model size overflows (%zu layers x %zu floats)", L, per_layer);
+    m->hp = *hp;
+    m->arena = calloc(total, sizeof(float));
+    m->layers = calloc(L, sizeof *m->layers);
+    if (!m->arena || !m->layers) {
+        free(m->arena);
+        free(m->layers);
+        m->arena = NULL;
+        m->layers = NULL;
+        return kvq_fail(err, KVQ_ENOMEM, "cannot allocate %.1f MiB for model weights", total * 4.0 / (1 << 20));
+    }
+    m->arena_floats = total;
+    float *p = m->arena;
+#define TAKE(n) (p += (n), p - (n))
+    m->tok_embd = TAKE(V * dim);
+    m->out_norm = TAKE(dim);
+    m->output = hp->tied_embeddings ? m->tok_embd : TAKE(V * dim);
+    for (size_t l = 0; l < L; l++) {
+        kvq_layer_weights *w = &m->layers[l];
+        w->attn_norm = TAKE(dim);
+        w->wq = TAKE(qd * dim);
+        w->wk = TAKE(kvd * dim);
+        w->wv = TAKE(kvd * dim);
+        w->wo = TAKE(dim * qd);
+        w->ffn_norm = TAKE(dim);
+        w->w_gate = TAKE(hid * dim);
+        w->w_up = TAKE(hid * dim);
+        w->w_down = TAKE(dim * hid);
+    }
+#undef TAKE
+    return KVQ_OK;
+}
+
+void kvq_model_free(kvq_model *m)
+{
+    free(m->arena);
+    free(m->layers);
+    m->arena = NULL;
+    m->layers = NULL;
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+kvq_status kvq_model_load(const char *path, kvq_model *out, kvq_err *err)
+{
+    memset(out, 0, sizeof *out);
+    struct stat st;
+    if (stat(path, &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
+    kvq_status s;
+    if (S_ISDIR(st.st_mode) || ends_with(path, ".safetensors") || ends_with(path, ".json")) {
+        s = kvq_model_load_safetensors(path, out, err);
+    } else {
+        FILE *f = fopen(path, "rb");
+        if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
+        char magic[4] = {0};
+        size_t got = fread(magic, 1, 4, f);
+        fclose(f);
+        if (got == 4 && memcmp(magic, "GGUF", 4) == 0) s = kvq_model_load_gguf(path, out, err);
+        else s = kvq_model_load_llama2c(path, out, err);
+    }
+    if (s == KVQ_OK) snprintf(out->path, sizeof out->path, "%s", path);
+    return s;
+}
