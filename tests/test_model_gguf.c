@@ -8,6 +8,7 @@
  *     wrong architecture, RoPE scaling variants, shape mismatches, extra /
  *     missing / duplicate tensors, an undequantizable type, overflowing sizes. */
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <openssl/evp.h>
 
@@ -273,6 +274,13 @@ START_TEST(test_tiny_values)
     ck_assert_ptr_ne(m.output, m.tok_embd);
     /* every array (non-square [out][in] shapes, 8 tensor types) as gguf.quants gives it */
     ck_assert_int_eq(check_weights(&m, FIX "tiny_llama.sha256"), 21);
+    /* weights digest = hashlib.sha256 of the file (first fixture line) */
+    char fp[65], wh[65], line[128];
+    ck_assert_msg(kvq_model_fingerprint(&m, fp, wh, &e) == KVQ_OK, "%s", e.msg);
+    FILE *f = fopen(FIX "tiny_llama.sha256", "r");
+    ck_assert(f && fgets(line, sizeof line, f));
+    fclose(f);
+    ck_assert_msg(!strncmp(line, "file ", 5) && !strncmp(line + 5, wh, 64), "%s vs %s", line, wh);
     kvq_model_free(&m);
 }
 END_TEST
@@ -348,6 +356,35 @@ START_TEST(test_tiny_flips)
     fprintf(stderr, "test_tiny_flips: %d flips rejected with a message, %d harmless\n", rejected, accepted);
     unlink(tmp);
     free(buf);
+}
+END_TEST
+
+/* A directory (HF checkpoint) digest: *.json and *.safetensors files in name
+ * order as "<name>\\0<u64 LE size><bytes>"; other files ignored. Expected value
+ * from Python hashlib over the same byte string. */
+START_TEST(test_sha256_directory)
+{
+    char dir[128], p[256];
+    snprintf(dir, sizeof dir, "/tmp/kvq_test_sha_dir_%d", (int)getpid());
+    ck_assert(mkdir(dir, 0700) == 0);
+    const char *names[] = {"b.safetensors", "a.json", "c.txt"};
+    const char *data[] = {"\x00\x01\x02" "abc", "{\"x\": 1}", "ignored"};
+    size_t lens[] = {6, 8, 7};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        write_bytes(p, (const uint8_t *)data[i], lens[i]);
+    }
+    char hex[65];
+    kvq_err e = {0};
+    ck_assert_msg(kvq_sha256_path(dir, hex, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(hex, "86a6c86d69f7f1537b5646b13176374be9150ed4b11c1ebf8e9542d028e8fce3");
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+    ck_assert_int_eq(kvq_sha256_path("/nonexistent/model.gguf", hex, &e), KVQ_EIO);
+    ck_assert_ptr_nonnull(strstr(e.msg, "/nonexistent/model.gguf"));
 }
 END_TEST
 
@@ -769,6 +806,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_tiny_values);
     tcase_add_test(tc, test_tiny_truncations);
     tcase_add_test(tc, test_tiny_flips);
+    tcase_add_test(tc, test_sha256_directory);
     tcase_add_test(tc, test_built_valid_and_defaults);
     tcase_add_test(tc, test_built_missing_keys);
     tcase_add_test(tc, test_built_arch_and_rope);

@@ -5,7 +5,8 @@ untied output) whose weights use a mix of tensor types (F32, F16, BF16, Q8_0,
 Q4_0, Q4_1, Q5_0, Q5_1), written with the `gguf` package's GGUFWriter and
 quantizer — and tests/fixtures/tiny_llama.sha256: per tensor
 "<name> <type> <n_elements> <sha256 of gguf.quants.dequantize(...) as
-little-endian fp32, shape [ne1][ne0] row-major>" (= kvq's [out][in] layout).
+little-endian fp32, shape [ne1][ne0] row-major>" (= kvq's [out][in] layout),
+after a first line "file <sha256 of tiny_llama.gguf>".
 Used by tests/test_model_gguf.c (loader values, truncations, bit flips).
 Run from the repository root: python3 tests/scripts/gguf_tiny_model.py
 """
@@ -64,7 +65,8 @@ def main():
     w.close()
 
     r = gguf.GGUFReader(OUT + ".gguf")
-    lines = []
+    with open(OUT + ".gguf", "rb") as f:
+        lines = [f"file {hashlib.sha256(f.read()).hexdigest()}"]
     for t in r.tensors:
         qt = T(t.tensor_type)
         data = t.data.view(np.float16) if qt == T.F16 else t.data
