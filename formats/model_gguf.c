@@ -243,10 +243,19 @@ kvq_status kvq_model_load_gguf(const char *path, kvq_model *out, kvq_err *err)
     out->source = KVQ_SRC_GGUF;
     snprintf(out->path, sizeof out->path, "%s", path);
     n = build_jobs(&hp, out, jobs);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         if ((s = check_job(&g, &jobs[i], err))) goto done;
-        if ((s = kvq_gguf_tensor_dequantize(&g, jobs[i].t, jobs[i].dst, err))) goto done;
+    /* one parallel region over tensors (largest first, dynamic), not one per
+     * tensor: hundreds of small fork/join barriers are slow on busy machines.
+     * kvq_gguf_tensor_dequantize's own row loop runs serially when nested. */
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
+    for (size_t i = 0; i < n; i++) {
+        kvq_err e2 = {0};
+        if (kvq_gguf_tensor_dequantize(&g, jobs[i].t, jobs[i].dst, &e2) != KVQ_OK) failed = 1;
     }
+    if (failed) /* unreachable after check_job; report the first failure serially */
+        for (size_t i = 0; i < n && !s; i++) s = kvq_gguf_tensor_dequantize(&g, jobs[i].t, jobs[i].dst, err);
 done:
     free(jobs);
     kvq_gguf_close(&g);
