@@ -1086,6 +1086,7 @@ kvq_status kvq_tokenizer_decode(const kvq_tokenizer *t, const int32_t *ids, size
 
 /* ---------- accessors ---------- */
 
+int32_t kvq_tokenizer_byte_token(const kvq_tokenizer *t, uint8_t b) { return t->byte_tok[b]; }
 int32_t kvq_tokenizer_n_vocab(const kvq_tokenizer *t) { return t->n_vocab; }
 int32_t kvq_tokenizer_bos(const kvq_tokenizer *t) { return t->bos; }
 int32_t kvq_tokenizer_eos(const kvq_tokenizer *t) { return t->eos; }

@@ -37,6 +37,11 @@
  * become pieces of their own and are encoded through the byte tokens, so
  * decode(encode(x)) == x still holds; in the SentencePiece path each invalid
  * byte is one character with no token and goes to "<0xNN>" byte fallback.
+ * A byte without a byte token (kvq_tokenizer_byte_token() == -1) becomes the
+ * unknown token (lossy) or, without one, KVQ_EUNSUPPORTED. In the SentencePiece
+ * path a literal "▁" (U+2581) in the text is indistinguishable from an escaped
+ * space and decodes as ' ' (as in SentencePiece itself); otherwise
+ * decode(encode(x)) == x for any bytes x when special tokens are not parsed.
  * Vocabulary defects: a merge naming a token not in the vocabulary, a missing
  * merges array for a byte-level vocabulary, a non-UTF-8 or empty token text,
  * a BOS/EOS id out of range → KVQ_EFORMAT naming file, key and index. Duplicate
@@ -120,6 +125,12 @@ kvq_toktype kvq_tokenizer_token_type(const kvq_tokenizer *tok, int32_t id); /* U
 /* Stored text of a token (NOT NUL-terminated; "▁" / byte-level chars as in the
  * vocabulary), *len its length; NULL when id is out of range. */
 const char *kvq_tokenizer_token_text(const kvq_tokenizer *tok, int32_t id, size_t *len);
+/* The token that stands for raw byte b ("<0xNN>" in SentencePiece vocabularies,
+ * the bytes_to_unicode character in byte-level ones), -1 if the vocabulary has
+ * none (e.g. StarCoder lacks 0xF5..0xFF, which never occur in valid UTF-8):
+ * such bytes encode as the unknown token, or fail with KVQ_EUNSUPPORTED when
+ * there is no unknown token either. */
+int32_t kvq_tokenizer_byte_token(const kvq_tokenizer *tok, uint8_t b);
 /* Text → id of a whole token (exact stored text), -1 if absent. */
 int32_t kvq_tokenizer_find(const kvq_tokenizer *tok, const char *text, size_t len);
 /* Identity line for dump metadata, e.g. "gguf gpt2/smollm vocab 49152 merges 48900 bos 1 eos 2". */

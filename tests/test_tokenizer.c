@@ -13,6 +13,7 @@
 
 #include "kvq_test.h"
 #include "tokenizer.h"
+#include "fuzz/fuzz_common.h"
 
 static char *read_all(const char *path, size_t *n)
 {
@@ -286,6 +287,165 @@ START_TEST(test_llama2c_aidreams)
 }
 END_TEST
 
+static const char *tmpfile_with(const char *name, const void *data, size_t n, char *path, size_t pn)
+{
+    snprintf(path, pn, "/tmp/kvq_test_tok_%d_%s", (int)getpid(), name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    if (n) ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+    return path;
+}
+
+/* Invalid UTF-8, NUL bytes, empty text: never an error, lossless where documented. */
+START_TEST(test_bad_text)
+{
+    static const char *names[3] = {"gpt-2", "starcoder", "llama-spm"};
+    static const char odd[] = "\xff\x00 a\xc3(\xe2\x82 \xf0\x9f\x98\x01\xed\xa0\x80z\x00\x00 \xc0\xaf";
+    for (int v = 0; v < 3; v++) {
+        char b[4096], rel[256];
+        snprintf(rel, sizeof rel, "tokenizer-conformance/ggml-vocab-%s.gguf", names[v]);
+        const char *g = kvq_test_shared(b, sizeof b, rel);
+        KVQ_SKIP_IF(!g, "../shared/tokenizer-conformance absent");
+        kvq_tokenizer *tok;
+        kvq_err e = {0};
+        ck_assert(kvq_tokenizer_from_gguf(g, &tok, &e) == KVQ_OK);
+        int32_t *ids;
+        size_t n;
+        /* empty text: no tokens; with BOS only BOS */
+        ck_assert(kvq_tokenizer_encode(tok, "", 0, 0, &ids, &n, &e) == KVQ_OK);
+        ck_assert_uint_eq(n, 0);
+        free(ids);
+        ck_assert(kvq_tokenizer_encode(tok, NULL, 0, KVQ_TOK_ADD_BOS, &ids, &n, &e) == KVQ_OK);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_int_eq(ids[0], kvq_tokenizer_bos(tok));
+        free(ids);
+        ck_assert(kvq_tokenizer_encode(tok, odd, sizeof odd - 1, 0, &ids, &n, &e) == KVQ_OK);
+        char *txt;
+        size_t tl;
+        ck_assert(kvq_tokenizer_decode(tok, ids, n, 0, &txt, &tl, &e) == KVQ_OK);
+        if (v != 1) ck_assert(tl == sizeof odd - 1 && !memcmp(txt, odd, tl)); /* lossless */
+        else {
+            /* StarCoder has no token for 0xFF (never valid UTF-8): <unk> (= id 0) stands for it */
+            ck_assert_int_eq(kvq_tokenizer_byte_token(tok, 0xff), -1);
+            ck_assert_int_eq(ids[0], 0);
+        }
+        if (v == 2) { /* SPM: the "▁" prefix alone (nothing merges with an invalid byte), then <0xFF> */
+            ck_assert_int_eq(ids[0], 29871);
+            ck_assert_int_eq(ids[1], 3 + 0xff);
+            ck_assert_int_eq(ids[2], 3 + 0x00);
+        }
+        free(txt);
+        /* an id out of range is a clear decode error */
+        int32_t badid[2] = {5, kvq_tokenizer_n_vocab(tok)};
+        ck_assert(kvq_tokenizer_decode(tok, badid, 2, 0, &txt, &tl, &e) == KVQ_EINVAL);
+        ck_assert_ptr_nonnull(strstr(e.msg, "ids[1]"));
+        free(ids);
+        kvq_tokenizer_free(tok);
+    }
+}
+END_TEST
+
+/* Vocabulary defects: clear errors or the documented first-id-wins rule. */
+START_TEST(test_bad_vocab)
+{
+    char path[512];
+    kvq_tokenizer *tok;
+    kvq_err e = {0};
+    const char *nomerges = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
+    tmpfile_with("nomerges.json", nomerges, strlen(nomerges), path, sizeof path);
+    ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "model.merges"));
+    const char *badmerge = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", \"a c\"]},"
+                           " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
+    tmpfile_with("badmerge.json", badmerge, strlen(badmerge), path, sizeof path);
+    ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_msg(strstr(e.msg, "model.merges[1]") && strstr(e.msg, "right part"), "%s", e.msg);
+    const char *unigram = "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}";
+    tmpfile_with("unigram.json", unigram, strlen(unigram), path, sizeof path);
+    ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EUNSUPPORTED);
+    tmpfile_with("broken.json", "{\"model\": {", 11, path, sizeof path);
+    ck_assert(kvq_tokenizer_load(path, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "invalid JSON"));
+    /* llama2.c file with a duplicate token text: first id wins, counted in describe() */
+    unsigned char bin[256];
+    size_t k = 0;
+    uint32_t maxlen = 8;
+    memcpy(bin, &maxlen, 4);
+    k = 4;
+    const char *texts[] = {"<unk>", "\n<s>\n", "\n</s>\n", " ", "a", "b", "a", " a"};
+    float scores[] = {0, 0, 0, -1, -2, -3, -4, -5};
+    for (int i = 0; i < 8; i++) {
+        int32_t l = (int32_t)strlen(texts[i]);
+        memcpy(bin + k, &scores[i], 4);
+        memcpy(bin + k + 4, &l, 4);
+        memcpy(bin + k + 8, texts[i], (size_t)l);
+        k += 8 + (size_t)l;
+    }
+    tmpfile_with("dup.bin", bin, k, path, sizeof path);
+    ck_assert_msg(kvq_tokenizer_from_llama2c(path, 8, &tok, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(kvq_tokenizer_describe(tok), "llama2c spm vocab 8 duplicates 1");
+    int32_t *ids;
+    size_t n;
+    ck_assert(kvq_tokenizer_encode(tok, "ab", 2, 0, &ids, &n, &e) == KVQ_OK);
+    /* "▁ab": ▁a (id 7) then b; the duplicate "a" (id 6) is never produced */
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(ids[0], 7);
+    ck_assert_int_eq(ids[1], 5);
+    free(ids);
+    /* no byte tokens: an unknown character becomes <unk> (id 0) */
+    ck_assert(kvq_tokenizer_encode(tok, "c", 1, 0, &ids, &n, &e) == KVQ_OK);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(ids[1], 0);
+    free(ids);
+    kvq_tokenizer_free(tok);
+    /* asking for more tokens than the file has; truncated records */
+    ck_assert(kvq_tokenizer_from_llama2c(path, 9, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "expected vocab_size 9"));
+    tmpfile_with("trunc.bin", bin, k - 3, path, sizeof path);
+    ck_assert(kvq_tokenizer_from_llama2c(path, 8, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "token 7"));
+    tmpfile_with("empty.bin", bin, 0, path, sizeof path);
+    ck_assert(kvq_tokenizer_load(path, &tok, &e) == KVQ_EFORMAT);
+    unlink(path);
+}
+END_TEST
+
+/* Replay every saved fuzz input (tests/fixtures/fuzz/) through the fuzz step. */
+START_TEST(test_fuzz_regressions)
+{
+    static const char *names[3] = {"gpt-2", "starcoder", "llama-spm"};
+    kvq_tokenizer *toks[3];
+    for (int v = 0; v < 3; v++) {
+        char b[4096], rel[256];
+        snprintf(rel, sizeof rel, "tokenizer-conformance/ggml-vocab-%s.gguf", names[v]);
+        const char *g = kvq_test_shared(b, sizeof b, rel);
+        KVQ_SKIP_IF(!g, "../shared/tokenizer-conformance absent");
+        kvq_err e = {0};
+        ck_assert(kvq_tokenizer_from_gguf(g, &toks[v], &e) == KVQ_OK);
+    }
+    DIR *d = opendir("tests/fixtures/fuzz");
+    ck_assert_ptr_nonnull(d);
+    int cnt = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char p[1024];
+        snprintf(p, sizeof p, "tests/fixtures/fuzz/%s", de->d_name);
+        size_t n;
+        char *data = read_all(p, &n);
+        ck_assert_ptr_nonnull(data);
+        const char *bad = kvq_fuzz_one(toks, 3, (const uint8_t *)data, n);
+        ck_assert_msg(bad == NULL, "%s: %s", p, bad);
+        free(data);
+        cnt++;
+    }
+    closedir(d);
+    ck_assert_int_ge(cnt, 1);
+    for (int v = 0; v < 3; v++) kvq_tokenizer_free(toks[v]);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tokenizer");
@@ -297,6 +457,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_smollm2_fixture);
     tcase_add_test(tc, test_hf_json_mini);
     tcase_add_test(tc, test_llama2c_aidreams);
+    tcase_add_test(tc, test_bad_text);
+    tcase_add_test(tc, test_bad_vocab);
+    tcase_add_test(tc, test_fuzz_regressions);
     suite_add_tcase(s, tc);
     return s;
 }
