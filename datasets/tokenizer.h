@@ -43,8 +43,9 @@
  * space and decodes as ' ' (as in SentencePiece itself); otherwise
  * decode(encode(x)) == x for any bytes x when special tokens are not parsed.
  * Vocabulary defects: a merge naming a token not in the vocabulary, a missing
- * merges array for a byte-level vocabulary, a non-UTF-8 or empty token text,
- * a BOS/EOS id out of range → KVQ_EFORMAT naming file, key and index. Duplicate
+ * merges array for a byte-level vocabulary, a BOS/EOS/UNK id out of range,
+ * an unknown token type → KVQ_EFORMAT naming file, key and index. A token with
+ * an empty text is kept (decodes to nothing) but never produced by encode. Duplicate
  * token texts are allowed (some vocabularies pad with them): text→id uses the
  * FIRST id; the count is in kvq_tokenizer_describe().
  *
