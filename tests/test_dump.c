@@ -787,6 +787,39 @@ START_TEST(test_bad_files)
     rm_dump(path);
     ck_assert_int_eq(kvq_dump_open(path, &r, &e), KVQ_EIO);
     ck_assert_msg(strstr(e.msg, "No such file"), "%s", e.msg);
+    /* HDF5 printed nothing on any of these failures, and its printing setting is restored afterwards */
+    char errf[300];
+    snprintf(errf, sizeof errf, "%s.stderr", path);
+    fflush(stderr);
+    int saved = dup(2), fd = open(errf, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    ck_assert(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    make_small_dump(path);
+    f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    a = H5Aopen(f, "schema_version", H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &v2);
+    H5Aclose(a);
+    H5Fclose(f);
+    kvq_status s1 = kvq_dump_open(path, &r, &e);                                      /* schema error */
+    kvq_status s2 = kvq_dump_open("/nonexistent_dir_kvq/x.h5", &r, &e);               /* missing */
+    kvq_dump_writer *w0;
+    kvq_dump_meta m0;
+    small_meta(&m0, KVQ_DUMP_F32);
+    kvq_status s3 = kvq_dump_create("/nonexistent_dir_kvq/x.h5", &m0, NULL, &w0, &e); /* HDF5 create fails */
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    ck_assert(s1 == KVQ_EUNSUPPORTED && s2 == KVQ_EIO && s3 == KVQ_EIO);
+    struct stat st;
+    ck_assert_int_eq(stat(errf, &st), 0);
+    ck_assert_msg(st.st_size == 0, "HDF5 wrote %lld bytes to stderr", (long long)st.st_size);
+    unlink(errf);
+    H5E_auto2_t func = NULL;
+    void *data = NULL;
+    H5Eget_auto2(H5E_DEFAULT, &func, &data);
+    ck_assert_ptr_nonnull((void *)func); /* HDF5's default printer is back */
+    rm_dump(path);
     /* bad meta at create names the field */
     kvq_dump_meta m;
     small_meta(&m, KVQ_DUMP_F16);
