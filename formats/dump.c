@@ -1028,8 +1028,15 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
         if (fapl < 0) {
             s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
         } else {
-            w->d.file = H5Fcreate(w->d.fname, w->opts.force ? H5F_ACC_TRUNC : H5F_ACC_EXCL, H5P_DEFAULT, fapl);
-            if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
+            /* no object timestamps (root group included): same inputs, same bytes */
+            hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+            if (fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0) {
+                s = h5_fail(err, KVQ_EIO, "%s: cannot set up file creation", w->d.fname);
+            } else {
+                w->d.file = H5Fcreate(w->d.fname, w->opts.force ? H5F_ACC_TRUNC : H5F_ACC_EXCL, fcpl, fapl);
+                if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
+            }
+            if (fcpl >= 0) H5Pclose(fcpl);
             H5Pclose(fapl);
         }
         if (!s) s = write_root_attrs(&w->d, err);

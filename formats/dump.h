@@ -27,7 +27,11 @@
  * failures become kvq_err messages that quote HDF5's innermost error line
  * (which carries errno text such as "File too large" / "No space left").
  *
- * Not thread-safe: one writer or reader per thread (serial HDF5).
+ * Not thread-safe: serial HDF5; use the writer/readers from one thread.
+ *
+ * Process-wide side effect: the first call into this module calls
+ * H5dont_atexit() (see kvq_dump_write_layer for why); every file this module
+ * opens is closed explicitly.
  */
 #ifndef KVQ_DUMP_H
 #define KVQ_DUMP_H
@@ -44,7 +48,7 @@
 #define KVQ_DUMP_PATH_MAX 4096
 #define KVQ_DUMP_STR_MAX 256     /* short identity strings */
 #define KVQ_DUMP_CMDLINE_MAX 8192
-#define KVQ_DUMP_DEFLATE_DEFAULT 1 /* zlib level; see DUMP.md "Compression" for the measurement */
+#define KVQ_DUMP_DEFLATE_DEFAULT 1 /* zlib level (0 = no filters); cost measured in DUMP.md "Storage" */
 #define KVQ_DUMP_F16_MAX 65504.0f  /* largest finite IEEE binary16 */
 
 /* Storage type of k_pre_rope, k, v, q (Fisher and attention stats are always f32). */
@@ -198,7 +202,12 @@ const kvq_dump_meta *kvq_dump_writer_meta(const kvq_dump_writer *w);
  * channel for NaN/Inf, and for |x| > 65504 when dtype is f16: no saturation),
  * converts to f16 with kvq_dump_f32_to_f16 when dtype is f16, and writes.
  * Errors: KVQ_EINVAL (sample/layer out of order or range, NULL data),
- * KVQ_ENUMERIC, KVQ_EIO (HDF5 write failed: disk full, file-size limit). */
+ * KVQ_ENUMERIC, KVQ_EIO (HDF5 write failed: disk full, file-size limit; the
+ * message quotes the OS error). After an HDF5 write/flush failure the writer
+ * refuses all further work; kvq_dump_abort / kvq_dump_finish then release it
+ * WITHOUT closing the HDF5 file (a close would retry the failed flush, and
+ * HDF5 1.10.8 crashes at exit after a failed close, HDFFV-11052), so the
+ * .partial stays as of the last committed sample and is resumable. */
 kvq_status kvq_dump_write_layer(kvq_dump_writer *w, int64_t sample, int layer, const kvq_dump_layer_data *d,
                                 kvq_err *err);
 
@@ -211,9 +220,11 @@ kvq_status kvq_dump_commit_sample(kvq_dump_writer *w, int64_t sample, const int3
 kvq_status kvq_dump_write_sample(kvq_dump_writer *w, int64_t sample, const int32_t *tokens,
                                  const kvq_dump_layer_data *layers, kvq_err *err);
 
-/* Require samples_done == n_samples, close, fsync, rename <path>.partial →
- * <path> (no-replace unless force), fsync the directory. Frees w in every
- * case; on failure the .partial is kept and <path> is untouched. */
+/* Require samples_done == n_samples (else KVQ_EINVAL) and no earlier write
+ * error (else KVQ_EIO), close, fsync, rename <path>.partial → <path>
+ * (no-replace unless force: KVQ_EIO if <path> appeared meanwhile), fsync the
+ * directory. Frees w in every case; on failure the .partial is kept and
+ * <path> is untouched. */
 kvq_status kvq_dump_finish(kvq_dump_writer *w, kvq_err *err);
 
 /* Close the file cleanly (committed samples stay readable and resumable),

@@ -217,6 +217,8 @@ START_TEST(test_f16_codec)
 }
 END_TEST
 
+static void make_small_dump(const char *path);
+
 /* ---- round trips ------------------------------------------------------------ */
 
 static void check_contents(const char *path, kvq_dump_dtype dtype)
@@ -313,6 +315,33 @@ START_TEST(test_roundtrip_f16)
 {
     const char *keep = getenv("KVQ_DUMP_FIXTURE");
     roundtrip(KVQ_DUMP_F16, keep && *keep ? keep : NULL);
+}
+END_TEST
+
+/* Same inputs → byte-identical files (no object timestamps anywhere), even a second apart. */
+START_TEST(test_deterministic)
+{
+    char a[256], b[256];
+    tmp_path(a, sizeof a, "detA");
+    tmp_path(b, sizeof b, "detB");
+    make_small_dump(a);
+    sleep(1);
+    make_small_dump(b);
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    ck_assert(fa && fb);
+    long n = 0;
+    int ca, cb;
+    do {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        ck_assert_msg(ca == cb, "dumps differ at byte %ld", n);
+        n++;
+    } while (ca != EOF);
+    ck_assert_int_gt(n, 10000);
+    fclose(fa);
+    fclose(fb);
+    rm_dump(a);
+    rm_dump(b);
 }
 END_TEST
 
@@ -893,6 +922,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_f16_codec);
     tcase_add_test(tc, test_roundtrip_f32);
     tcase_add_test(tc, test_roundtrip_f16);
+    tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_attributes_roundtrip);
     tcase_add_test(tc, test_partial_and_force);
     tcase_add_test(tc, test_order_and_interrupt);
