@@ -431,9 +431,10 @@ static void sb_json_str(sbuf *b, const char *s)
 
 static int cmp_entry(const void *a, const void *b)
 {
+    /* the reference writer's order: dtype descending in its enum order (which
+     * kvq_st_dtype mirrors, so wider types come first), then name */
     const kvq_st_entry *x = *(const kvq_st_entry *const *)a, *y = *(const kvq_st_entry *const *)b;
-    size_t sx = kvq_st_dtype_size(x->dtype), sy = kvq_st_dtype_size(y->dtype);
-    if (sx != sy) return sx > sy ? -1 : 1;
+    if (x->dtype != y->dtype) return x->dtype > y->dtype ? -1 : 1;
     return strcmp(x->name, y->name);
 }
 

@@ -108,9 +108,13 @@ typedef struct {
  * whatever the order of `tensors` and `meta`.
  *  - JSON: compact, "__metadata__" first (omitted if n_meta == 0) with keys
  *    sorted bytewise; then tensors in data order.
- *  - Data order: element size descending, then name bytewise (the reference
- *    writer's rule), so every tensor is aligned to its element size; the data
- *    buffer starts 8-byte aligned (header padded with spaces).
+ *  - Data order: dtype descending in the reference implementation's Dtype
+ *    enum order (which kvq_st_dtype mirrors: 8-byte types, then 4, 2, 1),
+ *    then name bytewise — the reference writer's rule, so every tensor is
+ *    aligned to its element size and, for the same tensors and metadata, the
+ *    file is byte-identical to the Python package's (tested against a
+ *    fixture); the data buffer starts 8-byte aligned (header padded with
+ *    spaces).
  *  - Written to "<path>.partial", then renamed over path; on error the
  *    partial file is removed and path is untouched.
  * Names must be non-empty, unique and not "__metadata__"; metadata keys
