@@ -1,8 +1,10 @@
 /* bench_calib.c — time to fit one nuq3-1% (layer, K) and (layer, V) table on
  * synthetic data the size of the default model's per-layer dump at 16 x 2048
  * tokens (SmolLM2-135M: 3 KV heads x head_dim 64 = 192 channels), with Fisher
- * weights. Prints seconds for the thresholds, Lloyd's k-means, the exact
- * solver, and the full default (auto: both) key and value tables, then
+ * weights. Prints seconds for the thresholds, the key table with each fit
+ * method, the value table, and Lloyd's k-means and the exact solver alone
+ * on this layer's normalised key points (incl. histogram and objective
+ * evaluation on all points), then
  * extrapolates to the 30-layer model. Target (issue 6): <= 60 s for the whole
  * model on 2 cores, i.e. about 1 s per layer for K + V.
  * Usage: bench_calib [n_tokens] (default 32768). */
@@ -70,14 +72,41 @@ int main(int argc, char **argv)
         printf("keys table, fit %-11s: %.3f s  (objective lloyd %.6g, exact %.6g)\n", names[m], t_meth[m],
                tk[m].obj_lloyd[0], tk[m].obj_exact[0]);
     }
-    printf("  Lloyd %d-level fit alone ~ %.3f s, exact solver alone ~ %.3f s (table time minus thresholds+normalise)\n",
-           1 << o.bits, t_meth[1] - t_thr, t_meth[2] - t_thr);
     o.fit.method = KVQ_FIT_AUTO;
     t0 = now();
     if (kvq_calib_values(v, f, n_tokens, &o, &tv, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
     double t_v = now() - t0;
     printf("values table, fit auto       : %.3f s  (objective lloyd %.6g, exact %.6g)\n", t_v, tv.obj_lloyd[0],
            tv.obj_exact[0]);
+    /* the solvers alone, on the normalised inlier key points of this layer */
+    {
+        size_t np = 0;
+        float *px = malloc(n * sizeof *px), *pw = malloc(n * sizeof *pw);
+        for (size_t t = 0; t < n_tokens; t++) {
+            if (t % 2048 == 0) continue;
+            for (size_t c = 0; c < kv_dim; c++) {
+                float x = k[t * kv_dim + c], l = tk[0].channel_lower[c], u = tk[0].channel_upper[c];
+                if (x < l || x > u || u == l) continue;
+                double xn = ((double)x - 0.5 * ((double)u + l)) / (0.5 * ((double)u - l));
+                px[np] = (float)(xn > 1 ? 1 : xn < -1 ? -1 : xn);
+                pw[np++] = f[t * kv_dim + c];
+            }
+        }
+        for (int m = 1; m <= 2; m++) {
+            kvq_kmeans_opts ko = {.method = (kvq_fit_method)m};
+            kvq_kmeans_info info;
+            float lv[8];
+            t0 = now();
+            if (kvq_kmeans1d(px, pw, np, 8, &ko, lv, &info, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
+            double dt = now() - t0;
+            printf("kvq_kmeans1d %-5s on %zu points (%zu histogram atoms): %.3f s, objective %.6g%s\n", names[m], np,
+                   info.n_atoms, dt, m == 1 ? info.obj_lloyd : info.obj_exact,
+                   m == 1 ? (info.lloyd_converged ? ", converged" : ", hit max_iter") : "");
+            if (m == 1) printf("  (Lloyd: %d iterations)\n", info.lloyd_iters);
+        }
+        free(px);
+        free(pw);
+    }
     double per_layer = t_meth[0] + t_v;
     printf("per layer K+V (auto): %.3f s -> 30 layers: %.1f s single-threaded (target <= 60 s)\n", per_layer,
            30 * per_layer);
