@@ -83,6 +83,19 @@ static void build_nuq(kvq_artifact *a, bool per_head)
     free(k); free(v); free(f);
 }
 
+static void assert_same_params(const kvq_artifact_params *x, const kvq_artifact_params *y)
+{
+    ck_assert(x->method == y->method && x->k_bits == y->k_bits && x->v_bits == y->v_bits);
+    ck_assert(x->outlier_frac == y->outlier_frac && x->n_sink == y->n_sink);
+    ck_assert(x->post_rope == y->post_rope && x->per_head == y->per_head && x->fisher == y->fisher);
+    ck_assert(x->group_size == y->group_size && x->residual_length == y->residual_length);
+    ck_assert_str_eq(x->fit, y->fit);
+    ck_assert(x->n_layers == y->n_layers && x->n_kv_heads == y->n_kv_heads && x->head_dim == y->head_dim);
+    ck_assert(x->bits_k == y->bits_k && x->bits_v == y->bits_v && x->bits_ctx == y->bits_ctx);
+    ck_assert_str_eq(x->model_fingerprint, y->model_fingerprint);
+    ck_assert_str_eq(x->dump_fingerprint, y->dump_fingerprint);
+}
+
 static void assert_same_table(const kvq_kv_table *x, const kvq_kv_table *y)
 {
     ck_assert_int_eq(x->bits, y->bits);
@@ -121,7 +134,7 @@ START_TEST(test_determinism_and_round_trip)
         ck_assert_msg(n1 == n3 && memcmp(x1, x3, n1) == 0, "re-fit of the same inputs is not byte-identical");
         free(x1); free(x2); free(x3);
         ck_assert_msg(kvq_artifact_read(p1, &r, &e) == KVQ_OK, "%s", e.msg);
-        ck_assert(memcmp(&r.p, &a.p, sizeof r.p) == 0);
+        assert_same_params(&r.p, &a.p);
         for (int l = 0; l < L; l++) {
             assert_same_table(&r.k[l], &a.k[l]);
             assert_same_table(&r.v[l], &a.v[l]);
@@ -160,7 +173,8 @@ START_TEST(test_other_methods)
     ck_assert_double_eq_tol(a.p.bits_k, (56.0 * (2 + 32.0 / 4) + 8 * 16) / 64, 1e-12);
     ck_assert_msg(kvq_artifact_write(p, &a, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_msg(kvq_artifact_read(p, &r, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert(memcmp(&r.p, &a.p, sizeof a.p) == 0 && !r.k && !r.v);
+    assert_same_params(&r.p, &a.p);
+    ck_assert(!r.k && !r.v);
     kvq_artifact_free(&r);
     /* int per-token */
     a.p = (kvq_artifact_params){.method = KVQ_METHOD_INT, .k_bits = 4, .v_bits = 4, .n_layers = 3, .n_kv_heads = H,
