@@ -16,9 +16,14 @@
  * Activations are fp32; GEMMs through cblas_sgemm; attention in fp32.
  *
  * Threads: GEMMs use OpenBLAS's threads (OPENBLAS_NUM_THREADS, default = cores);
- * attention and elementwise ops use OpenMP (OMP_NUM_THREADS, default = cores),
- * with the count fixed at kvq_forward_init. Results do not depend on the
- * OpenMP thread count (each output row is computed by one thread).
+ * attention and the per-row NLL use OpenMP (OMP_NUM_THREADS, default = cores),
+ * with the count fixed at kvq_forward_init, one parallel region per layer;
+ * elementwise ops run on the calling thread. On machines shared with other
+ * work, OMP_WAIT_POLICY=passive keeps idle OpenMP workers from spinning against
+ * OpenBLAS's threads. Results do not depend on the OpenMP thread count (each
+ * output row is computed by one thread in a fixed order); kvq's own kernels
+ * give the same bits on every vector ISA (kernels/simd.h), OpenBLAS's sgemm
+ * may round differently on different CPUs.
  *
  * Memory: one workspace per kvq_forward, allocated by kvq_forward_init for at
  * most max_T window tokens and max_P prefix entries; kvq_forward_run allocates
