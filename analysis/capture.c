@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "forward.h"
 #include "model.h"
@@ -240,7 +241,14 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
 done:
     if (w) {
         kvq_err e2 = {0};
+        int64_t committed = kvq_dump_writer_samples_done(w);
         kvq_dump_abort(w, &e2);
+        /* a fresh dump that holds no sample is not worth resuming: remove it */
+        if (committed == 0 && !o->resume) {
+            char partial[KVQ_DUMP_PATH_MAX + 16];
+            snprintf(partial, sizeof partial, "%s.partial", o->out_path);
+            unlink(partial);
+        }
     }
     free(buf.arena);
     kvq_forward_free(&fw);

@@ -103,6 +103,8 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* past a file-size limit, writes fail with EFBIG (reported) instead of killing us */
+    signal(SIGXFSZ, SIG_IGN);
     o.stop = &g_stop;
 
     kvq_capture_report rep;
