@@ -45,6 +45,31 @@ float kvq_fp16_to_fp32(uint16_t h)
     return f;
 }
 
+uint16_t kvq_fp32_to_fp16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu)); /* NaN: quiet, payload kept */
+    if (a >= 0x47800000u) return (uint16_t)(sign | 0x7C00u);                    /* >= 65536 (or inf): inf */
+    if (a < 0x38800000u) {                                                      /* below 2^-14: binary16 subnormal or 0 */
+        if (a < 0x33000000u) return sign;                                       /* < 2^-25: rounds to zero (2^-25 itself ties to even 0) */
+        /* value = m * 2^(e-150) with the implicit bit; shift so one unit is 2^-24 */
+        const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
+        const uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t q = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent (127 -> 15) and round 23 -> 10 mantissa bits to nearest even;
+     * a carry into the exponent (up to 65536 -> inf) is the correct result */
+    uint32_t r = a - (112u << 23);
+    r += 0xFFFu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+
 float kvq_bf16_to_fp32(uint16_t b)
 {
     uint32_t bits = (uint32_t)b << 16;
@@ -104,6 +129,20 @@ static void dq_q5_1(const uint8_t *b, float *y)
         float v1 = d * (float)x1;
         y[j] = v0 + m;
         y[j + QK / 2] = v1 + m;
+    }
+}
+
+/* IQ4_NL: 4-bit indices into a fixed non-linear codebook (ggml-common.h
+ * kvalues_iq4nl; also gguf/quants.py IQ4_NL.kvalues); y = d * kvalues[q]. */
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void dq_iq4_nl(const uint8_t *b, float *y)
+{
+    const float d = f16at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = d * (float)kvalues_iq4nl[qs[j] & 0x0F];
+        y[j + QK / 2] = d * (float)kvalues_iq4nl[qs[j] >> 4];
     }
 }
 
@@ -274,6 +313,7 @@ static block_fn block_decoder(kvq_ggml_type t)
     case KVQ_GGML_Q5_K: return dq_q5_k;
     case KVQ_GGML_Q6_K: return dq_q6_k;
     case KVQ_GGML_Q8_K: return dq_q8_k;
+    case KVQ_GGML_IQ4_NL: return dq_iq4_nl;
     default: return NULL;
     }
 }
@@ -310,7 +350,7 @@ static kvq_status unsupported(kvq_ggml_type t, const char *what, kvq_err *err)
 {
     char buf[32];
     return kvq_fail(err, KVQ_EUNSUPPORTED,
-                    "%s: tensor type %s (%d) cannot be dequantized (kvq supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)",
+                    "%s: tensor type %s (%d) cannot be dequantized (kvq supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL)",
                     what ? what : "tensor", type_name(t, buf, sizeof buf), (int)t);
 }
 

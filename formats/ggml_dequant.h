@@ -7,6 +7,8 @@
  *   Q5_0 32/22  {f16 d; u8 qh[4]; u8 qs[16]}            y = d*(q-16)
  *   Q5_1 32/24  {f16 d, m; u8 qh[4]; u8 qs[16]}         y = d*q + m
  *   Q8_0 32/34  {f16 d; i8 qs[32]}                      y = d*q
+ *   IQ4_NL 32/18 {f16 d; u8 qs[16]}                     y = d*kvalues_iq4nl[q]
+ *               (kvalues_iq4nl = {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113})
  *   Q2_K 256/84  {u8 scales[16]; u8 qs[64]; f16 d, dmin}
  *   Q3_K 256/110 {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}
  *   Q4_K 256/144 {f16 d, dmin; u8 scales[12]; u8 qs[128]}
@@ -38,6 +40,11 @@
  * infinities are exact; NaNs keep sign and payload with the quiet bit set
  * (as x86 F16C / ggml do). */
 float kvq_fp16_to_fp32(uint16_t h);
+/* binary32 -> binary16, round to nearest even (as F16C _cvtss_sh(x, 0),
+ * ggml's GGML_FP32_TO_FP16 and numpy astype(float16)): overflow gives
+ * +-inf, values below half the smallest subnormal give +-0, subnormals are
+ * rounded correctly, NaNs stay NaN (quiet, upper payload bits kept). */
+uint16_t kvq_fp32_to_fp16(float f);
 /* Exact bfloat16 -> binary32 (bits << 16, NaN payloads unchanged). */
 float kvq_bf16_to_fp32(uint16_t b);
 
