@@ -45,31 +45,6 @@ float kvq_fp16_to_fp32(uint16_t h)
     return f;
 }
 
-uint16_t kvq_fp32_to_fp16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    const uint32_t a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu)); /* NaN: quiet, payload kept */
-    if (a >= 0x47800000u) return (uint16_t)(sign | 0x7C00u);                    /* >= 65536 (or inf): inf */
-    if (a < 0x38800000u) {                                                      /* below 2^-14: binary16 subnormal or 0 */
-        if (a < 0x33000000u) return sign;                                       /* < 2^-25: rounds to zero (2^-25 itself ties to even 0) */
-        /* value = m * 2^(e-150) with the implicit bit; shift so one unit is 2^-24 */
-        const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
-        const uint32_t shift = 126 - e; /* 14..24 */
-        uint32_t q = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
-    }
-    /* normal: rebias the exponent (127 -> 15) and round 23 -> 10 mantissa bits to nearest even;
-     * a carry into the exponent (up to 65536 -> inf) is the correct result */
-    uint32_t r = a - (112u << 23);
-    r += 0xFFFu + ((r >> 13) & 1u);
-    return (uint16_t)(sign | (r >> 13));
-}
-
 float kvq_bf16_to_fp32(uint16_t b)
 {
     uint32_t bits = (uint32_t)b << 16;

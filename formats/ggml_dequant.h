@@ -40,11 +40,6 @@
  * infinities are exact; NaNs keep sign and payload with the quiet bit set
  * (as x86 F16C / ggml do). */
 float kvq_fp16_to_fp32(uint16_t h);
-/* binary32 -> binary16, round to nearest even (as F16C _cvtss_sh(x, 0),
- * ggml's GGML_FP32_TO_FP16 and numpy astype(float16)): overflow gives
- * +-inf, values below half the smallest subnormal give +-0, subnormals are
- * rounded correctly, NaNs stay NaN (quiet, upper payload bits kept). */
-uint16_t kvq_fp32_to_fp16(float f);
 /* Exact bfloat16 -> binary32 (bits << 16, NaN payloads unchanged). */
 float kvq_bf16_to_fp32(uint16_t b);
 
