@@ -548,7 +548,7 @@ static kvq_status open_shards(const char *dir, const char *weights, shardset *s,
             return kvq_fail(err, KVQ_EFORMAT, "%s: weight_map[\"%.96s\"]: expected a shard file name in the same directory, found %s",
                             weights, e->string, jdesc(e, b, sizeof b));
         if (shard_index(s, e->valuestring) >= 0) continue;
-        char ctx[256];
+        char ctx[4096 + 128];
         snprintf(ctx, sizeof ctx, "%s: weight_map[\"%.96s\"]", weights, e->string);
         KVQ_TRY(shard_add(s, dir, e->valuestring, ctx, err));
     }

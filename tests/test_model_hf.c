@@ -11,9 +11,11 @@
  * Variants for bad-input tests are written to a fresh /tmp directory with
  * kvq_safetensors_write and cJSON. */
 #include <cJSON.h>
+#include <math.h>
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include "forward.h"
 #include "kvq_test.h"
 #include "loaders.h"
 #include "model.h"
@@ -254,6 +256,47 @@ START_TEST(test_hf_equals_llama2c)
         assert_same_weights(&m, &ref);
         kvq_model_free(&m);
     }
+    kvq_model_free(&ref);
+}
+END_TEST
+
+/* Both sources through the forward pass: identical logits, bit for bit. */
+START_TEST(test_hf_logits_equal_llama2c)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c absent");
+    kvq_model ref, m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(p, &ref, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_model_load(FIX_SHARDED, &m, &e) == KVQ_OK, "%s", e.msg);
+    enum { T = 48 };
+    int tokens[T];
+    uint32_t x = 12345;
+    tokens[0] = 1; /* BOS */
+    for (int t = 1; t < T; t++) {
+        x = x * 1664525u + 1013904223u;
+        tokens[t] = 3 + (int)((x >> 8) % 509u);
+    }
+    const kvq_model *models[2] = {&ref, &m};
+    float *logits[2];
+    double loss[2];
+    for (int i = 0; i < 2; i++) {
+        kvq_forward fw;
+        ck_assert_msg(kvq_forward_init(&fw, models[i], T, 0, 0, &e) == KVQ_OK, "%s", e.msg);
+        logits[i] = malloc((size_t)T * 512 * sizeof(float));
+        kvq_fwd_io io = {.tokens = tokens, .T = T, .pos0 = 0, .logits = logits[i]};
+        kvq_fwd_result r;
+        ck_assert_msg(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK, "%s", e.msg);
+        loss[i] = r.loss;
+        kvq_forward_free(&fw);
+    }
+    ck_assert(isfinite(loss[0]) && loss[0] > 0.5 && loss[0] < 20);
+    ck_assert_msg(loss[0] == loss[1], "loss %.17g vs %.17g", loss[0], loss[1]);
+    ck_assert_msg(memcmp(logits[0], logits[1], (size_t)T * 512 * sizeof(float)) == 0, "logits differ");
+    free(logits[0]);
+    free(logits[1]);
+    kvq_model_free(&m);
     kvq_model_free(&ref);
 }
 END_TEST
@@ -834,6 +877,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_hf_equals_llama2c);
+    tcase_add_test(tc, test_hf_logits_equal_llama2c);
     tcase_add_test(tc, test_hf_sharded_equals_single);
     tcase_add_test(tc, test_hf_permutation_table);
     tcase_add_test(tc, test_hf_f16_bf16);
