@@ -1,0 +1,582 @@
+/* artifact.c — calibration artifact read/write/inspect; see artifact.h and ARTIFACT.md. */
+#include "artifact.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+static const char *const method_names[KVQ_METHOD_COUNT] = {"nuq", "int", "int-pc", "kivi"};
+
+const char *kvq_method_name(kvq_method m)
+{
+    return (unsigned)m < KVQ_METHOD_COUNT ? method_names[m] : NULL;
+}
+
+void kvq_kv_table_free(kvq_kv_table *t)
+{
+    if (!t) return;
+    free(t->levels);
+    free(t->channel_lower);
+    free(t->channel_upper);
+    free(t->obj_lloyd);
+    free(t->obj_exact);
+    free(t->chosen);
+    memset(t, 0, sizeof *t);
+}
+
+void kvq_artifact_free(kvq_artifact *a)
+{
+    if (!a) return;
+    for (size_t i = 0; a->k && i < a->p.n_layers; i++) kvq_kv_table_free(&a->k[i]);
+    for (size_t i = 0; a->v && i < a->p.n_layers; i++) kvq_kv_table_free(&a->v[i]);
+    free(a->k);
+    free(a->v);
+    a->k = a->v = NULL;
+}
+
+static bool has_levels(kvq_method m) { return m == KVQ_METHOD_NUQ; }
+static bool has_k_thresholds(kvq_method m) { return m == KVQ_METHOD_NUQ || m == KVQ_METHOD_INT_PC; }
+
+/* ---- validation -------------------------------------------------------------- */
+
+static kvq_status check_table(const kvq_artifact_params *p, const kvq_kv_table *t, size_t layer, char kv,
+                              bool want_levels, bool want_thr, kvq_err *err)
+{
+    size_t kv_dim = p->n_kv_heads * p->head_dim;
+    int bits = kv == 'k' ? p->k_bits : p->v_bits;
+    size_t want_tables = want_levels ? (p->per_head ? p->n_kv_heads : 1) : 0;
+    if (t->bits != bits)
+        return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c: table bits %d, expected %c_bits %d", layer, kv, t->bits, kv, bits);
+    if (t->n_tables != want_tables)
+        return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c: %zu datatypes, expected %zu (%s)", layer, kv, t->n_tables,
+                        want_tables, p->per_head ? "per-head" : "per-layer");
+    if (t->kv_dim != kv_dim)
+        return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c: kv_dim %zu, expected n_kv_heads*head_dim = %zu", layer, kv,
+                        t->kv_dim, kv_dim);
+    if (want_levels) {
+        if (!t->levels || !t->obj_lloyd || !t->obj_exact || !t->chosen)
+            return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.levels: missing", layer, kv);
+        size_t nl = (size_t)1 << bits;
+        for (size_t h = 0; h < t->n_tables; h++)
+            for (size_t j = 0; j < nl; j++) {
+                float v = t->levels[h * nl + j];
+                if (!isfinite(v) || v < -1.0f || v > 1.0f || (j && v < t->levels[h * nl + j - 1]))
+                    return kvq_fail(err, KVQ_EINVAL,
+                                    "layers.%zu.%c.levels[%zu][%zu]: expected finite, ascending, in [-1, 1], found %g",
+                                    layer, kv, h, j, (double)v);
+            }
+    }
+    if (want_thr) {
+        if (!t->channel_lower || !t->channel_upper)
+            return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.channel_lower/upper: missing", layer, kv);
+        for (size_t c = 0; c < kv_dim; c++) {
+            float lo = t->channel_lower[c], hi = t->channel_upper[c];
+            if (!isfinite(lo)) return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.channel_lower[%zu]: not finite", layer, kv, c);
+            if (!isfinite(hi)) return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.channel_upper[%zu]: not finite", layer, kv, c);
+            if (lo > hi)
+                return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c: channel %zu: lower %g > upper %g", layer, kv, c,
+                                (double)lo, (double)hi);
+        }
+    }
+    return KVQ_OK;
+}
+
+static kvq_status validate_params(const kvq_artifact_params *p, kvq_err *err)
+{
+    if ((unsigned)p->method >= KVQ_METHOD_COUNT)
+        return kvq_fail(err, KVQ_EINVAL, "method: unknown value %d", (int)p->method);
+    if (p->k_bits < 1 || p->k_bits > 8) return kvq_fail(err, KVQ_EINVAL, "k_bits: expected 1..8, found %d", p->k_bits);
+    if (p->v_bits < 1 || p->v_bits > 8) return kvq_fail(err, KVQ_EINVAL, "v_bits: expected 1..8, found %d", p->v_bits);
+    if (!(p->outlier_frac >= 0 && p->outlier_frac < 0.5))
+        return kvq_fail(err, KVQ_EINVAL, "outlier_fraction: expected [0, 0.5), found %g", p->outlier_frac);
+    if (p->outlier_frac > 0 && !has_k_thresholds(p->method))
+        return kvq_fail(err, KVQ_EINVAL, "outlier_fraction: method %s keeps no outliers, found %g",
+                        kvq_method_name(p->method), p->outlier_frac);
+    if (p->n_layers == 0 || p->n_layers > 4096)
+        return kvq_fail(err, KVQ_EINVAL, "n_layers: expected 1..4096, found %zu", p->n_layers);
+    if (p->n_kv_heads == 0 || p->head_dim == 0 || p->n_kv_heads > 65536 || p->head_dim > 65536)
+        return kvq_fail(err, KVQ_EINVAL, "n_kv_heads, head_dim: expected 1..65536, found %zu, %zu", p->n_kv_heads,
+                        p->head_dim);
+    size_t kv_dim = p->n_kv_heads * p->head_dim;
+    if (p->method == KVQ_METHOD_KIVI) {
+        if (p->group_size == 0 || p->head_dim % p->group_size)
+            return kvq_fail(err, KVQ_EINVAL, "group_size: expected a divisor of head_dim %zu, found %zu", p->head_dim,
+                            p->group_size);
+        if (p->residual_length % p->group_size)
+            return kvq_fail(err, KVQ_EINVAL, "residual_length: expected a multiple of group_size %zu, found %zu",
+                            p->group_size, p->residual_length);
+    } else if (p->method == KVQ_METHOD_INT || p->method == KVQ_METHOD_INT_PC) {
+        if (p->group_size && kv_dim % p->group_size)
+            return kvq_fail(err, KVQ_EINVAL, "group_size: expected 0 or a divisor of kv_dim %zu, found %zu", kv_dim,
+                            p->group_size);
+    }
+    if (p->per_head && p->method != KVQ_METHOD_NUQ)
+        return kvq_fail(err, KVQ_EINVAL, "granularity: per-head datatypes apply to nuq only, method is %s",
+                        kvq_method_name(p->method));
+    if (strnlen(p->fit, sizeof p->fit) == sizeof p->fit) return kvq_fail(err, KVQ_EINVAL, "fit: not terminated");
+    if (has_levels(p->method) && strcmp(p->fit, "auto") && strcmp(p->fit, "lloyd") && strcmp(p->fit, "exact"))
+        return kvq_fail(err, KVQ_EINVAL, "fit: expected auto, lloyd or exact, found \"%s\"", p->fit);
+    if (strnlen(p->model_fingerprint, KVQ_FINGERPRINT_MAX) == KVQ_FINGERPRINT_MAX)
+        return kvq_fail(err, KVQ_EINVAL, "model_fingerprint: longer than %d bytes", KVQ_FINGERPRINT_MAX - 1);
+    if (strnlen(p->dump_fingerprint, KVQ_FINGERPRINT_MAX) == KVQ_FINGERPRINT_MAX)
+        return kvq_fail(err, KVQ_EINVAL, "dump_fingerprint: longer than %d bytes", KVQ_FINGERPRINT_MAX - 1);
+    if (!isfinite(p->bits_k) || !isfinite(p->bits_v) || p->bits_k < 0 || p->bits_v < 0)
+        return kvq_fail(err, KVQ_EINVAL, "bits_per_element: expected finite and >= 0, found %g / %g", p->bits_k,
+                        p->bits_v);
+    return KVQ_OK;
+}
+
+kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
+{
+    const kvq_artifact_params *p = &a->p;
+    KVQ_TRY(validate_params(p, err));
+    bool lv = has_levels(p->method), thr = has_k_thresholds(p->method);
+    if ((lv || thr) && !a->k) return kvq_fail(err, KVQ_EINVAL, "method %s: key tables missing", kvq_method_name(p->method));
+    if (lv && !a->v) return kvq_fail(err, KVQ_EINVAL, "method %s: value tables missing", kvq_method_name(p->method));
+    for (size_t i = 0; i < p->n_layers; i++) {
+        if (a->k && (lv || thr)) KVQ_TRY(check_table(p, &a->k[i], i, 'k', lv, thr, err));
+        if (a->v && lv) KVQ_TRY(check_table(p, &a->v[i], i, 'v', true, false, err));
+    }
+    return KVQ_OK;
+}
+
+/* ---- write ------------------------------------------------------------------------ */
+
+#define META_MAX 40
+
+typedef struct {
+    kvq_st_kv kv[META_MAX];
+    char val[META_MAX][64];
+    size_t n;
+} meta_list;
+
+static void meta_add(meta_list *m, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void meta_add(meta_list *m, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->val[m->n], sizeof m->val[m->n], fmt, ap);
+    va_end(ap);
+    m->kv[m->n].key = key;
+    m->kv[m->n].value = m->val[m->n];
+    m->n++;
+}
+
+static const char *k_axis(kvq_method m) { return m == KVQ_METHOD_INT ? "per-token" : "per-channel"; }
+
+static const char *k_scaling(kvq_method m)
+{
+    switch (m) {
+    case KVQ_METHOD_NUQ: return "nuq-offline-per-channel-thresholds";
+    case KVQ_METHOD_INT: return "uniform-online-per-token-minmax";
+    case KVQ_METHOD_INT_PC: return "uniform-offline-per-channel-thresholds";
+    case KVQ_METHOD_KIVI: return "uniform-online-per-channel-token-groups";
+    default: return "?";
+    }
+}
+
+static const char *v_scaling(kvq_method m)
+{
+    switch (m) {
+    case KVQ_METHOD_NUQ: return "nuq-online-per-token-thresholds";
+    case KVQ_METHOD_KIVI: return "uniform-online-per-token-channel-groups";
+    default: return "uniform-online-per-token-minmax";
+    }
+}
+
+typedef struct {
+    char name[96];
+} tname;
+
+kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *err)
+{
+    KVQ_TRY(kvq_artifact_validate(a, err));
+    const kvq_artifact_params *p = &a->p;
+    meta_list m = {0};
+    meta_add(&m, "kvq.schema", "%s", KVQ_ARTIFACT_SCHEMA);
+    meta_add(&m, "kvq.schema_version", "%d", KVQ_ARTIFACT_VERSION);
+    meta_add(&m, "kvq.method", "%s", kvq_method_name(p->method));
+    meta_add(&m, "kvq.k_bits", "%d", p->k_bits);
+    meta_add(&m, "kvq.v_bits", "%d", p->v_bits);
+    meta_add(&m, "kvq.outlier_fraction", "%.17g", p->outlier_frac);
+    meta_add(&m, "kvq.n_sink", "%zu", p->n_sink);
+    meta_add(&m, "kvq.key_position", "%s", p->post_rope ? "post-rope" : "pre-rope");
+    meta_add(&m, "kvq.granularity", "%s", p->per_head ? "per-head" : "per-layer");
+    meta_add(&m, "kvq.group_size", "%zu", p->group_size);
+    meta_add(&m, "kvq.residual_length", "%zu", p->residual_length);
+    meta_add(&m, "kvq.k_axis", "%s", k_axis(p->method));
+    meta_add(&m, "kvq.v_axis", "%s", "per-token");
+    meta_add(&m, "kvq.k_scaling", "%s", k_scaling(p->method));
+    meta_add(&m, "kvq.v_scaling", "%s", v_scaling(p->method));
+    meta_add(&m, "kvq.fisher", "%s", p->fisher ? "true" : "false");
+    meta_add(&m, "kvq.fit", "%s", p->fit);
+    meta_add(&m, "kvq.n_layers", "%zu", p->n_layers);
+    meta_add(&m, "kvq.n_kv_heads", "%zu", p->n_kv_heads);
+    meta_add(&m, "kvq.head_dim", "%zu", p->head_dim);
+    meta_add(&m, "kvq.bits_per_element.k", "%.17g", p->bits_k);
+    meta_add(&m, "kvq.bits_per_element.v", "%.17g", p->bits_v);
+    meta_add(&m, "kvq.bits_ctx", "%zu", p->bits_ctx);
+    meta_add(&m, "kvq.creator", "%s", "kvq kvcalib");
+    /* fingerprints may exceed the 64-byte scratch values */
+    m.kv[m.n].key = "kvq.model_fingerprint";
+    m.kv[m.n++].value = p->model_fingerprint;
+    m.kv[m.n].key = "kvq.dump_fingerprint";
+    m.kv[m.n++].value = p->dump_fingerprint;
+
+    bool lv = has_levels(p->method), thr = has_k_thresholds(p->method);
+    size_t per_layer = 0;
+    if (a->k && (lv || thr)) per_layer += (lv ? 3 : 0) + (thr ? 2 : 0) + 1;
+    if (a->v && lv) per_layer += 4;
+    size_t n_t = per_layer * p->n_layers, nt = 0;
+    kvq_st_entry *te = calloc(n_t ? n_t : 1, sizeof *te);
+    tname *names = calloc(n_t ? n_t : 1, sizeof *names);
+    double **objs = calloc(2 * p->n_layers + 1, sizeof *objs);
+    uint64_t *counts = calloc(6 * p->n_layers + 1, sizeof *counts);
+    kvq_status s = KVQ_OK;
+    if (!te || !names || !objs || !counts) { s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path); goto done; }
+    size_t kv_dim = p->n_kv_heads * p->head_dim;
+    for (size_t i = 0; i < p->n_layers; i++) {
+        for (int which = 0; which < 2; which++) {
+            const kvq_kv_table *t = which == 0 ? (a->k ? &a->k[i] : NULL) : (a->v ? &a->v[i] : NULL);
+            char kv = which == 0 ? 'k' : 'v';
+            bool want_lv = lv, want_thr = which == 0 && thr;
+            if (!t || (!want_lv && !want_thr)) continue;
+            size_t nl = (size_t)1 << t->bits;
+#define ADD(suffix, dt, nd, s0, s1, ptr)                                                        \
+    do {                                                                                       \
+        snprintf(names[nt].name, sizeof names[nt].name, "layers.%zu.%c." suffix, i, kv);       \
+        te[nt] = (kvq_st_entry){names[nt].name, dt, nd, {s0, s1}, ptr};                        \
+        nt++;                                                                                  \
+    } while (0)
+            if (want_lv) {
+                if (p->per_head) ADD("levels", KVQ_ST_F32, 2, t->n_tables, nl, t->levels);
+                else ADD("levels", KVQ_ST_F32, 1, nl, 0, t->levels);
+                double *o = malloc(2 * t->n_tables * sizeof *o);
+                if (!o) { s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path); goto done; }
+                objs[2 * i + which] = o;
+                for (size_t h = 0; h < t->n_tables; h++) { o[2 * h] = t->obj_lloyd[h]; o[2 * h + 1] = t->obj_exact[h]; }
+                ADD("fit_objective", KVQ_ST_F64, 2, t->n_tables, 2, o);
+                ADD("fit_chosen", KVQ_ST_U8, 1, t->n_tables, 0, t->chosen);
+            }
+            if (want_thr) {
+                ADD("channel_lower", KVQ_ST_F32, 1, kv_dim, 0, t->channel_lower);
+                ADD("channel_upper", KVQ_ST_F32, 1, kv_dim, 0, t->channel_upper);
+            }
+            uint64_t *c = counts + 6 * i + 3 * which;
+            c[0] = t->n_elems;
+            c[1] = t->n_outliers;
+            c[2] = t->n_points;
+            ADD("calib_counts", KVQ_ST_U64, 1, 3, 0, c);
+#undef ADD
+        }
+    }
+    s = kvq_safetensors_write(path, te, nt, m.kv, m.n, err);
+done:
+    if (objs)
+        for (size_t i = 0; i < 2 * p->n_layers; i++) free(objs[i]);
+    free(objs);
+    free(counts);
+    free(names);
+    free(te);
+    return s;
+}
+
+/* ---- read ------------------------------------------------------------------------- */
+
+static kvq_status meta_str(const kvq_safetensors *st, const char *key, const char **out, kvq_err *err)
+{
+    *out = kvq_safetensors_meta(st, key);
+    if (!*out) return kvq_fail(err, KVQ_EFORMAT, "%s: metadata '%s' missing", st->path, key);
+    return KVQ_OK;
+}
+
+static kvq_status meta_size(const kvq_safetensors *st, const char *key, size_t *out, kvq_err *err)
+{
+    const char *v;
+    KVQ_TRY(meta_str(st, key, &v, err));
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || errno || v[0] == '-' || x > SIZE_MAX)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata '%s': expected a non-negative integer, found \"%s\"", st->path,
+                        key, v);
+    *out = (size_t)x;
+    return KVQ_OK;
+}
+
+static kvq_status meta_int(const kvq_safetensors *st, const char *key, int *out, kvq_err *err)
+{
+    size_t v;
+    KVQ_TRY(meta_size(st, key, &v, err));
+    if (v > 1000000) return kvq_fail(err, KVQ_EFORMAT, "%s: metadata '%s': value %zu out of range", st->path, key, v);
+    *out = (int)v;
+    return KVQ_OK;
+}
+
+static kvq_status meta_double(const kvq_safetensors *st, const char *key, double *out, kvq_err *err)
+{
+    const char *v;
+    KVQ_TRY(meta_str(st, key, &v, err));
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !isfinite(x))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata '%s': expected a finite number, found \"%s\"", st->path, key, v);
+    *out = x;
+    return KVQ_OK;
+}
+
+static kvq_status meta_choice(const kvq_safetensors *st, const char *key, const char *yes, const char *no, bool *out,
+                              kvq_err *err)
+{
+    const char *v;
+    KVQ_TRY(meta_str(st, key, &v, err));
+    if (strcmp(v, yes) == 0) *out = true;
+    else if (strcmp(v, no) == 0) *out = false;
+    else return kvq_fail(err, KVQ_EFORMAT, "%s: metadata '%s': expected \"%s\" or \"%s\", found \"%s\"", st->path, key, yes, no, v);
+    return KVQ_OK;
+}
+
+static kvq_status meta_copy(const kvq_safetensors *st, const char *key, char *dst, size_t cap, kvq_err *err)
+{
+    const char *v;
+    KVQ_TRY(meta_str(st, key, &v, err));
+    if (strlen(v) >= cap)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata '%s': longer than %zu bytes", st->path, key, cap - 1);
+    memcpy(dst, v, strlen(v) + 1);
+    return KVQ_OK;
+}
+
+/* Find tensor `layers.<i>.<kv>.<suffix>` with dtype and shape; copy its bytes into a new buffer. */
+static kvq_status get_tensor(const kvq_safetensors *st, size_t layer, char kv, const char *suffix, kvq_st_dtype dt,
+                             uint32_t nd, uint64_t s0, uint64_t s1, void **out, kvq_err *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "layers.%zu.%c.%s", layer, kv, suffix);
+    const kvq_st_tensor *t = kvq_safetensors_find(st, name);
+    if (!t) return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s' missing", st->path, name);
+    if (t->dtype != dt || t->n_dims != nd || t->shape[0] != s0 || (nd == 2 && t->shape[1] != s1))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected %s %s[%llu%s%llu], found %s with %u dims [%llu, ...]",
+                        st->path, name, kvq_st_dtype_name(dt), "", (unsigned long long)s0, nd == 2 ? ", " : "",
+                        nd == 2 ? (unsigned long long)s1 : 0ull, kvq_st_dtype_name(t->dtype), t->n_dims,
+                        t->n_dims ? (unsigned long long)t->shape[0] : 0ull);
+    *out = malloc(t->n_bytes ? t->n_bytes : 1);
+    if (!*out) return kvq_fail(err, KVQ_ENOMEM, "%s: tensor '%s': out of memory", st->path, name);
+    memcpy(*out, t->data, t->n_bytes);
+    return KVQ_OK;
+}
+
+static kvq_status read_table(const kvq_safetensors *st, const kvq_artifact_params *p, size_t i, char kv, bool lv,
+                             bool thr, kvq_kv_table *t, kvq_err *err)
+{
+    size_t kv_dim = p->n_kv_heads * p->head_dim;
+    t->bits = kv == 'k' ? p->k_bits : p->v_bits;
+    t->kv_dim = kv_dim;
+    t->n_tables = lv ? (p->per_head ? p->n_kv_heads : 1) : 0;
+    size_t nl = (size_t)1 << t->bits;
+    if (lv) {
+        void *obj;
+        if (p->per_head) KVQ_TRY(get_tensor(st, i, kv, "levels", KVQ_ST_F32, 2, t->n_tables, nl, (void **)&t->levels, err));
+        else KVQ_TRY(get_tensor(st, i, kv, "levels", KVQ_ST_F32, 1, nl, 0, (void **)&t->levels, err));
+        KVQ_TRY(get_tensor(st, i, kv, "fit_objective", KVQ_ST_F64, 2, t->n_tables, 2, &obj, err));
+        t->obj_lloyd = malloc(t->n_tables * sizeof(double));
+        t->obj_exact = malloc(t->n_tables * sizeof(double));
+        if (!t->obj_lloyd || !t->obj_exact) { free(obj); return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", st->path); }
+        for (size_t h = 0; h < t->n_tables; h++) {
+            t->obj_lloyd[h] = ((double *)obj)[2 * h];
+            t->obj_exact[h] = ((double *)obj)[2 * h + 1];
+        }
+        free(obj);
+        KVQ_TRY(get_tensor(st, i, kv, "fit_chosen", KVQ_ST_U8, 1, t->n_tables, 0, (void **)&t->chosen, err));
+    }
+    if (thr) {
+        KVQ_TRY(get_tensor(st, i, kv, "channel_lower", KVQ_ST_F32, 1, kv_dim, 0, (void **)&t->channel_lower, err));
+        KVQ_TRY(get_tensor(st, i, kv, "channel_upper", KVQ_ST_F32, 1, kv_dim, 0, (void **)&t->channel_upper, err));
+    }
+    uint64_t *c;
+    KVQ_TRY(get_tensor(st, i, kv, "calib_counts", KVQ_ST_U64, 1, 3, 0, (void **)&c, err));
+    t->n_elems = c[0];
+    t->n_outliers = c[1];
+    t->n_points = c[2];
+    free(c);
+    return KVQ_OK;
+}
+
+static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p, kvq_err *err)
+{
+    const char *v;
+    KVQ_TRY(meta_str(st, "kvq.schema", &v, err));
+    if (strcmp(v, KVQ_ARTIFACT_SCHEMA) != 0)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.schema': expected \"%s\", found \"%s\" (not a kvq artifact)",
+                        st->path, KVQ_ARTIFACT_SCHEMA, v);
+    size_t ver;
+    KVQ_TRY(meta_size(st, "kvq.schema_version", &ver, err));
+    if (ver > KVQ_ARTIFACT_VERSION)
+        return kvq_fail(err, KVQ_EUNSUPPORTED,
+                        "%s: metadata 'kvq.schema_version': %zu is newer than this build supports (%d); update kvq",
+                        st->path, ver, KVQ_ARTIFACT_VERSION);
+    if (ver < 1) return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.schema_version': invalid %zu", st->path, ver);
+    KVQ_TRY(meta_str(st, "kvq.method", &v, err));
+    p->method = KVQ_METHOD_COUNT;
+    for (int i = 0; i < KVQ_METHOD_COUNT; i++)
+        if (strcmp(v, method_names[i]) == 0) p->method = (kvq_method)i;
+    if (p->method == KVQ_METHOD_COUNT)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.method': unknown method \"%s\"", st->path, v);
+    KVQ_TRY(meta_int(st, "kvq.k_bits", &p->k_bits, err));
+    KVQ_TRY(meta_int(st, "kvq.v_bits", &p->v_bits, err));
+    KVQ_TRY(meta_double(st, "kvq.outlier_fraction", &p->outlier_frac, err));
+    KVQ_TRY(meta_size(st, "kvq.n_sink", &p->n_sink, err));
+    KVQ_TRY(meta_choice(st, "kvq.key_position", "post-rope", "pre-rope", &p->post_rope, err));
+    KVQ_TRY(meta_choice(st, "kvq.granularity", "per-head", "per-layer", &p->per_head, err));
+    KVQ_TRY(meta_size(st, "kvq.group_size", &p->group_size, err));
+    KVQ_TRY(meta_size(st, "kvq.residual_length", &p->residual_length, err));
+    KVQ_TRY(meta_choice(st, "kvq.fisher", "true", "false", &p->fisher, err));
+    KVQ_TRY(meta_copy(st, "kvq.fit", p->fit, sizeof p->fit, err));
+    KVQ_TRY(meta_size(st, "kvq.n_layers", &p->n_layers, err));
+    KVQ_TRY(meta_size(st, "kvq.n_kv_heads", &p->n_kv_heads, err));
+    KVQ_TRY(meta_size(st, "kvq.head_dim", &p->head_dim, err));
+    KVQ_TRY(meta_double(st, "kvq.bits_per_element.k", &p->bits_k, err));
+    KVQ_TRY(meta_double(st, "kvq.bits_per_element.v", &p->bits_v, err));
+    KVQ_TRY(meta_size(st, "kvq.bits_ctx", &p->bits_ctx, err));
+    KVQ_TRY(meta_copy(st, "kvq.model_fingerprint", p->model_fingerprint, sizeof p->model_fingerprint, err));
+    KVQ_TRY(meta_copy(st, "kvq.dump_fingerprint", p->dump_fingerprint, sizeof p->dump_fingerprint, err));
+    kvq_status s = validate_params(p, err);
+    if (s != KVQ_OK) return kvq_err_prefix(err, "%s", st->path);
+    return KVQ_OK;
+}
+
+kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
+{
+    memset(a, 0, sizeof *a);
+    kvq_safetensors st;
+    KVQ_TRY(kvq_safetensors_open(path, &st, err));
+    kvq_status s = read_params(&st, &a->p, err);
+    bool lv = has_levels(a->p.method), thr = has_k_thresholds(a->p.method);
+    if (s == KVQ_OK && (lv || thr)) {
+        a->k = calloc(a->p.n_layers, sizeof *a->k);
+        if (lv) a->v = calloc(a->p.n_layers, sizeof *a->v);
+        if (!a->k || (lv && !a->v)) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+        for (size_t i = 0; s == KVQ_OK && i < a->p.n_layers; i++) {
+            s = read_table(&st, &a->p, i, 'k', lv, thr, &a->k[i], err);
+            if (s == KVQ_OK && lv) s = read_table(&st, &a->p, i, 'v', true, false, &a->v[i], err);
+        }
+    }
+    if (s == KVQ_OK) {
+        s = kvq_artifact_validate(a, err);
+        if (s != KVQ_OK) kvq_err_prefix(err, "%s", path);
+    }
+    kvq_safetensors_close(&st);
+    if (s != KVQ_OK) {
+        kvq_artifact_params keep = a->p;
+        kvq_artifact_free(a);
+        a->p = keep;
+    }
+    return s;
+}
+
+/* ---- fingerprint and inspect --------------------------------------------------- */
+
+kvq_status kvq_artifact_check_model(const kvq_artifact_params *p, const char *model_fingerprint, bool allow_mismatch,
+                                    FILE *warn, kvq_err *err)
+{
+    const char *have = p->model_fingerprint, *want = model_fingerprint ? model_fingerprint : "";
+    if (*have && strcmp(have, want) == 0) return KVQ_OK;
+    char msg[KVQ_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "artifact model fingerprint \"%.200s\" does not match the model's \"%.200s\"",
+             *have ? have : "(none recorded)", *want ? want : "(none)");
+    if (!allow_mismatch) return kvq_fail(err, KVQ_EMISMATCH, "%s (override to load anyway)", msg);
+    if (warn) fprintf(warn, "warning: %s; loading anyway as requested\n", msg);
+    return KVQ_OK;
+}
+
+static void print_levels(FILE *f, const float *lv, size_t nl)
+{
+    fputc('[', f);
+    for (size_t j = 0; j < nl; j++) {
+        if (j == 8 && nl > 10) { fprintf(f, " ... %+.4f", (double)lv[nl - 1]); break; }
+        fprintf(f, "%s%+.4f", j ? " " : "", (double)lv[j]);
+    }
+    fputc(']', f);
+}
+
+static void print_table(FILE *f, size_t i, char kv, const kvq_kv_table *t)
+{
+    fprintf(f, "  layer %2zu %c:", i, kv);
+    if (t->n_elems)
+        fprintf(f, " outliers %.3f%% (%llu/%llu), points %llu", 100.0 * (double)t->n_outliers / (double)t->n_elems,
+                (unsigned long long)t->n_outliers, (unsigned long long)t->n_elems, (unsigned long long)t->n_points);
+    if (t->channel_lower) {
+        float lo = t->channel_lower[0], hi = t->channel_upper[0];
+        for (size_t c = 1; c < t->kv_dim; c++) {
+            if (t->channel_lower[c] < lo) lo = t->channel_lower[c];
+            if (t->channel_upper[c] > hi) hi = t->channel_upper[c];
+        }
+        fprintf(f, ", thresholds in [%.4g, %.4g]", (double)lo, (double)hi);
+    }
+    fputc('\n', f);
+    size_t nl = (size_t)1 << t->bits;
+    for (size_t h = 0; h < t->n_tables; h++) {
+        fprintf(f, "    %s", t->n_tables > 1 ? "" : "");
+        if (t->n_tables > 1) fprintf(f, "head %zu ", h);
+        fprintf(f, "levels ");
+        print_levels(f, t->levels + h * nl, nl);
+        const char *ch = t->chosen[h] == KVQ_FIT_CHOSEN_LLOYD ? "lloyd" : t->chosen[h] == KVQ_FIT_CHOSEN_EXACT ? "exact" : "-";
+        fprintf(f, "\n      objective lloyd %.6g, exact %.6g", t->obj_lloyd[h], t->obj_exact[h]);
+        if (t->obj_lloyd[h] > 0 && t->obj_exact[h] >= 0)
+            fprintf(f, " (exact/lloyd %.4f)", t->obj_exact[h] / t->obj_lloyd[h]);
+        fprintf(f, ", chosen %s\n", ch);
+    }
+}
+
+kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
+{
+    kvq_artifact a;
+    KVQ_TRY(kvq_artifact_read(path, &a, err));
+    const kvq_artifact_params *p = &a.p;
+    fprintf(f, "%s: %s v%d\n", path, KVQ_ARTIFACT_SCHEMA, KVQ_ARTIFACT_VERSION);
+    fprintf(f, "method        %s  K %d bit, V %d bit", kvq_method_name(p->method), p->k_bits, p->v_bits);
+    if (p->outlier_frac > 0) fprintf(f, ", outliers %.4g%%", 100 * p->outlier_frac);
+    fprintf(f, "\n");
+    fprintf(f, "keys          %s, %s, %s\n", p->post_rope ? "post-RoPE" : "pre-RoPE", k_axis(p->method), k_scaling(p->method));
+    fprintf(f, "values        per-token, %s\n", v_scaling(p->method));
+    fprintf(f, "sink tokens   %zu (full precision)\n", p->n_sink);
+    if (p->method == KVQ_METHOD_KIVI)
+        fprintf(f, "kivi          group size %zu, residual length %zu\n", p->group_size, p->residual_length);
+    if (p->method == KVQ_METHOD_INT || p->method == KVQ_METHOD_INT_PC)
+        fprintf(f, "group size    %zu%s\n", p->group_size, p->group_size ? " channels" : " (whole token)");
+    if (p->method == KVQ_METHOD_NUQ)
+        fprintf(f, "datatypes     %s, fit %s, %s\n", p->per_head ? "per-head" : "per-layer", p->fit,
+                p->fisher ? "Fisher-weighted" : "unweighted");
+    fprintf(f, "model         %zu layers x %zu KV heads x head_dim %zu\n", p->n_layers, p->n_kv_heads, p->head_dim);
+    fprintf(f, "bits/element  K %.4f, V %.4f (ctx %zu; scales, zero points, outliers, sink and residual included)\n",
+            p->bits_k, p->bits_v, p->bits_ctx);
+    fprintf(f, "model fp      %s\n", *p->model_fingerprint ? p->model_fingerprint : "(none)");
+    fprintf(f, "dump fp       %s\n", *p->dump_fingerprint ? p->dump_fingerprint : "(none)");
+    if (a.k || a.v) {
+        double tl = 0, te = 0;
+        size_t wins = 0, n = 0;
+        for (size_t i = 0; i < p->n_layers; i++)
+            for (int w = 0; w < 2; w++) {
+                const kvq_kv_table *t = w ? (a.v ? &a.v[i] : NULL) : (a.k ? &a.k[i] : NULL);
+                if (!t) continue;
+                for (size_t h = 0; h < t->n_tables; h++) {
+                    if (t->obj_lloyd[h] >= 0) tl += t->obj_lloyd[h];
+                    if (t->obj_exact[h] >= 0) te += t->obj_exact[h];
+                    wins += t->chosen[h] == KVQ_FIT_CHOSEN_EXACT;
+                    n++;
+                }
+            }
+        if (n) fprintf(f, "fit totals    lloyd %.6g, exact %.6g; exact chosen for %zu of %zu tables\n", tl, te, wins, n);
+        fprintf(f, "tables:\n");
+        for (size_t i = 0; i < p->n_layers; i++) {
+            if (a.k) print_table(f, i, 'K', &a.k[i]);
+            if (a.v) print_table(f, i, 'V', &a.v[i]);
+        }
+    }
+    kvq_artifact_free(&a);
+    return KVQ_OK;
+}

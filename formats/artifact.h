@@ -1,0 +1,116 @@
+/* artifact.h — the calibration artifact: one safetensors file holding the
+ * tables a quantized KV cache needs (nuqX levels, per-channel key
+ * thresholds) plus every parameter of the scheme, its bits accounting and
+ * the fingerprints of the model and dump it was fitted on. Schema:
+ * formats/ARTIFACT.md (versioned; this build writes and reads version
+ * KVQ_ARTIFACT_VERSION and rejects newer ones).
+ *
+ * One loader serves every scheme: nuqX (KVQuant), intX per-token, intX with
+ * per-channel keys, and KIVI (no tables; bits, group size, residual length
+ * and axes only).
+ *
+ * Layout of the tables, per layer i (kv_dim = n_kv_heads * head_dim):
+ *   k.levels         float32 [2^k_bits] (per-layer) or [n_kv_heads][2^k_bits]
+ *                    (per-head), ascending, in [-1, 1]               (nuq)
+ *   k.channel_lower  float32 [kv_dim], k.channel_upper float32 [kv_dim]
+ *                    raw (un-normalised) pre- or post-RoPE key units  (nuq, int-pc)
+ *   v.levels         as k.levels with v_bits                          (nuq)
+ *   fit reports and calibration counts (see kvq_kv_table).
+ */
+#ifndef KVQ_ARTIFACT_H
+#define KVQ_ARTIFACT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "status.h"
+
+#define KVQ_ARTIFACT_SCHEMA "kvq-calib-artifact"
+#define KVQ_ARTIFACT_VERSION 1
+#define KVQ_FINGERPRINT_MAX 256
+
+typedef enum {
+    KVQ_METHOD_NUQ = 0, /* KVQuant nuqX: per-channel keys (offline), per-token values (online) */
+    KVQ_METHOD_INT,     /* uniform intX per-token for K and V */
+    KVQ_METHOD_INT_PC,  /* uniform intX, per-channel keys (offline thresholds), per-token values */
+    KVQ_METHOD_KIVI,    /* KIVI: keys per-channel in G-token groups, values per-token in G-channel groups */
+    KVQ_METHOD_COUNT
+} kvq_method;
+
+/* "nuq", "int", "int-pc", "kivi"; NULL if invalid. */
+const char *kvq_method_name(kvq_method m);
+
+/* Fit choice codes stored per table. */
+enum { KVQ_FIT_CHOSEN_NONE = 0, KVQ_FIT_CHOSEN_LLOYD = 1, KVQ_FIT_CHOSEN_EXACT = 2 };
+
+/* Tables for one (layer, K|V). Arrays owned (malloc) unless NULL. */
+typedef struct {
+    int bits;               /* code bits of this tensor */
+    size_t n_tables;        /* datatypes: 1 per-layer, n_kv_heads per-head, 0 none */
+    size_t kv_dim;
+    float *levels;          /* [n_tables][1 << bits] or NULL */
+    float *channel_lower;   /* [kv_dim] or NULL (keys of nuq / int-pc only) */
+    float *channel_upper;   /* [kv_dim] or NULL */
+    double *obj_lloyd;      /* [n_tables] weighted SSE of Lloyd's levels on the calibration points, -1 = not run */
+    double *obj_exact;      /* [n_tables] same for the exact 1-D optimum */
+    uint8_t *chosen;        /* [n_tables] KVQ_FIT_CHOSEN_* */
+    uint64_t n_elems;       /* calibration elements considered (sink tokens excluded) */
+    uint64_t n_outliers;    /* of those, outside the thresholds (realised outlier fraction) */
+    uint64_t n_points;      /* points fitted (inliers with non-zero range and weight) */
+} kvq_kv_table;
+
+void kvq_kv_table_free(kvq_kv_table *t);
+
+typedef struct {
+    kvq_method method;
+    int k_bits, v_bits;        /* 1..8 */
+    double outlier_frac;       /* [0, 0.5): total, both tails (nuq, int-pc) */
+    size_t n_sink;             /* first n tokens of each sequence at full precision */
+    bool post_rope;            /* keys taken after RoPE (ablation); default pre-RoPE */
+    bool per_head;             /* per-head datatypes (nuq) */
+    size_t group_size;         /* int: channels per token group (0 = whole token); kivi: G */
+    size_t residual_length;    /* kivi: R (multiple of G) */
+    bool fisher;               /* levels fitted with Fisher weights */
+    char fit[16];              /* "auto" | "lloyd" | "exact" | "" (no fitted tables) */
+    size_t n_layers, n_kv_heads, head_dim;
+    double bits_k, bits_v;     /* effective bits per element (kvq_scheme_bits) */
+    size_t bits_ctx;           /* context length the accounting assumes */
+    char model_fingerprint[KVQ_FINGERPRINT_MAX]; /* sha256 of weights + hyperparameters + RoPE params */
+    char dump_fingerprint[KVQ_FINGERPRINT_MAX];  /* the dump's fingerprint */
+} kvq_artifact_params;
+
+typedef struct {
+    kvq_artifact_params p;
+    kvq_kv_table *k, *v;       /* [n_layers] each; NULL for int and kivi */
+} kvq_artifact;
+
+/* Check parameters and, when present, table shapes and values (levels
+ * ascending in [-1, 1] and finite; thresholds finite, lower <= upper).
+ * Errors name the field: "k_bits: expected 1..8, found 9",
+ * "outlier_fraction: expected [0, 0.5), found 0.5",
+ * "layers.3.k.channel_lower[17]: not finite". */
+kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
+
+/* Validate, then write. Same artifact → byte-identical file (metadata
+ * numbers printed with %.17g, deterministic safetensors layout). */
+kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *err);
+
+/* Read and validate. Unknown schema → KVQ_EFORMAT; newer schema version →
+ * KVQ_EUNSUPPORTED; missing or malformed fields → KVQ_EFORMAT naming them.
+ * Free with kvq_artifact_free. */
+kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err);
+void kvq_artifact_free(kvq_artifact *a);
+
+/* Print a readable summary of the artifact at path to f (kvcalib --inspect). */
+kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err);
+
+/* Compare the artifact's model fingerprint with the loading model's.
+ * Equal → KVQ_OK. Different (or either empty) → KVQ_EMISMATCH naming both,
+ * unless allow_mismatch, in which case a "warning: ..." line goes to warn
+ * (if non-NULL) and KVQ_OK is returned. */
+kvq_status kvq_artifact_check_model(const kvq_artifact_params *p, const char *model_fingerprint,
+                                    bool allow_mismatch, FILE *warn, kvq_err *err);
+
+#endif
