@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "progress.h"
+#include "quant.h"
 
 /* ---- names ------------------------------------------------------------------ */
 
@@ -831,17 +832,22 @@ kvq_status kvq_qerr_compute(const kvq_kvsrc *src, const kvq_qscheme *schemes, in
 }
 
 kvq_status kvq_normhist_layer(const kvq_kvsrc *src, int layer, kvq_kvt t, const float *lower, const float *upper,
-                              double lo, double hi, int n_bins, uint64_t *counts, uint64_t *under, uint64_t *over,
-                              kvq_err *err)
+                              double v_outlier_frac, double lo_x, double hi_x, int n_bins, uint64_t *counts,
+                              uint64_t *under, uint64_t *over, kvq_err *err)
 {
-    if (!(hi > lo) || n_bins < 1) return kvq_fail(err, KVQ_EINVAL, "normalised histogram: bad range [%g, %g] or %d bins", lo, hi, n_bins);
-    if ((lower == NULL) != (upper == NULL)) return kvq_fail(err, KVQ_EINVAL, "normalised histogram: give both lower and upper or neither");
+    if (!(hi_x > lo_x) || n_bins < 1)
+        return kvq_fail(err, KVQ_EINVAL, "normalised histogram: bad range [%g, %g] or %d bins", lo_x, hi_x, n_bins);
+    if ((lower == NULL) != (upper == NULL))
+        return kvq_fail(err, KVQ_EINVAL, "normalised histogram: give both lower and upper or neither");
+    if (t >= KVQ_KVT_ATTN_RECEIVED) return kvq_fail(err, KVQ_EINVAL, "normalised histogram: '%s' is not a per-token tensor", kvq_kvt_name(t));
     if (layer < src->layer_first || layer > src->layer_last)
-        return kvq_fail(err, KVQ_EINVAL, "layer %d is not in the dump (layers %d..%d)", layer, src->layer_first, src->layer_last);
+        return kvq_fail(err, KVQ_EINVAL, "layer %d is not in the dump (layers %d..%d)", layer, src->layer_first,
+                        src->layer_last);
     size_t kv_dim = (size_t)src->n_kv_heads * (size_t)src->head_dim;
-    float *buf = malloc(KVQ_HEAD_CHUNK * kv_dim * sizeof(float));
-    if (!buf) return kvq_fail(err, KVQ_ENOMEM, "normalised histogram: out of memory");
-    double w = (hi - lo) / n_bins;
+    size_t kps = kvq_outliers_per_side(kv_dim, v_outlier_frac);
+    float *buf = malloc(KVQ_HEAD_CHUNK * kv_dim * sizeof(float)), *scratch = malloc(kv_dim * sizeof(float));
+    if (!buf || !scratch) { free(buf); free(scratch); return kvq_fail(err, KVQ_ENOMEM, "normalised histogram: out of memory"); }
+    double w = (hi_x - lo_x) / n_bins;
     kvq_status st = KVQ_OK;
     for (int64_t smp = 0; smp < src->n_samples && st == KVQ_OK; smp++)
         for (int64_t t0 = 0; t0 < src->seq_len && st == KVQ_OK; t0 += KVQ_HEAD_CHUNK) {
@@ -849,23 +855,23 @@ kvq_status kvq_normhist_layer(const kvq_kvsrc *src, int layer, kvq_kvt t, const 
             st = src->read_rows(src->ctx, layer, t, smp, t0, n, buf, err);
             for (int64_t i = 0; st == KVQ_OK && i < n; i++) {
                 const float *row = buf + (size_t)i * kv_dim;
-                double tmn = INFINITY, tmx = -INFINITY;
-                if (!lower)
-                    for (size_t c = 0; c < kv_dim; c++) { if (row[c] < tmn) tmn = row[c]; if (row[c] > tmx) tmx = row[c]; }
+                float tlo = 0, thi = 0;
+                if (!lower) kvq_token_range(row, kv_dim, kps, scratch, &tlo, &thi);
                 for (size_t c = 0; c < kv_dim; c++) {
-                    double U = lower ? upper[c] : tmx, Lo = lower ? lower[c] : tmn;
+                    double U = lower ? upper[c] : thi, Lo = lower ? lower[c] : tlo;
                     double r = (U - Lo) / 2, zp = (U + Lo) / 2;
                     if (!(r > 0)) continue;
                     double xn = ((double)row[c] - zp) / r;
-                    if (xn < lo) (*under)++;
-                    else if (xn > hi) (*over)++;
+                    if (xn < lo_x) (*under)++;
+                    else if (xn > hi_x) (*over)++;
                     else {
-                        int b = (int)((xn - lo) / w);
+                        int b = (int)((xn - lo_x) / w);
                         counts[b >= n_bins ? n_bins - 1 : b]++;
                     }
                 }
             }
         }
     free(buf);
+    free(scratch);
     return st;
 }

@@ -286,13 +286,17 @@ kvq_status kvq_qerr_compute(const kvq_kvsrc *src, const kvq_qscheme *schemes, in
                             kvq_qerr *out, kvq_err *err);
 void kvq_qerr_free(kvq_qerr *q);
 
-/* Histogram of normalised values x_n = (x - zp) / r over a layer's keys
- * (per-channel zp/r from lower/upper [kv_dim]: zp = (U+L)/2, r = (U-L)/2,
- * KVQuant §3.3) or values (per-token, lower/upper NULL: zp/r from the
- * token's min/max over kv_dim). counts [n_bins] over [lo, hi]; values outside
- * go to *under / *over (outliers). Channels/tokens with r == 0 are skipped. */
+/* Histogram of normalised values x_n = (x - zp) / r over one layer tensor
+ * (all samples and positions), as nuqX sees them (KVQuant §3.3):
+ *  - keys (lower/upper [kv_dim] given): per-channel zp = (U+L)/2, r = (U-L)/2
+ *    from the calibrated thresholds;
+ *  - values (lower = upper = NULL): per token over kv_dim channels, [lo, hi] =
+ *    the (k+1)-th smallest / largest value with k = kvq_outliers_per_side(kv_dim,
+ *    v_outlier_frac) (kvq_token_range, kernels/quant.h).
+ * counts [n_bins] over [lo_x, hi_x] are incremented (+=); values outside go
+ * to *under / *over. Channels/tokens with r == 0 are skipped. */
 kvq_status kvq_normhist_layer(const kvq_kvsrc *src, int layer, kvq_kvt t, const float *lower,
-                              const float *upper, double lo, double hi, int n_bins, uint64_t *counts,
-                              uint64_t *under, uint64_t *over, kvq_err *err);
+                              const float *upper, double v_outlier_frac, double lo_x, double hi_x, int n_bins,
+                              uint64_t *counts, uint64_t *under, uint64_t *over, kvq_err *err);
 
 #endif
