@@ -31,6 +31,7 @@ typedef struct {
 typedef struct {
     double x, y, w, h; /* plot area in px */
     axis_t ax, ay;
+    bool nogrid;       /* heatmaps: no grid lines over the image */
 } panel_t;
 
 typedef struct { double r, g, b; } rgb_t;
@@ -136,14 +137,15 @@ static int ticks(const axis_t *a, double *out, int max, int target)
         }
         return n;
     }
-    double range = a->hi - a->lo;
-    if (!(range > 0)) { out[0] = a->lo; return 1; }
+    double lo = fmin(a->lo, a->hi), hi = fmax(a->lo, a->hi); /* reversed axes (heatmap rows) too */
+    double range = hi - lo;
+    if (!(range > 0)) { out[0] = lo; return 1; }
     double raw = range / target, mag = pow(10, floor(log10(raw))), r = raw / mag;
     double step = (r < 1.5 ? 1 : r < 3 ? 2 : r < 7 ? 5 : 10) * mag;
-    double k0 = ceil(a->lo / step - 1e-9);
+    double k0 = ceil(lo / step - 1e-9);
     for (double k = k0; n < max; k++) {
         double v = k * step;
-        if (v > a->hi + step * 1e-9) break;
+        if (v > hi + step * 1e-9) break;
         out[n++] = fabs(v) < step * 1e-9 ? 0 : v;
     }
     return n;
@@ -162,10 +164,12 @@ static void frame(fig_t *f, const panel_t *p, const char *xlabel, const char *yl
     double maxw = 0;
     for (int i = 0; i < ny; i++) {
         double y = round(py(p, t[i])) + 0.5;
-        cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
-        cairo_move_to(cr, p->x, y);
-        cairo_line_to(cr, p->x + p->w, y);
-        cairo_stroke(cr);
+        if (!p->nogrid) {
+            cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
+            cairo_move_to(cr, p->x, y);
+            cairo_line_to(cr, p->x + p->w, y);
+            cairo_stroke(cr);
+        }
         cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
         cairo_move_to(cr, p->x - 5, y);
         cairo_line_to(cr, p->x, y);
@@ -244,7 +248,7 @@ static void colorbar(fig_t *f, double x, double y, double w, double h, const axi
     cairo_set_line_width(cr, 1);
     cairo_rectangle(cr, round(x) + 0.5, round(y) + 0.5, round(w), round(h));
     cairo_stroke(cr);
-    panel_t p = {x, y, w, h, {0, 1, false}, *a};
+    panel_t p = {x, y, w, h, {0, 1, false}, *a, false};
     double t[64];
     char b[64];
     int nt = ticks(a, t, 64, (int)(h / 50) + 1);
@@ -395,7 +399,7 @@ static kvq_status draw_profile(fig_t *f, const void *varg, kvq_err *err)
         double ymax = 0;
         for (int c = 0; c < kv; c++) if (ts->chan[c].absmax > ymax) ymax = ts->chan[c].absmax;
         if (!(ymax > 0)) ymax = 1;
-        panel_t p = {85, top + t * (ph + gap), f->w - 85 - 30, ph, {-0.5, kv - 0.5, false}, {0, ymax * 1.08, false}};
+        panel_t p = {85, top + t * (ph + gap), f->w - 85 - 30, ph, {-0.5, kv - 0.5, false}, {0, ymax * 1.08, false}, false};
         snprintf(b, sizeof b, "%s (%s)   ·   %d outlier channel%s (%s ≥ %g× layer median)", kvq_kvt_title((kvq_kvt)t),
                  kvq_kvt_name((kvq_kvt)t), ts->n_outliers, ts->n_outliers == 1 ? "" : "s",
                  kvq_outlier_stat_name(s->opts.outlier_stat), s->opts.outlier_mult);
@@ -437,7 +441,12 @@ static kvq_status draw_profile(fig_t *f, const void *varg, kvq_err *err)
             cairo_line_to(cr, p.x + p.w, py(&p, thr));
             cairo_stroke(cr);
             snprintf(b, sizeof b, "threshold %.3g", thr);
-            text(f, p.x + p.w - 4, py(&p, thr) - 2, b, 1, 1, f->fs - 2, false);
+            double tw = text_width(f, b, f->fs - 2);
+            cairo_set_source_rgba(cr, 1, 1, 1, 0.85);
+            cairo_rectangle(cr, p.x + p.w - 8 - tw, py(&p, thr) - 4 - f->fs, tw + 6, f->fs + 1);
+            cairo_fill(cr);
+            cairo_set_source_rgb(cr, 0.84, 0.15, 0.16);
+            text(f, p.x + p.w - 5, py(&p, thr) - 3, b, 1, 1, f->fs - 2, false);
         }
         cairo_set_dash(cr, NULL, 0, 0);
         /* top outliers labelled */
@@ -500,7 +509,7 @@ static kvq_status draw_heat(fig_t *f, const void *varg, kvq_err *err)
             }
         }
         double x = left + i * (pw + cbw + cbspace + gap);
-        panel_t p = {x, top, pw, ph, {-0.5, a->D - 0.5, false}, {a->L - 0.5, -0.5, false}};
+        panel_t p = {x, top, pw, ph, {-0.5, a->D - 0.5, false}, {a->L - 0.5, -0.5, false}, true};
         subtitle(f, &p, a->titles[i]);
         kvq_status st = paint_grid(f, &p, g, rows, a->D, err);
         if (st != KVQ_OK) { free(g); return st; }
@@ -559,7 +568,7 @@ static kvq_status draw_omap(fig_t *f, const void *varg, kvq_err *err)
             }
         }
         panel_t p = {left, top + t * (ph + gap), f->w - left - right, ph, {-0.5, kv - 0.5, false},
-                     {s->layer_first - 0.5, s->layer_last + 0.5, false}};
+                     {s->layer_first - 0.5, s->layer_last + 0.5, false}, true};
         snprintf(b, sizeof b, "%s (%s)", kvq_kvt_title((kvq_kvt)t), kvq_kvt_name((kvq_kvt)t));
         subtitle(f, &p, b);
         kvq_status st = paint_grid(f, &p, g, nl, kv, err);
@@ -569,7 +578,7 @@ static kvq_status draw_omap(fig_t *f, const void *varg, kvq_err *err)
     free(g);
     double cy = top, ch = f->h - top - bottom;
     colorbar(f, f->w - right + 20, cy, 16, ch, &ca, "channel magnitude / layer median");
-    panel_t cp = {f->w - right + 20, cy, 16, ch, {0, 1, false}, ca};
+    panel_t cp = {f->w - right + 20, cy, 16, ch, {0, 1, false}, ca, false};
     double ty = py(&cp, s->opts.outlier_mult);
     cairo_set_source_rgb(f->cr, 0.84, 0.15, 0.16);
     cairo_set_line_width(f->cr, 2);
@@ -618,7 +627,7 @@ static kvq_status draw_attn(fig_t *f, const void *varg, kvq_err *err)
     if (!(ymin < ymax)) ymin = ymax / 10;
     axis_t ay = a->log_y ? (axis_t){pow(10, floor(log10(ymin))), pow(10, ceil(log10(ymax))), true}
                          : (axis_t){0, ymax * 1.05, false};
-    panel_t p = {90, 70, f->w - 90 - 30, f->h - 70 - 65, {0, L > 1 ? (double)(L - 1) : 1, false}, ay};
+    panel_t p = {90, 70, f->w - 90 - 30, f->h - 70 - 65, {0, L > 1 ? (double)(L - 1) : 1, false}, ay, false};
     frame(f, &p, "key position (token index in the sample)",
           a->log_y ? "attention received (log)" : "attention received (Σ over queries)", true);
     cairo_save(cr);
@@ -739,7 +748,7 @@ static kvq_status draw_attn_layers(fig_t *f, const void *varg, kvq_err *err)
     title(f, b);
     const char *names[2] = {"position 0", "layer's top position"};
     bars_t bars = {nl, 2, v, names, s->layer_first, false};
-    panel_t p = {90, 70, f->w - 90 - 30, f->h - 70 - 65, {0, 1, false}, {0, 1, false}};
+    panel_t p = {90, 70, f->w - 90 - 30, f->h - 70 - 65, {0, 1, false}, {0, 1, false}, false};
     draw_bars(f, &p, &bars, "layer", "fraction of all attention mass");
     rgb_t lc[2] = {PALETTE[0], PALETTE[1]};
     legend(f, f->w - 30, 46, 2, lc, names, false);
@@ -781,7 +790,7 @@ static kvq_status draw_qerr(fig_t *f, const void *varg, kvq_err *err)
                 v[(size_t)si * (size_t)nl + (size_t)j] = a->rel ? (sig[j] > 0 ? e / sig[j] : NAN) : e;
             }
         bars_t bars = {nl, ns, v, names, q->layer_first, true};
-        panel_t p = {95, top + w * (ph + gap), f->w - 95 - 30, ph, {0, 1, false}, {0, 1, false}};
+        panel_t p = {95, top + w * (ph + gap), f->w - 95 - 30, ph, {0, 1, false}, {0, 1, false}, false};
         subtitle(f, &p, w ? "values (v)" : "keys (each scheme's key tensor: pre- or post-RoPE)");
         draw_bars(f, &p, &bars, w ? "layer" : NULL, a->rel ? "MSE / mean x² (log)" : "MSE (squared units, log)");
     }
@@ -828,7 +837,7 @@ static kvq_status draw_hist(fig_t *f, const void *varg, kvq_err *err)
     if (!(cmin < cmax)) cmin = cmax / 10;
     axis_t ay = a->log_y ? (axis_t){pow(10, floor(log10(cmin))), pow(10, ceil(log10(cmax))), true}
                          : (axis_t){0, cmax * 1.08, false};
-    panel_t p = {95, 70, f->w - 95 - 30, f->h - 70 - 65, {a->lo, a->hi, false}, ay};
+    panel_t p = {95, 70, f->w - 95 - 30, f->h - 70 - 65, {a->lo, a->hi, false}, ay, false};
     frame(f, &p, a->xlabel, a->log_y ? "count (log)" : "count", false);
     double bw = (a->hi - a->lo) / a->n_bins;
     cairo_set_source_rgb(cr, 0.30, 0.55, 0.80);

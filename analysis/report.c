@@ -114,8 +114,10 @@ static void html_table(FILE *f, const table_t *t)
     for (int r = 1; r <= t->nrows; r++) {
         fputs("<tr>", f);
         for (int c = 0; c < t->ncols; c++) {
-            fputs(c ? "<td class=n>" : "<td>", f);
-            html_esc(f, t->cells[(size_t)r * (size_t)t->ncols + (size_t)c]);
+            const char *cell = t->cells[(size_t)r * (size_t)t->ncols + (size_t)c];
+            bool numeric = c > 0 && (strchr("0123456789-.", cell[0]) || !strncmp(cell, "–", strlen("–")));
+            fputs(numeric ? "<td class=n>" : "<td>", f);
+            html_esc(f, cell);
             fputs("</td>", f);
         }
         fputs("</tr>\n", f);
