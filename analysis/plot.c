@@ -708,7 +708,7 @@ static void draw_bars(fig_t *f, const panel_t *p0, const bars_t *b, const char *
     if (!(vmin < vmax)) vmin = vmax / 10;
     panel_t p = *p0;
     p.ax = (axis_t){b->first_label - 0.5, b->first_label + b->n_groups - 0.5, false};
-    p.ay = b->log_y ? (axis_t){pow(10, floor(log10(vmin))), pow(10, ceil(log10(vmax))), true}
+    p.ay = b->log_y ? (axis_t){pow(10, floor(log10(vmin) - 0.5)), pow(10, ceil(log10(vmax))), true}
                     : (axis_t){0, vmax * 1.08, false};
     frame(f, &p, xlabel, ylabel, true);
     double gw = p.w / b->n_groups, bw = gw * 0.8 / b->n_series;
