@@ -3,6 +3,7 @@
 
 #include <cairo-svg.h>
 #include <cairo.h>
+#include <fontconfig/fontconfig.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,12 @@ kvq_plot_style kvq_plot_style_default(void)
 {
     kvq_plot_style s = {.model = "", .width = 0, .height = 0, .font_px = 13, .png = true, .svg = true};
     return s;
+}
+
+void kvq_plot_cleanup(void)
+{
+    cairo_debug_reset_static_data();
+    FcFini(); /* fontconfig's configuration, which cairo's toy font API loaded */
 }
 
 /* ---- drawing context ------------------------------------------------------------- */

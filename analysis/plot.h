@@ -29,6 +29,11 @@ typedef struct {
 
 kvq_plot_style kvq_plot_style_default(void);
 
+/* Release cairo's and fontconfig's process-wide caches (cairo_debug_reset_static_data, FcFini),
+ * so leak checkers see a clean exit. Call once at the end of a program that
+ * plotted, when no cairo object is alive any more. */
+void kvq_plot_cleanup(void);
+
 /* Per-channel magnitude profile of one layer: three stacked panels (pre-RoPE
  * keys, post-RoPE keys, values), channel c = h*head_dim + d on x, |x| on y
  * (absmax, p99 and mean |x| per channel as overlaid bars), KV-head boundaries,

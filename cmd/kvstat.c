@@ -290,5 +290,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstat: expected one dump file, found %d arguments (see --help)\n", pos.n);
         return 2;
     }
-    return run(&a, pos.v[0]);
+    int rc = run(&a, pos.v[0]);
+    kvq_plot_cleanup();
+    return rc;
 }

@@ -185,6 +185,7 @@ START_TEST(test_plots_png_svg)
     outdir_done(&od);
     kvq_kvstats_free(s);
     synth_free(&y);
+    kvq_plot_cleanup();
 }
 END_TEST
 
@@ -251,6 +252,7 @@ START_TEST(test_markdown_and_json)
     outdir_done(&od);
     kvq_kvstats_free(s);
     synth_free(&y);
+    kvq_plot_cleanup();
 }
 END_TEST
 
@@ -402,6 +404,7 @@ START_TEST(test_html_page_renders)
     outdir_done(&od);
     kvq_kvstats_free(s);
     synth_free(&y);
+    kvq_plot_cleanup();
 }
 END_TEST
 
