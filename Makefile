@@ -23,7 +23,7 @@ Q := $(if $(filter 1,$(V)),,@)
 BUILD := build$(if $(filter 1,$(SAN)),-asan,)
 BIN := bin$(if $(filter 1,$(SAN)),-asan,)
 
-PKGS := hdf5 libcjson libpcre2-8 cairo openblas libcrypto
+PKGS := hdf5 libcjson libpcre2-8 cairo fontconfig openblas libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
