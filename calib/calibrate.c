@@ -22,16 +22,19 @@ kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m)
     o.method = m;
     o.k_bits = o.v_bits = 4;
     o.fit.method = KVQ_FIT_AUTO;
+    o.n_sink = 1;
+    o.post_rope = true;
     switch (m) {
     case KVQ_METHOD_NUQ:
         o.outlier_frac = 0.01;
-        o.n_sink = 1;
         o.fisher = true;
+        o.post_rope = false;
         break;
     case KVQ_METHOD_KIVI:
         o.k_bits = o.v_bits = 2;
         o.group_size = 32;
         o.residual_length = 128;
+        o.n_sink = 0;
         break;
     default: break;
     }

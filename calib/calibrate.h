@@ -73,10 +73,13 @@ typedef struct {
 } kvq_calibrate_opts;
 
 /* Defaults per method (the papers' settings):
- *   nuq:    4 bit, outliers 0.01, sink 1, pre-RoPE, Fisher, per-layer, fit auto
- *   int:    4 bit, whole-token groups (group 0), no sink, no outliers
- *   int-pc: 4 bit, outliers 0, no sink
- *   kivi:   2 bit, G = 32, R = 128, no sink (KIVI-2 of the notes) */
+ *   nuq:    4 bit, outliers 0.01, sink 1, pre-RoPE keys, Fisher, per-layer, fit auto
+ *   int:    4 bit, whole-token groups (group 0), sink 1, post-RoPE keys, no outliers
+ *           (KVQuant's baselines: post-RoPE per-token keys, App.P; 1 fp16 sink token, Table 18)
+ *   int-pc: 4 bit, outliers 0, sink 1, post-RoPE keys (the "per-channel keys" step of
+ *           KVQuant's ablation, before pre-RoPE; --keys pre-rope for the next step)
+ *   kivi:   2 bit, G = 32, R = 128, no sink, post-RoPE keys (what KIVI's cache holds;
+ *           KIVI-2 of the notes) */
 kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m);
 
 /* Check options that do not depend on the dump; errors name the field. */

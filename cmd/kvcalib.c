@@ -33,8 +33,9 @@ static const char SUMMARY[] =
     "Methods: nuq = KVQuant nuqX (per-channel pre-RoPE keys with offline thresholds, per-token\n"
     "values, Fisher-weighted datatypes); int = uniform per-token K and V; int-pc = uniform with\n"
     "per-channel keys; kivi = KIVI (bits, group size, residual length only).\n"
-    "Method defaults (option value -1): --outliers 0.01 for nuq, 0 otherwise; --sink 1 for nuq,\n"
-    "0 otherwise; --group 32 for kivi, 0 (whole token) for int/int-pc; --residual 128 for kivi.";
+    "Method defaults (option value -1): --outliers 0.01 for nuq, 0 otherwise; --sink 0 for kivi,\n"
+    "1 otherwise; --group 32 for kivi, 0 (whole token) for int/int-pc; --residual 128 for kivi;\n"
+    "keys pre-RoPE for nuq, post-RoPE otherwise (as the papers' baselines and KIVI).";
 
 typedef struct {
     const char *method, *keys, *fit, *out, *inspect;
@@ -54,8 +55,8 @@ static int option_table(cli_args *a, kvq_opt *t)
         {"sink", 0, KVQ_OPT_INT, &a->sink, "N",
          "attention-sink tokens per sample excluded from calibration, kept exact (-1: method default)", NULL, -1, 1e9,
          false},
-        {"keys", 0, KVQ_OPT_CHOICE, &a->keys, "POS", "calibrate keys before or after RoPE", "pre-rope|post-rope", 0, 0,
-         false},
+        {"keys", 0, KVQ_OPT_CHOICE, &a->keys, "POS",
+         "keys before or after RoPE (default: pre-rope for nuq, post-rope otherwise)", "pre-rope|post-rope", 0, 0, false},
         {"no-fisher", 0, KVQ_OPT_FLAG, &a->no_fisher, NULL, "nuq: plain (unweighted) k-means instead of Fisher weights",
          NULL, 0, 0, false},
         {"per-head", 0, KVQ_OPT_FLAG, &a->per_head, NULL, "nuq: one datatype per KV head instead of per layer", NULL, 0,
@@ -167,7 +168,7 @@ static bool parse_method(const char *s, kvq_method *m)
 
 static int cmd_calibrate(int argc, char **argv)
 {
-    cli_args a = {.keys = "pre-rope", .fit = "auto", .bits = 0, .sink = -1, .group = -1, .residual = -1,
+    cli_args a = {.keys = NULL, .fit = "auto", .bits = 0, .sink = -1, .group = -1, .residual = -1,
                   .outliers = -1};
     kvq_opt tab[32];
     int n = option_table(&a, tab);
@@ -216,7 +217,7 @@ static int cmd_calibrate(int argc, char **argv)
     if (a.sink >= 0) o.n_sink = (size_t)a.sink;
     if (a.group >= 0) o.group_size = (size_t)a.group;
     if (a.residual >= 0) o.residual_length = (size_t)a.residual;
-    o.post_rope = !strcmp(a.keys, "post-rope");
+    if (a.keys) o.post_rope = !strcmp(a.keys, "post-rope");
     o.fisher = m == KVQ_METHOD_NUQ && !a.no_fisher;
     o.per_head = a.per_head;
     o.fit.method = !strcmp(a.fit, "lloyd") ? KVQ_FIT_LLOYD : !strcmp(a.fit, "exact") ? KVQ_FIT_EXACT : KVQ_FIT_AUTO;

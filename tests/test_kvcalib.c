@@ -22,6 +22,7 @@
 
 #include "artifact.h"
 #include "calibrate.h"
+#include "capture.h"
 #include "dump.h"
 #include "identity.h"
 #include "kmeans.h"
@@ -450,18 +451,20 @@ START_TEST(test_baselines)
     ck_assert_msg(kvq_calibrate_file(dump, out, false, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_int_eq(a.p.method, KVQ_METHOD_INT_PC);
+    ck_assert(a.p.post_rope);
+    ck_assert_uint_eq(a.p.n_sink, 1);
     ck_assert_ptr_nonnull(a.k);
     ck_assert_uint_eq(a.k[0].n_tables, 0);
     for (int c = 0; c < KVD; c++) {
         float lo, hi;
         size_t n;
-        ref_thresholds(d.x[1][D_KPRE], c, 0, 0.02, &lo, &hi, &n); /* int-pc default: no sink */
+        ref_thresholds(d.x[1][D_K], c, 1, 0.02, &lo, &hi, &n); /* int-pc defaults: post-RoPE keys, sink 1 */
         ck_assert(a.k[1].channel_lower[c] == lo && a.k[1].channel_upper[c] == hi);
     }
     kvq_artifact_free(&a);
     /* int and kivi: metadata only; bits accounting filled */
     const struct { kvq_method m; int bits; double bk; } cases[] = {
-        {KVQ_METHOD_INT, 4, 4 + 32.0 / KVD},          /* whole-token group: b + 32/kv_dim */
+        {KVQ_METHOD_INT, 4, ((SL - 1) * (4 + 32.0 / KVD) + 16) / SL}, /* whole-token group b + 32/kv_dim; 1 sink token at 16 */
         {KVQ_METHOD_KIVI, 2, -1},
     };
     for (size_t i = 0; i < 2; i++) {
@@ -590,6 +593,54 @@ START_TEST(test_fingerprints)
     unlink(dump);
     unlink(dump2);
     unlink(dump3);
+    unlink(out);
+}
+END_TEST
+
+/* kvdump → kvcalib → kveval on a real (tiny) model: the artifact's model
+ * fingerprint, computed from the dump's attributes, equals the one kveval
+ * computes from the loaded model file. */
+START_TEST(test_model_chain)
+{
+    char model[4096], tokf[4096], text[4096];
+    KVQ_SKIP_IF(!kvq_test_shared(model, sizeof model, "models/llama2c/aidreams260K.bin") ||
+                    !kvq_test_shared(tokf, sizeof tokf, "models/llama2c/aidreams-tok512.bin") ||
+                    !kvq_test_shared(text, sizeof text, "datasets/wikitext-2/wiki.valid.tokens"),
+                "../shared tiny model or WikiText-2 absent");
+    char dump[256], out[256];
+    tmp(dump, sizeof dump, "chain.h5");
+    tmp(out, sizeof out, "chain.st");
+    unlink(dump);
+    unlink(out);
+    kvq_capture_opts co = kvq_capture_opts_default();
+    co.model_path = model;
+    co.tokenizer_path = tokf;
+    co.text_path = text;
+    co.format = KVQ_TEXT_WIKITEXT_TOKENS;
+    co.samples = 2;
+    co.seq_len = 64;
+    co.quiet = true;
+    co.out_path = dump;
+    co.command_line = "test_kvcalib";
+    kvq_capture_report rep;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_capture_run(&co, &rep, &e) == KVQ_OK, "%s", e.msg);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    o.k_bits = o.v_bits = 3;
+    o.fisher = false;
+    kvq_artifact a;
+    ck_assert_msg(kvq_calibrate_file(dump, out, false, &o, &a, &e) == KVQ_OK, "%s", e.msg);
+    kvq_model m;
+    ck_assert_msg(kvq_model_load(model, &m, &e) == KVQ_OK, "%s", e.msg);
+    char fp[65];
+    ck_assert_msg(kvq_identity_model(&m, fp, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(a.p.model_fingerprint, fp);
+    ck_assert_int_eq(kvq_artifact_check_model(&a.p, fp, false, NULL, &e), KVQ_OK);
+    ck_assert_uint_eq(a.p.n_layers, (size_t)m.hp.n_layers);
+    ck_assert_uint_eq(a.p.head_dim, (size_t)m.hp.head_dim);
+    kvq_model_free(&m);
+    kvq_artifact_free(&a);
+    unlink(dump);
     unlink(out);
 }
 END_TEST
@@ -812,6 +863,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_baselines);
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_fingerprints);
+    tcase_add_test(tc, test_model_chain);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
