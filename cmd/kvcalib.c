@@ -4,7 +4,7 @@
  *
  *   kvcalib DUMP --method M --bits B --out FILE [options]   calibrate (calib/calibrate.h)
  *   kvcalib --inspect FILE                                   print an artifact
- *   kvcalib intactkv ...                                     IntactKV prefix (issue 9; not yet)
+ *   kvcalib intactkv --model M --base A --prefix P --out F  IntactKV prefix (calib/intactkv.h)
  *
  * Exit status: 0 success, 1 the calibration or I/O failed (message on
  * stderr, nothing written), 2 bad command line. */
@@ -12,9 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "artifact.h"
 #include "calibrate.h"
+#include "identity.h"
+#include "intactkv.h"
+#include "model.h"
+#include "tokenizer.h"
 #include "cli.h"
 #include "cuda_info.h"
 #include "progress.h"
@@ -28,7 +33,7 @@ static const char SUMMARY[] =
     "\n"
     "  kvcalib DUMP --method nuq|int|int-pc|kivi --bits B --out FILE [options]\n"
     "  kvcalib --inspect FILE         print an artifact's summary\n"
-    "  kvcalib intactkv ...           IntactKV prefix (not implemented yet)\n"
+    "  kvcalib intactkv ...           IntactKV prefix of a base artifact (kvcalib intactkv --help)\n"
     "\n"
     "Methods: nuq = KVQuant nuqX (per-channel pre-RoPE keys with offline thresholds, per-token\n"
     "values, Fisher-weighted datatypes); int = uniform per-token K and V; int-pc = uniform with\n"
@@ -145,18 +150,227 @@ static void print_summary(FILE *f, const char *out, const kvq_artifact *a, doubl
 
 /* ---- subcommands ---------------------------------------------------------------- */
 
-/* IntactKV (issue 9): will compute the pivot-token prefix's K/V and add
- * intactkv.* tensors to an artifact (ARTIFACT.md, "Reserved"). */
+/* ---- kvcalib intactkv (issue 9) ---------------------------------------------------- */
+
+static const char IKV_SUMMARY[] =
+    "Compute an IntactKV prefix (the K/V cache of the first tokens, from the unquantized model;\n"
+    "Liu et al. 2024) and write a new artifact = the base artifact's tables + the prefix\n"
+    "(formats/ARTIFACT.md, \"IntactKV prefix\"). kveval uses it with the +intactkv modifier.\n"
+    "\n"
+    "  kvcalib intactkv --model M --base ARTIFACT --prefix bos|TEXT [--special] --out FILE\n"
+    "  kvcalib intactkv ... --train --text FILE [--samples N --seq-len L --steps S|--epochs E ...]\n"
+    "\n"
+    "--prefix bos = the tokenizer's BOS token alone; any other value is text (with --special,\n"
+    "control tokens such as <|im_start|> are recognised). --train calibrates the prefix K/V\n"
+    "(IntactKV_[P]+Cal): Adam on 1/2 sum over layers of the mean squared difference between the\n"
+    "layer outputs with the full-precision cache and with the base scheme's quantized cache\n"
+    "(straight-through estimator), on calibration windows sampled as KVQuant does.\n"
+    "Training defaults: the IntactKV reference uses 128 samples of <= 1024 tokens, lr 2e-4, clip 0.3,\n"
+    "16 samples per step, 160 steps (20 epochs); the defaults here keep lr, clip, Adam betas and\n"
+    "the sample count per step's role but scale down to 16 samples x 256 tokens, 4 per step,\n"
+    "8 epochs (32 steps) so that the default model trains in minutes on a 2-core CPU.";
+
+typedef struct {
+    const char *model, *tokenizer, *base, *prefix, *out, *text, *format, *scheme, *loss_csv;
+    bool special, add_bos, force, quiet, allow_mismatch, train;
+    long samples, seq_len, steps, epochs, accum, seed, cache_mib;
+    double lr, clip, beta1, beta2, eps;
+} ikv_args;
+
+static int ikv_fail(const kvq_err *e, int code)
+{
+    fprintf(stderr, "%s intactkv: %s\n", PROG, e->msg);
+    return code;
+}
+
+typedef struct {
+    bool quiet;
+    FILE *csv;
+} step_ctx;
+
+static void on_step(void *vctx, size_t step, size_t steps, double loss, double gnorm, double seconds)
+{
+    step_ctx *c = vctx;
+    if (c->csv) fprintf(c->csv, "%zu,%.9g,%.9g,%.3f\n", step, loss, gnorm, seconds);
+    if (c->quiet) return;
+    double rate = seconds > 0 ? (double)step / seconds : 0, eta = rate > 0 ? (double)(steps - step) / rate : 0;
+    fprintf(stderr, "%s intactkv: step %zu/%zu loss %.6g |grad| %.4g  %.3f steps/s, %.1f s elapsed, ETA %.1f s\n", PROG, step,
+            steps, loss, gnorm, rate, seconds, eta);
+}
+
+/* The kveval spec string of the base artifact's scheme (what --train quantizes
+ * the window with when --scheme is not given). */
+static void base_spec(const kvq_artifact_params *p, char *buf, size_t n)
+{
+    switch (p->method) {
+    case KVQ_METHOD_NUQ:
+        if (p->outlier_frac > 0) snprintf(buf, n, "nuq%d-%g%%", p->k_bits, p->outlier_frac * 100);
+        else snprintf(buf, n, "nuq%d", p->k_bits);
+        break;
+    case KVQ_METHOD_INT_PC:
+        if (p->outlier_frac > 0) snprintf(buf, n, "int%d-pc-%g%%", p->k_bits, p->outlier_frac * 100);
+        else snprintf(buf, n, "int%d-pc", p->k_bits);
+        break;
+    case KVQ_METHOD_INT:
+        if (p->group_size) snprintf(buf, n, "int%d-g%zu", p->k_bits, p->group_size);
+        else snprintf(buf, n, "int%d", p->k_bits);
+        break;
+    default:
+        snprintf(buf, n, "kivi%d-g%zu-r%zu", p->k_bits, p->group_size, p->residual_length);
+        break;
+    }
+}
+
+/* --train: windows from --text, the base scheme's transform, Adam (calib/intactkv.h). */
+static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_tokenizer *tok, kvq_artifact *art,
+                               const char *model_fp, step_ctx *sc, kvq_err *e)
+{
+    (void)a, (void)m, (void)tok, (void)art, (void)model_fp, (void)sc, (void)on_step, (void)base_spec;
+    return kvq_fail(e, KVQ_EUNSUPPORTED, "--train needs the backward pass (kernels/backward.h, issue 4), not in this build yet");
+}
+
 static int cmd_intactkv(int argc, char **argv)
 {
-    (void)argv;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: %s intactkv ...\n\nIntactKV prefix (issue 9): not implemented in this build yet.\n", PROG);
-            return 0;
+    kvq_intactkv_train_opts d = kvq_intactkv_train_defaults();
+    ikv_args a = {.samples = 16, .seq_len = 256, .steps = 0, .epochs = 8, .accum = 4, .seed = (long)d.seed,
+                  .cache_mib = (long)d.target_cache_mib, .lr = d.lr, .clip = d.clip, .beta1 = d.beta1, .beta2 = d.beta2,
+                  .eps = d.eps};
+    kvq_opt tab[] = {
+        {"model", 'm', KVQ_OPT_STRING, &a.model, "PATH", "model (GGUF, HF directory or llama2.c .bin)", NULL, 0, 0, true},
+        {"tokenizer", 0, KVQ_OPT_STRING, &a.tokenizer, "FILE", "tokenizer (needed for llama2.c models; default: the model's own)",
+         NULL, 0, 0, false},
+        {"base", 'b', KVQ_OPT_STRING, &a.base, "FILE", "base artifact (any scheme) whose tables the output keeps", NULL, 0, 0, true},
+        {"prefix", 'p', KVQ_OPT_STRING, &a.prefix, "P", "'bos' (the BOS token alone) or the prefix text", NULL, 0, 0, true},
+        {"special", 0, KVQ_OPT_FLAG, &a.special, NULL, "recognise special tokens (e.g. <|im_start|>) in the prefix text", NULL, 0,
+         0, false},
+        {"add-bos", 0, KVQ_OPT_FLAG, &a.add_bos, NULL, "prepend the BOS token to the prefix text", NULL, 0, 0, false},
+        {"out", 'o', KVQ_OPT_STRING, &a.out, "FILE", "artifact to write", NULL, 0, 0, true},
+        {"force", 'f', KVQ_OPT_FLAG, &a.force, NULL, "replace an existing --out file", NULL, 0, 0, false},
+        {"allow-model-mismatch", 0, KVQ_OPT_FLAG, &a.allow_mismatch, NULL,
+         "accept a base artifact whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
+        {"train", 0, KVQ_OPT_FLAG, &a.train, NULL, "calibrate the prefix K/V against the base scheme (needs --text)", NULL, 0, 0,
+         false},
+        {"text", 't', KVQ_OPT_STRING, &a.text, "FILE", "--train: calibration text (e.g. wikitext-2 wiki.train.tokens)", NULL, 0, 0,
+         false},
+        {"format", 0, KVQ_OPT_CHOICE, &a.format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl", 0,
+         0, false},
+        {"scheme", 's', KVQ_OPT_STRING, &a.scheme, "SPEC",
+         "--train: kveval scheme quantizing the window (default: the base artifact's own)", NULL, 0, 0, false},
+        {"samples", 'n', KVQ_OPT_INT, &a.samples, "N", "--train: calibration windows (reference: 128)", NULL, 1, 1e6, false},
+        {"seq-len", 'L', KVQ_OPT_INT, &a.seq_len, "L", "--train: tokens per window (reference: <= 1024)", NULL, 2, 1 << 20, false},
+        {"epochs", 'E', KVQ_OPT_INT, &a.epochs, "E", "--train: passes over the windows (reference: 20); steps = E*N/accum",
+         NULL, 1, 1e6, false},
+        {"steps", 0, KVQ_OPT_INT, &a.steps, "S", "--train: optimizer steps (overrides --epochs when > 0; reference: 160)", NULL, 0,
+         1e9, false},
+        {"accum", 0, KVQ_OPT_INT, &a.accum, "A", "--train: windows per optimizer step (reference: 16)", NULL, 1, 1e6, false},
+        {"lr", 0, KVQ_OPT_FLOAT, &a.lr, "LR", "--train: Adam learning rate (reference: 2e-4)", NULL, 0, 0, false},
+        {"clip", 0, KVQ_OPT_FLOAT, &a.clip, "C", "--train: global gradient-norm clipping, 0 = off (reference: 0.3)", NULL, 0, 0,
+         false},
+        {"beta1", 0, KVQ_OPT_FLOAT, &a.beta1, "B", "--train: Adam beta1", NULL, 0, 1, false},
+        {"beta2", 0, KVQ_OPT_FLOAT, &a.beta2, "B", "--train: Adam beta2", NULL, 0, 1, false},
+        {"eps", 0, KVQ_OPT_FLOAT, &a.eps, "E", "--train: Adam epsilon", NULL, 0, 0, false},
+        {"seed", 0, KVQ_OPT_INT, &a.seed, "S", "--train: window sampling and shuffling seed (reference data seed: 42)", NULL, 0,
+         2147483647.0, false},
+        {"cache-mib", 0, KVQ_OPT_INT, &a.cache_mib, "MiB",
+         "--train: keep the full-precision targets of all windows in memory up to this size (else recompute)", NULL, 0, 1 << 20,
+         false},
+        {"loss-csv", 0, KVQ_OPT_STRING, &a.loss_csv, "FILE", "--train: also write step,loss,grad_norm,seconds per step", NULL, 0,
+         0, false},
+        {"quiet", 'q', KVQ_OPT_FLAG, &a.quiet, NULL, "no progress or summary (errors only)", NULL, 0, 0, false},
+    };
+    int n_tab = (int)(sizeof tab / sizeof *tab);
+    kvq_err e = {0};
+    bool help = false;
+    if (kvq_cli_parse(PROG " intactkv", IKV_SUMMARY, tab, n_tab, argc, argv, NULL, &help, &e)) return ikv_fail(&e, EXIT_USAGE);
+    if (help) return 0;
+    if (a.train && !a.text) {
+        fprintf(stderr, "%s intactkv: --train needs --text FILE (calibration text)\n", PROG);
+        return EXIT_USAGE;
+    }
+    if (!a.train && (a.text || a.scheme || a.loss_csv)) {
+        fprintf(stderr, "%s intactkv: --text, --scheme and --loss-csv apply to --train only\n", PROG);
+        return EXIT_USAGE;
+    }
+    if (!(a.lr > 0) || !(a.clip >= 0) || !(a.eps > 0) || a.beta1 >= 1 || a.beta2 >= 1) {
+        fprintf(stderr, "%s intactkv: --lr and --eps must be > 0, --clip >= 0, betas in [0, 1)\n", PROG);
+        return EXIT_USAGE;
+    }
+    if (!a.force && access(a.out, F_OK) == 0) {
+        fprintf(stderr, "%s intactkv: %s: already exists; not overwritten (use --force to replace it)\n", PROG, a.out);
+        return 1;
+    }
+    double t0 = kvq_now();
+    int rc = 1;
+    kvq_model m = {0};
+    kvq_tokenizer *tok = NULL;
+    kvq_artifact art = {0};
+    int32_t *ids = NULL;
+    size_t P = 0;
+    char fp[65];
+    if (kvq_model_load(a.model, &m, &e)) goto out;
+    if (kvq_tokenizer_for_model(a.model, a.tokenizer, &tok, &e)) goto out;
+    if (kvq_artifact_read(a.base, &art, &e)) {
+        kvq_err_prefix(&e, "--base %s", a.base);
+        goto out;
+    }
+    if (kvq_identity_model(&m, fp, &e)) goto out;
+    if (kvq_intactkv_check_base(&art, a.base, &m, fp, a.allow_mismatch, stderr, &e)) goto out;
+    size_t max_P = (size_t)m.hp.ctx_len - (a.train ? (size_t)a.seq_len : 1);
+    if (a.train && (size_t)a.seq_len >= (size_t)m.hp.ctx_len) {
+        kvq_fail(&e, KVQ_EINVAL, "--seq-len %ld leaves no room for a prefix in the model's context of %d", a.seq_len, m.hp.ctx_len);
+        goto out;
+    }
+    if (kvq_intactkv_tokenize(tok, a.prefix, a.special, a.add_bos, m.hp.vocab_size, max_P, &ids, &P, &e)) goto out;
+    if (art.prefix) {
+        if (!a.quiet) fprintf(stderr, "%s intactkv: --base %s already holds a prefix of %zu tokens; replacing it\n", PROG, a.base,
+                              art.prefix->P);
+        kvq_artifact_prefix_free(art.prefix);
+        free(art.prefix);
+        art.prefix = NULL;
+    }
+    art.prefix = calloc(1, sizeof *art.prefix);
+    if (!art.prefix) {
+        kvq_fail(&e, KVQ_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (kvq_intactkv_compute(&m, ids, P, a.prefix, a.special, art.prefix, &e)) goto out;
+    if (!a.quiet) {
+        fprintf(stderr, "%s intactkv: prefix \"%.80s\" = %zu token%s:", PROG, a.prefix, P, P == 1 ? "" : "s");
+        for (size_t i = 0; i < P && i < 32; i++) {
+            size_t len;
+            const char *t = kvq_tokenizer_token_text(tok, ids[i], &len);
+            fprintf(stderr, " %d '", ids[i]);
+            for (size_t j = 0; t && j < len && j < 24; j++) {
+                unsigned char ch = (unsigned char)t[j];
+                if (ch == '\n') fputs("\\n", stderr);
+                else if (ch < 0x20 || ch == 0x7f) fprintf(stderr, "\\x%02x", ch);
+                else fputc(ch, stderr);
+            }
+            fputc('\'', stderr);
         }
-    fprintf(stderr, "%s intactkv: not implemented yet (issue 9)\n", PROG);
-    return EXIT_USAGE;
+        fprintf(stderr, "%s\n", P > 32 ? " ..." : "");
+    }
+    if (a.train) {
+        step_ctx sc = {.quiet = a.quiet};
+        if (train_prefix(&a, &m, tok, &art, fp, &sc, &e)) goto out;
+    }
+    if (kvq_intactkv_write(a.out, a.force, &art, &e)) goto out;
+    if (!a.quiet) {
+        printf("%s intactkv: wrote %s: %s base (%s) + %s prefix of %zu token%s", PROG, a.out, kvq_method_name(art.p.method), a.base,
+               art.prefix->trained ? "trained" : "untrained", P, P == 1 ? "" : "s");
+        if (art.prefix->trained)
+            printf("; training loss %.6g -> %.6g in %.1f s", art.prefix->train.loss_before, art.prefix->train.loss_after,
+                   art.prefix->train.seconds);
+        printf(" (total %.1f s)\n", kvq_now() - t0);
+    }
+    rc = 0;
+out:
+    if (rc) ikv_fail(&e, 1);
+    free(ids);
+    kvq_artifact_free(&art);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+    return rc;
 }
 
 static bool parse_method(const char *s, kvq_method *m)

@@ -36,6 +36,24 @@ void kvq_artifact_free(kvq_artifact *a)
     free(a->k);
     free(a->v);
     a->k = a->v = NULL;
+    if (a->prefix) {
+        kvq_artifact_prefix_free(a->prefix);
+        free(a->prefix);
+        a->prefix = NULL;
+    }
+}
+
+void kvq_artifact_prefix_free(kvq_artifact_prefix *px)
+{
+    if (!px) return;
+    free(px->token_ids);
+    free(px->positions);
+    free(px->k);
+    free(px->k_pre);
+    free(px->v);
+    free(px->text);
+    free(px->loss_curve);
+    memset(px, 0, sizeof *px);
 }
 
 static bool has_levels(kvq_method m) { return m == KVQ_METHOD_NUQ; }
@@ -130,6 +148,41 @@ static kvq_status validate_params(const kvq_artifact_params *p, kvq_err *err)
     return KVQ_OK;
 }
 
+#define KVQ_PREFIX_MAX 65536
+
+static kvq_status check_prefix(const kvq_artifact_params *p, const kvq_artifact_prefix *px, kvq_err *err)
+{
+    if (px->P < 1 || px->P > KVQ_PREFIX_MAX)
+        return kvq_fail(err, KVQ_EINVAL, "intactkv: prefix length: expected 1..%d, found %zu", KVQ_PREFIX_MAX, px->P);
+    if (!px->token_ids || !px->positions || !px->k || !px->k_pre || !px->v || !px->text)
+        return kvq_fail(err, KVQ_EINVAL, "intactkv: token ids, positions, k, k_pre_rope, v and text are all required");
+    for (size_t i = 0; i < px->P; i++) {
+        if (px->token_ids[i] < 0)
+            return kvq_fail(err, KVQ_EINVAL, "intactkv.token_ids[%zu]: expected >= 0, found %d", i, px->token_ids[i]);
+        if (px->positions[i] != (int32_t)i)
+            return kvq_fail(err, KVQ_EINVAL, "intactkv.positions[%zu]: expected %zu (the prefix starts the sequence), found %d",
+                            i, i, px->positions[i]);
+    }
+    size_t kv_dim = p->n_kv_heads * p->head_dim, n = p->n_layers * px->P * kv_dim;
+    const float *arr[3] = {px->k, px->k_pre, px->v};
+    const char *nm[3] = {"k", "k_pre_rope", "v"};
+    for (int w = 0; w < 3; w++)
+        for (size_t j = 0; j < n; j++)
+            if (!isfinite(arr[w][j]))
+                return kvq_fail(err, KVQ_EINVAL, "intactkv: layers.%zu.intactkv.%s[%zu][%zu]: not finite", j / (px->P * kv_dim),
+                                nm[w], (j / kv_dim) % px->P, j % kv_dim);
+    if (px->trained) {
+        if (!px->loss_curve || px->n_loss < 1)
+            return kvq_fail(err, KVQ_EINVAL, "intactkv: a trained prefix needs a loss curve of >= 1 steps, found %zu", px->n_loss);
+        for (size_t i = 0; i < px->n_loss; i++)
+            if (!isfinite(px->loss_curve[i]))
+                return kvq_fail(err, KVQ_EINVAL, "intactkv.loss_curve[%zu]: not finite", i);
+        if (strnlen(px->train.scheme, sizeof px->train.scheme) == sizeof px->train.scheme)
+            return kvq_fail(err, KVQ_EINVAL, "intactkv: training scheme: not terminated");
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
 {
     const kvq_artifact_params *p = &a->p;
@@ -141,12 +194,13 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
         if (a->k && (lv || thr)) KVQ_TRY(check_table(p, &a->k[i], i, 'k', lv, thr, err));
         if (a->v && lv) KVQ_TRY(check_table(p, &a->v[i], i, 'v', true, false, err));
     }
+    if (a->prefix) KVQ_TRY(check_prefix(p, a->prefix, err));
     return KVQ_OK;
 }
 
 /* ---- write ------------------------------------------------------------------------ */
 
-#define META_MAX 40
+#define META_MAX 72
 
 typedef struct {
     kvq_st_kv kv[META_MAX];
@@ -227,11 +281,40 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     m.kv[m.n].key = "kvq.dump_fingerprint";
     m.kv[m.n++].value = p->dump_fingerprint;
 
+    const kvq_artifact_prefix *px = a->prefix;
+    if (px) {
+        meta_add(&m, "kvq.intactkv.P", "%zu", px->P);
+        m.kv[m.n].key = "kvq.intactkv.prefix";
+        m.kv[m.n++].value = px->text;
+        meta_add(&m, "kvq.intactkv.special", "%s", px->special ? "true" : "false");
+        meta_add(&m, "kvq.intactkv.trained", "%s", px->trained ? "true" : "false");
+        if (px->trained) {
+            const kvq_prefix_training *tr = &px->train;
+            m.kv[m.n].key = "kvq.intactkv.train.scheme";
+            m.kv[m.n++].value = tr->scheme;
+            meta_add(&m, "kvq.intactkv.train.steps", "%zu", tr->steps);
+            meta_add(&m, "kvq.intactkv.train.accum", "%zu", tr->accum);
+            meta_add(&m, "kvq.intactkv.train.samples", "%zu", tr->samples);
+            meta_add(&m, "kvq.intactkv.train.seq_len", "%zu", tr->seq_len);
+            meta_add(&m, "kvq.intactkv.train.lr", "%.17g", tr->lr);
+            meta_add(&m, "kvq.intactkv.train.beta1", "%.17g", tr->beta1);
+            meta_add(&m, "kvq.intactkv.train.beta2", "%.17g", tr->beta2);
+            meta_add(&m, "kvq.intactkv.train.eps", "%.17g", tr->eps);
+            meta_add(&m, "kvq.intactkv.train.clip", "%.17g", tr->clip);
+            meta_add(&m, "kvq.intactkv.train.seed", "%llu", (unsigned long long)tr->seed);
+            meta_add(&m, "kvq.intactkv.train.loss_before", "%.17g", tr->loss_before);
+            meta_add(&m, "kvq.intactkv.train.loss_after", "%.17g", tr->loss_after);
+            meta_add(&m, "kvq.intactkv.train.seconds", "%.17g", tr->seconds);
+            meta_add(&m, "kvq.intactkv.train.text_sha256", "%s", tr->text_sha256);
+        }
+    }
+
     bool lv = has_levels(p->method), thr = has_k_thresholds(p->method);
     size_t per_layer = 0;
     if (a->k && (lv || thr)) per_layer += (lv ? 3 : 0) + (thr ? 2 : 0) + 1;
     if (a->v && lv) per_layer += 4;
-    size_t n_t = per_layer * p->n_layers, nt = 0;
+    if (px) per_layer += 3;
+    size_t n_t = per_layer * p->n_layers + 3, nt = 0;
     kvq_st_entry *te = calloc(n_t ? n_t : 1, sizeof *te);
     tname *names = calloc(n_t ? n_t : 1, sizeof *names);
     double **objs = calloc(2 * p->n_layers + 1, sizeof *objs);
@@ -273,6 +356,21 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
             ADD("calib_counts", KVQ_ST_U64, 1, 3, 0, c);
 #undef ADD
         }
+    }
+    if (px) {
+        size_t per = px->P * kv_dim;
+        for (size_t i = 0; i < p->n_layers; i++) {
+            const float *src[3] = {px->k, px->k_pre, px->v};
+            const char *nm[3] = {"k", "k_pre_rope", "v"};
+            for (int w = 0; w < 3; w++) {
+                snprintf(names[nt].name, sizeof names[nt].name, "layers.%zu.intactkv.%s", i, nm[w]);
+                te[nt] = (kvq_st_entry){names[nt].name, KVQ_ST_F32, 2, {px->P, kv_dim}, src[w] + i * per};
+                nt++;
+            }
+        }
+        te[nt++] = (kvq_st_entry){"intactkv.token_ids", KVQ_ST_I32, 1, {px->P}, px->token_ids};
+        te[nt++] = (kvq_st_entry){"intactkv.positions", KVQ_ST_I32, 1, {px->P}, px->positions};
+        if (px->trained) te[nt++] = (kvq_st_entry){"intactkv.loss_curve", KVQ_ST_F64, 1, {px->n_loss}, px->loss_curve};
     }
     s = kvq_safetensors_write(path, te, nt, m.kv, m.n, err);
 done:
@@ -449,6 +547,92 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
     return KVQ_OK;
 }
 
+/* Copy a named tensor of exact dtype and shape [s0] or [s0, s1] into dst. */
+static kvq_status read_named(const kvq_safetensors *st, const char *name, kvq_st_dtype dt, uint32_t nd, uint64_t s0,
+                             uint64_t s1, void *dst, kvq_err *err)
+{
+    const kvq_st_tensor *t = kvq_safetensors_find(st, name);
+    if (!t) return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s' missing (an IntactKV prefix needs it)", st->path, name);
+    if (t->dtype != dt || t->n_dims != nd || t->shape[0] != s0 || (nd == 2 && t->shape[1] != s1))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected %s [%llu%s%llu], found %s with %u dims [%llu, %llu]",
+                        st->path, name, kvq_st_dtype_name(dt), (unsigned long long)s0, nd == 2 ? ", " : "",
+                        nd == 2 ? (unsigned long long)s1 : 0ull, kvq_st_dtype_name(t->dtype), t->n_dims,
+                        t->n_dims ? (unsigned long long)t->shape[0] : 0ull,
+                        t->n_dims > 1 ? (unsigned long long)t->shape[1] : 0ull);
+    memcpy(dst, t->data, t->n_bytes);
+    return KVQ_OK;
+}
+
+static kvq_status read_prefix(const kvq_safetensors *st, const kvq_artifact_params *p, kvq_artifact_prefix *px,
+                              kvq_err *err)
+{
+    const kvq_st_tensor *ids = kvq_safetensors_find(st, "intactkv.token_ids");
+    if (ids->dtype != KVQ_ST_I32 || ids->n_dims != 1 || ids->shape[0] < 1 || ids->shape[0] > KVQ_PREFIX_MAX)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: tensor 'intactkv.token_ids': expected I32 [P] with 1 <= P <= %d, found %s with %u dims",
+                        st->path, KVQ_PREFIX_MAX, kvq_st_dtype_name(ids->dtype), ids->n_dims);
+    size_t P = (size_t)ids->shape[0], kv_dim = p->n_kv_heads * p->head_dim, per = P * kv_dim, n;
+    if (kvq_mul_size(per, p->n_layers, &n) || n > ((size_t)1 << 34))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: IntactKV prefix of %zu entries is too large", st->path, P);
+    px->P = P;
+    px->token_ids = malloc(P * sizeof(int32_t));
+    px->positions = malloc(P * sizeof(int32_t));
+    px->k = malloc(n * sizeof(float));
+    px->k_pre = malloc(n * sizeof(float));
+    px->v = malloc(n * sizeof(float));
+    if (!px->token_ids || !px->positions || !px->k || !px->k_pre || !px->v)
+        return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate the IntactKV prefix (%zu entries)", st->path, P);
+    KVQ_TRY(read_named(st, "intactkv.token_ids", KVQ_ST_I32, 1, P, 0, px->token_ids, err));
+    KVQ_TRY(read_named(st, "intactkv.positions", KVQ_ST_I32, 1, P, 0, px->positions, err));
+    for (size_t i = 0; i < p->n_layers; i++) {
+        float *dst[3] = {px->k, px->k_pre, px->v};
+        const char *nm[3] = {"k", "k_pre_rope", "v"};
+        for (int w = 0; w < 3; w++) {
+            char name[96];
+            snprintf(name, sizeof name, "layers.%zu.intactkv.%s", i, nm[w]);
+            KVQ_TRY(read_named(st, name, KVQ_ST_F32, 2, P, kv_dim, dst[w] + i * per, err));
+        }
+    }
+    size_t mp;
+    KVQ_TRY(meta_size(st, "kvq.intactkv.P", &mp, err));
+    if (mp != P)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.intactkv.P' = %zu, but intactkv.token_ids has %zu entries", st->path,
+                        mp, P);
+    const char *text;
+    KVQ_TRY(meta_str(st, "kvq.intactkv.prefix", &text, err));
+    px->text = strdup(text);
+    if (!px->text) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", st->path);
+    KVQ_TRY(meta_choice(st, "kvq.intactkv.special", "true", "false", &px->special, err));
+    KVQ_TRY(meta_choice(st, "kvq.intactkv.trained", "true", "false", &px->trained, err));
+    if (!px->trained) return KVQ_OK;
+    kvq_prefix_training *tr = &px->train;
+    KVQ_TRY(meta_copy(st, "kvq.intactkv.train.scheme", tr->scheme, sizeof tr->scheme, err));
+    KVQ_TRY(meta_size(st, "kvq.intactkv.train.steps", &tr->steps, err));
+    KVQ_TRY(meta_size(st, "kvq.intactkv.train.accum", &tr->accum, err));
+    KVQ_TRY(meta_size(st, "kvq.intactkv.train.samples", &tr->samples, err));
+    KVQ_TRY(meta_size(st, "kvq.intactkv.train.seq_len", &tr->seq_len, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.lr", &tr->lr, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.beta1", &tr->beta1, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.beta2", &tr->beta2, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.eps", &tr->eps, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.clip", &tr->clip, err));
+    size_t seed;
+    KVQ_TRY(meta_size(st, "kvq.intactkv.train.seed", &seed, err));
+    tr->seed = seed;
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.loss_before", &tr->loss_before, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.loss_after", &tr->loss_after, err));
+    KVQ_TRY(meta_double(st, "kvq.intactkv.train.seconds", &tr->seconds, err));
+    KVQ_TRY(meta_copy(st, "kvq.intactkv.train.text_sha256", tr->text_sha256, sizeof tr->text_sha256, err));
+    const kvq_st_tensor *lc = kvq_safetensors_find(st, "intactkv.loss_curve");
+    if (!lc || lc->dtype != KVQ_ST_F64 || lc->n_dims != 1 || lc->shape[0] < 1 || lc->shape[0] > ((uint64_t)1 << 28))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: tensor 'intactkv.loss_curve': expected F64 [n_steps] for a trained prefix, found %s",
+                        st->path, lc ? "another dtype or shape" : "none");
+    px->n_loss = (size_t)lc->shape[0];
+    px->loss_curve = malloc(px->n_loss * sizeof(double));
+    if (!px->loss_curve) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", st->path);
+    memcpy(px->loss_curve, lc->data, px->n_loss * sizeof(double));
+    return KVQ_OK;
+}
+
 kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
 {
     memset(a, 0, sizeof *a);
@@ -464,6 +648,11 @@ kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
             s = read_table(&st, &a->p, i, 'k', lv, thr, &a->k[i], err);
             if (s == KVQ_OK && lv) s = read_table(&st, &a->p, i, 'v', true, false, &a->v[i], err);
         }
+    }
+    if (s == KVQ_OK && kvq_safetensors_find(&st, "intactkv.token_ids")) {
+        a->prefix = calloc(1, sizeof *a->prefix);
+        if (!a->prefix) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+        else s = read_prefix(&st, &a->p, a->prefix, err);
     }
     if (s == KVQ_OK) {
         s = kvq_artifact_validate(a, err);
@@ -556,6 +745,23 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
             p->bits_k, p->bits_v, p->bits_ctx);
     fprintf(f, "model fp      %s\n", *p->model_fingerprint ? p->model_fingerprint : "(none)");
     fprintf(f, "dump fp       %s\n", *p->dump_fingerprint ? p->dump_fingerprint : "(none)");
+    if (a.prefix) {
+        const kvq_artifact_prefix *px = a.prefix;
+        fprintf(f, "intactkv      prefix of %zu token%s at positions 0..%zu: \"%.200s\"%s, %s\n", px->P, px->P == 1 ? "" : "s",
+                px->P - 1, px->text, px->special ? " (special tokens parsed)" : "", px->trained ? "trained" : "untrained");
+        fprintf(f, "              token ids");
+        for (size_t i = 0; i < px->P && i < 16; i++) fprintf(f, " %d", px->token_ids[i]);
+        fprintf(f, "%s\n", px->P > 16 ? " ..." : "");
+        if (px->trained) {
+            const kvq_prefix_training *tr = &px->train;
+            fprintf(f, "              trained against %s: %zu steps x %zu samples of %zu windows x %zu tokens, lr %g, clip %g, "
+                       "Adam (%g, %g, %g), seed %llu\n",
+                    tr->scheme, tr->steps, tr->accum, tr->samples, tr->seq_len, tr->lr, tr->clip, tr->beta1, tr->beta2, tr->eps,
+                    (unsigned long long)tr->seed);
+            fprintf(f, "              loss %.6g -> %.6g (all windows), steps %.6g -> %.6g, %.1f s\n", tr->loss_before,
+                    tr->loss_after, px->loss_curve[0], px->loss_curve[px->n_loss - 1], tr->seconds);
+        }
+    }
     if (a.k || a.v) {
         double tl = 0, te = 0;
         size_t wins = 0, n = 0;

@@ -81,9 +81,49 @@ typedef struct {
     char dump_fingerprint[KVQ_FINGERPRINT_MAX];  /* the dump's fingerprint */
 } kvq_artifact_params;
 
+/* Training summary of an IntactKV prefix (kvcalib intactkv --train; all
+ * zero / empty for an untrained prefix). */
+typedef struct {
+    char scheme[128];          /* the base scheme the window tokens were quantized with (kveval spec) */
+    size_t steps, accum;       /* optimizer steps, samples per step (gradient accumulation) */
+    size_t samples, seq_len;   /* calibration windows and their length in tokens */
+    double lr, beta1, beta2, eps, clip; /* Adam and global gradient-norm clipping */
+    uint64_t seed;             /* window sampling and epoch shuffling */
+    double loss_before, loss_after; /* mean loss over all calibration windows before / after training */
+    double seconds;            /* wall time of the training (targets + steps + final loss) */
+    char text_sha256[65];      /* sha256 of the calibration text file */
+} kvq_prefix_training;
+
+/* An IntactKV prefix (Liu et al. 2024, IntactKV; notes
+ * ../shared/docs/kivi-intactkv-mikv.md §2): the K/V of the first P tokens as
+ * the full-precision model computes them (or as calibrated by training),
+ * attended by every window token, never quantized. Arrays owned (malloc).
+ * Tensors (ARTIFACT.md "IntactKV prefix"), kv_dim = n_kv_heads*head_dim:
+ *   intactkv.token_ids      I32 [P]
+ *   intactkv.positions      I32 [P]   = 0..P-1 (the prefix always starts the sequence)
+ *   layers.<i>.intactkv.k        F32 [P, kv_dim]  post-RoPE keys (what attention reads)
+ *   layers.<i>.intactkv.k_pre_rope F32 [P, kv_dim] pre-RoPE keys (= RoPE^-1 of k at positions)
+ *   layers.<i>.intactkv.v        F32 [P, kv_dim]  values
+ *   intactkv.loss_curve     F64 [n_loss] (trained only) mean training loss of each step */
+typedef struct {
+    size_t P;                  /* >= 1 */
+    int32_t *token_ids;        /* [P] */
+    int32_t *positions;        /* [P] */
+    float *k, *k_pre, *v;      /* [n_layers][P][kv_dim] each, row-major */
+    char *text;                /* the prefix as given: "bos" or the text (NUL-terminated, owned) */
+    bool special;              /* the text was tokenised with special tokens recognised */
+    bool trained;
+    kvq_prefix_training train; /* trained only */
+    double *loss_curve;        /* [n_loss] (trained only, else NULL) */
+    size_t n_loss;
+} kvq_artifact_prefix;
+
+void kvq_artifact_prefix_free(kvq_artifact_prefix *px);
+
 typedef struct {
     kvq_artifact_params p;
     kvq_kv_table *k, *v;       /* [n_layers] each; NULL for int and kivi */
+    kvq_artifact_prefix *prefix; /* IntactKV prefix, or NULL (owned; freed by kvq_artifact_free) */
 } kvq_artifact;
 
 /* Check parameters and, when present, table shapes and values (levels
@@ -96,6 +136,12 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
 /* Validate, then write. Same artifact → byte-identical file (metadata
  * numbers printed with %.17g, deterministic safetensors layout). */
 kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *err);
+
+/* With a prefix, validation also checks: P >= 1, token ids >= 0, positions
+ * 0..P-1, k / k_pre / v present and finite ("intactkv: layers.3.k[17]: not
+ * finite"), text present, a trained prefix with n_loss >= 1 finite losses.
+ * Readers take the prefix when intactkv.token_ids is present (the other
+ * tensors are then required); files without it have prefix == NULL. */
 
 /* Read and validate. Unknown schema → KVQ_EFORMAT; newer schema version →
  * KVQ_EUNSUPPORTED; missing or malformed fields → KVQ_EFORMAT naming them.
