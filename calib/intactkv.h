@@ -86,7 +86,7 @@ kvq_status kvq_intactkv_write(const char *out_path, bool force, const kvq_artifa
 
 /* Called after every optimizer step (1-based step of steps) with the step's
  * mean loss over its samples (before the update), the gradient norm before
- * clipping, and the elapsed training seconds. */
+ * clipping, and the seconds since the first step started. */
 typedef void (*kvq_intactkv_step_fn)(void *ctx, size_t step, size_t steps, double loss, double grad_norm, double seconds);
 
 typedef struct {
@@ -111,6 +111,15 @@ kvq_intactkv_train_opts kvq_intactkv_train_defaults(void);
  * target's prefix (the model's own, untrained). */
 kvq_status kvq_intactkv_loss(const kvq_model *m, const kvq_artifact_prefix *fp_prefix, const kvq_artifact_prefix *px,
                              const kvq_hooks *quant, const int32_t *win, size_t n_win, size_t T, double *loss,
+                             kvq_err *err);
+
+/* The mean loss over the windows and its gradient with respect to the
+ * prefix's post-RoPE keys and values, gk / gv [n_layers][P][kv_dim]
+ * (caller-owned, overwritten), from the backward pass (straight-through
+ * through quant's window K/V; the prefix itself is never quantized, so its
+ * gradient is exact when quant is NULL). Same errors as kvq_intactkv_loss. */
+kvq_status kvq_intactkv_grad(const kvq_model *m, const kvq_artifact_prefix *fp_prefix, const kvq_artifact_prefix *px,
+                             const kvq_hooks *quant, const int32_t *win, size_t n_win, size_t T, double *loss, float *gk, float *gv,
                              kvq_err *err);
 
 /* Train px in place (post-RoPE keys and values of every layer; k_pre is

@@ -84,7 +84,7 @@ typedef struct {
 /* Training summary of an IntactKV prefix (kvcalib intactkv --train; all
  * zero / empty for an untrained prefix). */
 typedef struct {
-    char scheme[128];          /* the base scheme the window tokens were quantized with (kveval spec) */
+    char scheme[160];          /* the base scheme the window tokens were quantized with (kveval spec) */
     size_t steps, accum;       /* optimizer steps, samples per step (gradient accumulation) */
     size_t samples, seq_len;   /* calibration windows and their length in tokens */
     double lr, beta1, beta2, eps, clip; /* Adam and global gradient-norm clipping */
