@@ -184,8 +184,9 @@ kvq_status kvq_kvcache_config_from_artifact(kvq_kvcache_config *cfg, const kvq_a
         cfg->group = p->group_size;
         cfg->residual = p->residual_length;
     } else {
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method '%s': the packed cache supports nuq and kivi",
-                        kvq_method_name(p->method) ? kvq_method_name(p->method) : "?");
+        /* (no kvq_method_name here: keeps kvcache.o free of the artifact reader for GPU builds) */
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method %d (%s): the packed cache supports nuq and kivi",
+                        (int)p->method, p->method == KVQ_METHOD_INT ? "int" : p->method == KVQ_METHOD_INT_PC ? "int-pc" : "?");
     }
     return KVQ_OK;
 }
