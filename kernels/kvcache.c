@@ -274,17 +274,17 @@ kvq_status kvq_kvcache_create(kvq_kvcache **out, const kvq_kvcache_config *cfg, 
             }
         }
         c->k_per_side = kvq_outliers_per_side(C, cfg->outlier_frac);
-        size_t per_tok = 2 * (size_t)ceil(cfg->outlier_frac * (double)C) + 8;
+        size_t per_tok = 2 * (size_t)ceil(cfg->outlier_frac * (double)D) + 2; /* per (token, head) */
         size_t cap = cfg->outlier_cap;
         if (!cap && (kvq_mul_size(per_tok, cfg->max_tokens, &cap))) cap = (size_t)1 << 30;
         if (cfg->outlier_frac == 0 && !cfg->outlier_cap) cap = 1;
         if (cfg->outlier_max && cap > cfg->outlier_max) cap = cfg->outlier_max;
         if (cap > 0xffffffffu) cap = 0xffffffffu;
         c->ent_cap = cap ? cap : 1;
-        A4(c->krow, B, c->capq * H + 1, 1, 1, "outlier rows");
-        A4(c->vrow, B, c->capq * H + 1, 1, 1, "outlier rows");
-        A4(c->kent, B, c->ent_cap, 1, 1, "outlier entries");
-        A4(c->vent, B, c->ent_cap, 1, 1, "outlier entries");
+        A4(c->krow, B, H, c->capq + 1, 1, "outlier rows");
+        A4(c->vrow, B, H, c->capq + 1, 1, "outlier rows");
+        A4(c->kent, B, H, c->ent_cap, 1, "outlier entries");
+        A4(c->vent, B, H, c->ent_cap, 1, "outlier entries");
     } else {
         size_t G = cfg->group, F = cfg->residual ? cfg->residual : G;
         c->ring = (F > cfg->residual ? F : cfg->residual) + 2;
@@ -369,7 +369,7 @@ static kvq_status grow_entries(kvq_kvcache *c, size_t need, size_t s, size_t pos
                         "kvcache: sequence %zu position %zu: sparse outlier store needs %zu entries, limit outlier_max %zu",
                         s, pos, need, lim);
     while (cap < need) cap = cap > lim / 2 ? lim : cap * 2;
-    size_t B = c->cfg.n_seqs, n;
+    size_t B = c->cfg.n_seqs * c->cfg.n_kv_heads, n;
     if (kvq_mul_size(B, cap, &n) || kvq_mul_size(n, sizeof(uint32_t), &n))
         return kvq_fail(err, KVQ_ENOMEM, "kvcache: outlier store of %zu entries overflows", cap);
     uint32_t *ke = calloc(n, 1), *ve = calloc(n, 1);
@@ -395,26 +395,28 @@ static kvq_status append_nuq_token(kvq_kvcache *c, size_t s, size_t pos, const f
     const bool outl = g->outlier_frac > 0;
     uint8_t codes[KVQ_KVCACHE_MAX_HEAD_DIM];
     uint32_t words[KVQ_KVCACHE_MAX_HEAD_DIM];
-    uint32_t *krow = c->krow + s * (c->capq * H + 1), *vrow = c->vrow + s * (c->capq * H + 1);
-    /* count outliers first: the store grows (or the append fails) before anything is written */
-    size_t nk = 0, nv = 0;
+    const size_t R = c->capq + 1;
+    uint32_t *krow = c->krow + s * H * R, *vrow = c->vrow + s * H * R;
+    /* count outliers per head first: the store grows (or the append fails) before anything is written */
+    size_t need = 0;
     float lo = 0, hi = 0;
-    if (outl) {
-        for (size_t i = 0; i < C; i++) nk += (k[i] > c->k_upper[i] || k[i] < c->k_lower[i]);
-        kvq_token_range(v, C, c->k_per_side, scratch, &lo, &hi);
-        if (c->k_per_side)
-            for (size_t i = 0; i < C; i++) nv += (v[i] < lo || v[i] > hi);
-    } else {
-        kvq_token_range(v, C, 0, scratch, &lo, &hi);
+    kvq_token_range(v, C, outl ? c->k_per_side : 0, scratch, &lo, &hi);
+    for (size_t h = 0; h < H && outl; h++) {
+        size_t nk = 0, nv = 0;
+        for (size_t d = 0; d < D; d++) {
+            size_t i = h * D + d;
+            nk += (k[i] > c->k_upper[i] || k[i] < c->k_lower[i]);
+            nv += c->k_per_side && (v[i] < lo || v[i] > hi);
+        }
+        if (krow[h * R + q] + nk > need) need = krow[h * R + q] + nk;
+        if (vrow[h * R + q] + nv > need) need = vrow[h * R + q] + nv;
     }
-    size_t k0 = krow[q * H], v0 = vrow[q * H];
-    size_t need = k0 + nk > v0 + nv ? k0 + nk : v0 + nv;
     if (need > c->ent_cap) KVQ_TRY(grow_entries(c, need, s, pos, err));
-    uint32_t *kent = c->kent + s * c->ent_cap, *vent = c->vent + s * c->ent_cap;
     /* keys */
-    size_t e = k0;
     for (size_t h = 0; h < H; h++) {
         const float *lv = c->klevels_copy + h * nlk;
+        uint32_t *kent = c->kent + (s * H + h) * c->ent_cap;
+        size_t e = krow[h * R + q];
         for (size_t d = 0; d < D; d++) {
             size_t ch = h * D + d;
             float x = k[ch];
@@ -429,15 +431,16 @@ static kvq_status append_nuq_token(kvq_kvcache *c, size_t s, size_t pos, const f
         }
         kvq_kvcache_pack(words, codes, D, g->k_bits);
         put_kcodes(c, s, q, h, words);
-        krow[q * H + h + 1] = (uint32_t)e;
+        krow[h * R + q + 1] = (uint32_t)e;
     }
     /* values: per-token range over all kv_dim channels */
     double zp = ((double)hi + (double)lo) * 0.5, r = ((double)hi - (double)lo) * 0.5;
     c->vscale[(s * c->capq + q) * 2] = (float)zp;
     c->vscale[(s * c->capq + q) * 2 + 1] = (float)r;
-    e = v0;
     for (size_t h = 0; h < H; h++) {
         const float *lv = c->vlevels + h * nlv;
+        uint32_t *vent = c->vent + (s * H + h) * c->ent_cap;
+        size_t e = vrow[h * R + q];
         for (size_t d = 0; d < D; d++) {
             float x = v[h * D + d];
             if (c->k_per_side && (x < lo || x > hi)) {
@@ -448,7 +451,7 @@ static kvq_status append_nuq_token(kvq_kvcache *c, size_t s, size_t pos, const f
             codes[d] = nuq_code(x, zp, r, lv, nlv);
         }
         kvq_kvcache_pack(c->vcodes + ((s * H + h) * c->capq + q) * c->vw, codes, D, g->v_bits);
-        vrow[q * H + h + 1] = (uint32_t)e;
+        vrow[h * R + q + 1] = (uint32_t)e;
     }
     return KVQ_OK;
 }
@@ -596,21 +599,20 @@ kvq_status kvq_kvcache_dequant(const kvq_kvcache *c, size_t seq, float *ko, floa
     float *kq = ko + c->n_exact * C, *vq = vo + c->n_exact * C;
     if (g->format == KVQ_KVCACHE_NUQ) {
         const size_t nlk = (size_t)1 << g->k_bits, nlv = (size_t)1 << g->v_bits;
-        const uint32_t *krow = c->krow + seq * (c->capq * H + 1), *vrow = c->vrow + seq * (c->capq * H + 1);
-        const uint32_t *kent = c->kent + seq * c->ent_cap, *vent = c->vent + seq * c->ent_cap;
+        const size_t R = c->capq + 1;
         for (size_t q = 0; q < nq; q++) {
             double zp = c->vscale[(seq * c->capq + q) * 2], r = c->vscale[(seq * c->capq + q) * 2 + 1];
             for (size_t h = 0; h < H; h++) {
                 get_kcodes(c, seq, q, h, words);
                 kvq_kvcache_unpack(codes, words, D, g->k_bits);
                 for (size_t d = 0; d < D; d++) kq[q * C + h * D + d] = c->klut[(h * D + d) * nlk + codes[d]];
-                for (uint32_t e = krow[q * H + h]; e < krow[q * H + h + 1]; e++)
-                    kq[q * C + h * D + (kent[e] >> 16)] = f16((uint16_t)kent[e]);
+                const uint32_t *kr = c->krow + (seq * H + h) * R, *ke = c->kent + (seq * H + h) * c->ent_cap;
+                for (uint32_t e = kr[q]; e < kr[q + 1]; e++) kq[q * C + h * D + (ke[e] >> 16)] = f16((uint16_t)ke[e]);
                 kvq_kvcache_unpack(codes, c->vcodes + ((seq * H + h) * c->capq + q) * c->vw, D, g->v_bits);
                 for (size_t d = 0; d < D; d++)
                     vq[q * C + h * D + d] = r == 0 ? (float)zp : (float)((double)c->vlevels[h * nlv + codes[d]] * r + zp);
-                for (uint32_t e = vrow[q * H + h]; e < vrow[q * H + h + 1]; e++)
-                    vq[q * C + h * D + (vent[e] >> 16)] = f16((uint16_t)vent[e]);
+                const uint32_t *vr = c->vrow + (seq * H + h) * R, *ve = c->vent + (seq * H + h) * c->ent_cap;
+                for (uint32_t e = vr[q]; e < vr[q + 1]; e++) vq[q * C + h * D + (ve[e] >> 16)] = f16((uint16_t)ve[e]);
             }
         }
     } else {
@@ -715,11 +717,14 @@ void kvq_kvcache_stats_get(const kvq_kvcache *c, kvq_kvcache_stats *s)
         s->bytes_k += ne * C * 2 + kq * H * c->kw * 4 + (nq - kq) * C * 2;
         s->bytes_v += ne * C * 2 + vq * H * c->vw * 4 + (nq - vq) * C * 2;
         if (g->format == KVQ_KVCACHE_NUQ) {
-            const uint32_t *kr = c->krow + i * (c->capq * H + 1), *vr = c->vrow + i * (c->capq * H + 1);
-            s->k_outliers += kr[kq * H];
-            s->v_outliers += vr[vq * H];
-            s->bytes_k += (kq * H + 1) * 4 + kr[kq * H] * 4;
-            s->bytes_v += (vq * H + 1) * 4 + vr[vq * H] * 4 + vq * 8;
+            for (size_t h = 0; h < H; h++) {
+                const uint32_t *kr = c->krow + (i * H + h) * (c->capq + 1), *vr = c->vrow + (i * H + h) * (c->capq + 1);
+                s->k_outliers += kr[kq];
+                s->v_outliers += vr[vq];
+                s->bytes_k += (kq + 1) * 4 + kr[kq] * 4;
+                s->bytes_v += (vq + 1) * 4 + vr[vq] * 4;
+            }
+            s->bytes_v += vq * 8;
         } else {
             s->bytes_k += (kq / g->group) * C * 8;
             s->bytes_v += vq * (C / g->group) * 8;

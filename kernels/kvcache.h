@@ -81,8 +81,8 @@ typedef struct {
     const float *k_levels;          /* [k_tables][1 << k_bits] ascending in [-1, 1] */
     const float *v_levels;          /* [v_tables][1 << v_bits] */
     const float *k_lower, *k_upper; /* [kv_dim] per-channel thresholds, raw key units */
-    /* sparse-outlier storage (NUQ): entries per sequence for keys and for values.
-     * outlier_cap: initial capacity (0 = auto: 2 * ceil(outlier_frac * kv_dim) + 8 per token
+    /* sparse-outlier storage (NUQ): entries per (sequence, KV head) for keys and for values.
+     * outlier_cap: initial capacity (0 = auto: 2 * ceil(outlier_frac * head_dim) + 2 per token
      * of max_tokens); outlier_max: hard limit (0 = none). The store grows (doubling, up to
      * outlier_max); an append that would exceed outlier_max fails with KVQ_ENOMEM, naming
      * the sequence, position and counts; nothing of the failing token is stored. */
@@ -166,7 +166,7 @@ typedef struct {
     size_t n_tokens;       /* positions held (all sequences) */
     size_t n_quant_k, n_quant_v; /* positions whose keys / values are quantized */
     size_t k_outliers, v_outliers; /* sparse entries */
-    size_t outlier_capacity;       /* entries allocated per sequence (K and V each) */
+    size_t outlier_capacity;       /* entries allocated per (sequence, KV head) (K and V each) */
     size_t bytes_k, bytes_v;       /* bytes an attention pass reads for K / V (codes, scales,
                                       sparse rows and entries, fp16 rows); tables excluded */
 } kvq_kvcache_stats;
@@ -191,9 +191,10 @@ typedef struct {
     const float *klut;      /* NUQ: [C][1 << k_bits] dequantized key per (channel, code) */
     const float *vlevels;   /* NUQ: [H][1 << v_bits] value levels per KV head (per-layer table repeated) */
     const uint8_t *k_zcode, *v_zcode; /* NUQ: [H] code stored at outlier positions (level nearest 0) */
-    const uint32_t *krow, *vrow; /* NUQ: [n_seqs][capq*H + 1] sparse row pointers, row = q*H + h */
-    const uint32_t *kent, *vent; /* NUQ: [n_seqs][outlier_capacity] entries (d << 16 | fp16 bits) */
-    size_t ent_cap;         /* entries per sequence allocated */
+    const uint32_t *krow, *vrow; /* NUQ: [n_seqs][H][capq + 1] sparse row pointers: token q of head h
+                                    holds entries [row[q], row[q+1]) of that (sequence, head) */
+    const uint32_t *kent, *vent; /* NUQ: [n_seqs][H][ent_cap] entries (d << 16 | fp16 bits), token order */
+    size_t ent_cap;         /* entries allocated per (sequence, head) */
     const uint16_t *kring, *vring; /* KIVI: [n_seqs][ring][C] fp16 residual in the quantization domain */
     const double *inv_freq; /* [rope_dim / 2] */
 } kvq_kvcache_view;

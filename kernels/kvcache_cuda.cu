@@ -128,6 +128,8 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
     float *oacc = sc + GQ * p.chunk;                  // [GQ][D]
     float *red = oacc + GQ * D;                       // [GQ][8]
     float *stat = red + GQ * 8;                       // m[GQ], l[GQ]
+    const int tail = GQ * p.chunk + GQ * D + GQ * 8 + 2 * GQ;
+    float2 *los = (float2 *)(sc + tail + (tail & 1));  // [np][64] RoPE angles of pos & 63
     const float *klut = p.klut + (size_t)h * D * UK::NL;
     for (int i = tid; i < p.dpad * UK::NL; i += blockDim.x) lut[i] = i < D * UK::NL ? klut[i] : 0.f;
     for (int i = tid; i < UV::NL; i += blockDim.x) vl[i] = p.vlevels[h * UV::NL + i];
@@ -143,24 +145,25 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
         qh[(j * p.nhb_max + b) * np + pi] = make_float2(qa * hi.x + qb * hi.y, qa * hi.y - qb * hi.x);
     }
     for (int i = tid; i < GQ * D; i += blockDim.x) oacc[i] = 0.f;
+    for (int i = tid; i < np * 64; i += blockDim.x) los[i] = p.rlo[i];
     __syncthreads();
 
     // phase 1: scores, one thread per token; codes are token-minor so a warp reads 128 contiguous bytes
     const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
-    const uint32_t *krow = p.krow + (size_t)s * ((size_t)p.capq * p.H + 1);
-    const uint32_t *kent = p.kent + (size_t)s * p.ent_cap;
+    const uint32_t *krow = p.krow + ((size_t)s * p.H + h) * (p.capq + 1);
+    const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
     const int nu = (D + UK::C - 1) / UK::C;
     const int kzc = p.kz[h];
     for (int t = q0 + tid; t < q1; t += blockDim.x) {
         const int pos = p.n_exact + t, b = (pos >> 6) - hb0;
-        const float2 *lo = p.rlo + (pos & 63);
+        const float2 *lo = los + (pos & 63);
         const float2 *qhb = qh + b * np;
         uint32_t w[UK::MAXU * UK::W];
 #pragma unroll
         for (int u = 0; u < UK::MAXU; u++)
 #pragma unroll
             for (int x = 0; x < UK::W; x++)
-                w[u * UK::W + x] = u < nu ? __ldg(kc + (size_t)(u * UK::W + x) * p.capq + t) : 0u;
+                w[u * UK::W + x] = u < nu ? __ldcs(kc + (size_t)(u * UK::W + x) * p.capq + t) : 0u;
         float acc[GQ];
 #pragma unroll
         for (int gg = 0; gg < GQ; gg++) acc[gg] = 0.f;
@@ -173,7 +176,7 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     if (i < np) {
                         const float ka = lut[(2 * i) * UK::NL + getc<BK>(w + u * UK::W, j)];
                         const float kb = lut[(2 * i + 1) * UK::NL + getc<BK>(w + u * UK::W, j + 1)];
-                        const float2 e = __ldg(lo + i * 64);
+                        const float2 e = lo[i * 64];
 #pragma unroll
                         for (int gg = 0; gg < GQ; gg++) {
                             const float2 a = qhb[gg * p.nhb_max * np + i];
@@ -184,12 +187,12 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                 }
             }
         }
-        const uint32_t e0 = __ldg(krow + (size_t)t * p.H + h), e1 = __ldg(krow + (size_t)t * p.H + h + 1);
+        const uint32_t e0 = __ldg(krow + t), e1 = __ldg(krow + t + 1);
         for (uint32_t e = e0; e < e1; e++) {
             const uint32_t en = __ldg(kent + e);
             const int d = en >> 16, i = d >> 1;
             const float corr = h2f(en) - lut[d * UK::NL + kzc];
-            const float2 el = __ldg(lo + i * 64);
+            const float2 el = lo[i * 64];
 #pragma unroll
             for (int gg = 0; gg < GQ; gg++) {
                 const float2 a = qhb[gg * p.nhb_max * np + i];
@@ -219,24 +222,36 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
             }
             const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw + unit * UV::W;
             const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
-#pragma unroll 2
-            for (int t = q0 + warp * tpw + tsub; t < q1; t += nw * tpw) {
-                uint32_t w[UV::W];
+            constexpr int VT = 8; // tokens whose loads are in flight per lane
+            const int st = nw * tpw;
+            for (int tb = q0 + warp * tpw + tsub; tb < q1; tb += VT * st) {
+                uint32_t w[VT][UV::W];
+                float2 zr[VT];
 #pragma unroll
-                for (int x = 0; x < UV::W; x++) w[x] = __ldg(vc + (size_t)t * p.vw + x);
-                const float2 zr = __ldg(vs + t);
-                float pr[GQ];
+                for (int k = 0; k < VT; k++) {
+                    const int t = tb + k * st;
 #pragma unroll
-                for (int gg = 0; gg < GQ; gg++) {
-                    const float pp = sc[gg * p.chunk + (t - q0)];
-                    pr[gg] = pp * zr.y;
-                    pz[gg] += pp * zr.x;
+                    for (int x = 0; x < UV::W; x++) w[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
+                    zr[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
                 }
 #pragma unroll
-                for (int j = 0; j < UV::C; j++) {
-                    const float L = vl[getc<BV>(w, j)];
+                for (int k = 0; k < VT; k++) {
+                    const int t = tb + k * st;
+                    if (t < q1) {
+                        float pr[GQ];
 #pragma unroll
-                    for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                        for (int gg = 0; gg < GQ; gg++) {
+                            const float pp = sc[gg * p.chunk + (t - q0)];
+                            pr[gg] = pp * zr[k].y;
+                            pz[gg] += pp * zr[k].x;
+                        }
+#pragma unroll
+                        for (int j = 0; j < UV::C; j++) {
+                            const float L = vl[getc<BV>(w[k], j)];
+#pragma unroll
+                            for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                        }
+                    }
                 }
             }
 #pragma unroll
@@ -247,12 +262,12 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], acc[gg][j] + pz[gg]);
             }
         }
-        const uint32_t *vrow = p.vrow + (size_t)s * ((size_t)p.capq * p.H + 1);
-        const uint32_t *vent = p.vent + (size_t)s * p.ent_cap;
+        const uint32_t *vrow = p.vrow + ((size_t)s * p.H + h) * (p.capq + 1);
+        const uint32_t *vent = p.vent + ((size_t)s * p.H + h) * p.ent_cap;
         const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
         const float lz = vl[p.vz[h]];
         for (int t = q0 + tid; t < q1; t += blockDim.x) {
-            const uint32_t e0 = __ldg(vrow + (size_t)t * p.H + h), e1 = __ldg(vrow + (size_t)t * p.H + h + 1);
+            const uint32_t e0 = __ldg(vrow + t), e1 = __ldg(vrow + t + 1);
             if (e0 == e1) continue;
             const float2 zr = __ldg(vs + t);
             const float dz = lz * zr.y + zr.x;
@@ -450,8 +465,8 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     size_t nlk = (size_t)1 << cfg->k_bits, nlv = (size_t)1 << cfg->v_bits;
     size_t ne = c->n_exact ? c->n_exact : 1;
     c->len = (size_t *)calloc(B, sizeof(size_t));
-    c->kused = (size_t *)calloc(B, sizeof(size_t));
-    c->vused = (size_t *)calloc(B, sizeof(size_t));
+    c->kused = (size_t *)calloc(B * H, sizeof(size_t));
+    c->vused = (size_t *)calloc(B * H, sizeof(size_t));
     float *hl = nullptr, *hv = nullptr, *hk = nullptr;
     float2 *hlo = nullptr, *hhi = nullptr;
     uint8_t *hz = nullptr;
@@ -463,7 +478,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "kvcache cuda: no usable device: %s", cudaGetErrorString(e)); goto fail; }
     }
     {
-        size_t per_tok = 2 * (size_t)ceil(cfg->outlier_frac * (double)C) + 8, cap = cfg->outlier_cap;
+        size_t per_tok = 2 * (size_t)ceil(cfg->outlier_frac * (double)D) + 2, cap = cfg->outlier_cap;
         if (!cap && kvq_mul_size(per_tok, cfg->max_tokens, &cap)) cap = (size_t)1 << 30;
         if (cfg->outlier_frac == 0 && !cfg->outlier_cap) cap = 1;
         if (cfg->outlier_max && cap > cfg->outlier_max) cap = cfg->outlier_max;
@@ -476,10 +491,10 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     DA(c->v16, B * H * ne * D, "fp16 values");
     DA(c->kcodes, B * H * c->kw * c->capq, "key codes");
     DA(c->vcodes, B * H * c->capq * c->vw, "value codes");
-    DA(c->krow, B * (c->capq * H + 1), "key outlier rows");
-    DA(c->vrow, B * (c->capq * H + 1), "value outlier rows");
-    DA(c->kent, B * c->ent_cap, "key outliers");
-    DA(c->vent, B * c->ent_cap, "value outliers");
+    DA(c->krow, B * H * (c->capq + 1), "key outlier rows");
+    DA(c->vrow, B * H * (c->capq + 1), "value outlier rows");
+    DA(c->kent, B * H * c->ent_cap, "key outliers");
+    DA(c->vent, B * H * c->ent_cap, "value outliers");
     DA(c->vscale, B * c->capq * 2, "value scales");
     DA(c->klut, C * nlk, "key LUT");
     DA(c->vlevels, H * nlv, "value levels");
@@ -641,7 +656,8 @@ template <int BK, int BV>
 __global__ void append_write(const float *k, const float *v, const float *klo, const float *khi, const float *klev,
                              const float *vlev, const uint8_t *kz, const uint8_t *vz, const float *range, int H, int D,
                              int kps, int outl, int q0, int capq, int kw, int vw, uint32_t *kcodes, uint32_t *vcodes,
-                             const uint32_t *krow, const uint32_t *vrow, uint32_t *kent, uint32_t *vent, float *vscale)
+                             const uint32_t *krow, const uint32_t *vrow, uint32_t *kent, uint32_t *vent, float *vscale,
+                             size_t ent_cap)
 {
     typedef U<BK> UK;
     typedef U<BV> UV;
@@ -689,11 +705,12 @@ __global__ void append_write(const float *k, const float *v, const float *klo, c
         for (int h = tid; h < 2 * H; h += blockDim.x) {
             const bool isv = h >= H;
             const int hh = isv ? h - H : h;
-            uint32_t e = isv ? vrow[(size_t)q * H + hh] : krow[(size_t)q * H + hh];
+            uint32_t e = isv ? vrow[(size_t)hh * (capq + 1) + q] : krow[(size_t)hh * (capq + 1) + q];
+            uint32_t *ent = (isv ? vent : kent) + (size_t)hh * ent_cap;
             for (int d = 0; d < D; d++) {
                 const int ch = hh * D + d;
-                if (!isv && (kt[ch] > khi[ch] || kt[ch] < klo[ch])) kent[e++] = (uint32_t)d << 16 | f2h_sat(kt[ch]);
-                if (isv && kps && (vt[ch] < lo || vt[ch] > hi)) vent[e++] = (uint32_t)d << 16 | f2h_sat(vt[ch]);
+                if (!isv && (kt[ch] > khi[ch] || kt[ch] < klo[ch])) ent[e++] = (uint32_t)d << 16 | f2h_sat(kt[ch]);
+                if (isv && kps && (vt[ch] < lo || vt[ch] > hi)) ent[e++] = (uint32_t)d << 16 | f2h_sat(vt[ch]);
             }
         }
     }
@@ -706,7 +723,7 @@ static kvq_status grow_entries(kvq_kvcache_cuda *c, size_t need, size_t seq, siz
         return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: sequence %zu position %zu: sparse outlier store needs %zu entries, limit outlier_max %zu",
                         seq, pos, need, lim);
     while (cap < need) cap = cap > lim / 2 ? lim : cap * 2;
-    const size_t B = c->cfg.n_seqs;
+    const size_t B = c->cfg.n_seqs * c->cfg.n_kv_heads; /* one store per (sequence, head) */
     uint32_t *ke = nullptr, *ve = nullptr;
     KVQ_TRY(dalloc(&ke, B * cap, "key outliers", err));
     kvq_status st = dalloc(&ve, B * cap, "value outliers", err);
@@ -724,7 +741,7 @@ static kvq_status grow_entries(kvq_kvcache_cuda *c, size_t need, size_t seq, siz
 
 typedef void (*AppFn)(const float *, const float *, const float *, const float *, const float *, const float *, const uint8_t *,
                       const uint8_t *, const float *, int, int, int, int, int, int, int, int, uint32_t *, uint32_t *,
-                      const uint32_t *, const uint32_t *, uint32_t *, uint32_t *, float *);
+                      const uint32_t *, const uint32_t *, uint32_t *, uint32_t *, float *, size_t);
 template <int BK> static AppFn app1(int bv) { return bv == 2 ? append_write<BK, 2> : bv == 3 ? append_write<BK, 3> : append_write<BK, 4>; }
 static AppFn app_pick(int bk, int bv) { return bk == 2 ? app1<2>(bv) : bk == 3 ? app1<3>(bv) : app1<4>(bv); }
 
@@ -769,37 +786,48 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
         if (!hc || !rk || !rv) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: cannot allocate"); }
         cudaError_t e = cudaMemcpy(hc, c->cnt, m * 2 * H * sizeof(int), cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_EIO, "CUDA: counts: %s", cudaGetErrorString(e)); }
-        size_t ku = c->kused[seq], vu = c->vused[seq], mm = 0;
+        const size_t R = c->capq + 1;
+        size_t *ku = c->kused + seq * H, *vu = c->vused + seq * H, mm = 0;
+        size_t *nku = (size_t *)malloc(2 * H * sizeof(size_t));
+        if (!nku) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: cannot allocate"); }
+        size_t *nvu = nku + H;
+        memcpy(nku, ku, H * sizeof(size_t));
+        memcpy(nvu, vu, H * sizeof(size_t));
         for (; mm < m; mm++) {
-            size_t nk = 0, nv = 0;
-            for (size_t h = 0; h < H; h++) { nk += hc[mm * 2 * H + h]; nv += hc[mm * 2 * H + H + h]; }
-            size_t need = ku + nk > vu + nv ? ku + nk : vu + nv;
+            size_t need = 0;
+            for (size_t h = 0; h < H; h++) {
+                size_t a = nku[h] + hc[mm * 2 * H + h], b = nvu[h] + hc[mm * 2 * H + H + h];
+                if (a > need) need = a;
+                if (b > need) need = b;
+            }
             if (need > c->ent_cap && (st = grow_entries(c, need, seq, pos + mm, err)) != KVQ_OK) break;
             for (size_t h = 0; h < H; h++) {
-                ku += hc[mm * 2 * H + h];
-                vu += hc[mm * 2 * H + H + h];
-                rk[mm * H + h] = (uint32_t)ku;
-                rv[mm * H + h] = (uint32_t)vu;
+                nku[h] += hc[mm * 2 * H + h];
+                nvu[h] += hc[mm * 2 * H + H + h];
+                rk[h * m + mm] = (uint32_t)nku[h];
+                rv[h * m + mm] = (uint32_t)nvu[h];
             }
         }
         if (mm) {
-            const size_t rb = seq * (c->capq * H + 1) + q0 * H + 1;
-            e = cudaMemcpy(c->krow + rb, rk, mm * H * 4, cudaMemcpyHostToDevice);
-            if (e == cudaSuccess) e = cudaMemcpy(c->vrow + rb, rv, mm * H * 4, cudaMemcpyHostToDevice);
-            if (e != cudaSuccess) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_EIO, "CUDA: rows: %s", cudaGetErrorString(e)); }
+            const size_t rb = seq * H * R + q0 + 1;
+            e = cudaMemcpy2D(c->krow + rb, R * 4, rk, m * 4, mm * 4, H, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess) e = cudaMemcpy2D(c->vrow + rb, R * 4, rv, m * 4, mm * 4, H, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) { free(hc); free(rk); free(rv); free(nku); return kvq_fail(err, KVQ_EIO, "CUDA: rows: %s", cudaGetErrorString(e)); }
             AppFn f = app_pick(g->k_bits, g->v_bits);
             f<<<(unsigned)mm, 128>>>(kq, vq, c->klo, c->khi, c->klevels, c->vlevels, c->kz, c->vz, c->range, (int)H, (int)D,
                                      (int)c->kps, outl, (int)q0, (int)c->capq, (int)c->kw, (int)c->vw,
                                      c->kcodes + seq * H * c->kw * c->capq, c->vcodes + seq * H * c->capq * c->vw,
-                                     c->krow + seq * (c->capq * H + 1), c->vrow + seq * (c->capq * H + 1),
-                                     c->kent + seq * c->ent_cap, c->vent + seq * c->ent_cap, c->vscale + seq * c->capq * 2);
+                                     c->krow + seq * H * R, c->vrow + seq * H * R,
+                                     c->kent + seq * H * c->ent_cap, c->vent + seq * H * c->ent_cap, c->vscale + seq * c->capq * 2,
+                                     c->ent_cap);
             e = cudaGetLastError();
             if (e == cudaSuccess) e = cudaDeviceSynchronize();
-            if (e != cudaSuccess) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_EIO, "CUDA: append kernel: %s", cudaGetErrorString(e)); }
+            if (e != cudaSuccess) { free(hc); free(rk); free(rv); free(nku); return kvq_fail(err, KVQ_EIO, "CUDA: append kernel: %s", cudaGetErrorString(e)); }
+            memcpy(ku, nku, H * sizeof(size_t));
+            memcpy(vu, nvu, H * sizeof(size_t));
         }
+        free(nku);
         free(hc); free(rk); free(rv);
-        c->kused[seq] = mm ? ku : c->kused[seq];
-        c->vused[seq] = mm ? vu : c->vused[seq];
         pos += mm;
     }
     c->len[seq] = pos;
@@ -815,7 +843,8 @@ static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max
     size_t nlk = (size_t)1 << c->cfg.k_bits, nlv = (size_t)1 << c->cfg.v_bits;
     size_t f = c->dpad * nlk + (nlv < 2 ? 2 : nlv);
     f = (f + 1) / 2 * 2;
-    return f * 4 + (size_t)gq * nhb_max * c->np * 8 + ((size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq) * 4;
+    size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq;
+    return f * 4 + (size_t)gq * nhb_max * c->np * 8 + (tail + 2) * 4 + c->np * 64 * 8;
 }
 
 extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out,
@@ -832,13 +861,14 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     const size_t nq = maxlen > c->n_exact ? maxlen - c->n_exact : 0;
     size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
     size_t splits = (target + per - 1) / per;
-    size_t maxch = 16384 / gq / NT * NT;
-    if (maxch > 4096) maxch = 4096;
+    size_t maxch = 1024;
+    while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
     if (splits < 1) splits = 1;
     if (max_splits && splits > max_splits) splits = max_splits;
     size_t chunk = nq ? (nq + splits - 1) / splits : NT;
     chunk = (chunk + NT - 1) / NT * NT;
-    if (chunk > maxch) chunk = maxch;
+    if (chunk > maxch && !max_splits) chunk = maxch;
+    while (chunk > NT && dec_smem(c, gq, (int)chunk, (int)(chunk / 64 + 2)) > SMEM_MAX) chunk = (chunk / 2 + NT - 1) / NT * NT;
     splits = nq ? (nq + chunk - 1) / chunk : 1;
     const int nhb_max = (int)(chunk / 64 + 2);
     const size_t nslots = splits + 1;
@@ -890,10 +920,10 @@ extern "C" kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_k
     CK(cudaMemcpy((void *)v.kcodes, c->kcodes, B * H * c->kw * c->capq * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.vcodes, c->vcodes, B * H * c->capq * c->vw * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.vscale, c->vscale, B * c->capq * 2 * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy((void *)v.krow, c->krow, B * (c->capq * H + 1) * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy((void *)v.vrow, c->vrow, B * (c->capq * H + 1) * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy2D((void *)v.kent, v.ent_cap * 4, c->kent, c->ent_cap * 4, c->ent_cap * 4, B, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy2D((void *)v.vent, v.ent_cap * 4, c->vent, c->ent_cap * 4, c->ent_cap * 4, B, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.krow, c->krow, B * H * (c->capq + 1) * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.vrow, c->vrow, B * H * (c->capq + 1) * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy2D((void *)v.kent, v.ent_cap * 4, c->kent, c->ent_cap * 4, c->ent_cap * 4, B * H, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy2D((void *)v.vent, v.ent_cap * 4, c->vent, c->ent_cap * 4, c->ent_cap * 4, B * H, cudaMemcpyDeviceToHost));
     for (size_t s = 0; s < B; s++) {
         size_t *len = (size_t *)v.len, *kq = (size_t *)v.kq, *vq = (size_t *)v.vq;
         len[s] = c->len[s];
@@ -930,15 +960,18 @@ __global__ void fill_scale(float *p, size_t n, uint64_t seed)
         p[2 * i + 1] = 1.0f + 0.5f * u;
     }
 }
-__global__ void fill_rows(uint32_t *row, uint32_t *ent, size_t nrows, int per_row, int D, uint64_t seed)
+// rows [nsh][R] (R = capq + 1) and entries [nsh][ent_cap]: per_row entries per token of the first nq tokens
+__global__ void fill_rows(uint32_t *row, uint32_t *ent, size_t nsh, size_t R, size_t nq, size_t ent_cap, int per_row, int D, uint64_t seed)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i <= nrows; i += (size_t)gridDim.x * blockDim.x) {
-        row[i] = (uint32_t)(i * per_row);
-        if (i < nrows)
+    const size_t n = nsh * (nq + 1);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t sh = i / (nq + 1), q = i % (nq + 1);
+        row[sh * R + q] = (uint32_t)(q * per_row);
+        if (q < nq)
             for (int j = 0; j < per_row; j++) {
                 uint64_t r = mix64(seed ^ ((i * per_row + j) * 0x2545f4914f6cdd1dull));
-                ent[i * per_row + j] = (uint32_t)((r >> 20) % (uint64_t)D) << 16 |
-                                       __half_as_ushort(__float2half_rn(4.0f * unif11(r)));
+                ent[sh * ent_cap + q * per_row + j] = (uint32_t)((r >> 20) % (uint64_t)D) << 16 |
+                                                      __half_as_ushort(__float2half_rn(4.0f * unif11(r)));
             }
     }
 }
@@ -956,19 +989,19 @@ extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t l
     const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim;
     if (len > g->max_tokens) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda fill: len %zu > max_tokens %zu", len, g->max_tokens);
     const size_t nq = len > c->n_exact ? len - c->n_exact : 0, ne = c->n_exact ? c->n_exact : 1;
-    if (nq * H * per_row > c->ent_cap) KVQ_TRY(grow_entries(c, nq * H * per_row, 0, len, err));
+    if (nq * per_row > c->ent_cap) KVQ_TRY(grow_entries(c, nq * per_row, 0, len, err));
     fill_u32<<<2048, 256>>>(c->kcodes, B * H * c->kw * c->capq, seed + 1);
     fill_u32<<<2048, 256>>>(c->vcodes, B * H * c->capq * c->vw, seed + 2);
     fill_scale<<<1024, 256>>>(c->vscale, B * c->capq, seed + 3);
     fill_h<<<256, 256>>>(c->k16, B * H * ne * D, seed + 4);
     fill_h<<<256, 256>>>(c->v16, B * H * ne * D, seed + 5);
     CKL();
+    fill_rows<<<2048, 256>>>(c->krow, c->kent, B * H, c->capq + 1, nq, c->ent_cap, (int)per_row, (int)D, seed + 6);
+    fill_rows<<<2048, 256>>>(c->vrow, c->vent, B * H, c->capq + 1, nq, c->ent_cap, (int)per_row, (int)D, seed + 7);
+    CKL();
     for (size_t s = 0; s < B; s++) {
-        fill_rows<<<1024, 256>>>(c->krow + s * (c->capq * H + 1), c->kent + s * c->ent_cap, nq * H, (int)per_row, (int)D, seed + 6 + 2 * s);
-        fill_rows<<<1024, 256>>>(c->vrow + s * (c->capq * H + 1), c->vent + s * c->ent_cap, nq * H, (int)per_row, (int)D, seed + 7 + 2 * s);
-        CKL();
         c->len[s] = len;
-        c->kused[s] = c->vused[s] = nq * H * per_row;
+        for (size_t h = 0; h < H; h++) c->kused[s * H + h] = c->vused[s * H + h] = nq * per_row;
         int l = (int)len;
         CK(cudaMemcpy(c->dlen + s, &l, sizeof l, cudaMemcpyHostToDevice));
     }
@@ -984,8 +1017,8 @@ extern "C" size_t kvq_kvcache_cuda_bytes_read(const kvq_kvcache_cuda *c)
         size_t len = c->len[s], ne = len < c->n_exact ? len : c->n_exact, nq = len - ne;
         b += 2 * ne * C * 2;                         // fp16 rows
         b += nq * H * (c->kw + c->vw) * 4 + nq * 8;  // codes, value (zp, r)
-        b += 2 * (nq * H + 1) * 4;                   // sparse row pointers (K, V)
-        b += (c->kused[s] + c->vused[s]) * 4;        // sparse entries
+        b += 2 * (nq + 1) * H * 4;                   // sparse row pointers (K, V), per head
+        for (size_t h = 0; h < H; h++) b += (c->kused[s * H + h] + c->vused[s * H + h]) * 4; // sparse entries
     }
     return b;
 }

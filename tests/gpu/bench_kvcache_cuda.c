@@ -93,9 +93,10 @@ int main(int argc, char **argv)
 
     struct { const char *name; size_t H, g, D; } models[2] = {{"llama2-7b", 32, 1, 128}, {"smollm2-135m", 3, 3, 64}};
     const size_t Bs[3] = {1, 8, 32}, Ns[5] = {4096, 16384, 32768, 65536, 131072};
-    const int bits[3] = {4, 3, 2};
-    printf("\n%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %5s\n", "model", "B", "N", "fp16 us", "cuBLAS us",
-           "nuq4 us", "x fp16", "%bw", "nuq3 us", "x fp16", "%bw", "nuq2 us", "x fp16", "%bw", "fp16%");
+    const int bits[4] = {4, 3, 2, 4};
+    const size_t per_row[4] = {1, 1, 1, 0}; /* the last: nuq4 without sparse outliers (diagnostic) */
+    printf("\n%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %5s | %9s %5s\n", "model", "B", "N", "fp16 us", "cuBLAS us",
+           "nuq4 us", "x fp16", "%bw", "nuq3 us", "x fp16", "%bw", "nuq2 us", "x fp16", "%bw", "fp16%", "nuq4-dense", "%bw");
     for (int mi = 0; mi < 2; mi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ni = 0; ni < 5; ni++) {
@@ -136,8 +137,8 @@ int main(int argc, char **argv)
                     if (cb) fprintf(csv, "%s,%zu,%zu,cublas,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, tcb, f16_bytes,
                                     f16_bytes / (tcb * 1e-6) / 1e9, f16_bytes / (tcb * 1e-6) / 1e9 / bw_copy, t16 / tcb);
                 }
-                double tq[3], bwq[3];
-                for (int k = 0; k < 3; k++) {
+                double tq[4], bwq[4];
+                for (int k = 0; k < 4; k++) {
                     float lev[16];
                     size_t nl = (size_t)1 << bits[k];
                     for (size_t j = 0; j < nl; j++) lev[j] = -1.0f + 2.0f * (float)j / (float)(nl - 1);
@@ -149,14 +150,14 @@ int main(int argc, char **argv)
                     cfg.k_bits = cfg.v_bits = bits[k]; cfg.n_sink = 1; cfg.outlier_frac = 0.01;
                     cfg.rope.rope_dim = D; cfg.rope.rope_theta = 10000;
                     cfg.k_tables = cfg.v_tables = 1; cfg.k_levels = lev; cfg.v_levels = lev; cfg.k_lower = lo; cfg.k_upper = hi;
-                    cfg.outlier_cap = N * H;
+                    cfg.outlier_cap = N;
                     nuq_ctx nc = {NULL, fc.q, fc.out, nh};
                     OK(kvq_kvcache_cuda_create(&nc.c, &cfg, ERR));
-                    OK(kvq_kvcache_cuda_fill_random(nc.c, N, 1, 99 + k, ERR));
+                    OK(kvq_kvcache_cuda_fill_random(nc.c, N, per_row[k], 99 + k, ERR));
                     tq[k] = time_us(&tm, run_nuq, &nc);
                     double by = (double)kvq_kvcache_cuda_bytes_read(nc.c);
                     bwq[k] = by / (tq[k] * 1e-6) / 1e9;
-                    if (csv) fprintf(csv, "%s,%zu,%zu,nuq%d,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, bits[k], tq[k], by, bwq[k],
+                    if (csv) fprintf(csv, "%s,%zu,%zu,nuq%d%s,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, bits[k], per_row[k] ? "" : "-dense", tq[k], by, bwq[k],
                                      bwq[k] / bw_copy, t16 / tq[k]);
                     kvq_kvcache_cuda_free(nc.c);
                     free(lo);
@@ -164,9 +165,9 @@ int main(int argc, char **argv)
                 }
                 CU(cudaFree(fc.q));
                 CU(cudaFree(fc.out));
-                printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %5.0f\n", models[mi].name, B, N,
+                printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %5.0f | %9.1f %5.0f\n", models[mi].name, B, N,
                        t16, tcb, tq[0], t16 / tq[0], 100 * bwq[0] / bw_copy, tq[1], t16 / tq[1], 100 * bwq[1] / bw_copy, tq[2], t16 / tq[2],
-                       100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy);
+                       100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy, tq[3], 100 * bwq[3] / bw_copy);
                 fflush(stdout);
                 if (csv) fflush(csv);
             }
