@@ -183,10 +183,11 @@ static void set_schema_version(const char *path, int64_t v)
 
 START_TEST(test_cli_end_to_end)
 {
-    KVQ_SKIP_IF(access("bin/kvstat", X_OK) != 0, "bin/kvstat not built (make all)");
+    char kvstat[512];
+    KVQ_SKIP_IF(!kvq_test_bin(kvstat, sizeof kvstat, "kvstat"), "the kvstat binary is not built (make all)");
     synth_t y;
     ck_assert(synth_init(&y, 1, 1) == 0);
-    char dir[64], dump[128], noattn[128], art[128], art2[128], cmd[1024];
+    char dir[64], dump[128], noattn[128], art[128], art2[128], cmd[2048];
     static char out[1 << 20];
     tmpdir(dir, sizeof dir);
     snprintf(dump, sizeof dump, "%s/d.h5", dir);
@@ -205,8 +206,8 @@ START_TEST(test_cli_end_to_end)
     kvq_artifact_free(&a);
 
     /* full run */
-    snprintf(cmd, sizeof cmd, "bin/kvstat '%s' --artifact '%s' --layer 2 --head 1 --sample 2 --html '%s/site' --json '%s/s.json' -q",
-             dump, art, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' --layer 2 --head 1 --sample 2 --html '%s/site' --json '%s/s.json' -q",
+             kvstat, dump, art, dir, dir);
     int rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
     ck_assert_msg(strstr(out, "### Quantization error per layer") && strstr(out, "nuq3/3-2% (artifact)"), "%s", out);
@@ -256,22 +257,22 @@ START_TEST(test_cli_end_to_end)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
         snprintf(args, sizeof args, cases[i].args, dump);
-        snprintf(cmd, sizeof cmd, "bin/kvstat %s -q", args);
+        snprintf(cmd, sizeof cmd, "%s %s -q", kvstat, args);
         rc = run_cmd(cmd, out, sizeof out);
         ck_assert_msg(rc == cases[i].rc && strstr(out, cases[i].needle), "case %zu: rc %d, output: %s", i, rc, out);
     }
-    snprintf(cmd, sizeof cmd, "bin/kvstat '%s' --plot attention --plots '%s/p' -q", noattn, dir);
+    snprintf(cmd, sizeof cmd, "%s '%s' --plot attention --plots '%s/p' -q", kvstat, noattn, dir);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "re-run kvdump with --attn-stats"), "rc %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "bin/kvstat '%s' --artifact '%s' -q", dump, art2);
+    snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' -q", kvstat, dump, art2);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "artifact for another model: kvq.n_layers is 6 in the artifact but 4 in the dump"),
                   "rc %d: %s", rc, out);
     set_schema_version(noattn, 2);
-    snprintf(cmd, sizeof cmd, "bin/kvstat '%s' -q", noattn);
+    snprintf(cmd, sizeof cmd, "%s '%s' -q", kvstat, noattn);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "schema"), "rc %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "bin/kvstat '%s' -q", art);
+    snprintf(cmd, sizeof cmd, "%s '%s' -q", kvstat, art);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1, "an artifact given as the dump: rc %d: %s", rc, out);
     rmdir_r(dir);
