@@ -442,15 +442,7 @@ END_TEST
 
 /* ---- the command ------------------------------------------------------------------ */
 
-static const char *kvcalib_bin(char *buf, size_t n)
-{
-    const char *env = getenv("KVQ_BIN_DIR");
-    char self[4096] = {0};
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    bool asan = k > 0 && strstr(self, "build-asan/");
-    snprintf(buf, n, "%s/kvcalib", env && *env ? env : asan ? "bin-asan" : "bin");
-    return access(buf, X_OK) == 0 ? buf : NULL;
-}
+static const char *kvcalib_bin(char *buf, size_t n) { return kvq_test_bin(buf, n, "kvcalib"); }
 
 static int run_cmd(const char *cmd, char *out, size_t n)
 {
