@@ -1,0 +1,65 @@
+/* attention.h — causal grouped-query attention over one window, with an
+ * optional full-precision prefix and an optional second ("quantized") K/V
+ * representation selected per (query, key) by a boundary.
+ *
+ * Keys are indexed in one sequence of P + T entries: the P prefix entries
+ * (IntactKV; every query attends them, always in full precision) followed by
+ * the T window entries. Window query i (0-based) attends prefix keys 0..P-1
+ * and window keys j <= i (causal). Query head h reads kv head
+ * h / (n_heads / n_kv_heads) (GQA, Ainslie et al. 2023).
+ *
+ * Boundary (decode equivalence for position-dependent schemes, e.g. KIVI's
+ * residual window and incomplete key groups): when kq/kb are given, query i
+ * scores window key j with kq[j] if j < kb[i] and with k[j] if
+ * kb[i] <= j <= i; likewise vq/vb for values. kb, vb must be non-decreasing
+ * with 0 <= b[i] <= i+1 (kvq_attn_check_bounds). Each score uses exactly one of
+ * the two representations, so the cost equals a plain pass.
+ *
+ * Numerics: scores q.k / sqrt(head_dim) in fp32, softmax with max subtraction,
+ * probabilities and the P.V accumulation in fp32. No [T][T] matrix is ever
+ * stored: each (head, query) row lives in a per-thread scratch of P + T floats,
+ * so a backward pass can recompute rows on demand.
+ */
+#ifndef KVQ_ATTENTION_H
+#define KVQ_ATTENTION_H
+
+#include "status.h"
+
+typedef struct {
+    int T;          /* window queries and window keys */
+    int P;          /* prefix keys (0 = none) */
+    int n_heads, n_kv_heads, head_dim;
+    const float *q; /* [T][n_heads][head_dim], post-RoPE */
+    const float *k; /* [T][n_kv_heads][head_dim], post-RoPE, the full-precision window keys */
+    const float *v; /* [T][n_kv_heads][head_dim] */
+    const float *pk, *pv; /* [P][n_kv_heads][head_dim] prefix K (post-RoPE) and V, or NULL when P == 0 */
+    const float *kq; const int *kb; /* alternative keys [T][n_kv_heads][head_dim] + boundary [T], or both NULL */
+    const float *vq; const int *vb; /* alternative values + boundary [T], or both NULL */
+    float *out;     /* [T][n_heads][head_dim] output (attention-weighted values) */
+    float *mass;    /* optional [n_heads][P+T]: sum over queries of the probability each key receives */
+    float *entropy; /* optional [n_heads][T]: entropy of query i's attention distribution, nats */
+} kvq_attn_args;
+
+/* Scratch for kvq_attention, sized once for max_T window keys, max_P prefix
+ * keys and n_threads OpenMP threads. */
+typedef struct {
+    int max_T, max_P, n_kv_heads, head_dim, n_threads;
+    float *kt;     /* [n_kv_heads][head_dim][max_P+max_T]: keys transposed (prefix then window) */
+    float *kqt;    /* [n_kv_heads][head_dim][max_T]: alternative keys transposed */
+    float *scores; /* [n_threads][max_P+max_T] */
+    double *acc;   /* [n_threads][max_P+max_T]: mass accumulators (stats mode) */
+} kvq_attn_ws;
+
+kvq_status kvq_attn_ws_init(kvq_attn_ws *ws, int max_T, int max_P, int n_kv_heads, int head_dim, int n_threads, kvq_err *err);
+void kvq_attn_ws_free(kvq_attn_ws *ws);
+
+/* Check a boundary array: non-decreasing, 0 <= b[i] <= i+1. `what` names it in the error. */
+kvq_status kvq_attn_check_bounds(const int *b, int T, const char *what, kvq_err *err);
+
+/* Run attention (see the header comment). Fails with KVQ_EINVAL when the sizes
+ * exceed the workspace or a boundary is malformed. Deterministic: every output
+ * and statistic is computed by one thread in a fixed order, whatever the
+ * thread count. */
+kvq_status kvq_attention(const kvq_attn_args *a, kvq_attn_ws *ws, kvq_err *err);
+
+#endif

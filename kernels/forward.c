@@ -1,0 +1,212 @@
+/* forward.c — batched Llama forward with hooks; see forward.h. */
+#include "forward.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int max_P, unsigned flags, kvq_err *err)
+{
+    memset(fw, 0, sizeof *fw);
+    const kvq_hparams *hp = &m->hp;
+    if (max_T <= 0 || max_P < 0 || max_T > (1 << 24) || max_P > (1 << 24))
+        return kvq_fail(err, KVQ_EINVAL, "forward: max_T %d / max_P %d out of range (1..2^24 / 0..2^24)", max_T, max_P);
+    fw->m = m;
+    fw->max_T = max_T;
+    fw->max_P = max_P;
+    fw->flags = flags;
+    fw->n_threads = omp_get_max_threads();
+    if (fw->n_threads < 1) fw->n_threads = 1;
+
+    size_t T = max_T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
+    size_t half = hp->rope_dim / 2, nh = hp->n_heads, L = hp->n_layers, PT = (size_t)max_P + max_T;
+    /* sizes in floats, in allocation order */
+    size_t sz[] = {T * dim, T * dim, T * qd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
+                   T * qd, T * hid, T * hid, (size_t)KVQ_FWD_LOGIT_ROWS * V, T * half, T * half, nh * PT, nh * T,
+                   (flags & KVQ_FWD_SAVE_LAYER_INPUTS) ? (L + 1) * T * dim : 0};
+    float **dst[] = {&fw->x, &fw->xn, &fw->q, &fw->k_pre, &fw->k_post, &fw->v, &fw->k_att, &fw->v_att, &fw->k_alt, &fw->v_alt,
+                     &fw->att, &fw->gate, &fw->up, &fw->logit_blk, &fw->rope_cos, &fw->rope_sin, &fw->mass, &fw->entropy,
+                     &fw->saved};
+    size_t n = sizeof sz / sizeof *sz, total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (kvq_add_size(total, sz[i], &total))
+            return kvq_fail(err, KVQ_ENOMEM, "forward: workspace size overflows (max_T %d)", max_T);
+    if (total > ((size_t)1 << 37))
+        return kvq_fail(err, KVQ_ENOMEM, "forward: workspace of %zu floats for max_T %d is too large", total, max_T);
+    fw->arena = malloc(total * sizeof(float));
+    fw->iarena = malloc(3 * T * sizeof(int));
+    if (!fw->arena || !fw->iarena) {
+        kvq_forward_free(fw);
+        return kvq_fail(err, KVQ_ENOMEM, "forward: cannot allocate %.1f MiB of activations for max_T %d", total * 4.0 / (1 << 20), max_T);
+    }
+    float *p = fw->arena;
+    for (size_t i = 0; i < n; i++) {
+        *dst[i] = sz[i] ? p : NULL;
+        p += sz[i];
+    }
+    fw->k_bound = fw->iarena;
+    fw->v_bound = fw->iarena + T;
+    fw->def_targets = fw->iarena + 2 * T;
+    kvq_status s = kvq_attn_ws_init(&fw->attn, max_T, max_P, hp->n_kv_heads, hp->head_dim, fw->n_threads, err);
+    if (s) kvq_forward_free(fw);
+    return s;
+}
+
+void kvq_forward_free(kvq_forward *fw)
+{
+    free(fw->arena);
+    free(fw->iarena);
+    kvq_attn_ws_free(&fw->attn);
+    memset(fw, 0, sizeof *fw);
+}
+
+const float *kvq_forward_layer_input(const kvq_forward *fw, int l)
+{
+    if (!fw->saved || l < 0 || l > fw->m->hp.n_layers) return NULL;
+    return fw->saved + (size_t)l * fw->max_T * fw->m->hp.dim;
+}
+
+double kvq_forward_flops(const kvq_hparams *hp, int T, int P)
+{
+    double dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    double per_layer = dim * qd * 2 + dim * kvd * 2 + 3 * dim * hid;
+    double params = per_layer * hp->n_layers + (double)hp->vocab_size * dim;
+    double keys = (double)T * P + (double)T * (T + 1) / 2; /* sum_i (P + i + 1) */
+    return 2 * params * T + 4.0 * hp->n_heads * hp->head_dim * keys * hp->n_layers;
+}
+
+/* Transform + attention + observe for one layer; q, k_pre, v are filled. */
+static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, kvq_err *err)
+{
+    const kvq_hparams *hp = &fw->m->hp;
+    const int T = io->T, kvd = kvq_kv_dim(hp), nkv = hp->n_kv_heads, hd = hp->head_dim;
+    const kvq_hooks *hk = io->hooks;
+    const kvq_prefix *px = io->prefix;
+    const int P = px ? px->P : 0;
+    size_t kvn = (size_t)T * kvd;
+    kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = hp->n_heads,
+                         .n_kv_heads = nkv, .head_dim = hd, .tokens = io->tokens};
+
+    memcpy(fw->k_post, fw->k_pre, kvn * sizeof(float));
+    kvq_rope_apply(fw->q, T, hp->n_heads, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
+    kvq_rope_apply(fw->k_post, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
+
+    kvq_attn_args a = {.T = T, .P = P, .n_heads = hp->n_heads, .n_kv_heads = nkv, .head_dim = hd,
+                       .q = fw->q, .k = fw->k_post, .v = fw->v, .out = fw->att};
+    if (P > 0) {
+        size_t off = (size_t)l * P * kvd;
+        a.pk = px->k + off;
+        a.pv = px->v + off;
+    }
+    if (hk && hk->transform) {
+        bool pre = hk->key_stage == KVQ_KEYS_PRE_ROPE;
+        memcpy(fw->k_att, pre ? fw->k_pre : fw->k_post, kvn * sizeof(float));
+        memcpy(fw->v_att, fw->v, kvn * sizeof(float));
+        kvq_kv_alt alt = {.k = fw->k_alt, .k_bound = fw->k_bound, .v = fw->v_alt, .v_bound = fw->v_bound};
+        kvq_status s = hk->transform(hk->user, &ctx, fw->k_att, fw->v_att, &alt, err);
+        if (s) return kvq_err_prefix(err, "layer %d: KV transform", l);
+        if (pre) kvq_rope_apply(fw->k_att, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
+        if (alt.use_k) {
+            if (pre) kvq_rope_apply(fw->k_alt, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
+            a.kq = fw->k_alt;
+            a.kb = fw->k_bound;
+        }
+        if (alt.use_v) {
+            a.vq = fw->v_alt;
+            a.vb = fw->v_bound;
+        }
+        a.k = fw->k_att;
+        a.v = fw->v_att;
+    }
+    bool stats = hk && hk->observe && hk->attn_stats;
+    if (stats) {
+        a.mass = fw->mass;
+        a.entropy = fw->entropy;
+    }
+    kvq_status s = kvq_attention(&a, &fw->attn, err);
+    if (s) return kvq_err_prefix(err, "layer %d", l);
+    if (hk && hk->observe) {
+        kvq_layer_obs obs = {.q = fw->q, .k_pre = fw->k_pre, .k_post = fw->k_post, .v = fw->v, .k_att = a.k, .v_att = a.v,
+                             .k_alt = a.kq, .v_alt = a.vq, .k_bound = a.kb, .v_bound = a.vb,
+                             .attn_mass = stats ? fw->mass : NULL, .attn_entropy = stats ? fw->entropy : NULL};
+        s = hk->observe(hk->user, &ctx, &obs, err);
+        if (s) return kvq_err_prefix(err, "layer %d: observe hook", l);
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    const kvq_model *m = fw->m;
+    const kvq_hparams *hp = &m->hp;
+    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
+    res->loss = NAN;
+    res->n_scored = 0;
+    if (T <= 0 || T > fw->max_T)
+        return kvq_fail(err, KVQ_EINVAL, "forward: window of %d tokens, expected 1..%d (max_T of the workspace)", T, fw->max_T);
+    int P = io->prefix ? io->prefix->P : 0;
+    if (P < 0 || P > fw->max_P || (P > 0 && (!io->prefix->k || !io->prefix->v)))
+        return kvq_fail(err, KVQ_EINVAL, "forward: prefix of %d entries, expected 0..%d with K and V", P, fw->max_P);
+    if (io->pos0 < 0 || io->pos0 > INT32_MAX - T)
+        return kvq_fail(err, KVQ_EINVAL, "forward: pos0 %d out of range", io->pos0);
+    for (int t = 0; t < T; t++)
+        if (io->tokens[t] < 0 || io->tokens[t] >= V)
+            return kvq_fail(err, KVQ_EINVAL, "forward: token %d at window index %d outside the vocabulary [0, %d)", io->tokens[t], t, V);
+    const int *tg = io->targets;
+    if (!tg) {
+        for (int t = 0; t < T; t++) fw->def_targets[t] = t + 1 < T ? io->tokens[t + 1] : -1;
+        tg = fw->def_targets;
+    }
+    for (int t = 0; t < T; t++)
+        if (tg[t] >= V) return kvq_fail(err, KVQ_EINVAL, "forward: target %d at window index %d outside the vocabulary [0, %d)", tg[t], t, V);
+
+    kvq_rope_table(hp, io->pos0, T, fw->rope_cos, fw->rope_sin);
+    for (int t = 0; t < T; t++) memcpy(fw->x + (size_t)t * dim, m->tok_embd + (size_t)io->tokens[t] * dim, dim * sizeof(float));
+
+    for (int l = 0; l < hp->n_layers; l++) {
+        const kvq_layer_weights *w = &m->layers[l];
+        if (fw->saved) memcpy(fw->saved + (size_t)l * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
+        kvq_rmsnorm(fw->xn, fw->x, w->attn_norm, T, dim, hp->norm_eps);
+        kvq_linear(fw->q, fw->xn, w->wq, T, dim, qd, 0);
+        kvq_linear(fw->k_pre, fw->xn, w->wk, T, dim, kvd, 0);
+        kvq_linear(fw->v, fw->xn, w->wv, T, dim, kvd, 0);
+        KVQ_TRY(layer_attention(fw, io, l, err));
+        kvq_linear(fw->x, fw->att, w->wo, T, qd, dim, 1.0f);
+        kvq_rmsnorm(fw->xn, fw->x, w->ffn_norm, T, dim, hp->norm_eps);
+        kvq_linear(fw->gate, fw->xn, w->w_gate, T, dim, hid, 0);
+        kvq_linear(fw->up, fw->xn, w->w_up, T, dim, hid, 0);
+        kvq_swiglu(fw->gate, fw->gate, fw->up, (size_t)T * hid);
+        kvq_linear(fw->x, fw->gate, w->w_down, T, hid, dim, 1.0f);
+    }
+    if (fw->saved) memcpy(fw->saved + (size_t)hp->n_layers * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
+    fw->T_last = T;
+    kvq_rmsnorm(fw->xn, fw->x, m->out_norm, T, dim, hp->norm_eps);
+
+    /* LM head in row blocks; NLL per scored row in double */
+    double total = 0;
+    int n_scored = 0, bad = -1;
+    for (int t0 = 0; t0 < T; t0 += KVQ_FWD_LOGIT_ROWS) {
+        int nr = T - t0 < KVQ_FWD_LOGIT_ROWS ? T - t0 : KVQ_FWD_LOGIT_ROWS;
+        float *lg = io->logits ? io->logits + (size_t)t0 * V : fw->logit_blk;
+        kvq_linear(lg, fw->xn + (size_t)t0 * dim, m->output, nr, dim, V, 0);
+        double nll_blk[KVQ_FWD_LOGIT_ROWS];
+#pragma omp parallel for schedule(static) num_threads(fw->n_threads)
+        for (int r = 0; r < nr; r++)
+            nll_blk[r] = tg[t0 + r] >= 0 ? kvq_token_nll(lg + (size_t)r * V, V, tg[t0 + r]) : NAN;
+        for (int r = 0; r < nr; r++) {
+            if (io->nll) io->nll[t0 + r] = nll_blk[r];
+            if (tg[t0 + r] < 0) continue;
+            if (!isfinite(nll_blk[r]) && bad < 0) bad = t0 + r;
+            total += nll_blk[r];
+            n_scored++;
+        }
+    }
+    res->n_scored = n_scored;
+    res->loss = n_scored ? total / n_scored : NAN;
+    if (bad >= 0)
+        return kvq_fail(err, KVQ_ENUMERIC, "forward: non-finite logits/NLL at window index %d (position %d)", bad, io->pos0 + bad);
+    return KVQ_OK;
+}

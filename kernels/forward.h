@@ -1,0 +1,196 @@
+/* forward.h — Llama-family transformer forward on CPU, batched over a window
+ * of T tokens (prefill), with per-layer hooks for K/V observation and
+ * K/V transformation (quantize→dequantize simulation).
+ *
+ * Per layer l, for the window's tokens t = 0..T-1 at positions pos0 + t
+ * (Touvron et al. 2023, Llama; GQA: Ainslie et al. 2023):
+ *   xn = RMSNorm(x; attn_norm)
+ *   q = xn Wq^T  [T][n_heads][head_dim];  k_pre = xn Wk^T, v = xn Wv^T  [T][n_kv_heads][head_dim]
+ *   q, k_post = RoPE(q), RoPE(k_pre)          (interleaved pairs, kvq_rope_apply)
+ *   (K, V) -> transform hook (optional)       (pre- or post-RoPE keys, see kvq_hooks)
+ *   a = CausalGQA(q, [prefix K | K], [prefix V | V])   (kvq_attention)
+ *   observe hook (optional)
+ *   x += a Wo^T
+ *   x += SwiGLU(RMSNorm(x; ffn_norm)) Wdown^T,  SwiGLU(h) = silu(h Wgate^T) * (h Wup^T)
+ * then logits = RMSNorm(x; out_norm) Wout^T (Wout = tok_embd when tied).
+ * Activations are fp32; GEMMs through cblas_sgemm; attention in fp32.
+ *
+ * Threads: GEMMs use OpenBLAS's threads (OPENBLAS_NUM_THREADS, default = cores);
+ * attention and elementwise ops use OpenMP (OMP_NUM_THREADS, default = cores),
+ * with the count fixed at kvq_forward_init. Results do not depend on the
+ * OpenMP thread count (each output row is computed by one thread).
+ *
+ * Memory: one workspace per kvq_forward, allocated by kvq_forward_init for at
+ * most max_T window tokens and max_P prefix entries; kvq_forward_run allocates
+ * nothing. The LM head is computed in row blocks of KVQ_FWD_LOGIT_ROWS tokens,
+ * so logits need not be materialised when only the loss is wanted.
+ *
+ * Checkpointing contract (for the backward pass, issue 4): with
+ * KVQ_FWD_SAVE_LAYER_INPUTS, run() stores the residual stream entering every
+ * layer and the one leaving the last layer, kvq_forward_layer_input(fw, l)
+ * [T][dim] for l = 0..n_layers (l = n_layers: input of the final norm). These
+ * n_layers+1 tensors, the tokens, pos0, the prefix and the hooks are all a
+ * backward pass needs: layer l is recomputed from its input (projections, RoPE,
+ * the transform hook — which must be deterministic —, attention rows on demand,
+ * MLP), one layer at a time, in reverse order. Nothing else of the forward is
+ * kept alive between layers.
+ */
+#ifndef KVQ_FORWARD_H
+#define KVQ_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "attention.h"
+#include "model.h"
+#include "status.h"
+
+/* Which keys the transform hook receives and returns. */
+typedef enum {
+    KVQ_KEYS_PRE_ROPE = 0, /* keys before RoPE; RoPE is applied to the transformed keys (KVQuant default) */
+    KVQ_KEYS_POST_ROPE = 1 /* keys after RoPE (KIVI, "+post-rope") */
+} kvq_key_stage;
+
+/* What a hook knows about the current layer call. Token t of the window has
+ * absolute position pos0 + t; with a prefix, normally pos0 == P. */
+typedef struct {
+    int layer;   /* 0 .. n_layers-1 */
+    int T;       /* window tokens */
+    int pos0;    /* position of window token 0 */
+    int P;       /* prefix entries attended before the window (0 = none) */
+    int n_heads, n_kv_heads, head_dim;
+    const int *tokens; /* [T] window token ids */
+} kvq_layer_ctx;
+
+/* Observed tensors of one layer; all row-major fp32, valid only during the call. */
+typedef struct {
+    const float *q;      /* [T][n_heads][head_dim], post-RoPE */
+    const float *k_pre;  /* [T][n_kv_heads][head_dim], before RoPE, as the model computed it (not transformed) */
+    const float *k_post; /* [T][n_kv_heads][head_dim], RoPE(k_pre) (not transformed) */
+    const float *v;      /* [T][n_kv_heads][head_dim], not transformed */
+    const float *k_att;  /* [T][n_kv_heads][head_dim]: the post-RoPE keys attention used (== k_post without a transform) */
+    const float *v_att;  /* [T][n_kv_heads][head_dim]: the values attention used (== v without a transform) */
+    /* The transform's alternative representation (post-RoPE keys) and its
+     * boundaries, when it supplied one (kvq_kv_alt), else NULL: */
+    const float *k_alt, *v_alt; /* [T][n_kv_heads][head_dim] */
+    const int *k_bound, *v_bound; /* [T] */
+    /* Only when kvq_hooks.attn_stats is set, else NULL: */
+    const float *attn_mass;    /* [n_heads][P+T]: sum over the window's queries of the attention probability each key
+                                  (prefix keys first, then window keys) receives */
+    const float *attn_entropy; /* [n_heads][T]: entropy of each query's attention distribution, nats */
+} kvq_layer_obs;
+
+/* Decode-equivalence support: a second (quantized) representation of the
+ * window's K and/or V, and per-query boundaries. Query i uses the alternative
+ * for window keys j < k_bound[i] (values: j < v_bound[i]) and the primary
+ * (full-precision) K/V for k_bound[i] <= j <= i. Bounds must be non-decreasing
+ * with 0 <= b[i] <= i+1. The buffers are owned by the forward workspace: the
+ * transform fills them and sets use_k / use_v. Alternative keys are in the same
+ * stage (pre-/post-RoPE) as the hook's keys; pre-RoPE ones get RoPE applied. */
+typedef struct {
+    float *k;     /* [T][n_kv_heads][head_dim] */
+    int *k_bound; /* [T] */
+    bool use_k;
+    float *v;     /* [T][n_kv_heads][head_dim] */
+    int *v_bound; /* [T] */
+    bool use_v;
+} kvq_kv_alt;
+
+/* Per-layer hooks. Any callback may be NULL. No global state: everything the
+ * hook needs travels in `user`. A callback returning non-OK aborts the run with
+ * its status and err message (prefixed with the layer). */
+typedef struct {
+    void *user;
+    /* Called after attention, before the output projection. */
+    kvq_status (*observe)(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err);
+    bool attn_stats; /* compute attn_mass/attn_entropy for observe (costs a little parallelism) */
+    /* Called before attention with copies of the layer's keys (stage per
+     * key_stage) and values, [T][n_kv_heads][head_dim], to be replaced in place
+     * by their quantize→dequantize reconstruction; `alt` optionally receives a
+     * second representation with boundaries (see kvq_kv_alt). Prefix entries
+     * are never passed to the transform. */
+    kvq_status (*transform)(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt, kvq_err *err);
+    kvq_key_stage key_stage;
+} kvq_hooks;
+
+/* A cached full-precision prefix (IntactKV): per layer, P entries of post-RoPE
+ * keys (at positions 0..P-1) and values. Attended by every window query in
+ * every layer, never transformed. */
+typedef struct {
+    int P;
+    const float *k; /* [n_layers][P][n_kv_heads][head_dim], post-RoPE */
+    const float *v; /* [n_layers][P][n_kv_heads][head_dim] */
+} kvq_prefix;
+
+enum {
+    KVQ_FWD_SAVE_LAYER_INPUTS = 1u << 0 /* keep [n_layers+1][T][dim] residual checkpoints (see header comment) */
+};
+
+#define KVQ_FWD_LOGIT_ROWS 32 /* LM-head row block */
+
+/* One call's inputs and outputs. */
+typedef struct {
+    const int *tokens;  /* [T] token ids in [0, vocab) */
+    int T;              /* 1 .. max_T */
+    int pos0;           /* position of tokens[0] (>= 0) */
+    /* Targets: targets[t] is the token position t must predict, < 0 = not
+     * scored. NULL: targets[t] = tokens[t+1] for t < T-1, last not scored. */
+    const int *targets;
+    const kvq_prefix *prefix; /* NULL = none */
+    const kvq_hooks *hooks;   /* NULL = none */
+    float *logits;      /* out, optional: [T][vocab_size] */
+    double *nll;        /* out, optional: [T] per-position NLL in nats (NaN where not scored) */
+} kvq_fwd_io;
+
+typedef struct {
+    double loss;   /* mean NLL over scored positions (nats; NaN when none) */
+    int n_scored;
+} kvq_fwd_result;
+
+/* The forward workspace (opaque in spirit: read-only for callers). */
+typedef struct {
+    const kvq_model *m;
+    int max_T, max_P, n_threads;
+    unsigned flags;
+    int T_last;           /* T of the last successful run (for layer_input) */
+    /* activations, one window */
+    float *x;             /* [max_T][dim] residual stream */
+    float *xn;            /* [max_T][dim] normed */
+    float *q;             /* [max_T][q_dim] */
+    float *k_pre, *k_post, *v;  /* [max_T][kv_dim] */
+    float *k_att, *v_att;       /* [max_T][kv_dim] transform outputs */
+    float *k_alt, *v_alt;       /* [max_T][kv_dim] alternative representations */
+    int *k_bound, *v_bound;     /* [max_T] */
+    float *att;           /* [max_T][q_dim] attention output */
+    float *gate, *up;     /* [max_T][hidden_dim] */
+    float *logit_blk;     /* [KVQ_FWD_LOGIT_ROWS][vocab] */
+    float *rope_cos, *rope_sin; /* [max_T][rope_dim/2] */
+    float *mass, *entropy;      /* [n_heads][max_P+max_T], [n_heads][max_T] */
+    float *saved;         /* [n_layers+1][max_T][dim] when KVQ_FWD_SAVE_LAYER_INPUTS */
+    int *def_targets;     /* [max_T] */
+    kvq_attn_ws attn;
+    float *arena;         /* owns every float buffer above */
+    int *iarena;
+} kvq_forward;
+
+/* Allocate the workspace for windows of up to max_T tokens after up to max_P
+ * prefix entries. flags: KVQ_FWD_*. The model must outlive the workspace.
+ * Errors: KVQ_EINVAL (sizes), KVQ_ENOMEM. */
+kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int max_P, unsigned flags, kvq_err *err);
+void kvq_forward_free(kvq_forward *fw);
+
+/* Run one window. Errors: KVQ_EINVAL (T, pos0, token id, target id, prefix
+ * size out of range; malformed boundaries from a transform), any status a hook
+ * returns, KVQ_ENUMERIC when a scored position's NLL is not finite (the message
+ * names the position). io->nll and io->logits are filled even then. */
+kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+
+/* Residual stream entering layer l (l = n_layers: entering the final norm),
+ * [T][dim] for the last run's T; NULL unless KVQ_FWD_SAVE_LAYER_INPUTS. */
+const float *kvq_forward_layer_input(const kvq_forward *fw, int l);
+
+/* FLOPs of one window (multiply-add = 2): 2 * (matmul parameters incl. the LM
+ * head) * T + causal attention 4 * n_heads * head_dim * sum_i (P + i + 1). */
+double kvq_forward_flops(const kvq_hparams *hp, int T, int P);
+
+#endif
