@@ -499,7 +499,7 @@ void kvq_artifact_set_free(kvq_artifact_set *set)
 }
 
 kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths, size_t n, const kvq_model *m,
-                                 const char *model_fingerprint, kvq_err *err)
+                                 const char *model_fingerprint, bool allow_mismatch, FILE *warn, kvq_err *err)
 {
     memset(set, 0, sizeof *set);
     if (n == 0) return KVQ_OK;
@@ -520,7 +520,7 @@ kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths
         }
         set->n = i + 1;
         const kvq_artifact_params *p = &set->a[i].p;
-        s = kvq_artifact_check_model(p, model_fingerprint, false, NULL, err);
+        s = kvq_artifact_check_model(p, model_fingerprint, allow_mismatch, warn, err);
         if (s) {
             kvq_err_prefix(err, "--artifact %s: calibrated for another model", paths[i]);
             break;

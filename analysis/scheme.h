@@ -114,10 +114,11 @@ typedef struct {
 /* Read every path (kvq_artifact_read: schema too new → KVQ_EUNSUPPORTED),
  * check it belongs to the model (kvq_artifact_check_model against
  * model_fingerprint → KVQ_EMISMATCH naming both; then n_layers, n_kv_heads,
- * head_dim) and read its prefix if present. Errors are prefixed with the
+ * head_dim) and read its prefix if present. allow_mismatch: a fingerprint
+ * mismatch is a warning on `warn` instead (shapes must still agree). Errors are prefixed with the
  * path. On failure nothing stays allocated. */
 kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths, size_t n, const kvq_model *m,
-                                 const char *model_fingerprint, kvq_err *err);
+                                 const char *model_fingerprint, bool allow_mismatch, FILE *warn, kvq_err *err);
 void kvq_artifact_set_free(kvq_artifact_set *set);
 
 /* ---- bound schemes ------------------------------------------------------ */

@@ -27,7 +27,7 @@ typedef struct {
     const char *model, *text, *format, *protocol, *json, *tokenizer, *bos;
     long ctx, max_windows;
     kvq_strlist artifacts, schemes;
-    bool quiet, version;
+    bool quiet, version, allow_mismatch;
 } kveval_opts;
 
 static int fail(const char *what, const kvq_err *e, int code)
@@ -71,6 +71,8 @@ int main(int argc, char **argv)
         {"tokenizer", 0, KVQ_OPT_STRING, &o.tokenizer, "FILE", "tokenizer (default: the model's own)", NULL, 0, 0, false},
         {"bos", 0, KVQ_OPT_CHOICE, &o.bos, "POLICY", "BOS: as the model's tokenizer says, always or never", "model|always|never",
          0, 0, false},
+        {"allow-model-mismatch", 0, KVQ_OPT_FLAG, &o.allow_mismatch, NULL,
+         "load artifacts whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
         {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
     };
@@ -120,7 +122,10 @@ int main(int argc, char **argv)
     if (o.artifacts.n > 0) {
         if (kvq_model_fingerprint(&m, fp, NULL, &e)) { fail("model fingerprint", &e, 1); goto out; }
         have_fp = true;
-        if (kvq_artifact_set_load(&arts, o.artifacts.v, (size_t)o.artifacts.n, &m, fp, &e)) { fail(NULL, &e, 1); goto out; }
+        if (kvq_artifact_set_load(&arts, o.artifacts.v, (size_t)o.artifacts.n, &m, fp, o.allow_mismatch, stderr, &e)) {
+            fail(NULL, &e, 1);
+            goto out;
+        }
     }
 
     /* bind; the fp32 baseline comes first unless the user listed it */

@@ -236,7 +236,7 @@ static void decode_model(const char *path)
     build_artifacts(&m, fp, paths, 3);
     const char *pp[2] = {paths[0], paths[1]};
     kvq_artifact_set set;
-    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
     const char *specs[] = {"int4", "kivi2-g4-r8", "nuq3-1%", "int4+sink2", "kivi2-g4-r8+sink1", "kivi4-g4-r0",
                            "nuq3", "fp16"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
@@ -562,7 +562,7 @@ START_TEST(test_bind_artifacts)
     build_artifacts(&m, fp, paths, 2);
     const char *pp[2] = {paths[0], paths[1]};
     kvq_artifact_set set;
-    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
     kvq_eval_scheme s;
     ck_assert(kvq_eval_scheme_make("nuq2-1%", &set, &m.hp, &s, &e) == KVQ_OK);
     ck_assert_int_eq(s.art_index, 0);
@@ -589,7 +589,7 @@ START_TEST(test_bind_artifacts)
     char other[65];
     memset(other, 'a', 64);
     other[64] = 0;
-    ck_assert(kvq_artifact_set_load(&set, pp, 2, &m, other, &e) == KVQ_EMISMATCH);
+    ck_assert(kvq_artifact_set_load(&set, pp, 2, &m, other, false, NULL, &e) == KVQ_EMISMATCH);
     ck_assert_msg(strstr(e.msg, paths[0]) && strstr(e.msg, "another model"), "%s", e.msg);
     remove(paths[0]);
     remove(paths[1]);
