@@ -110,6 +110,7 @@ kvq_status kvq_ppl_run(const kvq_model *m, const kvq_windows *win, const kvq_ppl
             results[s].window_nll[w] = sum / r.n_scored;
             results[s].k_counts = run.k_counts;
             results[s].v_counts = run.v_counts;
+            results[s].transform_seconds += run.seconds;
             if (prog) kvq_progress_update(prog, ++done);
         }
     }

@@ -59,6 +59,7 @@ typedef struct {
     uint64_t n_scored;
     double ppl;                /* exp(nll_sum / n_scored) */
     double seconds;            /* wall time of this scheme's forward calls */
+    double transform_seconds;  /* of which inside the scheme's K/V transform (quantize→dequantize) */
     kvq_quant_counts k_counts, v_counts; /* quantizer counters summed over layers and windows */
     double *window_nll;        /* [n_windows] mean NLL of each window (owned; kvq_ppl_results_free) */
 } kvq_ppl_result;

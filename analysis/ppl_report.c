@@ -172,6 +172,7 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(o, "nll_sum", res->nll_sum);
         cJSON_AddNumberToObject(o, "scored_tokens", (double)res->n_scored);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
+        cJSON_AddNumberToObject(o, "transform_seconds", res->transform_seconds);
         cJSON_AddItemToObject(o, "k_counts", counts_json(&res->k_counts));
         cJSON_AddItemToObject(o, "v_counts", counts_json(&res->v_counts));
         cJSON_AddItemToObject(o, "window_mean_nll", num_array(res->window_nll, pl->n_windows));

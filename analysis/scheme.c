@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "safetensors.h"
 
 /* ---- small parsing helpers ------------------------------------------------ */
@@ -683,7 +684,9 @@ kvq_status kvq_scheme_transform(void *user, const kvq_layer_ctx *ctx, float *k, 
 {
     kvq_scheme_run *run = user;
     if (!run->s->s.fam->apply) return KVQ_OK;
+    double t0 = kvq_now();
     kvq_status s = run->s->s.fam->apply(run, ctx, k, v, alt, err);
+    run->seconds += kvq_now() - t0;
     return s ? kvq_err_prefix(err, "scheme %s", run->s->name) : KVQ_OK;
 }
 

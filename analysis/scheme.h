@@ -174,6 +174,7 @@ double kvq_eval_scheme_cache_mib(const kvq_eval_scheme *s, const kvq_bits *bits,
 typedef struct {
     const kvq_eval_scheme *s;
     kvq_quant_counts k_counts, v_counts;
+    double seconds;  /* wall time spent inside the transform (quantization simulation) */
 } kvq_scheme_run;
 
 /* Fill hooks for the forward: transform = the scheme's, key_stage as the
