@@ -23,7 +23,7 @@ Q := $(if $(filter 1,$(V)),,@)
 BUILD := build$(if $(filter 1,$(SAN)),-asan,)
 BIN := bin$(if $(filter 1,$(SAN)),-asan,)
 
-PKGS := hdf5 libcjson libpcre2-8 cairo openblas libcrypto
+PKGS := hdf5 libcjson libpcre2-8 cairo fontconfig openblas libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
@@ -60,7 +60,12 @@ TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib tools tests test check-deps asan bench demo setup clean help
+# GPU checks and benchmark (tests/gpu, CUDA=1 only; run by scripts/gpu_kvcache_bench.sh, never by CI).
+# --as-needed keeps the binaries free of libraries they do not use (the device image lacks most).
+GPU_SRC := $(wildcard tests/gpu/*.c)
+GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
+
+.PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu-tests
 all: check-deps $(LIB) $(TOOL_BINS)
 lib: $(LIB)
 tools: $(TOOL_BINS)
@@ -102,6 +107,15 @@ $(BUILD)/bench/%: tests/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+gpu-tests: $(if $(filter 1,$(CUDA)),$(GPU_BINS),gpu-tests-need-cuda)
+gpu-tests-need-cuda:
+	@echo "kvq: gpu-tests needs CUDA=1 (nvcc)"; exit 1
+
+$(BUILD)/gpu/%: tests/gpu/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) $< -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
 
 setup:
 	bash scripts/setup.sh

@@ -1,32 +1,121 @@
-/* kvdump — run a model over calibration text and capture per-layer pre-/post-RoPE keys, values, attention statistics and Fisher information into HDF5. */
+/* kvdump — run a model over calibration text and capture per-layer pre-/post-RoPE
+ * keys, values, attention statistics and Fisher information into HDF5. */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "cuda_info.h"
+#include "capture.h"
+#include "cli.h"
 
-static void usage(FILE *f)
+/* The one process-wide mutable: set by SIGINT/SIGTERM, read between samples
+ * (a signal handler can reach nothing else). */
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
 {
-    fprintf(f,
-            "usage: kvdump [options]\n"
-            "\n"
-            "run a model over calibration text and capture per-layer pre-/post-RoPE keys, values, attention statistics and Fisher information into HDF5.\n"
-            "\n"
-            "options:\n"
-            "  -h, --help     show this help and exit\n"
-            "  --version      print the kvq version and build (CPU/CUDA)\n"
-            "\n"
-            "status: the kvdump pipeline step is not implemented in this build yet.\n");
+    (void)sig;
+    g_stop = 1;
 }
+
+static const char *summary =
+    "Run a model over calibration text and capture, per layer, what its KV cache would hold:\n"
+    "pre-RoPE keys, post-RoPE keys and values (optionally queries, attention statistics and\n"
+    "Fisher information = squared gradients of the LM loss w.r.t. pre-RoPE keys and values)\n"
+    "into an HDF5 dump (schema: formats/DUMP.md). Windows are sampled as KVQuant does\n"
+    "(N windows of L tokens at offsets from Python's random.seed(S)).\n"
+    "The dump is written to OUT.partial and renamed when complete; SIGINT/SIGTERM close it\n"
+    "cleanly and --resume continues it.";
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        if (!strcmp(argv[i], "--version")) {
-            printf("kvdump (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
-            return 0;
+    kvq_capture_opts o = kvq_capture_opts_default();
+    const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
+               *layers = NULL;
+    long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
+    bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false;
+    kvq_opt opts[] = {
+        {"model", 'm', KVQ_OPT_STRING, &model, "PATH", "model file: GGUF, llama2.c .bin, or HF directory", NULL, 0, 0, true},
+        {"text", 't', KVQ_OPT_STRING, &text, "FILE", "calibration text (e.g. wikitext-2/wiki.valid.tokens)", NULL, 0, 0, true},
+        {"format", 0, KVQ_OPT_CHOICE, &format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl", 0, 0, false},
+        {"tokenizer", 0, KVQ_OPT_STRING, &tokenizer, "FILE", "tokenizer (needed for llama2.c models; default: the model's own)", NULL, 0, 0, false},
+        {"samples", 'n', KVQ_OPT_INT, &samples, "N", "calibration windows", NULL, 1, 1e6, false},
+        {"seq-len", 'L', KVQ_OPT_INT, &seq_len, "L", "tokens per window; 0 = min(2048, model context)", NULL, 0, 1 << 20, false},
+        {"seed", 0, KVQ_OPT_INT, &seed, "S", "sampling seed (Python random.seed)", NULL, 0, 2147483647.0, false},
+        {"out", 'o', KVQ_OPT_STRING, &out, "FILE", "output dump (.h5)", NULL, 0, 0, true},
+        {"fisher", 0, KVQ_OPT_FLAG, &fisher, NULL, "store Fisher information (squared dL/dK_pre-RoPE, dL/dV)", NULL, 0, 0, false},
+        {"attn-stats", 0, KVQ_OPT_FLAG, &attn, NULL, "store attention received per key position and per-query entropy", NULL, 0, 0, false},
+        {"q", 0, KVQ_OPT_FLAG, &q, NULL, "store post-RoPE queries", NULL, 0, 0, false},
+        {"layers", 0, KVQ_OPT_STRING, &layers, "A-B", "dump only layers A..B (0-based, inclusive; default all)", NULL, 0, 0, false},
+        {"dtype", 0, KVQ_OPT_CHOICE, &dtype, "T", "storage type of K/V/Q (Fisher is always f32)", "f16|f32", 0, 0, false},
+        {"deflate", 0, KVQ_OPT_INT, &deflate, "N", "zlib level with byte shuffle (0 = uncompressed)", NULL, 0, 9, false},
+        {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
+        {"force", 0, KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
+        {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
+    };
+    kvq_err e = {0};
+    bool help = false;
+    if (kvq_cli_parse("kvdump", summary, opts, (int)(sizeof opts / sizeof *opts), argc, argv, NULL, &help, &e)) {
+        fprintf(stderr, "kvdump: %s\n", e.msg);
+        return 2;
+    }
+    if (help) return 0;
+    o.model_path = model;
+    o.text_path = text;
+    o.out_path = out;
+    o.tokenizer_path = tokenizer;
+    o.format = format ? (!strcmp(format, "raw") ? KVQ_TEXT_RAW : !strcmp(format, "jsonl") ? KVQ_TEXT_JSONL : KVQ_TEXT_WIKITEXT_TOKENS)
+                      : kvq_text_format_from_path(text);
+    o.samples = samples;
+    o.seq_len = seq_len; /* 0: capture picks min(2048, context) */
+    o.seed = (uint64_t)seed;
+    o.fisher = fisher;
+    o.attn_stats = attn;
+    o.q = q;
+    o.dtype = !strcmp(dtype, "f32") ? KVQ_DUMP_F32 : KVQ_DUMP_F16;
+    o.deflate = (int)deflate;
+    o.resume = resume;
+    o.force = force;
+    o.quiet = quiet;
+    if (layers) {
+        long a, b;
+        char tail;
+        if (sscanf(layers, "%ld-%ld%c", &a, &b, &tail) == 2 && a >= 0 && b >= a && b < 100000) {
+            o.layer_first = (int)a;
+            o.layer_last = (int)b;
+        } else if (sscanf(layers, "%ld%c", &a, &tail) == 1 && a >= 0 && a < 100000) {
+            o.layer_first = o.layer_last = (int)a;
+        } else {
+            fprintf(stderr, "kvdump: --layers: expected A-B or N (0-based), found '%s'\n", layers);
+            return 2;
         }
     }
-    fprintf(stderr, "kvdump: not implemented yet; see --help\n");
-    return 2;
+    /* provenance: the command line as typed */
+    char cmdline[8192];
+    size_t k = 0;
+    for (int i = 0; i < argc && k + 2 < sizeof cmdline; i++)
+        k += (size_t)snprintf(cmdline + k, sizeof cmdline - k, "%s%s", i ? " " : "", argv[i]);
+    o.command_line = cmdline;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    /* past a file-size limit, writes fail with EFBIG (reported) instead of killing us */
+    signal(SIGXFSZ, SIG_IGN);
+    o.stop = &g_stop;
+
+    kvq_capture_report rep;
+    kvq_status s = kvq_capture_run(&o, &rep, &e);
+    if (s) {
+        fprintf(stderr, "kvdump: %s\n", e.msg);
+        return s == KVQ_EINVAL ? 2 : 1;
+    }
+    if (!quiet)
+        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); forward %.1f s, HDF5 %.1f s (%.0f%% of forward), total %.1f s\n",
+                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, rep.seconds_forward, rep.seconds_write,
+                rep.seconds_forward > 0 ? 100 * rep.seconds_write / rep.seconds_forward : 0, rep.seconds_total);
+    return 0;
 }

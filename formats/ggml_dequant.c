@@ -107,6 +107,20 @@ static void dq_q5_1(const uint8_t *b, float *y)
     }
 }
 
+/* IQ4_NL: 4-bit indices into a fixed non-linear codebook (ggml-common.h
+ * kvalues_iq4nl; also gguf/quants.py IQ4_NL.kvalues); y = d * kvalues[q]. */
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void dq_iq4_nl(const uint8_t *b, float *y)
+{
+    const float d = f16at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = d * (float)kvalues_iq4nl[qs[j] & 0x0F];
+        y[j + QK / 2] = d * (float)kvalues_iq4nl[qs[j] >> 4];
+    }
+}
+
 static void dq_q8_0(const uint8_t *b, float *y)
 {
     const float d = f16at(b);
@@ -274,6 +288,7 @@ static block_fn block_decoder(kvq_ggml_type t)
     case KVQ_GGML_Q5_K: return dq_q5_k;
     case KVQ_GGML_Q6_K: return dq_q6_k;
     case KVQ_GGML_Q8_K: return dq_q8_k;
+    case KVQ_GGML_IQ4_NL: return dq_iq4_nl;
     default: return NULL;
     }
 }
@@ -310,7 +325,7 @@ static kvq_status unsupported(kvq_ggml_type t, const char *what, kvq_err *err)
 {
     char buf[32];
     return kvq_fail(err, KVQ_EUNSUPPORTED,
-                    "%s: tensor type %s (%d) cannot be dequantized (kvq supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)",
+                    "%s: tensor type %s (%d) cannot be dequantized (kvq supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL)",
                     what ? what : "tensor", type_name(t, buf, sizeof buf), (int)t);
 }
 

@@ -7,6 +7,8 @@
  *   Q5_0 32/22  {f16 d; u8 qh[4]; u8 qs[16]}            y = d*(q-16)
  *   Q5_1 32/24  {f16 d, m; u8 qh[4]; u8 qs[16]}         y = d*q + m
  *   Q8_0 32/34  {f16 d; i8 qs[32]}                      y = d*q
+ *   IQ4_NL 32/18 {f16 d; u8 qs[16]}                     y = d*kvalues_iq4nl[q]
+ *               (kvalues_iq4nl = {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113})
  *   Q2_K 256/84  {u8 scales[16]; u8 qs[64]; f16 d, dmin}
  *   Q3_K 256/110 {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}
  *   Q4_K 256/144 {f16 d, dmin; u8 scales[12]; u8 qs[128]}

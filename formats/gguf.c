@@ -161,6 +161,7 @@ bool kvq_ggml_type_info(kvq_ggml_type t, uint32_t *block_elems, uint32_t *block_
     case KVQ_GGML_Q5_K: be = 256; bb = 176; n = "Q5_K"; break;
     case KVQ_GGML_Q6_K: be = 256; bb = 210; n = "Q6_K"; break;
     case KVQ_GGML_Q8_K: be = 256; bb = 292; n = "Q8_K"; break;
+    case KVQ_GGML_IQ4_NL: be = 32; bb = 18; n = "IQ4_NL"; break;
     default: return false;
     }
     if (block_elems) *block_elems = be;

@@ -34,7 +34,7 @@ typedef enum {
     KVQ_GGML_F32 = 0, KVQ_GGML_F16 = 1, KVQ_GGML_Q4_0 = 2, KVQ_GGML_Q4_1 = 3,
     KVQ_GGML_Q5_0 = 6, KVQ_GGML_Q5_1 = 7, KVQ_GGML_Q8_0 = 8, KVQ_GGML_Q8_1 = 9,
     KVQ_GGML_Q2_K = 10, KVQ_GGML_Q3_K = 11, KVQ_GGML_Q4_K = 12, KVQ_GGML_Q5_K = 13,
-    KVQ_GGML_Q6_K = 14, KVQ_GGML_Q8_K = 15, KVQ_GGML_BF16 = 30
+    KVQ_GGML_Q6_K = 14, KVQ_GGML_Q8_K = 15, KVQ_GGML_IQ4_NL = 20, KVQ_GGML_BF16 = 30
 } kvq_ggml_type;
 
 typedef struct {

@@ -1,0 +1,258 @@
+/* capture.c — see capture.h. */
+#include "capture.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward.h"
+#include "model.h"
+#include "progress.h"
+#include "tokenizer.h"
+
+#define KVQ_VERSION_STRING "0.1.0"
+
+kvq_capture_opts kvq_capture_opts_default(void)
+{
+    kvq_capture_opts o = {0};
+    o.format = KVQ_TEXT_RAW;
+    o.samples = 16;
+    o.seq_len = 0; /* min(2048, context) */
+    o.seed = 0;
+    o.layer_first = -1;
+    o.layer_last = -1;
+    o.dtype = KVQ_DUMP_F16;
+    o.deflate = KVQ_DUMP_DEFLATE_DEFAULT;
+    return o;
+}
+
+/* One sample's captured tensors for layers [first, last]. */
+typedef struct {
+    int first, last, L, kv_dim, q_dim, n_heads;
+    bool want_q, want_attn;
+    float *k_pre, *k, *v, *q;           /* [n][L][kv_dim] (q: [n][L][q_dim]) */
+    float *attn_recv, *attn_ent;        /* [n][n_heads][L] */
+    float *fisher_k, *fisher_v;         /* [n][L][kv_dim] */
+    float *arena;
+} capture_buf;
+
+static float *slot(float *base, int idx, size_t per) { return base ? base + (size_t)idx * per : NULL; }
+
+static kvq_status buf_init(capture_buf *b, const kvq_hparams *hp, int first, int last, int L, bool q, bool attn,
+                           bool fisher, kvq_err *err)
+{
+    memset(b, 0, sizeof *b);
+    b->first = first;
+    b->last = last;
+    b->L = L;
+    b->kv_dim = kvq_kv_dim(hp);
+    b->q_dim = kvq_q_dim(hp);
+    b->n_heads = hp->n_heads;
+    b->want_q = q;
+    b->want_attn = attn;
+    size_t n = (size_t)(last - first + 1), kv = (size_t)L * b->kv_dim, qd = (size_t)L * b->q_dim, at = (size_t)hp->n_heads * L;
+    size_t total = n * (3 * kv + (q ? qd : 0) + (attn ? 2 * at : 0) + (fisher ? 2 * kv : 0));
+    b->arena = malloc(total * sizeof(float));
+    if (!b->arena)
+        return kvq_fail(err, KVQ_ENOMEM, "cannot allocate %.1f MiB for one sample's captured tensors (try --seq-len or --layers)",
+                        total * 4.0 / (1 << 20));
+    float *p = b->arena;
+    b->k_pre = p; p += n * kv;
+    b->k = p; p += n * kv;
+    b->v = p; p += n * kv;
+    if (q) { b->q = p; p += n * qd; }
+    if (attn) { b->attn_recv = p; p += n * at; b->attn_ent = p; p += n * at; }
+    if (fisher) { b->fisher_k = p; p += n * kv; b->fisher_v = p; p += n * kv; }
+    return KVQ_OK;
+}
+
+/* forward observe hook: copy the layer's tensors into the sample buffer */
+static kvq_status observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    capture_buf *b = user;
+    /* NaN/Inf anywhere in the layer's K/V/Q is reported where it arises */
+    const struct { const float *x; int heads; const char *name; } chk[] = {
+        {obs->k_pre, ctx->n_kv_heads, "pre-RoPE key"}, {obs->v, ctx->n_kv_heads, "value"}, {obs->q, ctx->n_heads, "query"}};
+    for (size_t c = 0; c < sizeof chk / sizeof *chk; c++) {
+        size_t row, col;
+        size_t width = (size_t)chk[c].heads * ctx->head_dim;
+        if (kvq_dump_find_bad(chk[c].x, (size_t)ctx->T, width, 0, &row, &col))
+            return kvq_fail(err, KVQ_ENUMERIC, "position %zu, head %zu, channel %zu: %s is %g (not finite)",
+                            (size_t)ctx->pos0 + row, col / ctx->head_dim, col % ctx->head_dim, chk[c].name,
+                            (double)chk[c].x[row * width + col]);
+    }
+    if (ctx->layer < b->first || ctx->layer > b->last) return KVQ_OK;
+    int i = ctx->layer - b->first;
+    size_t kv = (size_t)b->L * b->kv_dim;
+    memcpy(slot(b->k_pre, i, kv), obs->k_pre, kv * sizeof(float));
+    memcpy(slot(b->k, i, kv), obs->k_post, kv * sizeof(float));
+    memcpy(slot(b->v, i, kv), obs->v, kv * sizeof(float));
+    if (b->want_q) memcpy(slot(b->q, i, (size_t)b->L * b->q_dim), obs->q, (size_t)b->L * b->q_dim * sizeof(float));
+    if (b->want_attn) {
+        size_t at = (size_t)b->n_heads * b->L;
+        memcpy(slot(b->attn_recv, i, at), obs->attn_mass, at * sizeof(float));
+        memcpy(slot(b->attn_ent, i, at), obs->attn_entropy, at * sizeof(float));
+    }
+    return KVQ_OK;
+}
+
+static bool stopped(const kvq_capture_opts *o) { return o->stop && *o->stop; }
+
+kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, kvq_err *err)
+{
+    memset(rep, 0, sizeof *rep);
+    double t_start = kvq_now();
+    if (o->samples < 1) return kvq_fail(err, KVQ_EINVAL, "--samples: expected >= 1, found %lld", (long long)o->samples);
+    if (o->seq_len != 0 && o->seq_len < 2) return kvq_fail(err, KVQ_EINVAL, "--seq-len: expected >= 2, found %lld", (long long)o->seq_len);
+
+    kvq_model m;
+    kvq_status s = kvq_model_load(o->model_path, &m, err);
+    if (s) return s;
+    kvq_tokenizer *tok = NULL;
+    kvq_text txt = {0};
+    kvq_windows win = {0};
+    kvq_forward fw = {0};
+    capture_buf buf = {0};
+    kvq_dump_writer *w = NULL;
+    kvq_dump_meta meta;
+    memset(&meta, 0, sizeof meta);
+    const kvq_hparams *hp = &m.hp;
+
+    int64_t seq_len = o->seq_len ? o->seq_len : (hp->ctx_len < 2048 ? hp->ctx_len : 2048);
+    if (seq_len > hp->ctx_len) {
+        s = kvq_fail(err, KVQ_EINVAL, "--seq-len %lld exceeds the model's context length %d (%s)", (long long)o->seq_len,
+                     hp->ctx_len, o->model_path);
+        goto done;
+    }
+    int first = o->layer_first < 0 ? 0 : o->layer_first;
+    int last = o->layer_last < 0 ? hp->n_layers - 1 : o->layer_last;
+    if (first > last || last >= hp->n_layers) {
+        s = kvq_fail(err, KVQ_EINVAL, "--layers %d-%d: expected a range inside 0-%d (the model has %d layers)", first, last,
+                     hp->n_layers - 1, hp->n_layers);
+        goto done;
+    }
+    if (o->fisher) {
+        s = kvq_fail(err, KVQ_EUNSUPPORTED, "--fisher: the backward pass is not in this build yet");
+        goto done;
+    }
+    /* --tokenizer FILE, else the GGUF itself or the HF checkpoint's tokenizer.json; llama2.c: error */
+    if ((s = kvq_tokenizer_for_model(o->model_path, o->tokenizer_path, &tok, err))) goto done;
+    if ((s = kvq_text_read(o->text_path, o->format, KVQ_EOL_TO_LF, &txt, err))) goto done;
+    if ((s = kvq_calib_windows(&txt, tok, (size_t)o->samples, (size_t)seq_len, o->seed, KVQ_BOS_MODEL, &win, err))) goto done;
+
+    /* root attributes */
+    snprintf(meta.kvq_version, sizeof meta.kvq_version, "%s", KVQ_VERSION_STRING);
+    snprintf(meta.model_path, sizeof meta.model_path, "%s", o->model_path);
+    if ((s = kvq_sha256_path(o->model_path, meta.model_sha256, err))) goto done;
+    snprintf(meta.model_arch, sizeof meta.model_arch, "llama");
+    kvq_dump_meta_set_hparams(&meta, hp);
+    snprintf(meta.tokenizer, sizeof meta.tokenizer, "%s", kvq_tokenizer_describe(tok));
+    snprintf(meta.corpus_path, sizeof meta.corpus_path, "%s", o->text_path);
+    memcpy(meta.corpus_sha256, txt.file_sha256, sizeof meta.corpus_sha256);
+    snprintf(meta.corpus_format, sizeof meta.corpus_format, "%s", kvq_text_format_name(o->format));
+    snprintf(meta.bos_policy, sizeof meta.bos_policy, "%s", win.bos ? "stream-start (kvquant stream: BOS once at the start of the tokenised corpus)" : "none");
+    meta.n_samples = o->samples;
+    meta.seq_len = seq_len;
+    meta.seed = (int64_t)o->seed;
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)o->samples);
+    if (!offs) { s = kvq_fail(err, KVQ_ENOMEM, "out of memory"); goto done; }
+    for (int64_t i = 0; i < o->samples; i++) offs[i] = (int64_t)win.offsets[i];
+    meta.sample_offsets = offs;
+    meta.dtype = o->dtype;
+    meta.has_q = o->q;
+    meta.has_fisher = o->fisher;
+    meta.has_attn_stats = o->attn_stats;
+    meta.layer_first = first;
+    meta.layer_last = last;
+    snprintf(meta.command_line, sizeof meta.command_line, "%s", o->command_line ? o->command_line : "");
+
+    kvq_dump_opts dopts = kvq_dump_opts_default();
+    dopts.force = o->force;
+    dopts.deflate_level = o->deflate;
+    dopts.stop = o->stop;
+    s = o->resume ? kvq_dump_resume(o->out_path, &meta, &dopts, &w, err) : kvq_dump_create(o->out_path, &meta, &dopts, &w, err);
+    free(offs);
+    meta.sample_offsets = NULL;
+    if (s) goto done;
+
+    int L = (int)seq_len;
+    if ((s = kvq_forward_init(&fw, &m, L, 0, o->fisher ? KVQ_FWD_SAVE_LAYER_INPUTS : 0, err))) goto done;
+    if ((s = buf_init(&buf, hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
+
+    kvq_hooks hooks = {0};
+    hooks.user = &buf;
+    hooks.observe = observe;
+    hooks.attn_stats = o->attn_stats;
+    int64_t start = kvq_dump_writer_samples_done(w);
+    rep->samples_done = start;
+    kvq_progress prog;
+    kvq_progress_init(&prog, "kvdump", "tok", (uint64_t)(o->samples - start) * (uint64_t)L, o->quiet);
+    if (!o->quiet && start > 0)
+        fprintf(stderr, "kvdump: resuming %s.partial at sample %lld of %lld\n", o->out_path, (long long)start,
+                (long long)o->samples);
+    int *ids = malloc(sizeof(int) * (size_t)L);
+    int32_t *ids32 = malloc(sizeof(int32_t) * (size_t)L);
+    if (!ids || !ids32) { free(ids); free(ids32); s = kvq_fail(err, KVQ_ENOMEM, "out of memory"); goto done; }
+    double loss_sum = 0;
+    for (int64_t smp = start; smp < o->samples; smp++) {
+        if (stopped(o)) { s = kvq_fail(err, KVQ_EIO, "interrupted: %lld of %lld samples are in %s.partial (continue with --resume)",
+                                      (long long)smp, (long long)o->samples, o->out_path); break; }
+        for (int t = 0; t < L; t++) { ids32[t] = win.tokens[(size_t)smp * L + t]; ids[t] = ids32[t]; }
+        kvq_fwd_io io = {0};
+        io.tokens = ids;
+        io.T = L;
+        io.hooks = &hooks;
+        kvq_fwd_result res;
+        double t0 = kvq_now();
+        if ((s = kvq_forward_run(&fw, &io, &res, err))) { kvq_err_prefix(err, "sample %lld", (long long)smp); break; }
+        double t1 = kvq_now();
+        rep->seconds_forward += t1 - t0;
+        loss_sum += res.loss;
+        for (int l = first; l <= last && !s; l++) {
+            int i = l - first;
+            size_t kv = (size_t)L * buf.kv_dim, at = (size_t)buf.n_heads * L;
+            kvq_dump_layer_data d = {
+                .k_pre_rope = slot(buf.k_pre, i, kv), .k = slot(buf.k, i, kv), .v = slot(buf.v, i, kv),
+                .q = slot(buf.q, i, (size_t)L * buf.q_dim),
+                .fisher_k_pre_rope = slot(buf.fisher_k, i, kv), .fisher_v = slot(buf.fisher_v, i, kv),
+                .attn_received = slot(buf.attn_recv, i, at), .attn_entropy = slot(buf.attn_ent, i, at)};
+            s = kvq_dump_write_layer(w, smp, l, &d, err);
+        }
+        if (!s) s = kvq_dump_commit_sample(w, smp, ids32, err);
+        rep->seconds_write += kvq_now() - t1;
+        if (s) break;
+        rep->samples_written++;
+        rep->samples_done = smp + 1;
+        kvq_progress_update(&prog, (uint64_t)(smp + 1 - start) * (uint64_t)L);
+    }
+    free(ids);
+    free(ids32);
+    if (!s) {
+        kvq_progress_finish(&prog);
+        s = kvq_dump_finish(w, err);
+        w = NULL;
+    }
+    rep->mean_loss = rep->samples_written ? loss_sum / rep->samples_written : 0;
+done:
+    if (w) {
+        kvq_err e2 = {0};
+        int64_t committed = kvq_dump_writer_samples_done(w);
+        kvq_dump_abort(w, &e2);
+        /* a fresh dump that holds no sample is not worth resuming: remove it */
+        if (committed == 0 && !o->resume) {
+            char partial[KVQ_DUMP_PATH_MAX + 16];
+            snprintf(partial, sizeof partial, "%s.partial", o->out_path);
+            unlink(partial);
+        }
+    }
+    free(buf.arena);
+    kvq_forward_free(&fw);
+    kvq_windows_free(&win);
+    kvq_text_free(&txt);
+    if (tok) kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+    rep->seq_len = seq_len;
+    rep->seconds_total = kvq_now() - t_start;
+    return s;
+}

@@ -1,0 +1,70 @@
+/* capture.h — the kvdump pipeline: run a model over calibration windows and
+ * stream what its KV cache would hold (pre-/post-RoPE keys, values,
+ * optionally queries, attention statistics and Fisher information) into an
+ * HDF5 dump (formats/dump.h, schema in formats/DUMP.md).
+ *
+ * Calibration windows follow KVQuant's sampling (datasets/text.h
+ * kvq_calib_windows: N windows of L tokens at offsets drawn with Python's
+ * random.seed(seed)), so dumps made by separate runs line up element for
+ * element. Defaults: 16 samples x 2048 tokens (capped at the model's
+ * context), seed 0 (KVQuant, Hooper et al. 2024, §4 "calibration").
+ *
+ * Fisher information (KVQuant §3.3): per sample, the element-wise square of
+ * dL/dK_pre-RoPE and dL/dV, L = mean next-token cross-entropy over the
+ * window's L-1 scored positions; stored per element, not summed.
+ *
+ * Memory: the model, one window's activations, and one sample's captured
+ * tensors for the dumped layer range ([n_layers][L][kv_dim] x 3, plus q and
+ * Fisher when asked); never the whole dump.
+ */
+#ifndef KVQ_CAPTURE_H
+#define KVQ_CAPTURE_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dump.h"
+#include "status.h"
+#include "text.h"
+
+typedef struct {
+    const char *model_path;
+    const char *tokenizer_path;   /* NULL: the model file's own tokenizer (GGUF) */
+    const char *text_path;
+    kvq_text_format format;
+    int64_t samples;              /* N >= 1 */
+    int64_t seq_len;              /* L >= 2, <= model context; 0 = min(2048, context) */
+    uint64_t seed;
+    bool fisher, attn_stats, q;
+    int layer_first, layer_last;  /* inclusive; -1 = all */
+    kvq_dump_dtype dtype;
+    int deflate;                  /* zlib level, 0 = none */
+    bool resume, force, quiet;
+    const char *out_path;
+    const char *command_line;     /* provenance, stored in the dump */
+    const volatile sig_atomic_t *stop; /* optional: set by a signal handler; the run then closes the dump cleanly */
+} kvq_capture_opts;
+
+/* Defaults: 16 x min(2048, context), seed 0, f16, deflate KVQ_DUMP_DEFLATE_DEFAULT, all layers. */
+kvq_capture_opts kvq_capture_opts_default(void);
+
+typedef struct {
+    int64_t samples_written;      /* this run */
+    int64_t samples_done;         /* in the file */
+    int64_t seq_len;              /* L used */
+    double seconds_forward;       /* model forward (and backward) time */
+    double seconds_write;         /* HDF5 writing time */
+    double seconds_total;
+    double mean_loss;             /* mean NLL over the samples of this run (nats) */
+} kvq_capture_report;
+
+/* Run the whole capture. Errors: anything the loaders, tokenizer, text reader,
+ * forward/backward or dump writer report (each names its file/field), and
+ * KVQ_EINVAL for options out of range (--seq-len above the model context,
+ * --layers outside [0, n_layers), corpus shorter than one window). On any
+ * error or interruption the dump stays at <out>.partial (resumable) and no
+ * file appears under <out>. */
+kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, kvq_err *err);
+
+#endif

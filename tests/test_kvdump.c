@@ -1,0 +1,261 @@
+/* test_kvdump.c — the kvdump command end to end on the tiny aidreams260K
+ * llama2.c model (../shared), checked against independent references: RoPE
+ * recomputed here in double, attention mass summing to the number of queries,
+ * tokens equal to the calibration windows; and every bad-input path of the
+ * CLI (exit status, message, nothing overwritten). */
+#include <math.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "dump.h"
+#include "kvq_test.h"
+#include "text.h"
+#include "tokenizer.h"
+
+static char g_model[4096], g_tok[4096], g_text[4096];
+
+static bool have_inputs(void)
+{
+    return kvq_test_shared(g_model, sizeof g_model, "models/llama2c/aidreams260K.bin") &&
+           kvq_test_shared(g_tok, sizeof g_tok, "models/llama2c/aidreams-tok512.bin") &&
+           kvq_test_shared(g_text, sizeof g_text, "datasets/wikitext-2/wiki.valid.tokens") &&
+           access("bin/kvdump", X_OK) == 0;
+}
+
+/* Run a shell command; return its exit status, and its stderr in err_out. */
+static int run(const char *cmd, char *err_out, size_t n)
+{
+    char full[20300], errf[128];
+    snprintf(errf, sizeof errf, "/tmp/kvq_test_kvdump_err_%d.txt", (int)getpid());
+    snprintf(full, sizeof full, "%s 2>%s", cmd, errf);
+    int st = system(full);
+    FILE *f = fopen(errf, "r");
+    size_t got = f ? fread(err_out, 1, n - 1, f) : 0;
+    err_out[got] = 0;
+    if (f) fclose(f);
+    unlink(errf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void tmpname(char *buf, size_t n, const char *tag)
+{
+    snprintf(buf, n, "/tmp/kvq_test_kvdump_%d_%s.h5", (int)getpid(), tag);
+    unlink(buf);
+    char p[4200];
+    snprintf(p, sizeof p, "%s.partial", buf);
+    unlink(p);
+}
+
+START_TEST(test_dump_values)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    char out[256], cmd[20000], msg[8192];
+    tmpname(out, sizeof out, "ok");
+    snprintf(cmd, sizeof cmd, "bin/kvdump -q -m %s --tokenizer %s -t %s -n 2 -L 64 --seed 3 --attn-stats --q --dtype f32 -o %s",
+             g_model, g_tok, g_text, out);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "kvdump failed: %s", msg);
+    kvq_dump_reader *r;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_dump_open(out, &r, &e) == KVQ_OK, "%s", e.msg);
+    const kvq_dump_meta *m = kvq_dump_reader_meta(r);
+    ck_assert_int_eq(m->n_samples, 2);
+    ck_assert_int_eq(m->seq_len, 64);
+    ck_assert_int_eq(m->n_layers, 4);
+    ck_assert_int_eq(m->head_dim, 16);
+    ck_assert(m->has_attn_stats && m->has_q && !m->has_fisher);
+    /* tokens are the seeded calibration windows */
+    kvq_tokenizer *tok;
+    ck_assert(kvq_tokenizer_load(g_tok, &tok, &e) == KVQ_OK);
+    kvq_text txt;
+    ck_assert(kvq_text_read(g_text, KVQ_TEXT_WIKITEXT_TOKENS, KVQ_EOL_TO_LF, &txt, &e) == KVQ_OK);
+    kvq_windows w;
+    ck_assert(kvq_calib_windows(&txt, tok, 2, 64, 3, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    int32_t toks[128];
+    ck_assert(kvq_dump_read_tokens(r, 0, 2, toks, &e) == KVQ_OK);
+    for (int i = 0; i < 128; i++) ck_assert_int_eq(toks[i], w.tokens[i]);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(m->sample_offsets[i], (int64_t)w.offsets[i]);
+    /* k = RoPE(k_pre) (interleaved pairs, theta 10000, rotary dim = head_dim) in double */
+    int L = 64, H = m->n_kv_heads, D = m->head_dim;
+    float *kp = malloc(sizeof(float) * L * H * D), *k = malloc(sizeof(float) * L * H * D), *am = malloc(sizeof(float) * m->n_heads * L);
+    for (int layer = 0; layer < 4; layer++)
+        for (int smp = 0; smp < 2; smp++) {
+            ck_assert(kvq_dump_read(r, layer, KVQ_DUMP_K_PRE_ROPE, smp, kp, &e) == KVQ_OK);
+            ck_assert(kvq_dump_read(r, layer, KVQ_DUMP_K, smp, k, &e) == KVQ_OK);
+            double worst = 0;
+            for (int t = 0; t < L; t++)
+                for (int h = 0; h < H; h++)
+                    for (int i = 0; i < D / 2; i++) {
+                        double f = t * pow(10000.0, -2.0 * i / D), c = cos(f), s = sin(f);
+                        const float *a = kp + ((size_t)t * H + h) * D + 2 * i;
+                        const float *b = k + ((size_t)t * H + h) * D + 2 * i;
+                        double r0 = a[0] * c - a[1] * s, r1 = a[0] * s + a[1] * c;
+                        double sc = 1 + fabs(a[0]) + fabs(a[1]);
+                        worst = fmax(worst, fmax(fabs(r0 - b[0]), fabs(r1 - b[1])) / sc);
+                    }
+            ck_assert_msg(worst < 1e-5, "layer %d sample %d: k vs RoPE(k_pre) rel err %g", layer, smp, worst);
+            /* every query's attention sums to 1: per head, received mass sums to L */
+            ck_assert(kvq_dump_read(r, layer, KVQ_DUMP_ATTN_RECEIVED, smp, am, &e) == KVQ_OK);
+            for (int h = 0; h < m->n_heads; h++) {
+                double sum = 0;
+                for (int t = 0; t < L; t++) sum += am[h * L + t];
+                ck_assert_msg(fabs(sum - L) < 1e-3, "layer %d head %d: mass %g != %d", layer, h, sum, L);
+                /* causal: the last position is attended only by itself, at most 1 */
+                ck_assert(am[h * L + L - 1] <= 1.0f + 1e-6f);
+            }
+        }
+    free(kp);
+    free(k);
+    free(am);
+    kvq_dump_close(r);
+    kvq_windows_free(&w);
+    kvq_text_free(&txt);
+    kvq_tokenizer_free(tok);
+    unlink(out);
+}
+END_TEST
+
+static void expect_fail(const char *args, const char *out, const char *needle)
+{
+    char cmd[20000], msg[8192];
+    snprintf(cmd, sizeof cmd, "bin/kvdump -q %s -o %s", args, out);
+    int rc = run(cmd, msg, sizeof msg);
+    ck_assert_msg(rc != 0, "accepted: %s", cmd);
+    ck_assert_msg(strstr(msg, needle), "'%s' not in: %s (cmd %s)", needle, msg, cmd);
+    ck_assert_msg(!strstr(msg, "Sanitizer") && !strstr(msg, "HDF5-DIAG"), "noise: %s", msg);
+}
+
+START_TEST(test_bad_input)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    char out[256], args[16384];
+    tmpname(out, sizeof out, "bad");
+    snprintf(args, sizeof args, "-m /nonexistent/m.bin --tokenizer %s -t %s -n 1 -L 32", g_tok, g_text);
+    expect_fail(args, out, "/nonexistent/m.bin");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t /nonexistent/t.txt -n 1 -L 32", g_model, g_tok);
+    expect_fail(args, out, "/nonexistent/t.txt");
+    snprintf(args, sizeof args, "-m %s -t %s -n 1 -L 32", g_model, g_text);
+    expect_fail(args, out, "--tokenizer");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 200", g_model, g_tok, g_text);
+    expect_fail(args, out, "exceeds the model's context length 128");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32 --layers 2-9", g_model, g_tok, g_text);
+    expect_fail(args, out, "inside 0-3");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32 --layers x", g_model, g_tok, g_text);
+    expect_fail(args, out, "--layers");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 0", g_model, g_tok, g_text);
+    expect_fail(args, out, "--samples");
+    /* corpus shorter than one window */
+    char small[128];
+    snprintf(small, sizeof small, "/tmp/kvq_test_kvdump_%d_small.txt", (int)getpid());
+    FILE *f = fopen(small, "w");
+    fputs("Once upon a time there was a cat.\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 64", g_model, g_tok, small);
+    expect_fail(args, out, small);
+    unlink(small);
+    ck_assert(access(out, F_OK) != 0);
+    /* output directory not writable / absent */
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32", g_model, g_tok, g_text);
+    expect_fail(args, "/nonexistent/dir/x.h5", "/nonexistent/dir/x.h5");
+}
+END_TEST
+
+START_TEST(test_existing_output_kept)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    char out[256], args[16384];
+    tmpname(out, sizeof out, "exists");
+    FILE *f = fopen(out, "w");
+    fputs("precious", f);
+    fclose(f);
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32", g_model, g_tok, g_text);
+    expect_fail(args, out, "--force");
+    char buf[32] = {0};
+    f = fopen(out, "r");
+    ck_assert(fread(buf, 1, sizeof buf - 1, f) == 8);
+    fclose(f);
+    ck_assert_str_eq(buf, "precious");
+    unlink(out);
+}
+END_TEST
+
+START_TEST(test_file_size_limit_then_resume)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    char out[256], cmd[20000], msg[8192], partial[300];
+    tmpname(out, sizeof out, "fsize");
+    snprintf(partial, sizeof partial, "%s.partial", out);
+    /* 3 samples x 128 tokens x 4 layers x 3 x 64 floats x 4 B = ~1.2 MB; cap at 900 KiB (bash counts 1024-byte blocks): 2 samples commit, the 3rd fails */
+    snprintf(cmd, sizeof cmd,
+             "bash -c 'ulimit -f 900; exec bin/kvdump -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 -o %s'",
+             g_model, g_tok, g_text, out);
+    int rc = run(cmd, msg, sizeof msg);
+    ck_assert_msg(rc != 0, "file-size limit not hit");
+    ck_assert_msg(strstr(msg, out), "no path in: %s", msg);
+    ck_assert_msg(access(out, F_OK) != 0, "final name appeared");
+    ck_assert_msg(access(partial, F_OK) == 0, "no partial kept");
+    /* resume with another seed is refused, naming the attribute */
+    snprintf(cmd, sizeof cmd, "bin/kvdump -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --seed 9 --resume -o %s",
+             g_model, g_tok, g_text, out);
+    ck_assert(run(cmd, msg, sizeof msg) != 0);
+    ck_assert_msg(strstr(msg, "seed") || strstr(msg, "sample_offsets"), "mismatch not named: %s", msg);
+    /* the same request resumes and completes */
+    snprintf(cmd, sizeof cmd, "bin/kvdump -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --resume -o %s",
+             g_model, g_tok, g_text, out);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "resume failed: %s", msg);
+    kvq_dump_reader *r;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_dump_open(out, &r, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(kvq_dump_reader_samples_done(r), 3);
+    kvq_dump_close(r);
+    unlink(out);
+}
+END_TEST
+
+START_TEST(test_nan_activation_reported)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    /* a copy of aidreams260K with one NaN in layer 1's wk */
+    FILE *in = fopen(g_model, "rb");
+    fseek(in, 0, SEEK_END);
+    long size = ftell(in);
+    fseek(in, 0, SEEK_SET);
+    unsigned char *d = malloc(size);
+    ck_assert(fread(d, 1, size, in) == (size_t)size);
+    fclose(in);
+    int32_t h[7];
+    memcpy(h, d, sizeof h);
+    size_t dim = h[0], L = h[2], V = h[5] < 0 ? -h[5] : h[5], kvd = (size_t)h[4] * (h[0] / h[3]);
+    size_t off = 28 + 4 * (V * dim + L * dim + L * dim * dim + 1 * kvd * dim); /* wk of layer 1, element 0 */
+    float nanv = NAN;
+    memcpy(d + off, &nanv, 4);
+    char bad[128], out[256], args[16384];
+    snprintf(bad, sizeof bad, "/tmp/kvq_test_kvdump_%d_nan.bin", (int)getpid());
+    FILE *o = fopen(bad, "wb");
+    fwrite(d, 1, size, o);
+    fclose(o);
+    free(d);
+    tmpname(out, sizeof out, "nan");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32", bad, g_tok, g_text);
+    expect_fail(args, out, "layer 1");
+    expect_fail(args, out, "sample 0");
+    expect_fail(args, out, "position 0, head 0, channel 0: pre-RoPE key is nan");
+    ck_assert(access(out, F_OK) != 0);
+    unlink(bad);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("kvdump");
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_dump_values);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_existing_output_kept);
+    tcase_add_test(tc, test_file_size_limit_then_resume);
+    tcase_add_test(tc, test_nan_activation_reported);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KVQ_TEST_MAIN(suite)
