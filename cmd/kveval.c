@@ -9,6 +9,7 @@
 
 #include "artifact.h"
 #include "cli.h"
+#include "identity.h"
 #include "cuda_info.h"
 #include "model.h"
 #include "perplexity.h"
@@ -120,7 +121,7 @@ int main(int argc, char **argv)
         goto out;
     }
     if (o.artifacts.n > 0) {
-        if (kvq_model_fingerprint(&m, fp, NULL, &e)) { fail("model fingerprint", &e, 1); goto out; }
+        if (kvq_identity_model(&m, fp, &e)) { fail("model fingerprint", &e, 1); goto out; }
         have_fp = true;
         if (kvq_artifact_set_load(&arts, o.artifacts.v, (size_t)o.artifacts.n, &m, fp, o.allow_mismatch, stderr, &e)) {
             fail(NULL, &e, 1);

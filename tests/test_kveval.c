@@ -13,6 +13,7 @@
 
 #include "kveval_util.h"
 #include "kvq_test.h"
+#include "identity.h"
 #include "perplexity.h"
 #include "scheme.h"
 #include "text.h"
@@ -310,7 +311,7 @@ static void decode_model(const char *path, int strict[3])
     kvq_err e = {0};
     ck_assert_msg(kvq_model_load(path, &m, &e) == KVQ_OK, "%s", e.msg);
     char fp[65], paths[2][256];
-    ck_assert(kvq_model_fingerprint(&m, fp, NULL, &e) == KVQ_OK);
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
     build_artifacts(&m, fp, paths, 3);
     const char *pp[2] = {paths[0], paths[1]};
     kvq_artifact_set set;
@@ -646,7 +647,7 @@ START_TEST(test_bind_artifacts)
     kvq_err e = {0};
     ck_assert(kvq_model_load(p, &m, &e) == KVQ_OK);
     char fp[65], paths[2][256];
-    ck_assert(kvq_model_fingerprint(&m, fp, NULL, &e) == KVQ_OK);
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
     build_artifacts(&m, fp, paths, 2);
     const char *pp[2] = {paths[0], paths[1]};
     kvq_artifact_set set;

@@ -9,6 +9,7 @@
 
 #include "kveval_util.h"
 #include "kvq_test.h"
+#include "identity.h"
 
 typedef struct {
     char bin[64], model[4096], tok[4096], text[4096], other[4096];
@@ -178,7 +179,7 @@ START_TEST(test_cli_errors)
         kvq_model m;
         ck_assert(kvq_model_load(mp[i], &m, &ke) == KVQ_OK);
         char fp[65];
-        ck_assert(kvq_model_fingerprint(&m, fp, NULL, &ke) == KVQ_OK);
+        ck_assert(kvq_identity_model(&m, fp, &ke) == KVQ_OK);
         int tok[2 * 32];
         for (int t = 0; t < 64; t++) tok[t] = (t * 37 + 11) % m.hp.vocab_size;
         ck_assert_msg(kvq_util_make_nuq_artifact(&m, tok, 2, 32, 3, 0.01, 0, false, fp, ap[i], &ke) == KVQ_OK, "%s", ke.msg);

@@ -25,6 +25,7 @@
 
 #include "../kveval_util.h"
 #include "perplexity.h"
+#include "identity.h"
 #include "progress.h"
 #include "scheme.h"
 #include "text.h"
@@ -58,7 +59,7 @@ static int calibrate(const kvq_model *m, const kvq_tokenizer *tok, const char *d
 {
     kvq_err e = {0};
     char fp[65];
-    if (kvq_model_fingerprint(m, fp, NULL, &e)) return die("fingerprint", &e);
+    if (kvq_identity_model(m, fp, &e)) return die("fingerprint", &e);
     kvq_windows w;
     if (calib_tokens(tok, ns, len, &w, &e)) return die("calibration text", &e);
     double t0 = kvq_now();
@@ -114,7 +115,7 @@ int main(int argc, char **argv)
     /* nuq tables for the bench: 2 calibration windows of ctx tokens */
     char art[256], fp[65];
     snprintf(art, sizeof art, "/tmp/bench_kveval_%ld.safetensors", (long)getpid());
-    if (kvq_model_fingerprint(&m, fp, NULL, &e)) return die("fingerprint", &e);
+    if (kvq_identity_model(&m, fp, &e)) return die("fingerprint", &e);
     kvq_windows cw;
     if (calib_tokens(tok, 2, ctx, &cw, &e)) return die("calibration text", &e);
     if (kvq_util_make_nuq_artifact(&m, (const int *)cw.tokens, 2, ctx, 3, 0.01, 0, false, fp, art, &e))
