@@ -1,8 +1,8 @@
 /* test_kveval_cli.c — bin/kveval end to end on the tiny model: a successful
  * run (markdown table on stdout, JSON with the same numbers and the protocol
  * details) and every bad-input case of issue 7 (exit status + message, no
- * JSON left behind). Runs the built binary (bin/kveval, or bin-asan/kveval
- * for the ASan build); skips when it or the tiny models are absent. */
+ * JSON left behind). Runs the built binary ($KVQ_BIN_DIR/kveval: bin, bin-cpu or bin-asan
+ * ); skips when it or the tiny models are absent. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/wait.h>
@@ -18,11 +18,7 @@ typedef struct {
 
 static int env_init(env_t *e)
 {
-    char self[4096] = "";
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) self[n] = 0;
-    snprintf(e->bin, sizeof e->bin, "%s", strstr(self, "build-asan") ? "bin-asan/kveval" : "bin/kveval");
-    if (access(e->bin, X_OK) != 0) return 0;
+    if (!kvq_test_bin(e->bin, sizeof e->bin, "kveval")) return 0;
     if (!kvq_test_shared(e->model, sizeof e->model, "models/llama2c/stories260K.bin")) return 0;
     if (!kvq_test_shared(e->other, sizeof e->other, "models/llama2c/aidreams260K.bin")) return 0;
     if (!kvq_test_shared(e->tok, sizeof e->tok, "models/llama2c/aidreams-tok512.bin")) return 0;
