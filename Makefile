@@ -5,7 +5,9 @@
 #   make asan          AddressSanitizer + UBSan build of everything, then the tests
 #   make bench         benchmarks (tests/bench), results for docs/BENCHMARKS.md
 #   make demo          the whole pipeline on the default model and data
+#   make V=1           show full compiler command lines
 .DEFAULT_GOAL := all
+.SECONDARY:
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifeq ($(strip $(NVCC)),)
@@ -15,6 +17,8 @@ CUDA ?= 1
 endif
 CUDA_ARCH ?= sm_90
 SAN ?= 0
+V ?= 0
+Q := $(if $(filter 1,$(V)),,@)
 
 BUILD := build$(if $(filter 1,$(SAN)),-asan,)
 BIN := bin$(if $(filter 1,$(SAN)),-asan,)
@@ -63,7 +67,7 @@ tools: $(TOOL_BINS)
 tests: $(TEST_BINS)
 
 help:
-	@sed -n '1,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n "/^#/p;/^[^#]/q" Makefile | sed "s/^# \{0,1\}//"
 
 check-deps:
 	@pkg-config --exists $(PKGS) check || { echo "kvq: missing build dependencies (pkg-config: $(PKGS) check)."; \
@@ -71,27 +75,33 @@ check-deps:
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@$(if $(Q),echo '  CC    $<',true)
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	@$(if $(Q),echo '  NVCC  $<',true)
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	@$(if $(Q),echo '  AR    $@',true)
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BIN)/%: $(BUILD)/cmd/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/bench/%: tests/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 setup:
 	bash scripts/setup.sh

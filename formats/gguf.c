@@ -198,9 +198,17 @@ static kvq_status read_tensor_info(cursor *c, kvq_gguf_tensor *t, uint64_t idx, 
     t->type = (kvq_ggml_type)ty;
     uint32_t be, bb;
     const char *name;
-    if (!kvq_ggml_type_info(t->type, &be, &bb, &name))
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: offset %zu: %s: ggml type %u is not supported (kvq reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K)",
-                        c->g->path, at, tn, ty);
+    if (ty > 255)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: offset %zu: %s: ggml type %u is not a ggml type id", c->g->path, at, tn, ty);
+    if (!kvq_ggml_type_info(t->type, &be, &bb, &name)) {
+        /* A type kvq cannot size (e.g. IQ quants): the metadata (tokenizer)
+         * stays readable; the tensor has n_bytes 0 and data NULL, and
+         * dequantizing it reports the type as unsupported. */
+        t->n_bytes = 0;
+        t->size_known = false;
+        return rd_u64(c, &t->offset, tn, err);
+    }
+    t->size_known = true;
     if (t->ne[0] % be)
         return kvq_fail(err, KVQ_EFORMAT, "%s: %s: row length %llu is not a multiple of the %s block size %u",
                         c->g->path, tn, (unsigned long long)t->ne[0], name, be);
@@ -299,7 +307,7 @@ kvq_status kvq_gguf_open(const char *path, kvq_gguf *g, kvq_err *err)
                          (unsigned long long)t->n_bytes, g->size);
             goto fail;
         }
-        t->data = g->map + data + t->offset;
+        t->data = t->size_known ? g->map + data + t->offset : NULL;
     }
     return KVQ_OK;
 fail:

@@ -61,8 +61,9 @@ typedef struct {
     kvq_ggml_type type;
     uint64_t offset;          /* relative to the data section */
     uint64_t n_elements;
-    uint64_t n_bytes;
-    const uint8_t *data;      /* into the mapping */
+    uint64_t n_bytes;         /* 0 when !size_known */
+    bool size_known;          /* false for ggml types kvq cannot size (IQ quants, ...) */
+    const uint8_t *data;      /* into the mapping; NULL when !size_known */
 } kvq_gguf_tensor;
 
 typedef struct {

@@ -93,6 +93,26 @@ kvq_status kvq_model_alloc(kvq_model *m, const kvq_hparams *hp, kvq_err *err);
 
 void kvq_model_free(kvq_model *m);
 
+/* Weights-file digest: SHA-256 of the bytes of `path` (OpenSSL EVP) as 64
+ * lowercase hex digits + NUL. A directory (HF checkpoint) is hashed as the
+ * concatenation, in byte-wise name order, of "<name>\0<8-byte LE size><bytes>"
+ * for every regular *.json and *.safetensors file in it. KVQ_EIO naming the
+ * file on read errors. */
+kvq_status kvq_sha256_path(const char *path, char hex[65], kvq_err *err);
+
+/* Model fingerprint for dump/artifact metadata: SHA-256 (hex, 64 digits + NUL)
+ * of the canonical text
+ *   "kvq-model-fingerprint-v1\nweights_sha256=<kvq_sha256_path(m->path)>\n"
+ *   "n_layers=%d\ndim=%d\nhidden_dim=%d\nn_heads=%d\nn_kv_heads=%d\n"
+ *   "head_dim=%d\nvocab_size=%d\nctx_len=%d\nrope_dim=%d\nrope_theta=%a\n"
+ *   "rope_scaling=%d\nrope_scale_factor=%a\nrope_low_freq_factor=%a\n"
+ *   "rope_high_freq_factor=%a\nrope_orig_ctx=%d\nnorm_eps=%a\ntied=%d\n"
+ * (floats as C99 hex-float of the stored float value). Two models with the
+ * same fingerprint have byte-identical weight files and identical
+ * hyperparameters, RoPE included. If weights_hex is non-NULL it receives the
+ * weights-file digest. Cost: one pass over the weights file (~0.3 s/100 MB). */
+kvq_status kvq_model_fingerprint(const kvq_model *m, char hex[65], char weights_hex[65], kvq_err *err);
+
 static inline int kvq_q_dim(const kvq_hparams *hp) { return hp->n_heads * hp->head_dim; }
 static inline int kvq_kv_dim(const kvq_hparams *hp) { return hp->n_kv_heads * hp->head_dim; }
 

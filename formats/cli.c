@@ -1,0 +1,159 @@
+/* cli.c — see cli.h. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool kvq_parse_long(const char *s, long *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+bool kvq_parse_double(const char *s, double *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+static bool choice_ok(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; p && *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0) return true;
+        p = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
+static kvq_status set_value(const kvq_opt *o, const char *v, kvq_err *err)
+{
+    switch (o->type) {
+    case KVQ_OPT_FLAG: *(bool *)o->target = true; return KVQ_OK;
+    case KVQ_OPT_INT: {
+        long x;
+        if (!kvq_parse_long(v, &x))
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected an integer, found '%s'", o->name, v);
+        if (o->min < o->max && (x < o->min || x > o->max))
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected %g..%g, found %ld", o->name, o->min, o->max, x);
+        *(long *)o->target = x;
+        return KVQ_OK;
+    }
+    case KVQ_OPT_FLOAT: {
+        double x;
+        if (!kvq_parse_double(v, &x))
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected a finite number, found '%s'", o->name, v);
+        if (o->min < o->max && (x < o->min || x > o->max))
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected %g..%g, found %g", o->name, o->min, o->max, x);
+        *(double *)o->target = x;
+        return KVQ_OK;
+    }
+    case KVQ_OPT_STRING:
+        if (!*v) return kvq_fail(err, KVQ_EINVAL, "--%s: expected a non-empty value", o->name);
+        *(const char **)o->target = v;
+        return KVQ_OK;
+    case KVQ_OPT_CHOICE:
+        if (!choice_ok(o->choices, v))
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected one of %s, found '%s'", o->name, o->choices, v);
+        *(const char **)o->target = v;
+        return KVQ_OK;
+    case KVQ_OPT_LIST: {
+        kvq_strlist *l = o->target;
+        if (l->n >= KVQ_STRLIST_MAX)
+            return kvq_fail(err, KVQ_EINVAL, "--%s: at most %d values", o->name, KVQ_STRLIST_MAX);
+        l->v[l->n++] = v;
+        return KVQ_OK;
+    }
+    }
+    return kvq_fail(err, KVQ_EINVAL, "--%s: bad option table", o->name);
+}
+
+kvq_status kvq_cli_parse(const char *prog, const char *summary, const kvq_opt *opts, int n_opts,
+                         int argc, char **argv, kvq_strlist *pos, bool *help, kvq_err *err)
+{
+    *help = false;
+    bool seen[256] = {0};
+    if (n_opts > 256) return kvq_fail(err, KVQ_EINVAL, "%s: too many options in table", prog);
+    bool only_pos = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (only_pos || a[0] != '-' || a[1] == 0) {
+            if (!pos) return kvq_fail(err, KVQ_EINVAL, "unexpected argument '%s' (see --help)", a);
+            if (pos->n >= KVQ_STRLIST_MAX) return kvq_fail(err, KVQ_EINVAL, "too many arguments");
+            pos->v[pos->n++] = a;
+            continue;
+        }
+        if (!strcmp(a, "--")) { only_pos = true; continue; }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            kvq_cli_usage(stdout, prog, summary, opts, n_opts);
+            *help = true;
+            return KVQ_OK;
+        }
+        const kvq_opt *o = NULL;
+        const char *val = NULL;
+        int idx = -1;
+        if (a[1] == '-') {
+            const char *name = a + 2, *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            for (int k = 0; k < n_opts; k++)
+                if (strlen(opts[k].name) == len && !strncmp(opts[k].name, name, len)) { o = &opts[k]; idx = k; }
+            if (eq) val = eq + 1;
+        } else if (a[2] == 0) {
+            for (int k = 0; k < n_opts; k++)
+                if (opts[k].short_name && opts[k].short_name == a[1]) { o = &opts[k]; idx = k; }
+        }
+        if (!o) return kvq_fail(err, KVQ_EINVAL, "unknown option '%s' (see %s --help)", a, prog);
+        if (o->type == KVQ_OPT_FLAG) {
+            if (val) return kvq_fail(err, KVQ_EINVAL, "--%s takes no value, found '=%s'", o->name, val);
+        } else if (!val) {
+            if (i + 1 >= argc) return kvq_fail(err, KVQ_EINVAL, "--%s: expected a value %s, found the end of the command line", o->name, o->metavar ? o->metavar : "");
+            val = argv[++i];
+        }
+        KVQ_TRY(set_value(o, val, err));
+        seen[idx] = true;
+    }
+    for (int k = 0; k < n_opts; k++)
+        if (opts[k].required && !seen[k])
+            return kvq_fail(err, KVQ_EINVAL, "missing required option --%s %s (see %s --help)", opts[k].name,
+                            opts[k].metavar ? opts[k].metavar : "", prog);
+    return KVQ_OK;
+}
+
+void kvq_cli_usage(FILE *f, const char *prog, const char *summary, const kvq_opt *opts, int n_opts)
+{
+    fprintf(f, "usage: %s [options]\n\n%s\n\noptions:\n", prog, summary);
+    for (int k = 0; k < n_opts; k++) {
+        const kvq_opt *o = &opts[k];
+        char left[96];
+        const char *mv = o->metavar ? o->metavar : (o->type == KVQ_OPT_FLAG ? "" : "VALUE");
+        if (o->short_name) snprintf(left, sizeof left, "-%c, --%s%s%s", o->short_name, o->name, *mv ? " " : "", mv);
+        else snprintf(left, sizeof left, "    --%s%s%s", o->name, *mv ? " " : "", mv);
+        fprintf(f, "  %-30s %s", left, o->help ? o->help : "");
+        if (o->required) fprintf(f, " (required)");
+        else switch (o->type) {
+        case KVQ_OPT_INT: fprintf(f, " [default %ld]", *(long *)o->target); break;
+        case KVQ_OPT_FLOAT: fprintf(f, " [default %g]", *(double *)o->target); break;
+        case KVQ_OPT_STRING: case KVQ_OPT_CHOICE:
+            if (*(const char **)o->target) fprintf(f, " [default %s]", *(const char **)o->target);
+            break;
+        default: break;
+        }
+        if (o->type == KVQ_OPT_CHOICE) fprintf(f, " {%s}", o->choices);
+        fputc('\n', f);
+    }
+    fprintf(f, "  %-30s %s\n", "-h, --help", "show this help and exit");
+}

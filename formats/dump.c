@@ -1,0 +1,1511 @@
+/* dump.c — kvdump HDF5 writer/reader (schema: formats/DUMP.md). */
+#include "dump.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHUNK_MAX_BYTES ((size_t)1 << 20)   /* chunk cap: 1 MiB (and <= one sample x one layer) */
+#define READ_CACHE_BYTES ((size_t)4 << 20)  /* reader chunk cache per dataset: holds >= 1 chunk */
+
+/* ---- f16 codec ------------------------------------------------------------ */
+
+uint16_t kvq_dump_f32_to_f16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* Inf, or NaN made quiet with its top payload bits */
+        return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (halfway above 65504) → Inf */
+    if (a < 0x38800000u) {
+        /* |x| < 2^-14: subnormal result. Adding 0.5 (ulp 2^-24 = the f16 subnormal
+         * step) lets the FPU round to nearest even; the low bits are the mantissa. */
+        float f;
+        memcpy(&f, &a, sizeof f);
+        f += 0.5f;
+        uint32_t r;
+        memcpy(&r, &f, sizeof r);
+        return (uint16_t)(sign | (r - 0x3f000000u));
+    }
+    uint32_t odd = (a >> 13) & 1u;
+    a += 0xc8000fffu + odd; /* exponent rebias 127 → 15 (-112 << 23), plus RNE rounding bias */
+    return (uint16_t)(sign | (a >> 13));
+}
+
+float kvq_dump_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f; /* exact */
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- dataset table -------------------------------------------------------- */
+
+static const char *const DS_NAMES[KVQ_DUMP_N_DS] = {
+    "k_pre_rope", "k", "v", "q", "fisher_k_pre_rope", "fisher_v", "attn_received", "attn_entropy",
+};
+
+const char *kvq_dump_ds_name(kvq_dump_ds ds)
+{
+    return (unsigned)ds < KVQ_DUMP_N_DS ? DS_NAMES[ds] : "?";
+}
+
+kvq_status kvq_dump_ds_from_name(const char *name, kvq_dump_ds *out, kvq_err *err)
+{
+    for (int i = 0; i < KVQ_DUMP_N_DS; i++)
+        if (name && strcmp(name, DS_NAMES[i]) == 0) {
+            *out = (kvq_dump_ds)i;
+            return KVQ_OK;
+        }
+    return kvq_fail(err, KVQ_EINVAL, "unknown dump dataset '%s' (expected k_pre_rope, k, v, q, fisher_k_pre_rope, "
+                                     "fisher_v, attn_received or attn_entropy)", name ? name : "(null)");
+}
+
+bool kvq_dump_ds_enabled(const kvq_dump_meta *m, kvq_dump_ds ds)
+{
+    switch (ds) {
+    case KVQ_DUMP_K_PRE_ROPE: case KVQ_DUMP_K: case KVQ_DUMP_V: return true;
+    case KVQ_DUMP_Q: return m->has_q;
+    case KVQ_DUMP_FISHER_K_PRE_ROPE: case KVQ_DUMP_FISHER_V: return m->has_fisher;
+    case KVQ_DUMP_ATTN_RECEIVED: case KVQ_DUMP_ATTN_ENTROPY: return m->has_attn_stats;
+    default: return false;
+    }
+}
+
+static bool ds_is_attn(kvq_dump_ds ds) { return ds == KVQ_DUMP_ATTN_RECEIVED || ds == KVQ_DUMP_ATTN_ENTROPY; }
+static bool ds_is_f16(const kvq_dump_meta *m, kvq_dump_ds ds) { return m->dtype == KVQ_DUMP_F16 && ds <= KVQ_DUMP_Q; }
+static int ds_heads(const kvq_dump_meta *m, kvq_dump_ds ds)
+{
+    return (ds == KVQ_DUMP_Q || ds_is_attn(ds)) ? m->n_heads : m->n_kv_heads;
+}
+
+void kvq_dump_ds_shape(const kvq_dump_meta *m, kvq_dump_ds ds, int *rank, int64_t dims[3])
+{
+    if (ds_is_attn(ds)) {
+        *rank = 2;
+        dims[0] = m->n_heads;
+        dims[1] = m->seq_len;
+        dims[2] = 1;
+    } else {
+        *rank = 3;
+        dims[0] = m->seq_len;
+        dims[1] = ds_heads(m, ds);
+        dims[2] = m->head_dim;
+    }
+}
+
+size_t kvq_dump_ds_sample_elems(const kvq_dump_meta *m, kvq_dump_ds ds)
+{
+    int rank;
+    int64_t d[3];
+    kvq_dump_ds_shape(m, ds, &rank, d);
+    return (size_t)d[0] * (size_t)d[1] * (size_t)d[2]; /* validated not to overflow */
+}
+
+static const float *layer_ptr(const kvq_dump_layer_data *d, kvq_dump_ds ds)
+{
+    switch (ds) {
+    case KVQ_DUMP_K_PRE_ROPE: return d->k_pre_rope;
+    case KVQ_DUMP_K: return d->k;
+    case KVQ_DUMP_V: return d->v;
+    case KVQ_DUMP_Q: return d->q;
+    case KVQ_DUMP_FISHER_K_PRE_ROPE: return d->fisher_k_pre_rope;
+    case KVQ_DUMP_FISHER_V: return d->fisher_v;
+    case KVQ_DUMP_ATTN_RECEIVED: return d->attn_received;
+    case KVQ_DUMP_ATTN_ENTROPY: return d->attn_entropy;
+    default: return NULL;
+    }
+}
+
+/* ---- root attribute table ------------------------------------------------- */
+
+typedef enum { AK_INT, AK_I64, AK_F64, AK_STR, AK_BOOL, AK_DTYPE } attr_kind;
+typedef struct {
+    const char *name;
+    attr_kind kind;
+    size_t off, size;
+    bool compare; /* checked on resume */
+} attr_desc;
+
+#define ATTR(f, k, c) { #f, k, offsetof(kvq_dump_meta, f), sizeof(((kvq_dump_meta *)0)->f), c }
+static const attr_desc ATTRS[] = {
+    ATTR(kvq_version, AK_STR, true),
+    ATTR(model_path, AK_STR, true),
+    ATTR(model_sha256, AK_STR, true),
+    ATTR(model_arch, AK_STR, true),
+    ATTR(n_layers, AK_INT, true),
+    ATTR(dim, AK_INT, true),
+    ATTR(hidden_dim, AK_INT, true),
+    ATTR(n_heads, AK_INT, true),
+    ATTR(n_kv_heads, AK_INT, true),
+    ATTR(head_dim, AK_INT, true),
+    ATTR(vocab_size, AK_INT, true),
+    ATTR(ctx_len, AK_INT, true),
+    ATTR(rope_theta, AK_F64, true),
+    ATTR(rope_dim, AK_INT, true),
+    ATTR(rope_pairing, AK_STR, true),
+    ATTR(rope_scaling, AK_STR, true),
+    ATTR(rope_scale_factor, AK_F64, true),
+    ATTR(rope_low_freq_factor, AK_F64, true),
+    ATTR(rope_high_freq_factor, AK_F64, true),
+    ATTR(rope_orig_ctx, AK_INT, true),
+    ATTR(tokenizer, AK_STR, true),
+    ATTR(corpus_path, AK_STR, true),
+    ATTR(corpus_sha256, AK_STR, true),
+    ATTR(corpus_format, AK_STR, true),
+    ATTR(bos_policy, AK_STR, true),
+    ATTR(n_samples, AK_I64, true),
+    ATTR(seq_len, AK_I64, true),
+    ATTR(seed, AK_I64, true),
+    ATTR(dtype, AK_DTYPE, true),
+    ATTR(has_q, AK_BOOL, true),
+    ATTR(has_fisher, AK_BOOL, true),
+    ATTR(has_attn_stats, AK_BOOL, true),
+    ATTR(layer_first, AK_INT, true),
+    ATTR(layer_last, AK_INT, true),
+    ATTR(command_line, AK_STR, false),
+};
+#define N_ATTRS (sizeof ATTRS / sizeof *ATTRS)
+/* plus: schema_version (int64), sample_offsets (int64 [N]), samples_done (int64) */
+
+static int64_t attr_get_int(const kvq_dump_meta *m, const attr_desc *a)
+{
+    const char *p = (const char *)m + a->off;
+    switch (a->kind) {
+    case AK_INT: { int v; memcpy(&v, p, sizeof v); return v; }
+    case AK_I64: { int64_t v; memcpy(&v, p, sizeof v); return v; }
+    case AK_BOOL: { bool v; memcpy(&v, p, sizeof v); return v; }
+    default: return 0;
+    }
+}
+
+static void attr_set_int(kvq_dump_meta *m, const attr_desc *a, int64_t v)
+{
+    char *p = (char *)m + a->off;
+    switch (a->kind) {
+    case AK_INT: { int x = (int)v; memcpy(p, &x, sizeof x); break; }
+    case AK_I64: memcpy(p, &v, sizeof v); break;
+    case AK_BOOL: { bool x = v != 0; memcpy(p, &x, sizeof x); break; }
+    default: break;
+    }
+}
+
+static const char *dtype_name(kvq_dump_dtype t) { return t == KVQ_DUMP_F16 ? "f16" : "f32"; }
+
+/* ---- meta helpers ----------------------------------------------------------- */
+
+void kvq_dump_meta_set_hparams(kvq_dump_meta *m, const kvq_hparams *hp)
+{
+    m->n_layers = hp->n_layers;
+    m->dim = hp->dim;
+    m->hidden_dim = hp->hidden_dim;
+    m->n_heads = hp->n_heads;
+    m->n_kv_heads = hp->n_kv_heads;
+    m->head_dim = hp->head_dim;
+    m->vocab_size = hp->vocab_size;
+    m->ctx_len = hp->ctx_len;
+    m->rope_theta = hp->rope_theta;
+    m->rope_dim = hp->rope_dim;
+    snprintf(m->rope_pairing, sizeof m->rope_pairing, "interleaved");
+    const char *sc = hp->rope_scaling == KVQ_ROPE_SCALING_LINEAR   ? "linear"
+                     : hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3 ? "llama3"
+                                                                   : "none";
+    snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s", sc);
+    m->rope_scale_factor = hp->rope_scaling == KVQ_ROPE_SCALING_NONE ? 1.0 : hp->rope_scale_factor;
+    bool l3 = hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3;
+    m->rope_low_freq_factor = l3 ? hp->rope_low_freq_factor : 0.0;
+    m->rope_high_freq_factor = l3 ? hp->rope_high_freq_factor : 0.0;
+    m->rope_orig_ctx = l3 ? hp->rope_orig_ctx : 0;
+}
+
+kvq_status kvq_dump_meta_validate(const kvq_dump_meta *m, kvq_err *err)
+{
+    if (!m) return kvq_fail(err, KVQ_EINVAL, "dump meta: NULL");
+    for (size_t i = 0; i < N_ATTRS; i++) {
+        const attr_desc *a = &ATTRS[i];
+        if (a->kind == AK_STR && !memchr((const char *)m + a->off, 0, a->size))
+            return kvq_fail(err, KVQ_EINVAL, "dump meta: %s is not NUL-terminated within %zu bytes", a->name, a->size);
+    }
+    const struct { const char *name; int v; } pos[] = {
+        {"n_layers", m->n_layers}, {"dim", m->dim}, {"hidden_dim", m->hidden_dim}, {"n_heads", m->n_heads},
+        {"n_kv_heads", m->n_kv_heads}, {"head_dim", m->head_dim}, {"vocab_size", m->vocab_size},
+        {"ctx_len", m->ctx_len}, {"rope_dim", m->rope_dim},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
+        if (pos[i].v < 1) return kvq_fail(err, KVQ_EINVAL, "dump meta: %s = %d, expected >= 1", pos[i].name, pos[i].v);
+    if (m->n_heads % m->n_kv_heads)
+        return kvq_fail(err, KVQ_EINVAL, "dump meta: n_heads = %d is not a multiple of n_kv_heads = %d", m->n_heads,
+                        m->n_kv_heads);
+    if (m->rope_dim > m->head_dim || m->rope_dim % 2)
+        return kvq_fail(err, KVQ_EINVAL, "dump meta: rope_dim = %d, expected an even number <= head_dim = %d",
+                        m->rope_dim, m->head_dim);
+    if (!(m->rope_theta > 0) || !isfinite(m->rope_theta))
+        return kvq_fail(err, KVQ_EINVAL, "dump meta: rope_theta = %g, expected a finite positive number", m->rope_theta);
+    if (m->n_samples < 1) return kvq_fail(err, KVQ_EINVAL, "dump meta: n_samples = %" PRId64 ", expected >= 1", m->n_samples);
+    if (m->seq_len < 1 || m->seq_len > m->ctx_len)
+        return kvq_fail(err, KVQ_EINVAL, "dump meta: seq_len = %" PRId64 ", expected 1 .. ctx_len = %d", m->seq_len,
+                        m->ctx_len);
+    if (m->layer_first < 0 || m->layer_last < m->layer_first || m->layer_last >= m->n_layers)
+        return kvq_fail(err, KVQ_EINVAL, "dump meta: layer range %d-%d, expected 0 <= first <= last <= %d",
+                        m->layer_first, m->layer_last, m->n_layers - 1);
+    if (m->dtype != KVQ_DUMP_F16 && m->dtype != KVQ_DUMP_F32)
+        return kvq_fail(err, KVQ_EINVAL, "dump meta: dtype = %d, expected f16 or f32", (int)m->dtype);
+    if (!m->sample_offsets) return kvq_fail(err, KVQ_EINVAL, "dump meta: sample_offsets is NULL (need n_samples values)");
+    /* sizes: N * L * heads * head_dim * 4 bytes must fit */
+    size_t t, heads = (size_t)(m->n_heads > m->n_kv_heads ? m->n_heads : m->n_kv_heads);
+    if (kvq_mul_size((size_t)m->n_samples, (size_t)m->seq_len, &t) || kvq_mul_size(t, heads, &t) ||
+        kvq_mul_size(t, (size_t)m->head_dim, &t) || kvq_mul_size(t, 4, &t) ||
+        (size_t)m->n_samples > (size_t)1 << 40)
+        return kvq_fail(err, KVQ_ENOMEM, "dump meta: n_samples x seq_len x heads x head_dim overflows");
+    return KVQ_OK;
+}
+
+bool kvq_dump_find_bad(const float *x, size_t n_rows, size_t row_len, float max_abs, size_t *row, size_t *col)
+{
+    size_t n = n_rows * row_len;
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (!isfinite(v) || (max_abs > 0 && fabsf(v) > max_abs)) {
+            *row = row_len ? i / row_len : 0;
+            *col = row_len ? i % row_len : 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+kvq_status kvq_dump_check_values(const kvq_dump_meta *m, kvq_dump_ds ds, const float *x, int layer, int64_t sample,
+                                 float max_abs, kvq_err *err)
+{
+    int rank;
+    int64_t d[3];
+    kvq_dump_ds_shape(m, ds, &rank, d);
+    size_t row, col;
+    if (!kvq_dump_find_bad(x, (size_t)d[0], (size_t)(d[1] * d[2]), max_abs, &row, &col)) return KVQ_OK;
+    float v = x[row * (size_t)(d[1] * d[2]) + col];
+    char where[160];
+    if (rank == 3) /* [L][heads][head_dim]: row = position */
+        snprintf(where, sizeof where, "position %zu, head %zu, channel %zu", row, col / (size_t)d[2], col % (size_t)d[2]);
+    else /* [n_heads][L]: row = head */
+        snprintf(where, sizeof where, "position %zu, head %zu", col, row);
+    if (!isfinite(v))
+        return kvq_fail(err, KVQ_ENUMERIC, "%s: layer %d, sample %" PRId64 ", %s: value %g is not finite",
+                        kvq_dump_ds_name(ds), layer, sample, where, (double)v);
+    return kvq_fail(err, KVQ_ENUMERIC,
+                    "%s: layer %d, sample %" PRId64 ", %s: value %g exceeds the f16 range +-%g (use --dtype f32)",
+                    kvq_dump_ds_name(ds), layer, sample, where, (double)v, (double)max_abs);
+}
+
+kvq_dump_opts kvq_dump_opts_default(void)
+{
+    return (kvq_dump_opts){.force = false, .deflate_level = KVQ_DUMP_DEFLATE_DEFAULT, .stop = NULL};
+}
+
+/* ---- HDF5 plumbing ---------------------------------------------------------- */
+
+/* Silence HDF5's automatic error printing for the duration of one of our calls. */
+typedef struct {
+    H5E_auto2_t func;
+    void *data;
+} h5_quiet;
+static void quiet_begin(h5_quiet *q)
+{
+    /* HDF5 1.10.8 frees a file's struct when its close fails (flush after disk
+     * full / file-size limit) but keeps the ID; the library's atexit cleanup
+     * then touches it and crashes (HDFFV-11052, fixed in 1.14.1). We never
+     * leave a healthy file open, so we give up that cleanup. Effective only
+     * when this is the process's first HDF5 call; later calls just return
+     * FAIL, which is harmless. */
+    H5dont_atexit();
+    if (H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data) < 0) {
+        q->func = NULL;
+        q->data = NULL;
+    }
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+static void quiet_end(const h5_quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->func, q->data); }
+
+typedef struct {
+    char inner[400]; /* innermost description */
+    char os[300];    /* "errno = N, error message = '...'" if any level had one */
+} h5_errtext;
+
+static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *ud)
+{
+    (void)n;
+    h5_errtext *t = ud;
+    if (!e->desc || !*e->desc) return 0;
+    snprintf(t->inner, sizeof t->inner, "%s", e->desc);
+    const char *p = strstr(e->desc, "errno = ");
+    if (p && !t->os[0]) {
+        const char *q = strstr(p, "', ");
+        int len = q ? (int)(q - p + 1) : (int)strlen(p);
+        snprintf(t->os, sizeof t->os, "%.*s", len, p);
+    }
+    return 0;
+}
+
+/* Copy the current HDF5 error stack's useful lines. Call it right after the
+ * failing HDF5 call: any later API call (even a close) clears the stack. */
+static void h5_capture(h5_errtext *t)
+{
+    t->inner[0] = t->os[0] = 0;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, t);
+}
+
+static kvq_status h5_vfail(kvq_err *err, kvq_status code, const h5_errtext *t, const char *fmt, va_list ap)
+{
+    char msg[KVQ_ERR_MSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (t->os[0]) return kvq_fail(err, code, "%s (%s)", msg, t->os);
+    if (t->inner[0]) return kvq_fail(err, code, "%s (HDF5: %s)", msg, t->inner);
+    return kvq_fail(err, code, "%s", msg);
+}
+
+/* kvq_fail with a captured HDF5 error line appended. */
+__attribute__((format(printf, 4, 5))) static kvq_status h5_fail_at(kvq_err *err, kvq_status code, const h5_errtext *t,
+                                                                   const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvq_status s = h5_vfail(err, code, t, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* kvq_fail with the current HDF5 error stack's most useful line appended. */
+__attribute__((format(printf, 3, 4))) static kvq_status h5_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
+{
+    h5_errtext t;
+    h5_capture(&t);
+    va_list ap;
+    va_start(ap, fmt);
+    kvq_status s = h5_vfail(err, code, &t, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static void close_id(hid_t *id)
+{
+    if (*id >= 0) H5Idec_ref(*id);
+    *id = H5I_INVALID_HID;
+}
+
+/* IEEE binary16 as h5py builds it (h5py/h5t.pyx IEEE_F16LE). */
+static hid_t make_f16_type(H5T_order_t order)
+{
+    hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+    if (t < 0) return t;
+    if (H5Tset_fields(t, 15, 10, 5, 0, 10) < 0 || H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, 15) < 0 ||
+        H5Tset_precision(t, 16) < 0 || H5Tset_order(t, order) < 0) {
+        H5Tclose(t);
+        return H5I_INVALID_HID;
+    }
+    return t;
+}
+
+static bool type_is_f16(hid_t t)
+{
+    size_t spos, epos, esize, mpos, msize;
+    return H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 2 &&
+           H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize) >= 0 && spos == 15 && epos == 10 && esize == 5 &&
+           mpos == 0 && msize == 10 && H5Tget_ebias(t) == 15;
+}
+
+/* Full file dims of a layer dataset: [N][L][heads][head_dim] or [N][n_heads][L]. */
+static int ds_full_dims(const kvq_dump_meta *m, kvq_dump_ds ds, hsize_t dims[4])
+{
+    int rank;
+    int64_t d[3];
+    kvq_dump_ds_shape(m, ds, &rank, d);
+    dims[0] = (hsize_t)m->n_samples;
+    for (int i = 0; i < rank; i++) dims[1 + i] = (hsize_t)d[i];
+    return rank + 1;
+}
+
+/* Shared state of the open file: the handles of every dataset. */
+typedef struct {
+    kvq_dump_meta meta; /* sample_offsets → offsets */
+    int64_t *offsets;
+    char path[KVQ_DUMP_PATH_MAX];   /* the name the user gave (final name) */
+    char fname[KVQ_DUMP_PATH_MAX + 16]; /* the file actually open (path or path.partial) */
+    hid_t file, tokens, f16_mem;
+    hid_t *ds; /* [n_range * KVQ_DUMP_N_DS], invalid where absent */
+    int n_range;
+    int64_t samples_done;
+    bool broken; /* an HDF5 write/flush failed: never close (see quiet_begin), leave the file as last flushed */
+    uint16_t *scratch;
+    size_t scratch_n;
+} h5_dump;
+
+static void dump_init(h5_dump *d)
+{
+    memset(d, 0, sizeof *d);
+    d->file = d->tokens = d->f16_mem = H5I_INVALID_HID;
+}
+
+static hid_t *ds_slot(h5_dump *d, int layer, kvq_dump_ds ds)
+{
+    return &d->ds[(size_t)(layer - d->meta.layer_first) * KVQ_DUMP_N_DS + (size_t)ds];
+}
+
+/* Close everything; returns H5Fclose's result (< 0: the final flush failed). */
+static herr_t dump_close_file(h5_dump *d)
+{
+    herr_t rc = 0;
+    if (d->broken) { /* leak the handles on purpose: closing would flush (and fail) again */
+        if (d->ds)
+            for (size_t i = 0; i < (size_t)d->n_range * KVQ_DUMP_N_DS; i++) d->ds[i] = H5I_INVALID_HID;
+        d->tokens = d->f16_mem = d->file = H5I_INVALID_HID;
+        return 0;
+    }
+    if (d->ds)
+        for (size_t i = 0; i < (size_t)d->n_range * KVQ_DUMP_N_DS; i++) close_id(&d->ds[i]);
+    close_id(&d->tokens);
+    close_id(&d->f16_mem);
+    if (d->file >= 0) {
+        rc = H5Fclose(d->file);
+        d->file = H5I_INVALID_HID;
+    }
+    return rc;
+}
+
+static void dump_free(h5_dump *d)
+{
+    free(d->ds);
+    free(d->offsets);
+    free(d->scratch);
+    d->ds = NULL;
+    d->offsets = NULL;
+    d->scratch = NULL;
+}
+
+/* Copy meta into d (deep-copying sample_offsets) and size the handle table. */
+static kvq_status dump_set_meta(h5_dump *d, const kvq_dump_meta *m, kvq_err *err)
+{
+    d->meta = *m;
+    size_t nb;
+    if (kvq_mul_size((size_t)m->n_samples, sizeof(int64_t), &nb) || !(d->offsets = malloc(nb)))
+        return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate %" PRId64 " sample offsets", d->path, m->n_samples);
+    memcpy(d->offsets, m->sample_offsets, nb);
+    d->meta.sample_offsets = d->offsets;
+    d->n_range = m->layer_last - m->layer_first + 1;
+    if (!(d->ds = malloc((size_t)d->n_range * KVQ_DUMP_N_DS * sizeof(hid_t))))
+        return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", d->path);
+    for (size_t i = 0; i < (size_t)d->n_range * KVQ_DUMP_N_DS; i++) d->ds[i] = H5I_INVALID_HID;
+    size_t mx = 0;
+    for (int s = 0; s < KVQ_DUMP_N_DS; s++) {
+        size_t e = kvq_dump_ds_sample_elems(m, (kvq_dump_ds)s);
+        if (e > mx) mx = e;
+    }
+    if (!(d->scratch = malloc(mx * sizeof(uint16_t))))
+        return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate a %zu-element conversion buffer", d->path, mx);
+    d->scratch_n = mx;
+    if ((d->f16_mem = make_f16_type(H5Tget_order(H5T_NATIVE_FLOAT))) < 0)
+        return h5_fail(err, KVQ_EIO, "%s: cannot build the f16 datatype", d->path);
+    return KVQ_OK;
+}
+
+/* ---- attributes: write ------------------------------------------------------ */
+
+static kvq_status put_attr(hid_t loc, const char *fname, const char *name, hid_t ftype, hid_t mtype, hid_t space,
+                           const void *buf, kvq_err *err)
+{
+    if (H5Aexists(loc, name) > 0 && H5Adelete(loc, name) < 0)
+        return h5_fail(err, KVQ_EIO, "%s: cannot replace attribute '%s'", fname, name);
+    hid_t a = H5Acreate2(loc, name, ftype, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0) return h5_fail(err, KVQ_EIO, "%s: cannot create attribute '%s'", fname, name);
+    h5_errtext et = {{0}, {0}};
+    herr_t rc = H5Awrite(a, mtype, buf);
+    if (rc < 0) h5_capture(&et);
+    H5Aclose(a);
+    if (rc < 0) return h5_fail_at(err, KVQ_EIO, &et, "%s: cannot write attribute '%s'", fname, name);
+    return KVQ_OK;
+}
+
+static hid_t vlen_str_type(void)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t >= 0 && (H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0)) {
+        H5Tclose(t);
+        return H5I_INVALID_HID;
+    }
+    return t;
+}
+
+static kvq_status put_i64(hid_t loc, const char *fname, const char *name, int64_t v, kvq_err *err)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    if (sp < 0) return h5_fail(err, KVQ_EIO, "%s: H5Screate failed", fname);
+    kvq_status s = put_attr(loc, fname, name, H5T_STD_I64LE, H5T_NATIVE_INT64, sp, &v, err);
+    H5Sclose(sp);
+    return s;
+}
+
+static kvq_status write_root_attrs(h5_dump *d, kvq_err *err)
+{
+    const kvq_dump_meta *m = &d->meta;
+    hid_t sp = H5Screate(H5S_SCALAR), st = vlen_str_type();
+    kvq_status s = KVQ_OK;
+    if (sp < 0 || st < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", d->fname);
+        goto out;
+    }
+    if ((s = put_i64(d->file, d->fname, "schema_version", KVQ_DUMP_SCHEMA_VERSION, err))) goto out;
+    for (size_t i = 0; i < N_ATTRS && !s; i++) {
+        const attr_desc *a = &ATTRS[i];
+        if (a->kind == AK_STR || a->kind == AK_DTYPE) {
+            const char *p = a->kind == AK_STR ? (const char *)m + a->off : dtype_name(m->dtype);
+            s = put_attr(d->file, d->fname, a->name, st, st, sp, &p, err);
+        } else if (a->kind == AK_F64) {
+            double v;
+            memcpy(&v, (const char *)m + a->off, sizeof v);
+            s = put_attr(d->file, d->fname, a->name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, sp, &v, err);
+        } else {
+            s = put_i64(d->file, d->fname, a->name, attr_get_int(m, a), err);
+        }
+    }
+    if (s) goto out;
+    hsize_t n = (hsize_t)m->n_samples;
+    hid_t sp1 = H5Screate_simple(1, &n, NULL);
+    if (sp1 < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: H5Screate_simple failed", d->fname);
+        goto out;
+    }
+    s = put_attr(d->file, d->fname, "sample_offsets", H5T_STD_I64LE, H5T_NATIVE_INT64, sp1, m->sample_offsets, err);
+    H5Sclose(sp1);
+    if (!s) s = put_i64(d->file, d->fname, "samples_done", 0, err);
+out:
+    if (sp >= 0) H5Sclose(sp);
+    if (st >= 0) H5Tclose(st);
+    return s;
+}
+
+/* ---- attributes: read ------------------------------------------------------- */
+
+static kvq_status open_attr(hid_t loc, const char *fname, const char *name, H5T_class_t want, hid_t *a, hid_t *t,
+                            hssize_t *npoints, kvq_err *err)
+{
+    static const char *const cls[] = {"integer", "float", "time", "string", "bitfield", "opaque",
+                                      "compound", "reference", "enum", "vlen", "array"};
+    htri_t ex = H5Aexists(loc, name);
+    if (ex < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot query root attribute '%s'", fname, name);
+    if (ex == 0) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s' is missing", fname, name);
+    if ((*a = H5Aopen(loc, name, H5P_DEFAULT)) < 0)
+        return h5_fail(err, KVQ_EFORMAT, "%s: cannot open root attribute '%s'", fname, name);
+    *t = H5Aget_type(*a);
+    hid_t sp = H5Aget_space(*a);
+    *npoints = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    if (sp >= 0) H5Sclose(sp);
+    H5T_class_t c = *t >= 0 ? H5Tget_class(*t) : H5T_NO_CLASS;
+    if (c != want) {
+        const char *found = (c >= 0 && (size_t)c < sizeof cls / sizeof *cls) ? cls[c] : "unknown";
+        if (*t >= 0) H5Tclose(*t);
+        H5Aclose(*a);
+        return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected type %s, found %s", fname, name,
+                        cls[want], found);
+    }
+    return KVQ_OK;
+}
+
+static kvq_status get_i64(hid_t loc, const char *fname, const char *name, int64_t *v, kvq_err *err)
+{
+    hid_t a, t;
+    hssize_t np;
+    KVQ_TRY(open_attr(loc, fname, name, H5T_INTEGER, &a, &t, &np, err));
+    herr_t rc = np == 1 ? H5Aread(a, H5T_NATIVE_INT64, v) : -1;
+    H5Tclose(t);
+    H5Aclose(a);
+    if (np != 1) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 value, found %lld", fname, name, (long long)np);
+    if (rc < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+    return KVQ_OK;
+}
+
+static kvq_status get_f64(hid_t loc, const char *fname, const char *name, double *v, kvq_err *err)
+{
+    hid_t a, t;
+    hssize_t np;
+    KVQ_TRY(open_attr(loc, fname, name, H5T_FLOAT, &a, &t, &np, err));
+    herr_t rc = np == 1 ? H5Aread(a, H5T_NATIVE_DOUBLE, v) : -1;
+    H5Tclose(t);
+    H5Aclose(a);
+    if (np != 1) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 value, found %lld", fname, name, (long long)np);
+    if (rc < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+    return KVQ_OK;
+}
+
+/* String attribute (variable- or fixed-length) into buf[cap]. */
+static kvq_status get_str(hid_t loc, const char *fname, const char *name, char *buf, size_t cap, kvq_err *err)
+{
+    hid_t a, t;
+    hssize_t np;
+    KVQ_TRY(open_attr(loc, fname, name, H5T_STRING, &a, &t, &np, err));
+    kvq_status s = KVQ_OK;
+    if (np != 1) {
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 string, found %lld", fname, name, (long long)np);
+    } else if (H5Tis_variable_str(t) > 0) {
+        hid_t mt = vlen_str_type();
+        char *p = NULL;
+        if (mt < 0 || H5Aread(a, mt, &p) < 0) {
+            s = h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+        } else {
+            size_t n = p ? strlen(p) : 0;
+            if (n >= cap)
+                s = kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': %zu bytes, at most %zu expected", fname, name, n, cap - 1);
+            else
+                memcpy(buf, p ? p : "", n + 1);
+            H5free_memory(p);
+        }
+        if (mt >= 0) H5Tclose(mt);
+    } else {
+        size_t n = H5Tget_size(t);
+        if (n >= cap) {
+            s = kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': %zu bytes, at most %zu expected", fname, name, n, cap - 1);
+        } else {
+            hid_t mt = H5Tcopy(t);
+            memset(buf, 0, cap);
+            if (mt < 0 || H5Aread(a, mt, buf) < 0) s = h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+            if (mt >= 0) H5Tclose(mt);
+            buf[n] = 0;
+        }
+    }
+    H5Tclose(t);
+    H5Aclose(a);
+    return s;
+}
+
+/* Read the root attributes of an open file into d->meta (+ d->offsets, d->samples_done). */
+static kvq_status read_root_attrs(h5_dump *d, kvq_err *err)
+{
+    int64_t v;
+    hid_t f = d->file;
+    htri_t ex = H5Aexists(f, "schema_version");
+    if (ex <= 0)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: not a kvq dump (no root attribute 'schema_version')", d->fname);
+    KVQ_TRY(get_i64(f, d->fname, "schema_version", &v, err));
+    if (v != KVQ_DUMP_SCHEMA_VERSION)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: dump schema_version %" PRId64 ", this kvq reads version %d only (see formats/DUMP.md)",
+                        d->fname, v, KVQ_DUMP_SCHEMA_VERSION);
+    kvq_dump_meta *m = &d->meta;
+    memset(m, 0, sizeof *m);
+    m->schema_version = (int)v;
+    for (size_t i = 0; i < N_ATTRS; i++) {
+        const attr_desc *a = &ATTRS[i];
+        char *p = (char *)m + a->off;
+        if (a->kind == AK_STR) {
+            KVQ_TRY(get_str(f, d->fname, a->name, p, a->size, err));
+        } else if (a->kind == AK_DTYPE) {
+            char s[16];
+            KVQ_TRY(get_str(f, d->fname, a->name, s, sizeof s, err));
+            if (strcmp(s, "f16") && strcmp(s, "f32"))
+                return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute 'dtype': expected \"f16\" or \"f32\", found \"%s\"", d->fname, s);
+            m->dtype = strcmp(s, "f16") == 0 ? KVQ_DUMP_F16 : KVQ_DUMP_F32;
+        } else if (a->kind == AK_F64) {
+            double x;
+            KVQ_TRY(get_f64(f, d->fname, a->name, &x, err));
+            memcpy(p, &x, sizeof x);
+        } else {
+            KVQ_TRY(get_i64(f, d->fname, a->name, &v, err));
+            if (a->kind == AK_INT && (v < INT32_MIN || v > INT32_MAX))
+                return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s' = %" PRId64 " is out of range", d->fname, a->name, v);
+            attr_set_int(m, a, v);
+        }
+    }
+    /* sample_offsets: set to a placeholder so validation passes, then read */
+    int64_t dummy = 0;
+    m->sample_offsets = &dummy;
+    kvq_status s = kvq_dump_meta_validate(m, err);
+    m->sample_offsets = NULL;
+    if (s) return kvq_err_prefix(err, "%s", d->fname);
+    hid_t a, t;
+    hssize_t np;
+    KVQ_TRY(open_attr(f, d->fname, "sample_offsets", H5T_INTEGER, &a, &t, &np, err));
+    H5Tclose(t);
+    if (np != m->n_samples) {
+        H5Aclose(a);
+        return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute 'sample_offsets': expected %" PRId64 " values (n_samples), found %lld",
+                        d->fname, m->n_samples, (long long)np);
+    }
+    free(d->offsets);
+    if (!(d->offsets = malloc((size_t)m->n_samples * sizeof(int64_t)))) {
+        H5Aclose(a);
+        return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate %" PRId64 " sample offsets", d->fname, m->n_samples);
+    }
+    herr_t rc = H5Aread(a, H5T_NATIVE_INT64, d->offsets);
+    H5Aclose(a);
+    if (rc < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute 'sample_offsets'", d->fname);
+    m->sample_offsets = d->offsets;
+    KVQ_TRY(get_i64(f, d->fname, "samples_done", &v, err));
+    if (v < 0 || v > m->n_samples)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute 'samples_done' = %" PRId64 ", expected 0 .. %" PRId64,
+                        d->fname, v, m->n_samples);
+    d->samples_done = v;
+    return KVQ_OK;
+}
+
+/* First attribute where `file` and `req` differ (resume check). */
+static kvq_status compare_meta(const char *fname, const kvq_dump_meta *file, const kvq_dump_meta *req, kvq_err *err)
+{
+    for (size_t i = 0; i < N_ATTRS; i++) {
+        const attr_desc *a = &ATTRS[i];
+        if (!a->compare) continue;
+        const char *pf = (const char *)file + a->off, *pr = (const char *)req + a->off;
+        const char *what = "%s: cannot resume: root attribute '%s' differs: file has %s, request has %s";
+        char vf[96], vr[96];
+        switch (a->kind) {
+        case AK_STR:
+            if (strcmp(pf, pr))
+                return kvq_fail(err, KVQ_EMISMATCH, "%s: cannot resume: root attribute '%s' differs: file has \"%.300s\", request has \"%.300s\"",
+                                fname, a->name, pf, pr);
+            break;
+        case AK_DTYPE:
+            if (file->dtype != req->dtype)
+                return kvq_fail(err, KVQ_EMISMATCH, what, fname, a->name, dtype_name(file->dtype), dtype_name(req->dtype));
+            break;
+        case AK_F64: {
+            double x, y;
+            memcpy(&x, pf, sizeof x);
+            memcpy(&y, pr, sizeof y);
+            if (memcmp(&x, &y, sizeof x) && x != y) {
+                snprintf(vf, sizeof vf, "%.17g", x);
+                snprintf(vr, sizeof vr, "%.17g", y);
+                return kvq_fail(err, KVQ_EMISMATCH, what, fname, a->name, vf, vr);
+            }
+            break;
+        }
+        default: {
+            int64_t x = attr_get_int(file, a), y = attr_get_int(req, a);
+            if (x != y) {
+                snprintf(vf, sizeof vf, "%" PRId64, x);
+                snprintf(vr, sizeof vr, "%" PRId64, y);
+                return kvq_fail(err, KVQ_EMISMATCH, what, fname, a->name, vf, vr);
+            }
+        }
+        }
+    }
+    for (int64_t i = 0; i < file->n_samples; i++)
+        if (file->sample_offsets[i] != req->sample_offsets[i])
+            return kvq_fail(err, KVQ_EMISMATCH,
+                            "%s: cannot resume: root attribute 'sample_offsets' differs at sample %" PRId64
+                            ": file has %" PRId64 ", request has %" PRId64,
+                            fname, i, file->sample_offsets[i], req->sample_offsets[i]);
+    return KVQ_OK;
+}
+
+/* ---- datasets ---------------------------------------------------------------- */
+
+static void chunk_dims(const kvq_dump_meta *m, kvq_dump_ds ds, const hsize_t full[4], int rank, hsize_t chunk[4])
+{
+    size_t esize = ds_is_f16(m, ds) ? 2 : 4;
+    for (int i = 0; i < rank; i++) chunk[i] = full[i];
+    chunk[0] = 1;
+    if (ds_is_attn(ds)) { /* [1][n_heads][cols] */
+        size_t cols = CHUNK_MAX_BYTES / ((size_t)m->n_heads * esize);
+        chunk[2] = cols < 1 ? 1 : (cols < full[2] ? cols : full[2]);
+    } else { /* [1][rows][heads][head_dim] */
+        size_t rows = CHUNK_MAX_BYTES / ((size_t)full[2] * full[3] * esize);
+        chunk[1] = rows < 1 ? 1 : (rows < full[1] ? rows : full[1]);
+    }
+}
+
+static kvq_status create_dataset(h5_dump *d, hid_t loc, const char *name, const char *full_name, hid_t ftype, int rank,
+                                 const hsize_t *dims, const hsize_t *chunk, int level, hid_t dapl, hid_t *out, kvq_err *err)
+{
+    hid_t sp = H5Screate_simple(rank, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    kvq_status s = KVQ_OK;
+    if (sp < 0 || dcpl < 0 || H5Pset_chunk(dcpl, rank, chunk) < 0 || H5Pset_obj_track_times(dcpl, 0) < 0 ||
+        (level > 0 && (H5Pset_shuffle(dcpl) < 0 || H5Pset_deflate(dcpl, (unsigned)level) < 0))) {
+        s = h5_fail(err, KVQ_EIO, "%s: %s: cannot set up chunking/filters", d->fname, full_name);
+    } else if ((*out = H5Dcreate2(loc, name, ftype, sp, H5P_DEFAULT, dcpl, dapl)) < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: cannot create dataset %s", d->fname, full_name);
+    }
+    if (sp >= 0) H5Sclose(sp);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    return s;
+}
+
+static kvq_status create_datasets(h5_dump *d, int level, kvq_err *err)
+{
+    const kvq_dump_meta *m = &d->meta;
+    kvq_status s = KVQ_OK;
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS), gcpl = H5Pcreate(H5P_GROUP_CREATE), f16 = make_f16_type(H5T_ORDER_LE);
+    hid_t layers = H5I_INVALID_HID;
+    /* no chunk cache: each whole-chunk write goes through the filters to disk at once */
+    if (dapl < 0 || gcpl < 0 || f16 < 0 || H5Pset_chunk_cache(dapl, 0, 0, 1.0) < 0 || H5Pset_obj_track_times(gcpl, 0) < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: cannot set up property lists", d->fname);
+        goto out;
+    }
+    hsize_t tdims[2] = {(hsize_t)m->n_samples, (hsize_t)m->seq_len}, tchunk[2] = {1, (hsize_t)m->seq_len};
+    if ((s = create_dataset(d, d->file, "tokens", "/tokens", H5T_STD_I32LE, 2, tdims, tchunk, level, dapl, &d->tokens, err)))
+        goto out;
+    if ((layers = H5Gcreate2(d->file, "layers", H5P_DEFAULT, gcpl, H5P_DEFAULT)) < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: cannot create group /layers", d->fname);
+        goto out;
+    }
+    for (int l = m->layer_first; l <= m->layer_last && !s; l++) {
+        char gname[32], full[96];
+        snprintf(gname, sizeof gname, "%d", l);
+        hid_t g = H5Gcreate2(layers, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+        if (g < 0) {
+            s = h5_fail(err, KVQ_EIO, "%s: cannot create group /layers/%d", d->fname, l);
+            break;
+        }
+        for (int k = 0; k < KVQ_DUMP_N_DS && !s; k++) {
+            kvq_dump_ds ds = (kvq_dump_ds)k;
+            if (!kvq_dump_ds_enabled(m, ds)) continue;
+            hsize_t full_dims[4], chunk[4];
+            int rank = ds_full_dims(m, ds, full_dims);
+            chunk_dims(m, ds, full_dims, rank, chunk);
+            snprintf(full, sizeof full, "/layers/%d/%s", l, DS_NAMES[k]);
+            s = create_dataset(d, g, DS_NAMES[k], full, ds_is_f16(m, ds) ? f16 : H5T_IEEE_F32LE, rank, full_dims, chunk,
+                               level, dapl, ds_slot(d, l, ds), err);
+        }
+        H5Gclose(g);
+    }
+out:
+    if (layers >= 0) H5Gclose(layers);
+    if (dapl >= 0) H5Pclose(dapl);
+    if (gcpl >= 0) H5Pclose(gcpl);
+    if (f16 >= 0) H5Tclose(f16);
+    return s;
+}
+
+/* Open one dataset and check its type and shape. */
+static kvq_status open_checked(h5_dump *d, const char *full, H5T_class_t cls, size_t esize, bool f16, int rank,
+                               const hsize_t *dims, hid_t dapl, hid_t *out, kvq_err *err)
+{
+    htri_t ex = H5Lexists(d->file, full, H5P_DEFAULT);
+    if (ex <= 0) return kvq_fail(err, KVQ_EFORMAT, "%s: dataset %s is missing (the root attributes say it is present)", d->fname, full);
+    hid_t ds = H5Dopen2(d->file, full, dapl);
+    if (ds < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot open dataset %s", d->fname, full);
+    hid_t t = H5Dget_type(ds), sp = H5Dget_space(ds);
+    hsize_t got[8] = {0};
+    int r = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    if (r > 0 && r <= 8) H5Sget_simple_extent_dims(sp, got, NULL);
+    bool type_ok = t >= 0 && H5Tget_class(t) == cls && H5Tget_size(t) == esize && (!f16 || type_is_f16(t));
+    kvq_status s = KVQ_OK;
+    if (!type_ok) {
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: dataset %s: expected %s, found class %d of %zu bytes", d->fname, full,
+                     cls == H5T_INTEGER ? "int32" : f16 ? "IEEE binary16 (f16)" : "float32", t >= 0 ? (int)H5Tget_class(t) : -1,
+                     t >= 0 ? H5Tget_size(t) : 0);
+    } else if (r != rank || memcmp(got, dims, (size_t)rank * sizeof *dims)) {
+        char e[128] = "", f[128] = "";
+        for (int i = 0; i < rank; i++) snprintf(e + strlen(e), sizeof e - strlen(e), "[%llu]", (unsigned long long)dims[i]);
+        for (int i = 0; i < r && i < 8; i++) snprintf(f + strlen(f), sizeof f - strlen(f), "[%llu]", (unsigned long long)got[i]);
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: dataset %s: expected shape %s, found %s", d->fname, full, e, r > 0 ? f : "(scalar/none)");
+    }
+    if (t >= 0) H5Tclose(t);
+    if (sp >= 0) H5Sclose(sp);
+    if (s) H5Dclose(ds);
+    else *out = ds;
+    return s;
+}
+
+static kvq_status open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err)
+{
+    const kvq_dump_meta *m = &d->meta;
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (dapl < 0 || H5Pset_chunk_cache(dapl, cache_bytes ? 521 : 0, cache_bytes, 0.75) < 0) {
+        if (dapl >= 0) H5Pclose(dapl);
+        return h5_fail(err, KVQ_EIO, "%s: cannot set up dataset access", d->fname);
+    }
+    hsize_t tdims[2] = {(hsize_t)m->n_samples, (hsize_t)m->seq_len};
+    kvq_status s = open_checked(d, "/tokens", H5T_INTEGER, 4, false, 2, tdims, dapl, &d->tokens, err);
+    for (int l = m->layer_first; l <= m->layer_last && !s; l++)
+        for (int k = 0; k < KVQ_DUMP_N_DS && !s; k++) {
+            kvq_dump_ds ds = (kvq_dump_ds)k;
+            if (!kvq_dump_ds_enabled(m, ds)) continue;
+            char full[96];
+            snprintf(full, sizeof full, "/layers/%d/%s", l, DS_NAMES[k]);
+            hsize_t dims[4];
+            int rank = ds_full_dims(m, ds, dims);
+            bool f16 = ds_is_f16(m, ds);
+            s = open_checked(d, full, H5T_FLOAT, f16 ? 2 : 4, f16, rank, dims, dapl, ds_slot(d, l, ds), err);
+        }
+    H5Pclose(dapl);
+    return s;
+}
+
+static hid_t make_fapl(void)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0) return fapl;
+    /* v1.8+ object headers (large attributes go to dense storage), v1.10 chunk indexes;
+     * STRONG close: H5Fclose closes every object still open in the file */
+    if (H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0 ||
+        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
+        H5Pclose(fapl);
+        return H5I_INVALID_HID;
+    }
+    return fapl;
+}
+
+/* ---- writer ------------------------------------------------------------------- */
+
+struct kvq_dump_writer {
+    h5_dump d;
+    kvq_dump_opts opts;
+    unsigned char *layer_done; /* [n_range] for sample samples_done */
+};
+
+static bool file_exists(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0;
+}
+
+static kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
+                               kvq_dump_writer **out, kvq_err *err)
+{
+    *out = NULL;
+    if (!path || !*path) return kvq_fail(err, KVQ_EINVAL, "dump: empty output path");
+    if (strlen(path) >= KVQ_DUMP_PATH_MAX) return kvq_fail(err, KVQ_EINVAL, "dump: output path longer than %d bytes", KVQ_DUMP_PATH_MAX - 1);
+    KVQ_TRY(kvq_dump_meta_validate(meta, err));
+    kvq_dump_opts o = opts ? *opts : kvq_dump_opts_default();
+    if (o.deflate_level < 0 || o.deflate_level > 9)
+        return kvq_fail(err, KVQ_EINVAL, "dump: deflate level %d, expected 0 (off) .. 9", o.deflate_level);
+    kvq_dump_writer *w = calloc(1, sizeof *w);
+    if (!w) return kvq_fail(err, KVQ_ENOMEM, "dump: out of memory");
+    dump_init(&w->d);
+    w->opts = o;
+    snprintf(w->d.path, sizeof w->d.path, "%s", path);
+    snprintf(w->d.fname, sizeof w->d.fname, "%s.partial", path);
+    kvq_status s = dump_set_meta(&w->d, meta, err);
+    if (!s && !(w->layer_done = calloc((size_t)w->d.n_range, 1))) s = kvq_fail(err, KVQ_ENOMEM, "dump: out of memory");
+    if (s) {
+        dump_close_file(&w->d);
+        dump_free(&w->d);
+        free(w->layer_done);
+        free(w);
+        return s;
+    }
+    *out = w;
+    return KVQ_OK;
+}
+
+static void writer_free(kvq_dump_writer *w)
+{
+    dump_close_file(&w->d);
+    dump_free(&w->d);
+    free(w->layer_done);
+    free(w);
+}
+
+kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
+                           kvq_dump_writer **out, kvq_err *err)
+{
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_dump_writer *w = NULL;
+    kvq_status s = writer_alloc(path, meta, opts, &w, err);
+    if (s) goto done;
+    if (!w->opts.force && file_exists(path)) {
+        s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
+    } else if (!w->opts.force && file_exists(w->d.fname)) {
+        s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there (use --resume to continue it or --force to start over)", w->d.fname);
+    } else {
+        hid_t fapl = make_fapl();
+        if (fapl < 0) {
+            s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
+        } else {
+            /* no object timestamps (root group included): same inputs, same bytes */
+            hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+            if (fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0) {
+                s = h5_fail(err, KVQ_EIO, "%s: cannot set up file creation", w->d.fname);
+            } else {
+                w->d.file = H5Fcreate(w->d.fname, w->opts.force ? H5F_ACC_TRUNC : H5F_ACC_EXCL, fcpl, fapl);
+                if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
+            }
+            if (fcpl >= 0) H5Pclose(fcpl);
+            H5Pclose(fapl);
+        }
+        if (!s) s = write_root_attrs(&w->d, err);
+        if (!s) s = create_datasets(&w->d, w->opts.deflate_level, err);
+        if (!s && H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) s = h5_fail(err, KVQ_EIO, "%s: flush failed", w->d.fname);
+        if (s && w->d.file >= 0) { /* nothing worth keeping: remove the half-made file (unclosed, see quiet_begin) */
+            w->d.broken = true;
+            dump_close_file(&w->d);
+            unlink(w->d.fname);
+        }
+    }
+    if (s) {
+        writer_free(w);
+        w = NULL;
+    }
+done:
+    *out = w;
+    quiet_end(&q);
+    return s;
+}
+
+kvq_status kvq_dump_resume(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
+                           kvq_dump_writer **out, kvq_err *err)
+{
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_dump_writer *w = NULL;
+    h5_dump f; /* what the file holds */
+    dump_init(&f);
+    kvq_status s = writer_alloc(path, meta, opts, &w, err);
+    if (s) goto done;
+    snprintf(f.fname, sizeof f.fname, "%s", w->d.fname);
+    if (!w->opts.force && file_exists(path)) {
+        s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
+        goto done;
+    }
+    if (!file_exists(w->d.fname)) {
+        s = kvq_fail(err, KVQ_EIO, "%s: no unfinished dump to resume", w->d.fname);
+        goto done;
+    }
+    hid_t fapl = make_fapl();
+    if (fapl >= 0) {
+        w->d.file = H5Fopen(w->d.fname, H5F_ACC_RDWR, fapl);
+        if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot open for resuming", w->d.fname);
+        H5Pclose(fapl);
+    } else {
+        s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
+    }
+    if (s) goto done;
+    f.file = w->d.file;
+    if ((s = read_root_attrs(&f, err))) goto done;
+    if ((s = compare_meta(w->d.fname, &f.meta, meta, err))) goto done;
+    w->d.samples_done = f.samples_done;
+    /* command_line: record the resuming invocation */
+    hid_t st = vlen_str_type(), sp = H5Screate(H5S_SCALAR);
+    const char *cl = meta->command_line;
+    if (st < 0 || sp < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", w->d.fname);
+    else s = put_attr(w->d.file, w->d.fname, "command_line", st, st, sp, &cl, err);
+    if (st >= 0) H5Tclose(st);
+    if (sp >= 0) H5Sclose(sp);
+    if (s) goto done;
+    s = open_datasets(&w->d, 0, err);
+done:
+    f.file = H5I_INVALID_HID; /* owned by w */
+    dump_free(&f);
+    if (s && w) {
+        writer_free(w);
+        w = NULL;
+    }
+    *out = w;
+    quiet_end(&q);
+    return s;
+}
+
+int64_t kvq_dump_writer_samples_done(const kvq_dump_writer *w) { return w->d.samples_done; }
+const kvq_dump_meta *kvq_dump_writer_meta(const kvq_dump_writer *w) { return &w->d.meta; }
+
+static kvq_status check_turn(kvq_dump_writer *w, int64_t sample, kvq_err *err)
+{
+    if (w->opts.stop && *w->opts.stop)
+        return kvq_fail(err, KVQ_EIO, "%s: interrupted by a signal after %" PRId64 " complete samples (resume with --resume)",
+                        w->d.fname, w->d.samples_done);
+    if (w->d.file < 0) return kvq_fail(err, KVQ_EINVAL, "%s: writer is not open", w->d.fname);
+    if (w->d.broken)
+        return kvq_fail(err, KVQ_EIO, "%s: unusable after an earlier write error (%" PRId64 " samples committed)",
+                        w->d.fname, w->d.samples_done);
+    if (sample != w->d.samples_done)
+        return kvq_fail(err, KVQ_EINVAL, "%s: sample %" PRId64 " written out of order: expected sample %" PRId64 " of %" PRId64,
+                        w->d.fname, sample, w->d.samples_done, w->d.meta.n_samples);
+    if (sample >= w->d.meta.n_samples)
+        return kvq_fail(err, KVQ_EINVAL, "%s: sample %" PRId64 " is beyond n_samples = %" PRId64, w->d.fname, sample,
+                        w->d.meta.n_samples);
+    return KVQ_OK;
+}
+
+/* Write rows [t0, t0+n) (here: the whole sample) of one sample of a dataset. */
+static kvq_status write_ds(kvq_dump_writer *w, int layer, kvq_dump_ds ds, int64_t sample, const float *x, kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    hid_t id = *ds_slot(&w->d, layer, ds);
+    hsize_t full[4], start[4] = {0}, count[4];
+    int rank = ds_full_dims(m, ds, full);
+    memcpy(count, full, sizeof count);
+    start[0] = (hsize_t)sample;
+    count[0] = 1;
+    hid_t fs = H5Dget_space(id), ms = H5Screate_simple(rank, count, NULL);
+    size_t n = kvq_dump_ds_sample_elems(m, ds);
+    herr_t rc = -1;
+    h5_errtext et = {{0}, {0}};
+    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
+        if (ds_is_f16(m, ds)) {
+            for (size_t i = 0; i < n; i++) w->d.scratch[i] = kvq_dump_f32_to_f16(x[i]);
+            rc = H5Dwrite(id, w->d.f16_mem, ms, fs, H5P_DEFAULT, w->d.scratch);
+        } else {
+            rc = H5Dwrite(id, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, x);
+        }
+    }
+    if (rc < 0) h5_capture(&et);
+    if (fs >= 0) H5Sclose(fs);
+    if (ms >= 0) H5Sclose(ms);
+    if (rc < 0) {
+        w->d.broken = true;
+        return h5_fail_at(err, KVQ_EIO, &et, "%s: writing /layers/%d/%s sample %" PRId64 " failed", w->d.fname, layer,
+                          DS_NAMES[ds], sample);
+    }
+    return KVQ_OK;
+}
+
+static kvq_status write_layer_impl(kvq_dump_writer *w, int64_t sample, int layer, const kvq_dump_layer_data *d,
+                                   kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    KVQ_TRY(check_turn(w, sample, err));
+    if (layer < m->layer_first || layer > m->layer_last)
+        return kvq_fail(err, KVQ_EINVAL, "%s: layer %d is outside the dumped range %d-%d", w->d.fname, layer,
+                        m->layer_first, m->layer_last);
+    if (!d) return kvq_fail(err, KVQ_EINVAL, "%s: layer %d: no data", w->d.fname, layer);
+    /* check every value before writing anything */
+    for (int k = 0; k < KVQ_DUMP_N_DS; k++) {
+        kvq_dump_ds ds = (kvq_dump_ds)k;
+        if (!kvq_dump_ds_enabled(m, ds)) continue;
+        const float *x = layer_ptr(d, ds);
+        if (!x)
+            return kvq_fail(err, KVQ_EINVAL, "%s: layer %d: no data for %s, which the dump records", w->d.fname, layer, DS_NAMES[k]);
+        kvq_status s = kvq_dump_check_values(m, ds, x, layer, sample, ds_is_f16(m, ds) ? KVQ_DUMP_F16_MAX : 0.0f, err);
+        if (s) return kvq_err_prefix(err, "%s", w->d.fname);
+    }
+    for (int k = 0; k < KVQ_DUMP_N_DS; k++)
+        if (kvq_dump_ds_enabled(m, (kvq_dump_ds)k)) KVQ_TRY(write_ds(w, layer, (kvq_dump_ds)k, sample, layer_ptr(d, (kvq_dump_ds)k), err));
+    w->layer_done[layer - m->layer_first] = 1;
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_write_layer(kvq_dump_writer *w, int64_t sample, int layer, const kvq_dump_layer_data *d,
+                                kvq_err *err)
+{
+    if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = write_layer_impl(w, sample, layer, d, err);
+    quiet_end(&q);
+    return s;
+}
+
+static kvq_status commit_impl(kvq_dump_writer *w, int64_t sample, const int32_t *tokens, kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    KVQ_TRY(check_turn(w, sample, err));
+    for (int j = 0; j < w->d.n_range; j++)
+        if (!w->layer_done[j])
+            return kvq_fail(err, KVQ_EINVAL, "%s: sample %" PRId64 ": layer %d was not written before commit", w->d.fname,
+                            sample, m->layer_first + j);
+    if (!tokens) return kvq_fail(err, KVQ_EINVAL, "%s: sample %" PRId64 ": no tokens", w->d.fname, sample);
+    for (int64_t t = 0; t < m->seq_len; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->vocab_size)
+            return kvq_fail(err, KVQ_EINVAL, "%s: sample %" PRId64 ", position %" PRId64 ": token id %d outside the vocabulary [0, %d)",
+                            w->d.fname, sample, t, tokens[t], m->vocab_size);
+    hsize_t start[2] = {(hsize_t)sample, 0}, count[2] = {1, (hsize_t)m->seq_len};
+    hid_t fs = H5Dget_space(w->d.tokens), ms = H5Screate_simple(2, count, NULL);
+    herr_t rc = -1;
+    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0)
+        rc = H5Dwrite(w->d.tokens, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, tokens);
+    h5_errtext et = {{0}, {0}};
+    if (rc < 0) h5_capture(&et);
+    if (fs >= 0) H5Sclose(fs);
+    if (ms >= 0) H5Sclose(ms);
+    if (rc < 0) w->d.broken = true;
+    if (rc < 0) return h5_fail_at(err, KVQ_EIO, &et, "%s: writing /tokens sample %" PRId64 " failed", w->d.fname, sample);
+    /* data first, then the counter that declares it complete */
+    if (H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
+        w->d.broken = true;
+        return h5_fail(err, KVQ_EIO, "%s: flushing sample %" PRId64 " failed", w->d.fname, sample);
+    }
+    hid_t a = H5Aopen(w->d.file, "samples_done", H5P_DEFAULT);
+    int64_t done = sample + 1;
+    rc = a >= 0 ? H5Awrite(a, H5T_NATIVE_INT64, &done) : -1;
+    if (rc < 0) h5_capture(&et);
+    if (a >= 0) H5Aclose(a);
+    if (rc >= 0 && H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
+        rc = -1;
+        h5_capture(&et);
+    }
+    if (rc < 0) w->d.broken = true;
+    if (rc < 0)
+        return h5_fail_at(err, KVQ_EIO, &et, "%s: recording sample %" PRId64 " as complete failed", w->d.fname, sample);
+    w->d.samples_done = done;
+    memset(w->layer_done, 0, (size_t)w->d.n_range);
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_commit_sample(kvq_dump_writer *w, int64_t sample, const int32_t *tokens, kvq_err *err)
+{
+    if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = commit_impl(w, sample, tokens, err);
+    quiet_end(&q);
+    return s;
+}
+
+kvq_status kvq_dump_write_sample(kvq_dump_writer *w, int64_t sample, const int32_t *tokens,
+                                 const kvq_dump_layer_data *layers, kvq_err *err)
+{
+    if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
+    if (!layers) return kvq_fail(err, KVQ_EINVAL, "%s: sample %" PRId64 ": no layer data", w->d.fname, sample);
+    for (int j = 0; j < w->d.n_range; j++)
+        KVQ_TRY(kvq_dump_write_layer(w, sample, w->d.meta.layer_first + j, &layers[j], err));
+    return kvq_dump_commit_sample(w, sample, tokens, err);
+}
+
+static kvq_status fsync_path(const char *p, int flags, kvq_err *err)
+{
+    int fd = open(p, flags);
+    if (fd < 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open to sync: %s", p, strerror(errno));
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL && e != EROFS) /* directories on some filesystems refuse fsync */
+        return kvq_fail(err, KVQ_EIO, "%s: fsync failed: %s", p, strerror(e));
+    return KVQ_OK;
+}
+
+static kvq_status finish_impl(kvq_dump_writer *w, kvq_err *err)
+{
+    h5_dump *d = &w->d;
+    if (d->file < 0) return kvq_fail(err, KVQ_EINVAL, "%s: writer is not open", d->fname);
+    if (d->broken)
+        return kvq_fail(err, KVQ_EIO, "%s: not finished after an earlier write error; %s keeps the %" PRId64
+                                      " committed samples (free space, then --resume)", d->path, d->fname, d->samples_done);
+    if (d->samples_done != d->meta.n_samples) {
+        kvq_fail(err, KVQ_EINVAL, "%s: dump incomplete: %" PRId64 " of %" PRId64 " samples written; kept as %s (use --resume)",
+                 d->path, d->samples_done, d->meta.n_samples, d->fname);
+        dump_close_file(d);
+        return KVQ_EINVAL;
+    }
+    if (dump_close_file(d) < 0) return h5_fail(err, KVQ_EIO, "%s: closing failed", d->fname);
+    KVQ_TRY(fsync_path(d->fname, O_RDONLY, err));
+    int rc;
+    if (w->opts.force) {
+        rc = rename(d->fname, d->path);
+    } else {
+        rc = renameat2(AT_FDCWD, d->fname, AT_FDCWD, d->path, RENAME_NOREPLACE);
+        if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) { /* filesystem without RENAME_NOREPLACE */
+            rc = link(d->fname, d->path);
+            if (rc == 0) unlink(d->fname);
+        }
+    }
+    if (rc != 0) {
+        int e = errno;
+        return kvq_fail(err, KVQ_EIO, "%s: cannot rename %s to it: %s%s", d->path, d->fname, strerror(e),
+                        e == EEXIST ? " (created meanwhile; use --force to replace it)" : "");
+    }
+    /* make the rename durable */
+    char dir[KVQ_DUMP_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", d->path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    return fsync_path(dir, O_RDONLY | O_DIRECTORY, err);
+}
+
+kvq_status kvq_dump_finish(kvq_dump_writer *w, kvq_err *err)
+{
+    if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = finish_impl(w, err);
+    writer_free(w);
+    quiet_end(&q);
+    return s;
+}
+
+kvq_status kvq_dump_abort(kvq_dump_writer *w, kvq_err *err)
+{
+    if (!w) return KVQ_OK;
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = KVQ_OK;
+    if (dump_close_file(&w->d) < 0)
+        s = h5_fail(err, KVQ_EIO, "%s: closing after an interruption failed (the last sample may be lost; %" PRId64 " were committed)",
+                    w->d.fname, w->d.samples_done);
+    writer_free(w);
+    quiet_end(&q);
+    return s;
+}
+
+/* ---- reader --------------------------------------------------------------------- */
+
+struct kvq_dump_reader {
+    h5_dump d;
+};
+
+kvq_status kvq_dump_open(const char *path, kvq_dump_reader **out, kvq_err *err)
+{
+    *out = NULL;
+    if (!path) return kvq_fail(err, KVQ_EINVAL, "dump: NULL path");
+    if (strlen(path) >= KVQ_DUMP_PATH_MAX) return kvq_fail(err, KVQ_EINVAL, "dump: path longer than %d bytes", KVQ_DUMP_PATH_MAX - 1);
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = KVQ_OK;
+    kvq_dump_reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    dump_init(&r->d);
+    snprintf(r->d.path, sizeof r->d.path, "%s", path);
+    snprintf(r->d.fname, sizeof r->d.fname, "%s", path);
+    if (access(path, R_OK) != 0) {
+        s = kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+        goto done;
+    }
+    if (H5Fis_hdf5(path) <= 0) {
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: not an HDF5 file (no HDF5 signature)", path);
+        goto done;
+    }
+    hid_t fapl = make_fapl();
+    if (fapl >= 0) {
+        r->d.file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+        if (r->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot open", path);
+        H5Pclose(fapl);
+    } else {
+        s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", path);
+    }
+    if (s) goto done;
+    if ((s = read_root_attrs(&r->d, err))) goto done;
+    /* dump_set_meta deep-copies the offsets: hand it the file's copy, then drop ours */
+    int64_t *tmp = r->d.offsets;
+    kvq_dump_meta m = r->d.meta;
+    r->d.offsets = NULL;
+    s = dump_set_meta(&r->d, &m, err);
+    free(tmp);
+    if (!s) s = open_datasets(&r->d, READ_CACHE_BYTES, err);
+done:
+    if (s && r) {
+        dump_close_file(&r->d);
+        dump_free(&r->d);
+        free(r);
+        r = NULL;
+    }
+    *out = r;
+    quiet_end(&q);
+    return s;
+}
+
+const kvq_dump_meta *kvq_dump_reader_meta(const kvq_dump_reader *r) { return &r->d.meta; }
+int64_t kvq_dump_reader_samples_done(const kvq_dump_reader *r) { return r->d.samples_done; }
+
+bool kvq_dump_has(const kvq_dump_reader *r, int layer, kvq_dump_ds ds)
+{
+    const kvq_dump_meta *m = &r->d.meta;
+    if (layer < m->layer_first || layer > m->layer_last || (unsigned)ds >= KVQ_DUMP_N_DS) return false;
+    return r->d.ds[(size_t)(layer - m->layer_first) * KVQ_DUMP_N_DS + (size_t)ds] >= 0;
+}
+
+static kvq_status read_rows_impl(kvq_dump_reader *r, int layer, kvq_dump_ds ds, int64_t sample, int64_t t0, int64_t n,
+                                 float *out, kvq_err *err)
+{
+    h5_dump *d = &r->d;
+    const kvq_dump_meta *m = &d->meta;
+    if (!kvq_dump_has(r, layer, ds))
+        return kvq_fail(err, KVQ_EINVAL, "%s: /layers/%d/%s is not in this dump (layers %d-%d, q %s, fisher %s, attn stats %s)",
+                        d->fname, layer, kvq_dump_ds_name(ds), m->layer_first, m->layer_last, m->has_q ? "yes" : "no",
+                        m->has_fisher ? "yes" : "no", m->has_attn_stats ? "yes" : "no");
+    if (sample < 0 || sample >= d->samples_done)
+        return kvq_fail(err, KVQ_EINVAL, "%s: /layers/%d/%s: sample %" PRId64 " requested, %" PRId64 " samples are complete",
+                        d->fname, layer, DS_NAMES[ds], sample, d->samples_done);
+    if (t0 < 0 || n < 1 || t0 > m->seq_len || n > m->seq_len - t0)
+        return kvq_fail(err, KVQ_EINVAL, "%s: /layers/%d/%s: positions [%" PRId64 ", %" PRId64 ") requested, seq_len is %" PRId64,
+                        d->fname, layer, DS_NAMES[ds], t0, t0 + n, m->seq_len);
+    if (!out) return kvq_fail(err, KVQ_EINVAL, "%s: NULL output buffer", d->fname);
+    hid_t id = *ds_slot(d, layer, ds);
+    hsize_t full[4], start[4] = {0}, count[4];
+    int rank = ds_full_dims(m, ds, full);
+    memcpy(count, full, sizeof count);
+    start[0] = (hsize_t)sample;
+    count[0] = 1;
+    int tdim = ds_is_attn(ds) ? 2 : 1;
+    start[tdim] = (hsize_t)t0;
+    count[tdim] = (hsize_t)n;
+    size_t elems = 1;
+    for (int i = 0; i < rank; i++) elems *= (size_t)count[i];
+    hid_t fs = H5Dget_space(id), ms = H5Screate_simple(rank, count, NULL);
+    herr_t rc = -1;
+    bool f16 = ds_is_f16(m, ds);
+    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0)
+        rc = f16 ? H5Dread(id, d->f16_mem, ms, fs, H5P_DEFAULT, d->scratch)
+                 : H5Dread(id, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, out);
+    h5_errtext et = {{0}, {0}};
+    if (rc < 0) h5_capture(&et);
+    if (fs >= 0) H5Sclose(fs);
+    if (ms >= 0) H5Sclose(ms);
+    if (rc < 0)
+        return h5_fail_at(err, KVQ_EIO, &et, "%s: reading /layers/%d/%s sample %" PRId64 " positions [%" PRId64 ", %" PRId64 ") failed",
+                       d->fname, layer, DS_NAMES[ds], sample, t0, t0 + n);
+    if (f16)
+        for (size_t i = 0; i < elems; i++) out[i] = kvq_dump_f16_to_f32(d->scratch[i]);
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_read_rows(kvq_dump_reader *r, int layer, kvq_dump_ds ds, int64_t sample, int64_t t0, int64_t n,
+                              float *out, kvq_err *err)
+{
+    if (!r) return kvq_fail(err, KVQ_EINVAL, "dump: NULL reader");
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = read_rows_impl(r, layer, ds, sample, t0, n, out, err);
+    quiet_end(&q);
+    return s;
+}
+
+kvq_status kvq_dump_read(kvq_dump_reader *r, int layer, kvq_dump_ds ds, int64_t sample, float *out, kvq_err *err)
+{
+    if (!r) return kvq_fail(err, KVQ_EINVAL, "dump: NULL reader");
+    return kvq_dump_read_rows(r, layer, ds, sample, 0, r->d.meta.seq_len, out, err);
+}
+
+kvq_status kvq_dump_read_tokens(kvq_dump_reader *r, int64_t s0, int64_t n, int32_t *out, kvq_err *err)
+{
+    if (!r) return kvq_fail(err, KVQ_EINVAL, "dump: NULL reader");
+    h5_dump *d = &r->d;
+    if (s0 < 0 || n < 1 || s0 > d->samples_done || n > d->samples_done - s0)
+        return kvq_fail(err, KVQ_EINVAL, "%s: /tokens: samples [%" PRId64 ", %" PRId64 ") requested, %" PRId64 " are complete",
+                        d->fname, s0, s0 + n, d->samples_done);
+    if (!out) return kvq_fail(err, KVQ_EINVAL, "%s: NULL output buffer", d->fname);
+    h5_quiet q;
+    quiet_begin(&q);
+    hsize_t start[2] = {(hsize_t)s0, 0}, count[2] = {(hsize_t)n, (hsize_t)d->meta.seq_len};
+    hid_t fs = H5Dget_space(d->tokens), ms = H5Screate_simple(2, count, NULL);
+    herr_t rc = -1;
+    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0)
+        rc = H5Dread(d->tokens, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, out);
+    h5_errtext et = {{0}, {0}};
+    if (rc < 0) h5_capture(&et);
+    if (fs >= 0) H5Sclose(fs);
+    if (ms >= 0) H5Sclose(ms);
+    kvq_status s = rc < 0 ? h5_fail_at(err, KVQ_EIO, &et, "%s: reading /tokens samples [%" PRId64 ", %" PRId64 ") failed", d->fname, s0, s0 + n)
+                          : KVQ_OK;
+    quiet_end(&q);
+    return s;
+}
+
+void kvq_dump_close(kvq_dump_reader *r)
+{
+    if (!r) return;
+    h5_quiet q;
+    quiet_begin(&q);
+    dump_close_file(&r->d);
+    dump_free(&r->d);
+    free(r);
+    quiet_end(&q);
+}

@@ -1,0 +1,109 @@
+/* test_cli.c — option table parsing: values, ranges, choices, required, help. */
+#include "cli.h"
+#include "kvq_test.h"
+
+typedef struct {
+    long n;
+    double f;
+    const char *s, *c;
+    bool flag;
+    kvq_strlist list;
+} opts_t;
+
+static int table(opts_t *o, kvq_opt *t)
+{
+    kvq_opt tab[] = {
+        {"samples", 'n', KVQ_OPT_INT, &o->n, "N", "samples", NULL, 1, 100, false},
+        {"frac", 0, KVQ_OPT_FLOAT, &o->f, "F", "fraction", NULL, 0, 0.5, false},
+        {"model", 'm', KVQ_OPT_STRING, &o->s, "PATH", "model", NULL, 0, 0, true},
+        {"dtype", 0, KVQ_OPT_CHOICE, &o->c, "T", "dtype", "f16|f32", 0, 0, false},
+        {"quiet", 'q', KVQ_OPT_FLAG, &o->flag, NULL, "quiet", NULL, 0, 0, false},
+        {"scheme", 0, KVQ_OPT_LIST, &o->list, "SPEC", "scheme", NULL, 0, 0, false},
+    };
+    memcpy(t, tab, sizeof tab);
+    return (int)(sizeof tab / sizeof *tab);
+}
+
+static kvq_status run(opts_t *o, int argc, char **argv, kvq_err *e)
+{
+    memset(o, 0, sizeof *o);
+    o->n = 16;
+    o->c = "f16";
+    kvq_opt t[16];
+    int n = table(o, t);
+    bool help;
+    return kvq_cli_parse("prog", "summary", t, n, argc, argv, NULL, &help, e);
+}
+
+START_TEST(test_parse_ok)
+{
+    opts_t o;
+    kvq_err e = {0};
+    char *argv[] = {"prog", "-m", "x.gguf", "--samples=7", "--frac", "0.01", "--dtype", "f32", "-q", "--scheme", "a", "--scheme", "b"};
+    ck_assert_msg(run(&o, 13, argv, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(o.s, "x.gguf");
+    ck_assert_int_eq(o.n, 7);
+    ck_assert_double_eq(o.f, 0.01);
+    ck_assert_str_eq(o.c, "f32");
+    ck_assert(o.flag);
+    ck_assert_int_eq(o.list.n, 2);
+    ck_assert_str_eq(o.list.v[1], "b");
+}
+END_TEST
+
+START_TEST(test_parse_errors)
+{
+    opts_t o;
+    kvq_err e = {0};
+    struct { int argc; char *argv[4]; const char *needle; } cases[] = {
+        {3, {"prog", "-m", "x"}, NULL},
+        {4, {"prog", "-m", "x", "--bogus"}, "unknown option '--bogus'"},
+        {3, {"prog", "--samples", "12abc"}, "expected an integer, found '12abc'"},
+        {4, {"prog", "-m", "x", "--samples=0"}, "expected 1..100, found 0"},
+        {4, {"prog", "-m", "x", "--dtype=bf16"}, "expected one of f16|f32, found 'bf16'"},
+        {3, {"prog", "-m", "x", }, NULL},
+        {2, {"prog", "--quiet"}, "missing required option --model"},
+        {3, {"prog", "-m", "x"}, NULL},
+        {4, {"prog", "-m", "x", "--frac"}, "found the end of the command line"},
+        {4, {"prog", "-m", "x", "--frac=nan"}, "expected a finite number"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        memset(&e, 0, sizeof e);
+        kvq_status s = run(&o, cases[i].argc, cases[i].argv, &e);
+        if (!cases[i].needle) { ck_assert_msg(s == KVQ_OK, "case %zu: %s", i, e.msg); continue; }
+        ck_assert_msg(s == KVQ_EINVAL, "case %zu accepted", i);
+        ck_assert_msg(strstr(e.msg, cases[i].needle), "case %zu: message '%s' lacks '%s'", i, e.msg, cases[i].needle);
+    }
+}
+END_TEST
+
+START_TEST(test_usage_shows_defaults)
+{
+    opts_t o = {.n = 16, .c = "f16"};
+    kvq_opt t[16];
+    int n = table(&o, t);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    kvq_cli_usage(f, "prog", "summary", t, n);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(buf, "--samples N"));
+    ck_assert_ptr_nonnull(strstr(buf, "[default 16]"));
+    ck_assert_ptr_nonnull(strstr(buf, "{f16|f32}"));
+    ck_assert_ptr_nonnull(strstr(buf, "(required)"));
+    free(buf);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("parse");
+    tcase_add_test(tc, test_parse_ok);
+    tcase_add_test(tc, test_parse_errors);
+    tcase_add_test(tc, test_usage_shows_defaults);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KVQ_TEST_MAIN(suite)
