@@ -1,0 +1,22 @@
+/* ops_backward.c — fp32 and float64 builds of ops_backward.inc; see ops_backward.h. */
+#include "ops_backward.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#define R float
+#define FN(name) name
+#define GEMM cblas_sgemm
+#include "ops_backward.inc"
+#undef R
+#undef FN
+#undef GEMM
+
+#define R double
+#define FN(name) name##_f64
+#define GEMM cblas_dgemm
+#include "ops_backward.inc"
+#undef R
+#undef FN
+#undef GEMM
