@@ -83,7 +83,7 @@ static kvq_status pert_transform(void *user, const kvq_layer_ctx *c, float *k, f
         /* KIVI-like: older keys from the alternative, the newest from the primary;
          * both representations here equal the transformed values, plus a different
          * offset on the alternative so that the two paths are distinguishable */
-        for (size_t i = 0; i < n; i++) alt->k[i] = k[i] + 0.05f * (float)((i * 7) % 5 - 2), alt->v[i] = v[i] - 0.03f * (float)((i * 3) % 5 - 2);
+        for (size_t i = 0; i < n; i++) alt->k[i] = k[i] + 0.05f * (float)((int)((i * 7) % 5) - 2), alt->v[i] = v[i] - 0.03f * (float)((int)((i * 3) % 5) - 2);
         for (int i = 0; i < c->T; i++) alt->k_bound[i] = (i / 4) * 4, alt->v_bound[i] = i > 2 ? i - 2 : 0;
         alt->use_k = alt->use_v = true;
     }
@@ -275,6 +275,204 @@ END_TEST
 START_TEST(test_directional_aidreams) { directional_case("aidreams260K"); }
 END_TEST
 
+/* Straight-through: a quantizing transform (round to a grid of 0.05, both key
+ * stages) gives gradients equal to the exact gradient w.r.t. the dequantized
+ * K/V, obtained by a transform that adds the fixed offset Q(x) - x (derivative:
+ * identity), itself checked against finite differences. With a KIVI-like
+ * alternative representation and boundaries, the gradient w.r.t. K is the sum
+ * over both representations (FD of a perturbation that moves both). */
+START_TEST(test_straight_through)
+{
+    kvq_model m;
+    KVQ_SKIP_IF(!load_tiny("stories260K", &m), "../shared/models/llama2c absent");
+    const int T = 24, P = 2, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp);
+    int tok[26];
+    fixture_tokens("stories260K", tok, T + P);
+    size_t n = (size_t)L * T * kvd, np = (size_t)L * P * kvd;
+    float *pk = malloc(np * 4), *pv = malloc(np * 4);
+    make_prefix(&m, tok, P, pk, pv);
+    kvq_prefix px = {.P = P, .k = pk, .v = pv};
+    kvq_backward bw;
+    kvq_err e = {0};
+    ck_assert(kvq_backward_init(&bw, &m, T, P, &e) == KVQ_OK);
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &m, T, P, 0, &e) == KVQ_OK);
+    kvq_grad_store g0 = {.dk_pre = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4)};
+    kvq_grad_store gs = {.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4)};
+    kvq_grad_store gx = {.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4)};
+    float *delta_k = malloc(n * 4), *delta_v = malloc(n * 4), *dir = malloc(n * 4);
+    kvq_bwd_result br;
+    kvq_fwd_io io = {.tokens = tok + P, .T = T, .pos0 = P, .prefix = &px};
+    ck_assert(kvq_backward_xent(&bw, &io, &g0, &br, &e) == KVQ_OK);
+    rng r = {77};
+    for (int stage = 0; stage < 2; stage++) {
+        pert q = {.step = 0.05f, .delta_k = delta_k, .delta_v = delta_v};
+        kvq_hooks hk = {.user = &q, .transform = pert_transform, .key_stage = stage ? KVQ_KEYS_POST_ROPE : KVQ_KEYS_PRE_ROPE};
+        io.hooks = &hk;
+        ck_assert_msg(kvq_backward_xent(&bw, &io, &gs, &br, &e) == KVQ_OK, "%s", e.msg);
+        double loss_q = br.loss;
+        pert x = {.add_k = delta_k, .add_v = delta_v};
+        hk.user = &x;
+        ck_assert(kvq_backward_xent(&bw, &io, &gx, &br, &e) == KVQ_OK);
+        double dl = fabs(br.loss - loss_q);
+        double ek = kvq_test_rel_l2_f(gs.dk_pre, gx.dk_pre, n), ekp = kvq_test_rel_l2_f(gs.dk_post, gx.dk_post, n);
+        double ev = kvq_test_rel_l2_f(gs.dv, gx.dv, n), ep = kvq_test_rel_l2_f(gs.dpk, gx.dpk, np);
+        double moved = kvq_test_rel_l2_f(gs.dk_pre, g0.dk_pre, n), movedv = kvq_test_rel_l2_f(gs.dv, g0.dv, n);
+        /* the offset transform's gradient is the true one: FD along a random direction */
+        rand_dirs(&r, dir, gx.dk_post, NULL, NULL, n);
+        x.dk = dir;
+        kvq_fwd_io fio = io;
+        along_ctx c = {.fw = &fw, .io = &fio, .p = &x};
+        double fd = fd_dir(along_kv, &c, 0.02), an = dotf(stage ? gx.dk_post : gx.dk_pre, dir, n);
+        fprintf(stderr, "INFO STE %s-RoPE: loss Q %.6f vs offset %.6f; STE vs exact-at-dequantized rel L2: dK_pre %.1e dK_post %.1e dV %.1e dPK %.1e; "
+                        "exact directional %.6e vs FD %.6e (%.1e); quantization moved dK by %.2f, dV by %.2f\n",
+                stage ? "post" : "pre", loss_q, br.loss, ek, ekp, ev, ep, an, fd, fabs(an - fd) / fabs(fd), moved, movedv);
+        ck_assert(dl < 1e-5 && ek < 1e-4 && ekp < 1e-4 && ev < 1e-4 && ep < 1e-4);
+        ck_assert(fabs(an - fd) <= 1e-3 * fabs(fd));
+        ck_assert(moved > 1e-3 && movedv > 1e-3); /* the test is not vacuous */
+    }
+    /* alternative representation with boundaries: both paths' gradients are summed */
+    pert a = {.alt = 1};
+    kvq_hooks hk = {.user = &a, .transform = pert_transform, .key_stage = KVQ_KEYS_PRE_ROPE};
+    io.hooks = &hk;
+    ck_assert_msg(kvq_backward_xent(&bw, &io, &gs, &br, &e) == KVQ_OK, "%s", e.msg);
+    float *dir_v = malloc(n * 4);
+    rand_dirs(&r, dir, gs.dk_pre, dir_v, gs.dv, n);
+    a.dk = dir;
+    a.dv = dir_v;
+    kvq_fwd_io fio = io;
+    along_ctx c = {.fw = &fw, .io = &fio, .p = &a};
+    double fd = fd_dir(along_kv, &c, 0.02), an = dotf(gs.dk_pre, dir, n) + dotf(gs.dv, dir_v, n);
+    fprintf(stderr, "INFO STE with alternative K/V + boundaries: directional %.6e vs FD %.6e (%.1e)\n", an, fd, fabs(an - fd) / fabs(fd));
+    ck_assert(fabs(an - fd) <= 1e-3 * fabs(fd));
+    free(dir_v);
+    kvq_forward_free(&fw);
+    kvq_backward_free(&bw);
+    free(g0.dk_pre), free(g0.dv), free(g0.dpk), free(gs.dk_pre), free(gs.dk_post), free(gs.dv), free(gs.dpk);
+    free(gx.dk_pre), free(gx.dk_post), free(gx.dv), free(gx.dpk), free(delta_k), free(delta_v), free(dir), free(pk), free(pv);
+    kvq_model_free(&m);
+}
+END_TEST
+
+/* ---- upstream (layer-output) loss: ½ Σ_l ||x_l − ref_l||² (IntactKV) ---- */
+typedef struct {
+    const float *ref; /* [L][T][dim]: reference output of layer l */
+    int T, dim;
+    double loss;
+    kvq_grad_store *store;
+} up_state;
+
+static kvq_status up_cb(void *user, const kvq_layer_ctx *c, const float *x_out, float *dx, kvq_err *err)
+{
+    (void)err;
+    up_state *u = user;
+    const float *ref = u->ref + (size_t)c->layer * u->T * u->dim;
+    for (size_t i = 0; i < (size_t)u->T * u->dim; i++) {
+        double d = (double)x_out[i] - ref[i];
+        dx[i] += (float)d;
+        u->loss += 0.5 * d * d;
+    }
+    return KVQ_OK;
+}
+static kvq_status up_grads(void *user, const kvq_layer_grads *g, kvq_err *err) { return kvq_grad_store_cb(((up_state *)user)->store, g, err); }
+
+static double up_loss(kvq_forward *fw, kvq_fwd_io *io, const float *ref, int L, int T, int dim)
+{
+    fwd_loss(fw, io);
+    double s = 0;
+    for (int l = 0; l < L; l++) {
+        const float *x = kvq_forward_layer_input(fw, l + 1), *rr = ref + (size_t)l * T * dim;
+        for (size_t i = 0; i < (size_t)T * dim; i++) s += 0.5 * ((double)x[i] - rr[i]) * ((double)x[i] - rr[i]);
+    }
+    return s;
+}
+static double along_up_prefix(void *vc, double eps)
+{
+    along_ctx *c = vc;
+    for (size_t i = 0; i < c->np; i++) c->pk[i] = c->pk0[i] + (float)(eps * c->dpk[i]), c->pv[i] = c->pv0[i] + (float)(eps * c->dpv[i]);
+    return up_loss(c->fw, c->io, c->ref, c->L, c->T, c->dim);
+}
+static double along_up_kv(void *vc, double eps)
+{
+    along_ctx *c = vc;
+    c->p->eps = eps;
+    return up_loss(c->fw, c->io, c->ref, c->L, c->T, c->dim);
+}
+
+START_TEST(test_upstream)
+{
+    kvq_model m;
+    KVQ_SKIP_IF(!load_tiny("aidreams260K", &m), "../shared/models/llama2c absent");
+    const int T = 20, P = 3, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp), dim = m.hp.dim;
+    int tok[23], tok2[3];
+    fixture_tokens("aidreams260K", tok, T + P);
+    size_t n = (size_t)L * T * kvd, np = (size_t)L * P * kvd;
+    float *pk0 = malloc(np * 4), *pv0 = malloc(np * 4), *pk = malloc(np * 4), *pv = malloc(np * 4), *ref = malloc((size_t)L * T * dim * 4);
+    /* reference: the window after the true prefix; trained prefix: K/V of other tokens */
+    make_prefix(&m, tok, P, pk, pv);
+    kvq_prefix px = {.P = P, .k = pk, .v = pv};
+    kvq_forward fw;
+    kvq_err e = {0};
+    ck_assert(kvq_forward_init(&fw, &m, T, P, KVQ_FWD_SAVE_LAYER_INPUTS, &e) == KVQ_OK);
+    kvq_fwd_io io = {.tokens = tok + P, .T = T, .pos0 = P, .prefix = &px};
+    fwd_loss(&fw, &io);
+    for (int l = 0; l < L; l++) memcpy(ref + (size_t)l * T * dim, kvq_forward_layer_input(&fw, l + 1), (size_t)T * dim * 4);
+    for (int i = 0; i < P; i++) tok2[i] = (tok[i] + 17 * (i + 1)) % m.hp.vocab_size;
+    make_prefix(&m, tok2, P, pk0, pv0);
+    memcpy(pk, pk0, np * 4);
+    memcpy(pv, pv0, np * 4);
+
+    kvq_grad_store st = {.dk_pre = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4), .dpv = malloc(np * 4)};
+    up_state u = {.ref = ref, .T = T, .dim = dim, .store = &st};
+    kvq_bwd_spec spec = {.user = &u, .upstream = up_cb, .grads = up_grads};
+    kvq_backward bw;
+    ck_assert(kvq_backward_init(&bw, &m, T, P, &e) == KVQ_OK);
+    kvq_bwd_result br;
+    ck_assert_msg(kvq_backward_run(&bw, &io, &spec, &br, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(isnan(br.xent_loss));
+    double L0 = up_loss(&fw, &io, ref, L, T, dim);
+    ck_assert_msg(fabs(u.loss - L0) <= 1e-9 * L0 && L0 > 0, "upstream loss %.9g vs %.9g", u.loss, L0);
+
+    rng r = {4242};
+    float *dpk = malloc(np * 4), *dpv = malloc(np * 4), *dk = malloc(n * 4), *dv = malloc(n * 4);
+    rand_dirs(&r, dpk, st.dpk, dpv, st.dpv, np);
+    rand_dirs(&r, dk, st.dk_pre, dv, st.dv, n);
+    along_ctx c = {.fw = &fw, .io = &io, .pk0 = pk0, .pv0 = pv0, .pk = pk, .pv = pv, .dpk = dpk, .dpv = dpv, .np = np,
+                   .ref = ref, .L = L, .T = T, .dim = dim};
+    double fd_p = fd_dir(along_up_prefix, &c, 0.02), an_p = dotf(st.dpk, dpk, np) + dotf(st.dpv, dpv, np);
+    memcpy(pk, pk0, np * 4);
+    memcpy(pv, pv0, np * 4);
+    pert p = {.dk = dk, .dv = dv};
+    kvq_hooks hk = {.user = &p, .transform = pert_transform};
+    kvq_fwd_io fio = io;
+    fio.hooks = &hk;
+    c.io = &fio;
+    c.p = &p;
+    double fd_kv = fd_dir(along_up_kv, &c, 0.02), an_kv = dotf(st.dk_pre, dk, n) + dotf(st.dv, dv, n);
+    fprintf(stderr, "INFO upstream ½Σ||x_l - ref_l||² = %.6f: prefix directional %.6e vs FD %.6e (%.1e); K_pre,V %.6e vs %.6e (%.1e)\n", L0, an_p,
+            fd_p, fabs(an_p - fd_p) / fabs(fd_p), an_kv, fd_kv, fabs(an_kv - fd_kv) / fabs(fd_kv));
+    ck_assert(fabs(an_p - fd_p) <= 1e-3 * fabs(fd_p));
+    ck_assert(fabs(an_kv - fd_kv) <= 1e-3 * fabs(fd_kv));
+
+    /* bad specs */
+    kvq_bwd_spec none = {0};
+    ck_assert(kvq_backward_run(&bw, &io, &none, &br, &e) == KVQ_EINVAL);
+    int tg[20];
+    for (int i = 0; i < T; i++) tg[i] = -1;
+    kvq_fwd_io io2 = io;
+    io2.targets = tg;
+    kvq_bwd_spec xs = {.xent = true};
+    ck_assert(kvq_backward_run(&bw, &io2, &xs, &br, &e) == KVQ_EINVAL);
+    fprintf(stderr, "INFO expected error: %s\n", e.msg);
+
+    kvq_backward_free(&bw);
+    kvq_forward_free(&fw);
+    free(st.dk_pre), free(st.dv), free(st.dpk), free(st.dpv), free(dpk), free(dpv), free(dk), free(dv);
+    free(pk0), free(pv0), free(pk), free(pv), free(ref);
+    kvq_model_free(&m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("backward");
@@ -282,6 +480,8 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_directional_stories);
     tcase_add_test(tc, test_directional_aidreams);
+    tcase_add_test(tc, test_straight_through);
+    tcase_add_test(tc, test_upstream);
     suite_add_tcase(s, tc);
     return s;
 }
