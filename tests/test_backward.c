@@ -473,6 +473,57 @@ START_TEST(test_upstream)
 }
 END_TEST
 
+/* SmolLM2-135M, 128 tokens: dL/dV and dL/dK_pre of layers 0 and 29 against
+ * JAX float64 autograd (tests/scripts/ref_grad_jax.py → tests/fixtures/grad_smollm2.bin) */
+START_TEST(test_default_model_vs_jax)
+{
+    const char *path = kvq_test_model();
+    KVQ_SKIP_IF(!path, "default model absent (run scripts/fetch_model.sh)");
+    FILE *f = fopen("tests/fixtures/grad_smollm2.bin", "rb");
+    ck_assert_msg(f, "tests/fixtures/grad_smollm2.bin missing (run tests/scripts/ref_grad_jax.py)");
+    char magic[8];
+    int32_t h[4];
+    ck_assert(fread(magic, 8, 1, f) == 1 && memcmp(magic, "KVQGRD1", 8) == 0);
+    ck_assert(fread(h, sizeof h, 1, f) == 1);
+    const int T = h[0], L = h[1], kvd = h[2], ns = h[3];
+    ck_assert(T > 1 && T <= 4096 && ns > 0 && ns <= 8 && kvd > 0);
+    int layers[8], *tok = malloc(T * sizeof(int));
+    double ref_loss;
+    ck_assert(fread(layers, sizeof(int), ns, f) == (size_t)ns);
+    ck_assert(fread(tok, sizeof(int), T, f) == (size_t)T);
+    ck_assert(fread(&ref_loss, sizeof ref_loss, 1, f) == 1);
+    size_t n1 = (size_t)T * kvd;
+    float *ref = malloc(2 * ns * n1 * sizeof(float));
+    ck_assert(fread(ref, sizeof(float), 2 * ns * n1, f) == 2 * ns * n1);
+    fclose(f);
+
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(path, &m, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(m.hp.n_layers, L);
+    ck_assert_int_eq(kvq_kv_dim(&m.hp), kvd);
+    kvq_grad_store st = {.dk_pre = malloc(L * n1 * 4), .dv = malloc(L * n1 * 4)};
+    kvq_backward bw;
+    ck_assert_msg(kvq_backward_init(&bw, &m, T, 0, &e) == KVQ_OK, "%s", e.msg);
+    kvq_fwd_io io = {.tokens = tok, .T = T, .pos0 = 0};
+    kvq_bwd_result br;
+    ck_assert_msg(kvq_backward_xent(&bw, &io, &st, &br, &e) == KVQ_OK, "%s", e.msg);
+    double el = fabs(br.loss - ref_loss) / ref_loss;
+    fprintf(stderr, "INFO SmolLM2 T=%d: loss %.8f vs JAX %.8f (rel %.1e)\n", T, br.loss, ref_loss, el);
+    ck_assert(el < 1e-4);
+    for (int i = 0; i < ns; i++) {
+        ck_assert(layers[i] >= 0 && layers[i] < L);
+        double ev = kvq_test_rel_l2_f(st.dv + layers[i] * n1, ref + (2 * i) * n1, n1);
+        double ek = kvq_test_rel_l2_f(st.dk_pre + layers[i] * n1, ref + (2 * i + 1) * n1, n1);
+        fprintf(stderr, "INFO SmolLM2 layer %d vs JAX float64 autograd: dL/dV rel L2 %.2e, dL/dK_pre rel L2 %.2e\n", layers[i], ev, ek);
+        ck_assert(ev <= 1e-3 && ek <= 1e-3);
+    }
+    kvq_backward_free(&bw);
+    kvq_model_free(&m);
+    free(st.dk_pre), free(st.dv), free(ref), free(tok);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("backward");
@@ -482,6 +533,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_directional_aidreams);
     tcase_add_test(tc, test_straight_through);
     tcase_add_test(tc, test_upstream);
+    tcase_add_test(tc, test_default_model_vs_jax);
     suite_add_tcase(s, tc);
     return s;
 }
