@@ -11,6 +11,16 @@
 
 #define BK KVQ_ATTN_BWD_BK
 
+/* Hot row/block functions are compiled for several ISAs (GCC target_clones,
+ * chosen at load time). -std=c17 implies -ffp-contract=off and the vectorised
+ * loops are elementwise (no reassociated reductions), so every clone gives
+ * bit-identical results. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define KVQ_BWD_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KVQ_BWD_HOT
+#endif
+
 /* per-thread scratch elements: score row (max_P+max_T) + s, dp [BK] +
  * 4 transposed blocks [hd][BK] + 4 local gradient blocks [BK][hd] */
 static size_t scratch_elems(int max_T, int max_P, int hd)
@@ -67,15 +77,19 @@ void kvq_attn_grad_ws_free(kvq_attn_grad_ws *ws)
 #define R float
 #define FN(name) name
 #define ARGS kvq_attn_grad_args
+#define EXP(x) expf(x)
 #include "attention_backward.inc"
 #undef R
 #undef FN
 #undef ARGS
+#undef EXP
 
 #define R double
 #define FN(name) name##_f64
 #define ARGS kvq_attn_grad_args_f64
+#define EXP(x) exp(x)
 #include "attention_backward.inc"
 #undef R
 #undef FN
 #undef ARGS
+#undef EXP

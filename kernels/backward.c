@@ -96,6 +96,7 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
                          .tokens = io->tokens};
 
+    double t0 = omp_get_wtime();
     /* ---- recompute (mirrors kvq_forward_run / layer_attention) ---- */
     kvq_rmsnorm(bw->xn, x, w->attn_norm, T, dim, hp->norm_eps);
     kvq_linear(bw->q, bw->xn, w->wq, T, dim, qd, 0);
@@ -135,6 +136,8 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     kvq_linear(bw->gate, bw->xn, w->w_gate, T, dim, hid, 0);
     kvq_linear(bw->up, bw->xn, w->w_up, T, dim, hid, 0);
 
+    double t1 = omp_get_wtime();
+    bw->t_recompute += t1 - t0;
     /* ---- backward: MLP ---- */
     kvq_linear_bwd(bw->dh, bw->dx, w->w_down, T, hid, dim, 0);
     kvq_swiglu_bwd(bw->gate, bw->up, bw->dh, bw->gate, bw->up, (size_t)T * hid); /* gate, up now hold their gradients */
@@ -150,8 +153,11 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     a.dv = bw->dv;
     a.dpk = P > 0 ? bw->dpk : NULL;
     a.dpv = P > 0 ? bw->dpv : NULL;
+    double t2 = omp_get_wtime();
     s = kvq_attn_bwd(&a, &bw->attn, err);
     if (s) return kvq_err_prefix(err, "backward: layer %d", l);
+    double t3 = omp_get_wtime();
+    bw->t_attn_bwd += t3 - t2;
     /* dk holds dL/dK post-RoPE (attention's keys); the pre-RoPE gradient is its inverse rotation */
     memcpy(bw->dk_pre, bw->dk, kvn * sizeof(float));
     kvq_rope_bwd(bw->dk_pre, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin);
@@ -168,6 +174,7 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     kvq_linear_bwd(bw->dxn, bw->dk_pre, w->wk, T, dim, kvd, 1);
     kvq_linear_bwd(bw->dxn, bw->dv, w->wv, T, dim, kvd, 1);
     kvq_rmsnorm_bwd(bw->dx, bw->dxn, x, w->attn_norm, T, dim, hp->norm_eps, 1);
+    bw->t_other_bwd += (t2 - t1) + (omp_get_wtime() - t3);
     return KVQ_OK;
 }
 
@@ -180,8 +187,11 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
     res->xent_loss = NAN;
     if (!spec->xent && !spec->upstream)
         return kvq_fail(err, KVQ_EINVAL, "backward: nothing to differentiate (neither cross-entropy nor an upstream gradient)");
+    bw->t_forward = bw->t_head = bw->t_recompute = bw->t_attn_bwd = bw->t_other_bwd = 0;
+    double t0 = omp_get_wtime();
     kvq_fwd_result fr;
     KVQ_TRY(kvq_forward_run(&bw->fw, io, &fr, err));
+    bw->t_forward = omp_get_wtime() - t0;
     res->loss = fr.loss;
     res->n_scored = fr.n_scored;
     const int T = io->T, dim = hp->dim;
@@ -190,6 +200,7 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
     kvq_rope_table(hp, io->pos0, T, bw->rope_cos, bw->rope_sin);
 
     const float *x_last = kvq_forward_layer_input(&bw->fw, hp->n_layers);
+    t0 = omp_get_wtime();
     if (spec->xent) {
         const int *tg = io->targets;
         if (!tg) {
@@ -204,6 +215,7 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
     } else {
         memset(bw->dx, 0, (size_t)T * dim * sizeof(float));
     }
+    bw->t_head = omp_get_wtime() - t0;
     const int P = io->prefix ? io->prefix->P : 0;
     for (int l = hp->n_layers - 1; l >= 0; l--) {
         if (spec->upstream) {

@@ -112,6 +112,8 @@ typedef struct {
     double *rsum;                               /* [max_T] */
     int *k_bound, *v_bound, *targets;           /* [max_T] */
     kvq_attn_grad_ws attn;
+    /* wall seconds of the last run, by phase (profiling; not part of results) */
+    double t_forward, t_head, t_recompute, t_attn_bwd, t_other_bwd;
     float *arena;
     int *iarena;
     double *darena;
