@@ -8,15 +8,19 @@
 #define R float
 #define FN(name) name
 #define GEMM cblas_sgemm
+#define EXP(x) expf(x)
 #include "ops_backward.inc"
 #undef R
 #undef FN
 #undef GEMM
+#undef EXP
 
 #define R double
 #define FN(name) name##_f64
 #define GEMM cblas_dgemm
+#define EXP(x) exp(x)
 #include "ops_backward.inc"
 #undef R
 #undef FN
 #undef GEMM
+#undef EXP
