@@ -1,26 +1,39 @@
 /* attention.c — causal GQA attention with prefix and per-query boundaries; see attention.h.
  *
- * Layout choice: keys are transposed per kv head to kt[g][d][key] so that the
- * scores of one query against all its keys are built as head_dim AXPYs over a
- * contiguous key range (vectorisable without reassociating a reduction, i.e.
- * without -ffast-math). The boundary only splits the key range of a row into
- * [prefix | alternative keys | full keys]; no score is computed twice. */
+ * Layout choice: keys are stored per kv head in tiles of 16 keys x head_dim
+ * channels (key index fastest), so the scores of one query against 16 keys
+ * are 16 independent sums built channel by channel in vector registers
+ * (vectorised without reassociating any reduction, i.e. without -ffast-math),
+ * for up to 4 query heads of the GQA group at once. The boundary only splits
+ * the key range of a row into [prefix | alternative keys | full keys]; no
+ * score is computed twice, so a boundary pass costs what a plain pass costs.
+ * Work is spread over (query, group) items with OpenMP, one parallel region
+ * per call. */
 #include "attention.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
+
+#define KVQ_ATT_QB 4  /* query heads of one GQA group processed together */
+#define KVQ_ATT_JT 16 /* keys per tile / channels per PV tile */
+
 kvq_status kvq_attn_ws_init(kvq_attn_ws *ws, int max_T, int max_P, int n_kv_heads, int head_dim, int n_threads, kvq_err *err)
 {
     memset(ws, 0, sizeof *ws);
-    if (max_T <= 0 || max_P < 0 || n_kv_heads <= 0 || head_dim <= 0 || n_threads <= 0)
-        return kvq_fail(err, KVQ_EINVAL, "attention workspace: bad sizes (max_T %d, max_P %d, kv heads %d, head_dim %d, threads %d)",
+    if (max_T <= 0 || max_P < 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim > 512 || n_threads <= 0)
+        return kvq_fail(err, KVQ_EINVAL, "attention workspace: bad sizes (max_T %d, max_P %d, kv heads %d, head_dim %d (max 512), threads %d)",
                         max_T, max_P, n_kv_heads, head_dim, n_threads);
     size_t ld = (size_t)max_P + max_T, nkt, nkq, nsc;
-    if (kvq_mul_size((size_t)n_kv_heads * head_dim, ld, &nkt) || kvq_mul_size((size_t)n_kv_heads * head_dim, max_T, &nkq) ||
-        kvq_mul_size(n_threads, ld, &nsc))
+    /* tiled keys: whole tiles of KVQ_ATT_JT keys per kv head */
+    ws->kt_gs = (ld + KVQ_ATT_JT - 1) / KVQ_ATT_JT * KVQ_ATT_JT * head_dim;
+    ws->kq_gs = ((size_t)max_T + KVQ_ATT_JT - 1) / KVQ_ATT_JT * KVQ_ATT_JT * head_dim;
+    if (kvq_mul_size(n_kv_heads, ws->kt_gs, &nkt) || kvq_mul_size(n_kv_heads, ws->kq_gs, &nkq) ||
+        kvq_mul_size((size_t)n_threads * 4, ld, &nsc))
         return kvq_fail(err, KVQ_ENOMEM, "attention workspace: size overflows (max_T %d, max_P %d)", max_T, max_P);
     ws->max_T = max_T;
     ws->max_P = max_P;
@@ -60,64 +73,182 @@ kvq_status kvq_attn_check_bounds(const int *b, int T, const char *what, kvq_err 
     return KVQ_OK;
 }
 
-/* s[lo..hi) += a * r[lo..hi) */
-static inline void axpy_range(float *restrict s, float a, const float *restrict r, int lo, int hi)
+/* Up to KVQ_ATT_QB query heads of one GQA group are processed together for
+ * one query position: they share the key range, the boundary and every K/V
+ * load. Hot loops use kernels/simd.h (ISA clones, same fp32 operations on
+ * every clone, so results are bit-identical whatever the CPU). */
+
+/* Keys of one kv head are stored in tiles of 16 keys: element (key j, channel
+ * d) at r[((j/16)*hd + d)*16 + j%16], so one tile (16 keys x hd channels) is
+ * contiguous. s[q][j] = sum_d qs[q][d] * k[j][d] for j in [lo, hi), q < QB;
+ * each element accumulated from 0 in d order (full and partial tiles alike). */
+#define KT_TILE(r, hd, j) ((r) + (size_t)((j) / KVQ_ATT_JT) * (hd) * KVQ_ATT_JT + (j) % KVQ_ATT_JT)
+#define SCORE_FN(QB)                                                                                                  \
+    KVQ_HOT static void score_range_##QB(float *restrict s, size_t lds, const float *restrict qs, int hd,               \
+                                          const float *restrict r, int lo, int hi)                                     \
+    {                                                                                                                  \
+        for (int j = lo; j < hi;) {                                                                                    \
+            int n = KVQ_ATT_JT - j % KVQ_ATT_JT;                                                                       \
+            if (n > hi - j) n = hi - j;                                                                                \
+            const float *tb = KT_TILE(r, hd, j);                                                                       \
+            if (n == KVQ_ATT_JT) {                                                                                     \
+                kvq_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, k;                                                     \
+                for (int d = 0; d < hd; d++) {                                                                         \
+                    V16_LOAD(k, tb + d * KVQ_ATT_JT);                                                                  \
+                    a0 += qs[d] * k;                                                                                   \
+                    if (QB > 1) a1 += qs[hd + d] * k;                                                                  \
+                    if (QB > 2) a2 += qs[2 * hd + d] * k;                                                              \
+                    if (QB > 3) a3 += qs[3 * hd + d] * k;                                                              \
+                }                                                                                                      \
+                V16_STORE(s + j, a0);                                                                                  \
+                if (QB > 1) V16_STORE(s + lds + j, a1);                                                                \
+                if (QB > 2) V16_STORE(s + 2 * lds + j, a2);                                                            \
+                if (QB > 3) V16_STORE(s + 3 * lds + j, a3);                                                            \
+            } else {                                                                                                   \
+                float acc[QB][KVQ_ATT_JT] = {{0}};                                                                     \
+                for (int d = 0; d < hd; d++) {                                                                         \
+                    const float *kr = tb + d * KVQ_ATT_JT;                                                             \
+                    for (int q = 0; q < QB; q++)                                                                       \
+                        for (int jj = 0; jj < n; jj++) acc[q][jj] += qs[q * hd + d] * kr[jj];                          \
+                }                                                                                                      \
+                for (int q = 0; q < QB; q++)                                                                           \
+                    for (int jj = 0; jj < n; jj++) s[q * lds + j + jj] = acc[q][jj];                                   \
+            }                                                                                                          \
+            j += n;                                                                                                    \
+        }                                                                                                              \
+    }
+SCORE_FN(1)
+SCORE_FN(2)
+SCORE_FN(3)
+SCORE_FN(4)
+
+static void score_range(int nq, float *s, size_t lds, const float *qs, int hd, const float *r, int lo, int hi)
 {
-    for (int j = lo; j < hi; j++) s[j] += a * r[j];
+    if (hi <= lo) return;
+    switch (nq) {
+    case 1: score_range_1(s, lds, qs, hd, r, lo, hi); break;
+    case 2: score_range_2(s, lds, qs, hd, r, lo, hi); break;
+    case 3: score_range_3(s, lds, qs, hd, r, lo, hi); break;
+    default: score_range_4(s, lds, qs, hd, r, lo, hi); break;
+    }
 }
 
-/* One (head h, query i) row: scores into s[0..P+i], then out row. Returns the
- * softmax normaliser; s holds exp(score - max) on return, *mx the max. */
-static float attn_row(const kvq_attn_args *a, const kvq_attn_ws *ws, int h, int i, float *restrict s, float *mx_out)
-{
-    const int hd = a->head_dim, P = a->P, n = P + i + 1;
-    const int g = h / (a->n_heads / a->n_kv_heads);
-    const size_t ldk = (size_t)ws->max_P + ws->max_T, ldq = ws->max_T;
-    const float *ktg = ws->kt + (size_t)g * hd * ldk;
-    const float *kqg = ws->kqt + (size_t)g * hd * ldq;
-    const float *qi = a->q + ((size_t)i * a->n_heads + h) * hd;
-    const int kb = a->kq ? a->kb[i] : 0;
-    const float scale = 1.0f / sqrtf((float)hd);
-    memset(s, 0, (size_t)n * sizeof *s);
-    for (int d = 0; d < hd; d++) {
-        float qd = qi[d] * scale;
-        const float *r = ktg + d * ldk;
-        if (kb == 0) {
-            axpy_range(s, qd, r, 0, n);
-        } else {
-            axpy_range(s, qd, r, 0, P);
-            axpy_range(s + P, qd, kqg + d * ldq, 0, kb);
-            axpy_range(s, qd, r, P + kb, n);
-        }
+/* o[q][d] += sum_{j in [lo,hi)} p[q][j] * v[j*vstride + d], accumulated in j
+ * order per element (d tiles of 16 in registers, scalar tail alike). */
+#define PV_FN(QB)                                                                                                     \
+    KVQ_HOT static void pv_range_##QB(float *restrict o, const float *restrict p, size_t lds, const float *restrict v, \
+                                       size_t vstride, int hd, int lo, int hi)                                         \
+    {                                                                                                                  \
+        int d0 = 0;                                                                                                    \
+        for (; d0 + KVQ_ATT_JT <= hd; d0 += KVQ_ATT_JT) {                                                              \
+            kvq_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, vv;                                                        \
+            V16_LOAD(a0, o + d0);                                                                                      \
+            if (QB > 1) V16_LOAD(a1, o + hd + d0);                                                                     \
+            if (QB > 2) V16_LOAD(a2, o + 2 * hd + d0);                                                                 \
+            if (QB > 3) V16_LOAD(a3, o + 3 * hd + d0);                                                                 \
+            for (int j = lo; j < hi; j++) {                                                                            \
+                V16_LOAD(vv, v + j * vstride + d0);                                                                    \
+                a0 += p[j] * vv;                                                                                       \
+                if (QB > 1) a1 += p[lds + j] * vv;                                                                     \
+                if (QB > 2) a2 += p[2 * lds + j] * vv;                                                                 \
+                if (QB > 3) a3 += p[3 * lds + j] * vv;                                                                 \
+            }                                                                                                          \
+            V16_STORE(o + d0, a0);                                                                                     \
+            if (QB > 1) V16_STORE(o + hd + d0, a1);                                                                    \
+            if (QB > 2) V16_STORE(o + 2 * hd + d0, a2);                                                                \
+            if (QB > 3) V16_STORE(o + 3 * hd + d0, a3);                                                                \
+        }                                                                                                              \
+        for (int d = d0; d < hd; d++)                                                                                  \
+            for (int q = 0; q < QB; q++) {                                                                             \
+                float acc = o[q * hd + d];                                                                             \
+                for (int j = lo; j < hi; j++) acc += p[q * lds + j] * v[j * vstride + d];                              \
+                o[q * hd + d] = acc;                                                                                   \
+            }                                                                                                          \
     }
+PV_FN(1)
+PV_FN(2)
+PV_FN(3)
+PV_FN(4)
+
+static void pv_range(int nq, float *o, const float *p, size_t lds, const float *v, size_t vstride, int hd, int lo, int hi)
+{
+    if (hi <= lo) return;
+    switch (nq) {
+    case 1: pv_range_1(o, p, lds, v, vstride, hd, lo, hi); break;
+    case 2: pv_range_2(o, p, lds, v, vstride, hd, lo, hi); break;
+    case 3: pv_range_3(o, p, lds, v, vstride, hd, lo, hi); break;
+    default: pv_range_4(o, p, lds, v, vstride, hd, lo, hi); break;
+    }
+}
+
+/* s[j] = exp(s[j] - max); returns the sum. The sum is accumulated in 16
+ * fixed lanes (then lanes in order), the same on every ISA clone. */
+KVQ_HOT static float row_softmax_unnorm(float *restrict s, int n)
+{
     float mx = s[0];
     for (int j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    kvq_v16 acc = {0}, x, y;
+    int j = 0;
+    for (; j + KVQ_ATT_JT <= n; j += KVQ_ATT_JT) {
+        V16_LOAD(x, s + j);
+        x = x - mx;
+        KVQ_V16_EXP(y, x);
+        V16_STORE(s + j, y);
+        acc += y;
+    }
     float sum = 0;
-    for (int j = 0; j < n; j++) {
-        s[j] = expf(s[j] - mx);
+    for (int l = 0; l < KVQ_ATT_JT; l++) sum += acc[l];
+    for (; j < n; j++) {
+        s[j] = kvq_exp_s(s[j] - mx);
         sum += s[j];
     }
-    /* out = sum_j p_j v_j, normalised at the end */
-    float *o = a->out + ((size_t)i * a->n_heads + h) * hd;
-    memset(o, 0, (size_t)hd * sizeof *o);
+    return sum;
+}
+
+/* Heads h0 .. h0+nq-1 (one GQA group, nq <= KVQ_ATT_QB) at query i: scores
+ * into s[q][0..P+i] (exp(score - max) on return), outputs into a->out;
+ * sums[q] receives the softmax normalisers. */
+static void attn_rows(const kvq_attn_args *a, const kvq_attn_ws *ws, int h0, int nq, int i, float *restrict s, float *sums)
+{
+    const int hd = a->head_dim, P = a->P, n = P + i + 1;
+    const int g = h0 / (a->n_heads / a->n_kv_heads);
+    const size_t lds = (size_t)ws->max_P + ws->max_T;
+    const float *ktg = ws->kt + (size_t)g * ws->kt_gs;
+    const float *kqg = ws->kqt + (size_t)g * ws->kq_gs;
+    const int kb = a->kq ? a->kb[i] : 0;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float qs[KVQ_ATT_QB * 512];
+    float o[KVQ_ATT_QB * 512];
+    for (int q = 0; q < nq; q++) {
+        const float *qi = a->q + ((size_t)i * a->n_heads + h0 + q) * hd;
+        for (int d = 0; d < hd; d++) qs[q * hd + d] = qi[d] * scale;
+    }
+    if (kb == 0) {
+        score_range(nq, s, lds, qs, hd, ktg, 0, n);
+    } else {
+        score_range(nq, s, lds, qs, hd, ktg, 0, P);
+        score_range(nq, s + P, lds, qs, hd, kqg, 0, kb);
+        score_range(nq, s, lds, qs, hd, ktg, P + kb, n);
+    }
+    for (int q = 0; q < nq; q++) sums[q] = row_softmax_unnorm(s + q * lds, n);
+    memset(o, 0, (size_t)nq * hd * sizeof *o);
     const size_t vstride = (size_t)a->n_kv_heads * hd;
     const int vb = a->vq ? a->vb[i] : 0;
-    for (int j = 0; j < P; j++) axpy_range(o, s[j], a->pv + j * vstride + (size_t)g * hd, 0, hd);
-    for (int j = 0; j <= i; j++) {
-        const float *vr = (j < vb ? a->vq : a->v) + j * vstride + (size_t)g * hd;
-        axpy_range(o, s[P + j], vr, 0, hd);
+    if (P > 0) pv_range(nq, o, s, lds, a->pv + (size_t)g * hd, vstride, hd, 0, P);
+    if (vb > 0) pv_range(nq, o, s + P, lds, a->vq + (size_t)g * hd, vstride, hd, 0, vb);
+    pv_range(nq, o, s + P, lds, a->v + (size_t)g * hd, vstride, hd, vb, i + 1);
+    for (int q = 0; q < nq; q++) {
+        float inv = 1.0f / sums[q];
+        float *out = a->out + ((size_t)i * a->n_heads + h0 + q) * hd;
+        for (int d = 0; d < hd; d++) out[d] = o[q * hd + d] * inv;
     }
-    float inv = 1.0f / sum;
-    for (int d = 0; d < hd; d++) o[d] *= inv;
-    *mx_out = mx;
-    return sum;
 }
 
 kvq_status kvq_attention(const kvq_attn_args *a, kvq_attn_ws *ws, kvq_err *err)
 {
     const int T = a->T, P = a->P, hd = a->head_dim, nkv = a->n_kv_heads, nh = a->n_heads;
-    if (T <= 0 || T > ws->max_T || P < 0 || P > ws->max_P || hd != ws->head_dim || nkv != ws->n_kv_heads || nh <= 0 || nh % nkv)
-        return kvq_fail(err, KVQ_EINVAL, "attention: T %d (max %d), P %d (max %d), heads %d/%d, head_dim %d do not fit the workspace (kv heads %d, head_dim %d)",
+    if (T <= 0 || T > ws->max_T || P < 0 || P > ws->max_P || hd != ws->head_dim || hd > 512 || nkv != ws->n_kv_heads || nh <= 0 || nh % nkv)
+        return kvq_fail(err, KVQ_EINVAL, "attention: T %d (max %d), P %d (max %d), heads %d/%d, head_dim %d do not fit the workspace (kv heads %d, head_dim %d <= 512)",
                         T, ws->max_T, P, ws->max_P, nh, nkv, hd, ws->n_kv_heads, ws->head_dim);
     if ((a->kq == NULL) != (a->kb == NULL) || (a->vq == NULL) != (a->vb == NULL))
         return kvq_fail(err, KVQ_EINVAL, "attention: an alternative K/V representation needs both its values and its boundary");
@@ -125,50 +256,60 @@ kvq_status kvq_attention(const kvq_attn_args *a, kvq_attn_ws *ws, kvq_err *err)
     if (a->kb) KVQ_TRY(kvq_attn_check_bounds(a->kb, T, "key boundary", err));
     if (a->vb) KVQ_TRY(kvq_attn_check_bounds(a->vb, T, "value boundary", err));
 
-    const size_t ldk = (size_t)ws->max_P + ws->max_T, ldq = ws->max_T, stride = (size_t)nkv * hd;
+    const size_t ldk = (size_t)ws->max_P + ws->max_T, stride = (size_t)nkv * hd;
     const int has_q = a->kq != NULL;
-    /* transpose keys: kt[g][d][j] (prefix then window), kqt[g][d][j] */
-#pragma omp parallel for collapse(2) schedule(static) num_threads(ws->n_threads)
-    for (int g = 0; g < nkv; g++)
-        for (int d = 0; d < hd; d++) {
-            float *r = ws->kt + ((size_t)g * hd + d) * ldk;
-            for (int j = 0; j < P; j++) r[j] = a->pk[j * stride + (size_t)g * hd + d];
-            for (int j = 0; j < T; j++) r[P + j] = a->k[j * stride + (size_t)g * hd + d];
-            if (has_q) {
-                float *rq = ws->kqt + ((size_t)g * hd + d) * ldq;
-                for (int j = 0; j < T; j++) rq[j] = a->kq[j * stride + (size_t)g * hd + d];
+    /* work items: (query i, group g, chunk of <= KVQ_ATT_QB heads of the group) */
+    const int gs = nh / nkv, nchunk = (gs + KVQ_ATT_QB - 1) / KVQ_ATT_QB;
+    const int stats = a->mass || a->entropy;
+    const long n_items = (long)T * nkv * nchunk;
+    /* one parallel region per call (fewer wake-ups next to OpenBLAS's threads) */
+#pragma omp parallel num_threads(ws->n_threads)
+    {
+        /* keys into the tiled layout (prefix then window; alternative keys apart) */
+#pragma omp for collapse(2) schedule(static)
+        for (int g = 0; g < nkv; g++)
+            for (int d = 0; d < hd; d++) {
+                float *r = ws->kt + (size_t)g * ws->kt_gs, *rq = ws->kqt + (size_t)g * ws->kq_gs;
+                for (int j = 0; j < P; j++) KT_TILE(r, hd, j)[d * KVQ_ATT_JT] = a->pk[j * stride + (size_t)g * hd + d];
+                for (int j = 0; j < T; j++) KT_TILE(r, hd, P + j)[d * KVQ_ATT_JT] = a->k[j * stride + (size_t)g * hd + d];
+                if (has_q)
+                    for (int j = 0; j < T; j++) KT_TILE(rq, hd, j)[d * KVQ_ATT_JT] = a->kq[j * stride + (size_t)g * hd + d];
             }
-        }
 
-    if (a->mass || a->entropy) {
-        /* statistics mode: one thread per head, queries in order (deterministic sums) */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ws->n_threads)
-        for (int h = 0; h < nh; h++) {
-            int tid = omp_get_thread_num();
-            float *s = ws->scores + (size_t)tid * ldk;
-            double *acc = ws->acc + (size_t)tid * ldk;
-            memset(acc, 0, (size_t)(P + T) * sizeof *acc);
-            for (int i = 0; i < T; i++) {
-                float mx;
-                float sum = attn_row(a, ws, h, i, s, &mx);
-                double inv = 1.0 / sum, hsum = 0;
-                for (int j = 0; j < P + i + 1; j++) {
-                    double p = s[j] * inv;
-                    acc[j] += p;
-                    if (p > 0) hsum -= p * log(p);
+        if (stats) {
+            /* statistics mode: one thread per (group, chunk), queries in order (deterministic sums) */
+#pragma omp for schedule(dynamic, 1)
+            for (int w = 0; w < nkv * nchunk; w++) {
+                int tid = omp_get_thread_num(), g = w / nchunk, c = w % nchunk;
+                int h0 = g * gs + c * KVQ_ATT_QB, nq = gs - c * KVQ_ATT_QB < KVQ_ATT_QB ? gs - c * KVQ_ATT_QB : KVQ_ATT_QB;
+                float *s = ws->scores + (size_t)tid * KVQ_ATT_QB * ldk, sums[KVQ_ATT_QB];
+                double *acc = ws->acc + (size_t)tid * KVQ_ATT_QB * ldk;
+                memset(acc, 0, (size_t)KVQ_ATT_QB * ldk * sizeof *acc);
+                for (int i = 0; i < T; i++) {
+                    attn_rows(a, ws, h0, nq, i, s, sums);
+                    for (int q = 0; q < nq; q++) {
+                        double inv = 1.0 / sums[q], hsum = 0;
+                        for (int j = 0; j < P + i + 1; j++) {
+                            double p = s[q * ldk + j] * inv;
+                            acc[q * ldk + j] += p;
+                            if (p > 0) hsum -= p * log(p);
+                        }
+                        if (a->entropy) a->entropy[(size_t)(h0 + q) * T + i] = (float)hsum;
+                    }
                 }
-                if (a->entropy) a->entropy[(size_t)h * T + i] = (float)hsum;
+                if (a->mass)
+                    for (int q = 0; q < nq; q++)
+                        for (int j = 0; j < P + T; j++) a->mass[(size_t)(h0 + q) * (P + T) + j] = (float)acc[q * ldk + j];
             }
-            if (a->mass)
-                for (int j = 0; j < P + T; j++) a->mass[(size_t)h * (P + T) + j] = (float)acc[j];
-        }
-    } else {
-        const long n_rows = (long)T * nh;
-#pragma omp parallel for schedule(dynamic, 16) num_threads(ws->n_threads)
-        for (long r = 0; r < n_rows; r++) {
-            int tid = omp_get_thread_num();
-            float mx;
-            attn_row(a, ws, (int)(r % nh), (int)(r / nh), ws->scores + (size_t)tid * ldk, &mx);
+        } else {
+#pragma omp for schedule(dynamic, 4)
+            for (long w = 0; w < n_items; w++) {
+                int tid = omp_get_thread_num();
+                int i = (int)(w / (nkv * nchunk)), gc = (int)(w % (nkv * nchunk)), g = gc / nchunk, c = gc % nchunk;
+                int h0 = g * gs + c * KVQ_ATT_QB, nq = gs - c * KVQ_ATT_QB < KVQ_ATT_QB ? gs - c * KVQ_ATT_QB : KVQ_ATT_QB;
+                float sums[KVQ_ATT_QB];
+                attn_rows(a, ws, h0, nq, i, ws->scores + (size_t)tid * KVQ_ATT_QB * ldk, sums);
+            }
         }
     }
     return KVQ_OK;

@@ -44,10 +44,11 @@ typedef struct {
  * keys and n_threads OpenMP threads. */
 typedef struct {
     int max_T, max_P, n_kv_heads, head_dim, n_threads;
-    float *kt;     /* [n_kv_heads][head_dim][max_P+max_T]: keys transposed (prefix then window) */
-    float *kqt;    /* [n_kv_heads][head_dim][max_T]: alternative keys transposed */
-    float *scores; /* [n_threads][max_P+max_T] */
-    double *acc;   /* [n_threads][max_P+max_T]: mass accumulators (stats mode) */
+    size_t kt_gs, kq_gs; /* floats per kv head in kt / kqt */
+    float *kt;     /* [n_kv_heads][ceil((max_P+max_T)/16)][head_dim][16]: keys (prefix then window) in tiles of 16 keys */
+    float *kqt;    /* [n_kv_heads][ceil(max_T/16)][head_dim][16]: alternative keys, same tiling */
+    float *scores; /* [n_threads][4][max_P+max_T]: rows of up to 4 heads of one GQA group */
+    double *acc;   /* [n_threads][4][max_P+max_T]: mass accumulators (stats mode) */
 } kvq_attn_ws;
 
 kvq_status kvq_attn_ws_init(kvq_attn_ws *ws, int max_T, int max_P, int n_kv_heads, int head_dim, int n_threads, kvq_err *err);

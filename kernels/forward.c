@@ -21,14 +21,20 @@ kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int 
     fw->n_threads = omp_get_max_threads();
     if (fw->n_threads < 1) fw->n_threads = 1;
 
-    size_t T = max_T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
+    /* loss-only LM head: blocks of the vocabulary, about 4M logits per block */
+    fw->v_chunk = (int)((size_t)(1 << 22) / (size_t)max_T);
+    if (fw->v_chunk > 8192) fw->v_chunk = 8192;
+    if (fw->v_chunk < 256) fw->v_chunk = 256;
+    if (fw->v_chunk > hp->vocab_size) fw->v_chunk = hp->vocab_size;
+    fw->v_chunk_max = fw->v_chunk;
+    size_t T = max_T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     size_t half = hp->rope_dim / 2, nh = hp->n_heads, L = hp->n_layers, PT = (size_t)max_P + max_T;
     /* sizes in floats, in allocation order */
     size_t sz[] = {T * dim, T * dim, T * qd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
-                   T * qd, T * hid, T * hid, (size_t)KVQ_FWD_LOGIT_ROWS * V, T * half, T * half, nh * PT, nh * T,
+                   T * qd, T * hid, T * hid, T * (size_t)fw->v_chunk_max, T, T, T * half, T * half, nh * PT, nh * T,
                    (flags & KVQ_FWD_SAVE_LAYER_INPUTS) ? (L + 1) * T * dim : 0};
     float **dst[] = {&fw->x, &fw->xn, &fw->q, &fw->k_pre, &fw->k_post, &fw->v, &fw->k_att, &fw->v_att, &fw->k_alt, &fw->v_alt,
-                     &fw->att, &fw->gate, &fw->up, &fw->logit_blk, &fw->rope_cos, &fw->rope_sin, &fw->mass, &fw->entropy,
+                     &fw->att, &fw->gate, &fw->up, &fw->logit_blk, &fw->row_max, &fw->row_tgt, &fw->rope_cos, &fw->rope_sin, &fw->mass, &fw->entropy,
                      &fw->saved};
     size_t n = sizeof sz / sizeof *sz, total = 0;
     for (size_t i = 0; i < n; i++)
@@ -38,7 +44,8 @@ kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int 
         return kvq_fail(err, KVQ_ENOMEM, "forward: workspace of %zu floats for max_T %d is too large", total, max_T);
     fw->arena = malloc(total * sizeof(float));
     fw->iarena = malloc(3 * T * sizeof(int));
-    if (!fw->arena || !fw->iarena) {
+    fw->row_sum = malloc(T * sizeof(double));
+    if (!fw->arena || !fw->iarena || !fw->row_sum) {
         kvq_forward_free(fw);
         return kvq_fail(err, KVQ_ENOMEM, "forward: cannot allocate %.1f MiB of activations for max_T %d", total * 4.0 / (1 << 20), max_T);
     }
@@ -59,6 +66,7 @@ void kvq_forward_free(kvq_forward *fw)
 {
     free(fw->arena);
     free(fw->iarena);
+    free(fw->row_sum);
     kvq_attn_ws_free(&fw->attn);
     memset(fw, 0, sizeof *fw);
 }
@@ -185,24 +193,46 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
     fw->T_last = T;
     kvq_rmsnorm(fw->xn, fw->x, m->out_norm, T, dim, hp->norm_eps);
 
-    /* LM head in row blocks; NLL per scored row in double */
+    /* LM head and NLL (log-sum-exp in double) */
+    double *nll = fw->row_sum; /* reused as the per-row NLL once the sums are done */
+    if (io->logits) {
+        kvq_linear(io->logits, fw->xn, m->output, T, dim, V, 0);
+#pragma omp parallel for schedule(static) num_threads(fw->n_threads)
+        for (int t = 0; t < T; t++) nll[t] = tg[t] >= 0 ? kvq_token_nll(io->logits + (size_t)t * V, V, tg[t]) : NAN;
+    } else {
+        const int vc = fw->v_chunk > 0 && fw->v_chunk <= fw->v_chunk_max ? fw->v_chunk : fw->v_chunk_max;
+        for (int t = 0; t < T; t++) {
+            fw->row_max[t] = -INFINITY;
+            fw->row_sum[t] = 0;
+            fw->row_tgt[t] = NAN;
+        }
+        for (int v0 = 0; v0 < V; v0 += vc) {
+            int nv = V - v0 < vc ? V - v0 : vc;
+            kvq_linear(fw->logit_blk, fw->xn, m->output + (size_t)v0 * dim, T, dim, nv, 0);
+#pragma omp parallel for schedule(static) num_threads(fw->n_threads)
+            for (int t = 0; t < T; t++) {
+                if (tg[t] < 0) continue;
+                const float *z = fw->logit_blk + (size_t)t * nv;
+                float mx = fw->row_max[t];
+                for (int i = 0; i < nv; i++) mx = z[i] > mx ? z[i] : mx;
+                double sum = fw->row_sum[t] * exp((double)fw->row_max[t] - mx); /* first block: 0 * exp(-inf) = 0 */
+                for (int i = 0; i < nv; i++) sum += exp((double)z[i] - mx);
+                fw->row_max[t] = mx;
+                fw->row_sum[t] = sum;
+                if (tg[t] >= v0 && tg[t] < v0 + nv) fw->row_tgt[t] = z[tg[t] - v0];
+            }
+        }
+        for (int t = 0; t < T; t++)
+            nll[t] = tg[t] >= 0 ? (double)fw->row_max[t] + log(fw->row_sum[t]) - (double)fw->row_tgt[t] : NAN;
+    }
     double total = 0;
     int n_scored = 0, bad = -1;
-    for (int t0 = 0; t0 < T; t0 += KVQ_FWD_LOGIT_ROWS) {
-        int nr = T - t0 < KVQ_FWD_LOGIT_ROWS ? T - t0 : KVQ_FWD_LOGIT_ROWS;
-        float *lg = io->logits ? io->logits + (size_t)t0 * V : fw->logit_blk;
-        kvq_linear(lg, fw->xn + (size_t)t0 * dim, m->output, nr, dim, V, 0);
-        double nll_blk[KVQ_FWD_LOGIT_ROWS];
-#pragma omp parallel for schedule(static) num_threads(fw->n_threads)
-        for (int r = 0; r < nr; r++)
-            nll_blk[r] = tg[t0 + r] >= 0 ? kvq_token_nll(lg + (size_t)r * V, V, tg[t0 + r]) : NAN;
-        for (int r = 0; r < nr; r++) {
-            if (io->nll) io->nll[t0 + r] = nll_blk[r];
-            if (tg[t0 + r] < 0) continue;
-            if (!isfinite(nll_blk[r]) && bad < 0) bad = t0 + r;
-            total += nll_blk[r];
-            n_scored++;
-        }
+    for (int t = 0; t < T; t++) {
+        if (io->nll) io->nll[t] = nll[t];
+        if (tg[t] < 0) continue;
+        if (!isfinite(nll[t]) && bad < 0) bad = t;
+        total += nll[t];
+        n_scored++;
     }
     res->n_scored = n_scored;
     res->loss = n_scored ? total / n_scored : NAN;

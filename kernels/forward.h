@@ -16,14 +16,21 @@
  * Activations are fp32; GEMMs through cblas_sgemm; attention in fp32.
  *
  * Threads: GEMMs use OpenBLAS's threads (OPENBLAS_NUM_THREADS, default = cores);
- * attention and elementwise ops use OpenMP (OMP_NUM_THREADS, default = cores),
- * with the count fixed at kvq_forward_init. Results do not depend on the
- * OpenMP thread count (each output row is computed by one thread).
+ * attention and the per-row NLL use OpenMP (OMP_NUM_THREADS, default = cores),
+ * with the count fixed at kvq_forward_init, one parallel region per layer;
+ * elementwise ops run on the calling thread. On machines shared with other
+ * work, OMP_WAIT_POLICY=passive keeps idle OpenMP workers from spinning against
+ * OpenBLAS's threads. Results do not depend on the OpenMP thread count (each
+ * output row is computed by one thread in a fixed order); kvq's own kernels
+ * give the same bits on every vector ISA (kernels/simd.h), OpenBLAS's sgemm
+ * may round differently on different CPUs.
  *
  * Memory: one workspace per kvq_forward, allocated by kvq_forward_init for at
  * most max_T window tokens and max_P prefix entries; kvq_forward_run allocates
- * nothing. The LM head is computed in row blocks of KVQ_FWD_LOGIT_ROWS tokens,
- * so logits need not be materialised when only the loss is wanted.
+ * nothing. When no logits are requested, the LM head is computed in vocabulary
+ * blocks of fw->v_chunk rows of Wout (one GEMM per block over all T tokens,
+ * online log-sum-exp in double), so the [T][vocab] logits are never
+ * materialised and the LM-head weights are streamed once per window.
  *
  * Checkpointing contract (for the backward pass, issue 4): with
  * KVQ_FWD_SAVE_LAYER_INPUTS, run() stores the residual stream entering every
@@ -126,8 +133,6 @@ enum {
     KVQ_FWD_SAVE_LAYER_INPUTS = 1u << 0 /* keep [n_layers+1][T][dim] residual checkpoints (see header comment) */
 };
 
-#define KVQ_FWD_LOGIT_ROWS 32 /* LM-head row block */
-
 /* One call's inputs and outputs. */
 typedef struct {
     const int *tokens;  /* [T] token ids in [0, vocab) */
@@ -163,7 +168,11 @@ typedef struct {
     int *k_bound, *v_bound;     /* [max_T] */
     float *att;           /* [max_T][q_dim] attention output */
     float *gate, *up;     /* [max_T][hidden_dim] */
-    float *logit_blk;     /* [KVQ_FWD_LOGIT_ROWS][vocab] */
+    int v_chunk;          /* vocabulary block of the loss-only LM head; a caller may lower it (1..v_chunk_max) */
+    int v_chunk_max;      /* set by init: min(vocab, clamp(2^22 / max_T, 256, 8192)) */
+    float *logit_blk;     /* [max_T][v_chunk_max] */
+    float *row_max, *row_tgt;   /* [max_T] online log-sum-exp state: running max, target logit */
+    double *row_sum;      /* [max_T] running sum of exp(logit - max) */
     float *rope_cos, *rope_sin; /* [max_T][rope_dim/2] */
     float *mass, *entropy;      /* [n_heads][max_P+max_T], [n_heads][max_T] */
     float *saved;         /* [n_layers+1][max_T][dim] when KVQ_FWD_SAVE_LAYER_INPUTS */

@@ -4,15 +4,18 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "simd.h"
+
 void kvq_linear(float *y, const float *x, const float *w, int T, int in, int out, float beta)
 {
     if (T <= 0 || out <= 0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
+/* Elementwise ops run on the calling thread: they cost well under 1% of a
+ * layer, and every OpenMP region next to OpenBLAS's threads costs wake-ups. */
 void kvq_rmsnorm(float *out, const float *x, const float *g, int T, int dim, float eps)
 {
-#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
@@ -63,7 +66,6 @@ void kvq_rope_apply(float *x, int T, int n_heads, int head_dim, int rope_dim,
 {
     int half = rope_dim / 2;
     float sg = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
         for (int h = 0; h < n_heads; h++) {
@@ -77,13 +79,18 @@ void kvq_rope_apply(float *x, int T, int n_heads, int head_dim, int rope_dim,
     }
 }
 
-void kvq_swiglu(float *out, const float *gate, const float *up, size_t n)
+KVQ_HOT void kvq_swiglu(float *out, const float *gate, const float *up, size_t n)
 {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        kvq_v16 g, u, e;
+        V16_LOAD(g, gate + i);
+        V16_LOAD(u, up + i);
+        KVQ_V16_EXP(e, -g);
+        g = g / (1.0f + e) * u;
+        V16_STORE(out + i, g);
     }
+    for (; i < n; i++) out[i] = gate[i] / (1.0f + kvq_exp_s(-gate[i])) * up[i];
 }
 
 void kvq_softmax(float *x, int n)

@@ -3,8 +3,9 @@
  * SwiGLU, softmax and token cross-entropy.
  *
  * All tensors are fp32, row-major, one row per token. Functions take outputs
- * first, then inputs, then sizes (llm.c convention). Rows are independent, so
- * every function here is parallelised over rows with OpenMP; none allocates.
+ * first, then inputs, then sizes (llm.c convention). Elementwise ops run on
+ * the calling thread (they are <1% of a layer; GEMMs use OpenBLAS's threads);
+ * none allocates.
  *
  * Sources: RMSNorm — Zhang & Sennrich 2019, eq. 4 (Llama: y = x / sqrt(mean(x^2)
  * + eps) * g). RoPE — Su et al. 2021 (RoFormer) §3.4.2, interleaved pairs
@@ -45,7 +46,8 @@ void kvq_rope_table(const kvq_hparams *hp, int pos0, int T, float *cos_t, float 
 void kvq_rope_apply(float *x, int T, int n_heads, int head_dim, int rope_dim,
                     const float *cos_t, const float *sin_t, int inverse);
 
-/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may equal gate. */
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)), exp by the
+ * Cephes polynomial of kernels/simd.h (~1 ulp). out may equal gate. */
 void kvq_swiglu(float *out, const float *gate, const float *up, size_t n);
 
 /* Numerically stable in-place softmax of one row (max subtracted, fp32). */
