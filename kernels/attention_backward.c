@@ -22,10 +22,11 @@
 #endif
 
 /* per-thread scratch elements: score row (max_P+max_T) + s, dp [BK] +
- * 4 transposed blocks [hd][BK] + 4 local gradient blocks [BK][hd] */
+ * 4 transposed blocks [hd][BK] + 4 local gradient blocks [BK][hd] + 4 dq
+ * partial rows [hd] */
 static size_t scratch_elems(int max_T, int max_P, int hd)
 {
-    return (size_t)max_P + max_T + 2 * BK + 8 * (size_t)BK * hd;
+    return (size_t)max_P + max_T + 2 * BK + 8 * (size_t)BK * hd + 4 * (size_t)hd;
 }
 
 kvq_status kvq_attn_grad_ws_init(kvq_attn_grad_ws *ws, int max_T, int max_P, int n_heads, int n_kv_heads, int head_dim,

@@ -58,6 +58,7 @@ kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, in
     bw->rsum = bw->darena;
     kvq_status s = kvq_attn_grad_ws_init(&bw->attn, max_T, max_P, hp->n_heads, hp->n_kv_heads, hp->head_dim, bw->n_threads,
                                          sizeof(float), err);
+    if (!s) s = kvq_attn_ws_init(&bw->fattn, max_T, max_P, hp->n_kv_heads, hp->head_dim, bw->n_threads, err);
     if (s) kvq_backward_free(bw);
     return s;
 }
@@ -66,6 +67,7 @@ void kvq_backward_free(kvq_backward *bw)
 {
     kvq_forward_free(&bw->fw);
     kvq_attn_grad_ws_free(&bw->attn);
+    kvq_attn_ws_free(&bw->fattn);
     free(bw->arena);
     free(bw->iarena);
     free(bw->darena);
@@ -128,7 +130,9 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
         }
     }
     if (pre) kvq_rope_apply(bw->k_att, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
-    kvq_status s = kvq_attn_fwd_lse(&a, &bw->attn, err);
+    kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = a.q, .k = a.k, .v = a.v,
+                        .pk = a.pk, .pv = a.pv, .kq = a.kq, .kb = a.kb, .vq = a.vq, .vb = a.vb, .out = bw->att, .lse = bw->lse};
+    kvq_status s = kvq_attention(&fa, &bw->fattn, err);
     if (s) return kvq_err_prefix(err, "backward: layer %d", l);
     memcpy(bw->x_mid, x, (size_t)T * dim * sizeof(float));
     kvq_linear(bw->x_mid, bw->att, w->wo, T, qd, dim, 1.0f);

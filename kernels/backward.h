@@ -35,7 +35,7 @@
  * KVQ_FWD_SAVE_LAYER_INPUTS, keeping only the n_layers+1 residual streams
  * [T][dim]. Then, for l = n_layers-1 .. 0, layer l is recomputed from its saved
  * input (RMSNorm, projections, RoPE, the transform hook again — it must be
- * deterministic —, attention with its per-row log-sum-exp, output projection,
+ * deterministic —, attention (kvq_attention) with its per-row log-sum-exp, output projection,
  * MLP up to SwiGLU) and immediately differentiated; only one layer's
  * activations exist at a time. Attention probabilities are recomputed block
  * by block in the backward (attention_backward.h), never stored. The LM head
@@ -111,7 +111,8 @@ typedef struct {
     float *rmax, *rtgt;                         /* [max_T] */
     double *rsum;                               /* [max_T] */
     int *k_bound, *v_bound, *targets;           /* [max_T] */
-    kvq_attn_grad_ws attn;
+    kvq_attn_grad_ws attn;     /* attention backward */
+    kvq_attn_ws fattn;         /* recomputed attention forward (kvq_attention with lse) */
     /* wall seconds of the last run, by phase (profiling; not part of results) */
     double t_forward, t_head, t_recompute, t_attn_bwd, t_other_bwd;
     float *arena;

@@ -6,8 +6,11 @@
  * fp32 (the names below, used by the backward pass) and float64 (suffix
  * _f64, same arguments with double tensors), which the tests check against
  * central finite differences at 1e-6 relative. Row-major, one row per token,
- * outputs first (llm.c convention); rows are parallelised with OpenMP; none
- * allocates. Inner reductions of a row are accumulated in double.
+ * outputs first (llm.c convention); none allocates. Inner reductions of a row
+ * are accumulated in double. Threads: GEMMs use OpenBLAS's; the elementwise
+ * ops run on the calling thread (as in ops.h: OpenMP workers spinning between
+ * regions would compete with OpenBLAS's threads); only the LM head's
+ * per-row exponentials use an OpenMP loop.
  *
  * Derivations (y = forward output, dy = dL/dy):
  *  linear   y = x W^T (W [out][in])            dx = dy W

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention.h"
 #include "attention_backward.h"
 #include "kvq_test.h"
 #include "ops_backward.h"
@@ -415,6 +416,22 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
                              .vb = with_alt ? vb : NULL, .out = of, .lse = lf, .dout = rf, .dq = dqf, .dk = dkf, .dv = dvf,
                              .dpk = dpkf, .dpv = dpvf};
     ck_assert(kvq_attn_fwd_lse(&af, &ws, &e) == KVQ_OK);
+    /* the forward kernel (attention.h) gives the same output and lse (the backward pass uses it) */
+    {
+        kvq_attn_ws fws;
+        float *o2 = malloc(nq * 4), *l2 = malloc((size_t)nh * T * 4);
+        ck_assert(kvq_attn_ws_init(&fws, T, P, nkv, hd, 2, &e) == KVQ_OK);
+        kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = qf, .k = kf, .v = vf, .pk = af.pk,
+                            .pv = af.pv, .kq = kqf, .kb = af.kb, .vq = vqf, .vb = af.vb, .out = o2, .lse = l2};
+        ck_assert(kvq_attention(&fa, &fws, &e) == KVQ_OK);
+        double max_dl = 0;
+        for (int i = 0; i < nh * T; i++) max_dl = fmax(max_dl, fabs((double)l2[i] - lf[i]));
+        double eo = kvq_test_rel_l2_f(o2, of, nq);
+        fprintf(stderr, "INFO attention T=%d: kvq_attention vs kvq_attn_fwd_lse: out rel L2 %.1e, max |d lse| %.1e\n", T, eo, max_dl);
+        ck_assert(eo < 1e-5 && max_dl < 1e-5);
+        kvq_attn_ws_free(&fws);
+        free(o2), free(l2);
+    }
     ck_assert(kvq_attn_bwd(&af, &ws, &e) == KVQ_OK);
     if (with_alt)
         for (size_t i = 0; i < nk; i++) dk[i] += dkq[i], dv[i] += dvq[i];
