@@ -21,12 +21,12 @@
 #define KVQ_BWD_HOT
 #endif
 
-/* per-thread scratch elements: score row (max_P+max_T) + s, dp [BK] +
- * 4 transposed blocks [hd][BK] + 4 local gradient blocks [BK][hd] + 4 dq
- * partial rows [hd] */
-static size_t scratch_elems(int max_T, int max_P, int hd)
+/* per-thread scratch elements: score row (max_P+max_T) + 4 transposed K/V
+ * blocks [hd][BK] + 4 transposed gradient blocks [hd][BK] + p and dsq per head
+ * of a group (4 x [n_heads][BK]) + 4 dq partial rows [hd] */
+static size_t scratch_elems(int max_T, int max_P, int n_heads, int hd)
 {
-    return (size_t)max_P + max_T + 2 * BK + 8 * (size_t)BK * hd + 4 * (size_t)hd;
+    return (size_t)max_P + max_T + 8 * (size_t)BK * hd + 4 * (size_t)n_heads * BK + 4 * (size_t)hd;
 }
 
 kvq_status kvq_attn_grad_ws_init(kvq_attn_grad_ws *ws, int max_T, int max_P, int n_heads, int n_kv_heads, int head_dim,
@@ -38,7 +38,7 @@ kvq_status kvq_attn_grad_ws_init(kvq_attn_grad_ws *ws, int max_T, int max_P, int
         return kvq_fail(err, KVQ_EINVAL,
                         "attention gradient workspace: bad sizes (max_T %d, max_P %d, heads %d/%d, head_dim %d, threads %d, elem %zu)",
                         max_T, max_P, n_heads, n_kv_heads, head_dim, n_threads, elem);
-    size_t ld = (size_t)max_P + max_T, nkb = (ld + BK - 1) / BK, per = scratch_elems(max_T, max_P, head_dim);
+    size_t ld = (size_t)max_P + max_T, nkb = (ld + BK - 1) / BK, per = scratch_elems(max_T, max_P, n_heads, head_dim);
     size_t n_kt, n_kq, n_D, n_dqp, n_s;
     if (kvq_mul_size((size_t)n_kv_heads * head_dim, ld * elem, &n_kt) || kvq_mul_size((size_t)n_kv_heads * head_dim, (size_t)max_T * elem, &n_kq) ||
         kvq_mul_size((size_t)n_heads * max_T, elem, &n_D) || kvq_mul_size(nkb * max_T, (size_t)n_heads * head_dim * elem, &n_dqp) ||
