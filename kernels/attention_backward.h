@@ -15,14 +15,18 @@
  *
  * Memory and schedule: probabilities are never stored. kvq_attn_fwd_lse
  * computes o and lse row by row (one (query, head) row of P+T scores per
- * thread). kvq_attn_bwd walks blocks of KVQ_ATTN_BWD_BK keys of one kv head
- * (one OpenMP task each), recomputes p from q, k and lse for every query that
- * sees the block, and accumulates dK/dV of the block locally; the dq
- * contributions of each key block go to a partial buffer
- * [ceil((P+T)/BK)][T][n_heads][head_dim] that is then summed in a fixed order.
+ * thread); the model-level backward uses kvq_attention (attention.h) with its
+ * optional lse output instead, which is faster and agrees to ~1e-7 (tested).
+ * kvq_attn_bwd walks blocks of KVQ_ATTN_BWD_BK keys of one kv head (one OpenMP
+ * task each, earliest blocks first). For every query that sees the block it
+ * recomputes the scores and dp of all the GQA group's heads (accumulated in
+ * registers over the block's keys), p = exp(s - lse), and updates the block's
+ * dK and dV, kept transposed [head_dim][BK], once per query for all heads of
+ * the group. The dq contribution of each key block goes to a partial buffer
+ * [ceil((P+T)/BK)][T][n_heads][head_dim], summed afterwards in block order.
  * Results are therefore independent of the thread count. Workspace for the
- * default model (T = 2048, 9 heads of 64, P = 0): about 155 MiB, dominated by
- * the dq partials.
+ * default model (T = 2048, 9 heads of 64, P = 0): 151 MiB of dq partials + 1.5
+ * MiB of transposed keys + ~0.2 MiB scratch per thread.
  *
  * Both builds exist: fp32 (kvq_attn_*) and float64 (kvq_attn_*_f64), from one
  * source (attention_backward.inc); the workspace serves either (it is sized

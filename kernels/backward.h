@@ -42,14 +42,22 @@
  * gradient is computed blockwise over the vocabulary with an online softmax
  * (kvq_lm_head_xent_bwd): [T][v_chunk] logits at a time. Memory for the
  * default model (SmolLM2-135M, T = 2048, P = 0): model 0.54 GB (fp32) +
- * forward workspace with checkpoints ~0.25 GB + backward workspace ~0.3 GB
- * (one layer's activations and gradients, the attention dq partials ~150
- * MiB, a [2048][2048] logit block) — about 1.1 GB RSS (bench_backward prints
- * the measured peak). Per-layer gradients are handed to a callback and not
+ * forward workspace with the 31 checkpoints (~0.15 GB) + backward workspace
+ * (~0.1 GB of one layer's activations and gradients, 151 MiB of attention dq
+ * partials, a 2048 x 2048 logit block): measured peak RSS 900 MiB
+ * (bench_backward). Per-layer gradients are handed to a callback and not
  * kept; kvq_grad_store collects all layers when the caller wants them.
  *
- * Cost: forward + recomputed forward (without the down projection) + backward
- * GEMMs (dX = dY W, no dW) + attention backward ≈ 3× the forward.
+ * Threads: GEMMs use OpenBLAS's threads; attention (forward recompute and
+ * backward) and the LM head's exponentials use OpenMP; elementwise ops run on
+ * the calling thread. Results do not depend on the OpenMP thread count.
+ *
+ * Cost: forward + recomputed forward (all but the down projection and the LM
+ * head) + backward GEMMs (dX = dY W, no dW) + two LM-head passes + attention
+ * backward. Measured (bench_backward, T = 2048, 2 shared cores): 3.85x the
+ * forward in CPU time (target 3x); the attention backward is the largest
+ * phase. Keeping per-layer activations instead of recomputing them (~1.3 GB
+ * at T = 2048, within the 4 GB budget) would need the forward to expose them.
  */
 #ifndef KVQ_BACKWARD_H
 #define KVQ_BACKWARD_H
