@@ -4,6 +4,7 @@
 #   make test          setup + build + run every Check suite
 #   make asan          AddressSanitizer + UBSan build of everything, then the tests
 #   make bench         benchmarks (tests/bench), results for docs/BENCHMARKS.md
+#   make gpu           GPU check/benchmark binaries (tests/gpu; scripts/gpu_check_bench.sh runs them)
 #   make demo          the whole pipeline on the default model and data
 #   make V=1           show full compiler command lines
 .DEFAULT_GOAL := all
@@ -46,7 +47,7 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. -Iformats -Ikernels
-LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 else
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -59,8 +60,10 @@ TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+GPU_SRC := $(wildcard tests/gpu/*.c)
+GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 
-.PHONY: all lib tools tests test check-deps asan bench demo setup clean help
+.PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu
 all: check-deps $(LIB) $(TOOL_BINS)
 lib: $(LIB)
 tools: $(TOOL_BINS)
@@ -99,6 +102,14 @@ $(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
 	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/bench/%: tests/bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+# GPU checks and benchmarks (tests/gpu), run by scripts/gpu_check_bench.sh, not by `make test`.
+gpu: all $(GPU_BINS)
+
+$(BUILD)/gpu/%: tests/gpu/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
