@@ -15,11 +15,13 @@
  * int-pc / nuq tables are SYNTHETIC here (per-channel 0.5%/99.5% percentiles
  * of the pre-RoPE keys of window 0, power-law levels), not kvcalib artifacts:
  * they exercise the same kernels; the PPL of those rows is not a paper number.
- * Exit status: 0 when every comparison is within tolerance (logits relative
- * L2 <= 1e-5 and PPL relative difference <= 1e-5 for the unquantized and fp16
- * schemes; quantized schemes are reported, and must stay <= 1e-3: a GPU/CPU
- * rounding difference of one ulp can move a value across a quantization
- * decision boundary).
+ * Exit status: 0 when (a) the unquantized forward matches (logits relative
+ * L2 <= 1e-5, PPL relative difference <= 1e-5), (b) the observe hook sees the
+ * same K/V, and (c) every native GPU KV transform is bit-exact against the CPU
+ * reference applied to the GPU's own K/V. CPU-vs-GPU numbers of quantized
+ * schemes are printed for information only: a last-bit difference upstream
+ * (summation order) moves some values across a rounding boundary, and those
+ * flips cascade through a deep model.
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,6 +36,7 @@
 #include "forward_cuda.h"
 #include "kv_desc.h"
 #include "model.h"
+#include "ops.h"
 #include "select.h"
 #include "text.h"
 #include "tokenizer.h"
@@ -206,6 +209,100 @@ static kvq_status rec_observe(void *user, const kvq_layer_ctx *ctx, const kvq_la
     return KVQ_OK;
 }
 
+/* Bit-exactness of the GPU's native transforms: during a GPU run with a
+ * descriptor set, the observe hook receives the GPU's own pre-transform K/V
+ * (k_pre / k_post / v) and what attention used (k_att / v_att / alt); the CPU
+ * reference (kvq_kv_desc_transform, then RoPE for pre-RoPE schemes) is applied
+ * to the same inputs and every element compared bit for bit. */
+typedef struct {
+    const kvq_kv_desc *d;
+    const kvq_hparams *hp;
+    float *k, *v, *ka, *va, *cs, *sn;
+    int *kb, *vb;
+    long compared, mismatches;
+    double max_abs;
+} bx_user;
+
+static void bx_cmp(bx_user *u, const float *want, const float *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &want[i], 4);
+        memcpy(&b, &got[i], 4);
+        u->compared++;
+        if (a != b) {
+            u->mismatches++;
+            double dd = fabs((double)want[i] - got[i]);
+            if (dd > u->max_abs) u->max_abs = dd;
+        }
+    }
+}
+
+static kvq_status bx_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    bx_user *u = user;
+    const kvq_hparams *hp = u->hp;
+    size_t T = (size_t)ctx->T, n = T * (size_t)kvq_kv_dim(hp);
+    bool pre = u->d->key_stage == KVQ_KEYS_PRE_ROPE;
+    memcpy(u->k, pre ? obs->k_pre : obs->k_post, n * 4);
+    memcpy(u->v, obs->v, n * 4);
+    kvq_kv_desc_run run = {.d = u->d};
+    kvq_kv_alt alt = {u->ka, u->kb, false, u->va, u->vb, false};
+    KVQ_TRY(kvq_kv_desc_transform(&run, ctx, u->k, u->v, &alt, err));
+    if (pre) {
+        kvq_rope_table(hp, ctx->pos0, ctx->T, u->cs, u->sn);
+        kvq_rope_apply(u->k, ctx->T, hp->n_kv_heads, hp->head_dim, hp->rope_dim, u->cs, u->sn, 0);
+        if (alt.use_k) kvq_rope_apply(u->ka, ctx->T, hp->n_kv_heads, hp->head_dim, hp->rope_dim, u->cs, u->sn, 0);
+    }
+    bx_cmp(u, u->k, obs->k_att, n);
+    bx_cmp(u, u->v, obs->v_att, n);
+    if (alt.use_k != (obs->k_alt != NULL) || alt.use_v != (obs->v_alt != NULL)) {
+        u->mismatches += (long)n;
+        return KVQ_OK;
+    }
+    if (alt.use_k) {
+        bx_cmp(u, u->ka, obs->k_alt, n);
+        for (size_t i = 0; i < T; i++) u->mismatches += u->kb[i] != obs->k_bound[i];
+    }
+    if (alt.use_v) {
+        bx_cmp(u, u->va, obs->v_alt, n);
+        for (size_t i = 0; i < T; i++) u->mismatches += u->vb[i] != obs->v_bound[i];
+    }
+    return KVQ_OK;
+}
+
+/* One window on the GPU engine per scheme with the bit-exact observer; one
+ * line per scheme; returns 1 if every element of every layer matches. */
+static int bitexact_all(kvq_engine *gpu, const kvq_hparams *hp, const scheme_list *L, const int *tokens, int T,
+                        const kvq_prefix *px)
+{
+    kvq_err err = {0};
+    size_t n = (size_t)T * kvq_kv_dim(hp), half = hp->rope_dim / 2 ? hp->rope_dim / 2 : 1;
+    bx_user u = {.hp = hp, .k = malloc(n * 4), .v = malloc(n * 4), .ka = malloc(n * 4), .va = malloc(n * 4),
+                 .cs = malloc((size_t)T * half * 4), .sn = malloc((size_t)T * half * 4), .kb = malloc((size_t)T * sizeof(int)),
+                 .vb = malloc((size_t)T * sizeof(int))};
+    if (!u.k || !u.v || !u.ka || !u.va || !u.cs || !u.sn || !u.kb || !u.vb) DIE("out of memory");
+    int ok = 1;
+    printf("\nnative GPU transforms vs the CPU reference on the GPU's own K/V (every layer, bit for bit):\n\n");
+    printf("| scheme | elements compared | mismatches | max abs diff | result |\n|---|---|---|---|---|\n");
+    for (int i = 0; i < L->n; i++) {
+        if (L->d[i].q.kind == KVQ_SCHEME_FP32) continue;
+        u.d = &L->d[i];
+        u.compared = u.mismatches = 0;
+        u.max_abs = 0;
+        TRYE(kvq_engine_set_kv(gpu, &L->d[i], &err));
+        kvq_hooks h = {.user = &u, .observe = bx_observe};
+        kvq_fwd_io io = {.tokens = tokens, .T = T, .pos0 = px ? px->P : 0, .prefix = px, .hooks = &h};
+        kvq_fwd_result r;
+        TRYE(kvq_engine_run(gpu, &io, &r, &err));
+        int good = u.mismatches == 0 && u.compared > 0;
+        printf("| %s | %ld | %ld | %.3g | %s |\n", L->name[i], u.compared, u.mismatches, u.max_abs, good ? "PASS" : "FAIL");
+        ok &= good;
+    }
+    free(u.k), free(u.v), free(u.ka), free(u.va), free(u.cs), free(u.sn), free(u.kb), free(u.vb);
+    return ok;
+}
+
 /* Run windows on both engines with logits; return the comparison. mode 0 = GPU native, 1 = GPU host transform. */
 static cmp_row compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_kv_desc *d, const int32_t *tokens, int n_windows, int T,
                        const kvq_prefix *px, int mode, float *lc, float *lg)
@@ -254,13 +351,17 @@ static cmp_row compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_kv_desc *d, c
     return r;
 }
 
+/* exact: the unquantized scheme (tolerance 1e-5, counts for the exit status).
+ * Quantized schemes are reported for information: a last-bit difference in
+ * K/V (summation order) can move a value across a rounding boundary, and in a
+ * deep model those flips cascade; their semantics are checked bit for bit by
+ * bitexact_all instead. */
 static int report_row(const char *name, const char *path, cmp_row r, int exact)
 {
-    double tol = exact ? 1e-5 : 1e-3;
-    int ok = r.logit_rel <= tol && r.ppl_rel <= tol;
+    int ok = r.logit_rel <= 1e-5 && r.ppl_rel <= 1e-5;
     printf("| %-34s | %-11s | %.3e | %.6f | %.6f | %.2e | %6.2f | %6.3f | %s |\n", name, path, r.logit_rel, r.ppl_cpu, r.ppl_gpu,
-           r.ppl_rel, r.sec_cpu, r.sec_gpu, ok ? "PASS" : (exact ? "FAIL" : "FAIL (quantized)"));
-    return ok;
+           r.ppl_rel, r.sec_cpu, r.sec_gpu, exact ? (ok ? "PASS" : "FAIL") : "info (quantized)");
+    return exact ? ok : 1;
 }
 
 static void header(void)
@@ -269,7 +370,7 @@ static void header(void)
     printf("|---|---|---|---|---|---|---|---|---|\n");
 }
 
-static int is_exact_scheme(const kvq_kv_desc *d) { return d->q.kind == KVQ_SCHEME_FP32 || d->q.kind == KVQ_SCHEME_FP16; }
+static int is_exact_scheme(const kvq_kv_desc *d) { return d->q.kind == KVQ_SCHEME_FP32; }
 
 /* ---- synthetic models ------------------------------------------------------------ */
 
@@ -369,14 +470,13 @@ static int run_synthetic(kvq_device gdev)
             cmp_row r = compare(&cpu, &gpu, &L.d[i], tokens, nw, T, P ? &px : NULL, 1, lc, lg);
             all_ok &= report_row(L.name[i], "host hook", r, is_exact_scheme(&L.d[i]));
         }
-        /* observe hook on the GPU: k_att / v_att of layer 1 vs the CPU's (nuq4 native) */
+        /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
         {
             size_t n = (size_t)T * kvq_kv_dim(hp);
-            obs_rec rc = {.layer = 1, .k = malloc(n * 4), .v = malloc(n * 4), .n = n};
-            obs_rec rg = {.layer = 1, .k = malloc(n * 4), .v = malloc(n * 4), .n = n};
-            const kvq_kv_desc *d = &L.d[7];
-            TRYE(kvq_engine_set_kv(&cpu, d, &err));
-            TRYE(kvq_engine_set_kv(&gpu, d, &err));
+            obs_rec rc = {.layer = 0, .k = malloc(n * 4), .v = malloc(n * 4), .n = n};
+            obs_rec rg = {.layer = 0, .k = malloc(n * 4), .v = malloc(n * 4), .n = n};
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+            TRYE(kvq_engine_set_kv(&gpu, NULL, &err));
             kvq_hooks hc = {.user = &rc, .observe = rec_observe}, hg = {.user = &rg, .observe = rec_observe};
             kvq_fwd_io io = {.tokens = tokens, .T = T, .pos0 = P, .prefix = P ? &px : NULL, .hooks = &hc};
             kvq_fwd_result r1, r2;
@@ -384,12 +484,13 @@ static int run_synthetic(kvq_device gdev)
             io.hooks = &hg;
             TRYE(kvq_engine_run(&gpu, &io, &r2, &err));
             double ek = rel_l2(rg.k, rc.k, n), ev = rel_l2(rg.v, rc.v, n);
-            int ok = rc.calls == hp->n_layers && rg.calls == hp->n_layers && ek <= 1e-3 && ev <= 1e-3;
-            printf("\nobserve hook (%s, layer 1): calls CPU %d GPU %d, k_att rel L2 %.2e, v_att rel L2 %.2e: %s\n", L.name[7],
-                   rc.calls, rg.calls, ek, ev, ok ? "PASS" : "FAIL");
+            int ok = rc.calls == hp->n_layers && rg.calls == hp->n_layers && ek <= 1e-5 && ev <= 1e-5;
+            printf("\nobserve hook (fp32, layer 0): calls CPU %d GPU %d, k_att rel L2 %.2e, v_att rel L2 %.2e: %s\n", rc.calls,
+                   rg.calls, ek, ev, ok ? "PASS" : "FAIL");
             all_ok &= ok;
             free(rc.k), free(rc.v), free(rg.k), free(rg.v);
         }
+        all_ok &= bitexact_all(&gpu, hp, &L, tokens, T, P ? &px : NULL);
         free(lc), free(lg), free(tokens), free(pbuf);
         synth_free(&st4);
         synth_free(&st3);
@@ -446,6 +547,7 @@ static int run_model(const char *model_path, const char *text_path, int ctx, int
     default_schemes(&L, &st4, hp->head_dim, 1, 128);
     fix_bits(&L, &st3);
     int all_ok = 1;
+    all_ok &= bitexact_all(&gpu, hp, &L, win.tokens, ctx, NULL);
 
     if (check_windows > 0 && gdev == KVQ_DEVICE_CUDA) {
         kvq_engine cpu;
