@@ -1,10 +1,9 @@
 # kvq — GNU Make build. `make` builds build/libkvq.a and bin/kv{dump,calib,stat,eval}.
-#   make CUDA=0        CPU-only build (default: CUDA=1 when nvcc is found)
+#   make CUDA=0        CPU-only build into build-cpu/, bin-cpu/ (default: CUDA=1 when nvcc is found)
 #   make CUDA_ARCH=sm_80  override the GPU architecture (default sm_90)
 #   make test          setup + build + run every Check suite
 #   make asan          AddressSanitizer + UBSan build of everything, then the tests
 #   make bench         benchmarks (tests/bench), results for docs/BENCHMARKS.md
-#   make gpu           GPU check/benchmark binaries (tests/gpu; scripts/gpu_check_bench.sh runs them)
 #   make demo          the whole pipeline on the default model and data
 #   make V=1           show full compiler command lines
 .DEFAULT_GOAL := all
@@ -21,10 +20,13 @@ SAN ?= 0
 V ?= 0
 Q := $(if $(filter 1,$(V)),,@)
 
-BUILD := build$(if $(filter 1,$(SAN)),-asan,)
-BIN := bin$(if $(filter 1,$(SAN)),-asan,)
+# CPU-only and sanitizer builds get their own folders, so objects of different
+# configurations never mix (build-cpu/, bin-cpu/, build-asan/, bin-asan/).
+CFG_SUFFIX := $(if $(filter 1,$(SAN)),-asan,$(if $(filter 0,$(CUDA)),-cpu,))
+BUILD := build$(CFG_SUFFIX)
+BIN := bin$(CFG_SUFFIX)
 
-PKGS := hdf5 libcjson libpcre2-8 cairo openblas libcrypto
+PKGS := hdf5 libcjson libpcre2-8 cairo fontconfig openblas libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
@@ -60,10 +62,14 @@ TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+
+# GPU checks and benchmarks (tests/gpu, CUDA=1 only; run by scripts/gpu_kvcache_bench.sh and
+# scripts/gpu_check_bench.sh, never by CI).
+# --as-needed keeps the binaries free of libraries they do not use (the device image lacks most).
 GPU_SRC := $(wildcard tests/gpu/*.c)
 GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 
-.PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu
+.PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu-tests
 all: check-deps $(LIB) $(TOOL_BINS)
 lib: $(LIB)
 tools: $(TOOL_BINS)
@@ -106,13 +112,14 @@ $(BUILD)/bench/%: tests/bench/%.c $(LIB)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
-# GPU checks and benchmarks (tests/gpu), run by scripts/gpu_check_bench.sh, not by `make test`.
-gpu: all $(GPU_BINS)
+gpu-tests: $(if $(filter 1,$(CUDA)),$(GPU_BINS),gpu-tests-need-cuda)
+gpu-tests-need-cuda:
+	@echo "kvq: gpu-tests needs CUDA=1 (nvcc)"; exit 1
 
 $(BUILD)/gpu/%: tests/gpu/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)
-	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(Q)$(CC) $(CFLAGS) $< -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
 
 setup:
 	bash scripts/setup.sh
@@ -120,13 +127,13 @@ setup:
 # Tests run from the repo root; ../shared and models/ are optional (tests skip with a message).
 test: setup
 	$(MAKE) all tests
-	@bash scripts/run_tests.sh $(TEST_BINS)
+	@KVQ_BIN_DIR=$(BIN) bash scripts/run_tests.sh $(TEST_BINS)
 
 asan:
 	bash scripts/setup.sh --no-model
 	$(MAKE) SAN=1 CUDA=0 OPT=-O1 all tests
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  KVQ_TEST_QUICK=1 bash scripts/run_tests.sh $(patsubst build/%,build-asan/%,$(TEST_BINS))
+	  KVQ_TEST_QUICK=1 KVQ_BIN_DIR=bin-asan bash scripts/run_tests.sh $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BINS))
 
 bench: all $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
@@ -135,6 +142,6 @@ demo: setup all
 	bash scripts/demo.sh
 
 clean:
-	rm -rf build build-asan bin bin-asan
+	rm -rf build build-asan build-cpu bin bin-asan bin-cpu
 
--include $(shell find build build-asan -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

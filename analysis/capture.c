@@ -136,12 +136,8 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
         s = kvq_fail(err, KVQ_EUNSUPPORTED, "--fisher: the backward pass is not in this build yet");
         goto done;
     }
-    const char *tok_path = o->tokenizer_path ? o->tokenizer_path : o->model_path;
-    if (m.source != KVQ_SRC_GGUF && !o->tokenizer_path && m.source == KVQ_SRC_LLAMA2C) {
-        s = kvq_fail(err, KVQ_EINVAL, "%s: a llama2.c checkpoint carries no tokenizer: pass --tokenizer FILE", o->model_path);
-        goto done;
-    }
-    if ((s = kvq_tokenizer_load(tok_path, &tok, err))) goto done;
+    /* --tokenizer FILE, else the GGUF itself or the HF checkpoint's tokenizer.json; llama2.c: error */
+    if ((s = kvq_tokenizer_for_model(o->model_path, o->tokenizer_path, &tok, err))) goto done;
     if ((s = kvq_text_read(o->text_path, o->format, KVQ_EOL_TO_LF, &txt, err))) goto done;
     if ((s = kvq_calib_windows(&txt, tok, (size_t)o->samples, (size_t)seq_len, o->seed, KVQ_BOS_MODEL, &win, err))) goto done;
 

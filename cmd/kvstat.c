@@ -1,32 +1,296 @@
-/* kvstat — report and plot channel/token outliers and quantization error from a kvdump file. */
+/* kvstat — report and plot channel/token outliers and quantization error from a kvdump file.
+ *
+ * kvstat DUMP [--artifact FILE] [--layer N] [--head H] [--sample S] [--outlier-mult X]
+ *        [--json FILE] [--html DIR] [--plots DIR] [--quiet] ...
+ * Markdown tables go to stdout (or --markdown FILE); progress to stderr.
+ * Exit status: 0 success, 1 failure (message on stderr), 2 bad command line. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "cli.h"
 #include "cuda_info.h"
+#include "kvsrc.h"
+#include "kvstats.h"
+#include "plot.h"
+#include "report.h"
 
-static void usage(FILE *f)
+#define PLOT_NAMES "profile|heatmap|outliers|attention|hist|qerr"
+#define MAX_IMAGES 16
+
+typedef struct {
+    const char *artifact, *json, *html, *plots, *markdown, *outlier_stat, *format, *attn_scale;
+    long layer, head, sample, top, chunk;
+    double outlier_mult, sink_share;
+    kvq_strlist plot;
+    bool quiet, version;
+} args_t;
+
+typedef struct {
+    char paths[MAX_IMAGES][4200];
+    char caps[MAX_IMAGES][256];
+    const char *pp[MAX_IMAGES], *cp[MAX_IMAGES];
+    int n;
+} images_t;
+
+static bool want(const args_t *a, const char *name)
 {
-    fprintf(f,
-            "usage: kvstat [options]\n"
-            "\n"
-            "report and plot channel/token outliers and quantization error from a kvdump file.\n"
-            "\n"
-            "options:\n"
-            "  -h, --help     show this help and exit\n"
-            "  --version      print the kvq version and build (CPU/CUDA)\n"
-            "\n"
-            "status: the kvstat pipeline step is not implemented in this build yet.\n");
+    if (a->plot.n == 0) return true;
+    for (int i = 0; i < a->plot.n; i++)
+        if (!strcmp(a->plot.v[i], name)) return true;
+    return false;
+}
+
+static bool explicitly(const args_t *a, const char *name) { return a->plot.n > 0 && want(a, name); }
+
+static void add_image(images_t *im, const char *base, const char *cap)
+{
+    if (im->n >= MAX_IMAGES) return;
+    snprintf(im->paths[im->n], sizeof im->paths[im->n], "%s.png", base);
+    snprintf(im->caps[im->n], sizeof im->caps[im->n], "%s", cap);
+    im->pp[im->n] = im->paths[im->n];
+    im->cp[im->n] = im->caps[im->n];
+    im->n++;
+}
+
+static kvq_status mkdir_p(const char *dir, kvq_err *err)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return kvq_fail(err, KVQ_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
+    return KVQ_OK;
+}
+
+/* Histograms of normalised keys/values of the detail layer with the artifact's nuq levels. */
+static kvq_status plot_hists(const args_t *a, const kvq_kvsrc *src, const kvq_artifact *art, int layer,
+                             const char *dir, const kvq_plot_style *st, images_t *im, kvq_err *err)
+{
+    if (art->p.method != KVQ_METHOD_NUQ || !art->k || !art->v) {
+        if (explicitly(a, "hist"))
+            return kvq_fail(err, KVQ_EINVAL, "--plot hist needs a nuq artifact (this one is %s)", kvq_method_name(art->p.method));
+        return KVQ_OK;
+    }
+    enum { NB = 240 };
+    for (int w = 0; w < 2; w++) {
+        const kvq_kv_table *t = w ? &art->v[layer] : &art->k[layer];
+        uint64_t cnt[NB] = {0}, under = 0, over = 0;
+        kvq_kvt tens = w ? KVQ_KVT_V : art->p.post_rope ? KVQ_KVT_K : KVQ_KVT_K_PRE_ROPE;
+        KVQ_TRY(kvq_normhist_layer(src, layer, tens, w ? NULL : t->channel_lower, w ? NULL : t->channel_upper,
+                                   art->p.outlier_frac, -1.2, 1.2, NB, cnt, &under, &over, err));
+        char base[4200], title[300], lab[64];
+        snprintf(base, sizeof base, "%s/hist_%s_layer%d", dir, w ? "v" : "k", layer);
+        snprintf(title, sizeof title, "layer %d %s: normalised values and nuq%d levels (%s)", layer,
+                 w ? "values (per-token range)" : "keys (per-channel thresholds)", t->bits,
+                 t->n_tables > 1 ? "KV head 0's datatype" : "per-layer datatype");
+        snprintf(lab, sizeof lab, "nuq%d levels (%d)", t->bits, 1 << t->bits);
+        KVQ_TRY(kvq_plot_histogram(base, st, title, "normalised value (x − zp) / r", cnt, NB, -1.2, 1.2, under, over,
+                                   t->levels, 1 << t->bits, lab, true, err));
+        add_image(im, base, title);
+    }
+    return KVQ_OK;
+}
+
+static int run(const args_t *a, const char *dump_path)
+{
+    kvq_err err = {0};
+    kvq_kvsrc src;
+    kvq_status st = kvq_kvsrc_dump_open(dump_path, &src, &err);
+    if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); return 1; }
+    kvq_artifact art;
+    bool have_art = false;
+    kvq_kvstats *s = NULL;
+    kvq_qerr q;
+    bool have_q = false;
+    kvq_qscheme_state qs[3];
+    int n_qs = 0;
+    int rc = 1;
+    /* validate the detail selection before the long pass */
+    int layer = a->layer >= 0 ? (int)a->layer : (src.layer_first + src.layer_last) / 2;
+    if (layer < src.layer_first || layer > src.layer_last) {
+        fprintf(stderr, "kvstat: --layer %d: the dump has layers %d..%d\n", layer, src.layer_first, src.layer_last);
+        goto out;
+    }
+    if (a->head >= src.n_kv_heads) {
+        fprintf(stderr, "kvstat: --head %ld: the model has %d KV heads (0..%d)\n", a->head, src.n_kv_heads, src.n_kv_heads - 1);
+        goto out;
+    }
+    if (a->sample >= src.n_samples) {
+        fprintf(stderr, "kvstat: --sample %ld: the dump has %lld samples (0..%lld)\n", a->sample, (long long)src.n_samples,
+                (long long)src.n_samples - 1);
+        goto out;
+    }
+    if (explicitly(a, "attention") && !src.has_attn) {
+        fprintf(stderr, "kvstat: --plot attention: %s has no attn_received; re-run kvdump with --attn-stats\n", dump_path);
+        goto out;
+    }
+    if ((explicitly(a, "qerr") || explicitly(a, "hist")) && !a->artifact) {
+        fprintf(stderr, "kvstat: --plot qerr/hist need --artifact FILE (a kvcalib artifact)\n");
+        goto out;
+    }
+    if (a->artifact) {
+        if (kvq_artifact_read(a->artifact, &art, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+        have_art = true;
+        if (kvq_artifact_check_source(&art, &src, &err) != KVQ_OK) {
+            fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg);
+            goto out;
+        }
+    }
+    kvq_kvstats_opts o = kvq_kvstats_opts_default();
+    o.outlier_mult = a->outlier_mult;
+    o.outlier_stat = !strcmp(a->outlier_stat, "absmax") ? KVQ_OUTLIER_ABSMAX
+                     : !strcmp(a->outlier_stat, "p99") ? KVQ_OUTLIER_P99 : KVQ_OUTLIER_MEAN_ABS;
+    o.sink_share = a->sink_share;
+    o.chunk_tokens = a->chunk;
+    o.quiet = a->quiet;
+    if (kvq_kvstats_compute(&src, &o, &s, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", dump_path, err.msg); goto out; }
+    if (have_art) {
+        kvq_qscheme sch[3];
+        if (kvq_qscheme_from_artifact(&art, &qs[0], &sch[0], &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
+        n_qs = 1;
+        kvq_scheme base = {.kind = KVQ_SCHEME_INT, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink};
+        if (art.p.method != KVQ_METHOD_INT && kvq_qscheme_plain(&base, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
+        kvq_scheme kivi = {.kind = KVQ_SCHEME_KIVI, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink, .group = 32};
+        if (art.p.method != KVQ_METHOD_KIVI && src.head_dim % 32 == 0 &&
+            kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
+        if (kvq_qerr_compute(&src, sch, n_qs, a->quiet, &q, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+        have_q = true;
+    }
+    /* plots */
+    images_t im = {.n = 0};
+    const char *pdir = a->plots ? a->plots : a->html;
+    if (pdir) {
+        if (mkdir_p(pdir, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+        kvq_plot_style ps = kvq_plot_style_default();
+        ps.model = s->model;
+        ps.png = strcmp(a->format, "svg") != 0 || a->html;
+        ps.svg = strcmp(a->format, "png") != 0;
+        char base[4200], cap[256];
+        bool logy = !strcmp(a->attn_scale, "log");
+        if (want(a, "profile")) {
+            snprintf(base, sizeof base, "%s/channel_profile_layer%d", pdir, layer);
+            st = kvq_plot_channel_profile(base, &ps, s, layer, &err);
+            snprintf(cap, sizeof cap, "Per-channel magnitude, layer %d (pre-RoPE keys, post-RoPE keys, values)", layer);
+            if (st == KVQ_OK) add_image(&im, base, cap);
+        }
+        if (st == KVQ_OK && want(a, "heatmap")) {
+            size_t n = (size_t)src.seq_len * (size_t)src.head_dim;
+            float *hm[3] = {malloc(n * sizeof(float)), malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+            if (!hm[0] || !hm[1] || !hm[2]) st = kvq_fail(&err, KVQ_ENOMEM, "heatmap: out of memory");
+            for (int t = 0; t < 3 && st == KVQ_OK; t++)
+                st = kvq_kvsrc_read_head(&src, layer, (kvq_kvt)t, a->sample, (int)a->head, hm[t], &err);
+            const char *titles[3] = {"pre-RoPE keys (k_pre_rope)", "post-RoPE keys (k)", "values (v)"};
+            snprintf(base, sizeof base, "%s/heatmap_layer%d_head%ld_sample%ld", pdir, layer, a->head, a->sample);
+            if (st == KVQ_OK)
+                st = kvq_plot_heatmap(base, &ps, layer, (int)a->head, a->sample, 3, (const float *const *)hm, titles,
+                                      src.seq_len, src.head_dim, &err);
+            snprintf(cap, sizeof cap, "|x| per token and channel, layer %d, KV head %ld, sample %ld", layer, a->head, a->sample);
+            if (st == KVQ_OK) add_image(&im, base, cap);
+            for (int t = 0; t < 3; t++) free(hm[t]);
+        }
+        if (st == KVQ_OK && want(a, "outliers")) {
+            snprintf(base, sizeof base, "%s/outlier_map", pdir);
+            st = kvq_plot_outlier_map(base, &ps, s, &err);
+            if (st == KVQ_OK) add_image(&im, base, "Outlier channels of every layer (channel magnitude / layer median)");
+        }
+        if (st == KVQ_OK && want(a, "attention") && s->has_attn) {
+            snprintf(base, sizeof base, "%s/attention_layer%d", pdir, layer);
+            st = kvq_plot_attention(base, &ps, s, layer, logy, &err);
+            snprintf(cap, sizeof cap, "Attention received by position, layer %d", layer);
+            if (st == KVQ_OK) add_image(&im, base, cap);
+            snprintf(base, sizeof base, "%s/attention_layers", pdir);
+            if (st == KVQ_OK) st = kvq_plot_attention_layers(base, &ps, s, &err);
+            if (st == KVQ_OK) add_image(&im, base, "Attention sink strength per layer");
+        } else if (st == KVQ_OK && want(a, "attention") && !a->quiet) {
+            fprintf(stderr, "kvstat: note: no attention plots: the dump has no attn_received (kvdump --attn-stats)\n");
+        }
+        if (st == KVQ_OK && have_art && want(a, "hist")) st = plot_hists(a, &src, &art, layer, pdir, &ps, &im, &err);
+        if (st == KVQ_OK && have_q && want(a, "qerr")) {
+            snprintf(base, sizeof base, "%s/quant_error", pdir);
+            st = kvq_plot_qerr(base, &ps, &q, true, &err);
+            if (st == KVQ_OK) add_image(&im, base, "Relative quantization error per layer and scheme");
+        }
+        if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+    }
+    kvq_report r = {.s = s, .q = have_q ? &q : NULL, .dump_path = dump_path, .artifact_path = a->artifact,
+                    .detail_layer = layer, .top_n = (int)a->top, .n_images = im.n, .image_paths = im.pp,
+                    .image_captions = im.cp};
+    FILE *mf = stdout;
+    if (a->markdown && strcmp(a->markdown, "-")) {
+        mf = fopen(a->markdown, "w");
+        if (!mf) { fprintf(stderr, "kvstat: %s: cannot open for writing: %s\n", a->markdown, strerror(errno)); goto out; }
+    }
+    st = kvq_report_markdown(mf, &r, &err);
+    if (mf != stdout && fclose(mf) != 0 && st == KVQ_OK) st = kvq_fail(&err, KVQ_EIO, "%s: write failed", a->markdown);
+    if (st == KVQ_OK && a->json) st = kvq_report_json(a->json, &r, &err);
+    if (st == KVQ_OK && a->html) st = kvq_report_html(a->html, &r, &err);
+    if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+    if (a->html && !a->quiet) fprintf(stderr, "kvstat: wrote %s/index.html\n", a->html);
+    rc = 0;
+out:
+    if (have_q) kvq_qerr_free(&q);
+    for (int i = 0; i < n_qs; i++) kvq_qscheme_state_free(&qs[i]);
+    kvq_kvstats_free(s);
+    if (have_art) kvq_artifact_free(&art);
+    kvq_kvsrc_dump_close(&src);
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        if (!strcmp(argv[i], "--version")) {
-            printf("kvstat (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
-            return 0;
+    args_t a = {.layer = -1, .head = 0, .sample = 0, .top = 5, .chunk = 256, .outlier_mult = 4, .sink_share = 0.2,
+                .outlier_stat = "mean", .format = "both", .attn_scale = "log", .markdown = "-"};
+    kvq_opt opts[] = {
+        {"artifact", 'a', KVQ_OPT_STRING, &a.artifact, "FILE", "kvcalib artifact: adds quantization error, outlier fractions, nuq histograms", NULL, 0, 0, false},
+        {"layer", 'l', KVQ_OPT_INT, &a.layer, "N", "layer of the detailed figures (-1 = the middle dumped layer)", NULL, -1, 1e6, false},
+        {"head", 0, KVQ_OPT_INT, &a.head, "H", "KV head of the heatmap", NULL, 0, 1e6, false},
+        {"sample", 0, KVQ_OPT_INT, &a.sample, "S", "sample of the heatmap", NULL, 0, 1e12, false},
+        {"outlier-mult", 0, KVQ_OPT_FLOAT, &a.outlier_mult, "X", "outlier channel: statistic >= X times the layer median", NULL, 1, 1e6, false},
+        {"outlier-stat", 0, KVQ_OPT_CHOICE, &a.outlier_stat, "S", "channel statistic for outliers", "mean|absmax|p99", 0, 0, false},
+        {"sink-share", 0, KVQ_OPT_FLOAT, &a.sink_share, "X", "sink: mean attention probability from the queries that see the position >= X", NULL, 1e-6, 1, false},
+        {"top", 0, KVQ_OPT_INT, &a.top, "N", "outlier channels / sinks listed per layer in the tables", NULL, 1, 1000, false},
+        {"json", 'j', KVQ_OPT_STRING, &a.json, "FILE", "write every number as JSON ('-' = stdout)", NULL, 0, 0, false},
+        {"html", 0, KVQ_OPT_STRING, &a.html, "DIR", "write DIR/index.html, one self-contained page (plots embedded)", NULL, 0, 0, false},
+        {"plots", 'p', KVQ_OPT_STRING, &a.plots, "DIR", "write the figures into DIR (default with --html: the html DIR)", NULL, 0, 0, false},
+        {"plot", 0, KVQ_OPT_LIST, &a.plot, "NAME", "only these figures (repeatable): " PLOT_NAMES, NULL, 0, 0, false},
+        {"format", 0, KVQ_OPT_CHOICE, &a.format, "F", "figure files", "png|svg|both", 0, 0, false},
+        {"attn-scale", 0, KVQ_OPT_CHOICE, &a.attn_scale, "S", "y axis of the attention-by-position plot", "log|linear", 0, 0, false},
+        {"markdown", 'm', KVQ_OPT_STRING, &a.markdown, "FILE", "markdown tables ('-' = stdout)", NULL, 0, 0, false},
+        {"chunk", 0, KVQ_OPT_INT, &a.chunk, "N", "positions read per slab (memory vs HDF5 calls)", NULL, 1, 1 << 20, false},
+        {"quiet", 'q', KVQ_OPT_FLAG, &a.quiet, NULL, "no progress or notes on stderr", NULL, 0, 0, false},
+        {"version", 0, KVQ_OPT_FLAG, &a.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+    };
+    int n_opts = (int)(sizeof opts / sizeof *opts);
+    const char *summary = "kvstat DUMP: channel and token outlier statistics, attention sinks, pre- vs post-RoPE spread\n"
+                          "and (with --artifact) quantization error of a kvdump file; markdown tables on stdout,\n"
+                          "JSON, PNG/SVG figures and a self-contained HTML page on request.";
+    kvq_strlist pos = {.n = 0};
+    bool help = false;
+    kvq_err err = {0};
+    if (kvq_cli_parse("kvstat", summary, opts, n_opts, argc, argv, &pos, &help, &err) != KVQ_OK) {
+        fprintf(stderr, "kvstat: %s (see --help)\n", err.msg);
+        return 2;
+    }
+    if (help) return 0;
+    if (a.version) {
+        printf("kvstat (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+        return 0;
+    }
+    for (int i = 0; i < a.plot.n; i++) {
+        static const char *const names[] = {"profile", "heatmap", "outliers", "attention", "hist", "qerr"};
+        bool ok = false;
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) ok = ok || !strcmp(a.plot.v[i], names[k]);
+        if (!ok) {
+            const char *v = a.plot.v[i];
+            fprintf(stderr, "kvstat: --plot: expected one of %s, found '%s'\n", PLOT_NAMES, v);
+            return 2;
         }
     }
-    fprintf(stderr, "kvstat: not implemented yet; see --help\n");
-    return 2;
+    if (pos.n != 1) {
+        fprintf(stderr, "kvstat: expected one dump file, found %d arguments (see --help)\n", pos.n);
+        return 2;
+    }
+    int rc = run(&a, pos.v[0]);
+    kvq_plot_cleanup();
+    return rc;
 }

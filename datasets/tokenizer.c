@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gguf.h"
+#include "model.h"
 
 enum { PRE_NONE = 0, PRE_GPT2 = 1, PRE_STARCODER = 2 };
 
@@ -614,7 +616,55 @@ static int32_t hf_token_id(const cJSON *root, const cJSON *vocab, const char *te
     return cJSON_IsNumber(v) ? (int32_t)v->valuedouble : -1;
 }
 
-static kvq_status from_hf(const cJSON *root, const char *path, kvq_tokenizer **out, kvq_err *err)
+/* tokenizer_config.json "bos_token"/"eos_token": a string, an AddedToken
+ * object {"content": string, ...}, or null/absent (*text = NULL). */
+static kvq_status tcfg_token(const cJSON *tcfg, const char *key, const char *tcfg_path, const char **text, kvq_err *err)
+{
+    const cJSON *v = jget(tcfg, key);
+    *text = NULL;
+    if (!v || cJSON_IsNull(v)) return KVQ_OK;
+    if (cJSON_IsObject(v)) v = jget(v, "content");
+    if (!cJSON_IsString(v))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: key '%s': expected a string or {\"content\": string}", tcfg_path, key);
+    *text = v->valuestring;
+    return KVQ_OK;
+}
+
+/* Apply tokenizer_config.json (transformers): bos_token / eos_token set the
+ * BOS / EOS ids; add_bos_token / add_eos_token, when present, decide whether
+ * they are added by default (LlamaTokenizerFast rebuilds its post-processor
+ * from them); absent keys leave what tokenizer.json's post_processor says. */
+static kvq_status apply_tcfg(kvq_tokenizer *t, const cJSON *root, const cJSON *vocab, const cJSON *tcfg, const char *tcfg_path,
+                             kvq_err *err)
+{
+    const char *keys[2] = {"bos_token", "eos_token"};
+    int32_t *ids[2] = {&t->bos, &t->eos};
+    for (int i = 0; i < 2; i++) {
+        const char *text;
+        KVQ_TRY(tcfg_token(tcfg, keys[i], tcfg_path, &text, err));
+        if (!text) continue;
+        int32_t id = hf_token_id(root, vocab, text);
+        if (id < 0)
+            return kvq_fail(err, KVQ_EFORMAT, "%s: key '%s': token \"%.64s\" is not in the vocabulary of the neighbouring tokenizer.json",
+                            tcfg_path, keys[i], text);
+        *ids[i] = id;
+    }
+    const char *fk[2] = {"add_bos_token", "add_eos_token"};
+    bool *flags[2] = {&t->add_bos, &t->add_eos};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = jget(tcfg, fk[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (!cJSON_IsBool(v)) return kvq_fail(err, KVQ_EFORMAT, "%s: key '%s': expected true or false", tcfg_path, fk[i]);
+        *flags[i] = cJSON_IsTrue(v);
+        if (*flags[i] && *ids[i] < 0)
+            return kvq_fail(err, KVQ_EFORMAT, "%s: key '%s' is true but no %s token is defined (tokenizer.json post_processor or '%s')",
+                            tcfg_path, fk[i], i ? "EOS" : "BOS", keys[i]);
+    }
+    return KVQ_OK;
+}
+
+static kvq_status from_hf(const cJSON *root, const char *path, const cJSON *tcfg, const char *tcfg_path, kvq_tokenizer **out,
+                          kvq_err *err)
 {
     const cJSON *model = jget(root, "model");
     if (!cJSON_IsObject(model)) return kvq_fail(err, KVQ_EFORMAT, "%s: \"model\": missing or not an object", path);
@@ -688,6 +738,7 @@ static kvq_status from_hf(const cJSON *root, const char *path, kvq_tokenizer **o
         const cJSON *se = jget(jget(last, "SpecialToken"), "id");
         if (cJSON_GetArraySize(single) > 1 && cJSON_IsString(se)) { t->eos = hf_token_id(root, vocab, se->valuestring); t->add_eos = t->eos >= 0; }
     }
+    if (tcfg && (s = apply_tcfg(t, root, vocab, tcfg, tcfg_path, err))) goto fail;
     if ((s = tok_finish(t, path, err))) goto fail;
     if ((s = merges_alloc(t, (size_t)cJSON_GetArraySize(merges), path, err))) goto fail;
     int32_t rank = 0;
@@ -708,23 +759,58 @@ fail:
     return s;
 }
 
-kvq_status kvq_tokenizer_from_hf_json(const char *path, kvq_tokenizer **out, kvq_err *err)
+/* Parse a whole JSON file; *root NULL and KVQ_OK when `optional` and the file does not exist. */
+static kvq_status json_file(const char *path, bool optional, cJSON **root, kvq_err *err)
 {
-    *out = NULL;
+    *root = NULL;
+    if (optional && access(path, F_OK) != 0 && errno == ENOENT) return KVQ_OK;
     char *d;
     size_t n;
     KVQ_TRY(slurp(path, &d, &n, err));
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(d, n, &end, 0);
-    if (!root) {
+    *root = cJSON_ParseWithLengthOpts(d, n, &end, 0);
+    if (!*root) {
         size_t at = end ? (size_t)(end - d) : 0;
         free(d);
         return kvq_fail(err, KVQ_EFORMAT, "%s: offset %zu: invalid JSON", path, at);
     }
-    kvq_status s = from_hf(root, path, out, err);
-    cJSON_Delete(root);
     free(d);
+    if (!cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        return kvq_fail(err, KVQ_EFORMAT, "%s: expected a JSON object at the top level", path);
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_tokenizer_from_hf_json(const char *path, kvq_tokenizer **out, kvq_err *err)
+{
+    *out = NULL;
+    cJSON *root, *tcfg = NULL;
+    KVQ_TRY(json_file(path, false, &root, err));
+    /* a file named tokenizer.json reads its neighbour tokenizer_config.json */
+    char tcfg_path[4096] = "";
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    kvq_status s = KVQ_OK;
+    if (!strcmp(base, "tokenizer.json")) {
+        int dl = (int)(base - path);
+        int k = snprintf(tcfg_path, sizeof tcfg_path, "%.*stokenizer_config.json", dl, path);
+        if (k < 0 || (size_t)k >= sizeof tcfg_path) s = kvq_fail(err, KVQ_EINVAL, "%s: path too long", path);
+        else s = json_file(tcfg_path, true, &tcfg, err);
+    }
+    if (!s) s = from_hf(root, path, tcfg, tcfg_path, out, err);
+    cJSON_Delete(tcfg);
+    cJSON_Delete(root);
     return s;
+}
+
+kvq_status kvq_tokenizer_for_model(const char *model_path, const char *tokenizer, kvq_tokenizer **out, kvq_err *err)
+{
+    *out = NULL;
+    char p[4096];
+    KVQ_TRY(kvq_model_tokenizer_path(model_path, tokenizer, p, sizeof p, err));
+    return kvq_tokenizer_load(p, out, err);
 }
 
 kvq_status kvq_tokenizer_load(const char *path, kvq_tokenizer **out, kvq_err *err)

@@ -98,11 +98,26 @@ kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_
 /* Load an HF tokenizer.json whose "model" is {"type": "BPE"} (vocab + merges;
  * added_tokens; pre_tokenizer ByteLevel / Split+ByteLevel / Digits+ByteLevel
  * sequences, or the Llama-2 Metaspace normalizer; byte_fallback). Other models
- * (Unigram, WordPiece) → KVQ_EUNSUPPORTED. */
+ * (Unigram, WordPiece) → KVQ_EUNSUPPORTED.
+ * BOS/EOS: by default from the post_processor (TemplateProcessing "single"
+ * beginning / ending with a SpecialToken). When the file is named
+ * "tokenizer.json" and a tokenizer_config.json lies beside it (an HF
+ * checkpoint directory), that file's "bos_token" / "eos_token" (string or
+ * {"content": string}; null = keep) set the BOS / EOS ids, and
+ * "add_bos_token" / "add_eos_token" (when present) decide whether
+ * KVQ_TOK_ADD_BOS_DEFAULT / _EOS_DEFAULT add them, as transformers'
+ * LlamaTokenizerFast does. A token text not in the vocabulary, a non-boolean
+ * flag, a flag set without its token, or invalid JSON → KVQ_EFORMAT naming
+ * tokenizer_config.json and the key. */
 kvq_status kvq_tokenizer_from_hf_json(const char *path, kvq_tokenizer **out, kvq_err *err);
 /* Choose by content: "GGUF" magic → gguf; first non-space byte '{' → HF json;
  * otherwise llama2.c with the vocab size inferred by reading records to EOF. */
 kvq_status kvq_tokenizer_load(const char *path, kvq_tokenizer **out, kvq_err *err);
+/* The tokenizer of a model: kvq_model_tokenizer_path(model_path, tokenizer)
+ * (formats/model.h: the --tokenizer FILE value when given, else the GGUF file
+ * itself or the HF directory's tokenizer.json; llama2.c needs --tokenizer),
+ * then kvq_tokenizer_load. */
+kvq_status kvq_tokenizer_for_model(const char *model_path, const char *tokenizer, kvq_tokenizer **out, kvq_err *err);
 void kvq_tokenizer_free(kvq_tokenizer *tok);
 
 /* Tokenise text[0..len) (any bytes). *ids is malloc'd [*n] int32 (free()); on

@@ -13,8 +13,21 @@ kvq_status kvq_model_load_gguf(const char *path, kvq_model *out, kvq_err *err);
  * n_kv_heads, vocab_size, seq_len; vocab_size < 0 = untied classifier), fp32
  * weights in run.c order (formats/llama2c.c). Source: karpathy/llama2.c run.c. */
 kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err);
-/* HF safetensors checkpoint: a directory with config.json and model.safetensors
- * or model.safetensors.index.json shards (formats/model_safetensors.c). */
+/* HF (transformers) Llama checkpoint: config.json plus model.safetensors or
+ * model.safetensors.index.json shards; F32/F16/BF16; q/k rows un-permuted
+ * from rotate-half to interleaved RoPE pairs (formats/model_safetensors.c,
+ * whose header documents keys, tensor names and the permutation). `path` is
+ * the directory, its config.json, a .safetensors file or an index .json. */
 kvq_status kvq_model_load_safetensors(const char *path, kvq_model *out, kvq_err *err);
+
+/* Resolve an HF checkpoint path as kvq_model_load_safetensors does: dir gets
+ * the checkpoint directory (where config.json and tokenizer.json live; "."
+ * for a bare file name), weights the weights file (a directory or config.json
+ * selects model.safetensors, else model.safetensors.index.json — the order of
+ * transformers' from_pretrained; any other file is used as given). KVQ_EIO
+ * when path does not exist or the directory holds neither weights file;
+ * KVQ_EINVAL when a path does not fit its buffer. */
+kvq_status kvq_hf_checkpoint_paths(const char *path, char *dir, size_t dir_size, char *weights, size_t weights_size,
+                                   kvq_err *err);
 
 #endif

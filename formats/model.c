@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "loaders.h"
 
@@ -89,23 +90,60 @@ static int ends_with(const char *s, const char *suf)
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
+/* Format of a model path, as kvq_model_load chooses its loader. */
+static kvq_status detect_source(const char *path, kvq_model_source *src, kvq_err *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode) || ends_with(path, ".safetensors") || ends_with(path, ".json")) {
+        *src = KVQ_SRC_SAFETENSORS;
+        return KVQ_OK;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
+    char magic[4] = {0};
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    *src = got == 4 && memcmp(magic, "GGUF", 4) == 0 ? KVQ_SRC_GGUF : KVQ_SRC_LLAMA2C;
+    return KVQ_OK;
+}
+
 kvq_status kvq_model_load(const char *path, kvq_model *out, kvq_err *err)
 {
     memset(out, 0, sizeof *out);
-    struct stat st;
-    if (stat(path, &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
+    kvq_model_source src;
+    KVQ_TRY(detect_source(path, &src, err));
     kvq_status s;
-    if (S_ISDIR(st.st_mode) || ends_with(path, ".safetensors") || ends_with(path, ".json")) {
-        s = kvq_model_load_safetensors(path, out, err);
-    } else {
-        FILE *f = fopen(path, "rb");
-        if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
-        char magic[4] = {0};
-        size_t got = fread(magic, 1, 4, f);
-        fclose(f);
-        if (got == 4 && memcmp(magic, "GGUF", 4) == 0) s = kvq_model_load_gguf(path, out, err);
-        else s = kvq_model_load_llama2c(path, out, err);
-    }
+    if (src == KVQ_SRC_SAFETENSORS) s = kvq_model_load_safetensors(path, out, err);
+    else if (src == KVQ_SRC_GGUF) s = kvq_model_load_gguf(path, out, err);
+    else s = kvq_model_load_llama2c(path, out, err);
     if (s == KVQ_OK) snprintf(out->path, sizeof out->path, "%s", path);
     return s;
+}
+
+kvq_status kvq_model_tokenizer_path(const char *model_path, const char *tokenizer, char *out, size_t out_size, kvq_err *err)
+{
+    if (tokenizer && *tokenizer) {
+        if (access(tokenizer, R_OK) != 0) return kvq_fail(err, KVQ_EIO, "--tokenizer %s: cannot open: %s", tokenizer, strerror(errno));
+        if ((size_t)snprintf(out, out_size, "%s", tokenizer) >= out_size)
+            return kvq_fail(err, KVQ_EINVAL, "--tokenizer %s: path too long (limit %zu bytes)", tokenizer, out_size - 1);
+        return KVQ_OK;
+    }
+    kvq_model_source src;
+    KVQ_TRY(detect_source(model_path, &src, err));
+    if (src == KVQ_SRC_GGUF) {
+        if ((size_t)snprintf(out, out_size, "%s", model_path) >= out_size)
+            return kvq_fail(err, KVQ_EINVAL, "%s: path too long (limit %zu bytes)", model_path, out_size - 1);
+        return KVQ_OK;
+    }
+    if (src == KVQ_SRC_LLAMA2C)
+        return kvq_fail(err, KVQ_EINVAL, "%s: a llama2.c checkpoint carries no tokenizer; pass --tokenizer FILE "
+                        "(llama2.c tokenizer.bin, HF tokenizer.json or a GGUF file)", model_path);
+    char dir[4096], weights[4096];
+    KVQ_TRY(kvq_hf_checkpoint_paths(model_path, dir, sizeof dir, weights, sizeof weights, err));
+    int k = snprintf(out, out_size, "%s/tokenizer.json", dir);
+    if (k < 0 || (size_t)k >= out_size) return kvq_fail(err, KVQ_EINVAL, "%s/tokenizer.json: path too long (limit %zu bytes)", dir, out_size - 1);
+    if (access(out, R_OK) != 0)
+        return kvq_fail(err, KVQ_EINVAL, "%s: HF checkpoint has no readable tokenizer.json (%s); pass --tokenizer FILE", model_path, strerror(errno));
+    return KVQ_OK;
 }

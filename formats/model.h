@@ -93,6 +93,21 @@ kvq_status kvq_model_alloc(kvq_model *m, const kvq_hparams *hp, kvq_err *err);
 
 void kvq_model_free(kvq_model *m);
 
+/* The tokenizer file for a model, for the binaries' `--tokenizer FILE` option
+ * (every binary that takes a model must offer it, because llama2.c
+ * checkpoints and some HF directories carry no tokenizer).
+ *   tokenizer non-NULL and non-empty (the option was given): that path,
+ *     which must be readable (KVQ_EIO otherwise);
+ *   else by the format kvq_model_load would choose:
+ *     GGUF             → model_path itself (tokenizer.ggml.* metadata);
+ *     HF checkpoint    → "<checkpoint dir>/tokenizer.json" (its neighbour
+ *                        tokenizer_config.json is read by the tokenizer
+ *                        loader); KVQ_EINVAL naming the model when absent;
+ *     llama2.c         → KVQ_EINVAL "... carries no tokenizer; pass --tokenizer FILE".
+ * out receives a NUL-terminated path (KVQ_EINVAL if it does not fit).
+ * Load it with kvq_tokenizer_load, or use kvq_tokenizer_for_model (datasets/tokenizer.h). */
+kvq_status kvq_model_tokenizer_path(const char *model_path, const char *tokenizer, char *out, size_t out_size, kvq_err *err);
+
 /* Weights-file digest: SHA-256 of the bytes of `path` (OpenSSL EVP) as 64
  * lowercase hex digits + NUL. A directory (HF checkpoint) is hashed as the
  * concatenation, in byte-wise name order, of "<name>\0<8-byte LE size><bytes>"

@@ -10,7 +10,7 @@
 #
 # Environment:
 #   KVQ_GPU_BIN=path   use a prebuilt gpu_check (machines without the build
-#                      dependencies: build elsewhere with `make gpu`, carry the
+#                      dependencies: build elsewhere with `make gpu-tests`, carry the
 #                      binary and its shared libraries, set LD_LIBRARY_PATH)
 #   CUDA_ARCH=sm_90    GPU architecture for the build (default sm_90, H100/H200)
 # Output: markdown tables (synthetic-model checks, CPU vs GPU on the model,
@@ -30,7 +30,7 @@ if [ -n "${KVQ_GPU_BIN:-}" ]; then
     BIN=$KVQ_GPU_BIN
 else
     command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu_check_bench: nvcc not found" >&2; exit 2; }
-    make -j"$(nproc)" CUDA=1 CUDA_ARCH="${CUDA_ARCH:-sm_90}" gpu
+    make -j"$(nproc)" CUDA=1 CUDA_ARCH="${CUDA_ARCH:-sm_90}" all gpu-tests
     BIN=build/gpu/gpu_check
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true

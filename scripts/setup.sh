@@ -19,7 +19,7 @@ for a in "$@"; do
 done
 
 DEB_PKGS=(build-essential pkg-config libhdf5-dev zlib1g-dev libopenblas-dev libcjson-dev libpcre2-dev
-          libcairo2-dev check libssl-dev python3-pip unzip)
+          libcairo2-dev check libssl-dev python3-pip unzip chromium)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

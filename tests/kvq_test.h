@@ -33,6 +33,16 @@ static inline const char *kvq_test_model(void)
     return access(p, R_OK) == 0 ? p : NULL;
 }
 
+/* Path of a kvq binary ("kvdump", ...) in the build under test: $KVQ_BIN_DIR
+ * (set by the Makefile: bin, bin-cpu or bin-asan), default "bin". Returns buf
+ * if it is executable, else NULL. */
+static inline const char *kvq_test_bin(char *buf, size_t n, const char *tool)
+{
+    const char *d = getenv("KVQ_BIN_DIR");
+    snprintf(buf, n, "%s/%s", d && *d ? d : "bin", tool);
+    return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
 /* Quick mode (ASan runs): tests may shrink their workloads. */
 static inline int kvq_test_quick(void) { const char *q = getenv("KVQ_TEST_QUICK"); return q && *q == '1'; }
 

@@ -12,14 +12,14 @@
 #include "text.h"
 #include "tokenizer.h"
 
-static char g_model[4096], g_tok[4096], g_text[4096];
+static char g_model[4096], g_tok[4096], g_text[4096], g_bin[4096];
 
 static bool have_inputs(void)
 {
     return kvq_test_shared(g_model, sizeof g_model, "models/llama2c/aidreams260K.bin") &&
            kvq_test_shared(g_tok, sizeof g_tok, "models/llama2c/aidreams-tok512.bin") &&
            kvq_test_shared(g_text, sizeof g_text, "datasets/wikitext-2/wiki.valid.tokens") &&
-           access("bin/kvdump", X_OK) == 0;
+           kvq_test_bin(g_bin, sizeof g_bin, "kvdump");
 }
 
 /* Run a shell command; return its exit status, and its stderr in err_out. */
@@ -48,11 +48,11 @@ static void tmpname(char *buf, size_t n, const char *tag)
 
 START_TEST(test_dump_values)
 {
-    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
     char out[256], cmd[20000], msg[8192];
     tmpname(out, sizeof out, "ok");
-    snprintf(cmd, sizeof cmd, "bin/kvdump -q -m %s --tokenizer %s -t %s -n 2 -L 64 --seed 3 --attn-stats --q --dtype f32 -o %s",
-             g_model, g_tok, g_text, out);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 2 -L 64 --seed 3 --attn-stats --q --dtype f32 -o %s",
+             g_bin, g_model, g_tok, g_text, out);
     ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "kvdump failed: %s", msg);
     kvq_dump_reader *r;
     kvq_err e = {0};
@@ -117,7 +117,7 @@ END_TEST
 static void expect_fail(const char *args, const char *out, const char *needle)
 {
     char cmd[20000], msg[8192];
-    snprintf(cmd, sizeof cmd, "bin/kvdump -q %s -o %s", args, out);
+    snprintf(cmd, sizeof cmd, "%s -q %s -o %s", g_bin, args, out);
     int rc = run(cmd, msg, sizeof msg);
     ck_assert_msg(rc != 0, "accepted: %s", cmd);
     ck_assert_msg(strstr(msg, needle), "'%s' not in: %s (cmd %s)", needle, msg, cmd);
@@ -126,7 +126,7 @@ static void expect_fail(const char *args, const char *out, const char *needle)
 
 START_TEST(test_bad_input)
 {
-    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
     char out[256], args[16384];
     tmpname(out, sizeof out, "bad");
     snprintf(args, sizeof args, "-m /nonexistent/m.bin --tokenizer %s -t %s -n 1 -L 32", g_tok, g_text);
@@ -161,7 +161,7 @@ END_TEST
 
 START_TEST(test_existing_output_kept)
 {
-    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
     char out[256], args[16384];
     tmpname(out, sizeof out, "exists");
     FILE *f = fopen(out, "w");
@@ -180,27 +180,27 @@ END_TEST
 
 START_TEST(test_file_size_limit_then_resume)
 {
-    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
     char out[256], cmd[20000], msg[8192], partial[300];
     tmpname(out, sizeof out, "fsize");
     snprintf(partial, sizeof partial, "%s.partial", out);
     /* 3 samples x 128 tokens x 4 layers x 3 x 64 floats x 4 B = ~1.2 MB; cap at 900 KiB (bash counts 1024-byte blocks): 2 samples commit, the 3rd fails */
     snprintf(cmd, sizeof cmd,
-             "bash -c 'ulimit -f 900; exec bin/kvdump -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 -o %s'",
-             g_model, g_tok, g_text, out);
+             "bash -c 'ulimit -f 900; exec %s -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 -o %s'",
+             g_bin, g_model, g_tok, g_text, out);
     int rc = run(cmd, msg, sizeof msg);
     ck_assert_msg(rc != 0, "file-size limit not hit");
     ck_assert_msg(strstr(msg, out), "no path in: %s", msg);
     ck_assert_msg(access(out, F_OK) != 0, "final name appeared");
     ck_assert_msg(access(partial, F_OK) == 0, "no partial kept");
     /* resume with another seed is refused, naming the attribute */
-    snprintf(cmd, sizeof cmd, "bin/kvdump -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --seed 9 --resume -o %s",
-             g_model, g_tok, g_text, out);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --seed 9 --resume -o %s",
+             g_bin, g_model, g_tok, g_text, out);
     ck_assert(run(cmd, msg, sizeof msg) != 0);
     ck_assert_msg(strstr(msg, "seed") || strstr(msg, "sample_offsets"), "mismatch not named: %s", msg);
     /* the same request resumes and completes */
-    snprintf(cmd, sizeof cmd, "bin/kvdump -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --resume -o %s",
-             g_model, g_tok, g_text, out);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --resume -o %s",
+             g_bin, g_model, g_tok, g_text, out);
     ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "resume failed: %s", msg);
     kvq_dump_reader *r;
     kvq_err e = {0};
@@ -213,7 +213,7 @@ END_TEST
 
 START_TEST(test_nan_activation_reported)
 {
-    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or bin/kvdump absent");
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
     /* a copy of aidreams260K with one NaN in layer 1's wk */
     FILE *in = fopen(g_model, "rb");
     fseek(in, 0, SEEK_END);

@@ -1,5 +1,5 @@
 /* gpu_check.c — CPU vs CUDA forward comparison and GPU perplexity benchmark
- * (issue 10). Not part of `make test` (CI has no GPU); built by `make gpu`
+ * (issue 10). Not part of `make test` (CI has no GPU); built by `make gpu-tests`
  * and run by scripts/gpu_check_bench.sh.
  *
  *   gpu_check --synthetic

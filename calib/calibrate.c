@@ -1,0 +1,363 @@
+/* calibrate.c — dump → tables → artifact; see calibrate.h. */
+#include "calibrate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "identity.h" /* defines: kvq_identity_model_from_dump, kvq_identity_dump */
+#include "progress.h" /* defines: kvq_now */
+#include "tables.h"   /* defines: kvq_calib_keys, kvq_calib_values, kvq_calib_int_pc_keys, kvq_calib_fill_bits */
+
+kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m)
+{
+    kvq_calibrate_opts o;
+    memset(&o, 0, sizeof o);
+    o.method = m;
+    o.k_bits = o.v_bits = 4;
+    o.fit.method = KVQ_FIT_AUTO;
+    o.n_sink = 1;
+    o.post_rope = true;
+    switch (m) {
+    case KVQ_METHOD_NUQ:
+        o.outlier_frac = 0.01;
+        o.fisher = true;
+        o.post_rope = false;
+        break;
+    case KVQ_METHOD_KIVI:
+        o.k_bits = o.v_bits = 2;
+        o.group_size = 32;
+        o.residual_length = 128;
+        o.n_sink = 0;
+        break;
+    default: break;
+    }
+    return o;
+}
+
+kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
+{
+    if (!o) return kvq_fail(err, KVQ_EINVAL, "calibration options: NULL");
+    if (!kvq_method_name(o->method)) return kvq_fail(err, KVQ_EINVAL, "method: unknown value %d", (int)o->method);
+    const char *mn = kvq_method_name(o->method);
+    if (o->k_bits < 1 || o->k_bits > 8) return kvq_fail(err, KVQ_EINVAL, "bits (keys): expected 1..8, found %d", o->k_bits);
+    if (o->v_bits < 1 || o->v_bits > 8) return kvq_fail(err, KVQ_EINVAL, "bits (values): expected 1..8, found %d", o->v_bits);
+    if (!(o->outlier_frac >= 0 && o->outlier_frac < 0.5))
+        return kvq_fail(err, KVQ_EINVAL, "outlier fraction: expected [0, 0.5), found %g", o->outlier_frac);
+    if (o->outlier_frac > 0 && o->method != KVQ_METHOD_NUQ && o->method != KVQ_METHOD_INT_PC)
+        return kvq_fail(err, KVQ_EINVAL, "outlier fraction: method %s keeps no outliers (nuq and int-pc do), found %g", mn,
+                        o->outlier_frac);
+    if (o->per_head && o->method != KVQ_METHOD_NUQ)
+        return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes exist for nuq only, method is %s", mn);
+    if (o->fisher && o->method != KVQ_METHOD_NUQ)
+        return kvq_fail(err, KVQ_EINVAL, "fisher: only nuq fits datatypes, method is %s", mn);
+    if ((unsigned)o->fit.method > KVQ_FIT_EXACT)
+        return kvq_fail(err, KVQ_EINVAL, "fit: unknown value %d", (int)o->fit.method);
+    if (o->method == KVQ_METHOD_KIVI) {
+        if (o->group_size == 0) return kvq_fail(err, KVQ_EINVAL, "group size: kivi needs G >= 1, found 0");
+        if (o->residual_length % o->group_size)
+            return kvq_fail(err, KVQ_EINVAL, "residual length: expected a multiple of the group size %zu, found %zu",
+                            o->group_size, o->residual_length);
+    } else if (o->residual_length) {
+        return kvq_fail(err, KVQ_EINVAL, "residual length: only kivi has one, method is %s, found %zu", mn,
+                        o->residual_length);
+    }
+    if (o->method == KVQ_METHOD_NUQ && o->group_size)
+        return kvq_fail(err, KVQ_EINVAL, "group size: nuq has none (per-channel keys, per-token values), found %zu",
+                        o->group_size);
+    if (o->n_threads < 0) return kvq_fail(err, KVQ_EINVAL, "threads: expected >= 0, found %d", o->n_threads);
+    return KVQ_OK;
+}
+
+/* Checks that need the dump's meta. */
+static kvq_status check_against_dump(const kvq_dump_meta *m, int64_t done, const char *name, const kvq_calibrate_opts *o,
+                                     bool needs_data, kvq_err *err)
+{
+    if (done != m->n_samples)
+        return kvq_fail(err, KVQ_EINVAL,
+                        "%s: the dump is incomplete (samples_done %" PRId64 " of n_samples %" PRId64
+                        "); finish it with kvdump --resume",
+                        name, done, m->n_samples);
+    size_t hd = (size_t)m->head_dim, kv_dim = (size_t)m->n_kv_heads * hd;
+    if (o->method == KVQ_METHOD_KIVI && hd % o->group_size)
+        return kvq_fail(err, KVQ_EINVAL, "group size: kivi needs G dividing head_dim %zu (from %s), found %zu", hd, name,
+                        o->group_size);
+    if ((o->method == KVQ_METHOD_INT || o->method == KVQ_METHOD_INT_PC) && o->group_size && kv_dim % o->group_size)
+        return kvq_fail(err, KVQ_EINVAL, "group size: expected 0 or a divisor of kv_dim %zu (from %s), found %zu", kv_dim,
+                        name, o->group_size);
+    if (!needs_data) return KVQ_OK;
+    if (m->layer_first != 0 || m->layer_last != m->n_layers - 1)
+        return kvq_fail(err, KVQ_EINVAL,
+                        "%s: layers %d..%d dumped, but method %s needs every layer 0..%d (rerun kvdump without a layer range)",
+                        name, m->layer_first, m->layer_last, kvq_method_name(o->method), m->n_layers - 1);
+    if ((int64_t)o->n_sink >= m->seq_len)
+        return kvq_fail(err, KVQ_EINVAL, "sink: %zu sink tokens leave nothing to calibrate in samples of seq_len %" PRId64 " (%s)",
+                        o->n_sink, m->seq_len, name);
+    return KVQ_OK;
+}
+
+/* One (layer, K|V) work item. */
+typedef struct {
+    int layer;
+    char kv;          /* 'k' or 'v' */
+    kvq_dump_ds ds;   /* tensor */
+    kvq_dump_ds fds;  /* Fisher tensor, or KVQ_DUMP_N_DS for none */
+} work_item;
+
+typedef struct {
+    kvq_dump_reader *r;
+    const kvq_dump_meta *m;
+    const char *name;
+    const kvq_calibrate_opts *o;
+    size_t n_tokens, per_sample; /* N*L; L*kv_dim */
+} work_ctx;
+
+/* Read one whole tensor [N*L][kv_dim] (HDF5 calls serialised). */
+static kvq_status read_tensor(const work_ctx *c, int layer, kvq_dump_ds ds, float *buf, kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+#pragma omp critical(kvq_calibrate_hdf5)
+    {
+        for (int64_t smp = 0; smp < c->m->n_samples && s == KVQ_OK; smp++)
+            s = kvq_dump_read(c->r, layer, ds, smp, buf + (size_t)smp * c->per_sample, err);
+    }
+    if (s) return s;
+    for (int64_t smp = 0; smp < c->m->n_samples; smp++) {
+        const float *x = buf + (size_t)smp * c->per_sample;
+        if (kvq_dump_check_values(c->m, ds, x, layer, smp, 0.0f, err)) return kvq_err_prefix(err, "%s", c->name);
+        if (ds == KVQ_DUMP_FISHER_K_PRE_ROPE || ds == KVQ_DUMP_FISHER_V)
+            for (size_t i = 0; i < c->per_sample; i++)
+                if (x[i] < 0) {
+                    size_t kvd = (size_t)c->m->n_kv_heads * (size_t)c->m->head_dim, hd = (size_t)c->m->head_dim;
+                    return kvq_fail(err, KVQ_ENUMERIC,
+                                    "%s: %s: layer %d, sample %" PRId64 ", position %zu, head %zu, channel %zu: value %g "
+                                    "is negative (squared gradients are >= 0)",
+                                    c->name, kvq_dump_ds_name(ds), layer, smp, i / kvd, (i % kvd) / hd, i % hd, (double)x[i]);
+                }
+    }
+    return KVQ_OK;
+}
+
+/* Pre-RoPE Fisher → weights for post-RoPE keys: pair mean over rotary pairs (calibrate.h). */
+static void fisher_pair_mean(float *f, size_t n_rows, size_t n_heads, size_t hd, size_t rope_dim)
+{
+    for (size_t t = 0; t < n_rows; t++)
+        for (size_t h = 0; h < n_heads; h++) {
+            float *x = f + (t * n_heads + h) * hd;
+            for (size_t j = 0; j + 1 < rope_dim; j += 2) {
+                float mean = (float)(((double)x[j] + (double)x[j + 1]) * 0.5);
+                x[j] = x[j + 1] = mean;
+            }
+        }
+}
+
+static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *out, kvq_err *err)
+{
+    const kvq_calibrate_opts *o = c->o;
+    const kvq_dump_meta *m = c->m;
+    size_t n = c->n_tokens * ((size_t)m->n_kv_heads * (size_t)m->head_dim); /* overflow checked by the caller */
+    float *x = malloc(n * sizeof *x);
+    float *f = w->fds != KVQ_DUMP_N_DS ? malloc(n * sizeof *f) : NULL;
+    if (!x || (w->fds != KVQ_DUMP_N_DS && !f)) {
+        free(x);
+        free(f);
+        return kvq_fail(err, KVQ_ENOMEM, "%s: layer %d: cannot allocate %zu floats for %s", c->name, w->layer, n,
+                        kvq_dump_ds_name(w->ds));
+    }
+    kvq_status s = read_tensor(c, w->layer, w->ds, x, err);
+    if (!s && f) s = read_tensor(c, w->layer, w->fds, f, err);
+    if (!s && f && w->kv == 'k' && o->post_rope)
+        fisher_pair_mean(f, c->n_tokens, (size_t)m->n_kv_heads, (size_t)m->head_dim, (size_t)m->rope_dim);
+    if (!s) {
+        kvq_calib_opts co = {.bits = w->kv == 'k' ? o->k_bits : o->v_bits,
+                             .outlier_frac = o->outlier_frac,
+                             .n_sink = o->n_sink,
+                             .sample_len = (size_t)m->seq_len,
+                             .n_kv_heads = (size_t)m->n_kv_heads,
+                             .head_dim = (size_t)m->head_dim,
+                             .per_head = o->per_head,
+                             .fit = o->fit};
+        if (o->method == KVQ_METHOD_INT_PC) s = kvq_calib_int_pc_keys(x, c->n_tokens, &co, out, err);
+        else if (w->kv == 'k') s = kvq_calib_keys(x, f, c->n_tokens, &co, out, err);
+        else s = kvq_calib_values(x, f, c->n_tokens, &co, out, err);
+        if (s) kvq_err_prefix(err, "%s: layer %d (%s%s%s)", c->name, w->layer, kvq_dump_ds_name(w->ds), f ? " weighted by " : "",
+                              f ? kvq_dump_ds_name(w->fds) : "");
+    }
+    free(x);
+    free(f);
+    return s;
+}
+
+kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const kvq_calibrate_opts *o, kvq_artifact *out,
+                              kvq_err *err)
+{
+    memset(out, 0, sizeof *out);
+    KVQ_TRY(kvq_calibrate_validate(o, err));
+    if (!r) return kvq_fail(err, KVQ_EINVAL, "dump: NULL reader");
+    const char *name = dump_name ? dump_name : "dump";
+    const kvq_dump_meta *m = kvq_dump_reader_meta(r);
+    bool nuq = o->method == KVQ_METHOD_NUQ, needs_data = nuq || o->method == KVQ_METHOD_INT_PC;
+    KVQ_TRY(check_against_dump(m, kvq_dump_reader_samples_done(r), name, o, needs_data, err));
+
+    kvq_artifact a;
+    memset(&a, 0, sizeof a);
+    kvq_artifact_params *p = &a.p;
+    p->method = o->method;
+    p->k_bits = o->k_bits;
+    p->v_bits = o->v_bits;
+    p->outlier_frac = o->outlier_frac;
+    p->n_sink = o->n_sink;
+    p->post_rope = o->post_rope;
+    p->per_head = o->per_head;
+    p->group_size = o->group_size;
+    p->residual_length = o->residual_length;
+    p->fisher = nuq && o->fisher;
+    snprintf(p->fit, sizeof p->fit, "%s", nuq ? kvq_fit_method_name(o->fit.method) : "");
+    p->n_layers = (size_t)m->n_layers;
+    p->n_kv_heads = (size_t)m->n_kv_heads;
+    p->head_dim = (size_t)m->head_dim;
+    KVQ_TRY(kvq_calib_fill_bits(p, o->bits_ctx ? o->bits_ctx : (size_t)m->seq_len, err));
+    char hex[65];
+    if (kvq_identity_model_from_dump(m, hex, err)) return kvq_err_prefix(err, "%s", name);
+    snprintf(p->model_fingerprint, sizeof p->model_fingerprint, "%s", hex);
+    KVQ_TRY(kvq_identity_dump(r, hex, err));
+    snprintf(p->dump_fingerprint, sizeof p->dump_fingerprint, "%s", hex);
+
+    if (!needs_data) { /* int, kivi: the metadata is the whole scheme */
+        KVQ_TRY(kvq_artifact_validate(&a, err));
+        *out = a;
+        return KVQ_OK;
+    }
+
+    /* work items: (layer, K) and, for nuq, (layer, V) */
+    kvq_dump_ds kds = o->post_rope ? KVQ_DUMP_K : KVQ_DUMP_K_PRE_ROPE;
+    bool fisher = p->fisher;
+    for (int l = 0; fisher && l < m->n_layers; l++)
+        for (int j = 0; j < 2; j++) {
+            kvq_dump_ds fd = j ? KVQ_DUMP_FISHER_V : KVQ_DUMP_FISHER_K_PRE_ROPE;
+            if (!kvq_dump_has(r, l, fd))
+                return kvq_fail(err, KVQ_EINVAL,
+                                "%s: layer %d: dataset %s is missing (the dump was written without Fisher information, "
+                                "has_fisher = %d): rerun kvdump with --fisher, or calibrate with --no-fisher",
+                                name, l, kvq_dump_ds_name(fd), (int)m->has_fisher);
+        }
+    work_ctx c = {.r = r, .m = m, .name = name, .o = o};
+    size_t kv_dim = (size_t)m->n_kv_heads * (size_t)m->head_dim, tot;
+    if (kvq_mul_size((size_t)m->n_samples, (size_t)m->seq_len, &c.n_tokens) ||
+        kvq_mul_size((size_t)m->seq_len, kv_dim, &c.per_sample) || kvq_mul_size(c.n_tokens, kv_dim, &tot) ||
+        kvq_mul_size(tot, sizeof(float), &tot))
+        return kvq_fail(err, KVQ_ENOMEM, "%s: n_samples x seq_len x kv_dim overflows", name);
+    int per_layer = nuq ? 2 : 1, n_items = m->n_layers * per_layer;
+    work_item *items = calloc((size_t)n_items, sizeof *items);
+    kvq_status *st = calloc((size_t)n_items, sizeof *st);
+    kvq_err *errs = calloc((size_t)n_items, sizeof *errs);
+    a.k = calloc(p->n_layers, sizeof *a.k);
+    a.v = nuq ? calloc(p->n_layers, sizeof *a.v) : NULL;
+    if (!items || !st || !errs || !a.k || (nuq && !a.v)) {
+        free(items);
+        free(st);
+        free(errs);
+        kvq_artifact_free(&a);
+        return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", name);
+    }
+    for (int l = 0; l < m->n_layers; l++)
+        for (int j = 0; j < per_layer; j++) {
+            work_item *w = &items[l * per_layer + j];
+            w->layer = l;
+            w->kv = j ? 'v' : 'k';
+            w->ds = j ? KVQ_DUMP_V : kds;
+            w->fds = !fisher ? KVQ_DUMP_N_DS : j ? KVQ_DUMP_FISHER_V : KVQ_DUMP_FISHER_K_PRE_ROPE;
+        }
+    int nt = o->n_threads > 0 ? o->n_threads : omp_get_max_threads();
+    if (nt > n_items) nt = n_items;
+    if (nt < 1) nt = 1;
+    int failed = 0, n_done = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int it = 0; it < n_items; it++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        const work_item *w = &items[it];
+        kvq_kv_table *t = w->kv == 'k' ? &a.k[w->layer] : &a.v[w->layer];
+        double t0 = kvq_now();
+        st[it] = run_item(&c, w, t, &errs[it]);
+        if (st[it]) {
+#pragma omp atomic write
+            failed = 1;
+        } else if (o->on_table) {
+            double dt = kvq_now() - t0;
+#pragma omp critical(kvq_calibrate_progress)
+            o->on_table(o->on_table_ctx, ++n_done, n_items, w->layer, w->kv, t, dt);
+        }
+    }
+    kvq_status s = KVQ_OK;
+    /* Items are dispatched in index order and a started item always finishes,
+     * so the lowest failing index is the same whatever the schedule. */
+    for (int it = 0; it < n_items && !s; it++)
+        if (st[it]) {
+            s = st[it];
+            if (err) *err = errs[it];
+        }
+    free(items);
+    free(st);
+    free(errs);
+    if (!s) s = kvq_artifact_validate(&a, err);
+    if (s) {
+        kvq_artifact_free(&a);
+        return s;
+    }
+    *out = a;
+    return KVQ_OK;
+}
+
+kvq_status kvq_calibrate_file(const char *dump_path, const char *out_path, bool force, const kvq_calibrate_opts *o,
+                              kvq_artifact *result, kvq_err *err)
+{
+    if (result) memset(result, 0, sizeof *result);
+    if (!dump_path || !out_path) return kvq_fail(err, KVQ_EINVAL, "calibrate: NULL path");
+    KVQ_TRY(kvq_calibrate_validate(o, err));
+    if (!force && access(out_path, F_OK) == 0)
+        return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", out_path);
+    size_t pl = strlen(out_path);
+    char *tmp = malloc(pl + sizeof ".tmp");
+    if (!tmp) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", out_path);
+    memcpy(tmp, out_path, pl);
+    memcpy(tmp + pl, ".tmp", sizeof ".tmp");
+
+    kvq_dump_reader *r = NULL;
+    kvq_artifact a;
+    memset(&a, 0, sizeof a);
+    kvq_status s = kvq_dump_open(dump_path, &r, err);
+    if (!s) s = kvq_calibrate_dump(r, dump_path, o, &a, err);
+    kvq_dump_close(r);
+    if (!s) s = kvq_artifact_write(tmp, &a, err);
+    if (!s) {
+        if (force) {
+            if (rename(tmp, out_path) != 0)
+                s = kvq_fail(err, KVQ_EIO, "%s: cannot rename to %s: %s", tmp, out_path, strerror(errno));
+        } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out_path, RENAME_NOREPLACE) != 0) {
+            int e = errno;
+            if (e == EINVAL || e == ENOSYS) { /* file system without RENAME_NOREPLACE: link is no-replace too */
+                if (link(tmp, out_path) != 0) e = errno;
+                else e = 0;
+            }
+            if (e == EEXIST)
+                s = kvq_fail(err, KVQ_EIO, "%s: appeared while calibrating; not overwritten (use --force to replace it)",
+                             out_path);
+            else if (e)
+                s = kvq_fail(err, KVQ_EIO, "%s: cannot move %s into place: %s", out_path, tmp, strerror(e));
+        }
+        unlink(tmp); /* after link (or a failed move); after a rename it is already gone */
+    }
+    free(tmp);
+    if (s || !result) kvq_artifact_free(&a);
+    else *result = a;
+    return s;
+}

@@ -1,0 +1,1286 @@
+// kvcache_cuda.cu — the packed KV cache on the GPU; see kvcache_cuda.h and formats/KVCACHE.md.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <cublas_v2.h> // declarations only: cuBLAS is loaded with dlopen at run time
+
+extern "C" {
+#include "kvcache_cuda.h"
+#include "quant.h"
+}
+
+#define CK(x)                                                                                               \
+    do {                                                                                                    \
+        cudaError_t e_ = (x);                                                                               \
+        if (e_ != cudaSuccess)                                                                              \
+            return kvq_fail(err, e_ == cudaErrorMemoryAllocation ? KVQ_ENOMEM : KVQ_EIO, "CUDA: %s (%s:%d): %s", \
+                            #x, __FILE__, __LINE__, cudaGetErrorString(e_));                              \
+    } while (0)
+#define CKL() CK(cudaGetLastError())
+
+static const int NT = 128;           // threads per decode block
+static const size_t SMEM_MAX = 160 * 1024;
+
+template <int B> struct U {
+    static constexpr int C = B == 2 ? 16 : B == 3 ? 32 : 8; // channels per unit
+    static constexpr int W = B == 3 ? 3 : 1;                // words per unit
+    static constexpr int NL = 1 << B;
+    static constexpr int MAXU = (KVQ_KVCACHE_MAX_HEAD_DIM + C - 1) / C;
+};
+
+// code j of a unit (j a compile-time constant after unrolling)
+template <int B> __device__ __forceinline__ uint32_t getc(const uint32_t *w, int j)
+{
+    const int bit = j * B, wi = bit >> 5, off = bit & 31;
+    uint32_t v = w[wi] >> off;
+    if (off + B > 32) v |= w[wi + 1] << (32 - off);
+    return v & ((1u << B) - 1);
+}
+
+__device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)(bits & 0xffff))); }
+
+struct DecP {
+    const uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
+    const float *vscale, *klut, *vlevels;
+    const uint8_t *kz, *vz;
+    const float2 *rlo, *rhi;
+    const uint16_t *k16, *v16;
+    const float *q;
+    float *part;
+    const int *len;
+    int H, D, dpad, np, n_heads, g, qgroups, kw, vw, capq, n_exact, n_splits, chunk, nhb_max, ent_cap, nslots;
+    float scale;
+};
+
+// block-wide softmax statistics of sc[gg][0..n): sc <- exp(sc - m); returns m, l per query
+template <int GQ>
+__device__ void chunk_softmax(float *sc, int chunk, int n, float *red, float *mo, float *lo)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++) {
+        float m = -INFINITY;
+        for (int t = tid; t < n; t += blockDim.x) m = fmaxf(m, sc[gg * chunk + t]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) red[gg * 8 + warp] = m;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++) {
+        float m = red[gg * 8];
+        for (int w = 1; w < nw; w++) m = fmaxf(m, red[gg * 8 + w]);
+        mo[gg] = m;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++) {
+        float l = 0;
+        for (int t = tid; t < n; t += blockDim.x) {
+            float e = expf(sc[gg * chunk + t] - mo[gg]);
+            sc[gg * chunk + t] = e;
+            l += e;
+        }
+        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) red[gg * 8 + warp] = l;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++) {
+        float l = 0;
+        for (int w = 0; w < nw; w++) l += red[gg * 8 + w];
+        lo[gg] = l;
+    }
+}
+
+// ---- NUQ split-K decode -------------------------------------------------------------
+template <int BK, int BV, int GQ>
+__global__ void __launch_bounds__(128) nuq_decode(DecP p)
+{
+    typedef U<BK> UK;
+    typedef U<BV> UV;
+    extern __shared__ float4 sm4[];
+    float *sm = (float *)sm4;
+    const int tid = threadIdx.x;
+    const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
+    const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
+    const int D = p.D, np = p.np;
+    const int nq = max(0, p.len[s] - p.n_exact);
+    const int q0 = blockIdx.x * p.chunk, q1 = min(q0 + p.chunk, nq);
+    float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
+    const size_t pstride = (size_t)p.nslots * (D + 2);
+    if (q0 >= q1) {
+        for (int j = 0; j < gn; j++)
+            for (int d = tid; d < D + 2; d += blockDim.x) part0[j * pstride + d] = d == 0 ? -INFINITY : 0.f;
+        return;
+    }
+    const int n = q1 - q0;
+    const int hb0 = (p.n_exact + q0) >> 6, nhb = ((p.n_exact + q1 - 1) >> 6) - hb0 + 1;
+    float *lut = sm;                                  // [dpad][NL]
+    float *vl = lut + p.dpad * UK::NL;                // [NLV] (+pad)
+    float2 *qh = (float2 *)(vl + (UV::NL < 2 ? 2 : UV::NL)); // [GQ][nhb][np]
+    float *sc = (float *)(qh + GQ * p.nhb_max * np);  // [GQ][chunk]
+    float *oacc = sc + GQ * p.chunk;                  // [GQ][D]
+    float *red = oacc + GQ * D;                       // [GQ][8]
+    float *stat = red + GQ * 8;                       // m[GQ], l[GQ]
+    const int tail = GQ * p.chunk + GQ * D + GQ * 8 + 2 * GQ;
+    float2 *los = (float2 *)(sc + tail + (tail & 1));  // [np][64] RoPE angles of pos & 63
+    const float *klut = p.klut + (size_t)h * D * UK::NL;
+    for (int i = tid; i < p.dpad * UK::NL; i += blockDim.x) lut[i] = i < D * UK::NL ? klut[i] : 0.f;
+    for (int i = tid; i < UV::NL; i += blockDim.x) vl[i] = p.vlevels[h * UV::NL + i];
+    for (int i = tid; i < GQ * nhb * np; i += blockDim.x) {
+        int j = i / (nhb * np), r = i % (nhb * np), b = r / np, pi = r % np;
+        float qa = 0, qb = 0;
+        if (j < gn) {
+            const float *qv = p.q + ((size_t)s * p.n_heads + h * p.g + gq0 + j) * D;
+            qa = qv[2 * pi] * p.scale;
+            qb = 2 * pi + 1 < D ? qv[2 * pi + 1] * p.scale : 0.f;
+        }
+        float2 hi = p.rhi[(size_t)(hb0 + b) * np + pi];
+        qh[(j * p.nhb_max + b) * np + pi] = make_float2(qa * hi.x + qb * hi.y, qa * hi.y - qb * hi.x);
+    }
+    for (int i = tid; i < GQ * D; i += blockDim.x) oacc[i] = 0.f;
+    for (int i = tid; i < np * 64; i += blockDim.x) los[i] = p.rlo[i];
+    __syncthreads();
+
+    // phase 1: scores, one thread per token; codes are token-minor so a warp reads 128 contiguous bytes
+    const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
+    const uint32_t *krow = p.krow + ((size_t)s * p.H + h) * (p.capq + 1);
+    const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
+    const int nu = (D + UK::C - 1) / UK::C;
+    const int kzc = p.kz[h];
+    for (int t = q0 + tid; t < q1; t += blockDim.x) {
+        const int pos = p.n_exact + t, b = (pos >> 6) - hb0;
+        const float2 *lo = los + (pos & 63);
+        const float2 *qhb = qh + b * np;
+        uint32_t w[UK::MAXU * UK::W];
+#pragma unroll
+        for (int u = 0; u < UK::MAXU; u++)
+#pragma unroll
+            for (int x = 0; x < UK::W; x++)
+                w[u * UK::W + x] = u < nu ? __ldcs(kc + (size_t)(u * UK::W + x) * p.capq + t) : 0u;
+        float acc[GQ];
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++) acc[gg] = 0.f;
+#pragma unroll
+        for (int u = 0; u < UK::MAXU; u++) {
+            if (u < nu) {
+#pragma unroll
+                for (int j = 0; j < UK::C; j += 2) {
+                    const int i = (u * UK::C + j) >> 1;
+                    if (i < np) {
+                        const float ka = lut[(2 * i) * UK::NL + getc<BK>(w + u * UK::W, j)];
+                        const float kb = lut[(2 * i + 1) * UK::NL + getc<BK>(w + u * UK::W, j + 1)];
+                        const float2 e = lo[i * 64];
+#pragma unroll
+                        for (int gg = 0; gg < GQ; gg++) {
+                            const float2 a = qhb[gg * p.nhb_max * np + i];
+                            const float wr = a.x * e.x - a.y * e.y, wi = a.x * e.y + a.y * e.x;
+                            acc[gg] += ka * wr - kb * wi;
+                        }
+                    }
+                }
+            }
+        }
+        const uint32_t e0 = __ldg(krow + t), e1 = __ldg(krow + t + 1);
+        for (uint32_t e = e0; e < e1; e++) {
+            const uint32_t en = __ldg(kent + e);
+            const int d = en >> 16, i = d >> 1;
+            const float corr = h2f(en) - lut[d * UK::NL + kzc];
+            const float2 el = lo[i * 64];
+#pragma unroll
+            for (int gg = 0; gg < GQ; gg++) {
+                const float2 a = qhb[gg * p.nhb_max * np + i];
+                const float wr = a.x * el.x - a.y * el.y, wi = a.x * el.y + a.y * el.x;
+                acc[gg] += (d & 1) ? -corr * wi : corr * wr;
+            }
+        }
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++) sc[gg * p.chunk + (t - q0)] = acc[gg];
+    }
+    __syncthreads();
+    chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
+    __syncthreads();
+
+    // phase 3: P·V, lanes along the units of a token row (coalesced), tokens across lanes/warps
+    {
+        const int nuv = (D + UV::C - 1) / UV::C, tpw = 32 / nuv;
+        const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+        const int unit = lane % nuv, tsub = lane / nuv;
+        if (tsub < tpw) {
+            float acc[GQ][UV::C], pz[GQ];
+#pragma unroll
+            for (int gg = 0; gg < GQ; gg++) {
+                pz[gg] = 0.f;
+#pragma unroll
+                for (int j = 0; j < UV::C; j++) acc[gg][j] = 0.f;
+            }
+            const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw + unit * UV::W;
+            const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
+            constexpr int VT = 8; // tokens whose loads are in flight per lane
+            const int st = nw * tpw;
+            for (int tb = q0 + warp * tpw + tsub; tb < q1; tb += VT * st) {
+                uint32_t w[VT][UV::W];
+                float2 zr[VT];
+#pragma unroll
+                for (int k = 0; k < VT; k++) {
+                    const int t = tb + k * st;
+#pragma unroll
+                    for (int x = 0; x < UV::W; x++) w[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
+                    zr[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
+                }
+#pragma unroll
+                for (int k = 0; k < VT; k++) {
+                    const int t = tb + k * st;
+                    if (t < q1) {
+                        float pr[GQ];
+#pragma unroll
+                        for (int gg = 0; gg < GQ; gg++) {
+                            const float pp = sc[gg * p.chunk + (t - q0)];
+                            pr[gg] = pp * zr[k].y;
+                            pz[gg] += pp * zr[k].x;
+                        }
+#pragma unroll
+                        for (int j = 0; j < UV::C; j++) {
+                            const float L = vl[getc<BV>(w[k], j)];
+#pragma unroll
+                            for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < UV::C; j++) {
+                const int d = unit * UV::C + j;
+                if (d < D)
+#pragma unroll
+                    for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], acc[gg][j] + pz[gg]);
+            }
+        }
+        const uint32_t *vrow = p.vrow + ((size_t)s * p.H + h) * (p.capq + 1);
+        const uint32_t *vent = p.vent + ((size_t)s * p.H + h) * p.ent_cap;
+        const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
+        const float lz = vl[p.vz[h]];
+        for (int t = q0 + tid; t < q1; t += blockDim.x) {
+            const uint32_t e0 = __ldg(vrow + t), e1 = __ldg(vrow + t + 1);
+            if (e0 == e1) continue;
+            const float2 zr = __ldg(vs + t);
+            const float dz = lz * zr.y + zr.x;
+            for (uint32_t e = e0; e < e1; e++) {
+                const uint32_t en = __ldg(vent + e);
+                const int d = en >> 16;
+                const float corr = h2f(en) - dz;
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], sc[gg * p.chunk + (t - q0)] * corr);
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < gn * (D + 2); i += blockDim.x) {
+        const int j = i / (D + 2), d = i % (D + 2);
+        part0[j * pstride + d] = d == 0 ? stat[j] : d == 1 ? stat[GQ + j] : oacc[j * D + d - 2];
+    }
+}
+
+// exact region (fp16, post-RoPE keys): one block per (query head, sequence); the last partial slot
+__global__ void exact_decode(DecP p)
+{
+    extern __shared__ float4 sm4[];
+    float *sm = (float *)sm4;
+    const int qh = blockIdx.x, s = blockIdx.y, h = qh / p.g, D = p.D, tid = threadIdx.x;
+    const int ne = min(p.len[s], p.n_exact);
+    float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.nslots - 1) * (D + 2);
+    float *qv = sm, *sc = sm + D;
+    for (int d = tid; d < D; d += blockDim.x) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
+    __syncthreads();
+    const uint16_t *k = p.k16 + (size_t)(s * p.H + h) * p.n_exact * D, *v = p.v16 + (size_t)(s * p.H + h) * p.n_exact * D;
+    for (int t = tid; t < ne; t += blockDim.x) {
+        float a = 0;
+        for (int d = 0; d < D; d++) a += qv[d] * h2f(k[(size_t)t * D + d]);
+        sc[t] = a;
+    }
+    __syncthreads();
+    float m = -INFINITY, l = 0;
+    for (int t = 0; t < ne; t++) m = fmaxf(m, sc[t]);
+    for (int t = 0; t < ne; t++) l += expf(sc[t] - m);
+    for (int d = tid; d < D; d += blockDim.x) {
+        float a = 0;
+        for (int t = 0; t < ne; t++) a += expf(sc[t] - m) * h2f(v[(size_t)t * D + d]);
+        part[2 + d] = a;
+    }
+    if (tid == 0) { part[0] = ne ? m : -INFINITY; part[1] = l; }
+}
+
+// merge the partials of every slot: one block per (query head, sequence)
+__global__ void combine(const float *part, float *out, int n_heads, int D, int nslots)
+{
+    const int qh = blockIdx.x, s = blockIdx.y;
+    const float *pp = part + (size_t)(s * n_heads + qh) * nslots * (D + 2);
+    float M = -INFINITY;
+    for (int i = 0; i < nslots; i++) M = fmaxf(M, pp[i * (D + 2)]);
+    float L = 0;
+    if (M != -INFINITY)
+        for (int i = 0; i < nslots; i++) L += pp[i * (D + 2)] == -INFINITY ? 0.f : expf(pp[i * (D + 2)] - M) * pp[i * (D + 2) + 1];
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0;
+        if (M != -INFINITY)
+            for (int i = 0; i < nslots; i++)
+                if (pp[i * (D + 2)] != -INFINITY) a += expf(pp[i * (D + 2)] - M) * pp[i * (D + 2) + 2 + d];
+        out[((size_t)s * n_heads + qh) * D + d] = M == -INFINITY ? 0.f : a / L;
+    }
+}
+
+typedef void (*DecFn)(DecP);
+
+template <int BK, int BV> static DecFn pick2(int gq)
+{
+    switch (gq) {
+    case 1: return nuq_decode<BK, BV, 1>;
+    case 2: return nuq_decode<BK, BV, 2>;
+    default: break;
+    }
+    if constexpr (U<BV>::C <= 16) {
+        if (gq == 3) return nuq_decode<BK, BV, 3>;
+        if (gq == 4) return nuq_decode<BK, BV, 4>;
+    }
+    if constexpr (U<BV>::C <= 8) {
+        if (gq == 8) return nuq_decode<BK, BV, 8>;
+    }
+    return nullptr;
+}
+template <int BK> static DecFn pick1(int bv, int gq)
+{
+    return bv == 2 ? pick2<BK, 2>(gq) : bv == 3 ? pick2<BK, 3>(gq) : pick2<BK, 4>(gq);
+}
+static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? pick1<2>(bv, gq) : bk == 3 ? pick1<3>(bv, gq) : pick1<4>(bv, gq); }
+
+// query heads per block: the candidate (1, 2, 3, 4, 8; at most 64 / value channels per unit, the
+// accumulators of phase 3) that wastes the fewest masked query slots, ties to the larger
+static int choose_gq(int g, int bv)
+{
+    int gmax = 64 / (bv == 2 ? 16 : bv == 3 ? 32 : 8);
+    if (gmax > 8) gmax = 8;
+    const int cand[5] = {8, 4, 3, 2, 1};
+    int best = 1;
+    long bw = -1;
+    for (int i = 0; i < 5; i++) {
+        if (cand[i] > gmax) continue;
+        long w = (long)((g + cand[i] - 1) / cand[i]) * cand[i] - g;
+        if (bw < 0 || w < bw) { bw = w; best = cand[i]; }
+    }
+    return best;
+}
+
+// ---- the device cache -----------------------------------------------------------------
+struct kvq_kvcache_cuda {
+    kvq_kvcache_config cfg;
+    size_t C, n_exact, capq, kw, vw, ent_cap, kps, np, dpad, nhi;
+    size_t *len, *kused, *vused; // host mirrors
+    int *dlen;
+    uint16_t *k16, *v16;
+    uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
+    float *vscale, *klut, *vlevels, *klevels, *klo, *khi;
+    uint8_t *kz, *vz;
+    float2 *rlo, *rhi;
+    double *inv_freq;
+    float *part;
+    size_t part_cap;
+    int *cnt;
+    float *range;
+    size_t cnt_cap;
+    int n_sm;
+};
+
+template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, kvq_err *err)
+{
+    size_t b;
+    if (kvq_mul_size(n ? n : 1, sizeof(T), &b)) return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: %s: size overflows", what);
+    cudaError_t e = cudaMalloc((void **)p, b);
+    if (e != cudaSuccess) {
+        *p = nullptr;
+        (void)cudaGetLastError();
+        return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: %s: cannot allocate %zu bytes: %s", what, b, cudaGetErrorString(e));
+    }
+    CK(cudaMemset(*p, 0, b));
+    return KVQ_OK;
+}
+
+extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
+{
+    if (!c) return;
+    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut,
+                 c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range};
+    for (void *x : d)
+        if (x) cudaFree(x);
+    free(c->len);
+    free(c->kused);
+    free(c->vused);
+    free(c);
+}
+
+__global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
+                             int outl, int P2, float *range, int *cnt);
+static kvq_status set_smem_limits(kvq_err *err)
+{
+    const int bits[3] = {2, 3, 4}, gqs[5] = {1, 2, 3, 4, 8};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            for (int g = 0; g < 5; g++) {
+                DecFn f = pick(bits[a], bits[b], gqs[g]);
+                if (f) CK(cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
+            }
+    CK(cudaFuncSetAttribute((const void *)append_count, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384 * 4));
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_kvcache_config *cfg, kvq_err *err)
+{
+    if (!out) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda create: NULL output");
+    *out = nullptr;
+    KVQ_TRY(kvq_kvcache_config_validate(cfg, err));
+    if (cfg->format != KVQ_KVCACHE_NUQ)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: format %d: only NUQ has CUDA kernels so far (KIVI: CPU only)", (int)cfg->format);
+    const size_t B = cfg->n_seqs, H = cfg->n_kv_heads, D = cfg->head_dim, C = H * D;
+    if (H > 512) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: n_kv_heads %zu: up to 512", H);
+    if (C > 16384) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: kv_dim %zu: the append kernel handles up to 16384", C);
+    if (cfg->max_tokens > (size_t)1 << 30) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: max_tokens %zu: up to 2^30", cfg->max_tokens);
+    kvq_kvcache_cuda *c = (kvq_kvcache_cuda *)calloc(1, sizeof *c);
+    if (!c) return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate");
+    kvq_status st = KVQ_OK;
+    c->cfg = *cfg;
+    c->C = C;
+    c->n_exact = cfg->n_sink > cfg->prefix_len ? cfg->n_sink : cfg->prefix_len;
+    c->capq = (cfg->max_tokens - c->n_exact + 31) / 32 * 32;
+    c->kw = kvq_kvcache_head_words(cfg->k_bits, D);
+    c->vw = kvq_kvcache_head_words(cfg->v_bits, D);
+    c->kps = kvq_outliers_per_side(C, cfg->outlier_frac);
+    c->dpad = (D + 1) / 2 * 2;
+    c->np = c->dpad / 2;
+    c->nhi = cfg->max_tokens / 64 + 2;
+    size_t nlk = (size_t)1 << cfg->k_bits, nlv = (size_t)1 << cfg->v_bits;
+    size_t ne = c->n_exact ? c->n_exact : 1;
+    c->len = (size_t *)calloc(B, sizeof(size_t));
+    c->kused = (size_t *)calloc(B * H, sizeof(size_t));
+    c->vused = (size_t *)calloc(B * H, sizeof(size_t));
+    float *hl = nullptr, *hv = nullptr, *hk = nullptr;
+    float2 *hlo = nullptr, *hhi = nullptr;
+    uint8_t *hz = nullptr;
+    if (!c->len || !c->kused || !c->vused) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
+    {
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "kvcache cuda: no usable device: %s", cudaGetErrorString(e)); goto fail; }
+    }
+    {
+        size_t per_tok = 2 * (size_t)ceil(cfg->outlier_frac * (double)D) + 2, cap = cfg->outlier_cap;
+        if (!cap && kvq_mul_size(per_tok, cfg->max_tokens, &cap)) cap = (size_t)1 << 30;
+        if (cfg->outlier_frac == 0 && !cfg->outlier_cap) cap = 1;
+        if (cfg->outlier_max && cap > cfg->outlier_max) cap = cfg->outlier_max;
+        if (cap > 0xffffffffu) cap = 0xffffffffu;
+        c->ent_cap = cap ? cap : 1;
+    }
+#define DA(ptr, n, what) do { if ((st = dalloc(&(ptr), (n), (what), err)) != KVQ_OK) goto fail; } while (0)
+    DA(c->dlen, B, "lengths");
+    DA(c->k16, B * H * ne * D, "fp16 keys");
+    DA(c->v16, B * H * ne * D, "fp16 values");
+    DA(c->kcodes, B * H * c->kw * c->capq, "key codes");
+    DA(c->vcodes, B * H * c->capq * c->vw, "value codes");
+    DA(c->krow, B * H * (c->capq + 1), "key outlier rows");
+    DA(c->vrow, B * H * (c->capq + 1), "value outlier rows");
+    DA(c->kent, B * H * c->ent_cap, "key outliers");
+    DA(c->vent, B * H * c->ent_cap, "value outliers");
+    DA(c->vscale, B * c->capq * 2, "value scales");
+    DA(c->klut, C * nlk, "key LUT");
+    DA(c->vlevels, H * nlv, "value levels");
+    DA(c->klevels, H * nlk, "key levels");
+    DA(c->klo, C, "thresholds");
+    DA(c->khi, C, "thresholds");
+    DA(c->kz, H, "zero codes");
+    DA(c->vz, H, "zero codes");
+    DA(c->rlo, c->np * 64, "rope table");
+    DA(c->rhi, c->nhi * c->np, "rope table");
+    DA(c->inv_freq, c->np, "rope");
+#undef DA
+    // tables (host, double), as kvcache.c
+    hl = (float *)malloc(C * nlk * sizeof(float));
+    hv = (float *)malloc(H * nlv * sizeof(float));
+    hk = (float *)malloc(H * nlk * sizeof(float));
+    hz = (uint8_t *)malloc(2 * H);
+    hlo = (float2 *)malloc(c->np * 64 * sizeof(float2));
+    hhi = (float2 *)malloc(c->nhi * c->np * sizeof(float2));
+    if (!hl || !hv || !hk || !hz || !hlo || !hhi) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate tables"); goto fail; }
+    for (size_t h = 0; h < H; h++) {
+        const float *kl = cfg->k_levels + (cfg->k_tables > 1 ? h : 0) * nlk, *vl = cfg->v_levels + (cfg->v_tables > 1 ? h : 0) * nlv;
+        memcpy(hk + h * nlk, kl, nlk * sizeof(float));
+        memcpy(hv + h * nlv, vl, nlv * sizeof(float));
+        hz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
+        hz[H + h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
+        for (size_t d = 0; d < D; d++) {
+            size_t ch = h * D + d;
+            double zp = ((double)cfg->k_upper[ch] + (double)cfg->k_lower[ch]) * 0.5, r = ((double)cfg->k_upper[ch] - (double)cfg->k_lower[ch]) * 0.5;
+            for (size_t j = 0; j < nlk; j++) hl[ch * nlk + j] = r == 0 ? (float)zp : (float)((double)kl[j] * r + zp);
+        }
+    }
+    {
+        double *fr = (double *)malloc(c->np * sizeof(double));
+        if (!fr) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
+        size_t nr = cfg->rope.rope_dim / 2;
+        for (size_t i = 0; i < c->np; i++) {
+            double f = 0;
+            if (i < nr) {
+                f = pow(cfg->rope.rope_theta, -2.0 * (double)i / (double)cfg->rope.rope_dim);
+                if (cfg->rope.scale > 0) f /= cfg->rope.scale;
+            }
+            fr[i] = f;
+            for (int l = 0; l < 64; l++) hlo[i * 64 + l] = i < nr ? make_float2((float)cos(l * f), (float)sin(l * f)) : make_float2(1, 0);
+            for (size_t b = 0; b < c->nhi; b++)
+                hhi[b * c->np + i] = i < nr ? make_float2((float)cos((double)(64 * b) * f), (float)sin((double)(64 * b) * f)) : make_float2(1, 0);
+        }
+        cudaError_t e = cudaMemcpy(c->inv_freq, fr, c->np * sizeof(double), cudaMemcpyHostToDevice);
+        free(fr);
+        if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "CUDA: copy: %s", cudaGetErrorString(e)); goto fail; }
+    }
+    {
+        cudaError_t e = cudaSuccess;
+#define UP(dst, src, bytes) if (e == cudaSuccess) e = cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice)
+        UP(c->klut, hl, C * nlk * sizeof(float));
+        UP(c->vlevels, hv, H * nlv * sizeof(float));
+        UP(c->klevels, hk, H * nlk * sizeof(float));
+        UP(c->kz, hz, H);
+        UP(c->vz, hz + H, H);
+        UP(c->klo, cfg->k_lower, C * sizeof(float));
+        UP(c->khi, cfg->k_upper, C * sizeof(float));
+        UP(c->rlo, hlo, c->np * 64 * sizeof(float2));
+        UP(c->rhi, hhi, c->nhi * c->np * sizeof(float2));
+#undef UP
+        if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "CUDA: table upload: %s", cudaGetErrorString(e)); goto fail; }
+    }
+    if ((st = set_smem_limits(err)) != KVQ_OK) goto fail;
+    free(hl); free(hv); free(hk); free(hz); free(hlo); free(hhi);
+    *out = c;
+    return KVQ_OK;
+fail:
+    free(hl); free(hv); free(hk); free(hz); free(hlo); free(hhi);
+    kvq_kvcache_cuda_free(c);
+    return st;
+}
+
+// ---- append ---------------------------------------------------------------------------------
+__device__ __forceinline__ uint16_t f2h_sat(float x)
+{
+    x = fminf(fmaxf(x, -65504.f), 65504.f);
+    return __half_as_ushort(__float2half_rn(x));
+}
+
+// exact-region positions: RoPE in double (as kvq_rope_rotate), then fp16
+__global__ void put_exact_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, const double *inv_freq,
+                                 int rope_pairs, int H, int D, int n_exact, int pos0, int n)
+{
+    const int C = H * D;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * C; i += gridDim.x * blockDim.x) {
+        const int t = i / C, ch = i % C, h = ch / D, d = ch % D, pos = pos0 + t;
+        float y = k[i];
+        if ((d >> 1) < rope_pairs) {
+            const int pi = d >> 1;
+            const double a = (double)pos * inv_freq[pi], cs = cos(a), sn = sin(a);
+            const double u = k[t * C + h * D + 2 * pi], w = k[t * C + h * D + 2 * pi + 1];
+            y = (d & 1) ? (float)(u * sn + w * cs) : (float)(u * cs - w * sn);
+        }
+        const size_t o = ((size_t)h * n_exact + pos) * D + d;
+        k16[o] = f2h_sat(y);
+        v16[o] = f2h_sat(v[i]);
+    }
+}
+
+__device__ __forceinline__ int nuq_code_dev(float x, double zp, double r, const float *lv, int nl)
+{
+    if (r == 0) return 0;
+    double xn = ((double)x - zp) / r;
+    if (!(xn >= (double)lv[0])) xn = lv[0];
+    if (xn > (double)lv[nl - 1]) xn = lv[nl - 1];
+    const float xf = (float)xn;
+    int best = 0;
+    float bd = fabsf(xf - lv[0]);
+    for (int j = 1; j < nl; j++) {
+        const float dj = fabsf(xf - lv[j]);
+        if (dj < bd) { bd = dj; best = j; }
+    }
+    return best;
+}
+
+// pass 1: per token, the value range (bitonic sort in shared memory) and outlier counts per head
+__global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
+                             int outl, int P2, float *range, int *cnt)
+{
+    extern __shared__ float4 sm4[];
+    float *a = (float *)sm4;
+    __shared__ int ck[1024];
+    const int t = blockIdx.x, C = H * D, tid = threadIdx.x;
+    const float *kt = k + (size_t)t * C, *vt = v + (size_t)t * C;
+    for (int i = tid; i < P2; i += blockDim.x) a[i] = i < C ? vt[i] : INFINITY;
+    for (int i = tid; i < 2 * H && i < 1024; i += blockDim.x) ck[i] = 0;
+    __syncthreads();
+    for (int size = 2; size <= P2; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < P2; i += blockDim.x) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    const bool up = (i & size) == 0;
+                    const float x = a[i], y = a[j];
+                    if ((x > y) == up) { a[i] = y; a[j] = x; }
+                }
+            }
+            __syncthreads();
+        }
+    const float lo = a[kps], hi = a[C - 1 - kps];
+    if (tid == 0) { range[2 * t] = lo; range[2 * t + 1] = hi; }
+    if (outl) {
+        for (int i = tid; i < C; i += blockDim.x) {
+            const int h = i / D;
+            if (kt[i] > khi[i] || kt[i] < klo[i]) atomicAdd(&ck[h], 1);
+            if (kps && (vt[i] < lo || vt[i] > hi)) atomicAdd(&ck[H + h], 1);
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < 2 * H; i += blockDim.x) cnt[(size_t)t * 2 * H + i] = ck[i];
+}
+
+// pass 2: codes and sparse entries; one block per token
+template <int BK, int BV>
+__global__ void append_write(const float *k, const float *v, const float *klo, const float *khi, const float *klev,
+                             const float *vlev, const uint8_t *kz, const uint8_t *vz, const float *range, int H, int D,
+                             int kps, int outl, int q0, int capq, int kw, int vw, uint32_t *kcodes, uint32_t *vcodes,
+                             const uint32_t *krow, const uint32_t *vrow, uint32_t *kent, uint32_t *vent, float *vscale,
+                             size_t ent_cap)
+{
+    typedef U<BK> UK;
+    typedef U<BV> UV;
+    const int t = blockIdx.x, q = q0 + t, C = H * D, tid = threadIdx.x;
+    const float *kt = k + (size_t)t * C, *vt = v + (size_t)t * C;
+    const float lo = range[2 * t], hi = range[2 * t + 1];
+    const double vzp = ((double)hi + (double)lo) * 0.5, vr = ((double)hi - (double)lo) * 0.5;
+    if (tid == 0) { vscale[2 * q] = (float)vzp; vscale[2 * q + 1] = (float)vr; }
+    const int nuk = (D + UK::C - 1) / UK::C, nuv = (D + UV::C - 1) / UV::C;
+    for (int i = tid; i < H * nuk; i += blockDim.x) {
+        const int h = i / nuk, u = i % nuk;
+        uint32_t w[3] = {0, 0, 0};
+        for (int j = 0; j < UK::C; j++) {
+            const int d = u * UK::C + j;
+            if (d >= D) break;
+            const int ch = h * D + d;
+            const float x = kt[ch];
+            int code;
+            if (outl && (x > khi[ch] || x < klo[ch])) code = kz[h];
+            else {
+                const double zp = ((double)khi[ch] + (double)klo[ch]) * 0.5, r = ((double)khi[ch] - (double)klo[ch]) * 0.5;
+                code = nuq_code_dev(x, zp, r, klev + h * UK::NL, UK::NL);
+            }
+            const int bit = j * BK;
+            w[bit >> 5] |= (uint32_t)code << (bit & 31);
+            if ((bit & 31) + BK > 32) w[(bit >> 5) + 1] |= (uint32_t)code >> (32 - (bit & 31));
+        }
+        for (int x = 0; x < UK::W; x++) kcodes[((size_t)h * kw + u * UK::W + x) * capq + q] = w[x];
+    }
+    for (int i = tid; i < H * nuv; i += blockDim.x) {
+        const int h = i / nuv, u = i % nuv;
+        uint32_t w[3] = {0, 0, 0};
+        for (int j = 0; j < UV::C; j++) {
+            const int d = u * UV::C + j;
+            if (d >= D) break;
+            const float x = vt[h * D + d];
+            const int code = (kps && (x < lo || x > hi)) ? vz[h] : nuq_code_dev(x, vzp, vr, vlev + h * UV::NL, UV::NL);
+            const int bit = j * BV;
+            w[bit >> 5] |= (uint32_t)code << (bit & 31);
+            if ((bit & 31) + BV > 32) w[(bit >> 5) + 1] |= (uint32_t)code >> (32 - (bit & 31));
+        }
+        for (int x = 0; x < UV::W; x++) vcodes[((size_t)h * capq + q) * vw + u * UV::W + x] = w[x];
+    }
+    if (outl) {
+        for (int h = tid; h < 2 * H; h += blockDim.x) {
+            const bool isv = h >= H;
+            const int hh = isv ? h - H : h;
+            uint32_t e = isv ? vrow[(size_t)hh * (capq + 1) + q] : krow[(size_t)hh * (capq + 1) + q];
+            uint32_t *ent = (isv ? vent : kent) + (size_t)hh * ent_cap;
+            for (int d = 0; d < D; d++) {
+                const int ch = hh * D + d;
+                if (!isv && (kt[ch] > khi[ch] || kt[ch] < klo[ch])) ent[e++] = (uint32_t)d << 16 | f2h_sat(kt[ch]);
+                if (isv && kps && (vt[ch] < lo || vt[ch] > hi)) ent[e++] = (uint32_t)d << 16 | f2h_sat(vt[ch]);
+            }
+        }
+    }
+}
+
+static kvq_status grow_entries(kvq_kvcache_cuda *c, size_t need, size_t seq, size_t pos, kvq_err *err)
+{
+    size_t lim = c->cfg.outlier_max ? c->cfg.outlier_max : 0xffffffffu, cap = c->ent_cap;
+    if (need > lim)
+        return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: sequence %zu position %zu: sparse outlier store needs %zu entries, limit outlier_max %zu",
+                        seq, pos, need, lim);
+    while (cap < need) cap = cap > lim / 2 ? lim : cap * 2;
+    const size_t B = c->cfg.n_seqs * c->cfg.n_kv_heads; /* one store per (sequence, head) */
+    uint32_t *ke = nullptr, *ve = nullptr;
+    KVQ_TRY(dalloc(&ke, B * cap, "key outliers", err));
+    kvq_status st = dalloc(&ve, B * cap, "value outliers", err);
+    if (st != KVQ_OK) { cudaFree(ke); return st; }
+    cudaError_t e = cudaMemcpy2D(ke, cap * 4, c->kent, c->ent_cap * 4, c->ent_cap * 4, B, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy2D(ve, cap * 4, c->vent, c->ent_cap * 4, c->ent_cap * 4, B, cudaMemcpyDeviceToDevice);
+    if (e != cudaSuccess) { cudaFree(ke); cudaFree(ve); return kvq_fail(err, KVQ_EIO, "CUDA: outlier store copy: %s", cudaGetErrorString(e)); }
+    cudaFree(c->kent);
+    cudaFree(c->vent);
+    c->kent = ke;
+    c->vent = ve;
+    c->ent_cap = cap;
+    return KVQ_OK;
+}
+
+typedef void (*AppFn)(const float *, const float *, const float *, const float *, const float *, const float *, const uint8_t *,
+                      const uint8_t *, const float *, int, int, int, int, int, int, int, int, uint32_t *, uint32_t *,
+                      const uint32_t *, const uint32_t *, uint32_t *, uint32_t *, float *, size_t);
+template <int BK> static AppFn app1(int bv) { return bv == 2 ? append_write<BK, 2> : bv == 3 ? append_write<BK, 3> : append_write<BK, 4>; }
+static AppFn app_pick(int bk, int bv) { return bk == 2 ? app1<2>(bv) : bk == 3 ? app1<3>(bv) : app1<4>(bv); }
+
+extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t n, kvq_err *err)
+{
+    if (!c || (n && (!k || !v))) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: NULL argument");
+    const kvq_kvcache_config *g = &c->cfg;
+    if (seq >= g->n_seqs) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: sequence %zu: expected < %zu", seq, g->n_seqs);
+    if (g->prefix_len) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda append: IntactKV prefix not supported on the GPU yet");
+    const size_t len = c->len[seq], H = g->n_kv_heads, D = g->head_dim, C = c->C;
+    if (n > g->max_tokens - len)
+        return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: sequence %zu: %zu positions + %zu new exceed max_tokens %zu", seq, len, n, g->max_tokens);
+    size_t t = 0, pos = len;
+    if (pos < c->n_exact && n) {
+        size_t m = c->n_exact - pos < n ? c->n_exact - pos : n;
+        put_exact_kernel<<<(unsigned)((m * C + 255) / 256), 256>>>(c->k16 + seq * H * c->n_exact * D, c->v16 + seq * H * c->n_exact * D, k, v,
+                                                                   c->inv_freq, (int)(g->rope.rope_dim / 2), (int)H, (int)D, (int)c->n_exact, (int)pos, (int)m);
+        CKL();
+        t += m;
+        pos += m;
+    }
+    kvq_status st = KVQ_OK;
+    const size_t m = n - t;
+    if (m) {
+        const float *kq = k + t * C, *vq = v + t * C;
+        const size_t q0 = pos - c->n_exact;
+        if (m * 2 * H > c->cnt_cap) {
+            if (c->cnt) cudaFree(c->cnt);
+            if (c->range) cudaFree(c->range);
+            c->cnt = nullptr; c->range = nullptr; c->cnt_cap = 0;
+            KVQ_TRY(dalloc(&c->cnt, m * 2 * H, "append scratch", err));
+            KVQ_TRY(dalloc(&c->range, m * 2 * H, "append scratch", err));
+            c->cnt_cap = m * 2 * H;
+        }
+        int P2 = 1;
+        while ((size_t)P2 < C) P2 <<= 1;
+        const int outl = g->outlier_frac > 0;
+        append_count<<<(unsigned)m, 256, P2 * sizeof(float)>>>(kq, vq, c->klo, c->khi, (int)H, (int)D, (int)c->kps, outl, P2, c->range, c->cnt);
+        CKL();
+        int *hc = (int *)malloc(m * 2 * H * sizeof(int));
+        uint32_t *rk = (uint32_t *)malloc(m * H * sizeof(uint32_t)), *rv = (uint32_t *)malloc(m * H * sizeof(uint32_t));
+        if (!hc || !rk || !rv) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: cannot allocate"); }
+        cudaError_t e = cudaMemcpy(hc, c->cnt, m * 2 * H * sizeof(int), cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_EIO, "CUDA: counts: %s", cudaGetErrorString(e)); }
+        const size_t R = c->capq + 1;
+        size_t *ku = c->kused + seq * H, *vu = c->vused + seq * H, mm = 0;
+        size_t *nku = (size_t *)malloc(2 * H * sizeof(size_t));
+        if (!nku) { free(hc); free(rk); free(rv); return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: cannot allocate"); }
+        size_t *nvu = nku + H;
+        memcpy(nku, ku, H * sizeof(size_t));
+        memcpy(nvu, vu, H * sizeof(size_t));
+        for (; mm < m; mm++) {
+            size_t need = 0;
+            for (size_t h = 0; h < H; h++) {
+                size_t a = nku[h] + hc[mm * 2 * H + h], b = nvu[h] + hc[mm * 2 * H + H + h];
+                if (a > need) need = a;
+                if (b > need) need = b;
+            }
+            if (need > c->ent_cap && (st = grow_entries(c, need, seq, pos + mm, err)) != KVQ_OK) break;
+            for (size_t h = 0; h < H; h++) {
+                nku[h] += hc[mm * 2 * H + h];
+                nvu[h] += hc[mm * 2 * H + H + h];
+                rk[h * m + mm] = (uint32_t)nku[h];
+                rv[h * m + mm] = (uint32_t)nvu[h];
+            }
+        }
+        if (mm) {
+            const size_t rb = seq * H * R + q0 + 1;
+            e = cudaMemcpy2D(c->krow + rb, R * 4, rk, m * 4, mm * 4, H, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess) e = cudaMemcpy2D(c->vrow + rb, R * 4, rv, m * 4, mm * 4, H, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) { free(hc); free(rk); free(rv); free(nku); return kvq_fail(err, KVQ_EIO, "CUDA: rows: %s", cudaGetErrorString(e)); }
+            AppFn f = app_pick(g->k_bits, g->v_bits);
+            f<<<(unsigned)mm, 128>>>(kq, vq, c->klo, c->khi, c->klevels, c->vlevels, c->kz, c->vz, c->range, (int)H, (int)D,
+                                     (int)c->kps, outl, (int)q0, (int)c->capq, (int)c->kw, (int)c->vw,
+                                     c->kcodes + seq * H * c->kw * c->capq, c->vcodes + seq * H * c->capq * c->vw,
+                                     c->krow + seq * H * R, c->vrow + seq * H * R,
+                                     c->kent + seq * H * c->ent_cap, c->vent + seq * H * c->ent_cap, c->vscale + seq * c->capq * 2,
+                                     c->ent_cap);
+            e = cudaGetLastError();
+            if (e == cudaSuccess) e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) { free(hc); free(rk); free(rv); free(nku); return kvq_fail(err, KVQ_EIO, "CUDA: append kernel: %s", cudaGetErrorString(e)); }
+            memcpy(ku, nku, H * sizeof(size_t));
+            memcpy(vu, nvu, H * sizeof(size_t));
+        }
+        free(nku);
+        free(hc); free(rk); free(rv);
+        pos += mm;
+    }
+    c->len[seq] = pos;
+    int l = (int)pos;
+    CK(cudaMemcpy(c->dlen + seq, &l, sizeof l, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+    return st;
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max)
+{
+    size_t nlk = (size_t)1 << c->cfg.k_bits, nlv = (size_t)1 << c->cfg.v_bits;
+    size_t f = c->dpad * nlk + (nlv < 2 ? 2 : nlv);
+    f = (f + 1) / 2 * 2;
+    size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq;
+    return f * 4 + (size_t)gq * nhb_max * c->np * 8 + (tail + 2) * 4 + c->np * 64 * 8;
+}
+
+extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out,
+                                              size_t max_splits, int sync, kvq_err *err)
+{
+    if (!c || !q || !out) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: NULL argument");
+    const kvq_kvcache_config *g = &c->cfg;
+    const size_t H = g->n_kv_heads, D = g->head_dim, B = g->n_seqs;
+    if (n_heads == 0 || n_heads % H)
+        return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: n_heads %zu: expected a multiple of n_kv_heads %zu", n_heads, H);
+    const int gg = (int)(n_heads / H), gq = choose_gq(gg, g->v_bits), qgroups = (gg + gq - 1) / gq;
+    size_t maxlen = 0;
+    for (size_t s = 0; s < B; s++) if (c->len[s] > maxlen) maxlen = c->len[s];
+    const size_t nq = maxlen > c->n_exact ? maxlen - c->n_exact : 0;
+    size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
+    size_t splits = (target + per - 1) / per;
+    size_t maxch = 1024;
+    while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
+    if (splits < 1) splits = 1;
+    if (max_splits && splits > max_splits) splits = max_splits;
+    size_t chunk = nq ? (nq + splits - 1) / splits : NT;
+    chunk = (chunk + NT - 1) / NT * NT;
+    if (chunk > maxch && !max_splits) chunk = maxch;
+    while (chunk > NT && dec_smem(c, gq, (int)chunk, (int)(chunk / 64 + 2)) > SMEM_MAX) chunk = (chunk / 2 + NT - 1) / NT * NT;
+    splits = nq ? (nq + chunk - 1) / chunk : 1;
+    const int nhb_max = (int)(chunk / 64 + 2);
+    const size_t nslots = splits + 1;
+    const size_t need = B * n_heads * nslots * (D + 2);
+    if (need > c->part_cap) {
+        if (c->part) cudaFree(c->part);
+        c->part = nullptr;
+        c->part_cap = 0;
+        KVQ_TRY(dalloc(&c->part, need, "attention partials", err));
+        c->part_cap = need;
+    }
+    DecP p;
+    p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.krow = c->krow; p.vrow = c->vrow; p.kent = c->kent; p.vent = c->vent;
+    p.vscale = c->vscale; p.klut = c->klut; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
+    p.rlo = c->rlo; p.rhi = c->rhi; p.k16 = c->k16; p.v16 = c->v16; p.q = q; p.part = c->part; p.len = c->dlen;
+    p.H = (int)H; p.D = (int)D; p.dpad = (int)c->dpad; p.np = (int)c->np; p.n_heads = (int)n_heads; p.g = gg; p.qgroups = qgroups;
+    p.kw = (int)c->kw; p.vw = (int)c->vw; p.capq = (int)c->capq; p.n_exact = (int)c->n_exact; p.n_splits = (int)splits;
+    p.chunk = (int)chunk; p.nhb_max = nhb_max; p.ent_cap = (int)c->ent_cap; p.nslots = (int)nslots;
+    p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
+    DecFn f = pick(g->k_bits, g->v_bits, gq);
+    if (!f) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: no kernel for %d/%d bits, %d query heads per block", g->k_bits, g->v_bits, gq);
+    size_t sm = dec_smem(c, gq, (int)chunk, nhb_max);
+    if (sm > SMEM_MAX) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: %zu bytes of shared memory needed", sm);
+    f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), NT, sm>>>(p);
+    CKL();
+    exact_decode<<<dim3((unsigned)n_heads, (unsigned)B), NT, (D + c->n_exact + 1) * sizeof(float)>>>(p);
+    CKL();
+    combine<<<dim3((unsigned)n_heads, (unsigned)B), D < 128 ? 64 : 128>>>(c->part, out, (int)n_heads, (int)D, (int)nslots);
+    CKL();
+    if (sync) CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_kvcache *dst, kvq_err *err)
+{
+    if (!c || !dst) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda download: NULL argument");
+    kvq_kvcache_view v;
+    kvq_kvcache_view_get(dst, &v);
+    const kvq_kvcache_config *g = &c->cfg, *h = kvq_kvcache_config_of(dst);
+    if (h->format != g->format || h->n_seqs != g->n_seqs || h->n_kv_heads != g->n_kv_heads || h->head_dim != g->head_dim ||
+        h->max_tokens != g->max_tokens || h->k_bits != g->k_bits || h->v_bits != g->v_bits || h->n_sink != g->n_sink ||
+        h->prefix_len != g->prefix_len || v.capq != c->capq)
+        return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: the CPU cache has another configuration");
+    if (v.ent_cap < c->ent_cap) return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: CPU outlier capacity %zu < GPU %zu", v.ent_cap, c->ent_cap);
+    const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim, ne = c->n_exact ? c->n_exact : 1;
+    // the view's pointers are const for users; the cache owns them and this is its mirror
+    CK(cudaMemcpy((void *)v.k16, c->k16, B * H * ne * D * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.v16, c->v16, B * H * ne * D * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.kcodes, c->kcodes, B * H * c->kw * c->capq * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.vcodes, c->vcodes, B * H * c->capq * c->vw * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.vscale, c->vscale, B * c->capq * 2 * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.krow, c->krow, B * H * (c->capq + 1) * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((void *)v.vrow, c->vrow, B * H * (c->capq + 1) * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy2D((void *)v.kent, v.ent_cap * 4, c->kent, c->ent_cap * 4, c->ent_cap * 4, B * H, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy2D((void *)v.vent, v.ent_cap * 4, c->vent, c->ent_cap * 4, c->ent_cap * 4, B * H, cudaMemcpyDeviceToHost));
+    for (size_t s = 0; s < B; s++) {
+        size_t *len = (size_t *)v.len, *kq = (size_t *)v.kq, *vq = (size_t *)v.vq;
+        len[s] = c->len[s];
+        kq[s] = vq[s] = c->len[s] > c->n_exact ? c->len[s] - c->n_exact : 0;
+    }
+    return KVQ_OK;
+}
+
+// ---- benchmark support ------------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+__device__ __forceinline__ float unif11(uint64_t x) { return (float)(mix64(x) >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+
+__global__ void fill_u32(uint32_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint32_t)mix64(seed ^ (i * 0x2545f4914f6cdd1dull));
+}
+__global__ void fill_h(uint16_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __half_as_ushort(__float2half_rn(unif11(seed ^ (i * 0x2545f4914f6cdd1dull))));
+}
+__global__ void fill_scale(float *p, size_t n, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float u = unif11(seed ^ (i * 0x2545f4914f6cdd1dull));
+        p[2 * i] = 0.1f * u;
+        p[2 * i + 1] = 1.0f + 0.5f * u;
+    }
+}
+// rows [nsh][R] (R = capq + 1) and entries [nsh][ent_cap]: per_row entries per token of the first nq tokens
+__global__ void fill_rows(uint32_t *row, uint32_t *ent, size_t nsh, size_t R, size_t nq, size_t ent_cap, int per_row, int D, uint64_t seed)
+{
+    const size_t n = nsh * (nq + 1);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t sh = i / (nq + 1), q = i % (nq + 1);
+        row[sh * R + q] = (uint32_t)(q * per_row);
+        if (q < nq)
+            for (int j = 0; j < per_row; j++) {
+                uint64_t r = mix64(seed ^ ((i * per_row + j) * 0x2545f4914f6cdd1dull));
+                ent[sh * ent_cap + q * per_row + j] = (uint32_t)((r >> 20) % (uint64_t)D) << 16 |
+                                                      __half_as_ushort(__float2half_rn(4.0f * unif11(r)));
+            }
+    }
+}
+
+extern "C" kvq_status kvq_cuda_fill_half(uint16_t *dev, size_t n, uint64_t seed, kvq_err *err)
+{
+    fill_h<<<1024, 256>>>(dev, n, seed);
+    CKL();
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t len, size_t per_row, uint64_t seed, kvq_err *err)
+{
+    const kvq_kvcache_config *g = &c->cfg;
+    const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim;
+    if (len > g->max_tokens) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda fill: len %zu > max_tokens %zu", len, g->max_tokens);
+    const size_t nq = len > c->n_exact ? len - c->n_exact : 0, ne = c->n_exact ? c->n_exact : 1;
+    if (nq * per_row > c->ent_cap) KVQ_TRY(grow_entries(c, nq * per_row, 0, len, err));
+    fill_u32<<<2048, 256>>>(c->kcodes, B * H * c->kw * c->capq, seed + 1);
+    fill_u32<<<2048, 256>>>(c->vcodes, B * H * c->capq * c->vw, seed + 2);
+    fill_scale<<<1024, 256>>>(c->vscale, B * c->capq, seed + 3);
+    fill_h<<<256, 256>>>(c->k16, B * H * ne * D, seed + 4);
+    fill_h<<<256, 256>>>(c->v16, B * H * ne * D, seed + 5);
+    CKL();
+    fill_rows<<<2048, 256>>>(c->krow, c->kent, B * H, c->capq + 1, nq, c->ent_cap, (int)per_row, (int)D, seed + 6);
+    fill_rows<<<2048, 256>>>(c->vrow, c->vent, B * H, c->capq + 1, nq, c->ent_cap, (int)per_row, (int)D, seed + 7);
+    CKL();
+    for (size_t s = 0; s < B; s++) {
+        c->len[s] = len;
+        for (size_t h = 0; h < H; h++) c->kused[s * H + h] = c->vused[s * H + h] = nq * per_row;
+        int l = (int)len;
+        CK(cudaMemcpy(c->dlen + s, &l, sizeof l, cudaMemcpyHostToDevice));
+    }
+    CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}
+
+extern "C" size_t kvq_kvcache_cuda_bytes_read(const kvq_kvcache_cuda *c)
+{
+    const size_t H = c->cfg.n_kv_heads, C = c->C;
+    size_t b = 0;
+    for (size_t s = 0; s < c->cfg.n_seqs; s++) {
+        size_t len = c->len[s], ne = len < c->n_exact ? len : c->n_exact, nq = len - ne;
+        b += 2 * ne * C * 2;                         // fp16 rows
+        b += nq * H * (c->kw + c->vw) * 4 + nq * 8;  // codes, value (zp, r)
+        b += 2 * (nq + 1) * H * 4;                   // sparse row pointers (K, V), per head
+        for (size_t h = 0; h < H; h++) b += (c->kused[s * H + h] + c->vused[s * H + h]) * 4; // sparse entries
+    }
+    return b;
+}
+
+// ---- fp16 baseline: split-K flash decoding with 16-byte loads ---------------------------------------
+struct F16P {
+    const uint16_t *k, *v;
+    const float *q;
+    float *part;
+    int H, D, n_heads, g, qgroups, cap, len, n_splits, chunk;
+    float scale;
+};
+
+template <int GQ>
+__global__ void __launch_bounds__(128) fp16_decode(F16P p)
+{
+    extern __shared__ float4 sm4[];
+    float *sm = (float *)sm4;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
+    const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0), D = p.D;
+    const int q0 = blockIdx.x * p.chunk, q1 = min(q0 + p.chunk, p.len), n = q1 - q0;
+    float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.n_splits + blockIdx.x) * (D + 2);
+    const size_t pstride = (size_t)p.n_splits * (D + 2);
+    float *sc = sm, *oacc = sc + GQ * p.chunk, *red = oacc + GQ * D, *stat = red + GQ * 8;
+    const int L = D / 8, tpw = 32 / L, unit = lane % L, tsub = lane / L;
+    for (int i = tid; i < GQ * D; i += blockDim.x) oacc[i] = 0.f;
+    float qr[GQ][8];
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            qr[gg][j] = gg < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + gg) * D + unit * 8 + j] * p.scale : 0.f;
+    const uint4 *kb = (const uint4 *)(p.k + (size_t)(s * p.H + h) * p.cap * D);
+    const uint4 *vb = (const uint4 *)(p.v + (size_t)(s * p.H + h) * p.cap * D);
+    // the loop is uniform across the warp (shuffles below); tail lanes load nothing
+#pragma unroll 4
+    for (int tb = q0 + warp * tpw; tb < q1; tb += nw * tpw) {
+        const int t = tb + tsub;
+        const bool ok = t < q1;
+        uint4 kk = make_uint4(0, 0, 0, 0);
+        if (ok) kk = __ldg(kb + (size_t)t * L + unit);
+        const __half2 *k2 = (const __half2 *)&kk;
+        float a[GQ];
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++) a[gg] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 f = __half22float2(k2[j]);
+#pragma unroll
+            for (int gg = 0; gg < GQ; gg++) a[gg] += qr[gg][2 * j] * f.x + qr[gg][2 * j + 1] * f.y;
+        }
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++) {
+            for (int o = L >> 1; o; o >>= 1) a[gg] += __shfl_xor_sync(0xffffffffu, a[gg], o, L);
+            if (ok && unit == 0) sc[gg * p.chunk + t - q0] = a[gg];
+        }
+    }
+    __syncthreads();
+    chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
+    __syncthreads();
+    if (tsub < tpw) {
+        float acc[GQ][8];
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[gg][j] = 0.f;
+#pragma unroll 4
+        for (int t = q0 + warp * tpw + tsub; t < q1; t += nw * tpw) {
+            const uint4 vv = __ldg(vb + (size_t)t * L + unit);
+            const __half2 *v2 = (const __half2 *)&vv;
+#pragma unroll
+            for (int gg = 0; gg < GQ; gg++) {
+                const float pp = sc[gg * p.chunk + t - q0];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float2 f = __half22float2(v2[j]);
+                    acc[gg][2 * j] += pp * f.x;
+                    acc[gg][2 * j + 1] += pp * f.y;
+                }
+            }
+        }
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) atomicAdd(&oacc[gg * D + unit * 8 + j], acc[gg][j]);
+    }
+    __syncthreads();
+    for (int i = tid; i < gn * (D + 2); i += blockDim.x) {
+        const int j = i / (D + 2), d = i % (D + 2);
+        part0[j * pstride + d] = d == 0 ? stat[j] : d == 1 ? stat[GQ + j] : oacc[j * D + d - 2];
+    }
+}
+
+typedef void (*F16Fn)(F16P);
+static F16Fn f16_pick(int gq)
+{
+    switch (gq) {
+    case 1: return fp16_decode<1>;
+    case 2: return fp16_decode<2>;
+    case 3: return fp16_decode<3>;
+    case 4: return fp16_decode<4>;
+    case 8: return fp16_decode<8>;
+    default: return nullptr;
+    }
+}
+
+static void f16_plan(const kvq_fp16_cache *f, size_t n_heads, size_t max_splits, int n_sm, int *gq, int *qgroups, size_t *splits, size_t *chunk)
+{
+    const int g = (int)(n_heads / f->n_kv_heads);
+    *gq = g <= 4 ? g : 8;
+    if (g > 8) *gq = 8;
+    *qgroups = (g + *gq - 1) / *gq;
+    size_t target = 4 * (size_t)n_sm, per = f->n_seqs * f->n_kv_heads * *qgroups, sp = (target + per - 1) / per;
+    if (max_splits && sp > max_splits) sp = max_splits;
+    if (sp < 1) sp = 1;
+    size_t ch = f->len ? (f->len + sp - 1) / sp : NT;
+    ch = (ch + NT - 1) / NT * NT;
+    size_t maxch = 16384 / *gq / NT * NT;
+    if (maxch > 4096) maxch = 4096;
+    if (ch > maxch) ch = maxch;
+    *chunk = ch;
+    *splits = f->len ? (f->len + ch - 1) / ch : 1;
+}
+
+static int dev_sms(void)
+{
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+}
+
+extern "C" size_t kvq_fp16_attend_scratch(const kvq_fp16_cache *f, size_t n_heads, size_t max_splits)
+{
+    int gq, qg;
+    size_t sp, ch;
+    f16_plan(f, n_heads, max_splits, dev_sms(), &gq, &qg, &sp, &ch);
+    return f->n_seqs * n_heads * sp * (f->head_dim + 2);
+}
+
+extern "C" kvq_status kvq_fp16_attend(const kvq_fp16_cache *f, const float *q, size_t n_heads, float scale, float *out,
+                                      float *part, size_t max_splits, int sync, kvq_err *err)
+{
+    if (!f || !q || !out || !part) return kvq_fail(err, KVQ_EINVAL, "fp16 attend: NULL argument");
+    const size_t L = f->head_dim / 8;
+    if (f->head_dim % 8 || f->head_dim > 256 || (L & (L - 1)) || n_heads % f->n_kv_heads)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "fp16 attend: head_dim %zu (8 x a power of two, up to 256) / n_heads %zu", f->head_dim, n_heads);
+    int gq, qg;
+    size_t sp, ch;
+    f16_plan(f, n_heads, max_splits, dev_sms(), &gq, &qg, &sp, &ch);
+    F16P p;
+    p.k = f->k16_dev; p.v = f->v16_dev; p.q = q; p.part = part;
+    p.H = (int)f->n_kv_heads; p.D = (int)f->head_dim; p.n_heads = (int)n_heads; p.g = (int)(n_heads / f->n_kv_heads);
+    p.qgroups = qg; p.cap = (int)f->cap; p.len = (int)f->len; p.n_splits = (int)sp; p.chunk = (int)ch;
+    p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)f->head_dim);
+    F16Fn fn = f16_pick(gq);
+    size_t sm = ((size_t)gq * ch + (size_t)gq * f->head_dim + gq * 8 + 2 * gq) * 4;
+    CK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
+    fn<<<dim3((unsigned)sp, (unsigned)(f->n_kv_heads * qg), (unsigned)f->n_seqs), NT, sm>>>(p);
+    CKL();
+    combine<<<dim3((unsigned)n_heads, (unsigned)f->n_seqs), f->head_dim < 128 ? 64 : 128>>>(part, out, (int)n_heads, (int)f->head_dim, (int)sp);
+    CKL();
+    if (sync) CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}
+
+// ---- cuBLAS baseline (dlopen) -----------------------------------------------------------------------
+struct kvq_cublas {
+    void *lib;
+    cublasHandle_t h;
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *, const void *,
+                           cudaDataType, int, long long, const void *, cudaDataType, int, long long, const void *, void *,
+                           cudaDataType, int, long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+};
+
+extern "C" kvq_status kvq_cublas_create(kvq_cublas **out, kvq_err *err)
+{
+    *out = nullptr;
+    void *lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return kvq_fail(err, KVQ_EUNSUPPORTED, "cuBLAS: cannot load libcublas.so.13: %s", dlerror());
+    kvq_cublas *b = (kvq_cublas *)calloc(1, sizeof *b);
+    if (!b) { dlclose(lib); return kvq_fail(err, KVQ_ENOMEM, "cuBLAS: cannot allocate"); }
+    b->lib = lib;
+    b->create = (decltype(b->create))dlsym(lib, "cublasCreate_v2");
+    b->destroy = (decltype(b->destroy))dlsym(lib, "cublasDestroy_v2");
+    b->gemm = (decltype(b->gemm))dlsym(lib, "cublasGemmStridedBatchedEx");
+    if (!b->create || !b->destroy || !b->gemm) { dlclose(lib); free(b); return kvq_fail(err, KVQ_EUNSUPPORTED, "cuBLAS: missing symbols"); }
+    if (b->create(&b->h) != CUBLAS_STATUS_SUCCESS) { dlclose(lib); free(b); return kvq_fail(err, KVQ_EIO, "cuBLAS: cublasCreate failed"); }
+    *out = b;
+    return KVQ_OK;
+}
+
+extern "C" void kvq_cublas_free(kvq_cublas *b)
+{
+    if (!b) return;
+    b->destroy(b->h);
+    dlclose(b->lib);
+    free(b);
+}
+
+extern "C" size_t kvq_cublas_attend_scratch(const kvq_fp16_cache *f, size_t n_heads)
+{
+    // q16 [B][n_heads][D] half, S [B*H][g][len] float, P [B*H][g][len] half
+    return f->n_seqs * n_heads * f->head_dim * 2 + f->n_seqs * n_heads * f->len * 6 + 256;
+}
+
+__global__ void q_to_half(const float *q, __half *o, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) o[i] = __float2half_rn(q[i]);
+}
+
+// softmax over each row of S (len floats) into fp16 P: one block per row
+__global__ void softmax_rows(const float *S, __half *P, int len)
+{
+    __shared__ float red[32];
+    const float *s = S + (size_t)blockIdx.x * len;
+    __half *p = P + (size_t)blockIdx.x * len;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    float m = -INFINITY;
+    for (int i = tid; i < len; i += blockDim.x) m = fmaxf(m, s[i]);
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = red[0];
+    for (int w = 1; w < nw; w++) m = fmaxf(m, red[w]);
+    __syncthreads();
+    float l = 0;
+    for (int i = tid; i < len; i += blockDim.x) l += expf(s[i] - m);
+    for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    l = 0;
+    for (int w = 0; w < nw; w++) l += red[w];
+    const float il = 1.0f / l;
+    for (int i = tid; i < len; i += blockDim.x) p[i] = __float2half_rn(expf(s[i] - m) * il);
+}
+
+extern "C" kvq_status kvq_cublas_attend(kvq_cublas *b, const kvq_fp16_cache *f, const float *q, size_t n_heads, float scale,
+                                        float *out, void *scratch, int sync, kvq_err *err)
+{
+    if (!b || !f || !q || !out || !scratch) return kvq_fail(err, KVQ_EINVAL, "cuBLAS attend: NULL argument");
+    const size_t B = f->n_seqs, H = f->n_kv_heads, D = f->head_dim, N = f->len, g = n_heads / H;
+    if (!N || n_heads % H) return kvq_fail(err, KVQ_EINVAL, "cuBLAS attend: empty cache or n_heads %zu not a multiple of %zu", n_heads, H);
+    __half *q16 = (__half *)scratch;
+    float *S = (float *)((char *)scratch + ((B * n_heads * D * 2 + 255) / 256) * 256);
+    __half *P = (__half *)(S + B * n_heads * N);
+    q_to_half<<<256, 256>>>(q, q16, B * n_heads * D);
+    CKL();
+    const float alpha = scale > 0 ? scale : 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = b->gemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)g, (int)D, &alpha, f->k16_dev, CUDA_R_16F, (int)D,
+                                (long long)(f->cap * D), q16, CUDA_R_16F, (int)D, (long long)(g * D), &zero, S, CUDA_R_32F, (int)N,
+                                (long long)(N * g), (int)(B * H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) return kvq_fail(err, KVQ_EIO, "cuBLAS: scores GEMM failed (%d)", (int)st);
+    softmax_rows<<<(unsigned)(B * n_heads), 256>>>(S, P, (int)N);
+    CKL();
+    st = b->gemm(b->h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, (int)g, (int)N, &one, f->v16_dev, CUDA_R_16F, (int)D, (long long)(f->cap * D), P,
+                 CUDA_R_16F, (int)N, (long long)(N * g), &zero, out, CUDA_R_32F, (int)D, (long long)(g * D), (int)(B * H),
+                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) return kvq_fail(err, KVQ_EIO, "cuBLAS: output GEMM failed (%d)", (int)st);
+    if (sync) CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}

@@ -1,0 +1,104 @@
+/* kvcache_cuda.h — the packed KV cache of kvcache.h on an NVIDIA GPU: the same
+ * layout (formats/KVCACHE.md) in device memory, an append kernel that
+ * quantizes new tokens with the artifact's tables, and split-K
+ * (flash-decoding) decode attention with RoPE applied after dequantization
+ * and the sparse outlier corrections. Plus the fp16 baselines the benchmark
+ * compares against (a tuned fp16 split-K kernel and a cuBLAS batched-GEMM
+ * path).
+ *
+ * Built only when the Makefile finds nvcc (CUDA=1); in a CPU-only build every
+ * function returns KVQ_EUNSUPPORTED ("built without CUDA"). NUQ format only
+ * for now (KIVI → KVQ_EUNSUPPORTED). All pointers named *_dev are device
+ * memory; functions synchronise before returning unless stated.
+ *
+ * Semantics: as kvq_kvcache_append / kvq_kvcache_attend (kvcache.h), within
+ * fp32 rounding: the codes, scales and sparse entries an append writes are
+ * bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
+ * attention runs in fp32 (scores, online softmax, accumulation) with RoPE
+ * angles from a two-level table (pos = 64*hi + lo, angle sums composed in
+ * fp32 from tables computed in double).
+ */
+#ifndef KVQ_KVCACHE_CUDA_H
+#define KVQ_KVCACHE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvq_kvcache_cuda kvq_kvcache_cuda;
+
+/* Allocate an empty device cache for cfg (validated as kvq_kvcache_create). */
+kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_kvcache_config *cfg, kvq_err *err);
+void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c);
+
+/* Append n tokens to sequence seq: k_dev (pre-RoPE), v_dev [n][kv_dim] float32
+ * in device memory. Same rules and errors as kvq_kvcache_append, except that
+ * inputs are not checked for NaN/Inf (device data; the caller's model must
+ * produce finite K/V). The outlier store grows (cudaMalloc + copy) or the
+ * append fails with KVQ_ENOMEM before writing the failing token. */
+kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k_dev, const float *v_dev,
+                                   size_t n, kvq_err *err);
+
+/* Decode attention, as kvq_kvcache_attend: q_dev [n_seqs][n_heads][head_dim]
+ * float32 (post-RoPE), out_dev same shape. max_splits: upper bound on the
+ * split-K partitions per (sequence, KV head) (0 = auto: enough blocks to fill
+ * the GPU twice). Asynchronous on the default stream when sync == 0. */
+kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q_dev, size_t n_heads, float scale,
+                                   float *out_dev, size_t max_splits, int sync, kvq_err *err);
+
+/* Copy the whole device state into a CPU cache created with the same
+ * configuration (lengths, codes, scales, sparse rows and entries, fp16 rows),
+ * so tests can compare it with kvq_kvcache_append's. */
+kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_kvcache *dst, kvq_err *err);
+
+/* Benchmark support: set every sequence to `len` positions and fill the
+ * quantized region with pseudo-random codes, value scales and `per_row`
+ * sparse entries per (token, KV head) row (fp16 rows random too), from
+ * `seed`; grows the outlier store as needed. Not a quantization: for timing. */
+kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t len, size_t per_row, uint64_t seed,
+                                        kvq_err *err);
+/* Bytes one attention pass reads from the cache in its current state (codes,
+ * scales, sparse rows and entries, fp16 rows; tables and queries excluded). */
+size_t kvq_kvcache_cuda_bytes_read(const kvq_kvcache_cuda *c);
+
+/* ---- fp16 baselines (benchmark) ----------------------------------------------
+ * An fp16 KV cache: k16_dev (post-RoPE) and v16_dev [n_seqs][n_kv_heads][cap][head_dim]
+ * half bits, every sequence holding len positions. */
+typedef struct {
+    size_t n_seqs, n_kv_heads, head_dim, cap, len;
+    const uint16_t *k16_dev, *v16_dev;
+} kvq_fp16_cache;
+
+/* Tuned split-K decode over the fp16 cache; q/out as kvq_kvcache_cuda_attend.
+ * partial_dev: scratch of at least kvq_fp16_attend_scratch floats. */
+size_t kvq_fp16_attend_scratch(const kvq_fp16_cache *f, size_t n_heads, size_t max_splits);
+kvq_status kvq_fp16_attend(const kvq_fp16_cache *f, const float *q_dev, size_t n_heads, float scale,
+                           float *out_dev, float *partial_dev, size_t max_splits, int sync, kvq_err *err);
+
+/* cuBLAS baseline: S = K q (cublasGemmStridedBatchedEx, fp16 in, fp32 out), a
+ * softmax kernel writing fp16 probabilities, O = Vᵀ p (second batched GEMM).
+ * One GEMM batch per (sequence, KV head) with g = n_heads / n_kv_heads query
+ * columns. cuBLAS is loaded at run time (dlopen "libcublas.so.13", then
+ * "libcublas.so"), so no build links it; kvq_cublas_create fails with
+ * KVQ_EUNSUPPORTED when it cannot be loaded. Scratch: kvq_cublas_attend_scratch bytes. */
+typedef struct kvq_cublas kvq_cublas;
+kvq_status kvq_cublas_create(kvq_cublas **out, kvq_err *err);
+void kvq_cublas_free(kvq_cublas *b);
+size_t kvq_cublas_attend_scratch(const kvq_fp16_cache *f, size_t n_heads);
+kvq_status kvq_cublas_attend(kvq_cublas *b, const kvq_fp16_cache *f, const float *q_dev, size_t n_heads,
+                             float scale, float *out_dev, void *scratch_dev, int sync, kvq_err *err);
+
+/* Fill n half values at dev with pseudo-random numbers in [-1, 1) (benchmark). */
+kvq_status kvq_cuda_fill_half(uint16_t *dev, size_t n, uint64_t seed, kvq_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,177 @@
+/* bench_kvcache_cuda.c — decode-attention latency of the packed NUQ cache vs fp16 caches
+ * (own split-K kernel, cuBLAS batched GEMM), and achieved DRAM bandwidth on the bytes
+ * each pass reads vs a device-to-device copy measured in the same run.
+ * Run by scripts/gpu_kvcache_bench.sh; prints a table (stdout) and writes CSV to argv[1].
+ *
+ * Method (../.library/device/METHOD.md): CUDA events around each launch sequence, L2
+ * flushed (256 MB memset) before every timed run so small caches are not served from
+ * L2, warm-up first, median of R runs. Data: pseudo-random codes / fp16 values (never
+ * zeros), 1 sparse outlier per (token, KV head) row for K and for V (0.8% of elements
+ * at head_dim 128, 1.6% at 64), 1 fp16 sink token. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcache.h"
+#include "kvcache_cuda.h"
+
+#define CU(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error %s: %s\n", #x, cudaGetErrorString(e_)); exit(2); } } while (0)
+#define OK(x) do { kvq_err err_; kvq_status s_ = (x); if (s_ != KVQ_OK) { fprintf(stderr, "error %s: %s\n", #x, err_.msg); exit(2); } } while (0)
+#define ERR (&err_)
+
+enum { R = 15, WARM = 3 };
+
+static int cmpf(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
+
+typedef struct {
+    void *flush;
+    size_t flush_bytes;
+    cudaEvent_t e0, e1;
+} timer;
+
+typedef int (*runfn)(void *ctx);
+
+/* median microseconds of fn over R runs, L2 flushed before each */
+static double time_us(timer *tm, runfn fn, void *ctx)
+{
+    float ms[R];
+    for (int i = 0; i < WARM; i++) if (fn(ctx)) return -1;
+    CU(cudaDeviceSynchronize());
+    for (int i = 0; i < R; i++) {
+        CU(cudaMemsetAsync(tm->flush, i & 0xff, tm->flush_bytes, 0));
+        CU(cudaEventRecord(tm->e0, 0));
+        if (fn(ctx)) return -1;
+        CU(cudaEventRecord(tm->e1, 0));
+        CU(cudaEventSynchronize(tm->e1));
+        CU(cudaEventElapsedTime(&ms[i], tm->e0, tm->e1));
+    }
+    qsort(ms, R, sizeof ms[0], cmpf);
+    return ms[R / 2] * 1000.0;
+}
+
+typedef struct { kvq_kvcache_cuda *c; float *q, *out; size_t nh; } nuq_ctx;
+static int run_nuq(void *p) { nuq_ctx *c = p; kvq_err e; if (kvq_kvcache_cuda_attend(c->c, c->q, c->nh, 0, c->out, 0, 0, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; } return 0; }
+typedef struct { kvq_fp16_cache f; float *q, *out, *part; size_t nh; kvq_cublas *cb; void *scr; } f16_ctx;
+static int run_f16(void *p) { f16_ctx *c = p; kvq_err e; if (kvq_fp16_attend(&c->f, c->q, c->nh, 0, c->out, c->part, 0, 0, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; } return 0; }
+static int run_cublas(void *p) { f16_ctx *c = p; kvq_err e; if (kvq_cublas_attend(c->cb, &c->f, c->q, c->nh, 0, c->out, c->scr, 0, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; } return 0; }
+typedef struct { void *a, *b; size_t n; } cp_ctx;
+static int run_copy(void *p)
+{
+    cp_ctx *c = p;
+    cudaError_t e = cudaMemcpyAsync(c->b, c->a, c->n, cudaMemcpyDeviceToDevice, 0);
+    return e != cudaSuccess;
+}
+
+int main(int argc, char **argv)
+{
+    FILE *csv = argc > 1 ? fopen(argv[1], "w") : NULL;
+    const double mem_limit = argc > 2 ? atof(argv[2]) : 100e9; /* bytes of caches allowed at once */
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    timer tm;
+    tm.flush_bytes = 256u << 20;
+    CU(cudaMalloc(&tm.flush, tm.flush_bytes));
+    CU(cudaEventCreate(&tm.e0));
+    CU(cudaEventCreate(&tm.e1));
+    /* copy bandwidth: 4 GiB device-to-device, bytes read + written */
+    cp_ctx cp = {0, 0, (size_t)4 << 30};
+    CU(cudaMalloc(&cp.a, cp.n));
+    CU(cudaMalloc(&cp.b, cp.n));
+    OK(kvq_cuda_fill_half(cp.a, cp.n / 2, 7, ERR));
+    double tcopy = time_us(&tm, run_copy, &cp);
+    double bw_copy = 2.0 * cp.n / (tcopy * 1e-6) / 1e9;
+    printf("copy bandwidth: %.0f GB/s (4 GiB D2D, read + write, median of %d)\n", bw_copy, R);
+    CU(cudaFree(cp.a));
+    CU(cudaFree(cp.b));
+    if (csv) fprintf(csv, "copy_GBps,%.1f\nmodel,B,N,kernel,us,bytes,GBps,frac_copy,speedup_vs_fp16\n", bw_copy);
+    kvq_cublas *cb = NULL;
+    kvq_err cerr;
+    if (kvq_cublas_create(&cb, &cerr) != KVQ_OK) printf("cuBLAS baseline skipped: %s\n", cerr.msg);
+
+    struct { const char *name; size_t H, g, D; } models[2] = {{"llama2-7b", 32, 1, 128}, {"smollm2-135m", 3, 3, 64}};
+    const size_t Bs[3] = {1, 8, 32}, Ns[5] = {4096, 16384, 32768, 65536, 131072};
+    const int bits[4] = {4, 3, 2, 4};
+    const size_t per_row[4] = {1, 1, 1, 0}; /* the last: nuq4 without sparse outliers (diagnostic) */
+    printf("\n%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %5s | %9s %5s\n", "model", "B", "N", "fp16 us", "cuBLAS us",
+           "nuq4 us", "x fp16", "%bw", "nuq3 us", "x fp16", "%bw", "nuq2 us", "x fp16", "%bw", "fp16%", "nuq4-dense", "%bw");
+    for (int mi = 0; mi < 2; mi++)
+        for (int bi = 0; bi < 3; bi++)
+            for (int ni = 0; ni < 5; ni++) {
+                const size_t H = models[mi].H, g = models[mi].g, D = models[mi].D, B = Bs[bi], N = Ns[ni], nh = H * g;
+                const double f16_bytes = 2.0 * B * H * N * D * 2;
+                if (f16_bytes > mem_limit) continue;
+                f16_ctx fc;
+                memset(&fc, 0, sizeof fc);
+                fc.nh = nh;
+                fc.cb = cb;
+                uint16_t *k16, *v16;
+                CU(cudaMalloc((void **)&k16, B * H * N * D * 2));
+                CU(cudaMalloc((void **)&v16, B * H * N * D * 2));
+                OK(kvq_cuda_fill_half(k16, B * H * N * D, 11 + N, ERR));
+                OK(kvq_cuda_fill_half(v16, B * H * N * D, 13 + N, ERR));
+                fc.f = (kvq_fp16_cache){B, H, D, N, N, k16, v16};
+                CU(cudaMalloc((void **)&fc.q, B * nh * D * 4));
+                CU(cudaMalloc((void **)&fc.out, B * nh * D * 4));
+                {
+                    float *hq = malloc(B * nh * D * 4);
+                    for (size_t i = 0; i < B * nh * D; i++) hq[i] = (float)sin((double)i * 0.7);
+                    CU(cudaMemcpy(fc.q, hq, B * nh * D * 4, cudaMemcpyHostToDevice));
+                    free(hq);
+                }
+                CU(cudaMalloc((void **)&fc.part, kvq_fp16_attend_scratch(&fc.f, nh, 0) * 4));
+                double t16 = time_us(&tm, run_f16, &fc), tcb = -1;
+                if (cb) {
+                    CU(cudaMalloc(&fc.scr, kvq_cublas_attend_scratch(&fc.f, nh)));
+                    tcb = time_us(&tm, run_cublas, &fc);
+                    CU(cudaFree(fc.scr));
+                }
+                CU(cudaFree(k16));
+                CU(cudaFree(v16));
+                CU(cudaFree(fc.part));
+                double bw16 = f16_bytes / (t16 * 1e-6) / 1e9;
+                if (csv) {
+                    fprintf(csv, "%s,%zu,%zu,fp16,%.2f,%.0f,%.1f,%.3f,1\n", models[mi].name, B, N, t16, f16_bytes, bw16, bw16 / bw_copy);
+                    if (cb) fprintf(csv, "%s,%zu,%zu,cublas,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, tcb, f16_bytes,
+                                    f16_bytes / (tcb * 1e-6) / 1e9, f16_bytes / (tcb * 1e-6) / 1e9 / bw_copy, t16 / tcb);
+                }
+                double tq[4], bwq[4];
+                for (int k = 0; k < 4; k++) {
+                    float lev[16];
+                    size_t nl = (size_t)1 << bits[k];
+                    for (size_t j = 0; j < nl; j++) lev[j] = -1.0f + 2.0f * (float)j / (float)(nl - 1);
+                    float *lo = malloc(H * D * 4), *hi = malloc(H * D * 4);
+                    for (size_t c = 0; c < H * D; c++) { lo[c] = -1; hi[c] = 1; }
+                    kvq_kvcache_config cfg;
+                    memset(&cfg, 0, sizeof cfg);
+                    cfg.format = KVQ_KVCACHE_NUQ; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = N;
+                    cfg.k_bits = cfg.v_bits = bits[k]; cfg.n_sink = 1; cfg.outlier_frac = 0.01;
+                    cfg.rope.rope_dim = D; cfg.rope.rope_theta = 10000;
+                    cfg.k_tables = cfg.v_tables = 1; cfg.k_levels = lev; cfg.v_levels = lev; cfg.k_lower = lo; cfg.k_upper = hi;
+                    cfg.outlier_cap = N;
+                    nuq_ctx nc = {NULL, fc.q, fc.out, nh};
+                    OK(kvq_kvcache_cuda_create(&nc.c, &cfg, ERR));
+                    OK(kvq_kvcache_cuda_fill_random(nc.c, N, per_row[k], 99 + k, ERR));
+                    tq[k] = time_us(&tm, run_nuq, &nc);
+                    double by = (double)kvq_kvcache_cuda_bytes_read(nc.c);
+                    bwq[k] = by / (tq[k] * 1e-6) / 1e9;
+                    if (csv) fprintf(csv, "%s,%zu,%zu,nuq%d%s,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, bits[k], per_row[k] ? "" : "-dense", tq[k], by, bwq[k],
+                                     bwq[k] / bw_copy, t16 / tq[k]);
+                    kvq_kvcache_cuda_free(nc.c);
+                    free(lo);
+                    free(hi);
+                }
+                CU(cudaFree(fc.q));
+                CU(cudaFree(fc.out));
+                printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %5.0f | %9.1f %5.0f\n", models[mi].name, B, N,
+                       t16, tcb, tq[0], t16 / tq[0], 100 * bwq[0] / bw_copy, tq[1], t16 / tq[1], 100 * bwq[1] / bw_copy, tq[2], t16 / tq[2],
+                       100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy, tq[3], 100 * bwq[3] / bw_copy);
+                fflush(stdout);
+                if (csv) fflush(csv);
+            }
+    if (cb) kvq_cublas_free(cb);
+    if (csv) fclose(csv);
+    return 0;
+}

@@ -1,0 +1,320 @@
+/* test_kvcache_cuda.c — CUDA packed KV cache vs the CPU reference (kernels/kvcache.h).
+ * Built only when CUDA=1 and run only by scripts/gpu_kvcache_bench.sh (CI has no GPU).
+ * Plain C with its own checks (no Check framework: the device image lacks it).
+ *
+ * For each configuration: the same fp16-representable random K/V are appended in
+ * chunks to a CPU cache and to the GPU cache; the GPU state, downloaded, must equal
+ * the CPU state bit for bit (codes, value scales, sparse rows and entries; fp16 rows
+ * within 1 ulp: RoPE's cos/sin in double may differ by an ulp between libm and CUDA);
+ * decode attention on the GPU (output poisoned with NaN before every run, fresh random
+ * queries for every check, several split-K settings) must match the CPU's float64
+ * attention within 2e-5 relative L2. The fp16 baselines (own kernel, cuBLAS) are
+ * checked against float64 attention over the same fp16 cache. Exit status 0 = all pass. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcache.h"
+#include "kvcache_cuda.h"
+#include "quant.h"
+#include "safetensors.h"
+
+static int n_fail, n_pass;
+#define CHECK(cond, ...) do { if (cond) n_pass++; else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CU(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s: %s\n", #x, cudaGetErrorString(e_)); exit(2); } } while (0)
+#define OK(x) do { kvq_err err_; kvq_status s_ = (x); if (s_ != KVQ_OK) { printf("error %s: %s\n", #x, err_.msg); exit(2); } } while (0)
+/* OK() needs an err in scope: the macro declares its own; functions take &err_ via ERR */
+#define ERR (&err_)
+
+static uint64_t rs = 0x1234567887654321ull;
+static double unif(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return ((double)(rs >> 11) + 0.5) / 9007199254740992.0; }
+static double gauss(void) { return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif()); }
+
+static void fill(float *x, size_t n_tok, size_t C, int keys)
+{
+    for (size_t t = 0; t < n_tok; t++)
+        for (size_t c = 0; c < C; c++) {
+            double v = gauss() * (keys ? 1 + (double)(c % 4) : 1.0) + (keys ? (double)(c % 3) - 1 : 0.0);
+            if (unif() < 0.03) v *= 6;
+            x[t * C + c] = kvq_round_fp16((float)v);
+        }
+}
+
+static double rel_l2(const float *a, const float *b, size_t n, int *nonfinite)
+{
+    double num = 0, den = 0;
+    *nonfinite = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) (*nonfinite)++;
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void *dmalloc(size_t b) { void *p; CU(cudaMalloc(&p, b ? b : 1)); return p; }
+static void poison(void *p, size_t b) { CU(cudaMemset(p, 0xff, b)); } /* 0xffffffff = NaN */
+
+typedef struct {
+    size_t B, H, D, g;
+    int kb, vb;
+    size_t tables, n_sink, NT;
+    double f;
+} tcfg;
+
+static void sorted_levels(float *lv, size_t n)
+{
+    for (size_t i = 0; i < n; i++) lv[i] = (float)(2 * unif() - 1);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && lv[j] < lv[j - 1]; j--) { float t = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = t; }
+    lv[0] = -1; lv[n - 1] = 1;
+}
+
+static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg *t, const char *name)
+{
+    kvq_kvcache_view x, y;
+    kvq_kvcache_view_get(a, &x);
+    kvq_kvcache_view_get(b, &y);
+    size_t H = t->H, D = t->D, bad = 0, badh = 0;
+    for (size_t s = 0; s < t->B; s++) {
+        CHECK(x.len[s] == y.len[s], "%s: seq %zu length cpu %zu gpu %zu", name, s, x.len[s], y.len[s]);
+        size_t nq = x.kq[s];
+        for (size_t h = 0; h < H; h++) {
+            for (size_t w = 0; w < x.k_head_words; w++)
+                for (size_t q = 0; q < nq; q++) {
+                    size_t i = ((s * H + h) * x.k_head_words + w) * x.capq + q;
+                    bad += x.kcodes[i] != y.kcodes[i];
+                }
+            for (size_t q = 0; q < nq; q++)
+                for (size_t w = 0; w < x.v_head_words; w++) {
+                    size_t i = ((s * H + h) * x.capq + q) * x.v_head_words + w;
+                    bad += x.vcodes[i] != y.vcodes[i];
+                }
+            for (size_t p = 0; p < x.n_exact && p < x.len[s]; p++)
+                for (size_t d = 0; d < D; d++) {
+                    size_t i = ((s * H + h) * x.n_exact + p) * D + d;
+                    int dk = (int)x.k16[i] - (int)y.k16[i], dv = (int)x.v16[i] - (int)y.v16[i];
+                    badh += (dk > 1 || dk < -1) + (dv != 0);
+                }
+        }
+        for (size_t q = 0; q < nq; q++) bad += memcmp(x.vscale + (s * x.capq + q) * 2, y.vscale + (s * y.capq + q) * 2, 8) != 0;
+        size_t R = x.capq + 1;
+        for (size_t h = 0; h < H; h++) {
+            const uint32_t *xr = x.krow + (s * H + h) * R, *yr = y.krow + (s * H + h) * R;
+            const uint32_t *xv = x.vrow + (s * H + h) * R, *yv = y.vrow + (s * H + h) * R;
+            bad += memcmp(xr, yr, (nq + 1) * 4) != 0;
+            bad += memcmp(xv, yv, (nq + 1) * 4) != 0;
+            bad += memcmp(x.kent + (s * H + h) * x.ent_cap, y.kent + (s * H + h) * y.ent_cap, xr[nq] * 4) != 0;
+            bad += memcmp(x.vent + (s * H + h) * x.ent_cap, y.vent + (s * H + h) * y.ent_cap, xv[nq] * 4) != 0;
+        }
+    }
+    CHECK(bad == 0, "%s: %zu mismatching code words / scales / sparse arrays between CPU and GPU append", name, bad);
+    CHECK(badh == 0, "%s: %zu fp16 rows differ by more than 1 ulp", name, badh);
+}
+
+static void run(const tcfg *t, const char *name)
+{
+    const size_t C = t->H * t->D, NT = t->NT, nh = t->H * t->g;
+    const size_t nlk = (size_t)1 << t->kb, nlv = (size_t)1 << t->vb;
+    float *klev = malloc(t->tables * nlk * 4), *vlev = malloc(t->tables * nlv * 4), *lo = malloc(C * 4), *hi = malloc(C * 4);
+    for (size_t i = 0; i < t->tables; i++) { sorted_levels(klev + i * nlk, nlk); sorted_levels(vlev + i * nlv, nlv); }
+    for (size_t c = 0; c < C; c++) {
+        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
+        lo[c] = (float)(off - 1.8 * sc);
+        hi[c] = (float)(off + 1.8 * sc);
+    }
+    kvq_kvcache_config g;
+    memset(&g, 0, sizeof g);
+    g.format = KVQ_KVCACHE_NUQ; g.n_seqs = t->B; g.n_kv_heads = t->H; g.head_dim = t->D; g.max_tokens = NT;
+    g.k_bits = t->kb; g.v_bits = t->vb; g.n_sink = t->n_sink; g.outlier_frac = t->f;
+    g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000;
+    g.k_tables = g.v_tables = t->tables; g.k_levels = klev; g.v_levels = vlev; g.k_lower = lo; g.k_upper = hi;
+    g.outlier_cap = 16; /* small: both stores must grow */
+    kvq_kvcache *cpu, *mirror;
+    kvq_kvcache_cuda *gpu;
+
+    OK(kvq_kvcache_create(&cpu, &g, ERR));
+    OK(kvq_kvcache_cuda_create(&gpu, &g, ERR));
+    float *K = malloc(t->B * NT * C * 4), *V = malloc(t->B * NT * C * 4);
+    fill(K, t->B * NT, C, 1);
+    fill(V, t->B * NT, C, 0);
+    float *dK = dmalloc(t->B * NT * C * 4), *dV = dmalloc(t->B * NT * C * 4);
+    CU(cudaMemcpy(dK, K, t->B * NT * C * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dV, V, t->B * NT * C * 4, cudaMemcpyHostToDevice));
+    float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
+    float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
+    const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
+    size_t len = 0;
+    for (size_t si = 0; len < NT; si++) {
+        size_t n = steps[si % 8];
+        if (n > NT - len) n = NT - len;
+        for (size_t s = 0; s < t->B; s++) {
+            OK(kvq_kvcache_append(cpu, s, K + (s * NT + len) * C, V + (s * NT + len) * C, n, ERR));
+            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + len) * C, dV + (s * NT + len) * C, n, ERR));
+        }
+        len += n;
+        const size_t splits[3] = {0, 1, 3};
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < t->B * nh * t->D; i++) q[i] = (float)gauss();
+            CU(cudaMemcpy(dq, q, t->B * nh * t->D * 4, cudaMemcpyHostToDevice));
+            poison(dout, t->B * nh * t->D * 4);
+            OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
+            CU(cudaMemcpy(o, dout, t->B * nh * t->D * 4, cudaMemcpyDeviceToHost));
+            OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
+            int nf;
+            double e = rel_l2(o, ro, t->B * nh * t->D, &nf);
+            CHECK(nf == 0 && e <= 2e-5, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g, %d non-finite", name, len, splits[k], e, nf);
+        }
+    }
+    /* state equality */
+    kvq_kvcache_stats st;
+    kvq_kvcache_stats_get(cpu, &st);
+    g.outlier_cap = st.outlier_capacity * 8 + 1024;
+    OK(kvq_kvcache_create(&mirror, &g, ERR));
+    OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
+    compare_state(cpu, mirror, t, name);
+    if (t->f > 0) CHECK(st.k_outliers > 16 && st.v_outliers > 16, "%s: expected outliers to exercise growth, found %zu/%zu", name, st.k_outliers, st.v_outliers);
+    printf("  %-28s B=%zu H=%zu D=%zu g=%zu k%d/v%d len %zu: outliers K %zu V %zu\n", name, t->B, t->H, t->D, t->g, t->kb, t->vb, len,
+           st.k_outliers, st.v_outliers);
+
+    /* fp16 baselines over the CPU cache's reconstruction (post-RoPE keys, fp16) */
+    size_t cap = NT;
+    uint16_t *hk = malloc(t->B * t->H * cap * t->D * 2), *hv = malloc(t->B * t->H * cap * t->D * 2);
+    float *kd = malloc(NT * C * 4), *vd = malloc(NT * C * 4), *kf = malloc(t->B * NT * C * 4), *vf = malloc(t->B * NT * C * 4);
+    for (size_t s = 0; s < t->B; s++) {
+        OK(kvq_kvcache_dequant(cpu, s, kd, vd, ERR));
+        for (size_t p = 0; p < NT; p++)
+            for (size_t c = 0; c < C; c++) {
+                size_t h = c / t->D, d = c % t->D, i = ((s * t->H + h) * cap + p) * t->D + d;
+                hk[i] = kvq_f32_to_f16_bits(kvq_round_fp16(kd[p * C + c]));
+                hv[i] = kvq_f32_to_f16_bits(kvq_round_fp16(vd[p * C + c]));
+                kf[(s * NT + p) * C + c] = kvq_f16_bits_to_f32(hk[i]);
+                vf[(s * NT + p) * C + c] = kvq_f16_bits_to_f32(hv[i]);
+            }
+    }
+    uint16_t *dk16 = dmalloc(t->B * t->H * cap * t->D * 2), *dv16 = dmalloc(t->B * t->H * cap * t->D * 2);
+    CU(cudaMemcpy(dk16, hk, t->B * t->H * cap * t->D * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv16, hv, t->B * t->H * cap * t->D * 2, cudaMemcpyHostToDevice));
+    kvq_fp16_cache fc = {t->B, t->H, t->D, cap, NT, dk16, dv16};
+    /* float64 reference over the fp16 data */
+    for (size_t i = 0; i < t->B * nh * t->D; i++) q[i] = (float)gauss();
+    CU(cudaMemcpy(dq, q, t->B * nh * t->D * 4, cudaMemcpyHostToDevice));
+    double *pr = malloc(NT * sizeof *pr);
+    for (size_t s = 0; s < t->B; s++)
+        for (size_t j = 0; j < nh; j++) {
+            size_t h = j / t->g;
+            double m = -INFINITY, l = 0;
+            for (size_t p = 0; p < NT; p++) {
+                double a = 0;
+                for (size_t d = 0; d < t->D; d++) a += (double)q[(s * nh + j) * t->D + d] * kf[(s * NT + p) * C + h * t->D + d];
+                pr[p] = a / sqrt((double)t->D);
+                if (pr[p] > m) m = pr[p];
+            }
+            for (size_t p = 0; p < NT; p++) { pr[p] = exp(pr[p] - m); l += pr[p]; }
+            for (size_t d = 0; d < t->D; d++) {
+                double a = 0;
+                for (size_t p = 0; p < NT; p++) a += pr[p] * vf[(s * NT + p) * C + h * t->D + d];
+                ro[(s * nh + j) * t->D + d] = (float)(a / l);
+            }
+        }
+    size_t L = t->D / 8;
+    if (t->D % 8 == 0 && !(L & (L - 1))) {
+        float *part = dmalloc(kvq_fp16_attend_scratch(&fc, nh, 0) * 4);
+        poison(dout, t->B * nh * t->D * 4);
+        OK(kvq_fp16_attend(&fc, dq, nh, 0, dout, part, 0, 1, ERR));
+        CU(cudaMemcpy(o, dout, t->B * nh * t->D * 4, cudaMemcpyDeviceToHost));
+        int nf;
+        double e = rel_l2(o, ro, t->B * nh * t->D, &nf);
+        CHECK(nf == 0 && e <= 2e-5, "%s: fp16 kernel vs float64 rel L2 %.3g, %d non-finite", name, e, nf);
+        CU(cudaFree(part));
+        kvq_cublas *cb = NULL;
+        kvq_err e2;
+        if (kvq_cublas_create(&cb, &e2) == KVQ_OK) {
+            void *scr = dmalloc(kvq_cublas_attend_scratch(&fc, nh));
+            poison(dout, t->B * nh * t->D * 4);
+            OK(kvq_cublas_attend(cb, &fc, dq, nh, 0, dout, scr, 1, ERR));
+            CU(cudaMemcpy(o, dout, t->B * nh * t->D * 4, cudaMemcpyDeviceToHost));
+            e = rel_l2(o, ro, t->B * nh * t->D, &nf);
+            CHECK(nf == 0 && e <= 5e-3, "%s: cuBLAS path vs float64 rel L2 %.3g (fp16 operands), %d non-finite", name, e, nf);
+            CU(cudaFree(scr));
+            kvq_cublas_free(cb);
+        } else {
+            printf("  SKIP cuBLAS check: %s\n", e2.msg);
+        }
+    }
+    free(pr); free(hk); free(hv); free(kd); free(vd); free(kf); free(vf);
+    CU(cudaFree(dk16)); CU(cudaFree(dv16));
+    CU(cudaFree(dK)); CU(cudaFree(dV)); CU(cudaFree(dq)); CU(cudaFree(dout));
+    free(K); free(V); free(q); free(o); free(ro); free(klev); free(vlev); free(lo); free(hi);
+    kvq_kvcache_free(cpu);
+    kvq_kvcache_free(mirror);
+    kvq_kvcache_cuda_free(gpu);
+}
+
+static void run_limit(void)
+{
+    /* hard outlier limit on the GPU: fails cleanly, tokens before stay */
+    size_t H = 2, D = 16, C = 32, NT = 64;
+    float klev[16], vlev[16], lo[32], hi[32];
+    sorted_levels(klev, 16);
+    sorted_levels(vlev, 16);
+    for (size_t i = 0; i < C; i++) { lo[i] = -0.5f; hi[i] = 0.5f; }
+    kvq_kvcache_config g;
+    memset(&g, 0, sizeof g);
+    g.format = KVQ_KVCACHE_NUQ; g.n_seqs = 1; g.n_kv_heads = H; g.head_dim = D; g.max_tokens = NT;
+    g.k_bits = g.v_bits = 4; g.n_sink = 1; g.outlier_frac = 0.3; g.rope.rope_dim = D; g.rope.rope_theta = 10000;
+    g.k_tables = g.v_tables = 1; g.k_levels = klev; g.v_levels = vlev; g.k_lower = lo; g.k_upper = hi;
+    g.outlier_cap = 4; g.outlier_max = 100;
+    kvq_kvcache_cuda *gpu;
+    kvq_kvcache *cpu;
+
+    OK(kvq_kvcache_cuda_create(&gpu, &g, ERR));
+    OK(kvq_kvcache_create(&cpu, &g, ERR));
+    float *K = malloc(NT * C * 4), *V = malloc(NT * C * 4);
+    fill(K, NT, C, 1);
+    fill(V, NT, C, 0);
+    float *dK = dmalloc(NT * C * 4), *dV = dmalloc(NT * C * 4);
+    CU(cudaMemcpy(dK, K, NT * C * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dV, V, NT * C * 4, cudaMemcpyHostToDevice));
+    kvq_err e1, e2;
+    kvq_status s1 = kvq_kvcache_cuda_append(gpu, 0, dK, dV, NT, &e1), s2 = kvq_kvcache_append(cpu, 0, K, V, NT, &e2);
+    CHECK(s1 == KVQ_ENOMEM && strstr(e1.msg, "outlier_max 100"), "GPU outlier limit: status %d, message '%s'", (int)s1, e1.msg);
+    CHECK(s2 == KVQ_ENOMEM, "CPU outlier limit: status %d", (int)s2);
+    CHECK(kvq_kvcache_len(cpu, 0) > 1, "CPU kept %zu tokens", kvq_kvcache_len(cpu, 0));
+    kvq_kvcache *mirror;
+    g.outlier_cap = 1000;
+    OK(kvq_kvcache_create(&mirror, &g, ERR));
+    OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
+    CHECK(kvq_kvcache_len(mirror, 0) == kvq_kvcache_len(cpu, 0), "GPU kept %zu tokens, CPU %zu", kvq_kvcache_len(mirror, 0), kvq_kvcache_len(cpu, 0));
+    tcfg t = {1, H, D, 1, 4, 4, 1, 1, NT, 0.3};
+    compare_state(cpu, mirror, &t, "outlier limit");
+    kvq_kvcache_free(mirror);
+    kvq_kvcache_free(cpu);
+    kvq_kvcache_cuda_free(gpu);
+    CU(cudaFree(dK)); CU(cudaFree(dV));
+    free(K); free(V);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { printf("SKIP: no CUDA device\n"); return 77; }
+    const tcfg cfgs[] = {
+        /* B  H  D   g  kb vb tab sink NT    f */
+        {2, 2, 128, 1, 4, 4, 1, 1, 1500, 0.01},  /* Llama-like head */
+        {2, 3, 64, 3, 2, 2, 3, 1, 1300, 0.01},   /* SmolLM2 heads (GQA 3), per-head tables */
+        {1, 1, 256, 5, 3, 4, 1, 2, 700, 0.05},   /* head_dim 256, GQA 5, 3-bit keys */
+        {1, 2, 40, 2, 4, 3, 1, 0, 500, 0.1},     /* head_dim 40, 3-bit values, no sink */
+        {1, 2, 9, 12, 2, 4, 1, 1, 300, 0.0},     /* odd head_dim, GQA 12, no outliers */
+        {1, 1, 64, 1, 4, 2, 1, 1, 5000, 0.01},   /* longer context: many chunks, RoPE tables */
+    };
+    const char *names[] = {"llama-like 4/4", "smollm-like 2/2 gqa3", "d256 3/4 gqa5", "d40 4/3", "d9 2/4 gqa12", "long 4/2"};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
+    run_limit();
+    printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
