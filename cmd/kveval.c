@@ -1,32 +1,201 @@
-/* kveval — measure perplexity with the KV cache quantized by any scheme, side by side with the unquantized baseline. */
+/* kveval — perplexity with the KV cache quantized by each scheme, side by side
+ * with the unquantized (fp32) baseline of the same run. Thin main over
+ * analysis/scheme.h and analysis/perplexity.h. Exit status: 0 success, 1 a
+ * failure while running (bad input files, mismatched artifacts, numerics), 2
+ * a bad command line (unknown option or scheme). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "artifact.h"
+#include "cli.h"
+#include "identity.h"
 #include "cuda_info.h"
+#include "model.h"
+#include "perplexity.h"
+#include "progress.h"
+#include "scheme.h"
+#include "text.h"
+#include "tokenizer.h"
 
-static void usage(FILE *f)
+#define SUMMARY                                                                                                          \
+    "measure perplexity with the KV cache quantized by each scheme, next to the fp32 baseline of the same run\n"        \
+    "(same tokens, same windows). Schemes: fp32, fp16, int<b>[-g<G>], int<b>-pc[-<f>%], kivi<b>[-g<G>][-r<R>]\n"        \
+    "(G=32, R=128 by default), nuq<b>[-<f>%]; modifiers +sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N>.\n"   \
+    "nuq and int-pc read their tables from a kvcalib --artifact. Table on stdout, progress on stderr."
+
+typedef struct {
+    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos;
+    long ctx, max_windows;
+    kvq_strlist artifacts, schemes;
+    bool quiet, version, allow_mismatch;
+} kveval_opts;
+
+static int fail(const char *what, const kvq_err *e, int code)
 {
-    fprintf(f,
-            "usage: kveval [options]\n"
-            "\n"
-            "measure perplexity with the KV cache quantized by any scheme, side by side with the unquantized baseline.\n"
-            "\n"
-            "options:\n"
-            "  -h, --help     show this help and exit\n"
-            "  --version      print the kvq version and build (CPU/CUDA)\n"
-            "\n"
-            "status: the kveval pipeline step is not implemented in this build yet.\n");
+    fprintf(stderr, "kveval: %s%s%s\n", what ? what : "", what ? ": " : "", e->msg);
+    return code;
+}
+
+static kvq_status load_tokenizer(const kveval_opts *o, const kvq_model *m, kvq_tokenizer **tok, kvq_err *e)
+{
+    if (o->tokenizer) return kvq_tokenizer_load(o->tokenizer, tok, e);
+    if (m->source == KVQ_SRC_GGUF) return kvq_tokenizer_from_gguf(o->model, tok, e);
+    if (m->source == KVQ_SRC_SAFETENSORS) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/tokenizer.json", o->model);
+        return kvq_tokenizer_from_hf_json(p, tok, e);
+    }
+    return kvq_fail(e, KVQ_EINVAL, "%s: a llama2.c model carries no tokenizer; pass --tokenizer FILE (tokenizer.bin)", o->model);
 }
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0};
+    kvq_opt tab[] = {
+        {"model", 'm', KVQ_OPT_STRING, &o.model, "PATH", "model (GGUF, HF directory or llama2.c .bin)", NULL, 0, 0, true},
+        {"text", 't', KVQ_OPT_STRING, &o.text, "FILE", "evaluation text", NULL, 0, 0, true},
+        {"format", 0, KVQ_OPT_CHOICE, &o.format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl",
+         0, 0, false},
+        {"protocol", 0, KVQ_OPT_CHOICE, &o.protocol, "P",
+         "kvquant: windows of ctx, all but the first position scored; llamacpp: BOS first, second half scored",
+         "kvquant|llamacpp", 0, 0, false},
+        {"ctx", 'c', KVQ_OPT_INT, &o.ctx, "N", "window length in tokens (0 = min(2048, model context))", NULL, 0, 1 << 24, false},
+        {"max-windows", 'w', KVQ_OPT_INT, &o.max_windows, "W", "evaluate at most the first W windows (0 = all)", NULL, 0,
+         1 << 30, false},
+        {"artifact", 'a', KVQ_OPT_LIST, &o.artifacts, "FILE", "kvcalib artifact (repeatable; +artifact<N> picks the N-th)",
+         NULL, 0, 0, false},
+        {"scheme", 's', KVQ_OPT_LIST, &o.schemes, "SPEC", "KV-cache scheme (repeatable); fp32 baseline always included", NULL,
+         0, 0, true},
+        {"json", 'j', KVQ_OPT_STRING, &o.json, "FILE", "also write the results and protocol details as JSON", NULL, 0, 0,
+         false},
+        {"tokenizer", 0, KVQ_OPT_STRING, &o.tokenizer, "FILE", "tokenizer (default: the model's own)", NULL, 0, 0, false},
+        {"bos", 0, KVQ_OPT_CHOICE, &o.bos, "POLICY", "BOS: as the model's tokenizer says, always or never", "model|always|never",
+         0, 0, false},
+        {"allow-model-mismatch", 0, KVQ_OPT_FLAG, &o.allow_mismatch, NULL,
+         "load artifacts whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
+        {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
+        {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+    };
+    int n_tab = (int)(sizeof tab / sizeof *tab);
+    kvq_err e = {0};
+    bool help = false;
+    for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--version")) {
             printf("kveval (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
             return 0;
         }
+    if (kvq_cli_parse("kveval", SUMMARY, tab, n_tab, argc, argv, NULL, &help, &e)) return fail(NULL, &e, 2);
+    if (help) return 0;
+
+    /* schemes first: a typo fails before anything heavy is loaded */
+    size_t n_spec = (size_t)o.schemes.n;
+    kvq_scheme_spec *specs = calloc(n_spec, sizeof *specs);
+    if (!specs) return 1;
+    for (size_t i = 0; i < n_spec; i++)
+        if (kvq_scheme_parse(o.schemes.v[i], &specs[i], &e)) {
+            free(specs);
+            return fail(NULL, &e, 2);
+        }
+
+    int rc = 1;
+    kvq_model m = {0};
+    kvq_tokenizer *tok = NULL;
+    kvq_artifact_set arts = {0};
+    kvq_text txt = {0};
+    kvq_windows win = {0};
+    kvq_eval_scheme *sch = NULL;
+    kvq_ppl_result *res = NULL;
+    size_t n_sch = 0, baseline = 0;
+    char fp[65] = "";
+    bool have_fp = false;
+
+    if (kvq_model_load(o.model, &m, &e)) { fail("model", &e, 1); goto out; }
+    size_t ctx = o.ctx ? (size_t)o.ctx : (m.hp.ctx_len < 2048 ? (size_t)m.hp.ctx_len : 2048);
+    if (ctx > (size_t)m.hp.ctx_len) {
+        fprintf(stderr, "kveval: --ctx %zu exceeds the context length of %s (%d tokens)\n", ctx, o.model, m.hp.ctx_len);
+        goto out;
     }
-    fprintf(stderr, "kveval: not implemented yet; see --help\n");
-    return 2;
+    if (ctx < 2) {
+        fprintf(stderr, "kveval: --ctx %zu: expected >= 2\n", ctx);
+        goto out;
+    }
+    if (o.artifacts.n > 0) {
+        if (kvq_identity_model(&m, fp, &e)) { fail("model fingerprint", &e, 1); goto out; }
+        have_fp = true;
+        if (kvq_artifact_set_load(&arts, o.artifacts.v, (size_t)o.artifacts.n, &m, fp, o.allow_mismatch, stderr, &e)) {
+            fail(NULL, &e, 1);
+            goto out;
+        }
+    }
+
+    /* bind; the fp32 baseline comes first unless the user listed it */
+    sch = calloc(n_spec + 1, sizeof *sch);
+    if (!sch) goto out;
+    for (size_t i = 0; i < n_spec; i++) {
+        if (kvq_eval_scheme_bind(&specs[i], &arts, &m.hp, &sch[n_sch], &e)) { fail(NULL, &e, 1); goto out; }
+        n_sch++;
+    }
+    {
+        int b = -1;
+        for (size_t i = 0; i < n_sch && b < 0; i++)
+            if (kvq_eval_scheme_is_identity(&sch[i])) b = (int)i;
+        if (b < 0) {
+            memmove(sch + 1, sch, n_sch * sizeof *sch);
+            if (kvq_eval_scheme_make("fp32", &arts, &m.hp, &sch[0], &e)) { fail(NULL, &e, 1); goto out; }
+            n_sch++;
+            b = 0;
+        }
+        baseline = (size_t)b;
+    }
+
+    if (load_tokenizer(&o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }
+    if (kvq_tokenizer_n_vocab(tok) > m.hp.vocab_size) {
+        fprintf(stderr, "kveval: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?\n",
+                kvq_tokenizer_n_vocab(tok), m.hp.vocab_size);
+        goto out;
+    }
+    kvq_text_format fmt = !o.format ? kvq_text_format_from_path(o.text)
+                          : !strcmp(o.format, "jsonl") ? KVQ_TEXT_JSONL
+                          : !strcmp(o.format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS
+                                                                 : KVQ_TEXT_RAW;
+    if (kvq_text_read(o.text, fmt, KVQ_EOL_TO_LF, &txt, &e)) { fail("text", &e, 1); goto out; }
+    kvq_ppl_protocol proto = !strcmp(o.protocol, "llamacpp") ? KVQ_PPL_LLAMACPP : KVQ_PPL_KVQUANT;
+    kvq_bos_policy bos = !strcmp(o.bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o.bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
+    if (kvq_ppl_windows(&txt, tok, proto, ctx, bos, &win, &e)) { fail("text", &e, 1); goto out; }
+    kvq_ppl_plan plan;
+    if (kvq_ppl_plan_make(&win, proto, (size_t)o.max_windows, &plan, &e)) { fail(o.text, &e, 1); goto out; }
+
+    res = calloc(n_sch, sizeof *res);
+    if (!res) goto out;
+    kvq_progress prog;
+    kvq_progress_init(&prog, "kveval", "window-runs", (uint64_t)plan.n_windows * n_sch, o.quiet);
+    if (!o.quiet)
+        fprintf(stderr, "kveval: %zu windows x %zu schemes at ctx %zu (%s protocol, %zu scored tokens per window)\n",
+                plan.n_windows, n_sch, ctx, kvq_ppl_protocol_name(proto), plan.scored_per_window);
+    if (kvq_ppl_run(&m, &win, &plan, sch, n_sch, &prog, res, &e)) {
+        if (!o.quiet && prog.drawn && prog.tty) fputc('\n', stderr);
+        fail(NULL, &e, 1);
+        goto out;
+    }
+    kvq_progress_finish(&prog);
+
+    kvq_ppl_report rep = {.m = &m, .model_fingerprint = have_fp ? fp : NULL, .win = &win,
+                          .text_format = kvq_text_format_name(fmt), .bos_policy = o.bos, .plan = &plan, .arts = &arts,
+                          .schemes = sch, .results = res, .n_schemes = n_sch, .baseline = baseline};
+    if (o.json && kvq_ppl_report_json(o.json, &rep, &e)) { fail("--json", &e, 1); goto out; }
+    if (kvq_ppl_report_table(stdout, &rep, &e)) { fail(NULL, &e, 1); goto out; }
+    fflush(stdout);
+    rc = 0;
+out:
+    if (res) kvq_ppl_results_free(res, n_sch);
+    free(res);
+    free(sch);
+    free(specs);
+    kvq_windows_free(&win);
+    kvq_text_free(&txt);
+    kvq_artifact_set_free(&arts);
+    if (tok) kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+    return rc;
 }

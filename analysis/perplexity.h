@@ -1,0 +1,109 @@
+/* perplexity.h — perplexity of a model over token windows with the KV cache
+ * quantized by several schemes, evaluated side by side on the same windows.
+ *
+ * Protocols (the windows come from datasets/text.h kvq_ppl_windows):
+ *  - kvquant (KVQuant/GPTQ harness, docs/kvquant.md §9.1): non-overlapping
+ *    windows of ctx tokens, BOS only at the start of the stream; in each
+ *    window every position after the first is scored: position t predicts
+ *    token t+1 for t = 0..ctx-2 → ctx-1 scored tokens per window.
+ *  - llamacpp (llama.cpp tools/perplexity): the window's first token is BOS
+ *    (overwritten by kvq_ppl_windows), only the second half is scored:
+ *    first = ctx/2, positions t = first..ctx-2 predict t+1 → ctx-1-first
+ *    scored tokens per window.
+ * PPL = exp(sum of scored NLL / number of scored tokens) (natural log); with
+ * the same count in every window this is also exp(mean of window means), the
+ * KVQuant formula.
+ *
+ * With a +intactkv prefix of P entries the window is unchanged, runs at
+ * positions P..P+ctx-1 after the prefix, and the prefix is never scored.
+ *
+ * Every window is run once per scheme (fp32 without hooks); numbers are
+ * deterministic for a fixed thread count (forward.h).
+ */
+#ifndef KVQ_PERPLEXITY_H
+#define KVQ_PERPLEXITY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "progress.h"
+#include "scheme.h"
+#include "status.h"
+#include "text.h"
+
+typedef struct {
+    kvq_ppl_protocol protocol;
+    size_t ctx;                /* window length */
+    size_t n_windows;          /* windows evaluated: min(available, max_windows) */
+    size_t first_scored;       /* window index of the first scored prediction: 0 (kvquant), ctx/2 (llamacpp) */
+    size_t scored_per_window;  /* ctx - 1 - first_scored */
+} kvq_ppl_plan;
+
+/* Plan for windows `win` (ctx, n_windows from it); max_windows 0 = all.
+ * Errors: KVQ_EINVAL when the text holds no complete window ("text of N
+ * tokens is shorter than one window of ctx tokens") or ctx < 2. */
+kvq_status kvq_ppl_plan_make(const kvq_windows *win, kvq_ppl_protocol protocol, size_t max_windows,
+                             kvq_ppl_plan *out, kvq_err *err);
+
+/* Targets of one window: targets[t] = tokens[t+1] for first_scored <= t <
+ * ctx-1, else -1 (the forward's convention). targets: [ctx]. */
+void kvq_ppl_targets(const kvq_ppl_plan *plan, const int32_t *tokens, int *targets);
+
+const char *kvq_ppl_protocol_name(kvq_ppl_protocol p);
+
+/* Result of one scheme. */
+typedef struct {
+    double nll_sum;            /* nats, over all scored tokens */
+    uint64_t n_scored;
+    double ppl;                /* exp(nll_sum / n_scored) */
+    double seconds;            /* wall time of this scheme's forward calls */
+    double transform_seconds;  /* of which inside the scheme's K/V transform (quantize→dequantize) */
+    kvq_quant_counts k_counts, v_counts; /* quantizer counters summed over layers and windows */
+    double *window_nll;        /* [n_windows] mean NLL of each window (owned; kvq_ppl_results_free) */
+} kvq_ppl_result;
+
+/* Evaluate every scheme on the plan's windows (window-major: window w for
+ * scheme 0..n-1, then w+1). results: [n_schemes], filled (zeroed first).
+ * prog (optional) counts window-scheme runs. Errors: those of the forward,
+ * prefixed with the scheme, window and its offset in the stream; a NaN/Inf
+ * NLL → KVQ_ENUMERIC naming scheme, window and position. On error the
+ * results are freed. */
+kvq_status kvq_ppl_run(const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan,
+                       const kvq_eval_scheme *schemes, size_t n_schemes, kvq_progress *prog,
+                       kvq_ppl_result *results, kvq_err *err);
+void kvq_ppl_results_free(kvq_ppl_result *results, size_t n);
+
+/* ---- reports (ppl_report.c) ------------------------------------------------- */
+
+/* Everything a report prints; all pointers borrowed. */
+typedef struct {
+    const kvq_model *m;
+    const char *model_fingerprint; /* may be NULL */
+    const kvq_windows *win;
+    const char *text_format;       /* "raw", ... */
+    const char *bos_policy;        /* "model", "always", "never" */
+    const kvq_ppl_plan *plan;
+    const kvq_artifact_set *arts;  /* may be NULL */
+    const kvq_eval_scheme *schemes;
+    const kvq_ppl_result *results;
+    size_t n_schemes;
+    size_t baseline;               /* index of the fp32 baseline in schemes */
+} kvq_ppl_report;
+
+/* Markdown: a few "key: value" lines (model, text bytes + sha256, protocol,
+ * ctx, windows, scored tokens, BOS), then the table
+ *   scheme | K bits | V bits | eff. bits/elem | KV cache MiB @ctx | PPL | ΔPPL
+ * (K/V bits = code bits; effective bits = mean of K and V per
+ * kvq_eval_scheme_bits; ΔPPL against the baseline row), then one line per
+ * scheme that read an artifact or a prefix. */
+kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err);
+
+/* The same numbers plus every protocol detail (window offsets, per-window
+ * NLL, quantizer counters, timings) as JSON (cJSON), written to
+ * "<path>.tmp<pid>" and renamed over path: path is either the complete
+ * report or untouched. Errors: KVQ_EIO naming the path. */
+kvq_status kvq_ppl_report_json(const char *path, const kvq_ppl_report *r, kvq_err *err);
+
+#endif

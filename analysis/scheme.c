@@ -1,0 +1,701 @@
+/* scheme.c — scheme specs, artifact binding, transforms, bits; see scheme.h. */
+#include "scheme.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "progress.h"
+#include "safetensors.h"
+
+/* ---- small parsing helpers ------------------------------------------------ */
+
+/* Read an unsigned decimal at *p (no sign); advances *p. false if no digit or
+ * the value exceeds max. */
+static bool scan_uint(const char **p, unsigned long max, unsigned long *out)
+{
+    const char *s = *p;
+    if (!isdigit((unsigned char)*s)) return false;
+    unsigned long v = 0;
+    while (isdigit((unsigned char)*s)) {
+        v = v * 10 + (unsigned long)(*s - '0');
+        if (v > max) return false;
+        s++;
+    }
+    *p = s;
+    *out = v;
+    return true;
+}
+
+/* "<f>%" with f a decimal in (0, 50): *frac = f / 100. */
+static bool scan_percent(const char **p, double *frac)
+{
+    const char *s = *p, *pct = strchr(s, '%');
+    if (!pct || pct == s || pct - s > 31) return false;
+    char buf[32];
+    memcpy(buf, s, (size_t)(pct - s));
+    buf[pct - s] = 0;
+    for (const char *c = buf; *c; c++)
+        if (!isdigit((unsigned char)*c) && *c != '.') return false;
+    double f;
+    if (!kvq_parse_double(buf, &f) || !(f > 0 && f < 50)) return false;
+    *frac = f / 100.0;
+    *p = pct + 1;
+    return true;
+}
+
+static bool starts(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+static int bad(kvq_scheme_spec *sp, kvq_err *err, const char *what)
+{
+    kvq_fail(err, KVQ_EINVAL, "scheme '%s': %s", sp->spec, what);
+    return -1;
+}
+
+static void fmt_pct(char *buf, size_t n, double frac)
+{
+    if (frac > 0) snprintf(buf, n, "-%g%%", frac * 100.0);
+    else buf[0] = 0;
+}
+
+/* ---- families: parse ----------------------------------------------------- */
+
+static int parse_fp32(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    (void)err;
+    if (strcmp(b, "fp32") != 0) return 0;
+    sp->q.kind = KVQ_SCHEME_FP32;
+    return 1;
+}
+
+static int parse_fp16(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    (void)err;
+    if (strcmp(b, "fp16") != 0) return 0;
+    sp->q.kind = KVQ_SCHEME_FP16;
+    return 1;
+}
+
+/* "<prefix><b>" → bits; returns 0 if b does not start with prefix + digit. */
+static int scan_bits(const char **p, const char *prefix, kvq_scheme_spec *sp, kvq_err *err, unsigned long *bits)
+{
+    if (!starts(*p, prefix) || !isdigit((unsigned char)(*p)[strlen(prefix)])) return 0;
+    *p += strlen(prefix);
+    if (!scan_uint(p, 1000, bits) || *bits < 1 || *bits > KVQ_QUANT_MAX_BITS)
+        return bad(sp, err, "bits: expected 1..8");
+    return 1;
+}
+
+static int parse_int(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    unsigned long bits, g = 0;
+    const char *p = b;
+    int r = scan_bits(&p, "int", sp, err, &bits);
+    if (r <= 0) return r;
+    if (starts(p, "-pc")) return 0; /* the int-pc family */
+    if (starts(p, "-g")) {
+        p += 2;
+        if (!scan_uint(&p, 1u << 20, &g) || g == 0) return bad(sp, err, "group size after -g: expected an integer >= 1");
+    }
+    if (*p) return bad(sp, err, "expected int<b>[-g<G>] (e.g. int4, int4-g64)");
+    sp->q.kind = KVQ_SCHEME_INT;
+    sp->q.k_bits = sp->q.v_bits = (int)bits;
+    sp->q.group = g;
+    return 1;
+}
+
+static int parse_int_pc(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    unsigned long bits;
+    const char *p = b;
+    int r = scan_bits(&p, "int", sp, err, &bits);
+    if (r <= 0) return r;
+    if (!starts(p, "-pc")) return 0;
+    p += 3;
+    double f = 0;
+    if (*p == '-') {
+        p++;
+        if (!scan_percent(&p, &f)) return bad(sp, err, "outlier fraction: expected -<f>% with 0 < f < 50 (e.g. int4-pc-1%)");
+    }
+    if (*p) return bad(sp, err, "expected int<b>-pc[-<f>%] (e.g. int4-pc, int3-pc-1%)");
+    sp->q.kind = KVQ_SCHEME_INT_PC;
+    sp->q.k_bits = sp->q.v_bits = (int)bits;
+    sp->q.outlier_frac = f;
+    sp->q.group = 0;
+    return 1;
+}
+
+static int parse_kivi(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    unsigned long bits, g = 32, r = 128;
+    const char *p = b;
+    int rc = scan_bits(&p, "kivi", sp, err, &bits);
+    if (rc <= 0) return rc;
+    if (starts(p, "-g")) {
+        p += 2;
+        if (!scan_uint(&p, 1u << 20, &g) || g == 0) return bad(sp, err, "group size after -g: expected an integer >= 1");
+    }
+    if (starts(p, "-r")) {
+        p += 2;
+        if (!scan_uint(&p, 1u << 24, &r)) return bad(sp, err, "residual length after -r: expected an integer >= 0");
+    }
+    if (*p) return bad(sp, err, "expected kivi<b>[-g<G>][-r<R>] (e.g. kivi2, kivi2-g32-r128)");
+    if (r % g) {
+        kvq_fail(err, KVQ_EINVAL, "scheme '%s': residual length %lu must be a multiple of the group size %lu (KIVI flushes R/G key groups)",
+                 sp->spec, r, g);
+        return -1;
+    }
+    sp->q.kind = KVQ_SCHEME_KIVI;
+    sp->q.k_bits = sp->q.v_bits = (int)bits;
+    sp->q.group = g;
+    sp->q.residual = r;
+    return 1;
+}
+
+static int parse_nuq(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    unsigned long bits;
+    const char *p = b;
+    int r = scan_bits(&p, "nuq", sp, err, &bits);
+    if (r <= 0) return r;
+    double f = 0;
+    if (*p == '-') {
+        p++;
+        if (!scan_percent(&p, &f)) return bad(sp, err, "outlier fraction: expected -<f>% with 0 < f < 50 (e.g. nuq3-1%)");
+    }
+    if (*p) return bad(sp, err, "expected nuq<b>[-<f>%] (e.g. nuq4, nuq3-1%)");
+    sp->q.kind = KVQ_SCHEME_NUQ;
+    sp->q.k_bits = sp->q.v_bits = (int)bits;
+    sp->q.outlier_frac = f;
+    return 1;
+}
+
+/* ---- families: artifact needs ---------------------------------------------- */
+
+static bool same_frac(double a, double b) { return fabs(a - b) <= 1e-9; }
+
+static bool stage_ok(const kvq_scheme_spec *sp, const kvq_artifact_params *p)
+{
+    return !sp->stage_set || p->post_rope == (sp->key_stage == KVQ_KEYS_POST_ROPE);
+}
+
+static bool match_nuq(const kvq_scheme_spec *sp, const kvq_artifact_params *p)
+{
+    return p->method == KVQ_METHOD_NUQ && p->k_bits == sp->q.k_bits && p->v_bits == sp->q.v_bits &&
+           same_frac(p->outlier_frac, sp->q.outlier_frac) && stage_ok(sp, p);
+}
+
+static bool match_int_pc(const kvq_scheme_spec *sp, const kvq_artifact_params *p)
+{
+    return (p->method == KVQ_METHOD_INT_PC || p->method == KVQ_METHOD_NUQ) &&
+           same_frac(p->outlier_frac, sp->q.outlier_frac) && stage_ok(sp, p);
+}
+
+static void need_nuq(const kvq_scheme_spec *sp, char *buf, size_t n)
+{
+    snprintf(buf, n, "a kvcalib artifact of method nuq with %d bits and %g%% outliers%s", sp->q.k_bits,
+             sp->q.outlier_frac * 100, sp->stage_set ? (sp->key_stage == KVQ_KEYS_POST_ROPE ? ", post-RoPE keys" : ", pre-RoPE keys") : "");
+}
+
+static void need_int_pc(const kvq_scheme_spec *sp, char *buf, size_t n)
+{
+    snprintf(buf, n, "per-channel key thresholds: a kvcalib artifact of method int-pc or nuq fitted with %g%% outliers%s",
+             sp->q.outlier_frac * 100,
+             sp->stage_set ? (sp->key_stage == KVQ_KEYS_POST_ROPE ? ", post-RoPE keys" : ", pre-RoPE keys") : "");
+}
+
+/* ---- families: checks and names --------------------------------------------- */
+
+static kvq_status check_int(const kvq_eval_scheme *s, const kvq_hparams *hp, kvq_err *err)
+{
+    size_t kvd = (size_t)kvq_kv_dim(hp);
+    if (s->s.q.group && kvd % s->s.q.group)
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': group size %zu does not divide the model's kv_dim %zu",
+                        s->s.spec, s->s.q.group, kvd);
+    return KVQ_OK;
+}
+
+static kvq_status check_kivi(const kvq_eval_scheme *s, const kvq_hparams *hp, kvq_err *err)
+{
+    if ((size_t)hp->head_dim % s->s.q.group)
+        return kvq_fail(err, KVQ_EINVAL,
+                        "scheme '%s': KIVI group size %zu must divide head_dim %d (value groups never cross heads)",
+                        s->s.spec, s->s.q.group, hp->head_dim);
+    return KVQ_OK;
+}
+
+static void fmt_fp32(const kvq_scheme_spec *sp, char *b, size_t n) { (void)sp; snprintf(b, n, "fp32"); }
+static void fmt_fp16(const kvq_scheme_spec *sp, char *b, size_t n) { (void)sp; snprintf(b, n, "fp16"); }
+static void fmt_int(const kvq_scheme_spec *sp, char *b, size_t n)
+{
+    if (sp->q.group) snprintf(b, n, "int%d-g%zu", sp->q.k_bits, sp->q.group);
+    else snprintf(b, n, "int%d", sp->q.k_bits);
+}
+static void fmt_int_pc(const kvq_scheme_spec *sp, char *b, size_t n)
+{
+    char pct[32];
+    fmt_pct(pct, sizeof pct, sp->q.outlier_frac);
+    snprintf(b, n, "int%d-pc%s", sp->q.k_bits, pct);
+}
+static void fmt_kivi(const kvq_scheme_spec *sp, char *b, size_t n)
+{
+    snprintf(b, n, "kivi%d-g%zu-r%zu", sp->q.k_bits, sp->q.group, sp->q.residual);
+}
+static void fmt_nuq(const kvq_scheme_spec *sp, char *b, size_t n)
+{
+    char pct[32];
+    fmt_pct(pct, sizeof pct, sp->q.outlier_frac);
+    snprintf(b, n, "nuq%d%s", sp->q.k_bits, pct);
+}
+
+/* ---- families: transforms ------------------------------------------------------ */
+
+static kvq_status apply_fp16(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                             kvq_err *err)
+{
+    (void)alt;
+    (void)err;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, T = (size_t)c->T;
+    size_t ns = run->s->s.q.n_sink < T ? run->s->s.q.n_sink : T;
+    kvq_quant_fp16(k + ns * kvd, k + ns * kvd, (T - ns) * kvd, &run->k_counts);
+    kvq_quant_fp16(v + ns * kvd, v + ns * kvd, (T - ns) * kvd, &run->v_counts);
+    run->k_counts.n_sink += ns * kvd;
+    run->v_counts.n_sink += ns * kvd;
+    return KVQ_OK;
+}
+
+static kvq_status apply_int(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                            kvq_err *err)
+{
+    (void)alt;
+    const kvq_scheme *q = &run->s->s.q;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    KVQ_TRY(kvq_quant_int_token(k, k, c->T, kvd, q->group, q->k_bits, q->n_sink, &run->k_counts, err));
+    return kvq_quant_int_token(v, v, c->T, kvd, q->group, q->v_bits, q->n_sink, &run->v_counts, err);
+}
+
+static kvq_status apply_int_pc(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                               kvq_err *err)
+{
+    (void)alt;
+    const kvq_scheme *q = &run->s->s.q;
+    const kvq_kv_table *kt = &run->s->art->k[c->layer];
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    KVQ_TRY(kvq_quant_int_channel(k, k, c->T, kvd, kt->channel_lower, kt->channel_upper, q->k_bits, q->outlier_frac > 0,
+                                  q->n_sink, &run->k_counts, err));
+    return kvq_quant_int_token(v, v, c->T, kvd, 0, q->v_bits, q->n_sink, &run->v_counts, err);
+}
+
+static kvq_status apply_nuq(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                            kvq_err *err)
+{
+    (void)alt;
+    const kvq_scheme *q = &run->s->s.q;
+    const kvq_kv_table *kt = &run->s->art->k[c->layer], *vt = &run->s->art->v[c->layer];
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    kvq_nuq_lut lk = {.bits = kt->bits, .n_tables = kt->n_tables, .head_dim = (size_t)c->head_dim, .levels = kt->levels};
+    kvq_nuq_lut lv = {.bits = vt->bits, .n_tables = vt->n_tables, .head_dim = (size_t)c->head_dim, .levels = vt->levels};
+    KVQ_TRY(kvq_quant_nuq_keys(k, k, c->T, kvd, &lk, kt->channel_lower, kt->channel_upper, q->outlier_frac > 0,
+                               q->n_sink, &run->k_counts, err));
+    return kvq_quant_nuq_values(v, v, c->T, kvd, &lv, q->outlier_frac, q->n_sink, &run->v_counts, err);
+}
+
+/* KIVI: exact K/V stay primary; the quantized representation goes to alt,
+ * selected per query by the decode boundaries (quant.h). */
+static kvq_status apply_kivi(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                             kvq_err *err)
+{
+    const kvq_scheme *q = &run->s->s.q;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    KVQ_TRY(kvq_kivi_keys(alt->k, k, c->T, kvd, q->group, q->k_bits, q->n_sink, &run->k_counts, err));
+    KVQ_TRY(kvq_kivi_values(alt->v, v, c->T, kvd, (size_t)c->head_dim, q->group, q->v_bits, q->n_sink, &run->v_counts, err));
+    for (int i = 0; i < c->T; i++) {
+        alt->k_bound[i] = (int)kvq_kivi_key_boundary((size_t)i, q->group, q->residual, q->n_sink);
+        alt->v_bound[i] = (int)kvq_kivi_value_boundary((size_t)i, q->residual, q->n_sink);
+    }
+    alt->use_k = alt->use_v = true;
+    return KVQ_OK;
+}
+
+static kvq_status bits_builtin(const kvq_eval_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out, kvq_err *err)
+{
+    return kvq_scheme_bits(&s->s.q, ctx, kv_dim, out, err);
+}
+
+static int code_bits_builtin(const kvq_eval_scheme *s, char kv)
+{
+    switch (s->s.q.kind) {
+    case KVQ_SCHEME_FP32: return 32;
+    case KVQ_SCHEME_FP16: return 16;
+    default: return kv == 'k' ? s->s.q.k_bits : s->s.q.v_bits;
+    }
+}
+
+/* ---- the registry ---------------------------------------------------------------- */
+
+static const kvq_scheme_family families[] = {
+    {"fp32", "fp32", parse_fp32, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp32, NULL, bits_builtin, code_bits_builtin},
+    {"fp16", "fp16", parse_fp16, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp16, apply_fp16, bits_builtin, code_bits_builtin},
+    {"int", "int<b>[-g<G>]", parse_int, KVQ_KEYS_POST_ROPE, NULL, NULL, check_int, fmt_int, apply_int, bits_builtin,
+     code_bits_builtin},
+    {"int-pc", "int<b>-pc[-<f>%]", parse_int_pc, KVQ_KEYS_PRE_ROPE, match_int_pc, need_int_pc, NULL, fmt_int_pc,
+     apply_int_pc, bits_builtin, code_bits_builtin},
+    {"kivi", "kivi<b>[-g<G>][-r<R>]", parse_kivi, KVQ_KEYS_POST_ROPE, NULL, NULL, check_kivi, fmt_kivi, apply_kivi,
+     bits_builtin, code_bits_builtin},
+    {"nuq", "nuq<b>[-<f>%]", parse_nuq, KVQ_KEYS_PRE_ROPE, match_nuq, need_nuq, NULL, fmt_nuq, apply_nuq, bits_builtin,
+     code_bits_builtin},
+};
+#define N_FAMILIES (sizeof families / sizeof *families)
+
+const kvq_scheme_family *kvq_scheme_families(size_t *n)
+{
+    *n = N_FAMILIES;
+    return families;
+}
+
+const char *kvq_scheme_syntax(void)
+{
+    return "fp32, fp16, int<b>[-g<G>], int<b>-pc[-<f>%], kivi<b>[-g<G>][-r<R>] (default G=32, R=128), nuq<b>[-<f>%]; "
+           "b = 1..8; modifiers +sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N> "
+           "(e.g. int4, kivi2-g32-r128, nuq3-1%+sink1)";
+}
+
+/* ---- parse ------------------------------------------------------------------------- */
+
+kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err)
+{
+    memset(out, 0, sizeof *out);
+    out->artifact_index = 0;
+    if (!spec || !*spec) return kvq_fail(err, KVQ_EINVAL, "scheme: empty spec; expected one of %s", kvq_scheme_syntax());
+    if (strlen(spec) >= KVQ_SPEC_MAX)
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%.40s...': longer than %d characters", spec, KVQ_SPEC_MAX - 1);
+    snprintf(out->spec, sizeof out->spec, "%s", spec);
+    char buf[KVQ_SPEC_MAX];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL, *base = strtok_r(buf, "+", &save);
+    if (!base || spec[0] == '+')
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': missing base name; expected one of %s", spec, kvq_scheme_syntax());
+    int found = 0;
+    for (size_t i = 0; i < N_FAMILIES && !found; i++) {
+        int r = families[i].parse(base, out, err);
+        if (r < 0) return KVQ_EINVAL;
+        if (r > 0) {
+            out->fam = &families[i];
+            found = 1;
+        }
+    }
+    if (!found)
+        return kvq_fail(err, KVQ_EINVAL, "unknown scheme '%s' (base '%s'); valid: %s", spec, base, kvq_scheme_syntax());
+    out->key_stage = out->fam->default_stage;
+    for (char *m = strtok_r(NULL, "+", &save); m; m = strtok_r(NULL, "+", &save)) {
+        const char *p = m;
+        unsigned long n;
+        if (starts(m, "sink")) {
+            p += 4;
+            if (!scan_uint(&p, 1u << 24, &n) || *p)
+                return kvq_fail(err, KVQ_EINVAL, "scheme '%s': modifier '+%s': expected +sink<N> with N >= 0", spec, m);
+            out->q.n_sink = n;
+            out->sink_set = true;
+        } else if (!strcmp(m, "pre-rope") || !strcmp(m, "post-rope")) {
+            out->key_stage = m[1] == 'r' ? KVQ_KEYS_PRE_ROPE : KVQ_KEYS_POST_ROPE;
+            out->stage_set = true;
+        } else if (!strcmp(m, "intactkv")) {
+            out->intactkv = true;
+        } else if (starts(m, "artifact")) {
+            p += 8;
+            if (!scan_uint(&p, 4096, &n) || *p || n == 0)
+                return kvq_fail(err, KVQ_EINVAL, "scheme '%s': modifier '+%s': expected +artifact<N> with N >= 1 (the N-th --artifact)",
+                                spec, m);
+            out->artifact_index = (int)n;
+        } else {
+            return kvq_fail(err, KVQ_EINVAL,
+                            "scheme '%s': unknown modifier '+%s'; valid: +sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N>",
+                            spec, m);
+        }
+    }
+    if (spec[strlen(spec) - 1] == '+' || strstr(spec, "++"))
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': empty modifier", spec);
+    if ((out->q.kind == KVQ_SCHEME_FP32 || out->q.kind == KVQ_SCHEME_FP16) && out->stage_set)
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +pre-rope/+post-rope: %s does not depend on the key stage", spec,
+                        out->fam->name);
+    if (out->q.kind == KVQ_SCHEME_FP32 && out->sink_set)
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +sink: fp32 keeps every token exact already", spec);
+    return kvq_scheme_validate(&out->q, err) ? kvq_err_prefix(err, "scheme '%s'", spec) : KVQ_OK;
+}
+
+/* ---- artifact set ------------------------------------------------------------------- */
+
+static kvq_status read_prefix(const char *path, const kvq_model *m, kvq_eval_prefix *px, kvq_err *err)
+{
+    memset(px, 0, sizeof *px);
+    kvq_safetensors st;
+    KVQ_TRY(kvq_safetensors_open(path, &st, err));
+    kvq_status s = KVQ_OK;
+    const kvq_st_tensor *ids = kvq_safetensors_find(&st, "intactkv.token_ids");
+    if (!ids) goto done;
+    size_t kvd = (size_t)kvq_kv_dim(&m->hp), L = (size_t)m->hp.n_layers;
+    if (ids->dtype != KVQ_ST_I32 || ids->n_dims != 1 || ids->shape[0] < 1 || ids->shape[0] > 65536) {
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: tensor intactkv.token_ids: expected I32 [P] with 1 <= P <= 65536, found %s with %u dims",
+                     path, kvq_st_dtype_name(ids->dtype), ids->n_dims);
+        goto done;
+    }
+    size_t P = (size_t)ids->shape[0];
+    px->token_ids = malloc(P * sizeof *px->token_ids);
+    px->k = malloc(L * P * kvd * sizeof(float));
+    px->v = malloc(L * P * kvd * sizeof(float));
+    if (!px->token_ids || !px->k || !px->v) {
+        s = kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate the IntactKV prefix (%zu entries)", path, P);
+        goto done;
+    }
+    memcpy(px->token_ids, ids->data, P * sizeof(int32_t));
+    for (size_t i = 0; i < P; i++)
+        if (px->token_ids[i] < 0 || px->token_ids[i] >= m->hp.vocab_size) {
+            s = kvq_fail(err, KVQ_EFORMAT, "%s: intactkv.token_ids[%zu] = %d outside the model's vocabulary [0, %d)", path, i,
+                         px->token_ids[i], m->hp.vocab_size);
+            goto done;
+        }
+    for (size_t l = 0; l < L && s == KVQ_OK; l++)
+        for (int w = 0; w < 2 && s == KVQ_OK; w++) {
+            char name[64];
+            snprintf(name, sizeof name, "layers.%zu.intactkv.%c", l, w ? 'v' : 'k');
+            const kvq_st_tensor *t = kvq_safetensors_find(&st, name);
+            if (!t || t->n_dims != 2 || t->shape[0] != P || t->shape[1] != kvd) {
+                s = kvq_fail(err, KVQ_EFORMAT, "%s: tensor %s: expected [%zu, %zu] (P, kv_dim), found %s", path, name, P, kvd,
+                             t ? "another shape" : "none");
+                break;
+            }
+            float *dst = (w ? px->v : px->k) + l * P * kvd;
+            s = kvq_safetensors_read_f32(&st, t, dst, P * kvd, err);
+            for (size_t i = 0; s == KVQ_OK && i < P * kvd; i++)
+                if (!isfinite(dst[i])) s = kvq_fail(err, KVQ_EFORMAT, "%s: tensor %s[%zu]: not finite", path, name, i);
+        }
+    if (s == KVQ_OK) px->P = (int)P;
+done:
+    kvq_safetensors_close(&st);
+    if (s) {
+        free(px->token_ids);
+        free(px->k);
+        free(px->v);
+        memset(px, 0, sizeof *px);
+    }
+    return s;
+}
+
+void kvq_artifact_set_free(kvq_artifact_set *set)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        if (set->a) kvq_artifact_free(&set->a[i]);
+        if (set->prefix) {
+            free(set->prefix[i].token_ids);
+            free(set->prefix[i].k);
+            free(set->prefix[i].v);
+        }
+    }
+    free(set->a);
+    free(set->prefix);
+    free(set->path);
+    memset(set, 0, sizeof *set);
+}
+
+kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths, size_t n, const kvq_model *m,
+                                 const char *model_fingerprint, bool allow_mismatch, FILE *warn, kvq_err *err)
+{
+    memset(set, 0, sizeof *set);
+    if (n == 0) return KVQ_OK;
+    set->a = calloc(n, sizeof *set->a);
+    set->prefix = calloc(n, sizeof *set->prefix);
+    set->path = calloc(n, sizeof *set->path);
+    if (!set->a || !set->prefix || !set->path) {
+        kvq_artifact_set_free(set);
+        return kvq_fail(err, KVQ_ENOMEM, "artifacts: out of memory");
+    }
+    kvq_status s = KVQ_OK;
+    for (size_t i = 0; i < n && s == KVQ_OK; i++) {
+        snprintf(set->path[i], sizeof set->path[i], "%s", paths[i]);
+        s = kvq_artifact_read(paths[i], &set->a[i], err);
+        if (s) {
+            kvq_err_prefix(err, "--artifact %s", paths[i]);
+            break;
+        }
+        set->n = i + 1;
+        const kvq_artifact_params *p = &set->a[i].p;
+        s = kvq_artifact_check_model(p, model_fingerprint, allow_mismatch, warn, err);
+        if (s) {
+            kvq_err_prefix(err, "--artifact %s: calibrated for another model", paths[i]);
+            break;
+        }
+        if (p->n_layers != (size_t)m->hp.n_layers || p->n_kv_heads != (size_t)m->hp.n_kv_heads ||
+            p->head_dim != (size_t)m->hp.head_dim) {
+            s = kvq_fail(err, KVQ_EMISMATCH,
+                         "--artifact %s: shape %zu layers x %zu KV heads x head_dim %zu, model has %d x %d x %d", paths[i],
+                         p->n_layers, p->n_kv_heads, p->head_dim, m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim);
+            break;
+        }
+        s = read_prefix(paths[i], m, &set->prefix[i], err);
+        if (s) kvq_err_prefix(err, "--artifact %s", paths[i]);
+    }
+    if (s) kvq_artifact_set_free(set);
+    return s;
+}
+
+/* ---- binding ----------------------------------------------------------------------- */
+
+static void append(char *buf, size_t n, const char *str, long num)
+{
+    size_t l = strlen(buf);
+    if (l >= n) return;
+    if (num >= 0) snprintf(buf + l, n - l, "%s%ld", str, num);
+    else snprintf(buf + l, n - l, "%s", str);
+}
+
+kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_set *set, const kvq_hparams *hp,
+                                kvq_eval_scheme *out, kvq_err *err)
+{
+    memset(out, 0, sizeof *out);
+    out->s = *spec;
+    out->art_index = out->prefix_index = -1;
+    out->head_dim = (size_t)hp->head_dim;
+    const kvq_scheme_family *f = spec->fam;
+    size_t n_art = set ? set->n : 0;
+    int want = spec->artifact_index - 1; /* -1 = auto */
+    if (want >= (int)n_art)
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +artifact%d: only %zu --artifact file(s) given", spec->spec,
+                        spec->artifact_index, n_art);
+    if (f->match) {
+        char need[256];
+        f->describe_need(spec, need, sizeof need);
+        if (n_art == 0)
+            return kvq_fail(err, KVQ_EINVAL, "scheme '%s' needs %s; none given (--artifact FILE, written by kvcalib)",
+                            spec->spec, need);
+        int pick = -1;
+        if (want >= 0) {
+            if (!f->match(spec, &set->a[want].p))
+                return kvq_fail(err, KVQ_EMISMATCH, "scheme '%s' needs %s; --artifact %s is method %s, %d/%d bits, %g%% outliers, %s keys",
+                                spec->spec, need, set->path[want], kvq_method_name(set->a[want].p.method), set->a[want].p.k_bits,
+                                set->a[want].p.v_bits, set->a[want].p.outlier_frac * 100,
+                                set->a[want].p.post_rope ? "post-RoPE" : "pre-RoPE");
+            pick = want;
+        } else {
+            /* first match; with +intactkv prefer a matching artifact that holds a prefix */
+            for (size_t i = 0; i < n_art && pick < 0; i++)
+                if (f->match(spec, &set->a[i].p) && (!spec->intactkv || set->prefix[i].P > 0)) pick = (int)i;
+            for (size_t i = 0; i < n_art && pick < 0; i++)
+                if (f->match(spec, &set->a[i].p)) pick = (int)i;
+        }
+        if (pick < 0) {
+            char seen[512] = "";
+            for (size_t i = 0; i < n_art; i++) {
+                const kvq_artifact_params *p = &set->a[i].p;
+                size_t l = strlen(seen);
+                if (l < sizeof seen)
+                    snprintf(seen + l, sizeof seen - l, "%s%s (%s, %d/%d bits, %g%% outliers, %s)", i ? "; " : "", set->path[i],
+                             kvq_method_name(p->method), p->k_bits, p->v_bits, p->outlier_frac * 100,
+                             p->post_rope ? "post-RoPE" : "pre-RoPE");
+            }
+            return kvq_fail(err, KVQ_EINVAL, "scheme '%s' needs %s; none of the %zu given matches: %s", spec->spec, need,
+                            n_art, seen);
+        }
+        out->art = &set->a[pick];
+        out->art_index = pick;
+        out->art_path = set->path[pick];
+        if (!spec->stage_set) out->s.key_stage = out->art->p.post_rope ? KVQ_KEYS_POST_ROPE : KVQ_KEYS_PRE_ROPE;
+        if (!spec->sink_set) out->s.q.n_sink = out->art->p.n_sink;
+        /* tables present for this use */
+        for (size_t l = 0; l < out->art->p.n_layers; l++) {
+            const kvq_kv_table *kt = out->art->k ? &out->art->k[l] : NULL;
+            if (!kt || !kt->channel_lower || !kt->channel_upper ||
+                (spec->q.kind == KVQ_SCHEME_NUQ && (!kt->levels || !out->art->v || !out->art->v[l].levels)))
+                return kvq_fail(err, KVQ_EFORMAT, "scheme '%s': --artifact %s: layer %zu lacks the tables the scheme needs",
+                                spec->spec, out->art_path, l);
+        }
+    } else if (want >= 0 && !spec->intactkv) {
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +artifact%d: %s reads no artifact tables (only +intactkv would use it)",
+                        spec->spec, spec->artifact_index, f->name);
+    }
+    if (spec->intactkv) {
+        int pick = -1;
+        if (want >= 0) pick = want;
+        else if (out->art_index >= 0 && set->prefix[out->art_index].P > 0) pick = out->art_index;
+        else
+            for (size_t i = 0; i < n_art && pick < 0; i++)
+                if (set->prefix[i].P > 0) pick = (int)i;
+        if (pick < 0 || set->prefix[pick].P == 0)
+            return kvq_fail(err, KVQ_EINVAL,
+                            "scheme '%s': +intactkv needs an artifact holding an IntactKV prefix (tensors intactkv.token_ids, "
+                            "layers.<i>.intactkv.k/v; kvcalib intactkv, issue 9); %s",
+                            spec->spec, pick >= 0 ? "the selected --artifact has none" : n_art ? "no --artifact has one" : "no --artifact given");
+        out->prefix = &set->prefix[pick];
+        out->prefix_index = pick;
+    }
+    if (f->check) KVQ_TRY(f->check(out, hp, err));
+    /* canonical name */
+    f->format(&out->s, out->name, sizeof out->name);
+    if (out->s.q.n_sink) append(out->name, sizeof out->name, "+sink", (long)out->s.q.n_sink);
+    if (out->s.q.kind != KVQ_SCHEME_FP32 && out->s.q.kind != KVQ_SCHEME_FP16 && out->s.key_stage != f->default_stage)
+        append(out->name, sizeof out->name, out->s.key_stage == KVQ_KEYS_PRE_ROPE ? "+pre-rope" : "+post-rope", -1);
+    if (spec->intactkv) append(out->name, sizeof out->name, "+intactkv", -1);
+    if (spec->artifact_index) append(out->name, sizeof out->name, "+artifact", spec->artifact_index);
+    return KVQ_OK;
+}
+
+kvq_status kvq_eval_scheme_make(const char *spec, const kvq_artifact_set *set, const kvq_hparams *hp,
+                                kvq_eval_scheme *out, kvq_err *err)
+{
+    kvq_scheme_spec sp;
+    KVQ_TRY(kvq_scheme_parse(spec, &sp, err));
+    return kvq_eval_scheme_bind(&sp, set, hp, out, err);
+}
+
+bool kvq_eval_scheme_is_identity(const kvq_eval_scheme *s)
+{
+    return s->s.fam->apply == NULL && !s->prefix;
+}
+
+int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv)
+{
+    return s->s.fam->code_bits(s, kv);
+}
+
+kvq_status kvq_eval_scheme_bits(const kvq_eval_scheme *s, size_t ctx, const kvq_hparams *hp, kvq_bits *out,
+                                kvq_err *err)
+{
+    KVQ_TRY(s->s.fam->bits(s, ctx, (size_t)kvq_kv_dim(hp), out, err));
+    if (s->prefix && s->prefix->P > 0) {
+        double P = s->prefix->P, full = s->s.q.kind == KVQ_SCHEME_FP32 ? 32.0 : 16.0;
+        out->k = (out->k * (double)ctx + full * P) / ((double)ctx + P);
+        out->v = (out->v * (double)ctx + full * P) / ((double)ctx + P);
+        out->mean = (out->k + out->v) / 2;
+    }
+    return KVQ_OK;
+}
+
+double kvq_eval_scheme_cache_mib(const kvq_eval_scheme *s, const kvq_bits *bits, size_t ctx, const kvq_hparams *hp)
+{
+    double tokens = (double)ctx + (s->prefix ? s->prefix->P : 0);
+    return (double)hp->n_layers * tokens * (double)kvq_kv_dim(hp) * (bits->k + bits->v) / 8.0 / (1024.0 * 1024.0);
+}
+
+/* ---- hooks ----------------------------------------------------------------------------- */
+
+kvq_status kvq_scheme_transform(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt,
+                                kvq_err *err)
+{
+    kvq_scheme_run *run = user;
+    if (!run->s->s.fam->apply) return KVQ_OK;
+    double t0 = kvq_now();
+    kvq_status s = run->s->s.fam->apply(run, ctx, k, v, alt, err);
+    run->seconds += kvq_now() - t0;
+    return s ? kvq_err_prefix(err, "scheme %s", run->s->name) : KVQ_OK;
+}
+
+void kvq_scheme_hooks(kvq_scheme_run *run, const kvq_eval_scheme *s, kvq_hooks *hooks)
+{
+    memset(run, 0, sizeof *run);
+    run->s = s;
+    memset(hooks, 0, sizeof *hooks);
+    hooks->user = run;
+    hooks->transform = s->s.fam->apply ? kvq_scheme_transform : NULL;
+    hooks->key_stage = s->s.key_stage;
+}

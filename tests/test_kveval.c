@@ -1,0 +1,705 @@
+/* test_kveval.c — kveval's library (analysis/scheme.h, analysis/perplexity.h):
+ *  - decode equivalence: the batched, scheme-transformed window equals an
+ *    explicit token-by-token decode loop over a real quantized cache
+ *    (tokens quantized once when appended; KIVI's key flushes and value
+ *    sliding window as a state machine), for int4, kivi2-g4-r8 and nuq3-1%
+ *    (+ sink variants) on both tiny models, ≤ 1e-5 relative in loss;
+ *  - fp32 perplexity equals the plain forward's; the two protocols score
+ *    exactly the documented positions; reruns are bit-identical; fp16 moves
+ *    perplexity only slightly; NaN is reported with window and position;
+ *  - spec parsing, canonical names, bits and cache size by hand. */
+#include <math.h>
+#include <stdint.h>
+
+#include "kveval_util.h"
+#include "kvq_test.h"
+#include "identity.h"
+#include "perplexity.h"
+#include "scheme.h"
+#include "text.h"
+#include "tokenizer.h"
+
+static void make_tokens(int *tok, int n, int V, uint32_t seed)
+{
+    uint32_t s = seed;
+    for (int i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int)((s >> 8) % (uint32_t)V);
+    }
+}
+
+static void tmp_path(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "/tmp/kvq_test_kveval_%ld_%s", (long)getpid(), name);
+}
+
+/* An nuq3-1% artifact (and nuq3) for model m, calibrated in-process. */
+static void build_artifacts(const kvq_model *m, const char *fp, char paths[2][256], int bits)
+{
+    int V = m->hp.vocab_size, ns = 4, len = 64;
+    int *tok = malloc((size_t)ns * len * sizeof(int));
+    make_tokens(tok, ns * len, V, 777);
+    kvq_err e = {0};
+    tmp_path(paths[0], 256, "nuq_1pct.safetensors");
+    tmp_path(paths[1], 256, "nuq_0pct.safetensors");
+    ck_assert_msg(kvq_util_make_nuq_artifact(m, tok, ns, len, bits, 0.01, 0, false, fp, paths[0], &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_util_make_nuq_artifact(m, tok, ns, len, bits, 0.0, 1, false, fp, paths[1], &e) == KVQ_OK, "%s", e.msg);
+    free(tok);
+}
+
+/* ---------------- decode reference ---------------- */
+
+typedef struct {
+    const kvq_eval_scheme *s;
+    int kvd, L, max, step;
+    float *ck, *cv;   /* [L][max][kvd]: the cache entry appended at each step (post-RoPE keys), as attended */
+    float *qk, *qv;   /* [L][max][kvd]: KIVI's quantized store */
+    int kq_end, vq_end;
+    kvq_quant_counts dummy;
+} dec_state;
+
+/* Quantize one appended token at absolute position pos (non-KIVI schemes),
+ * keys in the scheme's stage. */
+static kvq_status ref_quant_row(dec_state *d, int layer, int pos, float *k, float *v, kvq_err *e)
+{
+    const kvq_eval_scheme *s = d->s;
+    const kvq_scheme *q = &s->s.q;
+    size_t ns = (size_t)pos < q->n_sink ? 1 : 0, kvd = (size_t)d->kvd;
+    switch (q->kind) {
+    case KVQ_SCHEME_FP32: return KVQ_OK;
+    case KVQ_SCHEME_FP16:
+        if (!ns) {
+            kvq_quant_fp16(k, k, kvd, NULL);
+            kvq_quant_fp16(v, v, kvd, NULL);
+        }
+        return KVQ_OK;
+    case KVQ_SCHEME_INT:
+        KVQ_TRY(kvq_quant_int_token(k, k, 1, kvd, q->group, q->k_bits, ns, NULL, e));
+        return kvq_quant_int_token(v, v, 1, kvd, q->group, q->v_bits, ns, NULL, e);
+    case KVQ_SCHEME_NUQ: {
+        const kvq_kv_table *kt = &s->art->k[layer], *vt = &s->art->v[layer];
+        kvq_nuq_lut lk = {.bits = kt->bits, .n_tables = kt->n_tables, .head_dim = s->head_dim, .levels = kt->levels};
+        kvq_nuq_lut lv = {.bits = vt->bits, .n_tables = vt->n_tables, .head_dim = s->head_dim, .levels = vt->levels};
+        KVQ_TRY(kvq_quant_nuq_keys(k, k, 1, kvd, &lk, kt->channel_lower, kt->channel_upper, q->outlier_frac > 0, ns, NULL, e));
+        return kvq_quant_nuq_values(v, v, 1, kvd, &lv, q->outlier_frac, ns, NULL, e);
+    }
+    default: return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
+    }
+}
+
+static kvq_status dec_transform(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
+{
+    (void)alt;
+    dec_state *d = user;
+    ck_assert_int_eq(c->T, 1);
+    ck_assert_int_eq(c->pos0, d->step);
+    if (d->s->s.q.kind == KVQ_SCHEME_KIVI) return KVQ_OK; /* the new token enters the fp16 buffer */
+    return ref_quant_row(d, c->layer, d->step, k, v, e);
+}
+
+static kvq_status dec_observe(void *user, const kvq_layer_ctx *c, const kvq_layer_obs *o, kvq_err *e)
+{
+    (void)e;
+    dec_state *d = user;
+    size_t off = ((size_t)c->layer * d->max + d->step) * d->kvd;
+    memcpy(d->ck + off, o->k_att, d->kvd * sizeof(float));
+    memcpy(d->cv + off, o->v_att, d->kvd * sizeof(float));
+    return KVQ_OK;
+}
+
+/* KIVI's cache after step t has attended (KIVI llama_kivi.py decode, notes
+ * §1.5): the fp16 key buffer is flushed as R/G groups when it holds R keys
+ * (G when R = 0); the oldest fp16 value is quantized when the buffer holds
+ * R + 1 values. */
+static void kivi_after_step(dec_state *d, int t)
+{
+    const kvq_scheme *q = &d->s->s.q;
+    int F = q->residual ? (int)q->residual : (int)q->group;
+    kvq_err e = {0};
+    if (t < (int)q->n_sink) return;
+    if (t + 1 - d->kq_end == F) {
+        for (int l = 0; l < d->L; l++) {
+            size_t off = ((size_t)l * d->max + d->kq_end) * d->kvd;
+            ck_assert(kvq_kivi_keys(d->qk + off, d->ck + off, F, d->kvd, q->group, q->k_bits, 0, &d->dummy, &e) == KVQ_OK);
+        }
+        d->kq_end += F;
+    }
+    if (t + 1 - d->vq_end == (int)q->residual + 1) {
+        for (int l = 0; l < d->L; l++) {
+            size_t off = ((size_t)l * d->max + d->vq_end) * d->kvd;
+            ck_assert(kvq_kivi_values(d->qv + off, d->cv + off, 1, d->kvd, d->s->head_dim, q->group, q->v_bits, 0, &d->dummy,
+                                      &e) == KVQ_OK);
+        }
+        d->vq_end++;
+    }
+}
+
+/* The batched run with the scheme's transform, capturing the cache
+ * representations attention used: [L][N][kvd] each (alt: KIVI's quantized). */
+typedef struct {
+    kvq_scheme_run run;
+    int kvd, N;
+    float *k, *v, *ka, *va;
+} batched_cap;
+
+static kvq_status bc_transform(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
+{
+    return kvq_scheme_transform(&((batched_cap *)user)->run, c, k, v, alt, e);
+}
+
+static kvq_status bc_observe(void *user, const kvq_layer_ctx *c, const kvq_layer_obs *o, kvq_err *e)
+{
+    (void)e;
+    batched_cap *b = user;
+    size_t off = (size_t)c->layer * b->N * b->kvd, n = (size_t)c->T * b->kvd;
+    memcpy(b->k + off, o->k_att, n * sizeof(float));
+    memcpy(b->v + off, o->v_att, n * sizeof(float));
+    if (o->k_alt) memcpy(b->ka + off, o->k_alt, n * sizeof(float));
+    if (o->v_alt) memcpy(b->va + off, o->v_alt, n * sizeof(float));
+    return KVQ_OK;
+}
+
+/* elements of tokens [t0, t1) of every layer that differ by more than
+ * float noise (a quantization step of these models is >= ~1e-2) */
+static size_t count_flips(const float *a, const float *b, int L, int N, int t0, int t1, int kvd, size_t *n_el)
+{
+    size_t f = 0;
+    for (int l = 0; l < L; l++)
+        for (size_t i = (size_t)t0 * kvd; i < (size_t)t1 * kvd; i++) {
+            size_t o = (size_t)l * N * kvd + i;
+            f += fabsf(a[o] - b[o]) > 1e-4f * (1.0f + fabsf(b[o]));
+            ++*n_el;
+        }
+    return f;
+}
+
+/* naive batched KIVI: every window token quantized for every query */
+static kvq_status all_quantized(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
+{
+    KVQ_TRY(kvq_scheme_transform(user, c, k, v, alt, e));
+    size_t n = (size_t)c->T * c->n_kv_heads * c->head_dim;
+    memcpy(k, alt->k, n * sizeof(float));
+    memcpy(v, alt->v, n * sizeof(float));
+    alt->use_k = alt->use_v = false;
+    return KVQ_OK;
+}
+
+static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const char *spec, int *n_strict)
+{
+    kvq_err e = {0};
+    kvq_eval_scheme s;
+    ck_assert_msg(kvq_eval_scheme_make(spec, set, &m->hp, &s, &e) == KVQ_OK, "%s", e.msg);
+    const int N = 48, V = m->hp.vocab_size, kvd = kvq_kv_dim(&m->hp), L = m->hp.n_layers;
+    int tok[48];
+    make_tokens(tok, N, V, 4242);
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, m, N, N, 0, &e) == KVQ_OK);
+    float *lb = malloc((size_t)N * V * sizeof(float)), *ld = malloc((size_t)N * V * sizeof(float));
+    double nll_d[48], nll_b[48];
+
+    /* batched, as kveval runs it */
+    size_t cn = (size_t)L * N * kvd;
+    batched_cap bc = {.kvd = kvd, .N = N};
+    bc.k = calloc(cn, sizeof(float));
+    bc.v = calloc(cn, sizeof(float));
+    bc.ka = calloc(cn, sizeof(float));
+    bc.va = calloc(cn, sizeof(float));
+    kvq_hooks hk;
+    kvq_scheme_hooks(&bc.run, &s, &hk);
+    kvq_hooks hbc = hk;
+    hbc.user = &bc;
+    if (hk.transform) hbc.transform = bc_transform;
+    hbc.observe = bc_observe;
+    kvq_fwd_io io = {.tokens = tok, .T = N, .hooks = &hbc, .logits = lb, .nll = nll_b};
+    kvq_fwd_result r;
+    ck_assert_msg(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK, "%s", e.msg);
+    double loss_b = r.loss;
+
+    /* decode loop over a real cache */
+    dec_state d = {.s = &s, .kvd = kvd, .L = L, .max = N, .kq_end = (int)s.s.q.n_sink, .vq_end = (int)s.s.q.n_sink};
+    d.ck = calloc(cn, sizeof(float));
+    d.cv = calloc(cn, sizeof(float));
+    d.qk = calloc(cn, sizeof(float));
+    d.qv = calloc(cn, sizeof(float));
+    float *pk = malloc(cn * sizeof(float)), *pv = malloc(cn * sizeof(float));
+    kvq_hooks hd = {.user = &d, .transform = dec_transform, .observe = dec_observe, .key_stage = s.s.key_stage};
+    bool kivi = s.s.q.kind == KVQ_SCHEME_KIVI;
+    double loss_d = 0;
+    for (int t = 0; t < N; t++) {
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < t; j++) {
+                size_t src = ((size_t)l * N + j) * kvd, dst = ((size_t)l * t + j) * kvd;
+                memcpy(pk + dst, (kivi && j < d.kq_end && j >= (int)s.s.q.n_sink ? d.qk : d.ck) + src, kvd * sizeof(float));
+                memcpy(pv + dst, (kivi && j < d.vq_end && j >= (int)s.s.q.n_sink ? d.qv : d.cv) + src, kvd * sizeof(float));
+            }
+        kvq_prefix px = {.P = t, .k = pk, .v = pv};
+        d.step = t;
+        int tg = t + 1 < N ? tok[t + 1] : -1;
+        kvq_fwd_io io1 = {.tokens = tok + t, .T = 1, .pos0 = t, .targets = &tg, .prefix = &px, .hooks = &hd,
+                          .logits = ld + (size_t)t * V, .nll = nll_d + t};
+        ck_assert_msg(kvq_forward_run(&fw, &io1, &r, &e) == KVQ_OK, "%s", e.msg);
+        if (t + 1 < N) loss_d += nll_d[t];
+        if (kivi) kivi_after_step(&d, t);
+    }
+    loss_d /= N - 1;
+    /* Float noise: the M = 48 and M = 1 GEMMs differ in the last bits (~1e-6),
+     * which can move a value across a rounding boundary or an outlier
+     * threshold ("flip"). Count flips between the cache the decode loop held
+     * and what the batched pass attended. */
+    size_t n_el = 0, flips;
+    if (kivi) {
+        int ns = (int)s.s.q.n_sink;
+        flips = count_flips(bc.ka, d.qk, L, N, ns, d.kq_end, kvd, &n_el) + count_flips(bc.va, d.qv, L, N, ns, d.vq_end, kvd, &n_el) +
+                count_flips(bc.k, d.ck, L, N, 0, N, kvd, &n_el) + count_flips(bc.v, d.cv, L, N, 0, N, kvd, &n_el);
+    } else {
+        flips = count_flips(bc.k, d.ck, L, N, 0, N, kvd, &n_el) + count_flips(bc.v, d.cv, L, N, 0, N, kvd, &n_el);
+    }
+    int first_div = -1; /* diagnostics: first position whose NLL differs by > 1e-6 */
+    for (int t = 0; t + 1 < N && first_div < 0; t++)
+        if (fabs(nll_b[t] - nll_d[t]) > 1e-6) first_div = t;
+    double dl = fabs(loss_b - loss_d) / loss_d, dlog = kvq_test_rel_l2_f(lb, ld, (size_t)N * V);
+
+    /* teeth: the scheme changes the loss; for KIVI the naive all-quantized pass is not decode-equivalent */
+    kvq_fwd_io io0 = {.tokens = tok, .T = N};
+    ck_assert(kvq_forward_run(&fw, &io0, &r, &e) == KVQ_OK);
+    double d_fp32 = fabs(r.loss - loss_d) / loss_d, d_naive = -1;
+    if (kivi) {
+        kvq_hooks hn = hk;
+        hn.transform = all_quantized;
+        kvq_fwd_io ion = {.tokens = tok, .T = N, .hooks = &hn};
+        ck_assert(kvq_forward_run(&fw, &ion, &r, &e) == KVQ_OK);
+        d_naive = fabs(r.loss - loss_d) / loss_d;
+    }
+    fprintf(stderr, "INFO decode %-22s %s: batched %.9f decode %.9f (rel %.2e, logits rel L2 %.2e, first NLL diff > 1e-6 at %d, %zu/%zu flips); vs fp32 %.2e%s",
+            s.name, m->path, loss_b, loss_d, dl, dlog, first_div, flips, n_el, d_fp32, kivi ? "" : "\n");
+    if (kivi) fprintf(stderr, ", naive all-quantized %.2e\n", d_naive);
+    /* The issue's bound; beyond it only when cache elements flipped: a flip
+     * cascades (later K/V differ too), so the count is no bound, but the
+     * discrepancy must stay far below what the scheme itself (and, for
+     * KIVI, the non-decode-equivalent pass) changes. */
+    if (dl > 1e-5)
+        ck_assert_msg(flips > 0 && dl <= 1e-3 && dl * 10 <= d_fp32 && (!kivi || dl * 10 <= d_naive),
+                      "%s: batched loss %.9g vs decode %.9g (rel %.3e, %zu flipped cache elements)", s.name, loss_b, loss_d,
+                      dl, flips);
+    else if (flips == 0)
+        *n_strict += 1;
+    if (flips == 0) ck_assert_msg(dlog <= 1e-4, "%s: logits rel L2 %.3e without flips", s.name, dlog);
+    /* fp16's effect is tiny: then decode must at least agree far better than the effect */
+    bool fp16 = s.s.q.kind == KVQ_SCHEME_FP16;
+    if (s.s.q.kind != KVQ_SCHEME_FP32)
+    ck_assert_msg(fp16 ? d_fp32 > 4 * dl : d_fp32 > 1e-4,
+                  "%s barely changes the loss (%.2e): the test would not notice a missing transform", s.name, d_fp32);
+    if (kivi) ck_assert_msg(d_naive > 1e-4, "%s: the naive all-quantized pass matches decode too (%.2e)", s.name, d_naive);
+    free(pk);
+    free(pv);
+    free(d.ck);
+    free(d.cv);
+    free(d.qk);
+    free(d.qv);
+    free(bc.k);
+    free(bc.v);
+    free(bc.ka);
+    free(bc.va);
+    free(lb);
+    free(ld);
+    kvq_forward_free(&fw);
+}
+
+static void decode_model(const char *path, int strict[3])
+{
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(path, &m, &e) == KVQ_OK, "%s", e.msg);
+    char fp[65], paths[2][256];
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
+    build_artifacts(&m, fp, paths, 3);
+    const char *pp[2] = {paths[0], paths[1]};
+    kvq_artifact_set set;
+    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    const char *specs[] = {"fp32", "int4", "kivi2-g4-r8", "nuq3-1%", "int4+sink2", "kivi2-g4-r8+sink1", "kivi4-g4-r0",
+                           "nuq3", "fp16"};
+    const char *only = getenv("KVQ_DECODE_SPEC"); /* debugging: one spec */
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        if (kvq_test_quick() && i >= 4) break;
+        if (only && strcmp(only, specs[i])) continue;
+        int n = 0;
+        decode_case(&m, &set, specs[i], &n);
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(specs[i], (const char *[]){"int4", "kivi2-g4-r8", "nuq3-1%"}[k])) strict[k] += n;
+    }
+    kvq_artifact_set_free(&set);
+    remove(paths[0]);
+    remove(paths[1]);
+    kvq_model_free(&m);
+}
+
+START_TEST(test_decode_equivalence)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c/stories260K.bin absent");
+    int strict[3] = {0, 0, 0};
+    decode_model(p, strict);
+    p = kvq_test_shared(buf, sizeof buf, "models/llama2c/aidreams260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c/aidreams260K.bin absent");
+    decode_model(p, strict);
+    /* the three schemes meet the 1e-5 bound without flips on at least one model each */
+    if (!getenv("KVQ_DECODE_SPEC"))
+        ck_assert_msg(strict[0] && strict[1] && strict[2], "strict (flip-free) agreement: int4 %d, kivi2 %d, nuq3-1%% %d",
+                      strict[0], strict[1], strict[2]);
+}
+END_TEST
+
+/* ---------------- perplexity over text windows ---------------- */
+
+typedef struct {
+    kvq_model m;
+    kvq_tokenizer *tok;
+    kvq_text txt;
+    char text_path[256];
+} text_env;
+
+/* aidreams260K + its tokenizer + the first ~24 KB of wiki.valid.tokens */
+static int env_open(text_env *env)
+{
+    char mb[4096], tb[4096], db[4096];
+    const char *mp = kvq_test_shared(mb, sizeof mb, "models/llama2c/aidreams260K.bin");
+    const char *tp = kvq_test_shared(tb, sizeof tb, "models/llama2c/aidreams-tok512.bin");
+    const char *dp = kvq_test_shared(db, sizeof db, "datasets/wikitext-2/wiki.valid.tokens");
+    if (!mp || !tp || !dp) return 0;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(mp, &env->m, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_tokenizer_load(tp, &env->tok, &e) == KVQ_OK, "%s", e.msg);
+    FILE *in = fopen(dp, "rb");
+    ck_assert(in);
+    char *buf = malloc(24000);
+    size_t n = fread(buf, 1, 24000, in);
+    fclose(in);
+    tmp_path(env->text_path, sizeof env->text_path, "text.tokens");
+    FILE *out = fopen(env->text_path, "wb");
+    ck_assert(out && fwrite(buf, 1, n, out) == n);
+    fclose(out);
+    free(buf);
+    ck_assert_msg(kvq_text_read(env->text_path, KVQ_TEXT_WIKITEXT_TOKENS, KVQ_EOL_TO_LF, &env->txt, &e) == KVQ_OK, "%s", e.msg);
+    return 1;
+}
+
+static void env_close(text_env *env)
+{
+    kvq_text_free(&env->txt);
+    kvq_tokenizer_free(env->tok);
+    kvq_model_free(&env->m);
+    remove(env->text_path);
+}
+
+START_TEST(test_fp32_is_plain_forward)
+{
+    text_env env;
+    KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
+    kvq_err e = {0};
+    kvq_windows w;
+    ck_assert(kvq_ppl_windows(&env.txt, env.tok, KVQ_PPL_KVQUANT, 96, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, 5, &plan, &e) == KVQ_OK);
+    ck_assert_uint_eq(plan.n_windows, 5);
+    kvq_eval_scheme s;
+    ck_assert(kvq_eval_scheme_make("fp32", NULL, &env.m.hp, &s, &e) == KVQ_OK);
+    ck_assert(kvq_eval_scheme_is_identity(&s));
+    kvq_ppl_result res;
+    ck_assert_msg(kvq_ppl_run(&env.m, &w, &plan, &s, 1, NULL, &res, &e) == KVQ_OK, "%s", e.msg);
+    /* independent: the plain forward, default targets, summed here */
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &env.m, 96, 0, 0, &e) == KVQ_OK);
+    double sum = 0;
+    int n = 0;
+    for (size_t i = 0; i < plan.n_windows; i++) {
+        kvq_fwd_result r;
+        kvq_fwd_io io = {.tokens = (const int *)w.tokens + i * 96, .T = 96};
+        ck_assert(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK);
+        sum += r.loss * r.n_scored;
+        n += r.n_scored;
+    }
+    ck_assert_int_eq(n, 5 * 95);
+    ck_assert_uint_eq(res.n_scored, 5 * 95);
+    double ppl = exp(sum / n);
+    fprintf(stderr, "INFO fp32 ppl %.10f, plain forward %.10f\n", res.ppl, ppl);
+    ck_assert_msg(fabs(res.ppl - ppl) <= 1e-12 * ppl, "fp32 ppl %.15g vs plain %.15g", res.ppl, ppl);
+    kvq_forward_free(&fw);
+    kvq_ppl_results_free(&res, 1);
+    kvq_windows_free(&w);
+    env_close(&env);
+}
+END_TEST
+
+/* Both protocols: the scored positions are exactly the documented ones. */
+static void protocol_case(text_env *env, kvq_ppl_protocol proto, size_t ctx)
+{
+    kvq_err e = {0};
+    kvq_windows w;
+    ck_assert(kvq_ppl_windows(&env->txt, env->tok, proto, ctx, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&w, proto, 3, &plan, &e) == KVQ_OK);
+    size_t first = proto == KVQ_PPL_LLAMACPP ? ctx / 2 : 0;
+    ck_assert_uint_eq(plan.first_scored, first);
+    ck_assert_uint_eq(plan.scored_per_window, ctx - 1 - first);
+    int *tg = malloc(ctx * sizeof(int));
+    kvq_ppl_targets(&plan, w.tokens, tg);
+    size_t cnt = 0;
+    for (size_t t = 0; t < ctx; t++) {
+        bool scored = t >= first && t + 1 < ctx;
+        ck_assert_int_eq(tg[t], scored ? w.tokens[t + 1] : -1);
+        cnt += scored;
+    }
+    ck_assert_uint_eq(cnt, plan.scored_per_window);
+    int bos = kvq_tokenizer_bos(env->tok);
+    if (proto == KVQ_PPL_LLAMACPP)
+        for (size_t i = 0; i < w.n_windows; i++) ck_assert_int_eq(w.tokens[i * ctx], bos);
+    kvq_eval_scheme s[2];
+    ck_assert(kvq_eval_scheme_make("fp32", NULL, &env->m.hp, &s[0], &e) == KVQ_OK);
+    ck_assert(kvq_eval_scheme_make("int4", NULL, &env->m.hp, &s[1], &e) == KVQ_OK);
+    kvq_ppl_result res[2];
+    ck_assert_msg(kvq_ppl_run(&env->m, &w, &plan, s, 2, NULL, res, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_uint_eq(res[0].n_scored, 3 * (ctx - 1 - first));
+    ck_assert_uint_eq(res[1].n_scored, 3 * (ctx - 1 - first));
+    /* the fp32 sum is the sum of the plain forward's per-position NLL over exactly those positions */
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &env->m, (int)ctx, 0, 0, &e) == KVQ_OK);
+    double *nll = malloc(ctx * sizeof(double)), sum = 0;
+    for (size_t i = 0; i < 3; i++) {
+        kvq_fwd_result r;
+        kvq_fwd_io io = {.tokens = (const int *)w.tokens + i * ctx, .T = (int)ctx, .nll = nll};
+        ck_assert(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK);
+        for (size_t t = first; t + 1 < ctx; t++) sum += nll[t];
+    }
+    fprintf(stderr, "INFO protocol %s ctx %zu: %llu scored, nll sum %.9f vs %.9f\n", kvq_ppl_protocol_name(proto), ctx,
+            (unsigned long long)res[0].n_scored, res[0].nll_sum, sum);
+    ck_assert_msg(fabs(res[0].nll_sum - sum) <= 1e-9 * fabs(sum), "nll sum %.12g vs %.12g", res[0].nll_sum, sum);
+    free(nll);
+    free(tg);
+    kvq_forward_free(&fw);
+    kvq_ppl_results_free(res, 2);
+    kvq_windows_free(&w);
+}
+
+START_TEST(test_protocol_counts)
+{
+    text_env env;
+    KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
+    protocol_case(&env, KVQ_PPL_KVQUANT, 64);
+    protocol_case(&env, KVQ_PPL_LLAMACPP, 64);
+    protocol_case(&env, KVQ_PPL_LLAMACPP, 33); /* odd: first = 16, 16 scored */
+    kvq_err e = {0};
+    kvq_windows w;
+    /* shorter than one window: the plan refuses (kvq_ppl_windows already does for the CLI) */
+    if (kvq_ppl_windows(&env.txt, env.tok, KVQ_PPL_KVQUANT, 400000, KVQ_BOS_MODEL, &w, &e) == KVQ_OK) {
+        kvq_ppl_plan plan;
+        ck_assert(kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, 0, &plan, &e) == KVQ_EINVAL);
+        kvq_windows_free(&w);
+    }
+    ck_assert_msg(strstr(e.msg, "window"), "%s", e.msg);
+    env_close(&env);
+}
+END_TEST
+
+START_TEST(test_rerun_identical_fp16_small)
+{
+    text_env env;
+    KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
+    kvq_err e = {0};
+    kvq_windows w;
+    ck_assert(kvq_ppl_windows(&env.txt, env.tok, KVQ_PPL_KVQUANT, 128, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, 3, &plan, &e) == KVQ_OK);
+    const char *specs[] = {"fp32", "fp16", "int4", "int2-g8", "kivi2-g4-r8"};
+    enum { NS = 5 };
+    kvq_eval_scheme s[NS];
+    for (int i = 0; i < NS; i++) ck_assert(kvq_eval_scheme_make(specs[i], NULL, &env.m.hp, &s[i], &e) == KVQ_OK);
+    kvq_ppl_result a[NS], b[NS];
+    ck_assert(kvq_ppl_run(&env.m, &w, &plan, s, NS, NULL, a, &e) == KVQ_OK);
+    ck_assert(kvq_ppl_run(&env.m, &w, &plan, s, NS, NULL, b, &e) == KVQ_OK);
+    for (int i = 0; i < NS; i++) {
+        ck_assert_msg(memcmp(&a[i].nll_sum, &b[i].nll_sum, sizeof(double)) == 0, "%s: rerun differs", specs[i]);
+        ck_assert(memcmp(a[i].window_nll, b[i].window_nll, plan.n_windows * sizeof(double)) == 0);
+        ck_assert(memcmp(&a[i].k_counts, &b[i].k_counts, sizeof a[i].k_counts) == 0);
+        fprintf(stderr, "INFO %-12s ppl %.6f\n", specs[i], a[i].ppl);
+    }
+    /* fp16: a small, non-zero change; int2 a large one */
+    double r16 = fabs(a[1].ppl - a[0].ppl) / a[0].ppl, r2 = fabs(a[3].ppl - a[0].ppl) / a[0].ppl;
+    ck_assert_msg(r16 > 0 && r16 < 1e-3, "fp16 changes ppl by %.3e relative", r16);
+    ck_assert_msg(r2 > 10 * r16, "int2 (%.3e) should cost much more than fp16 (%.3e)", r2, r16);
+    ck_assert_uint_eq(a[2].k_counts.n_elems, (uint64_t)plan.n_windows * 128 * kvq_kv_dim(&env.m.hp) * env.m.hp.n_layers);
+    kvq_ppl_results_free(a, NS);
+    kvq_ppl_results_free(b, NS);
+    kvq_windows_free(&w);
+    env_close(&env);
+}
+END_TEST
+
+/* A scheme family defined outside the registry (the extension point) that
+ * poisons one value: the run must fail naming scheme, window and position. */
+static kvq_status apply_nan(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
+{
+    (void)run, (void)k, (void)alt, (void)e;
+    if (c->layer == 0) v[5 * c->n_kv_heads * c->head_dim] = NAN; /* token 5 */
+    return KVQ_OK;
+}
+
+START_TEST(test_nan_reported)
+{
+    text_env env;
+    KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
+    kvq_err e = {0};
+    kvq_windows w;
+    ck_assert(kvq_ppl_windows(&env.txt, env.tok, KVQ_PPL_KVQUANT, 32, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, 2, &plan, &e) == KVQ_OK);
+    kvq_eval_scheme s[2];
+    ck_assert(kvq_eval_scheme_make("fp16", NULL, &env.m.hp, &s[0], &e) == KVQ_OK);
+    s[1] = s[0];
+    kvq_scheme_family fam = *s[0].s.fam;
+    fam.name = "nan";
+    fam.apply = apply_nan;
+    s[1].s.fam = &fam;
+    snprintf(s[1].name, sizeof s[1].name, "nan-test");
+    kvq_ppl_result res[2];
+    ck_assert(kvq_ppl_run(&env.m, &w, &plan, s, 2, NULL, res, &e) == KVQ_ENUMERIC);
+    fprintf(stderr, "INFO NaN: %s\n", e.msg);
+    ck_assert_msg(strstr(e.msg, "nan-test") && strstr(e.msg, "window 0") && strstr(e.msg, "position 5"), "%s", e.msg);
+    kvq_windows_free(&w);
+    env_close(&env);
+}
+END_TEST
+
+/* ---------------- specs, names, bits ---------------- */
+
+static kvq_hparams smol_hp(void)
+{
+    kvq_hparams hp = {.n_layers = 30, .dim = 576, .hidden_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64,
+                      .vocab_size = 49152, .ctx_len = 8192, .rope_dim = 64, .rope_theta = 100000, .norm_eps = 1e-5f};
+    return hp;
+}
+
+START_TEST(test_parse_names_bits)
+{
+    kvq_hparams hp = smol_hp();
+    kvq_err e = {0};
+    kvq_eval_scheme s;
+    struct {
+        const char *spec, *name;
+        int kb;
+        kvq_key_stage stage;
+    } ok[] = {
+        {"fp32", "fp32", 32, KVQ_KEYS_POST_ROPE},
+        {"fp16", "fp16", 16, KVQ_KEYS_POST_ROPE},
+        {"int4", "int4", 4, KVQ_KEYS_POST_ROPE},
+        {"int3-g64+pre-rope", "int3-g64+pre-rope", 3, KVQ_KEYS_PRE_ROPE},
+        {"int2+sink1", "int2+sink1", 2, KVQ_KEYS_POST_ROPE},
+        {"kivi2", "kivi2-g32-r128", 2, KVQ_KEYS_POST_ROPE},
+        {"kivi4-g64", "kivi4-g64-r128", 4, KVQ_KEYS_POST_ROPE},
+        {"kivi2-g16-r32+sink4", "kivi2-g16-r32+sink4", 2, KVQ_KEYS_POST_ROPE},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        ck_assert_msg(kvq_eval_scheme_make(ok[i].spec, NULL, &hp, &s, &e) == KVQ_OK, "%s: %s", ok[i].spec, e.msg);
+        ck_assert_str_eq(s.name, ok[i].name);
+        ck_assert_int_eq(kvq_eval_scheme_code_bits(&s, 'k'), ok[i].kb);
+        ck_assert_int_eq(s.s.key_stage, ok[i].stage);
+    }
+    /* bits by hand (KVQuant App.M; KIVI: b + 32/G, residual fp16), kv_dim 192, ctx 2048 */
+    kvq_bits b;
+    ck_assert(kvq_eval_scheme_make("int4", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+    ck_assert(fabs(b.k - (4 + 32.0 / 192)) < 1e-12 && fabs(b.mean - b.k) < 1e-12);
+    ck_assert(kvq_eval_scheme_make("kivi2", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+    ck_assert(fabs(b.k - ((2048 - 128) * 3.0 + 128 * 16.0) / 2048) < 1e-12);
+    /* cache MiB: fp16 at 2048 = 30 layers x 2048 x 192 x 2 (K, V) x 2 bytes = 45 MiB */
+    ck_assert(kvq_eval_scheme_make("fp16", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+    ck_assert(fabs(kvq_eval_scheme_cache_mib(&s, &b, 2048, &hp) - 45.0) < 1e-12);
+
+    /* errors: each names the problem */
+    struct {
+        const char *spec, *needle;
+    } bad[] = {
+        {"int9", "bits"},           {"foo4", "unknown scheme"},   {"nuq3-1%", "needs"},        {"int4-pc", "per-channel key thresholds"},
+        {"kivi2-g32-r100", "multiple"}, {"kivi2-g48-r96", "head_dim"}, {"int4-g100", "kv_dim"},       {"int4+bogus", "unknown modifier"},
+        {"int4+", "empty"},         {"fp16+post-rope", "key stage"}, {"int4+intactkv", "prefix"}, {"nuq3-60%", "outlier"},
+        {"int4+artifact1", "only 0"}, {"", "empty"},              {"+sink1", "base"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        e.msg[0] = 0;
+        ck_assert_msg(kvq_eval_scheme_make(bad[i].spec, NULL, &hp, &s, &e) != KVQ_OK, "'%s' accepted", bad[i].spec);
+        ck_assert_msg(strstr(e.msg, bad[i].needle), "'%s': message '%s' lacks '%s'", bad[i].spec, e.msg, bad[i].needle);
+    }
+    ck_assert(kvq_eval_scheme_make("foo4", NULL, &hp, &s, &e) != KVQ_OK);
+    ck_assert_msg(strstr(e.msg, "kivi<b>") && strstr(e.msg, "nuq<b>"), "unknown scheme lists the valid ones: %s", e.msg);
+}
+END_TEST
+
+/* Artifact binding: matching by method/bits/outliers, sink and key stage
+ * inherited, +artifact<N>, mismatches. */
+START_TEST(test_bind_artifacts)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c/stories260K.bin absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert(kvq_model_load(p, &m, &e) == KVQ_OK);
+    char fp[65], paths[2][256];
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
+    build_artifacts(&m, fp, paths, 2);
+    const char *pp[2] = {paths[0], paths[1]};
+    kvq_artifact_set set;
+    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    kvq_eval_scheme s;
+    ck_assert(kvq_eval_scheme_make("nuq2-1%", &set, &m.hp, &s, &e) == KVQ_OK);
+    ck_assert_int_eq(s.art_index, 0);
+    ck_assert_int_eq(s.s.key_stage, KVQ_KEYS_PRE_ROPE);
+    ck_assert_str_eq(s.name, "nuq2-1%");
+    ck_assert(kvq_eval_scheme_make("nuq2", &set, &m.hp, &s, &e) == KVQ_OK);
+    ck_assert_int_eq(s.art_index, 1);
+    ck_assert_str_eq(s.name, "nuq2+sink1"); /* the artifact's sink */
+    ck_assert(kvq_eval_scheme_make("nuq2+sink0", &set, &m.hp, &s, &e) == KVQ_OK);
+    ck_assert_str_eq(s.name, "nuq2");
+    ck_assert(kvq_eval_scheme_make("int3-pc-1%", &set, &m.hp, &s, &e) == KVQ_OK); /* thresholds of the nuq artifact */
+    ck_assert_int_eq(s.art_index, 0);
+    ck_assert(kvq_eval_scheme_make("int3-pc+artifact2", &set, &m.hp, &s, &e) == KVQ_OK);
+    ck_assert_int_eq(s.art_index, 1);
+    ck_assert(kvq_eval_scheme_make("nuq3-1%", &set, &m.hp, &s, &e) == KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "none of the 2") && strstr(e.msg, paths[0]), "%s", e.msg);
+    ck_assert(kvq_eval_scheme_make("nuq2-1%+post-rope", &set, &m.hp, &s, &e) == KVQ_EINVAL);
+    ck_assert(kvq_eval_scheme_make("nuq2-1%+artifact2", &set, &m.hp, &s, &e) == KVQ_EMISMATCH);
+    ck_assert(kvq_eval_scheme_make("nuq2-1%+intactkv", &set, &m.hp, &s, &e) == KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "IntactKV prefix"), "%s", e.msg);
+    kvq_artifact_set_free(&set);
+
+    /* another model's fingerprint */
+    char other[65];
+    memset(other, 'a', 64);
+    other[64] = 0;
+    ck_assert(kvq_artifact_set_load(&set, pp, 2, &m, other, false, NULL, &e) == KVQ_EMISMATCH);
+    ck_assert_msg(strstr(e.msg, paths[0]) && strstr(e.msg, "another model"), "%s", e.msg);
+    remove(paths[0]);
+    remove(paths[1]);
+    kvq_model_free(&m);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("kveval");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_parse_names_bits);
+    tcase_add_test(tc, test_bind_artifacts);
+    tcase_add_test(tc, test_decode_equivalence);
+    tcase_add_test(tc, test_fp32_is_plain_forward);
+    tcase_add_test(tc, test_protocol_counts);
+    tcase_add_test(tc, test_rerun_identical_fp16_small);
+    tcase_add_test(tc, test_nan_reported);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KVQ_TEST_MAIN(suite)

@@ -1,0 +1,264 @@
+/* test_kveval_cli.c — bin/kveval end to end on the tiny model: a successful
+ * run (markdown table on stdout, JSON with the same numbers and the protocol
+ * details) and every bad-input case of issue 7 (exit status + message, no
+ * JSON left behind). Runs the built binary ($KVQ_BIN_DIR/kveval: bin, bin-cpu or bin-asan
+ * ); skips when it or the tiny models are absent. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/wait.h>
+
+#include "kveval_util.h"
+#include "kvq_test.h"
+#include "identity.h"
+
+typedef struct {
+    char bin[64], model[4096], tok[4096], text[4096], other[4096];
+    char dir[256];
+} env_t;
+
+static int env_init(env_t *e)
+{
+    if (!kvq_test_bin(e->bin, sizeof e->bin, "kveval")) return 0;
+    if (!kvq_test_shared(e->model, sizeof e->model, "models/llama2c/stories260K.bin")) return 0;
+    if (!kvq_test_shared(e->other, sizeof e->other, "models/llama2c/aidreams260K.bin")) return 0;
+    if (!kvq_test_shared(e->tok, sizeof e->tok, "models/llama2c/aidreams-tok512.bin")) return 0;
+    char src[4096];
+    if (!kvq_test_shared(src, sizeof src, "datasets/wikitext-2/wiki.valid.tokens")) return 0;
+    snprintf(e->dir, sizeof e->dir, "/tmp/kvq_test_kveval_cli_%ld", (long)getpid());
+    char cmd[8500];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && head -c 20000 %s > %s/text.tokens", e->dir, src, e->dir);
+    ck_assert(system(cmd) == 0);
+    snprintf(e->text, sizeof e->text, "%s/text.tokens", e->dir);
+    return 1;
+}
+
+static void env_done(env_t *e)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", e->dir);
+    ck_assert(system(cmd) == 0);
+}
+
+/* Run "bin args" with stdout/stderr captured into out/err (NUL-terminated, truncated). */
+static int run(env_t *e, const char *args, char *out, size_t on, char *err, size_t en)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "%s %s > %s/out.txt 2> %s/err.txt", e->bin, args, e->dir, e->dir);
+    int st = system(cmd);
+    ck_assert(st != -1 && WIFEXITED(st));
+    char p[512];
+    const char *names[2] = {"out.txt", "err.txt"};
+    char *bufs[2] = {out, err};
+    size_t lens[2] = {on, en};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", e->dir, names[i]);
+        FILE *f = fopen(p, "rb");
+        size_t n = f ? fread(bufs[i], 1, lens[i] - 1, f) : 0;
+        if (f) fclose(f);
+        bufs[i][n] = 0;
+    }
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    ck_assert(fread(b, 1, (size_t)n, f) == (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+START_TEST(test_cli_success)
+{
+    env_t e;
+    KVQ_SKIP_IF(!env_init(&e), "bin/kveval or ../shared tiny models/wikitext absent (run make all)");
+    static char out[65536], err[65536];
+    char args[16384];
+    snprintf(args, sizeof args,
+             "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 3 --scheme fp16 --scheme int4 --scheme kivi2-g4-r8 "
+             "--json %s/r.json --quiet",
+             e.model, e.tok, e.text, e.dir);
+    int rc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    fprintf(stderr, "INFO kveval stdout:\n%s", out);
+    ck_assert_msg(strstr(out, "| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @64 | PPL | ΔPPL |"), "%s", out);
+    ck_assert(strstr(out, "| fp32 | 32 | 32 | 32.00 |") && strstr(out, "baseline"));
+    ck_assert(strstr(out, "| int4 | 4 | 4 | 5.00 |")); /* 4 + 32/32 (kv_dim 32) */
+    ck_assert(strstr(out, "| kivi2-g4-r8 | 2 | 2 |"));
+    ck_assert(strstr(out, "189 scored tokens"));
+    ck_assert_msg(err[0] == 0, "--quiet printed: %s", err);
+    char jp[512];
+    snprintf(jp, sizeof jp, "%s/r.json", e.dir);
+    char *js = slurp(jp);
+    ck_assert(js);
+    cJSON *root = cJSON_Parse(js);
+    ck_assert(root);
+    cJSON *proto = cJSON_GetObjectItem(root, "protocol");
+    ck_assert_str_eq(cJSON_GetObjectItem(proto, "name")->valuestring, "kvquant");
+    ck_assert_int_eq(cJSON_GetObjectItem(proto, "ctx")->valueint, 64);
+    ck_assert_int_eq(cJSON_GetObjectItem(proto, "windows")->valueint, 3);
+    ck_assert_int_eq(cJSON_GetObjectItem(proto, "scored_tokens")->valueint, 3 * 63);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(proto, "window_offsets")), 3);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(proto, "bos")));
+    cJSON *text = cJSON_GetObjectItem(root, "text");
+    ck_assert_int_eq(cJSON_GetObjectItem(text, "bytes")->valueint, 20000);
+    ck_assert_int_eq((int)strlen(cJSON_GetObjectItem(text, "sha256")->valuestring), 64);
+    cJSON *ss = cJSON_GetObjectItem(root, "schemes");
+    ck_assert_int_eq(cJSON_GetArraySize(ss), 4);
+    /* the table's PPL column is the JSON's ppl rounded */
+    for (int i = 0; i < 4; i++) {
+        cJSON *o = cJSON_GetArrayItem(ss, i);
+        char row[256];
+        snprintf(row, sizeof row, "| %s |", cJSON_GetObjectItem(o, "name")->valuestring);
+        const char *line = strstr(out, row);
+        ck_assert_msg(line, "row %s missing", row);
+        char ppl[64];
+        snprintf(ppl, sizeof ppl, "| %.4f |", cJSON_GetObjectItem(o, "ppl")->valuedouble);
+        const char *eol = strchr(line, '\n');
+        ck_assert(eol);
+        char l[512];
+        snprintf(l, sizeof l, "%.*s", (int)(eol - line), line);
+        ck_assert_msg(strstr(l, ppl), "row '%s' lacks %s", l, ppl);
+        ck_assert_int_eq(cJSON_GetObjectItem(o, "scored_tokens")->valueint, 189);
+    }
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "baseline")));
+    cJSON_Delete(root);
+    free(js);
+
+    /* the same run again: identical JSON numbers (timings aside) → identical table */
+    static char out2[65536];
+    snprintf(args, sizeof args,
+             "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 3 --scheme fp16 --scheme int4 --scheme kivi2-g4-r8 -q",
+             e.model, e.tok, e.text);
+    ck_assert(run(&e, args, out2, sizeof out2, err, sizeof err) == 0);
+    ck_assert_str_eq(out, out2);
+
+    /* llamacpp: second half scored */
+    snprintf(args, sizeof args, "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 2 --protocol llamacpp --scheme fp16 -q",
+             e.model, e.tok, e.text);
+    ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
+    ck_assert_msg(strstr(out, "62 scored tokens (31 per window, from position 32)"), "%s", out);
+    ck_assert(strstr(out, "overwrites each window's first token"));
+
+    snprintf(args, sizeof args, "--help");
+    ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
+    ck_assert(strstr(out, "--scheme") && strstr(out, "--max-windows"));
+    env_done(&e);
+}
+END_TEST
+
+typedef struct {
+    const char *what, *args, *needle;
+    int rc;
+} bad_case;
+
+START_TEST(test_cli_errors)
+{
+    env_t e;
+    KVQ_SKIP_IF(!env_init(&e), "bin/kveval or ../shared tiny models/wikitext absent (run make all)");
+    /* artifacts: one for aidreams (another model), one for stories, one with a too-new schema */
+    kvq_err ke = {0};
+    char a_other[512], a_ok[512], a_new[512], small[512];
+    snprintf(a_other, sizeof a_other, "%s/other.safetensors", e.dir);
+    snprintf(a_ok, sizeof a_ok, "%s/ok.safetensors", e.dir);
+    snprintf(a_new, sizeof a_new, "%s/new.safetensors", e.dir);
+    snprintf(small, sizeof small, "%s/small.txt", e.dir);
+    const char *mp[2] = {e.other, e.model};
+    const char *ap[2] = {a_other, a_ok};
+    for (int i = 0; i < 2; i++) {
+        kvq_model m;
+        ck_assert(kvq_model_load(mp[i], &m, &ke) == KVQ_OK);
+        char fp[65];
+        ck_assert(kvq_identity_model(&m, fp, &ke) == KVQ_OK);
+        int tok[2 * 32];
+        for (int t = 0; t < 64; t++) tok[t] = (t * 37 + 11) % m.hp.vocab_size;
+        ck_assert_msg(kvq_util_make_nuq_artifact(&m, tok, 2, 32, 3, 0.01, 0, false, fp, ap[i], &ke) == KVQ_OK, "%s", ke.msg);
+        kvq_model_free(&m);
+    }
+    char *bytes = slurp(a_ok);
+    FILE *f = fopen(a_ok, "rb");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    char *hit = memmem(bytes, (size_t)n, "\"kvq.schema_version\":\"1\"", 24);
+    ck_assert_msg(hit, "schema_version not found in the artifact header");
+    hit[22] = '9';
+    f = fopen(a_new, "wb");
+    ck_assert(fwrite(bytes, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    free(bytes);
+    f = fopen(small, "wb");
+    fputs(" = Tiny = \n\n hello world \n", f);
+    fclose(f);
+
+    char base[16384];
+    snprintf(base, sizeof base, "--model %s --tokenizer %s --ctx 64 --max-windows 1 -q", e.model, e.tok);
+    char tx[4200];
+    snprintf(tx, sizeof tx, "--text %s", e.text);
+    char sm[600];
+    snprintf(sm, sizeof sm, "--text %s", small);
+    char ao[600], ak[600], an[600];
+    snprintf(ao, sizeof ao, "--artifact %s", a_other);
+    snprintf(ak, sizeof ak, "--artifact %s", a_ok);
+    snprintf(an, sizeof an, "--artifact %s", a_new);
+    struct {
+        const char *what, *a1, *a2, *needle;
+        int rc;
+    } cases[] = {
+        {"unknown scheme", tx, "--scheme int4 --scheme q4_0", "unknown scheme 'q4_0'", 2},
+        {"unknown scheme lists valid", tx, "--scheme zz", "kivi<b>[-g<G>][-r<R>]", 2},
+        {"no scheme", tx, "", "missing required option --scheme", 2},
+        {"needs artifact", tx, "--scheme nuq3-1%", "needs a kvcalib artifact of method nuq with 3 bits and 1% outliers; none given", 1},
+        {"no match", tx, "--scheme nuq2-1%", "none of the 1 given matches", 1},
+        {"another model", tx, "--scheme nuq3-1%", "calibrated for another model", 1},
+        {"schema too new", tx, "--scheme int4", "newer than this build supports", 1},
+        {"ctx above model", tx, "--scheme int4 --ctx 4096", "exceeds the context length", 1},
+        {"text too short", sm, "--scheme int4", "fewer than one window", 1},
+        {"intactkv without prefix", tx, "--scheme nuq3-1%+intactkv", "IntactKV prefix", 1},
+        {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "/nonexistent/x.txt", 1},
+        {"bad option value", tx, "--scheme int4 --ctx 12x", "--ctx: expected an integer", 2},
+    };
+    const char *extra[] = {"", "", "", "", ak, ao, an, "", "", ak, "", ""};
+    static char out[65536], err[65536];
+    char args[40000], jp[512];
+    snprintf(jp, sizeof jp, "%s/fail.json", e.dir);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(args, sizeof args, "%s %s %s %s --json %s", base, cases[i].a1, cases[i].a2, extra[i], jp);
+        int rc = run(&e, args, out, sizeof out, err, sizeof err);
+        fprintf(stderr, "INFO %-26s exit %d: %s", cases[i].what, rc, err);
+        ck_assert_msg(rc == cases[i].rc, "%s: exit %d, expected %d (%s)", cases[i].what, rc, cases[i].rc, err);
+        ck_assert_msg(strstr(err, cases[i].needle), "%s: stderr lacks '%s': %s", cases[i].what, cases[i].needle, err);
+        ck_assert_msg(access(jp, F_OK) != 0, "%s: a JSON report was left behind", cases[i].what);
+        ck_assert_msg(out[0] == 0, "%s: printed a table: %s", cases[i].what, out);
+    }
+    /* no temporary JSON either */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -q tmp", e.dir);
+    ck_assert(system(cmd) != 0);
+    /* the matching artifact works, and the artifact is named in the notes */
+    snprintf(args, sizeof args, "%s %s %s --scheme nuq3-1%% --scheme int3-pc-1%%", base, tx, ak);
+    int rc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_msg(strstr(out, "| nuq3-1% | 3 | 3 |") && strstr(out, "| int3-pc-1% | 3 | 3 |") && strstr(out, a_ok), "%s", out);
+    env_done(&e);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("kveval_cli");
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_cli_success);
+    tcase_add_test(tc, test_cli_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KVQ_TEST_MAIN(suite)
