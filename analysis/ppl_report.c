@@ -52,7 +52,16 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         if (s->art)
             fprintf(f, " tables from `%s` (method %s, %s keys, sink %zu)", s->art_path, kvq_method_name(s->art->p.method),
                     s->art->p.post_rope ? "post-RoPE" : "pre-RoPE", s->art->p.n_sink);
-        if (s->prefix) fprintf(f, "%s IntactKV prefix of %d entries from `%s`", s->art ? ";" : "", s->prefix->P, r->arts->path[s->prefix_index]);
+        if (s->prefix) {
+            fprintf(f, "%s IntactKV prefix of %d entries from `%s`", s->art ? ";" : "", s->prefix->P, r->arts->path[s->prefix_index]);
+            const kvq_artifact_prefix *px = r->arts->a[s->prefix_index].prefix;
+            if (px && px->trained)
+                fprintf(f, " (\"%.60s\", trained against %s: %zu steps x %zu windows of %zu tokens, lr %g, loss %.4g -> %.4g)",
+                        px->text, px->train.scheme, px->train.steps, px->train.accum, px->train.seq_len, px->train.lr,
+                        px->train.loss_before, px->train.loss_after);
+            else if (px)
+                fprintf(f, " (\"%.60s\", untrained)", px->text);
+        }
         fputc('\n', f);
     }
     return KVQ_OK;
@@ -165,6 +174,17 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         if (s->prefix) {
             cJSON_AddStringToObject(o, "intactkv_artifact", r->arts->path[s->prefix_index]);
             cJSON_AddNumberToObject(o, "intactkv_prefix_entries", s->prefix->P);
+            const kvq_artifact_prefix *px = r->arts->a[s->prefix_index].prefix;
+            if (px) {
+                cJSON_AddStringToObject(o, "intactkv_prefix", px->text);
+                cJSON_AddBoolToObject(o, "intactkv_trained", px->trained);
+                if (px->trained) {
+                    cJSON_AddStringToObject(o, "intactkv_train_scheme", px->train.scheme);
+                    cJSON_AddNumberToObject(o, "intactkv_train_steps", (double)px->train.steps);
+                    cJSON_AddNumberToObject(o, "intactkv_train_loss_before", px->train.loss_before);
+                    cJSON_AddNumberToObject(o, "intactkv_train_loss_after", px->train.loss_after);
+                }
+            }
         }
         cJSON_AddNumberToObject(o, "ppl", res->ppl);
         if (i == r->baseline) cJSON_AddNullToObject(o, "delta_ppl");

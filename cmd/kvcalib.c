@@ -8,6 +8,7 @@
  *
  * Exit status: 0 success, 1 the calibration or I/O failed (message on
  * stderr, nothing written), 2 bad command line. */
+#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,8 @@
 #include "identity.h"
 #include "intactkv.h"
 #include "model.h"
+#include "scheme.h"
+#include "text.h"
 #include "tokenizer.h"
 #include "cli.h"
 #include "cuda_info.h"
@@ -227,9 +230,101 @@ static void base_spec(const kvq_artifact_params *p, char *buf, size_t n)
 static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_tokenizer *tok, kvq_artifact *art,
                                const char *model_fp, step_ctx *sc, kvq_err *e)
 {
-    (void)a, (void)m, (void)tok, (void)art, (void)model_fp, (void)sc, (void)on_step, (void)base_spec;
-    return kvq_fail(e, KVQ_EUNSUPPORTED,
-                    "--train needs the backward pass (kernels/backward.h) and kveval's scheme registry, not in this build yet");
+    char spec[KVQ_SPEC_MAX];
+    if (a->scheme) snprintf(spec, sizeof spec, "%s", a->scheme);
+    else base_spec(&art->p, spec, sizeof spec);
+    kvq_artifact_set set;
+    const char *paths[1] = {a->base};
+    KVQ_TRY(kvq_artifact_set_load(&set, paths, 1, m, model_fp, a->allow_mismatch, NULL, e));
+    kvq_text txt = {0};
+    kvq_windows win = {0};
+    double *curve = NULL;
+    FILE *csv = NULL;
+    kvq_eval_scheme sch;
+    kvq_scheme_spec sp;
+    kvq_status s = kvq_scheme_parse(spec, &sp, e);
+    if (!s && sp.intactkv) s = kvq_fail(e, KVQ_EINVAL, "--scheme %s: +intactkv is what is being trained; give the base scheme only", spec);
+    if (!s) s = kvq_eval_scheme_bind(&sp, &set, &m->hp, &sch, e);
+    if (s) {
+        kvq_err_prefix(e, "--train: scheme of the window");
+        goto done;
+    }
+    kvq_scheme_run run;
+    kvq_hooks hk;
+    kvq_scheme_hooks(&run, &sch, &hk);
+    kvq_text_format fmt = a->format ? (!strcmp(a->format, "raw") ? KVQ_TEXT_RAW : !strcmp(a->format, "jsonl") ? KVQ_TEXT_JSONL
+                                                                                                           : KVQ_TEXT_WIKITEXT_TOKENS)
+                                    : kvq_text_format_from_path(a->text);
+    if ((s = kvq_text_read(a->text, fmt, KVQ_EOL_TO_LF, &txt, e))) goto done;
+    if ((s = kvq_calib_windows(&txt, tok, (size_t)a->samples, (size_t)a->seq_len, (uint64_t)a->seed, KVQ_BOS_MODEL, &win, e)))
+        goto done;
+    kvq_intactkv_train_opts o = kvq_intactkv_train_defaults();
+    o.accum = (size_t)a->accum;
+    o.steps = a->steps > 0 ? (size_t)a->steps : ((size_t)a->epochs * (size_t)a->samples + o.accum - 1) / o.accum;
+    o.lr = a->lr;
+    o.beta1 = a->beta1;
+    o.beta2 = a->beta2;
+    o.eps = a->eps;
+    o.clip = a->clip;
+    o.seed = (uint64_t)a->seed;
+    o.target_cache_mib = (size_t)a->cache_mib;
+    o.on_step = on_step;
+    o.on_step_ctx = sc;
+    curve = malloc(o.steps * sizeof *curve);
+    if (!curve) {
+        s = kvq_fail(e, KVQ_ENOMEM, "out of memory");
+        goto done;
+    }
+    if (a->loss_csv) {
+        csv = fopen(a->loss_csv, "w");
+        if (!csv) {
+            s = kvq_fail(e, KVQ_EIO, "--loss-csv %s: cannot open: %s", a->loss_csv, strerror(errno));
+            goto done;
+        }
+        fprintf(csv, "step,loss,grad_norm,seconds\n");
+        sc->csv = csv;
+    }
+    if (!a->quiet)
+        fprintf(stderr,
+                "%s intactkv: training %zu x %zu prefix K/V parameters against %s: %zu windows x %zu tokens, %zu steps x %zu "
+                "windows (%.3g epochs), lr %g, clip %g\n",
+                PROG, (size_t)2 * m->hp.n_layers, art->prefix->P * (size_t)kvq_kv_dim(&m->hp), sch.name, win.n_windows, win.ctx,
+                o.steps, o.accum, (double)(o.steps * o.accum) / (double)win.n_windows, o.lr, o.clip);
+    double t0 = kvq_now(), lb, la;
+    s = kvq_intactkv_train(m, art->prefix, &hk, win.tokens, win.n_windows, win.ctx, &o, curve, &lb, &la, e);
+    if (s) goto done;
+    kvq_artifact_prefix *px = art->prefix;
+    px->trained = true;
+    px->loss_curve = curve;
+    px->n_loss = o.steps;
+    curve = NULL;
+    kvq_prefix_training *tr = &px->train;
+    snprintf(tr->scheme, sizeof tr->scheme, "%s", sch.name);
+    tr->steps = o.steps;
+    tr->accum = o.accum;
+    tr->samples = win.n_windows;
+    tr->seq_len = win.ctx;
+    tr->lr = o.lr;
+    tr->beta1 = o.beta1;
+    tr->beta2 = o.beta2;
+    tr->eps = o.eps;
+    tr->clip = o.clip;
+    tr->seed = o.seed;
+    tr->loss_before = lb;
+    tr->loss_after = la;
+    tr->seconds = kvq_now() - t0;
+    snprintf(tr->text_sha256, sizeof tr->text_sha256, "%s", txt.file_sha256);
+    if (!a->quiet)
+        fprintf(stderr, "%s intactkv: training loss over all %zu windows %.6g -> %.6g (%.1f%%), %.1f s (%.2f s per step)\n", PROG,
+                win.n_windows, lb, la, lb > 0 ? 100 * (la - lb) / lb : 0, tr->seconds, tr->seconds / (double)o.steps);
+done:
+    if (csv && fclose(csv) != 0 && !s) s = kvq_fail(e, KVQ_EIO, "--loss-csv %s: write failed", a->loss_csv);
+    sc->csv = NULL;
+    free(curve);
+    kvq_windows_free(&win);
+    kvq_text_free(&txt);
+    kvq_artifact_set_free(&set);
+    return s;
 }
 
 static int cmd_intactkv(int argc, char **argv)

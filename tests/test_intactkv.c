@@ -4,6 +4,8 @@
  *    they start a longer sequence (observe hook; pre-RoPE = RoPE^-1(post));
  *  - a window after the prefix gives the same NLL as prefix+window run as one
  *    sequence with the prefix positions unscored;
+ *  - kveval's +intactkv (analysis/perplexity.h) with an untrained prefix
+ *    equals prefix+window as one sequence, prefix positions unscored (fp32);
  *  - artifact round trip (bit-exact, byte-identical rewrite), inspect text;
  *  - bad input: prefix longer than the context, tokens outside the model's
  *    vocabulary / the unknown token, base artifact of another model, corrupt
@@ -20,7 +22,10 @@
 #include "kvq_test.h"
 #include "model.h"
 #include "ops.h"
+#include "perplexity.h"
 #include "safetensors.h"
+#include "scheme.h"
+#include "text.h"
 #include "tokenizer.h"
 
 #define TINY_TOK "models/llama2c/aidreams-tok512.bin"
@@ -440,6 +445,103 @@ START_TEST(test_tokenize)
 }
 END_TEST
 
+/* ---- kveval +intactkv == prefix + window as one sequence ------------------------------- */
+
+START_TEST(test_kveval_prefix)
+{
+    char path[4096], tp[4096], txp[4096];
+    KVQ_SKIP_IF(!kvq_test_shared(path, sizeof path, tiny_models[_i]) || !kvq_test_shared(tp, sizeof tp, TINY_TOK) ||
+                    !kvq_test_shared(txp, sizeof txp, "datasets/wikitext-2/wiki.valid.tokens"),
+                "tiny llama2.c model, tokenizer or wikitext-2 absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(path, &m, &e) == KVQ_OK, "%s", e.msg);
+    kvq_tokenizer *tok;
+    ck_assert(kvq_tokenizer_load(tp, &tok, &e) == KVQ_OK);
+    kvq_text txt;
+    ck_assert_msg(kvq_text_read(txp, KVQ_TEXT_WIKITEXT_TOKENS, KVQ_EOL_TO_LF, &txt, &e) == KVQ_OK, "%s", e.msg);
+    const size_t ctx = 48, nw = 3;
+    kvq_windows win;
+    ck_assert_msg(kvq_ppl_windows(&txt, tok, KVQ_PPL_KVQUANT, ctx, KVQ_BOS_MODEL, &win, &e) == KVQ_OK, "%s", e.msg);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&win, KVQ_PPL_KVQUANT, nw, &plan, &e) == KVQ_OK);
+    /* artifact: a base with a prefix "Once upon a time" (BOS first) */
+    char fp[65];
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
+    kvq_artifact a;
+    make_base(&a, &m, fp);
+    int32_t *ids;
+    size_t P;
+    ck_assert(kvq_intactkv_tokenize(tok, "Once upon a time", false, true, m.hp.vocab_size, 64, &ids, &P, &e) == KVQ_OK);
+    a.prefix = calloc(1, sizeof *a.prefix);
+    ck_assert(kvq_intactkv_compute(&m, ids, P, "Once upon a time", false, a.prefix, &e) == KVQ_OK);
+    char ap[512];
+    tmp_path(ap, sizeof ap, "eval.st");
+    ck_assert_msg(kvq_intactkv_write(ap, true, &a, &e) == KVQ_OK, "%s", e.msg);
+    kvq_artifact_set set;
+    const char *paths[1] = {ap};
+    ck_assert_msg(kvq_artifact_set_load(&set, paths, 1, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    kvq_eval_scheme sch[2];
+    ck_assert_msg(kvq_eval_scheme_make("fp32", &set, &m.hp, &sch[0], &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_eval_scheme_make("fp32+intactkv", &set, &m.hp, &sch[1], &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(sch[1].prefix && (size_t)sch[1].prefix->P == P);
+    kvq_ppl_result res[2];
+    ck_assert_msg(kvq_ppl_run(&m, &win, &plan, sch, 2, NULL, res, &e) == KVQ_OK, "%s", e.msg);
+    /* reference: the prefix tokens and the window as one sequence, the prefix not scored */
+    size_t n = P + ctx;
+    int *full = malloc(n * sizeof *full), *tg = malloc(n * sizeof *tg), *wt = malloc(ctx * sizeof *wt);
+    double *nll = malloc(n * sizeof *nll), sum = 0;
+    uint64_t cnt = 0;
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &m, (int)n, 0, 0, &e) == KVQ_OK);
+    for (size_t w = 0; w < nw; w++) {
+        const int32_t *x = win.tokens + w * ctx;
+        kvq_ppl_targets(&plan, x, wt);
+        for (size_t i = 0; i < P; i++) full[i] = ids[i], tg[i] = -1;
+        for (size_t t = 0; t < ctx; t++) full[P + t] = x[t], tg[P + t] = wt[t];
+        kvq_fwd_io io = {.tokens = full, .T = (int)n, .targets = tg, .nll = nll};
+        kvq_fwd_result r;
+        ck_assert(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK);
+        for (size_t t = 0; t < n; t++)
+            if (tg[t] >= 0) sum += nll[t], cnt++;
+        double dw = fabs(res[1].window_nll[w] - r.loss);
+        ck_assert_msg(dw < 1e-5, "window %zu: kveval +intactkv mean NLL %.9f, one sequence %.9f", w, res[1].window_nll[w], r.loss);
+    }
+    double ppl_ref = exp(sum / (double)cnt);
+    fprintf(stderr, "INFO %s: kveval fp32 PPL %.5f, fp32+intactkv (P=%zu) %.5f, prefix+window as one sequence %.5f\n",
+            tiny_models[_i], res[0].ppl, P, res[1].ppl, ppl_ref);
+    ck_assert_uint_eq(res[1].n_scored, cnt);
+    ck_assert_msg(fabs(res[1].ppl - ppl_ref) <= 1e-5 * ppl_ref, "PPL %.9g vs %.9g", res[1].ppl, ppl_ref);
+    ck_assert_msg(fabs(res[0].ppl - res[1].ppl) > 1e-3 * res[0].ppl, "the prefix changed nothing");
+    /* the report names the prefix and says it is untrained */
+    kvq_ppl_report rep = {.m = &m, .win = &win, .text_format = "wikitext-tokens", .bos_policy = "model", .plan = &plan,
+                          .arts = &set, .schemes = sch, .results = res, .n_schemes = 2, .baseline = 0};
+    char *rb = NULL;
+    size_t rl = 0;
+    FILE *rf = open_memstream(&rb, &rl);
+    ck_assert_msg(kvq_ppl_report_table(rf, &rep, &e) == KVQ_OK, "%s", e.msg);
+    fclose(rf);
+    char want[128];
+    snprintf(want, sizeof want, "IntactKV prefix of %zu entries", P);
+    ck_assert_msg(strstr(rb, want) && strstr(rb, "(\"Once upon a time\", untrained)"), "%s", rb);
+    free(rb);
+    kvq_forward_free(&fw);
+    kvq_ppl_results_free(res, 2);
+    kvq_artifact_set_free(&set);
+    free(full);
+    free(tg);
+    free(wt);
+    free(nll);
+    free(ids);
+    unlink(ap);
+    kvq_artifact_free(&a);
+    kvq_windows_free(&win);
+    kvq_text_free(&txt);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+}
+END_TEST
+
 /* ---- the command ------------------------------------------------------------------ */
 
 static const char *kvcalib_bin(char *buf, size_t n) { return kvq_test_bin(buf, n, "kvcalib"); }
@@ -515,10 +617,56 @@ START_TEST(test_cli)
     ck_assert_msg(strstr(buf, "more than the") && strstr(buf, "context"), "%s", buf);
     ck_assert_msg(kvq_artifact_read(out, &r, &e) == KVQ_OK && r.prefix && !strcmp(r.prefix->text, "Once upon a time"), "%s", e.msg);
     kvq_artifact_free(&r);
+    /* --train on the tiny model: a few steps, loss CSV, trained metadata */
+    char csv[512], txp[4096];
+    tmp_path(csv, sizeof csv, "cli_loss.csv");
+    if (kvq_test_shared(txp, sizeof txp, "datasets/wikitext-2/wiki.valid.tokens")) {
+        snprintf(cmd, sizeof cmd,
+                 "%s intactkv --model %s --tokenizer %s --base %s --out %s --force --prefix bos --train --text %s --samples 3 "
+                 "--seq-len 24 --accum 2 --steps 3 --lr 1e-2 --loss-csv %s",
+                 bin, m0, tp, bp, out, txp, csv);
+        int rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == 0, "'%s': exit %d\n%s", cmd, rc, buf);
+        ck_assert_msg(strstr(buf, "against kivi2-g8-r16") && strstr(buf, "step 3/3 loss") && strstr(buf, "ETA") &&
+                          strstr(buf, "training loss over all 3 windows") && strstr(buf, "trained prefix of 1 token"),
+                      "%s", buf);
+        ck_assert_msg(kvq_artifact_read(out, &r, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert(r.prefix && r.prefix->trained && r.prefix->n_loss == 3 && r.prefix->train.steps == 3 &&
+                  r.prefix->train.accum == 2 && r.prefix->train.samples == 3 && r.prefix->train.seq_len == 24 &&
+                  r.prefix->train.lr == 1e-2 && r.prefix->train.clip == 0.3);
+        ck_assert_str_eq(r.prefix->train.scheme, "kivi2-g8-r16");
+        FILE *f = fopen(csv, "r");
+        ck_assert_ptr_nonnull(f);
+        char line[256];
+        int lines = 0;
+        double l1 = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (lines == 1) ck_assert(sscanf(line, "1,%lf,", &l1) == 1);
+            lines++;
+        }
+        fclose(f);
+        ck_assert_int_eq(lines, 4); /* header + 3 steps */
+        ck_assert_msg(l1 == r.prefix->loss_curve[0] || fabs(l1 - r.prefix->loss_curve[0]) < 1e-8 * l1, "%.9g vs %.9g", l1,
+                      r.prefix->loss_curve[0]);
+        kvq_artifact_free(&r);
+        unlink(csv);
+        /* a training scheme must not itself carry +intactkv; a bad scheme is named */
+        snprintf(cmd, sizeof cmd,
+                 "%s intactkv --model %s --tokenizer %s --base %s --out %s --force --prefix bos --train --text %s --samples 2 "
+                 "--seq-len 16 --steps 1 --scheme kivi2-g8-r16+intactkv",
+                 bin, m0, tp, bp, out, txp);
+        ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 1);
+        ck_assert_msg(strstr(buf, "+intactkv is what is being trained"), "%s", buf);
+        snprintf(cmd, sizeof cmd,
+                 "%s intactkv --model %s --tokenizer %s --base %s --out %s --force --prefix bos --train --text %s --scheme nuq3",
+                 bin, m0, tp, bp, out, txp);
+        ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 1);
+        ck_assert_msg(strstr(buf, "nuq3") && strstr(buf, "artifact"), "%s", buf);
+    }
     /* --inspect shows it */
     snprintf(cmd, sizeof cmd, "%s --inspect %s", bin, out);
     ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 0);
-    ck_assert_msg(strstr(buf, "intactkv      prefix of") && strstr(buf, "untrained"), "%s", buf);
+    ck_assert_msg(strstr(buf, "intactkv      prefix of 1 token") && strstr(buf, "bos"), "%s", buf);
     unlink(bp);
     unlink(out);
     kvq_artifact_free(&base);
@@ -533,6 +681,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_compute_matches_forward, 0, 2);
     tcase_add_loop_test(tc, test_prefix_equals_one_sequence, 0, 2);
+    tcase_add_loop_test(tc, test_kveval_prefix, 0, 2);
     tcase_add_test(tc, test_artifact_roundtrip);
     tcase_add_test(tc, test_tokenize);
     tcase_add_test(tc, test_cli);

@@ -1,0 +1,381 @@
+/* intactkv_train.c — IntactKV prefix calibration (IntactKV_[P] + Cal): Adam on
+ * the prefix K/V against the layer-output loss of intactkv.h, gradients from
+ * the backward pass (kernels/backward.h: upstream gradient on each layer's
+ * output, straight-through quantizer, dL/d(prefix K, V)). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backward.h"
+#include "intactkv.h"
+#include "progress.h"
+
+/* Full-precision targets f_l(x) of the windows: cached for all windows when
+ * they fit in the budget, else recomputed into one slot per call. */
+typedef struct {
+    const kvq_model *m;
+    kvq_forward fw;        /* SAVE_LAYER_INPUTS, no hooks: the targets' forward */
+    kvq_prefix fp;         /* the model's own prefix */
+    const int32_t *win;
+    size_t n_win, T, per;  /* per = n_layers * T * dim floats per window */
+    float *cache;          /* [n_win][n_layers][T][dim] or NULL */
+    unsigned char *have;   /* [n_win] cache filled */
+    float *slot;           /* [n_layers][T][dim] when not caching */
+    int *tok, *neg;        /* [T] window tokens as int, all -1 targets */
+} targets;
+
+static kvq_status targets_init(targets *tg, const kvq_model *m, const kvq_artifact_prefix *fp, const int32_t *win, size_t n_win,
+                               size_t T, size_t cache_mib, kvq_err *err)
+{
+    memset(tg, 0, sizeof *tg);
+    tg->m = m;
+    tg->fp = kvq_intactkv_view(fp);
+    tg->win = win;
+    tg->n_win = n_win;
+    tg->T = T;
+    tg->per = (size_t)m->hp.n_layers * T * (size_t)m->hp.dim;
+    size_t total;
+    bool cache = !kvq_mul_size(tg->per * sizeof(float), n_win, &total) && total <= cache_mib * ((size_t)1 << 20);
+    if (cache) {
+        tg->cache = malloc(total);
+        tg->have = calloc(n_win, 1);
+    }
+    if (!tg->cache) tg->slot = malloc(tg->per * sizeof(float));
+    tg->tok = malloc(T * sizeof(int));
+    tg->neg = malloc(T * sizeof(int));
+    if ((!tg->cache && !tg->slot) || (tg->cache && !tg->have) || !tg->tok || !tg->neg) {
+        free(tg->cache);
+        free(tg->have);
+        free(tg->slot);
+        free(tg->tok);
+        free(tg->neg);
+        return kvq_fail(err, KVQ_ENOMEM, "intactkv: cannot allocate the training targets");
+    }
+    for (size_t t = 0; t < T; t++) tg->neg[t] = -1;
+    kvq_status s = kvq_forward_init(&tg->fw, m, (int)T, fp->P > 0 ? (int)fp->P : 0, KVQ_FWD_SAVE_LAYER_INPUTS, err);
+    if (s) {
+        free(tg->cache);
+        free(tg->have);
+        free(tg->slot);
+        free(tg->tok);
+        free(tg->neg);
+    }
+    return s;
+}
+
+static void targets_free(targets *tg)
+{
+    kvq_forward_free(&tg->fw);
+    free(tg->cache);
+    free(tg->have);
+    free(tg->slot);
+    free(tg->tok);
+    free(tg->neg);
+    memset(tg, 0, sizeof *tg);
+}
+
+/* Copy the layer outputs l = 0..n_layers-1 of fw's last run into dst [n_layers][T][dim]. */
+static void copy_outputs(const kvq_forward *fw, size_t T, float *dst)
+{
+    int L = fw->m->hp.n_layers;
+    size_t n = T * (size_t)fw->m->hp.dim;
+    for (int l = 0; l < L; l++) memcpy(dst + (size_t)l * n, kvq_forward_layer_input(fw, l + 1), n * sizeof(float));
+}
+
+/* Targets of window w: [n_layers][T][dim], valid until the next call. */
+static kvq_status targets_get(targets *tg, size_t w, const float **out, kvq_err *err)
+{
+    if (tg->cache && tg->have[w]) {
+        *out = tg->cache + w * tg->per;
+        return KVQ_OK;
+    }
+    const int32_t *x = tg->win + w * tg->T;
+    for (size_t t = 0; t < tg->T; t++) tg->tok[t] = x[t];
+    kvq_fwd_io io = {.tokens = tg->tok, .T = (int)tg->T, .pos0 = tg->fp.P, .targets = tg->neg, .prefix = tg->fp.P ? &tg->fp : NULL};
+    kvq_fwd_result r;
+    kvq_status s = kvq_forward_run(&tg->fw, &io, &r, err);
+    if (s) return kvq_err_prefix(err, "intactkv: full-precision targets of window %zu", w);
+    float *dst = tg->cache ? tg->cache + w * tg->per : tg->slot;
+    copy_outputs(&tg->fw, tg->T, dst);
+    if (tg->cache) tg->have[w] = 1;
+    *out = dst;
+    return KVQ_OK;
+}
+
+/* ½ mean((x - t)^2) of one layer, [n] entries. */
+static double half_mse(const float *x, const float *t, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - t[i];
+        s += d * d;
+    }
+    return 0.5 * s / (double)n;
+}
+
+/* Loss of every window for prefix px under quant (forward only), mean into *loss. */
+static kvq_status loss_all(targets *tg, kvq_forward *fw, const kvq_artifact_prefix *px, const kvq_hooks *quant, double *loss,
+                           kvq_err *err)
+{
+    const kvq_model *m = tg->m;
+    size_t n = tg->T * (size_t)m->hp.dim;
+    kvq_prefix pv = kvq_intactkv_view(px);
+    double sum = 0;
+    for (size_t w = 0; w < tg->n_win; w++) {
+        const float *tgt;
+        KVQ_TRY(targets_get(tg, w, &tgt, err));
+        const int32_t *x = tg->win + w * tg->T;
+        for (size_t t = 0; t < tg->T; t++) tg->tok[t] = x[t];
+        kvq_fwd_io io = {.tokens = tg->tok, .T = (int)tg->T, .pos0 = pv.P, .targets = tg->neg, .prefix = pv.P ? &pv : NULL,
+                         .hooks = quant};
+        kvq_fwd_result r;
+        kvq_status s = kvq_forward_run(fw, &io, &r, err);
+        if (s) return kvq_err_prefix(err, "intactkv: loss of window %zu", w);
+        for (int l = 0; l < m->hp.n_layers; l++) sum += half_mse(kvq_forward_layer_input(fw, l + 1), tgt + (size_t)l * n, n);
+    }
+    *loss = sum / (double)tg->n_win;
+    if (!isfinite(*loss)) return kvq_fail(err, KVQ_ENUMERIC, "intactkv: loss is not finite (%g)", *loss);
+    return KVQ_OK;
+}
+
+static kvq_status check_windows(const kvq_model *m, const kvq_artifact_prefix *px, size_t n_win, size_t T, kvq_err *err)
+{
+    if (n_win == 0) return kvq_fail(err, KVQ_EINVAL, "intactkv: no calibration windows");
+    if (T < 1 || px->P + T > (size_t)m->hp.ctx_len)
+        return kvq_fail(err, KVQ_EINVAL, "intactkv: prefix of %zu + window of %zu tokens exceeds the model's context length %d", px->P,
+                        T, m->hp.ctx_len);
+    return KVQ_OK;
+}
+
+kvq_status kvq_intactkv_loss(const kvq_model *m, const kvq_artifact_prefix *fp_prefix, const kvq_artifact_prefix *px,
+                             const kvq_hooks *quant, const int32_t *win, size_t n_win, size_t T, double *loss, kvq_err *err)
+{
+    *loss = NAN;
+    KVQ_TRY(check_windows(m, px, n_win, T, err));
+    if (fp_prefix->P != px->P)
+        return kvq_fail(err, KVQ_EINVAL, "intactkv: target prefix has %zu entries, trained prefix %zu", fp_prefix->P, px->P);
+    targets tg;
+    KVQ_TRY(targets_init(&tg, m, fp_prefix, win, n_win, T, 0, err));
+    kvq_forward fw;
+    kvq_status s = kvq_forward_init(&fw, m, (int)T, (int)px->P, KVQ_FWD_SAVE_LAYER_INPUTS, err);
+    if (!s) {
+        s = loss_all(&tg, &fw, px, quant, loss, err);
+        kvq_forward_free(&fw);
+    }
+    targets_free(&tg);
+    return s;
+}
+
+/* ---- training ---------------------------------------------------------------------- */
+
+typedef struct {
+    const float *tgt; /* [n_layers][T][dim] */
+    size_t n;         /* T * dim */
+    double loss;      /* ½ Σ_l mean(...)² of this window */
+    float *gk, *gv;   /* [n_layers][P][kv_dim] accumulated gradient */
+    size_t per;       /* P * kv_dim */
+    float scale;      /* 1 / accum */
+} bwd_ctx;
+
+static kvq_status upstream_cb(void *user, const kvq_layer_ctx *ctx, const float *x_out, float *dx_out, kvq_err *err)
+{
+    (void)err;
+    bwd_ctx *c = user;
+    const float *t = c->tgt + (size_t)ctx->layer * c->n;
+    double s = 0, inv = 1.0 / (double)c->n;
+    float finv = (float)inv;
+    for (size_t i = 0; i < c->n; i++) {
+        float d = x_out[i] - t[i];
+        s += (double)d * d;
+        dx_out[i] += d * finv;
+    }
+    c->loss += 0.5 * s * inv;
+    return KVQ_OK;
+}
+
+static kvq_status grads_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
+{
+    (void)err;
+    bwd_ctx *c = user;
+    float *gk = c->gk + (size_t)g->layer * c->per, *gv = c->gv + (size_t)g->layer * c->per;
+    for (size_t i = 0; i < c->per; i++) {
+        gk[i] += c->scale * g->dpk[i];
+        gv[i] += c->scale * g->dpv[i];
+    }
+    return KVQ_OK;
+}
+
+/* Loss and gradient of window w for prefix pv (gradient ADDED, scaled by c->scale, into c->gk / c->gv). */
+static kvq_status window_grad(kvq_backward *bw, targets *tg, size_t w, const kvq_prefix *pv, const kvq_hooks *quant, int *tok,
+                              const int *neg, bwd_ctx *c, kvq_err *err)
+{
+    KVQ_TRY(targets_get(tg, w, &c->tgt, err));
+    const int32_t *x = tg->win + w * tg->T;
+    for (size_t t = 0; t < tg->T; t++) tok[t] = x[t];
+    c->loss = 0;
+    kvq_fwd_io io = {.tokens = tok, .T = (int)tg->T, .pos0 = pv->P, .targets = neg, .prefix = pv, .hooks = quant};
+    kvq_bwd_spec spec = {.user = c, .xent = false, .upstream = upstream_cb, .grads = grads_cb};
+    kvq_bwd_result r;
+    return kvq_backward_run(bw, &io, &spec, &r, err);
+}
+
+kvq_status kvq_intactkv_grad(const kvq_model *m, const kvq_artifact_prefix *fp_prefix, const kvq_artifact_prefix *px,
+                             const kvq_hooks *quant, const int32_t *win, size_t n_win, size_t T, double *loss, float *gk, float *gv,
+                             kvq_err *err)
+{
+    *loss = NAN;
+    KVQ_TRY(check_windows(m, px, n_win, T, err));
+    if (fp_prefix->P != px->P)
+        return kvq_fail(err, KVQ_EINVAL, "intactkv: target prefix has %zu entries, trained prefix %zu", fp_prefix->P, px->P);
+    size_t per = px->P * (size_t)kvq_kv_dim(&m->hp);
+    memset(gk, 0, per * (size_t)m->hp.n_layers * sizeof(float));
+    memset(gv, 0, per * (size_t)m->hp.n_layers * sizeof(float));
+    targets tg;
+    KVQ_TRY(targets_init(&tg, m, fp_prefix, win, n_win, T, 0, err));
+    kvq_backward bw;
+    int *tok = malloc(T * sizeof *tok);
+    kvq_status s = tok ? kvq_backward_init(&bw, m, (int)T, (int)px->P, err) : kvq_fail(err, KVQ_ENOMEM, "intactkv: out of memory");
+    if (s) {
+        free(tok);
+        targets_free(&tg);
+        return s;
+    }
+    kvq_prefix pv = kvq_intactkv_view(px);
+    double sum = 0;
+    for (size_t w = 0; w < n_win && !s; w++) {
+        bwd_ctx c = {.n = T * (size_t)m->hp.dim, .gk = gk, .gv = gv, .per = per, .scale = 1.0f / (float)n_win};
+        s = window_grad(&bw, &tg, w, &pv, quant, tok, tg.neg, &c, err);
+        if (s) kvq_err_prefix(err, "intactkv: window %zu", w);
+        sum += c.loss;
+    }
+    if (!s) *loss = sum / (double)n_win;
+    kvq_backward_free(&bw);
+    free(tok);
+    targets_free(&tg);
+    return s;
+}
+
+/* Python random.shuffle (Fisher–Yates from the end with randbelow(i + 1)). */
+static void shuffle(kvq_pyrandom *r, size_t *perm, size_t n)
+{
+    for (size_t i = 0; i < n; i++) perm[i] = i;
+    for (size_t i = n; i-- > 1;) {
+        size_t j = (size_t)kvq_pyrandom_randint(r, 0, (int64_t)i);
+        size_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const kvq_hooks *quant, const int32_t *win,
+                              size_t n_win, size_t T, const kvq_intactkv_train_opts *o, double *loss_curve,
+                              double *loss_before, double *loss_after, kvq_err *err)
+{
+    if (loss_before) *loss_before = NAN;
+    if (loss_after) *loss_after = NAN;
+    KVQ_TRY(check_windows(m, px, n_win, T, err));
+    if (o->steps < 1 || o->accum < 1) return kvq_fail(err, KVQ_EINVAL, "intactkv: steps %zu / accum %zu: expected >= 1", o->steps, o->accum);
+    if (!(o->lr > 0) || !(o->eps > 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) || !(o->clip >= 0))
+        return kvq_fail(err, KVQ_EINVAL, "intactkv: Adam lr %g, betas (%g, %g), eps %g, clip %g: expected lr, eps > 0, betas in [0, 1), clip >= 0",
+                        o->lr, o->beta1, o->beta2, o->eps, o->clip);
+    if (px->P < 1) return kvq_fail(err, KVQ_EINVAL, "intactkv: no prefix to train");
+    const kvq_hparams *hp = &m->hp;
+    size_t per = px->P * (size_t)kvq_kv_dim(hp), np = per * (size_t)hp->n_layers;
+
+    /* the model's own prefix = the targets' prefix (a copy: px changes) */
+    kvq_artifact_prefix fp = *px;
+    fp.k = malloc(np * sizeof(float));
+    fp.v = malloc(np * sizeof(float));
+    float *gk = calloc(np, sizeof(float)), *gv = calloc(np, sizeof(float));
+    double *mk = calloc(np, sizeof(double)), *mv = calloc(np, sizeof(double)), *vk = calloc(np, sizeof(double)),
+           *vv = calloc(np, sizeof(double));
+    size_t *perm = malloc(n_win * sizeof *perm);
+    int *tok = malloc(T * sizeof *tok), *neg = malloc(T * sizeof *neg);
+    kvq_status s = KVQ_OK;
+    bool tg_ok = false, fw_ok = false, bw_ok = false;
+    targets tg;
+    kvq_forward fw;
+    kvq_backward bw;
+    if (!fp.k || !fp.v || !gk || !gv || !mk || !mv || !vk || !vv || !perm || !tok || !neg) {
+        s = kvq_fail(err, KVQ_ENOMEM, "intactkv: cannot allocate the optimizer state (%zu parameters)", 2 * np);
+        goto done;
+    }
+    memcpy(fp.k, px->k, np * sizeof(float));
+    memcpy(fp.v, px->v, np * sizeof(float));
+    for (size_t t = 0; t < T; t++) neg[t] = -1;
+    if ((s = targets_init(&tg, m, &fp, win, n_win, T, o->target_cache_mib, err))) goto done;
+    tg_ok = true;
+    if ((s = kvq_forward_init(&fw, m, (int)T, (int)px->P, KVQ_FWD_SAVE_LAYER_INPUTS, err))) goto done;
+    fw_ok = true;
+    if ((s = kvq_backward_init(&bw, m, (int)T, (int)px->P, err))) goto done;
+    bw_ok = true;
+
+    double lb;
+    if ((s = loss_all(&tg, &fw, px, quant, &lb, err))) goto done;
+    if (loss_before) *loss_before = lb;
+
+    kvq_pyrandom rng;
+    kvq_pyrandom_seed(&rng, o->seed);
+    double ts = kvq_now(); /* the steps' clock (the rate and ETA exclude the loss evaluations) */
+    size_t k = 0; /* windows visited */
+    double b1t = 1, b2t = 1;
+    for (size_t step = 1; step <= o->steps; step++) {
+        memset(gk, 0, np * sizeof(float));
+        memset(gv, 0, np * sizeof(float));
+        double step_loss = 0;
+        kvq_prefix pv = kvq_intactkv_view(px);
+        for (size_t a = 0; a < o->accum; a++, k++) {
+            if (k % n_win == 0) shuffle(&rng, perm, n_win);
+            size_t w = perm[k % n_win];
+            bwd_ctx c = {.n = T * (size_t)hp->dim, .gk = gk, .gv = gv, .per = per, .scale = 1.0f / (float)o->accum};
+            if ((s = window_grad(&bw, &tg, w, &pv, quant, tok, neg, &c, err))) {
+                kvq_err_prefix(err, "intactkv: step %zu, window %zu", step, w);
+                goto done;
+            }
+            step_loss += c.loss / (double)o->accum;
+        }
+        double nrm = 0;
+        for (size_t i = 0; i < np; i++) nrm += (double)gk[i] * gk[i] + (double)gv[i] * gv[i];
+        nrm = sqrt(nrm);
+        if (!isfinite(step_loss) || !isfinite(nrm)) {
+            s = kvq_fail(err, KVQ_ENUMERIC, "intactkv: step %zu: loss %g, gradient norm %g (not finite)", step, step_loss, nrm);
+            goto done;
+        }
+        double coef = o->clip > 0 && nrm > o->clip ? o->clip / (nrm + 1e-6) : 1.0;
+        b1t *= o->beta1;
+        b2t *= o->beta2;
+        double bc1 = 1 - b1t, bc2 = 1 - b2t;
+        for (int which = 0; which < 2; which++) {
+            float *p = which ? px->v : px->k, *g = which ? gv : gk;
+            double *m1 = which ? mv : mk, *m2 = which ? vv : vk;
+            for (size_t i = 0; i < np; i++) {
+                double gi = coef * g[i];
+                m1[i] = o->beta1 * m1[i] + (1 - o->beta1) * gi;
+                m2[i] = o->beta2 * m2[i] + (1 - o->beta2) * gi * gi;
+                p[i] = (float)(p[i] - o->lr * (m1[i] / bc1) / (sqrt(m2[i] / bc2) + o->eps));
+            }
+        }
+        if (loss_curve) loss_curve[step - 1] = step_loss;
+        if (o->on_step) o->on_step(o->on_step_ctx, step, o->steps, step_loss, nrm, kvq_now() - ts);
+    }
+    double la;
+    if ((s = loss_all(&tg, &fw, px, quant, &la, err))) goto done;
+    if (loss_after) *loss_after = la;
+    kvq_intactkv_sync_pre_rope(hp, px);
+done:
+    if (bw_ok) kvq_backward_free(&bw);
+    if (fw_ok) kvq_forward_free(&fw);
+    if (tg_ok) targets_free(&tg);
+    free(fp.k);
+    free(fp.v);
+    free(gk);
+    free(gv);
+    free(mk);
+    free(mv);
+    free(vk);
+    free(vv);
+    free(perm);
+    free(tok);
+    free(neg);
+    return s;
+}
