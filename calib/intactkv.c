@@ -124,14 +124,14 @@ kvq_prefix kvq_intactkv_view(const kvq_artifact_prefix *px)
     return (kvq_prefix){.P = px ? (int)px->P : 0, .k = px ? px->k : NULL, .v = px ? px->v : NULL};
 }
 
-void kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix *px)
+kvq_status kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix *px, kvq_err *err)
 {
     size_t P = px->P, kvd = (size_t)kvq_kv_dim(hp), half = (size_t)hp->rope_dim / 2;
     float *cs = malloc((P * half + 1) * sizeof(float)), *sn = malloc((P * half + 1) * sizeof(float));
-    if (!cs || !sn) { /* cannot fail in practice (P*rope_dim/2 floats); keep k_pre unchanged rather than crash */
+    if (!cs || !sn) {
         free(cs);
         free(sn);
-        return;
+        return kvq_fail(err, KVQ_ENOMEM, "intactkv: cannot allocate the RoPE table for %zu positions", P);
     }
     kvq_rope_table(hp, 0, (int)P, cs, sn);
     memcpy(px->k_pre, px->k, (size_t)hp->n_layers * P * kvd * sizeof(float));
@@ -139,6 +139,7 @@ void kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix *px)
         kvq_rope_apply(px->k_pre + (size_t)l * P * kvd, (int)P, hp->n_kv_heads, hp->head_dim, hp->rope_dim, cs, sn, 1);
     free(cs);
     free(sn);
+    return KVQ_OK;
 }
 
 kvq_status kvq_intactkv_check_base(const kvq_artifact *base, const char *base_path, const kvq_model *m, const char *model_fp,

@@ -68,8 +68,8 @@ kvq_status kvq_intactkv_compute(const kvq_model *m, const int32_t *ids, size_t P
 kvq_prefix kvq_intactkv_view(const kvq_artifact_prefix *px);
 
 /* Recompute px->k_pre = RoPE^-1(px->k) at positions 0..P-1 (after training
- * changed the post-RoPE keys). Channels >= rope_dim are copied. */
-void kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix *px);
+ * changed the post-RoPE keys). Channels >= rope_dim are copied. KVQ_ENOMEM. */
+kvq_status kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix *px, kvq_err *err);
 
 /* Check that a base artifact belongs to the model: fingerprint (model_fp,
  * kvq_identity_model) unless allow_mismatch (then a warning on warn), and

@@ -361,7 +361,7 @@ kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const
     double la;
     if ((s = loss_all(&tg, &fw, px, quant, &la, err))) goto done;
     if (loss_after) *loss_after = la;
-    kvq_intactkv_sync_pre_rope(hp, px);
+    s = kvq_intactkv_sync_pre_rope(hp, px, err);
 done:
     if (bw_ok) kvq_backward_free(&bw);
     if (fw_ok) kvq_forward_free(&fw);

@@ -122,7 +122,7 @@ START_TEST(test_compute_matches_forward)
     float *keep = malloc(n * 4);
     memcpy(keep, px.k_pre, n * 4);
     memset(px.k_pre, 0, n * 4);
-    kvq_intactkv_sync_pre_rope(&m.hp, &px);
+    ck_assert(kvq_intactkv_sync_pre_rope(&m.hp, &px, &e) == KVQ_OK);
     double dsync = max_abs_diff(px.k_pre, keep, n);
     ck_assert_msg(dsync <= 1e-6 * sk, "RoPE^-1(k_post) differs from k_pre by %.3e", dsync);
     free(keep);

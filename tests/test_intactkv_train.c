@@ -234,7 +234,7 @@ START_TEST(test_train_reduces_loss)
     /* the trained pre-RoPE keys follow the trained post-RoPE keys */
     float *kp = malloc(f.np * 4);
     memcpy(kp, px.k_pre, f.np * 4);
-    kvq_intactkv_sync_pre_rope(&f.m.hp, &px);
+    ck_assert(kvq_intactkv_sync_pre_rope(&f.m.hp, &px, &e) == KVQ_OK);
     ck_assert(memcmp(kp, px.k_pre, f.np * 4) == 0);
     ck_assert(memcmp(px.k, f.fp.k, f.np * 4) != 0);
     /* Adam's first step moves every parameter by at most lr (|m̂/sqrt(v̂)| <= 1) */
