@@ -47,7 +47,7 @@ __device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__usho
 
 struct DecP {
     const uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    const float *vscale, *klut, *vlevels;
+    const float *vscale, *klut, *klutr, *vlevels;
     const uint8_t *kz, *vz;
     const float2 *rlo, *rhi;
     const uint16_t *k16, *v16;
@@ -112,17 +112,21 @@ template <int B, int SH> __device__ __forceinline__ uint32_t code_sh(const uint3
 // Shared memory (floats): [0, 32) value table (2-bit: 16 float2 = the levels of a nibble's two codes;
 // 3/4-bit: the levels), [32, 32 + CK·NLK·32) key LUT replicated per lane (entry (j, code) of lane L's
 // unit at word (j·NLK + code)·32 + L: lane L always reads bank L, so the random lookups never conflict),
-// then qh [GQ][nhb_max][np] float2 (scaled query conj-rotated to each 64-position block start), sc
-// [GQ][chunk], oacc [GQ][D], red [GQ][8], stat [2GQ], rsc [4 warps][8][33] (score reduction).
+// then qh [GQ][nhb_max][np] float2 (scaled query conj-rotated to each quantized index 64·(tb0 + b),
+// tb0 = q0 / 64), sc [GQ][chunk], oacc [GQ][D], red [GQ][8], stat [2GQ], rsc [4 warps][8][33]
+// (score reduction for lane counts that are not powers of two), rows [chunk + 1] (sparse row
+// pointers of the chunk).
 //
 // Phase 1 (scores): lanes along the key units of a token (nuk lanes per token), 32/nuk streams per
 // warp; each stream takes a contiguous run of positions and loads 8 tokens per unit word as two
-// 16-byte loads (codes are token-minor). The RoPE factor w = conj(q̄)·e^{i p θ} of each pair is kept
-// in registers and advanced one position by a complex multiply with e^{iθ} (exact re-anchor from qh
-// at every 64-position boundary, so at most 63 steps of fp32 rotation), so each key element costs one
-// conflict-free LUT load and one FMA (+ the rotation, 2 FMA-equivalents per element and query head).
-// The nuk partial sums of a token are added through shared memory. Sparse key outliers: a separate
-// pass (one thread per token) adds their corrections to the scores.
+// 16-byte loads (codes are token-minor), the next 8 in flight while these are computed. The RoPE
+// factor w = conj(q̄)·e^{i p θ} of each pair is kept in registers and advanced one position by a
+// complex multiply with e^{iθ} (exact re-anchor from qh at every quantized index that is a multiple
+// of 64, which is always the start of an 8-token step: the token loop has no branches), so each key
+// element costs one conflict-free LUT load and one FMA (+ the rotation, 2 FMA-equivalents per
+// element and query head). The nuk partial sums of a token: shuffle reduce-scatter (power-of-two
+// nuk) or shared memory. Sparse key outliers: a separate pass, one thread per entry, corrections
+// added atomically to the scores.
 template <int BK, int BV, int GQ>
 __global__ void __launch_bounds__(128) nuq_decode(DecP p)
 {
@@ -145,7 +149,8 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
         return;
     }
     const int n = q1 - q0;
-    const int hb0 = (p.n_exact + q0) >> 6, nhb = ((p.n_exact + q1 - 1) >> 6) - hb0 + 1;
+    // RoPE anchors at quantized indices 64·(tb0 + b): qh[b] = conj(q̄)·e^{i (n_exact + 64 (tb0 + b)) θ}
+    const int tb0 = q0 >> 6, nhb = ((q1 - 1) >> 6) - tb0 + 1;
     float *vl = sm;                                   // [32]
     float *lutk = sm + 32;                            // [CK][NLK][32]
     float2 *qh = (float2 *)(lutk + CK * NLK * 32);    // [GQ][nhb_max][np]
@@ -154,15 +159,12 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
     float *red = oacc + GQ * D;                       // [GQ][8]
     float *stat = red + GQ * 8;                       // m[GQ], l[GQ]
     float *rsc = stat + 2 * GQ;                       // [4][8][33]
+    uint32_t *rows = (uint32_t *)(rsc + 4 * 8 * 33);   // [chunk + 1] sparse row pointers of the chunk
     const int nuk = (D + CK - 1) / CK, tpk = 32 / nuk;
     {
-        const float *klut = p.klut + (size_t)h * D * NLK;
-        const int cl = ((tid & 31) % nuk) * CK; // the unit of lane tid & 31 (i & 31 == tid & 31 below)
-#pragma unroll 8
-        for (int i = tid; i < CK * NLK * 32; i += 128) {
-            const int x = i >> 5, j = x / NLK, code = x % NLK, c = cl + j;
-            lutk[i] = c < D ? __ldg(klut + c * NLK + code) : 0.f;
-        }
+        const float4 *kr = (const float4 *)(p.klutr + (size_t)h * CK * NLK * 32);
+#pragma unroll 4
+        for (int i = tid; i < CK * NLK * 8; i += 128) ((float4 *)lutk)[i] = __ldg(kr + i);
         const float *vlev = p.vlevels + h * UV::NL;
         if (BV == 2) {
             if (tid < 16) { vl[2 * tid] = vlev[tid & 3]; vl[2 * tid + 1] = vlev[tid >> 2]; }
@@ -176,10 +178,13 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
             qa = qv[2 * pi] * p.scale;
             qb = 2 * pi + 1 < D ? qv[2 * pi + 1] * p.scale : 0.f;
         }
+        const float2 l0 = __ldg(p.rlo + pi * 64 + (p.n_exact & 63));
+        const int hb = tb0 + (p.n_exact >> 6);
 #pragma unroll 4
         for (int b = 0; b < nhb; b++) {
-            const float2 hi = __ldg(p.rhi + (size_t)(hb0 + b) * np + pi);
-            qh[(j * p.nhb_max + b) * np + pi] = make_float2(qa * hi.x + qb * hi.y, qa * hi.y - qb * hi.x);
+            const float2 hi = __ldg(p.rhi + (size_t)(hb + b) * np + pi);
+            const float2 e = make_float2(hi.x * l0.x - hi.y * l0.y, hi.x * l0.y + hi.y * l0.x);
+            qh[(j * p.nhb_max + b) * np + pi] = make_float2(qa * e.x + qb * e.y, qa * e.y - qb * e.x);
         }
     }
     for (int i = tid; i < GQ * D; i += blockDim.x) oacc[i] = 0.f;
@@ -201,12 +206,12 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
             for (int gg = 0; gg < GQ; gg++) w[gg][jj] = make_float2(0.f, 0.f);
         }
         if (kact && sb < se) {
-            const int pos = p.n_exact + sb, b = (pos >> 6) - hb0;
+            const int b = (sb >> 6) - tb0;
 #pragma unroll
             for (int jj = 0; jj < PK; jj++) {
                 const int i = u * PK + jj;
                 if (i < np) {
-                    const float2 e = __ldg(p.rlo + i * 64 + (pos & 63));
+                    const float2 e = __ldg(p.rlo + i * 64 + (sb & 63));
 #pragma unroll
                     for (int gg = 0; gg < GQ; gg++) {
                         const float2 a = qh[(gg * p.nhb_max + b) * np + i];
@@ -239,6 +244,18 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     an[x][1] = live ? __ldcs((const uint4 *)(kc + (size_t)x * p.capq + t0 + 12)) : make_uint4(0, 0, 0, 0);
                 }
             }
+            if (it > 0 && (t0 & 63) == 0) { // exact anchor at each 64-token block (t0 is a multiple of 8)
+                const int b = (t0 >> 6) - tb0;
+                if (b < nhb) {
+#pragma unroll
+                    for (int jj = 0; jj < PK; jj++) {
+                        const int i = u * PK + jj;
+                        if (i < np)
+#pragma unroll
+                            for (int gg = 0; gg < GQ; gg++) w[gg][jj] = qh[(gg * p.nhb_max + b) * np + i];
+                    }
+                }
+            }
             float part[GQ][8];
 #pragma unroll
             for (int k = 0; k < 8; k++) {
@@ -257,28 +274,14 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
 #pragma unroll
                     for (int gg = 0; gg < GQ; gg++) part[gg][k] += ka * w[gg][jj].x - kb * w[gg][jj].y;
                 }
-                // advance w to the next position
-                const int p1 = p.n_exact + t0 + k + 1;
-                if ((p1 & 63) == 0) {
-                    const int b = (p1 >> 6) - hb0;
-                    if (b < nhb) {
+                // advance w to the next position (no branch: the 8 tokens' work interleaves)
 #pragma unroll
-                        for (int jj = 0; jj < PK; jj++) {
-                            const int i = u * PK + jj;
-                            if (i < np)
+                for (int jj = 0; jj < PK; jj++)
 #pragma unroll
-                                for (int gg = 0; gg < GQ; gg++) w[gg][jj] = qh[(gg * p.nhb_max + b) * np + i];
-                        }
+                    for (int gg = 0; gg < GQ; gg++) {
+                        const float2 o = w[gg][jj];
+                        w[gg][jj] = make_float2(o.x * rho[jj].x - o.y * rho[jj].y, o.x * rho[jj].y + o.y * rho[jj].x);
                     }
-                } else {
-#pragma unroll
-                    for (int jj = 0; jj < PK; jj++)
-#pragma unroll
-                        for (int gg = 0; gg < GQ; gg++) {
-                            const float2 o = w[gg][jj];
-                            w[gg][jj] = make_float2(o.x * rho[jj].x - o.y * rho[jj].y, o.x * rho[jj].y + o.y * rho[jj].x);
-                        }
-                }
             }
 #pragma unroll
             for (int x = 0; x < WK; x++) { a[x][0] = an[x][0]; a[x][1] = an[x][1]; }
@@ -341,41 +344,44 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
         }
     }
     __syncthreads();
-    // sparse key outliers: one thread per token adds the corrections
+    // sparse key outliers: one thread per entry (entries of the chunk are contiguous; the token of an
+    // entry is found by binary search in the chunk's row pointers), corrections added atomically
     {
-        const uint32_t *krow = p.krow + ((size_t)s * p.H + h) * (p.capq + 1);
+        const uint32_t *krow = p.krow + ((size_t)s * p.H + h) * (p.capq + 1) + q0;
         const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
+        for (int i = tid; i <= n; i += blockDim.x) rows[i] = __ldg(krow + i);
+        __syncthreads();
         const int kzc = p.kz[h];
-        // row pointers of 8 tokens per thread loaded at once (chunk <= 1024 = 8 x 128: one batch)
-        for (int tb = q0 + tid; tb < q1; tb += 8 * blockDim.x) {
-            uint32_t r0[8], r1[8];
+        const uint32_t E0 = rows[0], E1 = rows[n];
+        int top = 1;
+        while (2 * top <= n) top *= 2;
+        constexpr int EB = 4; // entries per thread in flight
+        for (uint32_t eb = E0 + tid; eb < E1; eb += EB * blockDim.x) {
+            uint32_t en[EB];
+            int ti[EB];
 #pragma unroll
-            for (int m = 0; m < 8; m++) {
-                const int t = tb + m * blockDim.x;
-                r0[m] = t < q1 ? __ldg(krow + t) : 0u;
-                r1[m] = t < q1 ? __ldg(krow + t + 1) : 0u;
+            for (int m = 0; m < EB; m++) {
+                const uint32_t e = eb + m * blockDim.x;
+                en[m] = e < E1 ? __ldg(kent + e) : 0u;
+                int lo = 0;
+                for (int st2 = top; st2; st2 >>= 1)
+                    if (lo + st2 < n && rows[lo + st2] <= e) lo += st2;
+                ti[m] = lo;
             }
+            float2 el[EB];
 #pragma unroll
-            for (int m = 0; m < 8; m++) {
-                if (r0[m] >= r1[m]) continue;
-                const int t = tb + m * blockDim.x, pos = p.n_exact + t, b = (pos >> 6) - hb0;
-                float add[GQ];
+            for (int m = 0; m < EB; m++) el[m] = __ldg(p.rlo + (int)(en[m] >> 17) * 64 + ((q0 + ti[m]) & 63));
 #pragma unroll
-                for (int gg = 0; gg < GQ; gg++) add[gg] = 0.f;
-                for (uint32_t e = r0[m]; e < r1[m]; e++) {
-                    const uint32_t en = __ldg(kent + e);
-                    const int d = en >> 16, i = d >> 1;
-                    const float corr = h2f(en) - lutk[((d % CK) * NLK + kzc) * 32 + d / CK];
-                    const float2 el = __ldg(p.rlo + i * 64 + (pos & 63));
+            for (int m = 0; m < EB; m++) {
+                if (eb + m * blockDim.x >= E1) break;
+                const int d = en[m] >> 16, i = d >> 1, b = ((q0 + ti[m]) >> 6) - tb0;
+                const float corr = h2f(en[m]) - lutk[((d % CK) * NLK + kzc) * 32 + d / CK];
 #pragma unroll
-                    for (int gg = 0; gg < GQ; gg++) {
-                        const float2 a = qh[(gg * p.nhb_max + b) * np + i];
-                        const float wr = a.x * el.x - a.y * el.y, wi = a.x * el.y + a.y * el.x;
-                        add[gg] += (d & 1) ? -corr * wi : corr * wr;
-                    }
+                for (int gg = 0; gg < GQ; gg++) {
+                    const float2 a = qh[(gg * p.nhb_max + b) * np + i];
+                    const float wr = a.x * el[m].x - a.y * el[m].y, wi = a.x * el[m].y + a.y * el[m].x;
+                    atomicAdd(&sc[gg * p.chunk + ti[m]], (d & 1) ? -corr * wi : corr * wr);
                 }
-#pragma unroll
-                for (int gg = 0; gg < GQ; gg++) sc[gg * p.chunk + (t - q0)] += add[gg];
             }
         }
     }
@@ -388,6 +394,10 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
         const int nuv = (D + UV::C - 1) / UV::C, tpw = 32 / nuv;
         const int nw = blockDim.x >> 5;
         const int unit = lane % nuv, tsub = lane / nuv;
+        {
+            const uint32_t *vrow = p.vrow + ((size_t)s * p.H + h) * (p.capq + 1) + q0;
+            for (int i = tid; i <= n; i += blockDim.x) rows[i] = __ldg(vrow + i);
+        }
         if (tsub < tpw) {
             float acc[GQ][UV::C], pz[GQ];
 #pragma unroll
@@ -422,10 +432,41 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     for (int x = 0; x < UV::W; x++) wn[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
                     zn[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
                 }
+                if (tb + (VT - 1) * st < q1) { // a full batch: no per-token test, the tokens' work interleaves
 #pragma unroll
-                for (int k = 0; k < VT; k++) {
-                    const int t = tb + k * st;
-                    if (t < q1) {
+                    for (int k = 0; k < VT; k++) {
+                        const int t = tb + k * st;
+                        float pr[GQ];
+#pragma unroll
+                        for (int gg = 0; gg < GQ; gg++) {
+                            const float pp = sc[gg * p.chunk + (t - q0)];
+                            pr[gg] = pp * zr[k].y;
+                            pz[gg] += pp * zr[k].x;
+                        }
+                        if (BV == 2) {
+#pragma unroll
+                            for (int j = 0; j < UV::C; j += 2) {
+                                const float2 L2 = *(const float2 *)(vb + ((w[k][0] >> (2 * j)) & 15u) * 8);
+#pragma unroll
+                                for (int gg = 0; gg < GQ; gg++) {
+                                    acc[gg][j] += pr[gg] * L2.x;
+                                    acc[gg][j + 1] += pr[gg] * L2.y;
+                                }
+                            }
+                        } else {
+#pragma unroll
+                            for (int j = 0; j < UV::C; j++) {
+                                const float L = *(const float *)(vb + code_sh<BV, 2>(w[k], j));
+#pragma unroll
+                                for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                            }
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VT; k++) {
+                        const int t = tb + k * st;
+                        if (t >= q1) break;
                         float pr[GQ];
 #pragma unroll
                         for (int gg = 0; gg < GQ; gg++) {
@@ -468,31 +509,36 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], acc[gg][j] + pz[gg]);
             }
         }
-        const uint32_t *vrow = p.vrow + ((size_t)s * p.H + h) * (p.capq + 1);
+        __syncthreads(); // rows of the chunk's value outliers
         const uint32_t *vent = p.vent + ((size_t)s * p.H + h) * p.ent_cap;
-        const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
+        const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
         const float lz = BV == 2 ? vl[2 * p.vz[h]] : vl[p.vz[h]];
-            for (int tb = q0 + tid; tb < q1; tb += 8 * blockDim.x) {
-            uint32_t r0[8], r1[8];
+        const uint32_t E0 = rows[0], E1 = rows[n];
+        int top = 1;
+        while (2 * top <= n) top *= 2;
+        constexpr int EB = 4;
+        for (uint32_t eb = E0 + tid; eb < E1; eb += EB * blockDim.x) {
+            uint32_t en[EB];
+            int ti[EB];
 #pragma unroll
-            for (int m = 0; m < 8; m++) {
-                const int t = tb + m * blockDim.x;
-                r0[m] = t < q1 ? __ldg(vrow + t) : 0u;
-                r1[m] = t < q1 ? __ldg(vrow + t + 1) : 0u;
+            for (int m = 0; m < EB; m++) {
+                const uint32_t e = eb + m * blockDim.x;
+                en[m] = e < E1 ? __ldg(vent + e) : 0u;
+                int lo = 0;
+                for (int st2 = top; st2; st2 >>= 1)
+                    if (lo + st2 < n && rows[lo + st2] <= e) lo += st2;
+                ti[m] = lo;
             }
+            float2 zr[EB];
 #pragma unroll
-            for (int m = 0; m < 8; m++) {
-                if (r0[m] >= r1[m]) continue;
-                const int t = tb + m * blockDim.x;
-                const float2 zr = __ldg(vs + t);
-                const float dz = lz * zr.y + zr.x;
-                for (uint32_t e = r0[m]; e < r1[m]; e++) {
-                    const uint32_t en = __ldg(vent + e);
-                    const int d = en >> 16;
-                    const float corr = h2f(en) - dz;
+            for (int m = 0; m < EB; m++) zr[m] = __ldg(vs + ti[m]);
 #pragma unroll
-                    for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], sc[gg * p.chunk + (t - q0)] * corr);
-                }
+            for (int m = 0; m < EB; m++) {
+                if (eb + m * blockDim.x >= E1) break;
+                const int d = en[m] >> 16;
+                const float corr = h2f(en[m]) - (lz * zr[m].y + zr[m].x);
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], sc[gg * p.chunk + ti[m]] * corr);
             }
         }
     }
@@ -603,7 +649,7 @@ struct kvq_kvcache_cuda {
     int *dlen;
     uint16_t *k16, *v16;
     uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    float *vscale, *klut, *vlevels, *klevels, *klo, *khi;
+    float *vscale, *klut, *klutr, *vlevels, *klevels, *klo, *khi;
     uint8_t *kz, *vz;
     float2 *rlo, *rhi;
     double *inv_freq;
@@ -632,7 +678,7 @@ template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, k
 extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
 {
     if (!c) return;
-    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut,
+    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut, c->klutr,
                  c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range};
     for (void *x : d)
         if (x) cudaFree(x);
@@ -716,6 +762,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     DA(c->vent, B * H * c->ent_cap, "value outliers");
     DA(c->vscale, B * c->capq * 2, "value scales");
     DA(c->klut, C * nlk, "key LUT");
+    DA(c->klutr, H * kvq_kvcache_unit_channels(cfg->k_bits) * nlk * 32, "key LUT (per lane)");
     DA(c->vlevels, H * nlv, "value levels");
     DA(c->klevels, H * nlk, "key levels");
     DA(c->klo, C, "thresholds");
@@ -769,6 +816,20 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         cudaError_t e = cudaSuccess;
 #define UP(dst, src, bytes) if (e == cudaSuccess) e = cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice)
         UP(c->klut, hl, C * nlk * sizeof(float));
+        if (e == cudaSuccess) {
+            // the decode kernel's per-lane key LUT of each head: entry (j, code) of lane L's unit
+            // (L mod nuk) at (j * nlk + code) * 32 + L (formats/KVCACHE.md "Decode attention")
+            const size_t ck = kvq_kvcache_unit_channels(cfg->k_bits), nuk = (D + ck - 1) / ck, per = ck * nlk * 32;
+            float *hr = (float *)malloc(H * per * sizeof(float));
+            if (!hr) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate tables"); goto fail; }
+            for (size_t h = 0; h < H; h++)
+                for (size_t i = 0; i < per; i++) {
+                    const size_t L = i & 31, x = i >> 5, j = x / nlk, code = x % nlk, ch = (L % nuk) * ck + j;
+                    hr[h * per + i] = ch < D ? hl[(h * D + ch) * nlk + code] : 0.f;
+                }
+            e = cudaMemcpy(c->klutr, hr, H * per * sizeof(float), cudaMemcpyHostToDevice);
+            free(hr);
+        }
         UP(c->vlevels, hv, H * nlv * sizeof(float));
         UP(c->klevels, hk, H * nlk * sizeof(float));
         UP(c->kz, hz, H);
@@ -1061,7 +1122,7 @@ static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max
 {
     const size_t nlk = (size_t)1 << c->cfg.k_bits, ck = kvq_kvcache_unit_channels(c->cfg.k_bits);
     const size_t f = 32 + ck * nlk * 32; // value table, per-lane key LUT (even)
-    const size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq + 4 * 8 * 33;
+    const size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq + 4 * 8 * 33 + chunk + 1;
     return f * 4 + (size_t)gq * nhb_max * c->np * 8 + tail * 4;
 }
 
@@ -1079,7 +1140,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     const size_t nq = maxlen > c->n_exact ? maxlen - c->n_exact : 0;
     size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
     size_t splits = (target + per - 1) / per;
-    size_t maxch = 1024;
+    size_t maxch = 2048;
     while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
     if (splits < 1) splits = 1;
     if (max_splits && splits > max_splits) splits = max_splits;
@@ -1100,7 +1161,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     }
     DecP p;
     p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.krow = c->krow; p.vrow = c->vrow; p.kent = c->kent; p.vent = c->vent;
-    p.vscale = c->vscale; p.klut = c->klut; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
+    p.vscale = c->vscale; p.klut = c->klut; p.klutr = c->klutr; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
     p.rlo = c->rlo; p.rhi = c->rhi; p.k16 = c->k16; p.v16 = c->v16; p.q = q; p.part = c->part; p.len = c->dlen;
     p.H = (int)H; p.D = (int)D; p.dpad = (int)c->dpad; p.np = (int)c->np; p.n_heads = (int)n_heads; p.g = gg; p.qgroups = qgroups;
     p.kw = (int)c->kw; p.vw = (int)c->vw; p.capq = (int)c->capq; p.n_exact = (int)c->n_exact; p.n_splits = (int)splits;
