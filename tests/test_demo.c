@@ -7,19 +7,7 @@
 
 #include "kvq_test.h"
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = 0;
-    fclose(f);
-    return b;
-}
+static char *slurp(const char *path) { return kvq_test_slurp(path, NULL); }
 
 START_TEST(test_demo_tiny)
 {

@@ -60,19 +60,7 @@ static int run(env_t *e, const char *args, char *out, size_t on, char *err, size
     return WEXITSTATUS(st);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert(fread(b, 1, (size_t)n, f) == (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
+static char *slurp(const char *path) { return kvq_test_slurp(path, NULL); }
 
 START_TEST(test_cli_success)
 {
