@@ -134,6 +134,7 @@ static kvq_status scheme_quantize(void *ctx, int layer, bool is_value, const flo
         r = is_value ? kvq_kivi_values(out, in, n_tokens, kv_dim, st->head_dim, s->group, bits, s->n_sink, &c, err)
                      : kvq_kivi_keys(out, in, n_tokens, kv_dim, s->group, bits, s->n_sink, &c, err);
         break;
+    default: r = kvq_fail(err, KVQ_EUNSUPPORTED, "kvstat: scheme kind %d is evaluated by kveval only", (int)s->kind); break;
     }
     *n_outliers += c.n_outliers;
     *n_elems += c.n_elems;

@@ -55,6 +55,11 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         if (s->prefix) fprintf(f, "%s IntactKV prefix of %d entries from `%s`", s->art ? ";" : "", s->prefix->P, r->arts->path[s->prefix_index]);
         fputc('\n', f);
     }
+    for (size_t i = 0; i < r->n_skipped; i++) {
+        if (!notes) fputc('\n', f);
+        notes = true;
+        fprintf(f, "- skipped: %s\n", r->skipped[i]);
+    }
     return KVQ_OK;
 }
 
@@ -135,6 +140,8 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(a, "intactkv_prefix_entries", r->arts->prefix[i].P);
         cJSON_AddItemToArray(arts, a);
     }
+    cJSON *sk = cJSON_AddArrayToObject(root, "skipped");
+    for (size_t i = 0; sk && i < r->n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(r->skipped[i]));
     cJSON *ss = cJSON_AddArrayToObject(root, "schemes");
     double base = r->results[r->baseline].ppl;
     for (size_t i = 0; i < r->n_schemes; i++) {
