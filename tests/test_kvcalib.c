@@ -764,6 +764,18 @@ START_TEST(test_fp8_scales)
             ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, false, &e), KVQ_EIO);
             ck_assert_msg(strstr(e.msg, "already exists"), "%s", e.msg);
         }
+        if (ci == 1) { /* validation names the tensor, head and value; the writer refuses */
+            float keep = a.v[1].fp8_scale[1];
+            a.v[1].fp8_scale[1] = -0.5f;
+            ck_assert_int_eq(kvq_artifact_validate(&a, &e), KVQ_EINVAL);
+            ck_assert_msg(strstr(e.msg, "layers.1.v.fp8_scale[1]") && strstr(e.msg, "found -0.5"), "%s", e.msg);
+            ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EINVAL);
+            a.v[1].fp8_scale[1] = keep;
+            a.p.k_bits = 4;
+            ck_assert_int_eq(kvq_artifact_validate(&a, &e), KVQ_EINVAL);
+            ck_assert_msg(strstr(e.msg, "fp8 stores 8-bit codes"), "%s", e.msg);
+            a.p.k_bits = 8;
+        }
         if (cases[ci].e5m2) {
             ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EUNSUPPORTED);
             ck_assert_msg(strstr(e.msg, "E5M2"), "%s", e.msg);
