@@ -168,6 +168,12 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             cJSON_AddNumberToObject(o, "residual_length", (double)s->s.q.residual);
         }
         if (s->s.q.outlier_frac > 0) cJSON_AddNumberToObject(o, "outlier_fraction", s->s.q.outlier_frac);
+        if (s->s.q.kind == KVQ_SCHEME_FP8) {
+            cJSON_AddStringToObject(o, "fp8_format", (s->s.variant & 1) ? "e5m2" : "e4m3fn");
+            cJSON_AddStringToObject(o, "fp8_scales", !s->art ? "unit" : s->s.variant >= 2 ? "per-kv-head" : "per-tensor");
+            if (s->art) cJSON_AddNumberToObject(o, "fp8_percentile", s->s.percentile);
+        }
+        if (s->s.q.kind == KVQ_SCHEME_GGML) cJSON_AddNumberToObject(o, "block_size", 32);
         if (s->art_path) cJSON_AddStringToObject(o, "artifact", s->art_path);
         if (s->prefix) {
             cJSON_AddStringToObject(o, "intactkv_artifact", r->arts->path[s->prefix_index]);
