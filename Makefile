@@ -49,7 +49,7 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. -Iformats -Ikernels
-LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 else
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -63,7 +63,8 @@ TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
-# GPU checks and benchmark (tests/gpu, CUDA=1 only; run by scripts/gpu_kvcache_bench.sh, never by CI).
+# GPU checks and benchmarks (tests/gpu, CUDA=1 only; run by scripts/gpu_kvcache_bench.sh and
+# scripts/gpu_check_bench.sh, never by CI).
 # --as-needed keeps the binaries free of libraries they do not use (the device image lacks most).
 GPU_SRC := $(wildcard tests/gpu/*.c)
 GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backward.h"
 #include "forward.h"
 #include "model.h"
 #include "progress.h"
@@ -97,6 +98,21 @@ static kvq_status observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_
     return KVQ_OK;
 }
 
+/* backward grads hook: Fisher information = element-wise squared gradient */
+static kvq_status fisher_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
+{
+    capture_buf *b = user;
+    (void)err;
+    if (g->layer < b->first || g->layer > b->last) return KVQ_OK;
+    size_t kv = (size_t)b->L * b->kv_dim;
+    float *fk = slot(b->fisher_k, g->layer - b->first, kv), *fv = slot(b->fisher_v, g->layer - b->first, kv);
+    for (size_t i = 0; i < kv; i++) {
+        fk[i] = g->dk_pre[i] * g->dk_pre[i];
+        fv[i] = g->dv[i] * g->dv[i];
+    }
+    return KVQ_OK;
+}
+
 static bool stopped(const kvq_capture_opts *o) { return o->stop && *o->stop; }
 
 kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, kvq_err *err)
@@ -113,6 +129,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     kvq_text txt = {0};
     kvq_windows win = {0};
     kvq_forward fw = {0};
+    kvq_backward bw = {0};
     capture_buf buf = {0};
     kvq_dump_writer *w = NULL;
     kvq_dump_meta meta;
@@ -130,10 +147,6 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     if (first > last || last >= hp->n_layers) {
         s = kvq_fail(err, KVQ_EINVAL, "--layers %d-%d: expected a range inside 0-%d (the model has %d layers)", first, last,
                      hp->n_layers - 1, hp->n_layers);
-        goto done;
-    }
-    if (o->fisher) {
-        s = kvq_fail(err, KVQ_EUNSUPPORTED, "--fisher: the backward pass is not in this build yet");
         goto done;
     }
     /* --tokenizer FILE, else the GGUF itself or the HF checkpoint's tokenizer.json; llama2.c: error */
@@ -177,7 +190,9 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     if (s) goto done;
 
     int L = (int)seq_len;
-    if ((s = kvq_forward_init(&fw, &m, L, 0, o->fisher ? KVQ_FWD_SAVE_LAYER_INPUTS : 0, err))) goto done;
+    if (o->fisher) s = kvq_backward_init(&bw, &m, L, 0, err);
+    else s = kvq_forward_init(&fw, &m, L, 0, 0, err);
+    if (s) goto done;
     if ((s = buf_init(&buf, hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
 
     kvq_hooks hooks = {0};
@@ -203,12 +218,22 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
         io.tokens = ids;
         io.T = L;
         io.hooks = &hooks;
-        kvq_fwd_result res;
-        double t0 = kvq_now();
-        if ((s = kvq_forward_run(&fw, &io, &res, err))) { kvq_err_prefix(err, "sample %lld", (long long)smp); break; }
+        double t0 = kvq_now(), loss;
+        if (o->fisher) {
+            /* Fisher information of the mean next-token cross-entropy of this sample */
+            kvq_bwd_spec spec = {.user = &buf, .xent = true, .grads = fisher_cb};
+            kvq_bwd_result bres;
+            s = kvq_backward_run(&bw, &io, &spec, &bres, err);
+            loss = bres.loss;
+        } else {
+            kvq_fwd_result res;
+            s = kvq_forward_run(&fw, &io, &res, err);
+            loss = res.loss;
+        }
+        if (s) { kvq_err_prefix(err, "sample %lld", (long long)smp); break; }
         double t1 = kvq_now();
         rep->seconds_forward += t1 - t0;
-        loss_sum += res.loss;
+        loss_sum += loss;
         for (int l = first; l <= last && !s; l++) {
             int i = l - first;
             size_t kv = (size_t)L * buf.kv_dim, at = (size_t)buf.n_heads * L;
@@ -248,6 +273,7 @@ done:
     }
     free(buf.arena);
     kvq_forward_free(&fw);
+    kvq_backward_free(&bw);
     kvq_windows_free(&win);
     kvq_text_free(&txt);
     if (tok) kvq_tokenizer_free(tok);

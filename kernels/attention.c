@@ -181,12 +181,14 @@ static void pv_range(int nq, float *o, const float *p, size_t lds, const float *
     }
 }
 
-/* s[j] = exp(s[j] - max); returns the sum. The sum is accumulated in 16
- * fixed lanes (then lanes in order), the same on every ISA clone. */
-KVQ_HOT static float row_softmax_unnorm(float *restrict s, int n)
+/* s[j] = exp(s[j] - max); returns the sum and stores the max in *mx_out. The
+ * sum is accumulated in 16 fixed lanes (then lanes in order), the same on every
+ * ISA clone. */
+KVQ_HOT static float row_softmax_unnorm(float *restrict s, int n, float *mx_out)
 {
     float mx = s[0];
     for (int j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    *mx_out = mx;
     kvq_v16 acc = {0}, x, y;
     int j = 0;
     for (; j + KVQ_ATT_JT <= n; j += KVQ_ATT_JT) {
@@ -230,7 +232,11 @@ static void attn_rows(const kvq_attn_args *a, const kvq_attn_ws *ws, int h0, int
         score_range(nq, s + P, lds, qs, hd, kqg, 0, kb);
         score_range(nq, s, lds, qs, hd, ktg, P + kb, n);
     }
-    for (int q = 0; q < nq; q++) sums[q] = row_softmax_unnorm(s + q * lds, n);
+    for (int q = 0; q < nq; q++) {
+        float mx;
+        sums[q] = row_softmax_unnorm(s + q * lds, n, &mx);
+        if (a->lse) a->lse[(size_t)(h0 + q) * a->T + i] = (float)((double)mx + log((double)sums[q]));
+    }
     memset(o, 0, (size_t)nq * hd * sizeof *o);
     const size_t vstride = (size_t)a->n_kv_heads * hd;
     const int vb = a->vq ? a->vb[i] : 0;

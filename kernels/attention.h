@@ -38,6 +38,8 @@ typedef struct {
     float *out;     /* [T][n_heads][head_dim] output (attention-weighted values) */
     float *mass;    /* optional [n_heads][P+T]: sum over queries of the probability each key receives */
     float *entropy; /* optional [n_heads][T]: entropy of query i's attention distribution, nats */
+    float *lse;     /* optional [n_heads][T]: log sum_j exp(score_j) of query i's row (scores as above, i.e.
+                       scaled), for the backward pass (attention_backward.h); added by the backward helper */
 } kvq_attn_args;
 
 /* Scratch for kvq_attention, sized once for max_T window keys, max_P prefix

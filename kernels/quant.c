@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "safetensors.h" /* defines: kvq_f32_to_f16_bits, kvq_f16_bits_to_f32 */
+#include "safetensors.h" /* defines: kvq_f32_to_f16, kvq_f16_to_f32 */
 #include "select.h"
+#include "half.h"
 
 /* ---- shared checks -------------------------------------------------------- */
 
@@ -48,7 +49,7 @@ float kvq_round_fp16(float x)
 {
     if (x > 65504.0f) return 65504.0f;
     if (x < -65504.0f) return -65504.0f;
-    return kvq_f16_bits_to_f32(kvq_f32_to_f16_bits(x));
+    return kvq_f16_to_f32(kvq_f32_to_f16(x));
 }
 
 void kvq_quant_fp16(float *out, const float *in, size_t n, kvq_quant_counts *counts)

@@ -15,6 +15,7 @@
 #include "gguf.h"
 #include "kvq_test.h"
 #include "model.h"
+#include "half.h"
 
 #define FIX "tests/fixtures/"
 
@@ -96,7 +97,7 @@ START_TEST(test_fp16_all_patterns)
 {
     for (uint32_t h = 0; h < 65536; h++) {
         int sign = h >> 15, exp = (h >> 10) & 31, mant = h & 1023;
-        float got = kvq_fp16_to_fp32((uint16_t)h);
+        float got = kvq_f16_to_f32((uint16_t)h);
         if (exp == 31) {
             if (mant == 0) {
                 ck_assert(isinf(got) && (signbit(got) != 0) == sign);
@@ -114,11 +115,11 @@ START_TEST(test_fp16_all_patterns)
         ck_assert_msg((double)got == want && (signbit(got) != 0) == sign, "h=%04x: got %a want %a", h, got, want);
     }
     /* bf16: the upper half of a binary32 */
-    ck_assert(kvq_bf16_to_fp32(0x3F80) == 1.0f);
-    ck_assert(kvq_bf16_to_fp32(0xC0A0) == -5.0f);
-    ck_assert(kvq_bf16_to_fp32(0x0001) == ldexpf(1.0f, -133)); /* binary32 subnormal */
-    ck_assert(isinf(kvq_bf16_to_fp32(0xFF80)) && kvq_bf16_to_fp32(0xFF80) < 0);
-    ck_assert(isnan(kvq_bf16_to_fp32(0x7FC1)));
+    ck_assert(kvq_bf16_to_f32(0x3F80) == 1.0f);
+    ck_assert(kvq_bf16_to_f32(0xC0A0) == -5.0f);
+    ck_assert(kvq_bf16_to_f32(0x0001) == ldexpf(1.0f, -133)); /* binary32 subnormal */
+    ck_assert(isinf(kvq_bf16_to_f32(0xFF80)) && kvq_bf16_to_f32(0xFF80) < 0);
+    ck_assert(isnan(kvq_bf16_to_f32(0x7FC1)));
 }
 END_TEST
 

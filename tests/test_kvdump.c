@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "backward.h"
 #include "dump.h"
+#include "model.h"
 #include "kvq_test.h"
 #include "text.h"
 #include "tokenizer.h"
@@ -51,7 +53,7 @@ START_TEST(test_dump_values)
     KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
     char out[256], cmd[20000], msg[8192];
     tmpname(out, sizeof out, "ok");
-    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 2 -L 64 --seed 3 --attn-stats --q --dtype f32 -o %s",
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 2 -L 64 --seed 3 --attn-stats --q --fisher --dtype f32 -o %s",
              g_bin, g_model, g_tok, g_text, out);
     ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "kvdump failed: %s", msg);
     kvq_dump_reader *r;
@@ -62,7 +64,7 @@ START_TEST(test_dump_values)
     ck_assert_int_eq(m->seq_len, 64);
     ck_assert_int_eq(m->n_layers, 4);
     ck_assert_int_eq(m->head_dim, 16);
-    ck_assert(m->has_attn_stats && m->has_q && !m->has_fisher);
+    ck_assert(m->has_attn_stats && m->has_q && m->has_fisher);
     /* tokens are the seeded calibration windows */
     kvq_tokenizer *tok;
     ck_assert(kvq_tokenizer_load(g_tok, &tok, &e) == KVQ_OK);
@@ -103,6 +105,40 @@ START_TEST(test_dump_values)
                 ck_assert(am[h * L + L - 1] <= 1.0f + 1e-6f);
             }
         }
+    /* Fisher information = squared gradients of each sample's mean next-token
+     * cross-entropy, as a direct backward call gives them */
+    kvq_model model;
+    ck_assert(kvq_model_load(g_model, &model, &e) == KVQ_OK);
+    kvq_backward bw;
+    ck_assert(kvq_backward_init(&bw, &model, L, 0, &e) == KVQ_OK);
+    size_t per = (size_t)4 * L * H * D;
+    kvq_grad_store st = {.dk_pre = malloc(sizeof(float) * per), .dv = malloc(sizeof(float) * per)};
+    float *fk = malloc(sizeof(float) * L * H * D), *fv = malloc(sizeof(float) * L * H * D);
+    for (int smp = 0; smp < 2; smp++) {
+        int ids[64];
+        for (int t = 0; t < L; t++) ids[t] = toks[smp * L + t];
+        kvq_fwd_io io = {.tokens = ids, .T = L};
+        kvq_bwd_result res;
+        ck_assert_msg(kvq_backward_xent(&bw, &io, &st, &res, &e) == KVQ_OK, "%s", e.msg);
+        for (int layer = 0; layer < 4; layer++) {
+            ck_assert(kvq_dump_read(r, layer, KVQ_DUMP_FISHER_K_PRE_ROPE, smp, fk, &e) == KVQ_OK);
+            ck_assert(kvq_dump_read(r, layer, KVQ_DUMP_FISHER_V, smp, fv, &e) == KVQ_OK);
+            double nz = 0;
+            for (int i = 0; i < L * H * D; i++) {
+                float gk = st.dk_pre[(size_t)layer * L * H * D + i], gv = st.dv[(size_t)layer * L * H * D + i];
+                ck_assert_msg(fk[i] == gk * gk && fv[i] == gv * gv, "layer %d sample %d elem %d: fisher %g/%g vs grad^2 %g/%g",
+                              layer, smp, i, fk[i], fv[i], gk * gk, gv * gv);
+                nz += fk[i] > 0;
+            }
+            ck_assert_msg(nz > L * H * D / 2, "layer %d: Fisher mostly zero", layer);
+        }
+    }
+    free(fk);
+    free(fv);
+    free(st.dk_pre);
+    free(st.dv);
+    kvq_backward_free(&bw);
+    kvq_model_free(&model);
     free(kp);
     free(k);
     free(am);

@@ -128,6 +128,25 @@ START_TEST(test_cli_success)
         ck_assert_int_eq(cJSON_GetObjectItem(o, "scored_tokens")->valueint, 189);
     }
     ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "baseline")));
+    /* KV cache size at other contexts: an fp16 cache of a Llama-2-7B-shaped model
+     * (32 layers x 32 KV heads x 128) holds 2 x 32 x 4096 x 2 B = 512 KiB per token:
+     * exactly 1 GiB at 2K and 64 GiB at 128K; for this model at ctx 64 it equals kv_cache_mib */
+    for (int i = 0; i < 4; i++) {
+        cJSON *o = cJSON_GetArrayItem(ss, i);
+        cJSON *at = cJSON_GetObjectItem(o, "kv_cache_mib_at");
+        ck_assert_ptr_nonnull(at);
+        double m2k = cJSON_GetObjectItem(cJSON_GetObjectItem(at, "model"), "2048")->valuedouble;
+        const char *name = cJSON_GetObjectItem(o, "name")->valuestring;
+        if (strncmp(name, "kivi", 4) != 0) /* no ctx-dependent terms (KIVI's residual window has) */
+            ck_assert_double_eq_tol(m2k, cJSON_GetObjectItem(o, "kv_cache_mib")->valuedouble * 2048.0 / 64.0, 1e-9 * m2k);
+        else
+            ck_assert(m2k < cJSON_GetObjectItem(o, "kv_cache_mib")->valuedouble * 2048.0 / 64.0);
+        if (!strcmp(cJSON_GetObjectItem(o, "name")->valuestring, "fp16")) {
+            cJSON *l7 = cJSON_GetObjectItem(at, "llama2_7b");
+            ck_assert_double_eq_tol(cJSON_GetObjectItem(l7, "2048")->valuedouble, 1024.0, 1e-9);
+            ck_assert_double_eq_tol(cJSON_GetObjectItem(l7, "131072")->valuedouble, 65536.0, 1e-9);
+        }
+    }
     cJSON_Delete(root);
     free(js);
 

@@ -18,6 +18,7 @@
 #include "kvq_test.h"
 #include "quant_ggml.h"
 #include "safetensors.h"
+#include "half.h"
 
 #define FIX "tests/fixtures/"
 
@@ -247,35 +248,35 @@ START_TEST(test_bits_per_element)
 }
 END_TEST
 
-/* fp32 -> fp16 (kvq_f32_to_f16_bits, formats/safetensors.c, which the block
+/* fp32 -> fp16 (kvq_f32_to_f16, formats/safetensors.c, which the block
  * scales go through): every binary16 value maps back to itself, midpoints between
  * adjacent values round to the even one, values just off the midpoint round
  * to the nearer one; overflow -> inf; NaN stays NaN. */
 START_TEST(test_fp32_to_fp16)
 {
     for (uint32_t h = 0; h < 0x10000; h++) {
-        const float f = kvq_fp16_to_fp32((uint16_t)h);
+        const float f = kvq_f16_to_f32((uint16_t)h);
         if (isnan(f)) {
-            ck_assert(isnan(kvq_fp16_to_fp32(kvq_f32_to_f16_bits(f))));
+            ck_assert(isnan(kvq_f16_to_f32(kvq_f32_to_f16(f))));
             continue;
         }
-        ck_assert_msg(kvq_f32_to_f16_bits(f) == h, "0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(f) == h, "0x%04x", h);
         if ((h & 0x7FFF) >= 0x7C00 || (h & 0x7FFF) == 0x7BFF) continue;
-        const float g = kvq_fp16_to_fp32((uint16_t)(h + 1)); /* next magnitude, same sign */
+        const float g = kvq_f16_to_f32((uint16_t)(h + 1)); /* next magnitude, same sign */
         const float mid = (float)(((double)f + g) / 2);      /* exact in float32 */
         ck_assert((double)mid == ((double)f + g) / 2);
         const uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
-        ck_assert_msg(kvq_f32_to_f16_bits(mid) == even, "mid 0x%04x", h);
-        ck_assert_msg(kvq_f32_to_f16_bits(nextafterf(mid, 0.0f)) == h, "below mid 0x%04x", h);
-        ck_assert_msg(kvq_f32_to_f16_bits(nextafterf(mid, copysignf(INFINITY, mid))) == h + 1, "above mid 0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(mid) == even, "mid 0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(nextafterf(mid, 0.0f)) == h, "below mid 0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(nextafterf(mid, copysignf(INFINITY, mid))) == h + 1, "above mid 0x%04x", h);
     }
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(65520.0f), 0x7C00);  /* midpoint 65504..65536 -> inf (even) */
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(65519.996f), 0x7BFF);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(-1e30f), 0xFC00);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(ldexpf(1.0f, -25)), 0x0000); /* half the smallest subnormal: tie to 0 */
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(nextafterf(ldexpf(1.0f, -25), 1.0f)), 0x0001);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(-0.0f), 0x8000);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(1e-40f), 0x0000);
+    ck_assert_uint_eq(kvq_f32_to_f16(65520.0f), 0x7C00);  /* midpoint 65504..65536 -> inf (even) */
+    ck_assert_uint_eq(kvq_f32_to_f16(65519.996f), 0x7BFF);
+    ck_assert_uint_eq(kvq_f32_to_f16(-1e30f), 0xFC00);
+    ck_assert_uint_eq(kvq_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* half the smallest subnormal: tie to 0 */
+    ck_assert_uint_eq(kvq_f32_to_f16(nextafterf(ldexpf(1.0f, -25), 1.0f)), 0x0001);
+    ck_assert_uint_eq(kvq_f32_to_f16(-0.0f), 0x8000);
+    ck_assert_uint_eq(kvq_f32_to_f16(1e-40f), 0x0000);
 }
 END_TEST
 

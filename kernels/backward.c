@@ -1,0 +1,254 @@
+/* backward.c — reverse-mode gradients through the forward with frozen
+ * weights and per-layer recomputation; see backward.h. */
+#include "backward.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "ops_backward.h"
+
+kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, int max_P, kvq_err *err)
+{
+    memset(bw, 0, sizeof *bw);
+    KVQ_TRY(kvq_forward_init(&bw->fw, m, max_T, max_P, KVQ_FWD_SAVE_LAYER_INPUTS, err));
+    const kvq_hparams *hp = &m->hp;
+    bw->m = m;
+    bw->max_T = max_T;
+    bw->max_P = max_P;
+    bw->n_threads = bw->fw.n_threads;
+    /* vocabulary block: about 4M logits */
+    int vc = (int)(((size_t)1 << 22) / (size_t)max_T);
+    if (vc > 8192) vc = 8192;
+    if (vc < 256) vc = 256;
+    if (vc > hp->vocab_size) vc = hp->vocab_size;
+    bw->v_chunk = vc;
+    size_t T = max_T, P = max_P, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    size_t half = hp->rope_dim / 2, nh = hp->n_heads;
+    size_t sz[] = {T * dim, T * dim, T * dim, T * dim, T * qd, T * qd, T * qd, T * qd,
+                   T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
+                   T * hid, T * hid, T * hid, P * kvd, P * kvd, nh * T, T * half, T * half, T * (size_t)vc, T, T};
+    float **dst[] = {&bw->x_mid, &bw->xn, &bw->dx, &bw->dxn, &bw->q, &bw->att, &bw->datt, &bw->dq,
+                     &bw->k_pre, &bw->k_att, &bw->v_att, &bw->k_alt, &bw->v_alt, &bw->dk, &bw->dv, &bw->dk_pre,
+                     &bw->gate, &bw->up, &bw->dh, &bw->dpk, &bw->dpv, &bw->lse, &bw->rope_cos, &bw->rope_sin, &bw->zbuf,
+                     &bw->rmax, &bw->rtgt};
+    size_t n = sizeof sz / sizeof *sz, total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (kvq_add_size(total, sz[i], &total)) {
+            kvq_backward_free(bw);
+            return kvq_fail(err, KVQ_ENOMEM, "backward: workspace size overflows (max_T %d)", max_T);
+        }
+    bw->arena = malloc(total * sizeof(float));
+    bw->iarena = malloc(3 * T * sizeof(int));
+    bw->darena = malloc(T * sizeof(double));
+    if (!bw->arena || !bw->iarena || !bw->darena) {
+        kvq_backward_free(bw);
+        return kvq_fail(err, KVQ_ENOMEM, "backward: cannot allocate %.1f MiB for max_T %d", total * 4.0 / (1 << 20), max_T);
+    }
+    float *p = bw->arena;
+    for (size_t i = 0; i < n; i++) {
+        *dst[i] = sz[i] ? p : NULL;
+        p += sz[i];
+    }
+    bw->k_bound = bw->iarena;
+    bw->v_bound = bw->iarena + T;
+    bw->targets = bw->iarena + 2 * T;
+    bw->rsum = bw->darena;
+    kvq_status s = kvq_attn_grad_ws_init(&bw->attn, max_T, max_P, hp->n_heads, hp->n_kv_heads, hp->head_dim, bw->n_threads,
+                                         sizeof(float), err);
+    if (!s) s = kvq_attn_ws_init(&bw->fattn, max_T, max_P, hp->n_kv_heads, hp->head_dim, bw->n_threads, err);
+    if (s) kvq_backward_free(bw);
+    return s;
+}
+
+void kvq_backward_free(kvq_backward *bw)
+{
+    kvq_forward_free(&bw->fw);
+    kvq_attn_grad_ws_free(&bw->attn);
+    kvq_attn_ws_free(&bw->fattn);
+    free(bw->arena);
+    free(bw->iarena);
+    free(bw->darena);
+    memset(bw, 0, sizeof *bw);
+}
+
+static int all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* Recompute layer l from its input x (the forward's checkpoint) and
+ * differentiate it: on entry bw->dx = dL/d(layer output), on return
+ * dL/d(layer input). */
+static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l, const float *x, kvq_err *err)
+{
+    const kvq_model *m = bw->m;
+    const kvq_hparams *hp = &m->hp;
+    const kvq_layer_weights *w = &m->layers[l];
+    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim, rd = hp->rope_dim;
+    const kvq_hooks *hk = io->hooks;
+    const kvq_prefix *px = io->prefix;
+    const int P = px ? px->P : 0;
+    const size_t kvn = (size_t)T * kvd;
+    kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                         .tokens = io->tokens};
+
+    double t0 = omp_get_wtime();
+    /* ---- recompute (mirrors kvq_forward_run / layer_attention) ---- */
+    kvq_rmsnorm(bw->xn, x, w->attn_norm, T, dim, hp->norm_eps);
+    kvq_linear(bw->q, bw->xn, w->wq, T, dim, qd, 0);
+    kvq_linear(bw->k_pre, bw->xn, w->wk, T, dim, kvd, 0);
+    kvq_linear(bw->v_att, bw->xn, w->wv, T, dim, kvd, 0);
+    kvq_rope_apply(bw->q, T, nh, hd, rd, bw->rope_cos, bw->rope_sin, 0);
+    kvq_attn_grad_args a = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = bw->q, .k = bw->k_att,
+                            .v = bw->v_att, .out = bw->att, .lse = bw->lse};
+    if (P > 0) {
+        size_t off = (size_t)l * P * kvd;
+        a.pk = px->k + off;
+        a.pv = px->v + off;
+    }
+    bool pre = !hk || hk->key_stage == KVQ_KEYS_PRE_ROPE;
+    memcpy(bw->k_att, bw->k_pre, kvn * sizeof(float));
+    if (!pre) kvq_rope_apply(bw->k_att, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
+    if (hk && hk->transform) {
+        kvq_kv_alt alt = {.k = bw->k_alt, .k_bound = bw->k_bound, .v = bw->v_alt, .v_bound = bw->v_bound};
+        kvq_status s = hk->transform(hk->user, &ctx, bw->k_att, bw->v_att, &alt, err);
+        if (s) return kvq_err_prefix(err, "backward: layer %d: KV transform", l);
+        if (alt.use_k) {
+            if (pre) kvq_rope_apply(bw->k_alt, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
+            a.kq = bw->k_alt;
+            a.kb = bw->k_bound;
+        }
+        if (alt.use_v) {
+            a.vq = bw->v_alt;
+            a.vb = bw->v_bound;
+        }
+    }
+    if (pre) kvq_rope_apply(bw->k_att, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
+    kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = a.q, .k = a.k, .v = a.v,
+                        .pk = a.pk, .pv = a.pv, .kq = a.kq, .kb = a.kb, .vq = a.vq, .vb = a.vb, .out = bw->att, .lse = bw->lse};
+    kvq_status s = kvq_attention(&fa, &bw->fattn, err);
+    if (s) return kvq_err_prefix(err, "backward: layer %d", l);
+    memcpy(bw->x_mid, x, (size_t)T * dim * sizeof(float));
+    kvq_linear(bw->x_mid, bw->att, w->wo, T, qd, dim, 1.0f);
+    kvq_rmsnorm(bw->xn, bw->x_mid, w->ffn_norm, T, dim, hp->norm_eps);
+    kvq_linear(bw->gate, bw->xn, w->w_gate, T, dim, hid, 0);
+    kvq_linear(bw->up, bw->xn, w->w_up, T, dim, hid, 0);
+
+    double t1 = omp_get_wtime();
+    bw->t_recompute += t1 - t0;
+    /* ---- backward: MLP ---- */
+    kvq_linear_bwd(bw->dh, bw->dx, w->w_down, T, hid, dim, 0);
+    kvq_swiglu_bwd(bw->gate, bw->up, bw->dh, bw->gate, bw->up, (size_t)T * hid); /* gate, up now hold their gradients */
+    kvq_linear_bwd(bw->dxn, bw->gate, w->w_gate, T, dim, hid, 0);
+    kvq_linear_bwd(bw->dxn, bw->up, w->w_up, T, dim, hid, 1);
+    kvq_rmsnorm_bwd(bw->dx, bw->dxn, bw->x_mid, w->ffn_norm, T, dim, hp->norm_eps, 1);
+
+    /* ---- backward: attention ---- */
+    kvq_linear_bwd(bw->datt, bw->dx, w->wo, T, qd, dim, 0);
+    a.dout = bw->datt;
+    a.dq = bw->dq;
+    a.dk = bw->dk; /* straight-through: gradients of the alternative keys/values are added (dkq = dvq = NULL) */
+    a.dv = bw->dv;
+    a.dpk = P > 0 ? bw->dpk : NULL;
+    a.dpv = P > 0 ? bw->dpv : NULL;
+    double t2 = omp_get_wtime();
+    s = kvq_attn_bwd(&a, &bw->attn, err);
+    if (s) return kvq_err_prefix(err, "backward: layer %d", l);
+    double t3 = omp_get_wtime();
+    bw->t_attn_bwd += t3 - t2;
+    /* dk holds dL/dK post-RoPE (attention's keys); the pre-RoPE gradient is its inverse rotation */
+    memcpy(bw->dk_pre, bw->dk, kvn * sizeof(float));
+    kvq_rope_bwd(bw->dk_pre, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin);
+    kvq_rope_bwd(bw->dq, T, nh, hd, rd, bw->rope_cos, bw->rope_sin);
+    if (!all_finite(bw->dk, kvn) || !all_finite(bw->dv, kvn))
+        return kvq_fail(err, KVQ_ENUMERIC, "backward: layer %d: non-finite dL/dK or dL/dV", l);
+    if (spec->grads) {
+        kvq_layer_grads g = {.layer = l, .T = T, .P = P, .n_kv_heads = nkv, .head_dim = hd, .dk_pre = bw->dk_pre,
+                             .dk_post = bw->dk, .dv = bw->dv, .dpk = a.dpk, .dpv = a.dpv};
+        s = spec->grads(spec->user, &g, err);
+        if (s) return kvq_err_prefix(err, "backward: layer %d: grads callback", l);
+    }
+    kvq_linear_bwd(bw->dxn, bw->dq, w->wq, T, dim, qd, 0);
+    kvq_linear_bwd(bw->dxn, bw->dk_pre, w->wk, T, dim, kvd, 1);
+    kvq_linear_bwd(bw->dxn, bw->dv, w->wv, T, dim, kvd, 1);
+    kvq_rmsnorm_bwd(bw->dx, bw->dxn, x, w->attn_norm, T, dim, hp->norm_eps, 1);
+    bw->t_other_bwd += (t2 - t1) + (omp_get_wtime() - t3);
+    return KVQ_OK;
+}
+
+kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err)
+{
+    const kvq_model *m = bw->m;
+    const kvq_hparams *hp = &m->hp;
+    res->loss = NAN;
+    res->n_scored = 0;
+    res->xent_loss = NAN;
+    if (!spec->xent && !spec->upstream)
+        return kvq_fail(err, KVQ_EINVAL, "backward: nothing to differentiate (neither cross-entropy nor an upstream gradient)");
+    bw->t_forward = bw->t_head = bw->t_recompute = bw->t_attn_bwd = bw->t_other_bwd = 0;
+    double t0 = omp_get_wtime();
+    kvq_fwd_result fr;
+    KVQ_TRY(kvq_forward_run(&bw->fw, io, &fr, err));
+    bw->t_forward = omp_get_wtime() - t0;
+    res->loss = fr.loss;
+    res->n_scored = fr.n_scored;
+    const int T = io->T, dim = hp->dim;
+    if (spec->xent && fr.n_scored == 0)
+        return kvq_fail(err, KVQ_EINVAL, "backward: cross-entropy requested but no position of the %d-token window is scored", T);
+    kvq_rope_table(hp, io->pos0, T, bw->rope_cos, bw->rope_sin);
+
+    const float *x_last = kvq_forward_layer_input(&bw->fw, hp->n_layers);
+    t0 = omp_get_wtime();
+    if (spec->xent) {
+        const int *tg = io->targets;
+        if (!tg) {
+            for (int t = 0; t < T; t++) bw->targets[t] = t + 1 < T ? io->tokens[t + 1] : -1;
+            tg = bw->targets;
+        }
+        kvq_rmsnorm(bw->xn, x_last, m->out_norm, T, dim, hp->norm_eps);
+        double sum = kvq_lm_head_xent_bwd(bw->dxn, NULL, bw->xn, m->output, tg, T, dim, hp->vocab_size, 1.0 / fr.n_scored,
+                                          bw->v_chunk, bw->zbuf, bw->rmax, bw->rsum, bw->rtgt);
+        res->xent_loss = sum / fr.n_scored;
+        kvq_rmsnorm_bwd(bw->dx, bw->dxn, x_last, m->out_norm, T, dim, hp->norm_eps, 0);
+    } else {
+        memset(bw->dx, 0, (size_t)T * dim * sizeof(float));
+    }
+    bw->t_head = omp_get_wtime() - t0;
+    const int P = io->prefix ? io->prefix->P : 0;
+    for (int l = hp->n_layers - 1; l >= 0; l--) {
+        if (spec->upstream) {
+            kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = hp->n_heads,
+                                 .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim, .tokens = io->tokens};
+            kvq_status s = spec->upstream(spec->user, &ctx, kvq_forward_layer_input(&bw->fw, l + 1), bw->dx, err);
+            if (s) return kvq_err_prefix(err, "backward: layer %d: upstream callback", l);
+        }
+        KVQ_TRY(layer_backward(bw, io, spec, l, kvq_forward_layer_input(&bw->fw, l), err));
+    }
+    if (spec->d_embd) memcpy(spec->d_embd, bw->dx, (size_t)T * dim * sizeof(float));
+    return KVQ_OK;
+}
+
+kvq_status kvq_grad_store_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
+{
+    (void)err;
+    kvq_grad_store *st = user;
+    size_t row = (size_t)g->n_kv_heads * g->head_dim, n = (size_t)g->T * row, np = (size_t)g->P * row;
+    if (st->dk_pre) memcpy(st->dk_pre + g->layer * n, g->dk_pre, n * sizeof(float));
+    if (st->dk_post) memcpy(st->dk_post + g->layer * n, g->dk_post, n * sizeof(float));
+    if (st->dv) memcpy(st->dv + g->layer * n, g->dv, n * sizeof(float));
+    if (np && st->dpk) memcpy(st->dpk + g->layer * np, g->dpk, np * sizeof(float));
+    if (np && st->dpv) memcpy(st->dpv + g->layer * np, g->dpv, np * sizeof(float));
+    return KVQ_OK;
+}
+
+kvq_status kvq_backward_xent(kvq_backward *bw, const kvq_fwd_io *io, kvq_grad_store *store, kvq_bwd_result *res, kvq_err *err)
+{
+    kvq_bwd_spec spec = {.user = store, .xent = true, .grads = kvq_grad_store_cb};
+    return kvq_backward_run(bw, io, &spec, res, err);
+}

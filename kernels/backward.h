@@ -1,0 +1,158 @@
+/* backward.h — reverse-mode gradients through the Llama forward (forward.h)
+ * with frozen weights: dL/dK (pre- and post-RoPE), dL/dV of every layer and
+ * dL/d(prefix K, V), for KVQuant's Fisher information (Hooper et al. 2024,
+ * KVQuant §3.2 / App. C: element-wise squared gradients of the LM loss w.r.t.
+ * the pre-RoPE keys and the values) and IntactKV's prefix calibration (Liu
+ * et al. 2024, IntactKV §3.2: the cached prefix K/V as trainable parameters).
+ * No weight gradient is ever computed.
+ *
+ * Loss. L = [xent] mean next-token cross-entropy over the scored positions of
+ * the kvq_fwd_io (io->targets, same rule as the forward)
+ *         + [upstream] any loss on the layer outputs whose gradient the caller
+ *           supplies through kvq_bwd_spec.upstream.
+ * The second term is the generic entry point for IntactKV's training loss
+ * ½ Σ_l ||f_l(full precision) − f_l(quantized, trainable prefix)||², f_l =
+ * the residual stream leaving layer l: run the full-precision model once with
+ * KVQ_FWD_SAVE_LAYER_INPUTS and keep kvq_forward_layer_input(fw, l + 1)
+ * (= f_l) for l = 0..n_layers-1; then call kvq_backward_run with the
+ * quantizing transform, the prefix, xent = false and an upstream callback that
+ * does dx_out[t][c] += x_out[t][c] − f_l_fp[t][c] (and adds ½ Σ (…)² to its
+ * own loss); the grads callback then receives dL/d(prefix K, V) per layer.
+ *
+ * Straight-through transform. When io->hooks->transform is set (quantize →
+ * dequantize simulation), the backward treats it as the identity (straight-
+ * through estimator, Bengio et al. 2013): the gradient w.r.t. the model's own
+ * K/V equals the gradient w.r.t. the transformed K/V attention used, plus the
+ * gradient w.r.t. the alternative representation (kvq_kv_alt) when one was
+ * supplied. Because RoPE is linear and orthogonal, the result is the same for
+ * both key stages: dK_post = gradient w.r.t. the post-RoPE keys attention
+ * read; dK_pre = RoPE^-1(dK_post). Prefix entries are never transformed and
+ * get their exact gradient (they are post-RoPE keys; dpk is w.r.t. those).
+ * Without a transform the gradients are exact.
+ *
+ * Checkpointing and memory. kvq_backward_run first runs the ordinary forward
+ * (the user's hooks, including observe, see every layer once) with
+ * KVQ_FWD_SAVE_LAYER_INPUTS, keeping only the n_layers+1 residual streams
+ * [T][dim]. Then, for l = n_layers-1 .. 0, layer l is recomputed from its saved
+ * input (RMSNorm, projections, RoPE, the transform hook again — it must be
+ * deterministic —, attention (kvq_attention) with its per-row log-sum-exp, output projection,
+ * MLP up to SwiGLU) and immediately differentiated; only one layer's
+ * activations exist at a time. Attention probabilities are recomputed block
+ * by block in the backward (attention_backward.h), never stored. The LM head
+ * gradient is computed blockwise over the vocabulary with an online softmax
+ * (kvq_lm_head_xent_bwd): [T][v_chunk] logits at a time. Memory for the
+ * default model (SmolLM2-135M, T = 2048, P = 0): model 0.54 GB (fp32) +
+ * forward workspace with the 31 checkpoints (~0.15 GB) + backward workspace
+ * (~0.1 GB of one layer's activations and gradients, 151 MiB of attention dq
+ * partials, a 2048 x 2048 logit block): measured peak RSS 900 MiB
+ * (bench_backward). Per-layer gradients are handed to a callback and not
+ * kept; kvq_grad_store collects all layers when the caller wants them.
+ *
+ * Threads: GEMMs use OpenBLAS's threads; attention (forward recompute and
+ * backward) and the LM head's exponentials use OpenMP; elementwise ops run on
+ * the calling thread. Results do not depend on the OpenMP thread count.
+ *
+ * Cost: forward + recomputed forward (all but the down projection and the LM
+ * head) + backward GEMMs (dX = dY W, no dW) + two LM-head passes + attention
+ * backward. Measured (bench_backward, T = 2048, 2 shared cores): 3.85x the
+ * forward in CPU time (target 3x); the attention backward is the largest
+ * phase. Keeping per-layer activations instead of recomputing them (~1.3 GB
+ * at T = 2048, within the 4 GB budget) would need the forward to expose them.
+ */
+#ifndef KVQ_BACKWARD_H
+#define KVQ_BACKWARD_H
+
+#include <stdbool.h>
+
+#include "attention_backward.h"
+#include "forward.h"
+#include "model.h"
+#include "status.h"
+
+/* Gradients of one layer, valid only during the grads callback. All fp32,
+ * row-major. */
+typedef struct {
+    int layer, T, P, n_kv_heads, head_dim;
+    const float *dk_pre;  /* [T][n_kv_heads][head_dim] dL/dK before RoPE (the model's k_pre) */
+    const float *dk_post; /* [T][n_kv_heads][head_dim] dL/dK after RoPE (= RoPE(dk_pre)) */
+    const float *dv;      /* [T][n_kv_heads][head_dim] dL/dV */
+    const float *dpk;     /* [P][n_kv_heads][head_dim] dL/d(prefix K, post-RoPE); NULL when P == 0 */
+    const float *dpv;     /* [P][n_kv_heads][head_dim] dL/d(prefix V); NULL when P == 0 */
+} kvq_layer_grads;
+
+/* What to differentiate and where the gradients go. */
+typedef struct {
+    void *user;
+    bool xent; /* include the mean next-token cross-entropy in L */
+    /* Optional: called for l = n_layers-1 down to 0, before layer l is
+     * differentiated, with x_out = the residual stream leaving layer l [T][dim]
+     * and dx_out [T][dim] = dL/dx_out accumulated so far (from the cross-
+     * entropy and later layers); the callback ADDS the gradient of its own loss
+     * term w.r.t. x_out. */
+    kvq_status (*upstream)(void *user, const kvq_layer_ctx *ctx, const float *x_out, float *dx_out, kvq_err *err);
+    /* Optional: receives each layer's gradients, in the order n_layers-1 .. 0. */
+    kvq_status (*grads)(void *user, const kvq_layer_grads *g, kvq_err *err);
+    float *d_embd; /* optional out [T][dim]: dL/d(input embeddings) */
+} kvq_bwd_spec;
+
+typedef struct {
+    double loss;      /* the forward's mean NLL over scored positions (NaN when none) */
+    int n_scored;
+    double xent_loss; /* the cross-entropy recomputed by the backward's LM head (xent only, else NaN) */
+} kvq_bwd_result;
+
+/* Workspace: a forward (with checkpoints) and one layer of recomputed
+ * activations and gradients. Read-only for callers except fw, whose
+ * checkpoints (kvq_forward_layer_input) are valid after a run. */
+typedef struct {
+    kvq_forward fw;
+    const kvq_model *m;
+    int max_T, max_P, n_threads, v_chunk;
+    float *x_mid, *xn, *dx, *dxn;               /* [max_T][dim] */
+    float *q, *att, *datt, *dq;                 /* [max_T][q_dim] */
+    float *k_pre, *k_att, *v_att, *k_alt, *v_alt, *dk, *dv, *dk_pre; /* [max_T][kv_dim] */
+    float *gate, *up, *dh;                      /* [max_T][hidden_dim] */
+    float *dpk, *dpv;                           /* [max_P][kv_dim] */
+    float *lse;                                 /* [n_heads][max_T] */
+    float *rope_cos, *rope_sin;                 /* [max_T][rope_dim/2] */
+    float *zbuf;                                /* [max_T][v_chunk] */
+    float *rmax, *rtgt;                         /* [max_T] */
+    double *rsum;                               /* [max_T] */
+    int *k_bound, *v_bound, *targets;           /* [max_T] */
+    kvq_attn_grad_ws attn;     /* attention backward */
+    kvq_attn_ws fattn;         /* recomputed attention forward (kvq_attention with lse) */
+    /* wall seconds of the last run, by phase (profiling; not part of results) */
+    double t_forward, t_head, t_recompute, t_attn_bwd, t_other_bwd;
+    float *arena;
+    int *iarena;
+    double *darena;
+} kvq_backward;
+
+/* Allocate for windows of up to max_T tokens after up to max_P prefix
+ * entries (the model must outlive the workspace). Errors: KVQ_EINVAL,
+ * KVQ_ENOMEM. */
+kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, int max_P, kvq_err *err);
+void kvq_backward_free(kvq_backward *bw);
+
+/* Forward (io, with its hooks and prefix; io->logits / io->nll filled as by
+ * kvq_forward_run) then backward of the loss described by spec. Errors: those
+ * of kvq_forward_run; KVQ_EINVAL when spec has neither xent nor upstream, or
+ * xent with no scored position; any status a callback returns (the message
+ * names the layer); KVQ_ENUMERIC when a gradient is not finite. */
+kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err);
+
+/* A ready-made grads callback that copies each layer into caller-owned
+ * arrays (any may be NULL): [n_layers][T][n_kv_heads][head_dim] for dk_pre,
+ * dk_post, dv, and [n_layers][P][n_kv_heads][head_dim] for dpk, dpv. Pass
+ * the store as kvq_bwd_spec.user with .grads = kvq_grad_store_cb (for small
+ * models and tests; the default model at T = 2048 needs 30*2048*192*4 B =
+ * 47 MB per array). */
+typedef struct {
+    float *dk_pre, *dk_post, *dv, *dpk, *dpv;
+} kvq_grad_store;
+kvq_status kvq_grad_store_cb(void *user, const kvq_layer_grads *g, kvq_err *err);
+
+/* Convenience: gradients of the mean next-token cross-entropy into a store. */
+kvq_status kvq_backward_xent(kvq_backward *bw, const kvq_fwd_io *io, kvq_grad_store *store, kvq_bwd_result *res, kvq_err *err);
+
+#endif

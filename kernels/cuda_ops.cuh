@@ -1,0 +1,65 @@
+// cuda_ops.cuh — device kernels of the CUDA forward (internal to kernels/*.cu).
+// Every launcher enqueues on `st` and returns cudaGetLastError(). Layouts are
+// those of the CPU code (forward.h, attention.h, quant.h): row-major fp32,
+// one row per token. Semantics: see ops.h, attention.h and quant.h; each
+// kernel's comment says where the GPU differs (summation order only).
+#ifndef KVQ_CUDA_OPS_CUH
+#define KVQ_CUDA_OPS_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+// x[t][:] = E[tok[t]][:]
+cudaError_t kvq_cu_embed(float *x, const float *E, const int *tok, int T, int dim, cudaStream_t st);
+// kvq_rmsnorm: sum of squares in double (block tree order), r = (float)(1/sqrt(ss/dim + eps)), out = x*r*g.
+cudaError_t kvq_cu_rmsnorm(float *out, const float *x, const float *g, int T, int dim, float eps, cudaStream_t st);
+// kvq_rope_apply (forward rotation), same rounding (no FMA contraction).
+cudaError_t kvq_cu_rope(float *x, int T, int nh, int hd, int rope_dim, const float *cos_t, const float *sin_t,
+                        cudaStream_t st);
+// kvq_swiglu: out = g / (1 + expf(-g)) * u (CUDA expf, ~2 ulp; the CPU's Cephes exp ~1 ulp).
+cudaError_t kvq_cu_swiglu(float *out, const float *gate, const float *up, size_t n, cudaStream_t st);
+// Online log-sum-exp state: row_max = -inf, row_sum = 0, row_tgt = NaN.
+cudaError_t kvq_cu_lse_init(float *row_max, double *row_sum, float *row_tgt, int T, cudaStream_t st);
+// One vocabulary block z[T][nv] (logits v0..v0+nv-1): forward.c's loss-only update
+// (float max; sum of exp((double)z - max) in double; target logit picked).
+// Rows with tg[t] < 0 are skipped.
+cudaError_t kvq_cu_lse_block(const float *z, const int *tg, int v0, int nv, int T, float *row_max, double *row_sum,
+                             float *row_tgt, cudaStream_t st);
+
+// Causal GQA attention of attention.h (prefix, alternative K/V with
+// boundaries), fused: online softmax over key tiles, fp32, accurate expf.
+struct kvq_cu_attn {
+    int T, P, n_heads, n_kv_heads, head_dim;
+    const float *q, *k, *v, *pk, *pv, *kq, *vq;
+    const int *kb, *vb;
+    float *out;
+};
+// 0 if head_dim is supported (8, 16, 32, 64, 128), else -1.
+int kvq_cu_attn_supported(int head_dim);
+cudaError_t kvq_cu_attention(const kvq_cu_attn *a, cudaStream_t st);
+
+// ---- KV quantize→dequantize (quant.h rules, bit-exact: double arithmetic,
+// ---- explicit _rn intrinsics so nothing is contracted into an FMA) ----
+// Rows [ns, T) of x[T][n]: fp16 round trip with saturation at ±65504.
+cudaError_t kvq_cu_q_fp16(float *x, size_t T, size_t n, size_t ns, cudaStream_t st);
+// kvq_quant_int_token: out may equal in; rows < ns copied.
+cudaError_t kvq_cu_q_int_token(float *out, const float *in, size_t T, size_t kvd, size_t group, int bits, size_t ns,
+                               cudaStream_t st);
+// kvq_quant_int_channel in place on rows >= ns; outliers counted into *cnt.
+cudaError_t kvq_cu_q_int_channel(float *x, size_t T, size_t kvd, const float *lo, const float *up, int bits,
+                                 int outliers, size_t ns, unsigned long long *cnt, cudaStream_t st);
+// kvq_quant_nuq_keys in place; levels [n_tables][2^bits], table = c / head_dim when n_tables > 1.
+cudaError_t kvq_cu_q_nuq_keys(float *x, size_t T, size_t kvd, const float *levels, int bits, size_t n_tables,
+                              size_t head_dim, const float *lo, const float *up, int outliers, size_t ns,
+                              unsigned long long *cnt, cudaStream_t st);
+// kvq_quant_nuq_values in place; k = outliers per side (kvq_outliers_per_side).
+cudaError_t kvq_cu_q_nuq_values(float *x, size_t T, size_t kvd, const float *levels, int bits, size_t n_tables,
+                                size_t head_dim, size_t k, size_t ns, unsigned long long *cnt, cudaStream_t st);
+// kvq_kivi_keys: out (≠ in) gets complete G-token groups after ns quantized per channel, other rows copied.
+cudaError_t kvq_cu_q_kivi_keys(float *out, const float *in, size_t T, size_t kvd, size_t group, int bits, size_t ns,
+                               cudaStream_t st);
+
+// Fill x[n] with deterministic pseudo-random values in [-1, 1) (benchmarks).
+cudaError_t kvq_cu_fill_random(float *x, size_t n, unsigned seed, cudaStream_t st);
+
+#endif

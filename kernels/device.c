@@ -1,0 +1,109 @@
+/* device.c — device selection and the CPU/GPU forward engine; see device.h. */
+#include "device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_info.h"
+
+kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err)
+{
+    if (index) *index = 0;
+    if (!s) s = "auto";
+    char why[256] = "";
+    if (!strcmp(s, "cpu")) {
+        *out = KVQ_DEVICE_CPU;
+        return KVQ_OK;
+    }
+    if (!strcmp(s, "auto")) {
+        *out = kvq_cuda_device_count(why, sizeof why) > 0 ? KVQ_DEVICE_CUDA : KVQ_DEVICE_CPU;
+        return KVQ_OK;
+    }
+    if (!strncmp(s, "cuda", 4) && (s[4] == 0 || s[4] == ':')) {
+        int idx = 0;
+        if (s[4] == ':') {
+            char *end;
+            long v = strtol(s + 5, &end, 10);
+            if (end == s + 5 || *end || v < 0 || v > 1023)
+                return kvq_fail(err, KVQ_EINVAL, "--device %s: expected cuda:N with a GPU index N >= 0", s);
+            idx = (int)v;
+        }
+        int n = kvq_cuda_device_count(why, sizeof why);
+        if (n <= 0) return kvq_fail(err, KVQ_EUNSUPPORTED, "--device %s: %s (use --device cpu)", s, why);
+        if (idx >= n) return kvq_fail(err, KVQ_EINVAL, "--device %s: GPU index %d, but only %d GPU(s) found", s, idx, n);
+        *out = KVQ_DEVICE_CUDA;
+        if (index) *index = idx;
+        return KVQ_OK;
+    }
+    return kvq_fail(err, KVQ_EINVAL, "--device: expected cpu, cuda, cuda:N or auto, found '%s'", s);
+}
+
+const char *kvq_device_name(kvq_device d) { return d == KVQ_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, const kvq_model *m, int max_T, int max_P,
+                           unsigned flags, kvq_err *err)
+{
+    memset(e, 0, sizeof *e);
+    e->dev = dev;
+    if (dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_init(&e->gpu, m, max_T, max_P, flags, math, 0, err);
+    return kvq_forward_init(&e->cpu, m, max_T, max_P, flags, err);
+}
+
+void kvq_engine_free(kvq_engine *e)
+{
+    if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
+    else kvq_forward_free(&e->cpu);
+    memset(e, 0, sizeof *e);
+}
+
+kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
+{
+    if (e->dev == KVQ_DEVICE_CUDA) {
+        KVQ_TRY(kvq_forward_cuda_set_kv(e->gpu, d, err));
+    } else if (d) {
+        KVQ_TRY(kvq_kv_desc_validate(d, &e->cpu.m->hp, err));
+    }
+    e->has_desc = d && !kvq_kv_desc_is_identity(d);
+    if (e->has_desc) e->desc = *d;
+    memset(&e->run, 0, sizeof e->run);
+    return KVQ_OK;
+}
+
+/* CPU: forward the caller's observe hook with its own user pointer. */
+static kvq_status merged_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    const kvq_engine *e = user;
+    return e->caller->observe(e->caller->user, ctx, obs, err);
+}
+
+static kvq_status merged_transform(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
+{
+    kvq_engine *e = user;
+    return kvq_kv_desc_transform(&e->run, ctx, k, v, alt, err);
+}
+
+kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    if (e->has_desc && io->hooks && io->hooks->transform)
+        return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
+    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
+    if (!e->has_desc) return kvq_forward_run(&e->cpu, io, res, err);
+    e->run.d = &e->desc;
+    e->caller = io->hooks;
+    e->merged = (kvq_hooks){.user = e, .transform = merged_transform, .key_stage = e->desc.key_stage};
+    if (io->hooks && io->hooks->observe) {
+        e->merged.observe = merged_observe;
+        e->merged.attn_stats = io->hooks->attn_stats;
+    }
+    kvq_fwd_io io2 = *io;
+    io2.hooks = &e->merged;
+    return kvq_forward_run(&e->cpu, &io2, res, err);
+}
+
+const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n)
+{
+    if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_describe(e->gpu, buf, n);
+    else snprintf(buf, n, "CPU (%d OpenMP threads, OpenBLAS sgemm, fp32)", e->cpu.n_threads);
+    return buf;
+}

@@ -1,0 +1,63 @@
+/* device.h — choosing where the forward runs (--device cuda|cpu|auto) and
+ * one forward "engine" that dispatches to the CPU forward (forward.h) or the
+ * CUDA forward (forward_cuda.h) with the same calls, for kveval, kvdump and
+ * IntactKV training.
+ *
+ * Engine semantics are those of kvq_forward_run on both devices. A built-in
+ * KV scheme is given as a descriptor (kv_desc.h) through kvq_engine_set_kv:
+ * on the CPU it runs as the kvq_kv_desc_transform hook (quant.h), on the GPU
+ * natively; any other scheme is passed as io->hooks->transform (on the GPU:
+ * host transform, see forward_cuda.h). io->hooks->observe works on both.
+ *
+ * kveval usage:
+ *    kvq_device dev;
+ *    KVQ_TRY(kvq_device_parse(opt_device ? opt_device : "auto", &dev, err));
+ *    kvq_engine e;
+ *    KVQ_TRY(kvq_engine_init(&e, dev, KVQ_CUDA_EXACT, &model, ctx, P, 0, err));
+ *    fprintf(report, "device: %s\n", kvq_engine_describe(&e, buf, sizeof buf));
+ *    for each scheme: kvq_engine_set_kv(&e, &desc or NULL, err); for each window: kvq_engine_run(&e, &io, &res, err);
+ *    kvq_engine_free(&e);
+ */
+#ifndef KVQ_DEVICE_H
+#define KVQ_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "forward.h"
+#include "forward_cuda.h"
+#include "kv_desc.h"
+#include "status.h"
+
+typedef enum { KVQ_DEVICE_CPU = 0, KVQ_DEVICE_CUDA = 1 } kvq_device;
+
+/* "cpu" → CPU; "cuda" (or "cuda:N" — N is the GPU index, returned in *index
+ * when index is non-NULL) → CUDA, failing with KVQ_EUNSUPPORTED and the reason
+ * when this build or machine has no usable GPU; "auto" → CUDA when
+ * kvq_cuda_device_count() > 0, else CPU. Other strings → KVQ_EINVAL. */
+kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err);
+const char *kvq_device_name(kvq_device d);
+
+typedef struct {
+    kvq_device dev;
+    kvq_forward cpu;          /* dev == CPU */
+    kvq_forward_cuda *gpu;    /* dev == CUDA */
+    kvq_kv_desc desc;         /* current built-in transform (CPU side) */
+    bool has_desc;
+    kvq_kv_desc_run run;      /* CPU hook state */
+    kvq_hooks merged;         /* CPU: descriptor transform + caller's observe */
+    const kvq_hooks *caller;  /* the caller's hooks of the current run */
+} kvq_engine;
+
+kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, const kvq_model *m, int max_T, int max_P,
+                           unsigned flags, kvq_err *err);
+void kvq_engine_free(kvq_engine *e);
+/* Built-in KV transform for the next runs (NULL / FP32 = none). The
+ * descriptor is copied; its tables must outlive the runs on the CPU. */
+kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err);
+/* kvq_forward_run's contract; with a descriptor set, io->hooks->transform must be NULL. */
+kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+/* "CPU (OpenMP threads N, OpenBLAS sgemm)" or the GPU description. Returns buf. */
+const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,741 @@
+// forward_cuda.cu — the Llama forward on one CUDA GPU; see forward_cuda.h.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+extern "C" {
+#include "attention.h"
+#include "forward_cuda.h"
+#include "ops.h"
+}
+#include "cuda_ops.cuh"
+
+namespace {
+
+struct dev_layer {
+    float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+kvq_status cu_fail(kvq_err *err, cudaError_t e, const char *call, int line)
+{
+    (void)cudaGetLastError();
+    return kvq_fail(err, e == cudaErrorMemoryAllocation ? KVQ_ENOMEM : KVQ_EIO, "CUDA forward: %s failed (forward_cuda.cu:%d): %s",
+                    call, line, cudaGetErrorString(e));
+}
+
+kvq_status cb_fail(kvq_err *err, cublasStatus_t s, const char *call, int line)
+{
+    return kvq_fail(err, s == CUBLAS_STATUS_ALLOC_FAILED ? KVQ_ENOMEM : KVQ_EIO, "CUDA forward: %s failed (forward_cuda.cu:%d): %s",
+                    call, line, cublasGetStatusString(s));
+}
+
+#define CU(call)                                                          \
+    do {                                                                  \
+        cudaError_t cu_e_ = (call);                                       \
+        if (cu_e_ != cudaSuccess) return cu_fail(err, cu_e_, #call, __LINE__); \
+    } while (0)
+#define CB(call)                                                                 \
+    do {                                                                         \
+        cublasStatus_t cb_s_ = (call);                                           \
+        if (cb_s_ != CUBLAS_STATUS_SUCCESS) return cb_fail(err, cb_s_, #call, __LINE__); \
+    } while (0)
+
+double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+} // namespace
+
+struct kvq_forward_cuda {
+    const kvq_model *m;
+    int dev, max_T, max_P;
+    unsigned flags;
+    kvq_cuda_math math;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    char name[1024];
+    size_t weight_bytes;
+    // device weights (one arena)
+    void *wbuf;
+    float *tok_embd, *out_norm, *output;
+    std::vector<dev_layer> L;
+    // device activations (one arena)
+    void *abuf;
+    float *x, *xn, *q, *k_pre, *k_post, *v, *k_att, *v_att, *k_alt, *v_alt, *att, *gate, *up, *blk;
+    float *row_max, *row_tgt, *rcos, *rsin, *pk, *pv;
+    double *row_sum;
+    int *tok, *tg, *kb, *vb;
+    unsigned long long *cnt; // [2]: k, v outliers of the current run
+    int v_chunk;
+    float *logits; // [max_T][vocab], lazily
+    // pinned host staging (one allocation)
+    void *hbuf;
+    float *h_row_max, *h_row_tgt, *h_cos, *h_sin;
+    double *h_row_sum;
+    int *h_tok, *h_tg, *h_kb, *h_vb;
+    float *h_q, *h_kpre, *h_kpost, *h_v, *h_katt, *h_vatt, *h_kalt, *h_valt;
+    unsigned long long *h_cnt;
+    // native transform
+    bool has_desc;
+    kvq_kv_desc desc;
+    float *d_klo, *d_kup, *d_klv, *d_vlv; // [n_layers][kv_dim] x2, [n_layers][k_tables][2^k_bits], [..v..]
+    size_t k_tables, v_tables;
+    kvq_cuda_stats stats;
+};
+
+namespace {
+
+kvq_status dev_alloc(kvq_forward_cuda *g, void **p, size_t bytes, const char *what, kvq_err *err)
+{
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return KVQ_OK;
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    (void)cudaGetLastError();
+    *p = NULL;
+    if (e == cudaErrorMemoryAllocation)
+        return kvq_fail(err, KVQ_ENOMEM,
+                        "CUDA forward: cannot allocate %.1f MiB on GPU %d for %s (max_T %d, max_P %d): %.1f MiB free of %.1f MiB; "
+                        "shrink the window (--ctx / --seq-len), evaluate fewer tokens at once, or use --device cpu",
+                        bytes / 1048576.0, g->dev, what, g->max_T, g->max_P, fr / 1048576.0, tot / 1048576.0);
+    return kvq_fail(err, KVQ_EIO, "CUDA forward: cudaMalloc of %.1f MiB for %s failed: %s", bytes / 1048576.0, what,
+                    cudaGetErrorString(e));
+}
+
+// Carve float/int buffers out of one arena; sizes in elements of 4 bytes (8 for doubles).
+struct carve {
+    size_t off = 0;
+    char *base = NULL;
+    template <class T> void take(T **p, size_t n)
+    {
+        *p = base ? reinterpret_cast<T *>(base + off) : NULL;
+        off = align_up(off + n * sizeof(T), 256);
+    }
+};
+
+kvq_status linear(kvq_forward_cuda *g, float *y, const float *x, const float *w, int T, int in, int out, float beta,
+                  kvq_err *err)
+{
+    const float alpha = 1.0f;
+    // row-major y[T][out] = x[T][in] W^T  <=>  column-major y^T (out x T) = op(W)(out x in) x^T (in x T)
+    CB(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w, in, x, in, &beta, y, out));
+    return KVQ_OK;
+}
+
+#define LAUNCH(expr) CU(expr)
+
+} // namespace
+
+extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
+{
+    if (!g) return;
+    if (g->blas) cublasDestroy(g->blas);
+    cudaFree(g->wbuf);
+    cudaFree(g->abuf);
+    cudaFree(g->logits);
+    cudaFree(g->d_klo);
+    cudaFree(g->d_kup);
+    cudaFree(g->d_klv);
+    cudaFree(g->d_vlv);
+    cudaFreeHost(g->hbuf);
+    if (g->st) cudaStreamDestroy(g->st);
+    (void)cudaGetLastError();
+    delete g;
+}
+
+extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_model *m, int max_T, int max_P,
+                                            unsigned flags, kvq_cuda_math math, int device, kvq_err *err)
+{
+    *out = NULL;
+    const kvq_hparams *hp = &m->hp;
+    if (max_T <= 0 || max_P < 0 || max_T > (1 << 24) || max_P > (1 << 24))
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: max_T %d / max_P %d out of range (1..2^24 / 0..2^24)", max_T, max_P);
+    if (flags & KVQ_FWD_SAVE_LAYER_INPUTS)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: layer-input checkpoints (backward pass) are CPU-only for now; use --device cpu");
+    if (kvq_cu_attn_supported(hp->head_dim))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: head_dim %d: the attention kernel supports 8, 16, 32, 64, 128; use --device cpu",
+                        hp->head_dim);
+    if (hp->n_heads % hp->n_kv_heads)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: n_heads %d not a multiple of n_kv_heads %d", hp->n_heads, hp->n_kv_heads);
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: no usable CUDA device (%s); use --device cpu",
+                        ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+    }
+    if (device < 0 || device >= n)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: GPU index %d, but %d GPU(s) found", device, n);
+
+    kvq_forward_cuda *g = new kvq_forward_cuda();
+    g->m = m;
+    g->dev = device;
+    g->max_T = max_T;
+    g->max_P = max_P;
+    g->flags = flags;
+    g->math = math;
+    kvq_status s = KVQ_OK;
+    auto fail = [&](kvq_status st) {
+        kvq_forward_cuda_free(g);
+        return st;
+    };
+#define TRY(expr)                                 \
+    do {                                          \
+        if ((s = (expr)) != KVQ_OK) return fail(s); \
+    } while (0)
+#define CUI(call)                                                                  \
+    do {                                                                           \
+        cudaError_t e_ = (call);                                                   \
+        if (e_ != cudaSuccess) return fail(cu_fail(err, e_, #call, __LINE__));     \
+    } while (0)
+#define CBI(call)                                                                  \
+    do {                                                                           \
+        cublasStatus_t s_ = (call);                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return fail(cb_fail(err, s_, #call, __LINE__)); \
+    } while (0)
+
+    CUI(cudaSetDevice(device));
+    cudaDeviceProp prop;
+    CUI(cudaGetDeviceProperties(&prop, device));
+    CUI(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    CBI(cublasCreate(&g->blas));
+    CBI(cublasSetStream(g->blas, g->st));
+    CBI(cublasSetMathMode(g->blas, math == KVQ_CUDA_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), fp32 weights, cuBLAS %s", prop.name, prop.major, prop.minor,
+             prop.totalGlobalMem / 1073741824.0,
+             math == KVQ_CUDA_TF32 ? "TF32 tensor cores (fast mode, ~1e-3)" : "FP32 pedantic (TF32 off, exactness mode)");
+
+    // ---- weights ----
+    const size_t dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
+    const size_t NL = hp->n_layers;
+    const bool tied = m->output == m->tok_embd;
+    carve w;
+    g->L.resize(NL);
+    for (int pass = 0; pass < 2; pass++) {
+        w.off = 0;
+        w.take(&g->tok_embd, V * dim);
+        w.take(&g->out_norm, dim);
+        if (!tied) w.take(&g->output, V * dim);
+        for (size_t l = 0; l < NL; l++) {
+            dev_layer &d = g->L[l];
+            w.take(&d.attn_norm, dim);
+            w.take(&d.wq, qd * dim);
+            w.take(&d.wk, kvd * dim);
+            w.take(&d.wv, kvd * dim);
+            w.take(&d.wo, dim * qd);
+            w.take(&d.ffn_norm, dim);
+            w.take(&d.w_gate, hid * dim);
+            w.take(&d.w_up, hid * dim);
+            w.take(&d.w_down, dim * hid);
+        }
+        if (pass == 0) {
+            g->weight_bytes = w.off;
+            TRY(dev_alloc(g, &g->wbuf, w.off, "the fp32 weights", err));
+            w.base = (char *)g->wbuf;
+        }
+    }
+    if (tied) g->output = g->tok_embd;
+    auto up = [&](float *d, const float *h, size_t nf) { return cudaMemcpy(d, h, nf * sizeof(float), cudaMemcpyHostToDevice); };
+    CUI(up(g->tok_embd, m->tok_embd, V * dim));
+    CUI(up(g->out_norm, m->out_norm, dim));
+    if (!tied) CUI(up(g->output, m->output, V * dim));
+    for (size_t l = 0; l < NL; l++) {
+        const kvq_layer_weights *hl = &m->layers[l];
+        dev_layer &d = g->L[l];
+        CUI(up(d.attn_norm, hl->attn_norm, dim));
+        CUI(up(d.wq, hl->wq, qd * dim));
+        CUI(up(d.wk, hl->wk, kvd * dim));
+        CUI(up(d.wv, hl->wv, kvd * dim));
+        CUI(up(d.wo, hl->wo, dim * qd));
+        CUI(up(d.ffn_norm, hl->ffn_norm, dim));
+        CUI(up(d.w_gate, hl->w_gate, hid * dim));
+        CUI(up(d.w_up, hl->w_up, hid * dim));
+        CUI(up(d.w_down, hl->w_down, dim * hid));
+    }
+
+    // ---- activations ----
+    const size_t T = max_T, half = hp->rope_dim / 2 > 0 ? hp->rope_dim / 2 : 1, P = max_P;
+    size_t vc = ((size_t)1 << 28) / T;
+    if (vc > V) vc = V;
+    if (vc < 256) vc = V < 256 ? V : 256;
+    g->v_chunk = (int)vc;
+    carve a;
+    for (int pass = 0; pass < 2; pass++) {
+        a.off = 0;
+        a.take(&g->x, T * dim);
+        a.take(&g->xn, T * dim);
+        a.take(&g->q, T * qd);
+        a.take(&g->k_pre, T * kvd);
+        a.take(&g->k_post, T * kvd);
+        a.take(&g->v, T * kvd);
+        a.take(&g->k_att, T * kvd);
+        a.take(&g->v_att, T * kvd);
+        a.take(&g->k_alt, T * kvd);
+        a.take(&g->v_alt, T * kvd);
+        a.take(&g->att, T * qd);
+        a.take(&g->gate, T * hid);
+        a.take(&g->up, T * hid);
+        a.take(&g->blk, T * vc);
+        a.take(&g->row_max, T);
+        a.take(&g->row_tgt, T);
+        a.take(&g->row_sum, T);
+        a.take(&g->rcos, T * half);
+        a.take(&g->rsin, T * half);
+        a.take(&g->pk, NL * P * kvd + 4);
+        a.take(&g->pv, NL * P * kvd + 4);
+        a.take(&g->tok, T);
+        a.take(&g->tg, T);
+        a.take(&g->kb, T);
+        a.take(&g->vb, T);
+        a.take(&g->cnt, 2);
+        if (pass == 0) {
+            char what[160];
+            snprintf(what, sizeof what, "activations of %d tokens (incl. an LM-head block of %zu x %zu logits)", max_T, T, vc);
+            TRY(dev_alloc(g, &g->abuf, a.off, what, err));
+            a.base = (char *)g->abuf;
+        }
+    }
+    carve hbc;
+    for (int pass = 0; pass < 2; pass++) {
+        hbc.off = 0;
+        hbc.take(&g->h_row_max, T);
+        hbc.take(&g->h_row_tgt, T);
+        hbc.take(&g->h_row_sum, T);
+        hbc.take(&g->h_cos, T * half);
+        hbc.take(&g->h_sin, T * half);
+        hbc.take(&g->h_tok, T);
+        hbc.take(&g->h_tg, T);
+        hbc.take(&g->h_kb, T);
+        hbc.take(&g->h_vb, T);
+        hbc.take(&g->h_q, T * qd);
+        hbc.take(&g->h_kpre, T * kvd);
+        hbc.take(&g->h_kpost, T * kvd);
+        hbc.take(&g->h_v, T * kvd);
+        hbc.take(&g->h_katt, T * kvd);
+        hbc.take(&g->h_vatt, T * kvd);
+        hbc.take(&g->h_kalt, T * kvd);
+        hbc.take(&g->h_valt, T * kvd);
+        hbc.take(&g->h_cnt, 2);
+        if (pass == 0) {
+            cudaError_t e = cudaMallocHost(&g->hbuf, hbc.off);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                return fail(kvq_fail(err, KVQ_ENOMEM, "CUDA forward: cannot allocate %.1f MiB of pinned host memory for max_T %d: %s",
+                                     hbc.off / 1048576.0, max_T, cudaGetErrorString(e)));
+            }
+            hbc.base = (char *)g->hbuf;
+        }
+    }
+    *out = g;
+    return KVQ_OK;
+#undef TRY
+#undef CUI
+#undef CBI
+}
+
+extern "C" kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    g->has_desc = false;
+    if (!d || kvq_kv_desc_is_identity(d)) return KVQ_OK;
+    KVQ_TRY(kvq_kv_desc_validate(d, hp, err));
+    CU(cudaSetDevice(g->dev));
+    if (d->q.kind == KVQ_SCHEME_NUQ || d->q.kind == KVQ_SCHEME_INT_PC) {
+        const size_t NL = hp->n_layers, kvd = kvq_kv_dim(hp);
+        cudaFree(g->d_klo);
+        cudaFree(g->d_kup);
+        cudaFree(g->d_klv);
+        cudaFree(g->d_vlv);
+        g->d_klo = g->d_kup = g->d_klv = g->d_vlv = NULL;
+        KVQ_TRY(dev_alloc(g, (void **)&g->d_klo, NL * kvd * sizeof(float), "key channel thresholds", err));
+        KVQ_TRY(dev_alloc(g, (void **)&g->d_kup, NL * kvd * sizeof(float), "key channel thresholds", err));
+        for (size_t l = 0; l < NL; l++) {
+            CU(cudaMemcpy(g->d_klo + l * kvd, d->layers[l].k_lower, kvd * sizeof(float), cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(g->d_kup + l * kvd, d->layers[l].k_upper, kvd * sizeof(float), cudaMemcpyHostToDevice));
+        }
+        if (d->q.kind == KVQ_SCHEME_NUQ) {
+            g->k_tables = d->layers[0].k_lut.n_tables;
+            g->v_tables = d->layers[0].v_lut.n_tables;
+            size_t kn = g->k_tables << d->q.k_bits, vn = g->v_tables << d->q.v_bits;
+            for (size_t l = 1; l < NL; l++)
+                if (d->layers[l].k_lut.n_tables != g->k_tables || d->layers[l].v_lut.n_tables != g->v_tables)
+                    return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: nuq tables: layer %zu has a different table count than layer 0", l);
+            KVQ_TRY(dev_alloc(g, (void **)&g->d_klv, NL * kn * sizeof(float), "nuq key levels", err));
+            KVQ_TRY(dev_alloc(g, (void **)&g->d_vlv, NL * vn * sizeof(float), "nuq value levels", err));
+            for (size_t l = 0; l < NL; l++) {
+                CU(cudaMemcpy(g->d_klv + l * kn, d->layers[l].k_lut.levels, kn * sizeof(float), cudaMemcpyHostToDevice));
+                CU(cudaMemcpy(g->d_vlv + l * vn, d->layers[l].v_lut.levels, vn * sizeof(float), cudaMemcpyHostToDevice));
+            }
+        }
+    }
+    g->desc = *d;
+    g->desc.layers = NULL; // tables live on the device now
+    g->has_desc = true;
+    return KVQ_OK;
+}
+
+namespace {
+
+kvq_status d2h(kvq_forward_cuda *g, float *h, const float *d, size_t n, kvq_err *err)
+{
+    CU(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    return KVQ_OK;
+}
+kvq_status h2d(kvq_forward_cuda *g, float *d, const float *h, size_t n, kvq_err *err)
+{
+    CU(cudaMemcpyAsync(d, h, n * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    return KVQ_OK;
+}
+
+// Native transform of one layer: fills the attention arguments' K/V (and alt).
+kvq_status native_transform(kvq_forward_cuda *g, int l, int T, kvq_cu_attn *a, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const kvq_scheme *q = &g->desc.q;
+    const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd, ns = q->n_sink;
+    const bool pre = g->desc.key_stage == KVQ_KEYS_PRE_ROPE;
+    const float *ksrc = pre ? g->k_pre : g->k_post;
+    const int nkv = hp->n_kv_heads, hd = hp->head_dim;
+    if (q->kind == KVQ_SCHEME_KIVI) {
+        CU(kvq_cu_q_kivi_keys(g->k_alt, ksrc, T, kvd, q->group, q->k_bits, ns, g->st));
+        CU(kvq_cu_q_int_token(g->v_alt, g->v, T, kvd, q->group, q->v_bits, ns, g->st));
+        if (pre) CU(kvq_cu_rope(g->k_alt, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+        a->k = g->k_post;
+        a->v = g->v;
+        a->kq = g->k_alt;
+        a->vq = g->v_alt;
+        a->kb = g->kb;
+        a->vb = g->vb;
+        return KVQ_OK;
+    }
+    CU(cudaMemcpyAsync(g->k_att, ksrc, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+    CU(cudaMemcpyAsync(g->v_att, g->v, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+    switch (q->kind) {
+    case KVQ_SCHEME_FP16:
+        CU(kvq_cu_q_fp16(g->k_att, T, kvd, ns, g->st));
+        CU(kvq_cu_q_fp16(g->v_att, T, kvd, ns, g->st));
+        break;
+    case KVQ_SCHEME_INT:
+        CU(kvq_cu_q_int_token(g->k_att, g->k_att, T, kvd, q->group, q->k_bits, ns, g->st));
+        CU(kvq_cu_q_int_token(g->v_att, g->v_att, T, kvd, q->group, q->v_bits, ns, g->st));
+        break;
+    case KVQ_SCHEME_INT_PC:
+        CU(kvq_cu_q_int_channel(g->k_att, T, kvd, g->d_klo + l * kvd, g->d_kup + l * kvd, q->k_bits, q->outlier_frac > 0, ns,
+                                g->cnt, g->st));
+        CU(kvq_cu_q_int_token(g->v_att, g->v_att, T, kvd, 0, q->v_bits, ns, g->st));
+        break;
+    case KVQ_SCHEME_NUQ: {
+        size_t kn = g->k_tables << q->k_bits, vn = g->v_tables << q->v_bits;
+        CU(kvq_cu_q_nuq_keys(g->k_att, T, kvd, g->d_klv + l * kn, q->k_bits, g->k_tables, hd, g->d_klo + l * kvd,
+                             g->d_kup + l * kvd, q->outlier_frac > 0, ns, g->cnt, g->st));
+        CU(kvq_cu_q_nuq_values(g->v_att, T, kvd, g->d_vlv + l * vn, q->v_bits, g->v_tables, hd,
+                               kvq_outliers_per_side(kvd, q->outlier_frac), ns, g->cnt + 1, g->st));
+        break;
+    }
+    default: return kvq_fail(err, KVQ_EINVAL, "CUDA forward: kv descriptor kind %d has no native transform", (int)q->kind);
+    }
+    if (pre) CU(kvq_cu_rope(g->k_att, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+    a->k = g->k_att;
+    a->v = g->v_att;
+    return KVQ_OK;
+}
+
+// Generic transform callback on the host (copies down and up).
+kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_cu_attn *a,
+                          kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd;
+    const bool pre = hk->key_stage == KVQ_KEYS_PRE_ROPE;
+    KVQ_TRY(d2h(g, g->h_katt, pre ? g->k_pre : g->k_post, n, err));
+    KVQ_TRY(d2h(g, g->h_vatt, g->v, n, err));
+    CU(cudaStreamSynchronize(g->st));
+    kvq_kv_alt alt = {g->h_kalt, g->h_kb, false, g->h_valt, g->h_vb, false};
+    kvq_status s = hk->transform(hk->user, ctx, g->h_katt, g->h_vatt, &alt, err);
+    if (s) return kvq_err_prefix(err, "layer %d: KV transform", ctx->layer);
+    if (alt.use_k) KVQ_TRY(kvq_attn_check_bounds(g->h_kb, T, "k_bound", err));
+    if (alt.use_v) KVQ_TRY(kvq_attn_check_bounds(g->h_vb, T, "v_bound", err));
+    KVQ_TRY(h2d(g, g->k_att, g->h_katt, n, err));
+    KVQ_TRY(h2d(g, g->v_att, g->h_vatt, n, err));
+    const int nkv = hp->n_kv_heads, hd = hp->head_dim;
+    if (pre) CU(kvq_cu_rope(g->k_att, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+    a->k = g->k_att;
+    a->v = g->v_att;
+    if (alt.use_k) {
+        KVQ_TRY(h2d(g, g->k_alt, g->h_kalt, n, err));
+        CU(cudaMemcpyAsync(g->kb, g->h_kb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
+        if (pre) CU(kvq_cu_rope(g->k_alt, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+        a->kq = g->k_alt;
+        a->kb = g->kb;
+    }
+    if (alt.use_v) {
+        KVQ_TRY(h2d(g, g->v_alt, g->h_valt, n, err));
+        CU(cudaMemcpyAsync(g->vb, g->h_vb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
+        a->vq = g->v_alt;
+        a->vb = g->vb;
+    }
+    // the pinned staging buffers are reused by the next layer: wait for the uploads
+    CU(cudaStreamSynchronize(g->st));
+    return KVQ_OK;
+}
+
+kvq_status host_observe(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, const kvq_cu_attn *a,
+                        kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd;
+    KVQ_TRY(d2h(g, g->h_q, g->q, (size_t)T * kvq_q_dim(hp), err));
+    KVQ_TRY(d2h(g, g->h_kpre, g->k_pre, n, err));
+    KVQ_TRY(d2h(g, g->h_kpost, g->k_post, n, err));
+    KVQ_TRY(d2h(g, g->h_v, g->v, n, err));
+    KVQ_TRY(d2h(g, g->h_katt, a->k, n, err));
+    KVQ_TRY(d2h(g, g->h_vatt, a->v, n, err));
+    if (a->kq) {
+        KVQ_TRY(d2h(g, g->h_kalt, a->kq, n, err));
+        CU(cudaMemcpyAsync(g->h_kb, a->kb, (size_t)T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    }
+    if (a->vq) {
+        KVQ_TRY(d2h(g, g->h_valt, a->vq, n, err));
+        CU(cudaMemcpyAsync(g->h_vb, a->vb, (size_t)T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    }
+    CU(cudaStreamSynchronize(g->st));
+    kvq_layer_obs obs = {};
+    obs.q = g->h_q;
+    obs.k_pre = g->h_kpre;
+    obs.k_post = g->h_kpost;
+    obs.v = g->h_v;
+    obs.k_att = g->h_katt;
+    obs.v_att = g->h_vatt;
+    obs.k_alt = a->kq ? g->h_kalt : NULL;
+    obs.v_alt = a->vq ? g->h_valt : NULL;
+    obs.k_bound = a->kq ? g->h_kb : NULL;
+    obs.v_bound = a->vq ? g->h_vb : NULL;
+    kvq_status s = hk->observe(hk->user, ctx, &obs, err);
+    if (s) return kvq_err_prefix(err, "layer %d: observe hook", ctx->layer);
+    return KVQ_OK;
+}
+
+kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    const kvq_model *m = g->m;
+    const kvq_hparams *hp = &m->hp;
+    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
+    const int nkv = hp->n_kv_heads, hd = hp->head_dim;
+    res->loss = NAN;
+    res->n_scored = 0;
+    if (T <= 0 || T > g->max_T)
+        return kvq_fail(err, KVQ_EINVAL, "forward: window of %d tokens, expected 1..%d (max_T of the workspace)", T, g->max_T);
+    const kvq_prefix *px = io->prefix;
+    int P = px ? px->P : 0;
+    if (P < 0 || P > g->max_P || (P > 0 && (!px->k || !px->v)))
+        return kvq_fail(err, KVQ_EINVAL, "forward: prefix of %d entries, expected 0..%d with K and V", P, g->max_P);
+    if (io->pos0 < 0 || io->pos0 > INT32_MAX - T) return kvq_fail(err, KVQ_EINVAL, "forward: pos0 %d out of range", io->pos0);
+    for (int t = 0; t < T; t++)
+        if (io->tokens[t] < 0 || io->tokens[t] >= V)
+            return kvq_fail(err, KVQ_EINVAL, "forward: token %d at window index %d outside the vocabulary [0, %d)", io->tokens[t], t, V);
+    const kvq_hooks *hk = io->hooks;
+    if (hk && hk->observe && hk->attn_stats)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: attention statistics (attn_stats) are CPU-only for now; use --device cpu");
+    if (g->has_desc && hk && hk->transform)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: a built-in KV scheme is set and the hooks carry a transform too");
+    int *tg = g->h_tg;
+    for (int t = 0; t < T; t++) {
+        tg[t] = io->targets ? io->targets[t] : (t + 1 < T ? io->tokens[t + 1] : -1);
+        if (tg[t] >= V)
+            return kvq_fail(err, KVQ_EINVAL, "forward: target %d at window index %d outside the vocabulary [0, %d)", tg[t], t, V);
+        if (tg[t] < 0) tg[t] = -1;
+        g->h_tok[t] = io->tokens[t];
+    }
+    CU(cudaSetDevice(g->dev));
+    // the staging buffers may still be read by the previous run's copies: none in flight (run ends synchronised)
+    kvq_rope_table(hp, io->pos0, T, g->h_cos, g->h_sin);
+    const size_t half = hp->rope_dim / 2;
+    CU(cudaMemcpyAsync(g->tok, g->h_tok, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
+    CU(cudaMemcpyAsync(g->tg, g->h_tg, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
+    if (half) {
+        KVQ_TRY(h2d(g, g->rcos, g->h_cos, (size_t)T * half, err));
+        KVQ_TRY(h2d(g, g->rsin, g->h_sin, (size_t)T * half, err));
+    }
+    if (P > 0) {
+        size_t pn = (size_t)hp->n_layers * P * kvd;
+        CU(cudaMemcpyAsync(g->pk, px->k, pn * sizeof(float), cudaMemcpyHostToDevice, g->st));
+        CU(cudaMemcpyAsync(g->pv, px->v, pn * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    }
+    const bool kivi = g->has_desc && g->desc.q.kind == KVQ_SCHEME_KIVI;
+    if (kivi) {
+        const kvq_scheme *q = &g->desc.q;
+        kvq_kv_desc_kivi_bounds(q, (size_t)T, g->h_kb, g->h_vb);
+        CU(cudaMemcpyAsync(g->kb, g->h_kb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
+        CU(cudaMemcpyAsync(g->vb, g->h_vb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
+    }
+    CU(cudaMemsetAsync(g->cnt, 0, 2 * sizeof(unsigned long long), g->st));
+    CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
+
+    for (int l = 0; l < hp->n_layers; l++) {
+        const dev_layer &w = g->L[l];
+        CU(kvq_cu_rmsnorm(g->xn, g->x, w.attn_norm, T, dim, hp->norm_eps, g->st));
+        KVQ_TRY(linear(g, g->q, g->xn, w.wq, T, dim, qd, 0, err));
+        KVQ_TRY(linear(g, g->k_pre, g->xn, w.wk, T, dim, kvd, 0, err));
+        KVQ_TRY(linear(g, g->v, g->xn, w.wv, T, dim, kvd, 0, err));
+        CU(cudaMemcpyAsync(g->k_post, g->k_pre, (size_t)T * kvd * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+        CU(kvq_cu_rope(g->q, T, hp->n_heads, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+        CU(kvq_cu_rope(g->k_post, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+        kvq_cu_attn a = {};
+        a.T = T;
+        a.P = P;
+        a.n_heads = hp->n_heads;
+        a.n_kv_heads = nkv;
+        a.head_dim = hd;
+        a.q = g->q;
+        a.k = g->k_post;
+        a.v = g->v;
+        a.out = g->att;
+        if (P > 0) {
+            a.pk = g->pk + (size_t)l * P * kvd;
+            a.pv = g->pv + (size_t)l * P * kvd;
+        }
+        kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens};
+        if (g->has_desc) {
+            KVQ_TRY(native_transform(g, l, T, &a, err));
+            g->stats.native_transforms++;
+        } else if (hk && hk->transform) {
+            KVQ_TRY(host_transform(g, hk, &ctx, T, &a, err));
+            g->stats.host_transforms++;
+        }
+        CU(kvq_cu_attention(&a, g->st));
+        if (hk && hk->observe) KVQ_TRY(host_observe(g, hk, &ctx, T, &a, err));
+        KVQ_TRY(linear(g, g->x, g->att, w.wo, T, qd, dim, 1.0f, err));
+        CU(kvq_cu_rmsnorm(g->xn, g->x, w.ffn_norm, T, dim, hp->norm_eps, g->st));
+        KVQ_TRY(linear(g, g->gate, g->xn, w.w_gate, T, dim, hid, 0, err));
+        KVQ_TRY(linear(g, g->up, g->xn, w.w_up, T, dim, hid, 0, err));
+        CU(kvq_cu_swiglu(g->gate, g->gate, g->up, (size_t)T * hid, g->st));
+        KVQ_TRY(linear(g, g->x, g->gate, w.w_down, T, hid, dim, 1.0f, err));
+    }
+    CU(kvq_cu_rmsnorm(g->xn, g->x, g->out_norm, T, dim, hp->norm_eps, g->st));
+    CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
+    if (io->logits) {
+        if (!g->logits) {
+            size_t bytes = (size_t)g->max_T * V * sizeof(float);
+            KVQ_TRY(dev_alloc(g, (void **)&g->logits, bytes, "the full [max_T][vocab] logits (requested by the caller)", err));
+        }
+        KVQ_TRY(linear(g, g->logits, g->xn, g->output, T, dim, V, 0, err));
+        CU(kvq_cu_lse_block(g->logits, g->tg, 0, V, T, g->row_max, g->row_sum, g->row_tgt, g->st));
+        CU(cudaMemcpyAsync(io->logits, g->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    } else {
+        for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
+            int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
+            KVQ_TRY(linear(g, g->blk, g->xn, g->output + (size_t)v0 * dim, T, dim, nv, 0, err));
+            CU(kvq_cu_lse_block(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->st));
+        }
+    }
+    CU(cudaMemcpyAsync(g->h_row_max, g->row_max, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_row_tgt, g->row_tgt, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_row_sum, g->row_sum, (size_t)T * sizeof(double), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaStreamSynchronize(g->st));
+    CU(cudaGetLastError());
+    g->stats.k_outliers += g->h_cnt[0];
+    g->stats.v_outliers += g->h_cnt[1];
+
+    double total = 0;
+    int n_scored = 0, bad = -1;
+    for (int t = 0; t < T; t++) {
+        double nll = tg[t] >= 0 ? (double)g->h_row_max[t] + log(g->h_row_sum[t]) - (double)g->h_row_tgt[t] : NAN;
+        if (io->nll) io->nll[t] = nll;
+        if (tg[t] < 0) continue;
+        if (!isfinite(nll) && bad < 0) bad = t;
+        total += nll;
+        n_scored++;
+    }
+    res->n_scored = n_scored;
+    res->loss = n_scored ? total / n_scored : NAN;
+    if (bad >= 0)
+        return kvq_fail(err, KVQ_ENUMERIC, "forward: non-finite logits/NLL at window index %d (position %d)", bad, io->pos0 + bad);
+    return KVQ_OK;
+}
+
+} // namespace
+
+extern "C" kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    double t0 = now_s();
+    kvq_status s = run_impl(g, io, res, err);
+    if (s != KVQ_OK) {
+        // leave the stream idle so the workspace stays usable
+        cudaStreamSynchronize(g->st);
+        (void)cudaGetLastError();
+    }
+    g->stats.runs++;
+    g->stats.seconds += now_s() - t0;
+    return s;
+}
+
+extern "C" void kvq_forward_cuda_stats(const kvq_forward_cuda *g, kvq_cuda_stats *out) { *out = g->stats; }
+
+extern "C" void kvq_forward_cuda_describe(const kvq_forward_cuda *g, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s", g->name);
+}
+
+extern "C" kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_math math, double *flops_per_s,
+                                          kvq_err *err)
+{
+    *flops_per_s = 0;
+    if (n <= 0 || reps <= 0) return kvq_fail(err, KVQ_EINVAL, "sgemm rate: n %d / reps %d must be > 0", n, reps);
+    CU(cudaSetDevice(device));
+    size_t nn = (size_t)n * n;
+    float *buf = NULL;
+    cudaError_t e = cudaMalloc(&buf, 3 * nn * sizeof(float));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kvq_fail(err, KVQ_ENOMEM, "sgemm rate: cannot allocate 3 x %d x %d floats: %s", n, n, cudaGetErrorString(e));
+    }
+    cublasHandle_t h = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    kvq_status s = KVQ_OK;
+    std::vector<float> ms;
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t bs;
+    if ((e = kvq_cu_fill_random(buf, 3 * nn, 12345u, 0)) != cudaSuccess) { s = cu_fail(err, e, "fill_random", __LINE__); goto done; }
+    if ((bs = cublasCreate(&h)) != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasCreate", __LINE__); goto done; }
+    if ((bs = cublasSetMathMode(h, math == KVQ_CUDA_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        s = cb_fail(err, bs, "cublasSetMathMode", __LINE__);
+        goto done;
+    }
+    if ((e = cudaEventCreate(&e0)) != cudaSuccess || (e = cudaEventCreate(&e1)) != cudaSuccess) {
+        s = cu_fail(err, e, "cudaEventCreate", __LINE__);
+        goto done;
+    }
+    for (int r = -2; r < reps; r++) {
+        cudaEventRecord(e0, 0);
+        bs = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, buf, n, buf + nn, n, &beta, buf + 2 * nn, n);
+        if (bs != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasSgemm", __LINE__); goto done; }
+        cudaEventRecord(e1, 0);
+        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) { s = cu_fail(err, e, "cudaEventSynchronize", __LINE__); goto done; }
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (r >= 0) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    *flops_per_s = 2.0 * n * (double)n * n / (ms[ms.size() / 2] * 1e-3);
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (h) cublasDestroy(h);
+    cudaFree(buf);
+    (void)cudaGetLastError();
+    return s;
+}

@@ -1,0 +1,116 @@
+/* forward_cuda.h — the Llama forward of forward.h on one CUDA GPU, with the
+ * same inputs, outputs and semantics (kvq_fwd_io / kvq_fwd_result, hooks,
+ * prefix, alternative K/V with boundaries, loss-only LM head).
+ *
+ * What runs where:
+ *  - GPU: embedding gather, RMSNorm (sum of squares in double), the linear
+ *    layers through cuBLAS (column-major view of the row-major [out][in]
+ *    weights: y^T = W · x^T), RoPE (cos/sin tables computed on the host by
+ *    kvq_rope_table, as the CPU does), causal GQA attention with prefix and
+ *    boundaries (a fused flash-style kernel: online softmax over key tiles in
+ *    shared memory, never a [T][T] matrix), SwiGLU, the LM head in vocabulary
+ *    blocks with an online log-sum-exp in double (blockwise cross-entropy; the
+ *    CPU's loss-only rule), and the built-in KV transforms of kv_desc.h
+ *    (fp16, int, int-pc, nuq, kivi) natively, bit-for-bit the rules of
+ *    quant.h (double arithmetic, no FMA contraction, round-half-to-even).
+ *  - Host, labelled "host transform" in kvq_forward_cuda_stats: a generic
+ *    kvq_hooks.transform callback (any scheme kv_desc.h does not describe,
+ *    e.g. fp8 or llama.cpp block formats): the layer's K/V are copied back,
+ *    the callback runs on the CPU, the results are copied up again. Exact but
+ *    slower (two PCIe round trips per layer).
+ *  - Host: the observe hook (kvdump), on copies of q/k/v/k_att/v_att/alt.
+ *    attn_stats (attention mass / entropy) is not computed on the GPU yet:
+ *    KVQ_EUNSUPPORTED. So is KVQ_FWD_SAVE_LAYER_INPUTS (the backward pass is
+ *    CPU-only for now).
+ *
+ * Math modes:
+ *  - KVQ_CUDA_EXACT (default): fp32 weights, cuBLAS SGEMM with
+ *    CUBLAS_PEDANTIC_MATH (no TF32, no reduced-precision reductions), accurate
+ *    expf/exp. Matches the CPU forward to ~1e-6 relative (logits), not
+ *    bit-for-bit: summation orders differ.
+ *  - KVQ_CUDA_TF32 (fast): the same with CUBLAS_TF32_TENSOR_OP_MATH; ~1e-3
+ *    relative; label results "TF32".
+ *
+ * Memory (device): weights fp32 (4 bytes per parameter, LM head shared when
+ * tied) + activations of max_T tokens (about max_T * (6 dim + 3 q_dim +
+ * 7 kv_dim + 2 hidden_dim) floats) + the LM-head block [max_T][v_chunk]
+ * (v_chunk = min(vocab, 2^28 / max_T) floats) + full logits [max_T][vocab]
+ * allocated on the first run that asks for logits. An allocation failure
+ * reports what was being allocated, the GPU's free memory and how to shrink it
+ * (a smaller --ctx / max_T; --device cpu).
+ *
+ * Streams: one CUDA stream per workspace; kvq_forward_cuda_run returns when
+ * its results are on the host. Not thread-safe per workspace; separate
+ * workspaces may run concurrently on one GPU.
+ *
+ * How kveval / kvdump use it (see device.h for the CPU/GPU dispatch):
+ *    kvq_forward_cuda *g;
+ *    KVQ_TRY(kvq_forward_cuda_init(&g, &model, ctx, P, 0, KVQ_CUDA_EXACT, 0, err));
+ *    KVQ_TRY(kvq_forward_cuda_set_kv(g, &desc, err));   // built-in scheme, or NULL
+ *    kvq_fwd_io io = {.tokens = w, .T = ctx, .targets = tg, .prefix = px, .hooks = NULL};
+ *    KVQ_TRY(kvq_forward_cuda_run(g, &io, &res, err));  // res.loss, res.n_scored as on the CPU
+ *    kvq_forward_cuda_free(g);
+ * A scheme without a descriptor passes its kvq_hooks in io.hooks instead
+ * (host transform). In a build without CUDA every function fails with
+ * KVQ_EUNSUPPORTED ("built without CUDA").
+ */
+#ifndef KVQ_FORWARD_CUDA_H
+#define KVQ_FORWARD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "forward.h"
+#include "kv_desc.h"
+#include "model.h"
+#include "status.h"
+
+typedef enum {
+    KVQ_CUDA_EXACT = 0, /* fp32, TF32 off (exactness mode) */
+    KVQ_CUDA_TF32 = 1   /* fast mode: TF32 tensor cores for the GEMMs */
+} kvq_cuda_math;
+
+typedef struct kvq_forward_cuda kvq_forward_cuda; /* opaque */
+
+/* Counters since init (for reports). */
+typedef struct {
+    uint64_t runs;
+    uint64_t host_transforms;   /* layer calls whose transform ran on the host */
+    uint64_t native_transforms; /* layer calls transformed on the GPU */
+    uint64_t k_outliers, v_outliers; /* sparse outliers kept exact by native transforms */
+    double seconds;             /* wall time inside kvq_forward_cuda_run */
+} kvq_cuda_stats;
+
+/* Upload the model's weights to GPU `device` and allocate activations for
+ * windows of up to max_T tokens after up to max_P prefix entries.
+ * flags: KVQ_FWD_* (KVQ_FWD_SAVE_LAYER_INPUTS → KVQ_EUNSUPPORTED).
+ * Errors: KVQ_EUNSUPPORTED (no CUDA build / no device / head_dim not in
+ * {8, 16, 32, 64, 128}), KVQ_ENOMEM (device memory: the message names the
+ * buffer, its size and the free memory), KVQ_EIO (any other CUDA/cuBLAS
+ * failure, with the call and its error string), KVQ_EINVAL (sizes). */
+kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_model *m, int max_T, int max_P, unsigned flags,
+                                 kvq_cuda_math math, int device, kvq_err *err);
+void kvq_forward_cuda_free(kvq_forward_cuda *g);
+
+/* Select the native KV transform for the next runs (NULL or FP32 = none).
+ * Validates (kvq_kv_desc_validate) and uploads the tables; the descriptor
+ * itself is copied, its tables need not outlive the call. */
+kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kvq_err *err);
+
+/* Run one window: kvq_forward_run's contract (forward.h), on the GPU. With a
+ * native transform set, io->hooks->transform must be NULL (KVQ_EINVAL);
+ * io->hooks->observe may be set. Errors: those of kvq_forward_run, plus
+ * KVQ_EIO / KVQ_ENOMEM for device failures. */
+kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+
+/* Counters; one-line description ("NVIDIA H200 (sm_90, 139.8 GiB), fp32
+ * weights, cuBLAS FP32 pedantic (TF32 off)"). */
+void kvq_forward_cuda_stats(const kvq_forward_cuda *g, kvq_cuda_stats *out);
+void kvq_forward_cuda_describe(const kvq_forward_cuda *g, char *buf, size_t n);
+
+/* Measure cuBLAS's SGEMM rate on `device`: n x n x n, median of reps, after
+ * a warm-up, in FLOP/s (2 n^3 per GEMM), with the given math mode. Random
+ * (non-zero) operands. For "fraction of the cuBLAS rate" reports. */
+kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_math math, double *flops_per_s, kvq_err *err);
+
+#endif

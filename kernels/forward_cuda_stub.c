@@ -1,0 +1,43 @@
+/* CPU-only stubs of forward_cuda.h; the CUDA build uses forward_cuda.cu. */
+#include "forward_cuda.h"
+
+#ifndef KVQ_CUDA
+#include <stdio.h>
+
+#define NO_CUDA "CUDA forward: kvq was built without CUDA (CUDA=0 or no nvcc); use --device cpu"
+
+kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_model *m, int max_T, int max_P, unsigned flags,
+                                 kvq_cuda_math math, int device, kvq_err *err)
+{
+    (void)m, (void)max_T, (void)max_P, (void)flags, (void)math, (void)device;
+    *out = NULL;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+void kvq_forward_cuda_free(kvq_forward_cuda *g) { (void)g; }
+kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kvq_err *err)
+{
+    (void)g, (void)d;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    (void)g, (void)io, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+void kvq_forward_cuda_stats(const kvq_forward_cuda *g, kvq_cuda_stats *out)
+{
+    (void)g;
+    *out = (kvq_cuda_stats){0};
+}
+void kvq_forward_cuda_describe(const kvq_forward_cuda *g, char *buf, size_t n)
+{
+    (void)g;
+    snprintf(buf, n, "no CUDA in this build");
+}
+kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_math math, double *flops_per_s, kvq_err *err)
+{
+    (void)device, (void)n, (void)reps, (void)math;
+    *flops_per_s = 0;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+#endif

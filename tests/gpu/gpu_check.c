@@ -1,0 +1,662 @@
+/* gpu_check.c — CPU vs CUDA forward comparison and GPU perplexity benchmark
+ * (issue 10). Not part of `make test` (CI has no GPU); built by `make gpu-tests`
+ * and run by scripts/gpu_check_bench.sh.
+ *
+ *   gpu_check --synthetic
+ *       random-weight models (head_dim 64 and 128, GQA, a prefix, windows that
+ *       are not tile multiples): CPU vs GPU for every built-in KV scheme, the
+ *       host-transform path and the observe hook.
+ *   gpu_check --model M --text wiki.test.raw [--ctx 2048] [--check-windows 2]
+ *             [--max-windows 0] [--no-bench] [--device cuda|cpu]
+ *       the real model: logits/PPL CPU vs GPU on the first windows for every
+ *       scheme, then kveval-style perplexity (kvquant protocol) over the whole
+ *       text per scheme on the GPU: seconds, PPL, FLOP/s and the fraction of
+ *       the cuBLAS SGEMM rate measured in the same run.
+ * int-pc / nuq tables are SYNTHETIC here (per-channel 0.5%/99.5% percentiles
+ * of the pre-RoPE keys of window 0, power-law levels), not kvcalib artifacts:
+ * they exercise the same kernels; the PPL of those rows is not a paper number.
+ * Exit status: 0 when (a) the unquantized forward matches (logits relative
+ * L2 <= 1e-5, PPL relative difference <= 1e-5), (b) the observe hook sees the
+ * same K/V, and (c) every native GPU KV transform is bit-exact against the CPU
+ * reference applied to the GPU's own K/V. CPU-vs-GPU numbers of quantized
+ * schemes are printed for information only: a last-bit difference upstream
+ * (summation order) moves some values across a rounding boundary, and those
+ * flips cascade through a deep model.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_info.h"
+#include "device.h"
+#include "forward.h"
+#include "forward_cuda.h"
+#include "kv_desc.h"
+#include "model.h"
+#include "ops.h"
+#include "select.h"
+#include "text.h"
+#include "tokenizer.h"
+
+#define DIE(...) do { fprintf(stderr, "gpu_check: " __VA_ARGS__); fprintf(stderr, "\n"); exit(2); } while (0)
+#define CHECK(expr) do { kvq_err e_ = {0}; if ((expr) != KVQ_OK) DIE("%s: %s", #expr, e_.msg); } while (0)
+#define TRYE(expr) do { if ((expr) != KVQ_OK) DIE("%s: %s", #expr, err.msg); } while (0)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- schemes ------------------------------------------------------------------ */
+
+typedef struct {
+    int n_layers;
+    size_t kvd;
+    float *lower, *upper;      /* [n_layers][kvd] */
+    float *k_levels, *v_levels;/* [1 << bits] shared by all layers */
+    kvq_kv_layer_tables *lt;   /* [n_layers] */
+} synth_tables;
+
+/* ascending power-law levels in [-1, 1]: sign(u) |u|^1.5 on a uniform grid */
+static void power_levels(float *lv, int bits)
+{
+    int n = 1 << bits;
+    for (int i = 0; i < n; i++) {
+        double u = -1.0 + 2.0 * i / (n - 1);
+        lv[i] = (float)(u < 0 ? -pow(-u, 1.5) : pow(u, 1.5));
+    }
+}
+
+typedef struct {
+    synth_tables *st;
+    int T;
+} calib_user;
+
+static kvq_status calib_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    (void)err;
+    calib_user *cu = user;
+    synth_tables *st = cu->st;
+    size_t T = (size_t)ctx->T, kvd = st->kvd;
+    float *col = malloc(T * sizeof(float));
+    if (!col) return kvq_fail(err, KVQ_ENOMEM, "calib: out of memory");
+    for (size_t c = 0; c < kvd; c++) {
+        for (size_t t = 0; t < T; t++) col[t] = obs->k_pre[t * kvd + c];
+        float lo, hi;
+        kvq_percentile_pair_f32(col, T, 0.995, &lo, &hi);
+        st->lower[(size_t)ctx->layer * kvd + c] = lo;
+        st->upper[(size_t)ctx->layer * kvd + c] = hi;
+    }
+    free(col);
+    return KVQ_OK;
+}
+
+static void synth_alloc(synth_tables *st, const kvq_hparams *hp, int bits)
+{
+    st->n_layers = hp->n_layers;
+    st->kvd = (size_t)kvq_kv_dim(hp);
+    st->lower = calloc((size_t)hp->n_layers * st->kvd, sizeof(float));
+    st->upper = calloc((size_t)hp->n_layers * st->kvd, sizeof(float));
+    st->k_levels = malloc(sizeof(float) << bits);
+    st->v_levels = malloc(sizeof(float) << bits);
+    st->lt = calloc((size_t)hp->n_layers, sizeof *st->lt);
+    if (!st->lower || !st->upper || !st->k_levels || !st->v_levels || !st->lt) DIE("out of memory");
+    power_levels(st->k_levels, bits);
+    power_levels(st->v_levels, bits);
+    for (int l = 0; l < hp->n_layers; l++) {
+        st->lt[l].k_lower = st->lower + (size_t)l * st->kvd;
+        st->lt[l].k_upper = st->upper + (size_t)l * st->kvd;
+        st->lt[l].k_lut = (kvq_nuq_lut){.bits = bits, .n_tables = 1, .head_dim = (size_t)hp->head_dim, .levels = st->k_levels};
+        st->lt[l].v_lut = (kvq_nuq_lut){.bits = bits, .n_tables = 1, .head_dim = (size_t)hp->head_dim, .levels = st->v_levels};
+    }
+}
+
+static void synth_free(synth_tables *st)
+{
+    free(st->lower);
+    free(st->upper);
+    free(st->k_levels);
+    free(st->v_levels);
+    free(st->lt);
+}
+
+#define MAX_SCHEMES 16
+typedef struct {
+    kvq_kv_desc d[MAX_SCHEMES];
+    char name[MAX_SCHEMES][64];
+    int n;
+} scheme_list;
+
+static void add_scheme(scheme_list *L, kvq_scheme_kind kind, int bits, size_t group, size_t residual, double f, size_t sink,
+                       kvq_key_stage stage, const synth_tables *st, const char *suffix)
+{
+    kvq_kv_desc *d = &L->d[L->n];
+    *d = (kvq_kv_desc){.q = {.kind = kind, .k_bits = bits, .v_bits = bits, .outlier_frac = f, .n_sink = sink, .group = group,
+                             .residual = residual},
+                       .key_stage = stage};
+    if (kind == KVQ_SCHEME_INT_PC || kind == KVQ_SCHEME_NUQ) {
+        d->layers = st->lt;
+        d->n_layers = st->n_layers;
+    }
+    kvq_kv_desc_name(d, L->name[L->n], sizeof L->name[L->n]);
+    if (suffix) strncat(L->name[L->n], suffix, sizeof L->name[L->n] - strlen(L->name[L->n]) - 1);
+    L->n++;
+}
+
+static void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, size_t kivi2_r)
+{
+    L->n = 0;
+    add_scheme(L, KVQ_SCHEME_FP32, 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, KVQ_SCHEME_FP16, 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, KVQ_SCHEME_INT, 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, KVQ_SCHEME_INT, 2, (size_t)hd, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, KVQ_SCHEME_KIVI, 4, 32 <= hd ? 32 : (size_t)hd, 128, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    if (kivi2_r == 128) /* the model run: KIVI as published (post-RoPE keys, no sink) */
+        add_scheme(L, KVQ_SCHEME_KIVI, 2, 32, 128, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    else /* synthetic: the pre-RoPE and sink paths too */
+        add_scheme(L, KVQ_SCHEME_KIVI, 2, 32 <= hd ? 32 : (size_t)hd, kivi2_r, 0, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, "+pre-rope");
+    add_scheme(L, KVQ_SCHEME_INT_PC, 4, 0, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    add_scheme(L, KVQ_SCHEME_NUQ, 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    add_scheme(L, KVQ_SCHEME_NUQ, 3, 0, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+}
+
+/* the 3-bit nuq row needs 3-bit levels: a second table set */
+static void fix_bits(scheme_list *L, synth_tables *st3)
+{
+    for (int i = 0; i < L->n; i++)
+        if (L->d[i].q.kind == KVQ_SCHEME_NUQ && L->d[i].q.k_bits == 3) L->d[i].layers = st3->lt;
+}
+
+/* ---- comparison ------------------------------------------------------------- */
+
+typedef struct {
+    double logit_rel, ppl_cpu, ppl_gpu, ppl_rel, sec_cpu, sec_gpu;
+} cmp_row;
+
+/* Observe hook that records k_att and v_att of one layer (for the host-path check). */
+typedef struct {
+    int layer;
+    float *k, *v;
+    size_t n;
+    int calls;
+} obs_rec;
+
+static kvq_status rec_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    (void)err;
+    obs_rec *r = user;
+    r->calls++;
+    if (ctx->layer == r->layer) {
+        memcpy(r->k, obs->k_att, r->n * sizeof(float));
+        memcpy(r->v, obs->v_att, r->n * sizeof(float));
+    }
+    return KVQ_OK;
+}
+
+/* Bit-exactness of the GPU's native transforms: during a GPU run with a
+ * descriptor set, the observe hook receives the GPU's own pre-transform K/V
+ * (k_pre / k_post / v) and what attention used (k_att / v_att / alt); the CPU
+ * reference (kvq_kv_desc_transform, then RoPE for pre-RoPE schemes) is applied
+ * to the same inputs and every element compared bit for bit. */
+typedef struct {
+    const kvq_kv_desc *d;
+    const kvq_hparams *hp;
+    float *k, *v, *ka, *va, *cs, *sn;
+    int *kb, *vb;
+    long compared, mismatches;
+    double max_abs;
+} bx_user;
+
+static void bx_cmp(bx_user *u, const float *want, const float *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &want[i], 4);
+        memcpy(&b, &got[i], 4);
+        u->compared++;
+        if (a != b) {
+            u->mismatches++;
+            double dd = fabs((double)want[i] - got[i]);
+            if (dd > u->max_abs) u->max_abs = dd;
+        }
+    }
+}
+
+static kvq_status bx_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    bx_user *u = user;
+    const kvq_hparams *hp = u->hp;
+    size_t T = (size_t)ctx->T, n = T * (size_t)kvq_kv_dim(hp);
+    bool pre = u->d->key_stage == KVQ_KEYS_PRE_ROPE;
+    memcpy(u->k, pre ? obs->k_pre : obs->k_post, n * 4);
+    memcpy(u->v, obs->v, n * 4);
+    kvq_kv_desc_run run = {.d = u->d};
+    kvq_kv_alt alt = {u->ka, u->kb, false, u->va, u->vb, false};
+    KVQ_TRY(kvq_kv_desc_transform(&run, ctx, u->k, u->v, &alt, err));
+    if (pre) {
+        kvq_rope_table(hp, ctx->pos0, ctx->T, u->cs, u->sn);
+        kvq_rope_apply(u->k, ctx->T, hp->n_kv_heads, hp->head_dim, hp->rope_dim, u->cs, u->sn, 0);
+        if (alt.use_k) kvq_rope_apply(u->ka, ctx->T, hp->n_kv_heads, hp->head_dim, hp->rope_dim, u->cs, u->sn, 0);
+    }
+    bx_cmp(u, u->k, obs->k_att, n);
+    bx_cmp(u, u->v, obs->v_att, n);
+    if (alt.use_k != (obs->k_alt != NULL) || alt.use_v != (obs->v_alt != NULL)) {
+        u->mismatches += (long)n;
+        return KVQ_OK;
+    }
+    if (alt.use_k) {
+        bx_cmp(u, u->ka, obs->k_alt, n);
+        for (size_t i = 0; i < T; i++) u->mismatches += u->kb[i] != obs->k_bound[i];
+    }
+    if (alt.use_v) {
+        bx_cmp(u, u->va, obs->v_alt, n);
+        for (size_t i = 0; i < T; i++) u->mismatches += u->vb[i] != obs->v_bound[i];
+    }
+    return KVQ_OK;
+}
+
+/* One window on the GPU engine per scheme with the bit-exact observer; one
+ * line per scheme; returns 1 if every element of every layer matches. */
+static int bitexact_all(kvq_engine *gpu, const kvq_hparams *hp, const scheme_list *L, const int *tokens, int T,
+                        const kvq_prefix *px)
+{
+    kvq_err err = {0};
+    size_t n = (size_t)T * kvq_kv_dim(hp), half = hp->rope_dim / 2 ? hp->rope_dim / 2 : 1;
+    bx_user u = {.hp = hp, .k = malloc(n * 4), .v = malloc(n * 4), .ka = malloc(n * 4), .va = malloc(n * 4),
+                 .cs = malloc((size_t)T * half * 4), .sn = malloc((size_t)T * half * 4), .kb = malloc((size_t)T * sizeof(int)),
+                 .vb = malloc((size_t)T * sizeof(int))};
+    if (!u.k || !u.v || !u.ka || !u.va || !u.cs || !u.sn || !u.kb || !u.vb) DIE("out of memory");
+    int ok = 1;
+    printf("\nnative GPU transforms vs the CPU reference on the GPU's own K/V (every layer, bit for bit):\n\n");
+    printf("| scheme | elements compared | mismatches | max abs diff | result |\n|---|---|---|---|---|\n");
+    for (int i = 0; i < L->n; i++) {
+        if (L->d[i].q.kind == KVQ_SCHEME_FP32) continue;
+        u.d = &L->d[i];
+        u.compared = u.mismatches = 0;
+        u.max_abs = 0;
+        TRYE(kvq_engine_set_kv(gpu, &L->d[i], &err));
+        kvq_hooks h = {.user = &u, .observe = bx_observe};
+        kvq_fwd_io io = {.tokens = tokens, .T = T, .pos0 = px ? px->P : 0, .prefix = px, .hooks = &h};
+        kvq_fwd_result r;
+        TRYE(kvq_engine_run(gpu, &io, &r, &err));
+        int good = u.mismatches == 0 && u.compared > 0;
+        printf("| %s | %ld | %ld | %.3g | %s |\n", L->name[i], u.compared, u.mismatches, u.max_abs, good ? "PASS" : "FAIL");
+        ok &= good;
+    }
+    free(u.k), free(u.v), free(u.ka), free(u.va), free(u.cs), free(u.sn), free(u.kb), free(u.vb);
+    return ok;
+}
+
+/* Run windows on both engines with logits; return the comparison. mode 0 = GPU native, 1 = GPU host transform. */
+static cmp_row compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_kv_desc *d, const int32_t *tokens, int n_windows, int T,
+                       const kvq_prefix *px, int mode, float *lc, float *lg)
+{
+    kvq_err err = {0};
+    const int V = cpu->cpu.m->hp.vocab_size;
+    double nll_c = 0, nll_g = 0, num = 0, den = 0;
+    long n_sc = 0;
+    cmp_row r = {0};
+    kvq_kv_desc_run hrun = {0};
+    kvq_hooks hooks;
+    TRYE(kvq_engine_set_kv(cpu, d, &err));
+    if (mode == 0) {
+        TRYE(kvq_engine_set_kv(gpu, d, &err));
+    } else {
+        TRYE(kvq_engine_set_kv(gpu, NULL, &err));
+        kvq_kv_desc_hooks(&hrun, d, &hooks);
+    }
+    for (int w = 0; w < n_windows; w++) {
+        int tok[T];
+        for (int t = 0; t < T; t++) tok[t] = tokens[(size_t)w * T + t];
+        kvq_fwd_io io = {.tokens = tok, .T = T, .pos0 = px ? px->P : 0, .prefix = px, .logits = lc};
+        kvq_fwd_result rc, rg;
+        double t0 = now_s();
+        TRYE(kvq_engine_run(cpu, &io, &rc, &err));
+        double t1 = now_s();
+        io.logits = lg;
+        if (mode == 1) io.hooks = &hooks;
+        TRYE(kvq_engine_run(gpu, &io, &rg, &err));
+        double t2 = now_s();
+        r.sec_cpu += t1 - t0;
+        r.sec_gpu += t2 - t1;
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            double dd = (double)lg[i] - lc[i];
+            num += dd * dd;
+            den += (double)lc[i] * lc[i];
+        }
+        nll_c += rc.loss * rc.n_scored;
+        nll_g += rg.loss * rg.n_scored;
+        n_sc += rc.n_scored;
+    }
+    r.logit_rel = sqrt(num / den);
+    r.ppl_cpu = exp(nll_c / n_sc);
+    r.ppl_gpu = exp(nll_g / n_sc);
+    r.ppl_rel = fabs(r.ppl_gpu - r.ppl_cpu) / r.ppl_cpu;
+    return r;
+}
+
+/* exact: the unquantized scheme (tolerance 1e-5, counts for the exit status).
+ * Quantized schemes are reported for information: a last-bit difference in
+ * K/V (summation order) can move a value across a rounding boundary, and in a
+ * deep model those flips cascade; their semantics are checked bit for bit by
+ * bitexact_all instead. */
+static int report_row(const char *name, const char *path, cmp_row r, int exact)
+{
+    int ok = r.logit_rel <= 1e-5 && r.ppl_rel <= 1e-5;
+    printf("| %-34s | %-11s | %.3e | %.6f | %.6f | %.2e | %6.2f | %6.3f | %s |\n", name, path, r.logit_rel, r.ppl_cpu, r.ppl_gpu,
+           r.ppl_rel, r.sec_cpu, r.sec_gpu, exact ? (ok ? "PASS" : "FAIL") : "info (quantized)");
+    return exact ? ok : 1;
+}
+
+static void header(void)
+{
+    printf("| scheme                             | GPU path    | logits rel L2 | PPL CPU | PPL GPU | PPL rel | CPU s | GPU s | result |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+}
+
+static int is_exact_scheme(const kvq_kv_desc *d) { return d->q.kind == KVQ_SCHEME_FP32; }
+
+/* ---- synthetic models ------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_u(uint64_t *s) { return (float)((rng_next(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
+
+static void fill(float *x, size_t n, float a, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++) x[i] = a * rng_u(s);
+}
+
+static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int hidden, int vocab, uint64_t seed)
+{
+    kvq_hparams hp = {.n_layers = n_layers, .dim = dim, .hidden_dim = hidden, .n_heads = n_heads, .n_kv_heads = n_kv,
+                      .head_dim = dim / n_heads, .vocab_size = vocab, .ctx_len = 4096, .rope_dim = dim / n_heads,
+                      .rope_theta = 10000.0f, .rope_scaling = KVQ_ROPE_SCALING_NONE, .rope_scale_factor = 1,
+                      .norm_eps = 1e-5f, .tied_embeddings = false};
+    kvq_err err = {0};
+    TRYE(kvq_model_alloc(m, &hp, &err));
+    uint64_t s = seed;
+    size_t qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
+    fill(m->tok_embd, (size_t)vocab * dim, 1.0f, &s);
+    fill(m->output, (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
+    for (int i = 0; i < dim; i++) m->out_norm[i] = 1.0f + 0.1f * rng_u(&s);
+    for (int l = 0; l < n_layers; l++) {
+        kvq_layer_weights *w = &m->layers[l];
+        for (int i = 0; i < dim; i++) w->attn_norm[i] = 1.0f + 0.1f * rng_u(&s), w->ffn_norm[i] = 1.0f + 0.1f * rng_u(&s);
+        fill(w->wq, qd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(w->wk, kvd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(w->wv, kvd * dim, sqrtf(3.0f / dim), &s);
+        fill(w->wo, dim * qd, sqrtf(3.0f / qd), &s);
+        fill(w->w_gate, (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(w->w_up, (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(w->w_down, (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
+    }
+}
+
+static int run_synthetic(kvq_device gdev)
+{
+    struct { int L, dim, nh, nkv, hid, V, T, P, nwin; } cfg[] = {
+        {3, 256, 4, 2, 512, 700, 300, 5, 2},   /* head_dim 64, GQA 2 */
+        {2, 512, 4, 1, 768, 500, 257, 0, 1},   /* head_dim 128, MQA */
+        {2, 128, 8, 8, 256, 300, 129, 3, 1},   /* head_dim 16, MHA */
+    };
+    int all_ok = 1;
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        kvq_model m;
+        synth_model(&m, cfg[c].L, cfg[c].dim, cfg[c].nh, cfg[c].nkv, cfg[c].hid, cfg[c].V, 1000 + c);
+        const kvq_hparams *hp = &m.hp;
+        int T = cfg[c].T, P = cfg[c].P, nw = cfg[c].nwin;
+        printf("\n### synthetic model %zu: %d layers, dim %d, heads %d/%d (head_dim %d), vocab %d, T %d, prefix %d, %d window(s)\n\n",
+               c, hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->vocab_size, T, P, nw);
+        uint64_t s = 77 + c;
+        int32_t *tokens = malloc((size_t)nw * T * sizeof(int32_t));
+        for (int i = 0; i < nw * T; i++) tokens[i] = (int32_t)(rng_next(&s) % (uint64_t)hp->vocab_size);
+        kvq_prefix px = {0};
+        float *pbuf = NULL;
+        if (P) {
+            size_t pn = (size_t)hp->n_layers * P * kvq_kv_dim(hp);
+            pbuf = malloc(2 * pn * sizeof(float));
+            fill(pbuf, 2 * pn, 1.0f, &s);
+            px = (kvq_prefix){.P = P, .k = pbuf, .v = pbuf + pn};
+        }
+        kvq_err err = {0};
+        kvq_engine cpu, gpu;
+        TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, P, 0, &err));
+        TRYE(kvq_engine_init(&gpu, gdev, KVQ_CUDA_EXACT, &m, T, P, 0, &err));
+        /* tables from the CPU's pre-RoPE keys of window 0 */
+        synth_tables st4, st3;
+        synth_alloc(&st4, hp, 4);
+        synth_alloc(&st3, hp, 3);
+        calib_user cu = {&st4, T};
+        kvq_hooks ch = {.user = &cu, .observe = calib_observe};
+        kvq_fwd_io cio = {.tokens = tokens, .T = T, .pos0 = P, .prefix = P ? &px : NULL, .hooks = &ch};
+        kvq_fwd_result cr;
+        TRYE(kvq_engine_run(&cpu, &cio, &cr, &err));
+        memcpy(st3.lower, st4.lower, (size_t)hp->n_layers * st4.kvd * sizeof(float));
+        memcpy(st3.upper, st4.upper, (size_t)hp->n_layers * st4.kvd * sizeof(float));
+        scheme_list L;
+        default_schemes(&L, &st4, hp->head_dim, 4, 32);
+        fix_bits(&L, &st3);
+        float *lc = malloc((size_t)T * hp->vocab_size * sizeof(float)), *lg = malloc((size_t)T * hp->vocab_size * sizeof(float));
+        header();
+        for (int i = 0; i < L.n; i++) {
+            cmp_row r = compare(&cpu, &gpu, &L.d[i], tokens, nw, T, P ? &px : NULL, 0, lc, lg);
+            all_ok &= report_row(L.name[i], "native", r, is_exact_scheme(&L.d[i]));
+        }
+        for (int i = 0; i < L.n; i++) {
+            if (L.d[i].q.kind != KVQ_SCHEME_KIVI && L.d[i].q.kind != KVQ_SCHEME_NUQ) continue;
+            cmp_row r = compare(&cpu, &gpu, &L.d[i], tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            all_ok &= report_row(L.name[i], "host hook", r, is_exact_scheme(&L.d[i]));
+        }
+        /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
+        {
+            size_t n = (size_t)T * kvq_kv_dim(hp);
+            obs_rec rc = {.layer = 0, .k = malloc(n * 4), .v = malloc(n * 4), .n = n};
+            obs_rec rg = {.layer = 0, .k = malloc(n * 4), .v = malloc(n * 4), .n = n};
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+            TRYE(kvq_engine_set_kv(&gpu, NULL, &err));
+            kvq_hooks hc = {.user = &rc, .observe = rec_observe}, hg = {.user = &rg, .observe = rec_observe};
+            kvq_fwd_io io = {.tokens = tokens, .T = T, .pos0 = P, .prefix = P ? &px : NULL, .hooks = &hc};
+            kvq_fwd_result r1, r2;
+            TRYE(kvq_engine_run(&cpu, &io, &r1, &err));
+            io.hooks = &hg;
+            TRYE(kvq_engine_run(&gpu, &io, &r2, &err));
+            double ek = rel_l2(rg.k, rc.k, n), ev = rel_l2(rg.v, rc.v, n);
+            int ok = rc.calls == hp->n_layers && rg.calls == hp->n_layers && ek <= 1e-5 && ev <= 1e-5;
+            printf("\nobserve hook (fp32, layer 0): calls CPU %d GPU %d, k_att rel L2 %.2e, v_att rel L2 %.2e: %s\n", rc.calls,
+                   rg.calls, ek, ev, ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            free(rc.k), free(rc.v), free(rg.k), free(rg.v);
+        }
+        all_ok &= bitexact_all(&gpu, hp, &L, tokens, T, P ? &px : NULL);
+        free(lc), free(lg), free(tokens), free(pbuf);
+        synth_free(&st4);
+        synth_free(&st3);
+        kvq_engine_free(&cpu);
+        kvq_engine_free(&gpu);
+        kvq_model_free(&m);
+    }
+    return all_ok;
+}
+
+/* ---- the real model ------------------------------------------------------------- */
+
+static int run_model(const char *model_path, const char *text_path, int ctx, int check_windows, int max_windows, int bench,
+                     kvq_device gdev)
+{
+    kvq_err err = {0};
+    kvq_model m;
+    double t0 = now_s();
+    TRYE(kvq_model_load(model_path, &m, &err));
+    kvq_tokenizer *tok;
+    TRYE(kvq_tokenizer_load(model_path, &tok, &err));
+    kvq_text txt;
+    TRYE(kvq_text_read(text_path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &txt, &err));
+    kvq_windows win;
+    TRYE(kvq_ppl_windows(&txt, tok, KVQ_PPL_KVQUANT, (size_t)ctx, KVQ_BOS_MODEL, &win, &err));
+    const kvq_hparams *hp = &m.hp;
+    printf("model: %s (%d layers, dim %d, heads %d/%d, head_dim %d, vocab %d)\n", model_path, hp->n_layers, hp->dim,
+           hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->vocab_size);
+    printf("text: %s, %zu tokens, ctx %d, %zu windows (kvquant protocol), bos %d; load+tokenize %.1f s\n", text_path,
+           win.n_tokens, ctx, win.n_windows, win.bos, now_s() - t0);
+    int nwin = (int)win.n_windows;
+    if (max_windows > 0 && max_windows < nwin) nwin = max_windows;
+    if (check_windows > nwin) check_windows = nwin;
+
+    kvq_engine gpu;
+    TRYE(kvq_engine_init(&gpu, gdev, KVQ_CUDA_EXACT, &m, ctx, 0, 0, &err));
+    char desc[1024];
+    printf("device: %s\n", kvq_engine_describe(&gpu, desc, sizeof desc));
+
+    /* synthetic tables from window 0 (pre-RoPE keys; GPU observe path) */
+    synth_tables st4, st3;
+    synth_alloc(&st4, hp, 4);
+    synth_alloc(&st3, hp, 3);
+    {
+        calib_user cu = {&st4, ctx};
+        kvq_hooks ch = {.user = &cu, .observe = calib_observe};
+        kvq_fwd_io io = {.tokens = win.tokens, .T = ctx, .hooks = &ch};
+        kvq_fwd_result r;
+        TRYE(kvq_engine_run(&gpu, &io, &r, &err));
+        memcpy(st3.lower, st4.lower, (size_t)hp->n_layers * st4.kvd * sizeof(float));
+        memcpy(st3.upper, st4.upper, (size_t)hp->n_layers * st4.kvd * sizeof(float));
+    }
+    scheme_list L;
+    default_schemes(&L, &st4, hp->head_dim, 1, 128);
+    fix_bits(&L, &st3);
+    int all_ok = 1;
+    all_ok &= bitexact_all(&gpu, hp, &L, win.tokens, ctx, NULL);
+
+    if (check_windows > 0 && gdev == KVQ_DEVICE_CUDA) {
+        kvq_engine cpu;
+        TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, ctx, 0, 0, &err));
+        printf("\n## CPU vs GPU (exactness mode), %d window(s) of %d tokens, logits over the full vocabulary\n\n", check_windows, ctx);
+        float *lc = malloc((size_t)ctx * hp->vocab_size * sizeof(float)), *lg = malloc((size_t)ctx * hp->vocab_size * sizeof(float));
+        if (!lc || !lg) DIE("out of memory for logits");
+        header();
+        for (int i = 0; i < L.n; i++) {
+            cmp_row r = compare(&cpu, &gpu, &L.d[i], win.tokens, check_windows, ctx, NULL, 0, lc, lg);
+            all_ok &= report_row(L.name[i], "native", r, is_exact_scheme(&L.d[i]));
+            fflush(stdout);
+        }
+        cmp_row r = compare(&cpu, &gpu, &L.d[5], win.tokens, 1, ctx, NULL, 1, lc, lg);
+        all_ok &= report_row(L.name[5], "host hook", r, 0);
+        free(lc);
+        free(lg);
+        kvq_engine_free(&cpu);
+    }
+
+    if (bench) {
+        double rate = 0, rate32 = 0;
+        if (gdev == KVQ_DEVICE_CUDA) {
+            TRYE(kvq_cuda_sgemm_rate(0, 8192, 7, KVQ_CUDA_EXACT, &rate, &err));
+            TRYE(kvq_cuda_sgemm_rate(0, 8192, 7, KVQ_CUDA_TF32, &rate32, &err));
+            printf("\ncuBLAS SGEMM 8192^3 (median of 7): FP32 pedantic %.1f TFLOP/s, TF32 %.1f TFLOP/s\n", rate / 1e12, rate32 / 1e12);
+        }
+        double flops_win = kvq_forward_flops(hp, ctx, 0);
+        printf("\n## perplexity, kvquant protocol, ctx %d, %d windows (%ld scored tokens per scheme), %.3f TFLOP per scheme\n\n",
+               ctx, nwin, (long)nwin * (ctx - 1), flops_win * nwin / 1e12);
+        printf("| scheme | mode | PPL | seconds | TFLOP/s | fraction of cuBLAS SGEMM |\n|---|---|---|---|---|---|\n");
+        int targets[ctx];
+        for (int t = 0; t < ctx; t++) targets[t] = -2; /* placeholder, set per window */
+        for (int i = 0; i <= L.n; i++) {
+            kvq_engine *e = &gpu, fast;
+            const kvq_kv_desc *d = i < L.n ? &L.d[i] : &L.d[0];
+            const char *mode = "exact (FP32)";
+            if (i == L.n) { /* fp32 in TF32 fast mode, labelled */
+                if (gdev != KVQ_DEVICE_CUDA) break;
+                TRYE(kvq_engine_init(&fast, gdev, KVQ_CUDA_TF32, &m, ctx, 0, 0, &err));
+                e = &fast;
+                mode = "fast (TF32)";
+            }
+            TRYE(kvq_engine_set_kv(e, d, &err));
+            double nll = 0;
+            long n_sc = 0;
+            double t1 = now_s();
+            for (int w = 0; w < nwin; w++) {
+                const int32_t *wt = win.tokens + (size_t)w * ctx;
+                for (int t = 0; t < ctx; t++) targets[t] = t + 1 < ctx ? wt[t + 1] : -1;
+                kvq_fwd_io io = {.tokens = wt, .T = ctx, .targets = targets};
+                kvq_fwd_result r;
+                TRYE(kvq_engine_run(e, &io, &r, &err));
+                nll += r.loss * r.n_scored;
+                n_sc += r.n_scored;
+            }
+            double sec = now_s() - t1;
+            double fl = flops_win * nwin / sec;
+            printf("| %s | %s | %.4f | %.2f | %.1f | %.2f |\n", i < L.n ? L.name[i] : "fp32", mode, exp(nll / n_sc), sec,
+                   fl / 1e12, rate > 0 ? fl / (i == L.n ? rate32 : rate) : 0.0);
+            fflush(stdout);
+            if (i == L.n) kvq_engine_free(&fast);
+        }
+        if (gdev == KVQ_DEVICE_CUDA) {
+            kvq_cuda_stats s;
+            kvq_forward_cuda_stats(gpu.gpu, &s);
+            printf("\nGPU workspace: %llu runs, %llu native / %llu host transforms, %llu / %llu K/V outliers kept, %.1f s in run\n",
+                   (unsigned long long)s.runs, (unsigned long long)s.native_transforms, (unsigned long long)s.host_transforms,
+                   (unsigned long long)s.k_outliers, (unsigned long long)s.v_outliers, s.seconds);
+        }
+    }
+    synth_free(&st4);
+    synth_free(&st3);
+    kvq_engine_free(&gpu);
+    kvq_windows_free(&win);
+    kvq_text_free(&txt);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+    return all_ok;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *text = NULL, *dev = "auto";
+    int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--synthetic")) synthetic = 1;
+        else if (!strcmp(a, "--no-bench")) bench = 0;
+        else if (!strcmp(a, "--model") && v) model = v, i++;
+        else if (!strcmp(a, "--text") && v) text = v, i++;
+        else if (!strcmp(a, "--device") && v) dev = v, i++;
+        else if (!strcmp(a, "--ctx") && v) ctx = atoi(v), i++;
+        else if (!strcmp(a, "--check-windows") && v) check_windows = atoi(v), i++;
+        else if (!strcmp(a, "--max-windows") && v) max_windows = atoi(v), i++;
+        else DIE("unknown or incomplete option '%s'; see the header of tests/gpu/gpu_check.c", a);
+    }
+    kvq_err err = {0};
+    kvq_device d;
+    TRYE(kvq_device_parse(dev, &d, NULL, &err));
+    printf("gpu_check: device %s (%s build)\n", kvq_device_name(d), kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+    int ok = 1;
+    if (synthetic) ok &= run_synthetic(d);
+    if (model) {
+        if (!text) DIE("--model needs --text");
+        if (ctx < 2) DIE("--ctx must be >= 2");
+        ok &= run_model(model, text, ctx, check_windows, max_windows, bench, d);
+    }
+    printf("\ngpu_check: %s\n", ok ? "ALL PASS" : "SOME CHECKS FAILED");
+    return ok ? 0 : 1;
+}
