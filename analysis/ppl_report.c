@@ -55,6 +55,11 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         if (s->prefix) fprintf(f, "%s IntactKV prefix of %d entries from `%s`", s->art ? ";" : "", s->prefix->P, r->arts->path[s->prefix_index]);
         fputc('\n', f);
     }
+    for (size_t i = 0; i < r->n_skipped; i++) {
+        if (!notes) fputc('\n', f);
+        notes = true;
+        fprintf(f, "- skipped: %s\n", r->skipped[i]);
+    }
     return KVQ_OK;
 }
 
@@ -135,6 +140,8 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(a, "intactkv_prefix_entries", r->arts->prefix[i].P);
         cJSON_AddItemToArray(arts, a);
     }
+    cJSON *sk = cJSON_AddArrayToObject(root, "skipped");
+    for (size_t i = 0; sk && i < r->n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(r->skipped[i]));
     cJSON *ss = cJSON_AddArrayToObject(root, "schemes");
     double base = r->results[r->baseline].ppl;
     for (size_t i = 0; i < r->n_schemes; i++) {
@@ -186,6 +193,12 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             cJSON_AddNumberToObject(o, "residual_length", (double)s->s.q.residual);
         }
         if (s->s.q.outlier_frac > 0) cJSON_AddNumberToObject(o, "outlier_fraction", s->s.q.outlier_frac);
+        if (s->s.q.kind == KVQ_SCHEME_FP8) {
+            cJSON_AddStringToObject(o, "fp8_format", (s->s.variant & 1) ? "e5m2" : "e4m3fn");
+            cJSON_AddStringToObject(o, "fp8_scales", !s->art ? "unit" : s->s.variant >= 2 ? "per-kv-head" : "per-tensor");
+            if (s->art) cJSON_AddNumberToObject(o, "fp8_percentile", s->s.percentile);
+        }
+        if (s->s.q.kind == KVQ_SCHEME_GGML) cJSON_AddNumberToObject(o, "block_size", 32);
         if (s->art_path) cJSON_AddStringToObject(o, "artifact", s->art_path);
         if (s->prefix) {
             cJSON_AddStringToObject(o, "intactkv_artifact", r->arts->path[s->prefix_index]);

@@ -153,6 +153,30 @@ START_TEST(test_cli_success)
     ck_assert_msg(strstr(out, "62 scored tokens (31 per window, from position 32)"), "%s", out);
     ck_assert(strstr(out, "overwrites each window's first token"));
 
+    /* production formats on stories260K (head_dim 8): fp8 and e5m2 run (8 + 32/(64 x 32) bits); the llama.cpp block
+     * formats do not apply (head_dim % 32 != 0) and are skipped with a message, the rest still runs */
+    snprintf(args, sizeof args,
+             "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 2 --scheme fp8 --scheme q4_0 --scheme e5m2 "
+             "--scheme iq4_nl --json %s/p.json",
+             e.model, e.tok, e.text, e.dir);
+    rc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    fprintf(stderr, "INFO kveval production stdout:\n%s", out);
+    ck_assert_msg(strstr(err, "skipping: scheme 'q4_0': head_dim 8 is not a multiple of the 32-value block") &&
+                      strstr(err, "llama.cpp refuses") && strstr(err, "skipping: scheme 'iq4_nl'"),
+                  "%s", err);
+    ck_assert_msg(strstr(out, "| fp8 | 8 | 8 | 8.02 |") && strstr(out, "| e5m2 | 8 | 8 | 8.02 |") && !strstr(out, "| q4_0 |") &&
+                      strstr(out, "- skipped: scheme 'q4_0'") && strstr(out, "- skipped: scheme 'iq4_nl'"),
+                  "%s", out);
+    snprintf(jp, sizeof jp, "%s/p.json", e.dir);
+    js = slurp(jp);
+    root = cJSON_Parse(js);
+    ck_assert(root);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(root, "schemes")), 3);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(root, "skipped")), 2);
+    cJSON_Delete(root);
+    free(js);
+
     snprintf(args, sizeof args, "--help");
     ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
     ck_assert(strstr(out, "--scheme") && strstr(out, "--max-windows"));
@@ -218,7 +242,8 @@ START_TEST(test_cli_errors)
         const char *what, *a1, *a2, *needle;
         int rc;
     } cases[] = {
-        {"unknown scheme", tx, "--scheme int4 --scheme q4_0", "unknown scheme 'q4_0'", 2},
+        {"unknown scheme", tx, "--scheme int4 --scheme q3_0", "unknown scheme 'q3_0'", 2},
+        {"fp8 scales need an artifact", tx, "--scheme fp8-head", "method fp8 with E4M3FN per-KV-head scales", 1},
         {"unknown scheme lists valid", tx, "--scheme zz", "kivi<b>[-g<G>][-r<R>]", 2},
         {"no scheme", tx, "", "missing required option --scheme", 2},
         {"needs artifact", tx, "--scheme nuq3-1%", "needs a kvcalib artifact of method nuq with 3 bits and 1% outliers; none given", 1},
@@ -231,7 +256,7 @@ START_TEST(test_cli_errors)
         {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "/nonexistent/x.txt", 1},
         {"bad option value", tx, "--scheme int4 --ctx 12x", "--ctx: expected an integer", 2},
     };
-    const char *extra[] = {"", "", "", "", ak, ao, an, "", "", ak, "", ""};
+    const char *extra[] = {"", "", "", "", "", ak, ao, an, "", "", ak, "", ""};
     static char out[65536], err[65536];
     char args[40000], jp[512];
     snprintf(jp, sizeof jp, "%s/fail.json", e.dir);
