@@ -225,19 +225,6 @@ static void assert_prefix_equal(const kvq_artifact_prefix *a, const kvq_artifact
     if (a->n_loss) ck_assert(memcmp(a->loss_curve, b->loss_curve, a->n_loss * sizeof(double)) == 0);
 }
 
-static size_t file_bytes(const char *path, unsigned char **out)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *out = malloc((size_t)n);
-    ck_assert_uint_eq(fread(*out, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    return (size_t)n;
-}
-
 START_TEST(test_artifact_roundtrip)
 {
     char path[4096];
@@ -308,9 +295,9 @@ START_TEST(test_artifact_roundtrip)
     ck_assert(b.prefix->train.lr == 2e-4 && b.prefix->train.clip == 0.3 && b.prefix->train.eps == 1e-8 &&
               b.prefix->train.loss_after == 0.1 && b.prefix->train.seconds == 1.5);
     ck_assert_msg(kvq_intactkv_write(out2, true, &b, &e) == KVQ_OK, "%s", e.msg);
-    unsigned char *x, *y;
-    size_t nx = file_bytes(out, &x), ny = file_bytes(out2, &y);
-    ck_assert(nx == ny && memcmp(x, y, nx) == 0);
+    size_t nx, ny;
+    unsigned char *x = kvq_test_slurp(out, &nx), *y = kvq_test_slurp(out2, &ny);
+    ck_assert(x && y && nx == ny && memcmp(x, y, nx) == 0);
     free(x);
     free(y);
     /* inspect shows the prefix */
