@@ -51,7 +51,8 @@ START_TEST(test_demo_tiny)
     cJSON *root = cJSON_Parse(js);
     ck_assert_ptr_nonnull(root);
     cJSON *ss = cJSON_GetObjectItem(root, "schemes");
-    ck_assert_int_eq(cJSON_GetArraySize(ss), 6); /* fp32 baseline + 5 */
+    /* fp32 baseline + 5, + nuq2-1%+intactkv (demo.sh adds it now that kvcalib intactkv exists) */
+    ck_assert_int_eq(cJSON_GetArraySize(ss), 7);
     for (int i = 0; i < cJSON_GetArraySize(ss); i++) {
         cJSON *o = cJSON_GetArrayItem(ss, i);
         char row[256];
@@ -69,6 +70,12 @@ START_TEST(test_demo_tiny)
     cJSON *nuq = cJSON_GetArrayItem(ss, 5);
     ck_assert_ptr_nonnull(cJSON_GetObjectItem(nuq, "artifact"));
     ck_assert(cJSON_GetObjectItem(nuq, "ppl")->valuedouble != cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "ppl")->valuedouble);
+    /* the IntactKV row used the BOS prefix from the artifact the demo wrote */
+    cJSON *ikv = cJSON_GetArrayItem(ss, 6);
+    ck_assert_str_eq(cJSON_GetObjectItem(ikv, "name")->valuestring, "nuq2-1%+sink1+intactkv");
+    ck_assert_int_eq((int)cJSON_GetObjectItem(ikv, "intactkv_prefix_entries")->valuedouble, 1);
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(ikv, "intactkv_trained")));
+    ck_assert(strstr(cJSON_GetObjectItem(ikv, "intactkv_artifact")->valuestring, "nuq2-1pct-intactkv.safetensors"));
     cJSON_Delete(root);
     free(stdout_txt);
     free(table);
