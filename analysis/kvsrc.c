@@ -134,6 +134,7 @@ static kvq_status scheme_quantize(void *ctx, int layer, bool is_value, const flo
         r = is_value ? kvq_kivi_values(out, in, n_tokens, kv_dim, st->head_dim, s->group, bits, s->n_sink, &c, err)
                      : kvq_kivi_keys(out, in, n_tokens, kv_dim, s->group, bits, s->n_sink, &c, err);
         break;
+    default: r = kvq_fail(err, KVQ_EUNSUPPORTED, "kvstat: scheme kind %d is evaluated by kveval only", (int)s->kind); break;
     }
     *n_outliers += c.n_outliers;
     *n_elems += c.n_elems;
@@ -162,6 +163,9 @@ kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *s
     case KVQ_METHOD_INT: s.kind = KVQ_SCHEME_INT; break;
     case KVQ_METHOD_INT_PC: s.kind = KVQ_SCHEME_INT_PC; break;
     case KVQ_METHOD_KIVI: s.kind = KVQ_SCHEME_KIVI; break;
+    case KVQ_METHOD_FP8:
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method fp8 (FP8 cache scales) is evaluated by kveval "
+                        "(--scheme fp8-tensor / fp8-head); kvstat takes nuq, int, int-pc and kivi artifacts");
     default: return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method %d unknown", (int)p->method);
     }
     if ((s.kind == KVQ_SCHEME_NUQ || s.kind == KVQ_SCHEME_INT_PC) && (!a->k || (s.kind == KVQ_SCHEME_NUQ && !a->v)))

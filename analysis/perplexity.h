@@ -129,6 +129,9 @@ typedef struct {
     size_t n_schemes;
     size_t baseline;               /* index of the fp32 baseline in schemes */
     const kvq_ppl_exec *exec;      /* the device that ran (NULL: not reported) */
+    const char *const *skipped;    /* [n_skipped] "why" lines of schemes that do not apply to the model
+                                      (KVQ_EUNSUPPORTED at binding, e.g. q4_0 with head_dim 48); may be NULL */
+    size_t n_skipped;
 } kvq_ppl_report;
 
 /* Markdown: a few "key: value" lines (model, text bytes + sha256, protocol,
@@ -136,7 +139,8 @@ typedef struct {
  *   scheme | K bits | V bits | eff. bits/elem | KV cache MiB @ctx | PPL | ΔPPL
  * (K/V bits = code bits; effective bits = mean of K and V per
  * kvq_eval_scheme_bits; ΔPPL against the baseline row), then one line per
- * scheme that read an artifact or a prefix. */
+ * scheme that read an artifact or a prefix, and one "skipped" line per
+ * entry of r->skipped. */
 kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err);
 
 /* The same numbers plus every protocol detail (window offsets, per-window

@@ -59,6 +59,11 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         if (s->prefix) fprintf(f, "%s IntactKV prefix of %d entries from `%s`", s->art ? ";" : "", s->prefix->P, r->arts->path[s->prefix_index]);
         fputc('\n', f);
     }
+    for (size_t i = 0; i < r->n_skipped; i++) {
+        if (!notes) fputc('\n', f);
+        notes = true;
+        fprintf(f, "- skipped: %s\n", r->skipped[i]);
+    }
     return KVQ_OK;
 }
 
@@ -146,6 +151,8 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(a, "intactkv_prefix_entries", r->arts->prefix[i].P);
         cJSON_AddItemToArray(arts, a);
     }
+    cJSON *sk = cJSON_AddArrayToObject(root, "skipped");
+    for (size_t i = 0; sk && i < r->n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(r->skipped[i]));
     cJSON *ss = cJSON_AddArrayToObject(root, "schemes");
     double base = r->results[r->baseline].ppl;
     for (size_t i = 0; i < r->n_schemes; i++) {
@@ -164,6 +171,31 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
         cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
         cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
+        /* the same accounting at longer contexts, for this model and for a
+         * Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
+        {
+            static const size_t ctxs[] = {2048, 32768, 131072};
+            kvq_hparams l7 = *hp;
+            l7.n_layers = 32;
+            l7.n_kv_heads = 32;
+            l7.head_dim = 128;
+            const struct { const char *name; const kvq_hparams *h; } shapes[] = {{"model", hp}, {"llama2_7b", &l7}};
+            cJSON *at = cJSON_AddObjectToObject(o, "kv_cache_mib_at");
+            for (size_t k = 0; k < 2 && *st == KVQ_OK; k++) {
+                cJSON *sh = cJSON_AddObjectToObject(at, shapes[k].name);
+                for (size_t c = 0; c < 3; c++) {
+                    kvq_bits bc;
+                    if ((*st = kvq_eval_scheme_bits(s, ctxs[c], shapes[k].h, &bc, err)) != KVQ_OK) break;
+                    char key[32];
+                    snprintf(key, sizeof key, "%zu", ctxs[c]);
+                    cJSON_AddNumberToObject(sh, key, kvq_eval_scheme_cache_mib(s, &bc, ctxs[c], shapes[k].h));
+                }
+            }
+            if (*st != KVQ_OK) {
+                cJSON_Delete(o);
+                break;
+            }
+        }
         cJSON_AddStringToObject(o, "key_stage", stage_name(s->s.key_stage));
         cJSON_AddNumberToObject(o, "n_sink", (double)s->s.q.n_sink);
         if (s->s.q.kind == KVQ_SCHEME_INT) cJSON_AddNumberToObject(o, "group_size", (double)s->s.q.group);
@@ -172,6 +204,12 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             cJSON_AddNumberToObject(o, "residual_length", (double)s->s.q.residual);
         }
         if (s->s.q.outlier_frac > 0) cJSON_AddNumberToObject(o, "outlier_fraction", s->s.q.outlier_frac);
+        if (s->s.q.kind == KVQ_SCHEME_FP8) {
+            cJSON_AddStringToObject(o, "fp8_format", (s->s.variant & 1) ? "e5m2" : "e4m3fn");
+            cJSON_AddStringToObject(o, "fp8_scales", !s->art ? "unit" : s->s.variant >= 2 ? "per-kv-head" : "per-tensor");
+            if (s->art) cJSON_AddNumberToObject(o, "fp8_percentile", s->s.percentile);
+        }
+        if (s->s.q.kind == KVQ_SCHEME_GGML) cJSON_AddNumberToObject(o, "block_size", 32);
         if (s->art_path) cJSON_AddStringToObject(o, "artifact", s->art_path);
         if (s->prefix) {
             cJSON_AddStringToObject(o, "intactkv_artifact", r->arts->path[s->prefix_index]);

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "quant_fp8.h"
+#include "quant_ggml.h"
 #include "progress.h"
 #include "safetensors.h"
 
@@ -172,6 +174,78 @@ static int parse_nuq(const char *b, kvq_scheme_spec *sp, kvq_err *err)
     return 1;
 }
 
+/* fp8, e5m2 (scale 1.0): variant = kvq_fp8_format */
+static int parse_fp8(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    (void)err;
+    if (strcmp(b, "fp8") && strcmp(b, "e5m2")) return 0;
+    sp->q.kind = KVQ_SCHEME_FP8;
+    sp->q.k_bits = sp->q.v_bits = 8;
+    sp->variant = b[0] == 'e' ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3FN;
+    return 1;
+}
+
+/* {fp8,e5m2}-{tensor,head}[-p<P>]: variant = format + 2 * per_head */
+static int parse_fp8_scaled(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    const char *p = b;
+    int fmt;
+    if (starts(p, "fp8-")) { fmt = KVQ_FP8_E4M3FN; p += 4; }
+    else if (starts(p, "e5m2-")) { fmt = KVQ_FP8_E5M2; p += 5; }
+    else return 0;
+    int head;
+    if (starts(p, "tensor")) { head = 0; p += 6; }
+    else if (starts(p, "head")) { head = 1; p += 4; }
+    else return bad(sp, err, "expected fp8, e5m2, {fp8,e5m2}-tensor[-p<P>] or {fp8,e5m2}-head[-p<P>]");
+    double pct = 100;
+    if (starts(p, "-p")) {
+        p += 2;
+        char buf[32];
+        size_t n = strlen(p);
+        if (n == 0 || n >= sizeof buf || strspn(p, "0123456789.") != n) return bad(sp, err, "percentile after -p: expected a number in (0, 100] (e.g. fp8-tensor-p99.9)");
+        memcpy(buf, p, n + 1);
+        if (!kvq_parse_double(buf, &pct) || !(pct > 0 && pct <= 100))
+            return bad(sp, err, "percentile after -p: expected a number in (0, 100] (e.g. fp8-tensor-p99.9)");
+        p += n;
+    }
+    if (*p) return bad(sp, err, "expected {fp8,e5m2}-{tensor,head}[-p<P>] (e.g. fp8-tensor, fp8-head-p99.9)");
+    sp->q.kind = KVQ_SCHEME_FP8;
+    sp->q.k_bits = sp->q.v_bits = 8;
+    sp->variant = fmt + 2 * head;
+    sp->percentile = pct;
+    return 1;
+}
+
+static const struct {
+    const char *name;
+    kvq_ggml_type t;
+    int code_bits;
+} ggml_formats[] = {
+    {"q8_0", KVQ_GGML_Q8_0, 8}, {"q4_0", KVQ_GGML_Q4_0, 4}, {"q4_1", KVQ_GGML_Q4_1, 4},
+    {"q5_0", KVQ_GGML_Q5_0, 5}, {"q5_1", KVQ_GGML_Q5_1, 5}, {"iq4_nl", KVQ_GGML_IQ4_NL, 4},
+};
+#define N_GGML (sizeof ggml_formats / sizeof *ggml_formats)
+
+static int parse_ggml(const char *b, kvq_scheme_spec *sp, kvq_err *err)
+{
+    (void)err;
+    for (size_t i = 0; i < N_GGML; i++)
+        if (!strcmp(b, ggml_formats[i].name)) {
+            sp->q.kind = KVQ_SCHEME_GGML;
+            sp->q.k_bits = sp->q.v_bits = ggml_formats[i].code_bits;
+            sp->variant = (int)ggml_formats[i].t;
+            return 1;
+        }
+    return 0;
+}
+
+static const char *ggml_name(int variant)
+{
+    for (size_t i = 0; i < N_GGML; i++)
+        if ((int)ggml_formats[i].t == variant) return ggml_formats[i].name;
+    return "?";
+}
+
 /* ---- families: artifact needs ---------------------------------------------- */
 
 static bool same_frac(double a, double b) { return fabs(a - b) <= 1e-9; }
@@ -191,6 +265,24 @@ static bool match_int_pc(const kvq_scheme_spec *sp, const kvq_artifact_params *p
 {
     return (p->method == KVQ_METHOD_INT_PC || p->method == KVQ_METHOD_NUQ) &&
            same_frac(p->outlier_frac, sp->q.outlier_frac) && stage_ok(sp, p);
+}
+
+static bool match_fp8(const kvq_scheme_spec *sp, const kvq_artifact_params *p)
+{
+    return p->method == KVQ_METHOD_FP8 && p->fp8_e5m2 == ((sp->variant & 1) == KVQ_FP8_E5M2) &&
+           p->per_head == (sp->variant >= 2) && fabs(p->fp8_percentile - sp->percentile) <= 1e-9 && stage_ok(sp, p);
+}
+
+static void need_fp8(const kvq_scheme_spec *sp, char *buf, size_t n)
+{
+    snprintf(buf, n, "a kvcalib artifact of method fp8 with %s %s scales (%s)%s",
+             (sp->variant & 1) == KVQ_FP8_E5M2 ? "E5M2" : "E4M3FN", sp->variant >= 2 ? "per-KV-head" : "per-tensor",
+             sp->percentile < 100 ? "percentile" : "absmax, percentile 100",
+             sp->stage_set ? (sp->key_stage == KVQ_KEYS_POST_ROPE ? ", post-RoPE keys" : ", pre-RoPE keys") : "");
+    if (sp->percentile < 100) {
+        size_t l = strlen(buf);
+        if (l < n) snprintf(buf + l, n - l, " %g", sp->percentile);
+    }
 }
 
 static void need_nuq(const kvq_scheme_spec *sp, char *buf, size_t n)
@@ -226,6 +318,28 @@ static kvq_status check_kivi(const kvq_eval_scheme *s, const kvq_hparams *hp, kv
     return KVQ_OK;
 }
 
+static kvq_status check_ggml(const kvq_eval_scheme *s, const kvq_hparams *hp, kvq_err *err)
+{
+    if (hp->head_dim % KVQ_GGML_KV_BLOCK)
+        return kvq_fail(err, KVQ_EUNSUPPORTED,
+                        "scheme '%s': head_dim %d is not a multiple of the %d-value block; llama.cpp refuses a quantized "
+                        "KV cache of such a model, so this scheme does not apply",
+                        s->s.spec, hp->head_dim, KVQ_GGML_KV_BLOCK);
+    return KVQ_OK;
+}
+
+static void fmt_fp8(const kvq_scheme_spec *sp, char *b, size_t n)
+{
+    snprintf(b, n, "%s", (sp->variant & 1) == KVQ_FP8_E5M2 ? "e5m2" : "fp8");
+}
+static void fmt_fp8_scaled(const kvq_scheme_spec *sp, char *b, size_t n)
+{
+    char pct[40] = "";
+    if (sp->percentile < 100) snprintf(pct, sizeof pct, "-p%g", sp->percentile);
+    snprintf(b, n, "%s-%s%s", (sp->variant & 1) == KVQ_FP8_E5M2 ? "e5m2" : "fp8", sp->variant >= 2 ? "head" : "tensor", pct);
+}
+static void fmt_ggml(const kvq_scheme_spec *sp, char *b, size_t n) { snprintf(b, n, "%s", ggml_name(sp->variant)); }
+
 static void fmt_fp32(const kvq_scheme_spec *sp, char *b, size_t n) { (void)sp; snprintf(b, n, "fp32"); }
 static void fmt_fp16(const kvq_scheme_spec *sp, char *b, size_t n) { (void)sp; snprintf(b, n, "fp16"); }
 static void fmt_int(const kvq_scheme_spec *sp, char *b, size_t n)
@@ -254,9 +368,87 @@ static void fmt_nuq(const kvq_scheme_spec *sp, char *b, size_t n)
  * The built-in families have no apply function: their transform is
  * kvq_kv_desc_transform on the descriptor built at bind (kernels/kv_desc.h). */
 
+/* fp8: per token, offline scales (1.0, or the artifact's per layer); the
+ * first n_sink tokens exact. */
+static kvq_status apply_fp8(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                            kvq_err *err)
+{
+    (void)alt;
+    const kvq_eval_scheme *s = run->s;
+    size_t H = (size_t)c->n_kv_heads, D = (size_t)c->head_dim, kvd = H * D, T = (size_t)c->T;
+    size_t ns = s->s.q.n_sink < T ? s->s.q.n_sink : T;
+    kvq_fp8_format f = (kvq_fp8_format)(s->s.variant & 1);
+    const float one = 1.0f, *ks = &one, *vs = &one;
+    size_t nk = 1, nv = 1;
+    if (s->art) {
+        ks = s->art->k[c->layer].fp8_scale;
+        nk = s->art->k[c->layer].n_fp8_scales;
+        vs = s->art->v[c->layer].fp8_scale;
+        nv = s->art->v[c->layer].n_fp8_scales;
+    }
+    if (T > ns) {
+        KVQ_TRY(kvq_fp8_kv_roundtrip(f, k + ns * kvd, k + ns * kvd, T - ns, H, D, ks, nk, err));
+        KVQ_TRY(kvq_fp8_kv_roundtrip(f, v + ns * kvd, v + ns * kvd, T - ns, H, D, vs, nv, err));
+    }
+    run->k_counts.n_elems += T * kvd;
+    run->v_counts.n_elems += T * kvd;
+    run->k_counts.n_sink += ns * kvd;
+    run->v_counts.n_sink += ns * kvd;
+    return KVQ_OK;
+}
+
+/* llama.cpp block formats: 32-value blocks of one token's head; first n_sink tokens exact. */
+static kvq_status apply_ggml(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
+                             kvq_err *err)
+{
+    (void)alt;
+    size_t H = (size_t)c->n_kv_heads, D = (size_t)c->head_dim, kvd = H * D, T = (size_t)c->T;
+    size_t ns = run->s->s.q.n_sink < T ? run->s->s.q.n_sink : T;
+    kvq_ggml_type t = (kvq_ggml_type)run->s->s.variant;
+    if (T > ns) {
+        KVQ_TRY(kvq_ggml_kv_roundtrip(t, k + ns * kvd, k + ns * kvd, T - ns, H, D, err));
+        KVQ_TRY(kvq_ggml_kv_roundtrip(t, v + ns * kvd, v + ns * kvd, T - ns, H, D, err));
+    }
+    run->k_counts.n_elems += T * kvd;
+    run->v_counts.n_elems += T * kvd;
+    run->k_counts.n_sink += ns * kvd;
+    run->v_counts.n_sink += ns * kvd;
+    return KVQ_OK;
+}
+
+
 static kvq_status bits_builtin(const kvq_eval_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out, kvq_err *err)
 {
     return kvq_scheme_bits(&s->s.q, ctx, kv_dim, out, err);
+}
+
+static double mix_sink(double dense, size_t ctx, size_t ns)
+{
+    if (ns > ctx) ns = ctx;
+    return ((double)(ctx - ns) * dense + (double)ns * 16.0) / (double)ctx;
+}
+
+/* fp8: 8-bit codes + float32 scales per layer (1 or n_kv_heads each for K and V; scale 1.0 is
+ * still one stored float) amortised over the ctx-token cache (kvq_fp8_bits_per_element). */
+static kvq_status bits_fp8(const kvq_eval_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out, kvq_err *err)
+{
+    if (ctx == 0 || kv_dim == 0 || s->head_dim == 0 || kv_dim % s->head_dim)
+        return kvq_fail(err, KVQ_EINVAL, "scheme bits: ctx %zu, kv_dim %zu, head_dim %zu", ctx, kv_dim, s->head_dim);
+    size_t H = kv_dim / s->head_dim, n_sc = s->s.variant >= 2 ? H : 1;
+    double dense = kvq_fp8_bits_per_element(n_sc, ctx, H, s->head_dim);
+    out->k = out->v = mix_sink(dense, ctx, s->s.q.n_sink);
+    out->mean = out->k;
+    return KVQ_OK;
+}
+
+/* llama.cpp blocks: block bytes * 8 / 32 (fp16 scale, and min for _1 formats, per block). */
+static kvq_status bits_ggml(const kvq_eval_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out, kvq_err *err)
+{
+    if (ctx == 0 || kv_dim == 0) return kvq_fail(err, KVQ_EINVAL, "scheme bits: ctx and kv_dim must be > 0");
+    double dense = kvq_ggml_kv_bits_per_element((kvq_ggml_type)s->s.variant);
+    out->k = out->v = mix_sink(dense, ctx, s->s.q.n_sink);
+    out->mean = out->k;
+    return KVQ_OK;
 }
 
 static int code_bits_builtin(const kvq_eval_scheme *s, char kv)
@@ -283,6 +475,12 @@ static const kvq_scheme_family families[] = {
      bits_builtin, code_bits_builtin, true},
     {"nuq", "nuq<b>[-<f>%]", parse_nuq, KVQ_KEYS_PRE_ROPE, match_nuq, need_nuq, NULL, fmt_nuq, NULL, bits_builtin,
      code_bits_builtin, true},
+    {"fp8", "fp8, e5m2", parse_fp8, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp8, apply_fp8, bits_fp8, code_bits_builtin,
+     false},
+    {"fp8-scaled", "{fp8,e5m2}-{tensor,head}[-p<P>]", parse_fp8_scaled, KVQ_KEYS_POST_ROPE, match_fp8, need_fp8, NULL,
+     fmt_fp8_scaled, apply_fp8, bits_fp8, code_bits_builtin, false},
+    {"llama.cpp", "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl", parse_ggml, KVQ_KEYS_POST_ROPE, NULL, NULL, check_ggml, fmt_ggml,
+     apply_ggml, bits_ggml, code_bits_builtin, false},
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 
@@ -294,7 +492,8 @@ const kvq_scheme_family *kvq_scheme_families(size_t *n)
 
 const char *kvq_scheme_syntax(void)
 {
-    return "fp32, fp16, int<b>[-g<G>], int<b>-pc[-<f>%], kivi<b>[-g<G>][-r<R>] (default G=32, R=128), nuq<b>[-<f>%]; "
+    return "fp32, fp16, int<b>[-g<G>], int<b>-pc[-<f>%], kivi<b>[-g<G>][-r<R>] (default G=32, R=128), nuq<b>[-<f>%], "
+           "fp8, e5m2, {fp8,e5m2}-{tensor,head}[-p<P>], q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; "
            "b = 1..8; modifiers +sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N> "
            "(e.g. int4, kivi2-g32-r128, nuq3-1%+sink1)";
 }
@@ -572,6 +771,14 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         /* tables present for this use */
         for (size_t l = 0; l < out->art->p.n_layers; l++) {
             const kvq_kv_table *kt = out->art->k ? &out->art->k[l] : NULL;
+            if (spec->q.kind == KVQ_SCHEME_FP8) {
+                size_t want = spec->variant >= 2 ? (size_t)hp->n_kv_heads : 1;
+                const kvq_kv_table *vt = out->art->v ? &out->art->v[l] : NULL;
+                if (!kt || !vt || !kt->fp8_scale || !vt->fp8_scale || kt->n_fp8_scales != want || vt->n_fp8_scales != want)
+                    return kvq_fail(err, KVQ_EFORMAT, "scheme '%s': --artifact %s: layer %zu lacks %zu fp8 scale(s) for K and V",
+                                    spec->spec, out->art_path, l, want);
+                continue;
+            }
             if (!kt || !kt->channel_lower || !kt->channel_upper ||
                 (spec->q.kind == KVQ_SCHEME_NUQ && (!kt->levels || !out->art->v || !out->art->v[l].levels)))
                 return kvq_fail(err, KVQ_EFORMAT, "scheme '%s': --artifact %s: layer %zu lacks the tables the scheme needs",

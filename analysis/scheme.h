@@ -22,6 +22,21 @@
  *   nuq<b>[-<f>%]             KVQuant nuqX (arXiv 2401.18079 §3): tables from a
  *                             kvcalib artifact of method nuq with k_bits = v_bits =
  *                             b and outlier fraction f/100 (nuq3-1% = 3 bits, 1%)
+ *   fp8, e5m2                 vLLM's FP8 cache, E4M3FN / E5M2 (kernels/quant_fp8.h:
+ *                             round to nearest even, saturating), scale 1.0 (the
+ *                             engine default without calibrated scales); post-RoPE
+ *   fp8-tensor[-p<P>], fp8-head[-p<P>], e5m2-tensor[-p<P>], e5m2-head[-p<P>]
+ *                             the same with per-layer-tensor / per-KV-head k/v
+ *                             scales from a kvcalib artifact of method fp8 (that
+ *                             format and granularity, percentile P, default 100 =
+ *                             absmax; keys as the artifact, post-RoPE by default)
+ *   q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl
+ *                             llama.cpp's KV block formats (-ctk/-ctv;
+ *                             kernels/quant_ggml.h), 32-value blocks along
+ *                             head_dim, post-RoPE keys. A head_dim that is not a
+ *                             multiple of 32: binding fails with KVQ_EUNSUPPORTED
+ *                             (llama.cpp refuses such caches; kveval skips the
+ *                             scheme with a message)
  * Modifiers:
  *   +sink<N>                  first N tokens of every window exact (KVQuant §3.5);
  *                             default 0, or the artifact's n_sink for schemes
@@ -48,9 +63,10 @@
  * Decode equivalence. Every transform is a pure function of the rows it is
  * given and, per token, of that token and EARLIER tokens only, so that the
  * batched window equals token-by-token decoding with a real quantized cache:
- *  - fp16, int, int-pc, nuq: each token's reconstruction depends on the token
- *    alone (per-token ranges are the token's own; per-channel ranges are
- *    offline): transform in place; query t sees its own K/V quantized too
+ *  - fp16, int, int-pc, nuq, fp8 and llama.cpp formats: each token's reconstruction depends on the token
+ *    alone (per-token ranges are the token's own; per-channel ranges and fp8
+ *    scales are offline; block scales are per 32 values of the token's own
+ *    head): transform in place; query t sees its own K/V quantized too
  *    (KVQuant quantizes the diagonal).
  *  - kivi: a token's representation changes with the query position; the
  *    window keeps exact K/V and the quantized ones go to kvq_kv_alt with the
@@ -87,7 +103,9 @@ typedef struct {
     char spec[KVQ_SPEC_MAX];       /* the string as given */
     const kvq_scheme_family *fam;  /* registry entry */
     kvq_scheme q;                  /* quantizer parameters (kernels/quant.h) */
-    int variant;                   /* family-specific sub-format (0 for the built-in families) */
+    int variant;                   /* family-specific sub-format: fp8 families KVQ_FP8_* (+ 2 for per-head
+                                      scales); llama.cpp formats the kvq_ggml_type; 0 otherwise */
+    double percentile;             /* fp8-tensor / fp8-head: the artifact's percentile (100 = absmax); 0 otherwise */
     kvq_key_stage key_stage;       /* resolved: the family default or the modifier */
     bool stage_set;                /* +pre-rope / +post-rope given */
     bool sink_set;                 /* +sink<N> given */
@@ -238,7 +256,7 @@ struct kvq_scheme_family {
     /* Code bits of 'k' or 'v' for the table. */
     int (*code_bits)(const kvq_eval_scheme *s, char kv);
     /* The transform is the descriptor's (kv_desc.h: spec->q.kind is one of
-     * its kinds); last so that families listing fewer fields get false. */
+     * its built-in kinds) and apply is NULL; false for host transforms. */
     bool native;
 };
 

@@ -13,6 +13,8 @@
 
 #include "identity.h" /* defines: kvq_identity_model_from_dump, kvq_identity_dump */
 #include "progress.h" /* defines: kvq_now */
+#include "quant_fp8.h" /* defines: kvq_fp8_calib_tensor, kvq_fp8_calib_heads, kvq_fp8_max */
+#include "vllm_scales.h" /* defines: kvq_vllm_scales_write */
 #include "tables.h"   /* defines: kvq_calib_keys, kvq_calib_values, kvq_calib_int_pc_keys, kvq_calib_fill_bits */
 
 kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m)
@@ -36,6 +38,11 @@ kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m)
         o.residual_length = 128;
         o.n_sink = 0;
         break;
+    case KVQ_METHOD_FP8:
+        o.k_bits = o.v_bits = 8;
+        o.n_sink = 0;
+        o.fp8_percentile = 100;
+        break;
     default: break;
     }
     return o;
@@ -53,8 +60,15 @@ kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
     if (o->outlier_frac > 0 && o->method != KVQ_METHOD_NUQ && o->method != KVQ_METHOD_INT_PC)
         return kvq_fail(err, KVQ_EINVAL, "outlier fraction: method %s keeps no outliers (nuq and int-pc do), found %g", mn,
                         o->outlier_frac);
-    if (o->per_head && o->method != KVQ_METHOD_NUQ)
-        return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes exist for nuq only, method is %s", mn);
+    bool fp8 = o->method == KVQ_METHOD_FP8;
+    if (o->per_head && o->method != KVQ_METHOD_NUQ && !fp8)
+        return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes exist for nuq (and per-head scales for fp8) only, method is %s", mn);
+    if (fp8 && (o->k_bits != 8 || o->v_bits != 8))
+        return kvq_fail(err, KVQ_EINVAL, "bits: fp8 stores 8-bit codes, found %d / %d", o->k_bits, o->v_bits);
+    if (fp8 && !(o->fp8_percentile > 0 && o->fp8_percentile <= 100))
+        return kvq_fail(err, KVQ_EINVAL, "percentile: expected (0, 100] (100 = absmax), found %g", o->fp8_percentile);
+    if (!fp8 && (o->fp8_e5m2 || (o->fp8_percentile != 0 && o->fp8_percentile != 100)))
+        return kvq_fail(err, KVQ_EINVAL, "percentile / fp8 format: fp8 scale options, method is %s", mn);
     if (o->fisher && o->method != KVQ_METHOD_NUQ)
         return kvq_fail(err, KVQ_EINVAL, "fisher: only nuq fits datatypes, method is %s", mn);
     if ((unsigned)o->fit.method > KVQ_FIT_EXACT)
@@ -68,6 +82,9 @@ kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
         return kvq_fail(err, KVQ_EINVAL, "residual length: only kivi has one, method is %s, found %zu", mn,
                         o->residual_length);
     }
+    if (fp8 && o->group_size)
+        return kvq_fail(err, KVQ_EINVAL, "group size: fp8 has none (one scale per tensor or KV head), found %zu",
+                        o->group_size);
     if (o->method == KVQ_METHOD_NUQ && o->group_size)
         return kvq_fail(err, KVQ_EINVAL, "group size: nuq has none (per-channel keys, per-token values), found %zu",
                         o->group_size);
@@ -157,6 +174,46 @@ static void fisher_pair_mean(float *f, size_t n_rows, size_t n_heads, size_t hd,
         }
 }
 
+/* fp8: drop each sample's first n_sink rows (in place), take the scales, count saturation. */
+static kvq_status fp8_item(const work_ctx *c, const work_item *w, float *x, kvq_kv_table *out, kvq_err *err)
+{
+    const kvq_calibrate_opts *o = c->o;
+    const kvq_dump_meta *m = c->m;
+    size_t H = (size_t)m->n_kv_heads, D = (size_t)m->head_dim, kvd = H * D, L = (size_t)m->seq_len;
+    size_t ns = o->n_sink < L ? o->n_sink : L, rows = 0;
+    for (size_t t = 0; t < c->n_tokens; t++)
+        if (t % L >= ns) {
+            if (rows != t) memmove(x + rows * kvd, x + t * kvd, kvd * sizeof *x);
+            rows++;
+        }
+    kvq_fp8_format f = o->fp8_e5m2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3FN;
+    size_t n_sc = o->per_head ? H : 1;
+    memset(out, 0, sizeof *out);
+    out->bits = 8;
+    out->kv_dim = kvd;
+    out->n_fp8_scales = n_sc;
+    out->fp8_scale = malloc(n_sc * sizeof *out->fp8_scale);
+    if (!out->fp8_scale) return kvq_fail(err, KVQ_ENOMEM, "%s: layer %d: out of memory", c->name, w->layer);
+    kvq_status s = o->per_head ? kvq_fp8_calib_heads(f, x, rows, H, D, o->fp8_percentile, out->fp8_scale, err)
+                               : kvq_fp8_calib_tensor(f, x, rows, H, D, o->fp8_percentile, out->fp8_scale, err);
+    if (s) {
+        kvq_kv_table_free(out);
+        return s;
+    }
+    /* clipped by saturation: |x / s| at or beyond the rounding midpoint above the largest finite
+     * value (448 + 32/2 for E4M3FN, 57344 + 8192/2 for E5M2); below it round-to-nearest gives the
+     * max anyway (absmax scales can land a hair above 448 in float32) */
+    float edge = kvq_fp8_max(f) * (f == KVQ_FP8_E4M3FN ? 464.0f / 448.0f : 61440.0f / 57344.0f);
+    uint64_t sat = 0;
+    for (size_t i = 0; i < rows * kvd; i++) {
+        float sc = out->fp8_scale[o->per_head ? (i % kvd) / D : 0];
+        if (fabsf(x[i] / sc) >= edge) sat++;
+    }
+    out->n_elems = out->n_points = (uint64_t)rows * kvd;
+    out->n_outliers = sat;
+    return KVQ_OK;
+}
+
 static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *out, kvq_err *err)
 {
     const kvq_calibrate_opts *o = c->o;
@@ -183,7 +240,8 @@ static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *
                              .head_dim = (size_t)m->head_dim,
                              .per_head = o->per_head,
                              .fit = o->fit};
-        if (o->method == KVQ_METHOD_INT_PC) s = kvq_calib_int_pc_keys(x, c->n_tokens, &co, out, err);
+        if (o->method == KVQ_METHOD_FP8) s = fp8_item(c, w, x, out, err);
+        else if (o->method == KVQ_METHOD_INT_PC) s = kvq_calib_int_pc_keys(x, c->n_tokens, &co, out, err);
         else if (w->kv == 'k') s = kvq_calib_keys(x, f, c->n_tokens, &co, out, err);
         else s = kvq_calib_values(x, f, c->n_tokens, &co, out, err);
         if (s) kvq_err_prefix(err, "%s: layer %d (%s%s%s)", c->name, w->layer, kvq_dump_ds_name(w->ds), f ? " weighted by " : "",
@@ -202,7 +260,8 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     if (!r) return kvq_fail(err, KVQ_EINVAL, "dump: NULL reader");
     const char *name = dump_name ? dump_name : "dump";
     const kvq_dump_meta *m = kvq_dump_reader_meta(r);
-    bool nuq = o->method == KVQ_METHOD_NUQ, needs_data = nuq || o->method == KVQ_METHOD_INT_PC;
+    bool nuq = o->method == KVQ_METHOD_NUQ, fp8 = o->method == KVQ_METHOD_FP8,
+         needs_data = nuq || fp8 || o->method == KVQ_METHOD_INT_PC;
     KVQ_TRY(check_against_dump(m, kvq_dump_reader_samples_done(r), name, o, needs_data, err));
 
     kvq_artifact a;
@@ -218,6 +277,8 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     p->group_size = o->group_size;
     p->residual_length = o->residual_length;
     p->fisher = nuq && o->fisher;
+    p->fp8_e5m2 = fp8 && o->fp8_e5m2;
+    p->fp8_percentile = fp8 ? o->fp8_percentile : 0;
     snprintf(p->fit, sizeof p->fit, "%s", nuq ? kvq_fit_method_name(o->fit.method) : "");
     p->n_layers = (size_t)m->n_layers;
     p->n_kv_heads = (size_t)m->n_kv_heads;
@@ -235,7 +296,7 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
         return KVQ_OK;
     }
 
-    /* work items: (layer, K) and, for nuq, (layer, V) */
+    /* work items: (layer, K) and, for nuq and fp8, (layer, V) */
     kvq_dump_ds kds = o->post_rope ? KVQ_DUMP_K : KVQ_DUMP_K_PRE_ROPE;
     bool fisher = p->fisher;
     for (int l = 0; fisher && l < m->n_layers; l++)
@@ -253,13 +314,13 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
         kvq_mul_size((size_t)m->seq_len, kv_dim, &c.per_sample) || kvq_mul_size(c.n_tokens, kv_dim, &tot) ||
         kvq_mul_size(tot, sizeof(float), &tot))
         return kvq_fail(err, KVQ_ENOMEM, "%s: n_samples x seq_len x kv_dim overflows", name);
-    int per_layer = nuq ? 2 : 1, n_items = m->n_layers * per_layer;
+    int per_layer = nuq || fp8 ? 2 : 1, n_items = m->n_layers * per_layer;
     work_item *items = calloc((size_t)n_items, sizeof *items);
     kvq_status *st = calloc((size_t)n_items, sizeof *st);
     kvq_err *errs = calloc((size_t)n_items, sizeof *errs);
     a.k = calloc(p->n_layers, sizeof *a.k);
-    a.v = nuq ? calloc(p->n_layers, sizeof *a.v) : NULL;
-    if (!items || !st || !errs || !a.k || (nuq && !a.v)) {
+    a.v = nuq || fp8 ? calloc(p->n_layers, sizeof *a.v) : NULL;
+    if (!items || !st || !errs || !a.k || ((nuq || fp8) && !a.v)) {
         free(items);
         free(st);
         free(errs);
@@ -359,5 +420,54 @@ kvq_status kvq_calibrate_file(const char *dump_path, const char *out_path, bool 
     free(tmp);
     if (s || !result) kvq_artifact_free(&a);
     else *result = a;
+    return s;
+}
+
+kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path, bool force, kvq_err *err)
+{
+    if (!a || !out_path) return kvq_fail(err, KVQ_EINVAL, "export-vllm: NULL argument");
+    const kvq_artifact_params *p = &a->p;
+    if (p->method != KVQ_METHOD_FP8)
+        return kvq_fail(err, KVQ_EINVAL, "export-vllm: the artifact is method %s; only fp8 artifacts hold k/v scales "
+                        "(kvcalib DUMP --method fp8 ...)", kvq_method_name(p->method) ? kvq_method_name(p->method) : "?");
+    if (!p->post_rope)
+        return kvq_fail(err, KVQ_EINVAL, "export-vllm: the scales were fitted on pre-RoPE keys; vLLM caches post-RoPE "
+                        "keys (recalibrate with --keys post-rope, the fp8 default)");
+    if (p->fp8_e5m2)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "export-vllm: the artifact holds E5M2 scales; vLLM's fp8_e5m2 cache is "
+                        "used without checkpoint scales (calibrate E4M3FN scales for kv_cache_dtype=\"fp8\")");
+    KVQ_TRY(kvq_artifact_validate(a, err));
+    if (!force && access(out_path, F_OK) == 0)
+        return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", out_path);
+    size_t L = p->n_layers, n = p->per_head ? p->n_kv_heads : 1, tot;
+    if (kvq_mul_size(L, n, &tot)) return kvq_fail(err, KVQ_ENOMEM, "export-vllm: size overflow");
+    float *ks = malloc(tot * sizeof *ks), *vs = malloc(tot * sizeof *vs);
+    if (!ks || !vs) {
+        free(ks);
+        free(vs);
+        return kvq_fail(err, KVQ_ENOMEM, "export-vllm: out of memory");
+    }
+    for (size_t i = 0; i < L; i++) {
+        memcpy(ks + i * n, a->k[i].fp8_scale, n * sizeof *ks);
+        memcpy(vs + i * n, a->v[i].fp8_scale, n * sizeof *vs);
+    }
+    kvq_vllm_kv_scales sc = {.n_layers = L, .n_kv_heads = p->n_kv_heads, .per_head = p->per_head, .k_scale = ks,
+                             .v_scale = vs};
+    char pct[40], sink[32];
+    snprintf(pct, sizeof pct, "%.17g", p->fp8_percentile);
+    snprintf(sink, sizeof sink, "%zu", p->n_sink);
+    const kvq_st_kv meta[] = {
+        {"kvq.creator", "kvq kvcalib export-vllm"},
+        {"kvq.fp8_format", "e4m3fn"},
+        {"kvq.fp8_percentile", pct},
+        {"kvq.granularity", p->per_head ? "per-head" : "per-tensor"},
+        {"kvq.key_position", "post-rope"},
+        {"kvq.n_sink", sink},
+        {"kvq.model_fingerprint", p->model_fingerprint},
+        {"kvq.dump_fingerprint", p->dump_fingerprint},
+    };
+    kvq_status s = kvq_vllm_scales_write(out_path, &sc, meta, sizeof meta / sizeof *meta, err);
+    free(ks);
+    free(vs);
     return s;
 }

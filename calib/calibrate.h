@@ -10,6 +10,12 @@
  *           values: /layers/i/v
  *           weights (fisher): /layers/i/fisher_k_pre_rope, /layers/i/fisher_v
  *   int-pc  keys only (thresholds), no weights
+ *   fp8     keys /layers/i/k (post-RoPE, what an engine caches; k_pre_rope
+ *           with --keys pre-rope) and values /layers/i/v, no weights:
+ *           scale = absmax (or the percentile) of |x| / fmt_max per layer,
+ *           per tensor or per KV head (kvq_fp8_calib_tensor / _heads of
+ *           kernels/quant_fp8.h over the rows left after dropping each
+ *           sample's first n_sink tokens)
  *   int, kivi  nothing (no fitted tables; the artifact is metadata only)
  * One work item is one (layer, K|V) tensor with its weights: at most
  * 2 * N*L*kv_dim floats live per worker (default model, 16 x 2048: 50 MB),
@@ -62,7 +68,9 @@ typedef struct {
     size_t n_sink;            /* first tokens of every sample excluded from calibration, kept exact at run time */
     bool post_rope;           /* fit keys after RoPE (/layers/i/k); default pre-RoPE (k_pre_rope) */
     bool fisher;              /* nuq: weight the datatype fit by the dump's Fisher information */
-    bool per_head;            /* nuq: one datatype per KV head */
+    bool per_head;            /* nuq: one datatype per KV head; fp8: one scale per KV head */
+    bool fp8_e5m2;            /* fp8: scales for E5M2 (max 57344) instead of E4M3FN (max 448) */
+    double fp8_percentile;    /* fp8: 100 = absmax, (0, 100) = that percentile of |x|; 0 for other methods */
     kvq_kmeans_opts fit;      /* nuq: auto (better of Lloyd / exact) by default */
     size_t group_size;        /* int / int-pc: channels per token group (0 = whole token); kivi: G */
     size_t residual_length;   /* kivi: R */
@@ -79,7 +87,9 @@ typedef struct {
  *   int-pc: 4 bit, outliers 0, sink 1, post-RoPE keys (the "per-channel keys" step of
  *           KVQuant's ablation, before pre-RoPE; --keys pre-rope for the next step)
  *   kivi:   2 bit, G = 32, R = 128, no sink, post-RoPE keys (what KIVI's cache holds;
- *           KIVI-2 of the notes) */
+ *           KIVI-2 of the notes)
+ *   fp8:    8 bit E4M3FN, per-tensor absmax scales (percentile 100), no sink,
+ *           post-RoPE keys (vLLM's cache with llm-compressor's amax / 448) */
 kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m);
 
 /* Check options that do not depend on the dump; errors name the field. */
@@ -102,5 +112,18 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
  * and no temporary file is left. */
 kvq_status kvq_calibrate_file(const char *dump_path, const char *out_path, bool force, const kvq_calibrate_opts *o,
                               kvq_artifact *result, kvq_err *err);
+
+/* Export an fp8 artifact's scales for vLLM (formats/vllm_scales.h): per
+ * layer i, model.layers.<i>.self_attn.k_scale / v_scale float32, shape []
+ * (per-tensor artifact) or [n_kv_heads] (per-head), values = the artifact's
+ * layers.<i>.k.fp8_scale / v.fp8_scale unchanged. Metadata records the
+ * source (kvq.fp8_format, kvq.fp8_percentile, kvq.granularity,
+ * kvq.model_fingerprint, kvq.dump_fingerprint, kvq.n_sink). Refuses
+ * (nothing written) when out_path exists and !force (KVQ_EIO), when the
+ * artifact is not method fp8 (KVQ_EINVAL naming the method), was fitted on
+ * pre-RoPE keys (KVQ_EINVAL: vLLM caches post-RoPE keys), or holds E5M2
+ * scales (KVQ_EUNSUPPORTED: vLLM's fp8_e5m2 cache is used without
+ * checkpoint scales). Written atomically. */
+kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path, bool force, kvq_err *err);
 
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "quant.h"  /* defines: kvq_outliers_per_side, kvq_token_range, kvq_scheme_bits */
+#include "quant_fp8.h" /* defines: kvq_fp8_bits_per_element */
 #include "select.h" /* defines: kvq_percentile_pair_f32 */
 
 kvq_status kvq_calib_opts_validate(const kvq_calib_opts *o, kvq_err *err)
@@ -302,6 +303,16 @@ kvq_status kvq_calib_fill_bits(kvq_artifact_params *p, size_t ctx, kvq_err *err)
         s.group = p->group_size;
         s.residual = p->residual_length;
         break;
+    case KVQ_METHOD_FP8: {
+        /* vLLM's cache: 8-bit codes + float32 scales per layer (1 or n_kv_heads for K and for V),
+         * amortised over the cache of ctx tokens; sink tokens at 16 bits */
+        if (ctx == 0) return kvq_fail(err, KVQ_EINVAL, "bits ctx: expected > 0, found 0");
+        double dense = kvq_fp8_bits_per_element(p->per_head ? p->n_kv_heads : 1, ctx, p->n_kv_heads, p->head_dim);
+        size_t ns = p->n_sink < ctx ? p->n_sink : ctx;
+        p->bits_k = p->bits_v = ((double)(ctx - ns) * dense + (double)ns * 16.0) / (double)ctx;
+        p->bits_ctx = ctx;
+        return KVQ_OK;
+    }
     default: return kvq_fail(err, KVQ_EINVAL, "method: unknown value %d", (int)p->method);
     }
     kvq_bits b;

@@ -21,8 +21,10 @@
 #define SUMMARY                                                                                                          \
     "measure perplexity with the KV cache quantized by each scheme, next to the fp32 baseline of the same run\n"        \
     "(same tokens, same windows). Schemes: fp32, fp16, int<b>[-g<G>], int<b>-pc[-<f>%], kivi<b>[-g<G>][-r<R>]\n"        \
-    "(G=32, R=128 by default), nuq<b>[-<f>%]; modifiers +sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N>.\n"   \
-    "nuq and int-pc read their tables from a kvcalib --artifact. Runs on a GPU when one is present (--device).\n"        \
+    "(G=32, R=128 by default), nuq<b>[-<f>%], fp8, e5m2, {fp8,e5m2}-{tensor,head}[-p<P>] (vLLM FP8 cache),\n"     \
+    "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (llama.cpp); modifiers +sink<N>, +pre-rope, +post-rope, +intactkv,\n"       \
+    "+artifact<N>. nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped\n"       \
+    "with a message for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"      \
     "Table on stdout, progress on stderr."
 
 typedef struct {
@@ -129,7 +131,9 @@ int main(int argc, char **argv)
     kvq_windows win = {0};
     kvq_eval_scheme *sch = NULL;
     kvq_ppl_result *res = NULL;
-    size_t n_sch = 0, baseline = 0;
+    size_t n_sch = 0, baseline = 0, n_skip = 0;
+    char **skip = calloc(n_spec ? n_spec : 1, sizeof *skip);
+    if (!skip) { free(specs); return 1; }
     char fp[65] = "";
     bool have_fp = false;
 
@@ -156,7 +160,15 @@ int main(int argc, char **argv)
     sch = calloc(n_spec + 1, sizeof *sch);
     if (!sch) goto out;
     for (size_t i = 0; i < n_spec; i++) {
-        if (kvq_eval_scheme_bind(&specs[i], &arts, &m.hp, &sch[n_sch], &e)) { fail(NULL, &e, 1); goto out; }
+        kvq_status bs = kvq_eval_scheme_bind(&specs[i], &arts, &m.hp, &sch[n_sch], &e);
+        if (bs == KVQ_EUNSUPPORTED) { /* does not apply to this model (llama.cpp block size): skip, keep the others */
+            fprintf(stderr, "kveval: skipping: %s\n", e.msg);
+            skip[n_skip] = strdup(e.msg);
+            if (!skip[n_skip]) goto out;
+            n_skip++;
+            continue;
+        }
+        if (bs) { fail(NULL, &e, 1); goto out; }
         n_sch++;
     }
     {
@@ -206,7 +218,8 @@ int main(int argc, char **argv)
 
     kvq_ppl_report rep = {.m = &m, .model_fingerprint = have_fp ? fp : NULL, .win = &win,
                           .text_format = kvq_text_format_name(fmt), .bos_policy = o.bos, .plan = &plan, .arts = &arts,
-                          .schemes = sch, .results = res, .n_schemes = n_sch, .baseline = baseline, .exec = &exec};
+                          .schemes = sch, .results = res, .n_schemes = n_sch, .baseline = baseline,
+                          .skipped = (const char *const *)skip, .n_skipped = n_skip, .exec = &exec};
     if (o.json && kvq_ppl_report_json(o.json, &rep, &e)) { fail("--json", &e, 1); goto out; }
     if (kvq_ppl_report_table(stdout, &rep, &e)) { fail(NULL, &e, 1); goto out; }
     fflush(stdout);
@@ -216,6 +229,8 @@ out:
     free(res);
     free(sch);
     free(specs);
+    for (size_t i = 0; i < n_skip; i++) free(skip[i]);
+    free(skip);
     kvq_windows_free(&win);
     kvq_text_free(&txt);
     kvq_artifact_set_free(&arts);

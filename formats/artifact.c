@@ -9,7 +9,7 @@
 
 #include "safetensors.h"
 
-static const char *const method_names[KVQ_METHOD_COUNT] = {"nuq", "int", "int-pc", "kivi"};
+static const char *const method_names[KVQ_METHOD_COUNT] = {"nuq", "int", "int-pc", "kivi", "fp8"};
 
 const char *kvq_method_name(kvq_method m)
 {
@@ -25,6 +25,7 @@ void kvq_kv_table_free(kvq_kv_table *t)
     free(t->obj_lloyd);
     free(t->obj_exact);
     free(t->chosen);
+    free(t->fp8_scale);
     memset(t, 0, sizeof *t);
 }
 
@@ -40,6 +41,22 @@ void kvq_artifact_free(kvq_artifact *a)
 
 static bool has_levels(kvq_method m) { return m == KVQ_METHOD_NUQ; }
 static bool has_k_thresholds(kvq_method m) { return m == KVQ_METHOD_NUQ || m == KVQ_METHOD_INT_PC; }
+static bool has_fp8(kvq_method m) { return m == KVQ_METHOD_FP8; }
+
+static kvq_status check_fp8_table(const kvq_artifact_params *p, const kvq_kv_table *t, size_t layer, char kv,
+                                  kvq_err *err)
+{
+    size_t want = p->per_head ? p->n_kv_heads : 1;
+    if (!t->fp8_scale) return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.fp8_scale: missing", layer, kv);
+    if (t->n_fp8_scales != want)
+        return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.fp8_scale: %zu scales, expected %zu (%s)", layer, kv,
+                        t->n_fp8_scales, want, p->per_head ? "per KV head" : "per tensor");
+    for (size_t h = 0; h < want; h++)
+        if (!isfinite(t->fp8_scale[h]) || !(t->fp8_scale[h] > 0))
+            return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.fp8_scale[%zu]: expected finite and > 0, found %g", layer, kv,
+                            h, (double)t->fp8_scale[h]);
+    return KVQ_OK;
+}
 
 /* ---- validation -------------------------------------------------------------- */
 
@@ -114,9 +131,18 @@ static kvq_status validate_params(const kvq_artifact_params *p, kvq_err *err)
             return kvq_fail(err, KVQ_EINVAL, "group_size: expected 0 or a divisor of kv_dim %zu, found %zu", kv_dim,
                             p->group_size);
     }
-    if (p->per_head && p->method != KVQ_METHOD_NUQ)
-        return kvq_fail(err, KVQ_EINVAL, "granularity: per-head datatypes apply to nuq only, method is %s",
+    if (p->per_head && p->method != KVQ_METHOD_NUQ && p->method != KVQ_METHOD_FP8)
+        return kvq_fail(err, KVQ_EINVAL, "granularity: per-head datatypes apply to nuq (and per-head scales to fp8) only, method is %s",
                         kvq_method_name(p->method));
+    if (p->method == KVQ_METHOD_FP8) {
+        if (p->k_bits != 8 || p->v_bits != 8)
+            return kvq_fail(err, KVQ_EINVAL, "k_bits, v_bits: fp8 stores 8-bit codes, found %d / %d", p->k_bits, p->v_bits);
+        if (p->group_size || p->residual_length)
+            return kvq_fail(err, KVQ_EINVAL, "group_size, residual_length: fp8 has neither, found %zu / %zu", p->group_size,
+                            p->residual_length);
+        if (!(p->fp8_percentile > 0 && p->fp8_percentile <= 100))
+            return kvq_fail(err, KVQ_EINVAL, "fp8_percentile: expected (0, 100], found %g", p->fp8_percentile);
+    }
     if (strnlen(p->fit, sizeof p->fit) == sizeof p->fit) return kvq_fail(err, KVQ_EINVAL, "fit: not terminated");
     if (has_levels(p->method) && strcmp(p->fit, "auto") && strcmp(p->fit, "lloyd") && strcmp(p->fit, "exact"))
         return kvq_fail(err, KVQ_EINVAL, "fit: expected auto, lloyd or exact, found \"%s\"", p->fit);
@@ -137,6 +163,14 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
     bool lv = has_levels(p->method), thr = has_k_thresholds(p->method);
     if ((lv || thr) && !a->k) return kvq_fail(err, KVQ_EINVAL, "method %s: key tables missing", kvq_method_name(p->method));
     if (lv && !a->v) return kvq_fail(err, KVQ_EINVAL, "method %s: value tables missing", kvq_method_name(p->method));
+    if (has_fp8(p->method)) {
+        if (!a->k || !a->v) return kvq_fail(err, KVQ_EINVAL, "method fp8: key/value scales missing");
+        for (size_t i = 0; i < p->n_layers; i++) {
+            KVQ_TRY(check_fp8_table(p, &a->k[i], i, 'k', err));
+            KVQ_TRY(check_fp8_table(p, &a->v[i], i, 'v', err));
+        }
+        return KVQ_OK;
+    }
     for (size_t i = 0; i < p->n_layers; i++) {
         if (a->k && (lv || thr)) KVQ_TRY(check_table(p, &a->k[i], i, 'k', lv, thr, err));
         if (a->v && lv) KVQ_TRY(check_table(p, &a->v[i], i, 'v', true, false, err));
@@ -166,7 +200,10 @@ static void meta_add(meta_list *m, const char *key, const char *fmt, ...)
     m->n++;
 }
 
-static const char *k_axis(kvq_method m) { return m == KVQ_METHOD_INT ? "per-token" : "per-channel"; }
+static const char *k_axis(kvq_method m)
+{
+    return m == KVQ_METHOD_INT ? "per-token" : m == KVQ_METHOD_FP8 ? "per-element" : "per-channel";
+}
 
 static const char *k_scaling(kvq_method m)
 {
@@ -175,6 +212,7 @@ static const char *k_scaling(kvq_method m)
     case KVQ_METHOD_INT: return "uniform-online-per-token-minmax";
     case KVQ_METHOD_INT_PC: return "uniform-offline-per-channel-thresholds";
     case KVQ_METHOD_KIVI: return "uniform-online-per-channel-token-groups";
+    case KVQ_METHOD_FP8: return "fp8-offline-scale";
     default: return "?";
     }
 }
@@ -184,6 +222,7 @@ static const char *v_scaling(kvq_method m)
     switch (m) {
     case KVQ_METHOD_NUQ: return "nuq-online-per-token-thresholds";
     case KVQ_METHOD_KIVI: return "uniform-online-per-token-channel-groups";
+    case KVQ_METHOD_FP8: return "fp8-offline-scale";
     default: return "uniform-online-per-token-minmax";
     }
 }
@@ -209,7 +248,7 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     meta_add(&m, "kvq.group_size", "%zu", p->group_size);
     meta_add(&m, "kvq.residual_length", "%zu", p->residual_length);
     meta_add(&m, "kvq.k_axis", "%s", k_axis(p->method));
-    meta_add(&m, "kvq.v_axis", "%s", "per-token");
+    meta_add(&m, "kvq.v_axis", "%s", p->method == KVQ_METHOD_FP8 ? "per-element" : "per-token");
     meta_add(&m, "kvq.k_scaling", "%s", k_scaling(p->method));
     meta_add(&m, "kvq.v_scaling", "%s", v_scaling(p->method));
     meta_add(&m, "kvq.fisher", "%s", p->fisher ? "true" : "false");
@@ -221,16 +260,21 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     meta_add(&m, "kvq.bits_per_element.v", "%.17g", p->bits_v);
     meta_add(&m, "kvq.bits_ctx", "%zu", p->bits_ctx);
     meta_add(&m, "kvq.creator", "%s", "kvq kvcalib");
+    if (has_fp8(p->method)) {
+        meta_add(&m, "kvq.fp8_format", "%s", p->fp8_e5m2 ? "e5m2" : "e4m3fn");
+        meta_add(&m, "kvq.fp8_percentile", "%.17g", p->fp8_percentile);
+    }
     /* fingerprints may exceed the 64-byte scratch values */
     m.kv[m.n].key = "kvq.model_fingerprint";
     m.kv[m.n++].value = p->model_fingerprint;
     m.kv[m.n].key = "kvq.dump_fingerprint";
     m.kv[m.n++].value = p->dump_fingerprint;
 
-    bool lv = has_levels(p->method), thr = has_k_thresholds(p->method);
+    bool lv = has_levels(p->method), thr = has_k_thresholds(p->method), f8 = has_fp8(p->method);
     size_t per_layer = 0;
     if (a->k && (lv || thr)) per_layer += (lv ? 3 : 0) + (thr ? 2 : 0) + 1;
     if (a->v && lv) per_layer += 4;
+    if (f8) per_layer = 4;
     size_t n_t = per_layer * p->n_layers, nt = 0;
     kvq_st_entry *te = calloc(n_t ? n_t : 1, sizeof *te);
     tname *names = calloc(n_t ? n_t : 1, sizeof *names);
@@ -244,7 +288,7 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
             const kvq_kv_table *t = which == 0 ? (a->k ? &a->k[i] : NULL) : (a->v ? &a->v[i] : NULL);
             char kv = which == 0 ? 'k' : 'v';
             bool want_lv = lv, want_thr = which == 0 && thr;
-            if (!t || (!want_lv && !want_thr)) continue;
+            if (!t || (!want_lv && !want_thr && !f8)) continue;
             size_t nl = (size_t)1 << t->bits;
 #define ADD(suffix, dt, nd, s0, s1, ptr)                                                        \
     do {                                                                                       \
@@ -262,6 +306,7 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
                 ADD("fit_objective", KVQ_ST_F64, 2, t->n_tables, 2, o);
                 ADD("fit_chosen", KVQ_ST_U8, 1, t->n_tables, 0, t->chosen);
             }
+            if (f8) ADD("fp8_scale", KVQ_ST_F32, 1, t->n_fp8_scales, 0, t->fp8_scale);
             if (want_thr) {
                 ADD("channel_lower", KVQ_ST_F32, 1, kv_dim, 0, t->channel_lower);
                 ADD("channel_upper", KVQ_ST_F32, 1, kv_dim, 0, t->channel_upper);
@@ -377,6 +422,10 @@ static kvq_status read_table(const kvq_safetensors *st, const kvq_artifact_param
     t->bits = kv == 'k' ? p->k_bits : p->v_bits;
     t->kv_dim = kv_dim;
     t->n_tables = lv ? (p->per_head ? p->n_kv_heads : 1) : 0;
+    if (has_fp8(p->method)) {
+        t->n_fp8_scales = p->per_head ? p->n_kv_heads : 1;
+        KVQ_TRY(get_tensor(st, i, kv, "fp8_scale", KVQ_ST_F32, 1, t->n_fp8_scales, 0, (void **)&t->fp8_scale, err));
+    }
     size_t nl = (size_t)1 << t->bits;
     if (lv) {
         void *obj;
@@ -444,6 +493,12 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
     KVQ_TRY(meta_size(st, "kvq.bits_ctx", &p->bits_ctx, err));
     KVQ_TRY(meta_copy(st, "kvq.model_fingerprint", p->model_fingerprint, sizeof p->model_fingerprint, err));
     KVQ_TRY(meta_copy(st, "kvq.dump_fingerprint", p->dump_fingerprint, sizeof p->dump_fingerprint, err));
+    if (p->method == KVQ_METHOD_FP8) {
+        bool e4;
+        KVQ_TRY(meta_choice(st, "kvq.fp8_format", "e4m3fn", "e5m2", &e4, err));
+        p->fp8_e5m2 = !e4;
+        KVQ_TRY(meta_double(st, "kvq.fp8_percentile", &p->fp8_percentile, err));
+    }
     kvq_status s = validate_params(p, err);
     if (s != KVQ_OK) return kvq_err_prefix(err, "%s", st->path);
     return KVQ_OK;
@@ -455,14 +510,14 @@ kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
     kvq_safetensors st;
     KVQ_TRY(kvq_safetensors_open(path, &st, err));
     kvq_status s = read_params(&st, &a->p, err);
-    bool lv = has_levels(a->p.method), thr = has_k_thresholds(a->p.method);
-    if (s == KVQ_OK && (lv || thr)) {
+    bool lv = has_levels(a->p.method), thr = has_k_thresholds(a->p.method), f8 = has_fp8(a->p.method);
+    if (s == KVQ_OK && (lv || thr || f8)) {
         a->k = calloc(a->p.n_layers, sizeof *a->k);
-        if (lv) a->v = calloc(a->p.n_layers, sizeof *a->v);
-        if (!a->k || (lv && !a->v)) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+        if (lv || f8) a->v = calloc(a->p.n_layers, sizeof *a->v);
+        if (!a->k || ((lv || f8) && !a->v)) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
         for (size_t i = 0; s == KVQ_OK && i < a->p.n_layers; i++) {
             s = read_table(&st, &a->p, i, 'k', lv, thr, &a->k[i], err);
-            if (s == KVQ_OK && lv) s = read_table(&st, &a->p, i, 'v', true, false, &a->v[i], err);
+            if (s == KVQ_OK && (lv || f8)) s = read_table(&st, &a->p, i, 'v', lv, false, &a->v[i], err);
         }
     }
     if (s == KVQ_OK) {
@@ -509,6 +564,10 @@ static void print_table(FILE *f, size_t i, char kv, const kvq_kv_table *t)
     if (t->n_elems)
         fprintf(f, " outliers %.3f%% (%llu/%llu), points %llu", 100.0 * (double)t->n_outliers / (double)t->n_elems,
                 (unsigned long long)t->n_outliers, (unsigned long long)t->n_elems, (unsigned long long)t->n_points);
+    if (t->fp8_scale) {
+        fprintf(f, ", fp8 scale%s", t->n_fp8_scales > 1 ? "s" : "");
+        for (size_t h = 0; h < t->n_fp8_scales; h++) fprintf(f, " %.6g", (double)t->fp8_scale[h]);
+    }
     if (t->channel_lower) {
         float lo = t->channel_lower[0], hi = t->channel_upper[0];
         for (size_t c = 1; c < t->kv_dim; c++) {
@@ -548,6 +607,10 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
         fprintf(f, "kivi          group size %zu, residual length %zu\n", p->group_size, p->residual_length);
     if (p->method == KVQ_METHOD_INT || p->method == KVQ_METHOD_INT_PC)
         fprintf(f, "group size    %zu%s\n", p->group_size, p->group_size ? " channels" : " (whole token)");
+    if (p->method == KVQ_METHOD_FP8)
+        fprintf(f, "fp8           %s, %s scales, %s\n", p->fp8_e5m2 ? "E5M2" : "E4M3FN",
+                p->per_head ? "per-KV-head" : "per-tensor", p->fp8_percentile < 100 ? "percentile of |x|" : "absmax");
+    if (p->method == KVQ_METHOD_FP8 && p->fp8_percentile < 100) fprintf(f, "percentile    %.6g\n", p->fp8_percentile);
     if (p->method == KVQ_METHOD_NUQ)
         fprintf(f, "datatypes     %s, fit %s, %s\n", p->per_head ? "per-head" : "per-layer", p->fit,
                 p->fisher ? "Fisher-weighted" : "unweighted");

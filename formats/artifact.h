@@ -6,8 +6,8 @@
  * KVQ_ARTIFACT_VERSION and rejects newer ones).
  *
  * One loader serves every scheme: nuqX (KVQuant), intX per-token, intX with
- * per-channel keys, and KIVI (no tables; bits, group size, residual length
- * and axes only).
+ * per-channel keys, KIVI (no tables; bits, group size, residual length
+ * and axes only), and FP8 caches with calibrated scales (issue 13).
  *
  * Layout of the tables, per layer i (kv_dim = n_kv_heads * head_dim):
  *   k.levels         float32 [2^k_bits] (per-layer) or [n_kv_heads][2^k_bits]
@@ -15,6 +15,9 @@
  *   k.channel_lower  float32 [kv_dim], k.channel_upper float32 [kv_dim]
  *                    raw (un-normalised) pre- or post-RoPE key units  (nuq, int-pc)
  *   v.levels         as k.levels with v_bits                          (nuq)
+ *   k.fp8_scale, v.fp8_scale  float32 [1] (per tensor) or [n_kv_heads]
+ *                    (per KV head): vLLM's k_scale / v_scale, stored =
+ *                    fp8(x / scale) (kernels/quant_fp8.h)                (fp8)
  *   fit reports and calibration counts (see kvq_kv_table).
  */
 #ifndef KVQ_ARTIFACT_H
@@ -36,10 +39,11 @@ typedef enum {
     KVQ_METHOD_INT,     /* uniform intX per-token for K and V */
     KVQ_METHOD_INT_PC,  /* uniform intX, per-channel keys (offline thresholds), per-token values */
     KVQ_METHOD_KIVI,    /* KIVI: keys per-channel in G-token groups, values per-token in G-channel groups */
+    KVQ_METHOD_FP8,     /* FP8 (E4M3FN / E5M2) cache with offline per-tensor or per-KV-head scales (vLLM) */
     KVQ_METHOD_COUNT
 } kvq_method;
 
-/* "nuq", "int", "int-pc", "kivi"; NULL if invalid. */
+/* "nuq", "int", "int-pc", "kivi", "fp8"; NULL if invalid. */
 const char *kvq_method_name(kvq_method m);
 
 /* Fit choice codes stored per table. */
@@ -56,8 +60,11 @@ typedef struct {
     double *obj_lloyd;      /* [n_tables] weighted SSE of Lloyd's levels on the calibration points, -1 = not run */
     double *obj_exact;      /* [n_tables] same for the exact 1-D optimum */
     uint8_t *chosen;        /* [n_tables] KVQ_FIT_CHOSEN_* */
+    float *fp8_scale;       /* [n_fp8_scales] (fp8 only) or NULL */
+    size_t n_fp8_scales;    /* fp8: 1 per tensor, n_kv_heads per head; 0 otherwise */
     uint64_t n_elems;       /* calibration elements considered (sink tokens excluded) */
-    uint64_t n_outliers;    /* of those, outside the thresholds (realised outlier fraction) */
+    uint64_t n_outliers;    /* of those, outside the thresholds (realised outlier fraction);
+                               fp8: |x| / scale clipped by saturation (>= 464 E4M3FN, 61440 E5M2) */
     uint64_t n_points;      /* points fitted (inliers with non-zero range and weight) */
 } kvq_kv_table;
 
@@ -69,10 +76,12 @@ typedef struct {
     double outlier_frac;       /* [0, 0.5): total, both tails (nuq, int-pc) */
     size_t n_sink;             /* first n tokens of each sequence at full precision */
     bool post_rope;            /* keys taken after RoPE (ablation); default pre-RoPE */
-    bool per_head;             /* per-head datatypes (nuq) */
+    bool per_head;             /* per-head datatypes (nuq); per-KV-head scales (fp8) */
     size_t group_size;         /* int: channels per token group (0 = whole token); kivi: G */
     size_t residual_length;    /* kivi: R (multiple of G) */
     bool fisher;               /* levels fitted with Fisher weights */
+    bool fp8_e5m2;             /* fp8: E5M2 (max 57344) instead of E4M3FN (max 448) */
+    double fp8_percentile;     /* fp8: statistic of |x| mapped to the format's max: 100 = absmax, else (0, 100) */
     char fit[16];              /* "auto" | "lloyd" | "exact" | "" (no fitted tables) */
     size_t n_layers, n_kv_heads, head_dim;
     double bits_k, bits_v;     /* effective bits per element (kvq_scheme_bits) */

@@ -1,5 +1,6 @@
 /* dump.c — kvdump HDF5 writer/reader (schema: formats/DUMP.md). */
 #include "dump.h"
+#include "half.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,47 +18,6 @@
 #define READ_CACHE_BYTES ((size_t)4 << 20)  /* reader chunk cache per dataset: holds >= 1 chunk */
 
 /* ---- f16 codec ------------------------------------------------------------ */
-
-uint16_t kvq_dump_f32_to_f16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) /* Inf, or NaN made quiet with its top payload bits */
-        return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (halfway above 65504) → Inf */
-    if (a < 0x38800000u) {
-        /* |x| < 2^-14: subnormal result. Adding 0.5 (ulp 2^-24 = the f16 subnormal
-         * step) lets the FPU round to nearest even; the low bits are the mantissa. */
-        float f;
-        memcpy(&f, &a, sizeof f);
-        f += 0.5f;
-        uint32_t r;
-        memcpy(&r, &f, sizeof r);
-        return (uint16_t)(sign | (r - 0x3f000000u));
-    }
-    uint32_t odd = (a >> 13) & 1u;
-    a += 0xc8000fffu + odd; /* exponent rebias 127 → 15 (-112 << 23), plus RNE rounding bias */
-    return (uint16_t)(sign | (a >> 13));
-}
-
-float kvq_dump_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (e == 0) {
-        float f = (float)m * 0x1p-24f; /* exact */
-        memcpy(&u, &f, sizeof u);
-        u |= sign;
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* ---- dataset table -------------------------------------------------------- */
 
@@ -1148,7 +1108,7 @@ static kvq_status write_ds(kvq_dump_writer *w, int layer, kvq_dump_ds ds, int64_
     h5_errtext et = {{0}, {0}};
     if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
         if (ds_is_f16(m, ds)) {
-            for (size_t i = 0; i < n; i++) w->d.scratch[i] = kvq_dump_f32_to_f16(x[i]);
+            for (size_t i = 0; i < n; i++) w->d.scratch[i] = kvq_f32_to_f16(x[i]);
             rc = H5Dwrite(id, w->d.f16_mem, ms, fs, H5P_DEFAULT, w->d.scratch);
         } else {
             rc = H5Dwrite(id, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, x);
@@ -1453,7 +1413,7 @@ static kvq_status read_rows_impl(kvq_dump_reader *r, int layer, kvq_dump_ds ds, 
         return h5_fail_at(err, KVQ_EIO, &et, "%s: reading /layers/%d/%s sample %" PRId64 " positions [%" PRId64 ", %" PRId64 ") failed",
                        d->fname, layer, DS_NAMES[ds], sample, t0, t0 + n);
     if (f16)
-        for (size_t i = 0; i < elems; i++) out[i] = kvq_dump_f16_to_f32(d->scratch[i]);
+        for (size_t i = 0; i < elems; i++) out[i] = kvq_f16_to_f32(d->scratch[i]);
     return KVQ_OK;
 }
 

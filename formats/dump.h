@@ -154,12 +154,6 @@ void kvq_dump_meta_set_hparams(kvq_dump_meta *m, const kvq_hparams *hp);
  * NUL-terminated. KVQ_EINVAL naming the field. */
 kvq_status kvq_dump_meta_validate(const kvq_dump_meta *m, kvq_err *err);
 
-/* IEEE binary32 → binary16 bits, round to nearest, ties to even; subnormals
- * kept; |x| >= 65520 → ±Inf; NaN → quiet NaN (sign kept). Pure bit logic
- * (plus one FPU add in the default rounding mode for subnormal results). */
-uint16_t kvq_dump_f32_to_f16(float x);
-/* binary16 bits → binary32 (exact). */
-float kvq_dump_f16_to_f32(uint16_t h);
 
 /* Finite check of a row-major tensor [n_rows][row_len]: returns true and sets
  * *row / *col of the first NaN or ±Inf (or, when max_abs > 0, of the first
@@ -200,7 +194,7 @@ const kvq_dump_meta *kvq_dump_writer_meta(const kvq_dump_writer *w);
 /* Write one layer of sample `sample` (must equal samples_done). Checks every
  * value first (KVQ_ENUMERIC naming dataset, layer, sample, position, head,
  * channel for NaN/Inf, and for |x| > 65504 when dtype is f16: no saturation),
- * converts to f16 with kvq_dump_f32_to_f16 when dtype is f16, and writes.
+ * converts to f16 with kvq_f32_to_f16 (half.h) when dtype is f16, and writes.
  * Errors: KVQ_EINVAL (sample/layer out of order or range, NULL data),
  * KVQ_ENUMERIC, KVQ_EIO (HDF5 write failed: disk full, file-size limit; the
  * message quotes the OS error). After an HDF5 write/flush failure the writer

@@ -4,6 +4,7 @@
  * the build uses -std=c17 (GCC: -ffp-contract=off), and clang is told the
  * same below, so no multiply-add is fused. */
 #include "ggml_dequant.h"
+#include "half.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -18,42 +19,7 @@
 static inline uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
-float kvq_fp16_to_fp32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1Fu;
-    uint32_t mant = h & 0x3FFu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else { /* subnormal: mant * 2^-24; normalise so bit 10 is the implicit one */
-            uint32_t e = 113;
-            while (!(mant & 0x400u)) {
-                mant <<= 1;
-                e--;
-            }
-            bits = sign | e << 23 | (mant & 0x3FFu) << 13;
-        }
-    } else if (exp == 0x1F) {
-        bits = sign | 0x7F800000u | mant << 13 | (mant ? 0x00400000u : 0);
-    } else {
-        bits = sign | (exp + 112) << 23 | mant << 13;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-float kvq_bf16_to_fp32(uint16_t b)
-{
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float f16at(const uint8_t *p) { return kvq_fp16_to_fp32(le16(p)); }
+static inline float f16at(const uint8_t *p) { return kvq_f16_to_f32(le16(p)); }
 
 /* ---- 32-element blocks ---------------------------------------------------- */
 
@@ -303,8 +269,8 @@ static void dequant_unchecked(kvq_ggml_type t, const uint8_t *src, float *dst, s
 {
     switch (t) {
     case KVQ_GGML_F32: memcpy(dst, src, n * sizeof(float)); return;
-    case KVQ_GGML_F16: for (size_t i = 0; i < n; i++) dst[i] = kvq_fp16_to_fp32(le16(src + 2 * i)); return;
-    case KVQ_GGML_BF16: for (size_t i = 0; i < n; i++) dst[i] = kvq_bf16_to_fp32(le16(src + 2 * i)); return;
+    case KVQ_GGML_F16: for (size_t i = 0; i < n; i++) dst[i] = kvq_f16_to_f32(le16(src + 2 * i)); return;
+    case KVQ_GGML_BF16: for (size_t i = 0; i < n; i++) dst[i] = kvq_bf16_to_f32(le16(src + 2 * i)); return;
     default: break;
     }
     uint32_t be = 1, bb = 1;

@@ -36,12 +36,6 @@
 #include "gguf.h"
 #include "status.h"
 
-/* Exact binary16 -> binary32: normals, subnormals, signed zeros and
- * infinities are exact; NaNs keep sign and payload with the quiet bit set
- * (as x86 F16C / ggml do). */
-float kvq_fp16_to_fp32(uint16_t h);
-/* Exact bfloat16 -> binary32 (bits << 16, NaN payloads unchanged). */
-float kvq_bf16_to_fp32(uint16_t b);
 
 /* Whether kvq can dequantize type t. */
 int kvq_ggml_can_dequantize(kvq_ggml_type t);

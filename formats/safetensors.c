@@ -1,5 +1,6 @@
 /* safetensors.c — safetensors reader/writer; see safetensors.h. */
 #include "safetensors.h"
+#include "half.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -41,61 +42,6 @@ kvq_st_dtype kvq_st_dtype_parse(const char *s)
 }
 
 /* ---- half conversions ---------------------------------------------------- */
-
-uint16_t kvq_f32_to_f16_bits(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return sign | 0x7e00u;            /* NaN */
-    if (ax >= 0x477ff000u) return sign | 0x7c00u;           /* >= 65520 rounds to Inf */
-    if (ax <= 0x33000000u) return sign;                     /* <= 2^-25 rounds to 0 */
-    if (ax < 0x38800000u) {                                 /* half subnormal */
-        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126 - e;                           /* 14..24 */
-        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return sign | (uint16_t)h;
-    }
-    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
-    return sign | (uint16_t)h;
-}
-
-float kvq_f16_bits_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0) {
-        float v = (float)m * 5.9604644775390625e-08f; /* m * 2^-24, exact */
-        memcpy(&x, &v, 4);
-        x |= sign;
-    } else if (e == 31) {
-        x = sign | 0x7f800000u | (m << 13);
-    } else {
-        x = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t kvq_f32_to_bf16_bits(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-float kvq_bf16_bits_to_f32(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 /* ---- reader --------------------------------------------------------------- */
 
@@ -373,10 +319,10 @@ kvq_status kvq_safetensors_read_f32(const kvq_safetensors *st, const kvq_st_tens
         for (size_t i = 0; i < n_out; i++) { double v; memcpy(&v, d + 8 * i, 8); out[i] = (float)v; }
         break;
     case KVQ_ST_F16:
-        for (size_t i = 0; i < n_out; i++) { uint16_t h; memcpy(&h, d + 2 * i, 2); out[i] = kvq_f16_bits_to_f32(h); }
+        for (size_t i = 0; i < n_out; i++) { uint16_t h; memcpy(&h, d + 2 * i, 2); out[i] = kvq_f16_to_f32(h); }
         break;
     case KVQ_ST_BF16:
-        for (size_t i = 0; i < n_out; i++) { uint16_t h; memcpy(&h, d + 2 * i, 2); out[i] = kvq_bf16_bits_to_f32(h); }
+        for (size_t i = 0; i < n_out; i++) { uint16_t h; memcpy(&h, d + 2 * i, 2); out[i] = kvq_bf16_to_f32(h); }
         break;
     default:
         return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': dtype %s, expected F64/F32/F16/BF16", st->path, t->name,

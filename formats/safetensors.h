@@ -122,12 +122,4 @@ typedef struct {
 kvq_status kvq_safetensors_write(const char *path, const kvq_st_entry *tensors, size_t n_tensors,
                                  const kvq_st_kv *meta, size_t n_meta, kvq_err *err);
 
-/* ---- half-precision bit conversions (IEEE binary16 and bfloat16) --------- */
-/* float32 → binary16 bits, round-to-nearest-even; overflow → ±Inf, NaN kept. */
-uint16_t kvq_f32_to_f16_bits(float x);
-float kvq_f16_bits_to_f32(uint16_t h);
-/* float32 → bfloat16 bits, round-to-nearest-even; NaN kept quiet. */
-uint16_t kvq_f32_to_bf16_bits(float x);
-float kvq_bf16_bits_to_f32(uint16_t h);
-
 #endif

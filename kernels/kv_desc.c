@@ -27,6 +27,9 @@ kvq_status kvq_kv_desc_validate(const kvq_kv_desc *d, const kvq_hparams *hp, kvq
 {
     if (!d) return kvq_fail(err, KVQ_EINVAL, "kv descriptor: NULL");
     KVQ_TRY(kvq_scheme_validate(&d->q, err));
+    if (d->q.kind == KVQ_SCHEME_FP8 || d->q.kind == KVQ_SCHEME_GGML)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "kv descriptor: %s is not a built-in descriptor (kveval's CPU scheme registry, "
+                        "analysis/scheme.c, evaluates it)", d->q.kind == KVQ_SCHEME_FP8 ? "fp8" : "a llama.cpp block format");
     if (d->key_stage != KVQ_KEYS_PRE_ROPE && d->key_stage != KVQ_KEYS_POST_ROPE)
         return kvq_fail(err, KVQ_EINVAL, "kv descriptor: key stage: unknown value %d", (int)d->key_stage);
     size_t kvd = (size_t)kvq_kv_dim(hp);
@@ -73,6 +76,8 @@ void kvq_kv_desc_name(const kvq_kv_desc *d, char *buf, size_t n)
     case KVQ_SCHEME_INT_PC: w = snprintf(buf, n, "int%d-pc%s", q->k_bits, pct); break;
     case KVQ_SCHEME_NUQ: w = snprintf(buf, n, "nuq%d%s", q->k_bits, pct); break;
     case KVQ_SCHEME_KIVI: w = snprintf(buf, n, "kivi%d-g%zu-r%zu", q->k_bits, q->group, q->residual); break;
+    case KVQ_SCHEME_FP8: w = snprintf(buf, n, "fp8"); break;
+    case KVQ_SCHEME_GGML: w = snprintf(buf, n, "llama.cpp-%d", q->k_bits); break;
     }
     if (w >= 0 && (size_t)w < n && q->n_sink && q->kind != KVQ_SCHEME_FP32)
         snprintf(buf + w, n - (size_t)w, "+sink%zu", q->n_sink);
@@ -117,6 +122,8 @@ kvq_status kvq_kv_desc_transform(void *user, const kvq_layer_ctx *c, float *k, f
         kvq_kv_desc_kivi_bounds(q, T, alt->k_bound, alt->v_bound);
         alt->use_k = alt->use_v = true;
         return KVQ_OK;
+    case KVQ_SCHEME_FP8:
+    case KVQ_SCHEME_GGML: break; /* rejected by kvq_kv_desc_validate */
     }
     return kvq_fail(err, KVQ_EINVAL, "kv descriptor: kind: unknown value %d", (int)q->kind);
 }

@@ -7,7 +7,8 @@
 #include <string.h>
 
 #include "quant.h"
-#include "safetensors.h" /* kvq_f32_to_f16_bits, kvq_f16_bits_to_f32 */
+#include "half.h"
+#include "safetensors.h" /* kvq_f32_to_f16, kvq_f16_to_f32 */
 
 struct kvq_kvcache {
     kvq_kvcache_config cfg;
@@ -306,8 +307,8 @@ size_t kvq_kvcache_len(const kvq_kvcache *c, size_t seq) { return seq < c->cfg.n
 
 /* ---- helpers --------------------------------------------------------------------- */
 
-static inline uint16_t h16(float x) { return kvq_f32_to_f16_bits(kvq_round_fp16(x)); }
-static inline float f16(uint16_t h) { return kvq_f16_bits_to_f32(h); }
+static inline uint16_t h16(float x) { return kvq_f32_to_f16(kvq_round_fp16(x)); }
+static inline float f16(uint16_t h) { return kvq_f16_to_f32(h); }
 
 /* store one exact-region position (post-RoPE key, value) */
 static void put_exact(kvq_kvcache *c, size_t s, size_t pos, const float *kpost, const float *v)

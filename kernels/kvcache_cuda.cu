@@ -47,7 +47,7 @@ __device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__usho
 
 struct DecP {
     const uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    const float *vscale, *klut, *vlevels;
+    const float *vscale, *klut, *klutr, *vlevels;
     const uint8_t *kz, *vz;
     const float2 *rlo, *rhi;
     const uint16_t *k16, *v16;
@@ -99,14 +99,43 @@ __device__ void chunk_softmax(float *sc, int chunk, int n, float *red, float *mo
 }
 
 // ---- NUQ split-K decode -------------------------------------------------------------
+// code j of a unit shifted left by SH (the byte offset of a table entry when entries are 2^SH bytes
+// apart); one shift and one mask when the code does not straddle words
+template <int B, int SH> __device__ __forceinline__ uint32_t code_sh(const uint32_t *w, int j)
+{
+    const int bit = j * B, wi = bit >> 5, off = bit & 31;
+    if (off + B > 32) return getc<B>(w, j) << SH;
+    const uint32_t v = off >= SH ? w[wi] >> (off - SH) : w[wi] << (SH - off);
+    return v & (((1u << B) - 1) << SH);
+}
+
+// Shared memory (floats): [0, 32) value table (2-bit: 16 float2 = the levels of a nibble's two codes;
+// 3/4-bit: the levels), [32, 32 + CK·NLK·32) key LUT replicated per lane (entry (j, code) of lane L's
+// unit at word (j·NLK + code)·32 + L: lane L always reads bank L, so the random lookups never conflict),
+// then qh [GQ][nhb_max][np] float2 (scaled query conj-rotated to each quantized index 64·(tb0 + b),
+// tb0 = q0 / 64), sc [GQ][chunk], oacc [GQ][D], red [GQ][8], stat [2GQ], rsc [4 warps][8][33]
+// (score reduction for lane counts that are not powers of two), rows [chunk + 1] (sparse row
+// pointers of the chunk).
+//
+// Phase 1 (scores): lanes along the key units of a token (nuk lanes per token), 32/nuk streams per
+// warp; each stream takes a contiguous run of positions and loads 8 tokens per unit word as two
+// 16-byte loads (codes are token-minor), the next 8 in flight while these are computed. The RoPE
+// factor w = conj(q̄)·e^{i p θ} of each pair is kept in registers and advanced one position by a
+// complex multiply with e^{iθ} (exact re-anchor from qh at every quantized index that is a multiple
+// of 64, which is always the start of an 8-token step: the token loop has no branches), so each key
+// element costs one conflict-free LUT load and one FMA (+ the rotation, 2 FMA-equivalents per
+// element and query head). The nuk partial sums of a token: shuffle reduce-scatter (power-of-two
+// nuk) or shared memory. Sparse key outliers: a separate pass, one thread per entry, corrections
+// added atomically to the scores.
 template <int BK, int BV, int GQ>
 __global__ void __launch_bounds__(128) nuq_decode(DecP p)
 {
     typedef U<BK> UK;
     typedef U<BV> UV;
+    constexpr int CK = UK::C, NLK = UK::NL, WK = UK::W, PK = CK / 2;
     extern __shared__ float4 sm4[];
     float *sm = (float *)sm4;
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
     const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
     const int D = p.D, np = p.np;
@@ -120,88 +149,241 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
         return;
     }
     const int n = q1 - q0;
-    const int hb0 = (p.n_exact + q0) >> 6, nhb = ((p.n_exact + q1 - 1) >> 6) - hb0 + 1;
-    float *lut = sm;                                  // [dpad][NL]
-    float *vl = lut + p.dpad * UK::NL;                // [NLV] (+pad)
-    float2 *qh = (float2 *)(vl + (UV::NL < 2 ? 2 : UV::NL)); // [GQ][nhb][np]
+    // RoPE anchors at quantized indices 64·(tb0 + b): qh[b] = conj(q̄)·e^{i (n_exact + 64 (tb0 + b)) θ}
+    const int tb0 = q0 >> 6, nhb = ((q1 - 1) >> 6) - tb0 + 1;
+    float *vl = sm;                                   // [32]
+    float *lutk = sm + 32;                            // [CK][NLK][32]
+    float2 *qh = (float2 *)(lutk + CK * NLK * 32);    // [GQ][nhb_max][np]
     float *sc = (float *)(qh + GQ * p.nhb_max * np);  // [GQ][chunk]
     float *oacc = sc + GQ * p.chunk;                  // [GQ][D]
     float *red = oacc + GQ * D;                       // [GQ][8]
     float *stat = red + GQ * 8;                       // m[GQ], l[GQ]
-    const int tail = GQ * p.chunk + GQ * D + GQ * 8 + 2 * GQ;
-    float2 *los = (float2 *)(sc + tail + (tail & 1));  // [np][64] RoPE angles of pos & 63
-    const float *klut = p.klut + (size_t)h * D * UK::NL;
-    for (int i = tid; i < p.dpad * UK::NL; i += blockDim.x) lut[i] = i < D * UK::NL ? klut[i] : 0.f;
-    for (int i = tid; i < UV::NL; i += blockDim.x) vl[i] = p.vlevels[h * UV::NL + i];
-    for (int i = tid; i < GQ * nhb * np; i += blockDim.x) {
-        int j = i / (nhb * np), r = i % (nhb * np), b = r / np, pi = r % np;
+    float *rsc = stat + 2 * GQ;                       // [4][8][33]
+    uint32_t *rows = (uint32_t *)(rsc + 4 * 8 * 33);   // [chunk + 1] sparse row pointers of the chunk
+    const int nuk = (D + CK - 1) / CK, tpk = 32 / nuk;
+    {
+        const float4 *kr = (const float4 *)(p.klutr + (size_t)h * CK * NLK * 32);
+#pragma unroll 4
+        for (int i = tid; i < CK * NLK * 8; i += 128) ((float4 *)lutk)[i] = __ldg(kr + i);
+        const float *vlev = p.vlevels + h * UV::NL;
+        if (BV == 2) {
+            if (tid < 16) { vl[2 * tid] = vlev[tid & 3]; vl[2 * tid + 1] = vlev[tid >> 2]; }
+        } else if (tid < UV::NL) vl[tid] = vlev[tid];
+    }
+    for (int jp = tid; jp < GQ * np; jp += blockDim.x) {
+        const int j = jp / np, pi = jp % np;
         float qa = 0, qb = 0;
         if (j < gn) {
             const float *qv = p.q + ((size_t)s * p.n_heads + h * p.g + gq0 + j) * D;
             qa = qv[2 * pi] * p.scale;
             qb = 2 * pi + 1 < D ? qv[2 * pi + 1] * p.scale : 0.f;
         }
-        float2 hi = p.rhi[(size_t)(hb0 + b) * np + pi];
-        qh[(j * p.nhb_max + b) * np + pi] = make_float2(qa * hi.x + qb * hi.y, qa * hi.y - qb * hi.x);
+        const float2 l0 = __ldg(p.rlo + pi * 64 + (p.n_exact & 63));
+        const int hb = tb0 + (p.n_exact >> 6);
+#pragma unroll 4
+        for (int b = 0; b < nhb; b++) {
+            const float2 hi = __ldg(p.rhi + (size_t)(hb + b) * np + pi);
+            const float2 e = make_float2(hi.x * l0.x - hi.y * l0.y, hi.x * l0.y + hi.y * l0.x);
+            qh[(j * p.nhb_max + b) * np + pi] = make_float2(qa * e.x + qb * e.y, qa * e.y - qb * e.x);
+        }
     }
     for (int i = tid; i < GQ * D; i += blockDim.x) oacc[i] = 0.f;
-    for (int i = tid; i < np * 64; i += blockDim.x) los[i] = p.rlo[i];
     __syncthreads();
 
-    // phase 1: scores, one thread per token; codes are token-minor so a warp reads 128 contiguous bytes
-    const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
-    const uint32_t *krow = p.krow + ((size_t)s * p.H + h) * (p.capq + 1);
-    const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
-    const int nu = (D + UK::C - 1) / UK::C;
-    const int kzc = p.kz[h];
-    for (int t = q0 + tid; t < q1; t += blockDim.x) {
-        const int pos = p.n_exact + t, b = (pos >> 6) - hb0;
-        const float2 *lo = los + (pos & 63);
-        const float2 *qhb = qh + b * np;
-        uint32_t w[UK::MAXU * UK::W];
+    // phase 1: dense scores
+    {
+        const int u = lane % nuk, st = lane / nuk;
+        const bool kact = st < tpk;
+        const int S = 4 * tpk, Ls = ((n + S - 1) / S + 7) & ~7;
+        const int sb = q0 + (warp * tpk + (kact ? st : 0)) * Ls, se = min(sb + Ls, q1);
+        const uint32_t *kc = p.kcodes + ((size_t)(s * p.H + h) * p.kw + (size_t)u * WK) * p.capq;
+        float2 rho[PK], w[GQ][PK];
 #pragma unroll
-        for (int u = 0; u < UK::MAXU; u++)
+        for (int jj = 0; jj < PK; jj++) {
+            const int i = u * PK + jj;
+            rho[jj] = i < np ? __ldg(p.rlo + i * 64 + 1) : make_float2(1.f, 0.f);
 #pragma unroll
-            for (int x = 0; x < UK::W; x++)
-                w[u * UK::W + x] = u < nu ? __ldcs(kc + (size_t)(u * UK::W + x) * p.capq + t) : 0u;
-        float acc[GQ];
+            for (int gg = 0; gg < GQ; gg++) w[gg][jj] = make_float2(0.f, 0.f);
+        }
+        if (kact && sb < se) {
+            const int b = (sb >> 6) - tb0;
 #pragma unroll
-        for (int gg = 0; gg < GQ; gg++) acc[gg] = 0.f;
+            for (int jj = 0; jj < PK; jj++) {
+                const int i = u * PK + jj;
+                if (i < np) {
+                    const float2 e = __ldg(p.rlo + i * 64 + (sb & 63));
 #pragma unroll
-        for (int u = 0; u < UK::MAXU; u++) {
-            if (u < nu) {
-#pragma unroll
-                for (int j = 0; j < UK::C; j += 2) {
-                    const int i = (u * UK::C + j) >> 1;
-                    if (i < np) {
-                        const float ka = lut[(2 * i) * UK::NL + getc<BK>(w + u * UK::W, j)];
-                        const float kb = lut[(2 * i + 1) * UK::NL + getc<BK>(w + u * UK::W, j + 1)];
-                        const float2 e = lo[i * 64];
-#pragma unroll
-                        for (int gg = 0; gg < GQ; gg++) {
-                            const float2 a = qhb[gg * p.nhb_max * np + i];
-                            const float wr = a.x * e.x - a.y * e.y, wi = a.x * e.y + a.y * e.x;
-                            acc[gg] += ka * wr - kb * wi;
-                        }
+                    for (int gg = 0; gg < GQ; gg++) {
+                        const float2 a = qh[(gg * p.nhb_max + b) * np + i];
+                        w[gg][jj] = make_float2(a.x * e.x - a.y * e.y, a.x * e.y + a.y * e.x);
                     }
                 }
             }
         }
-        const uint32_t e0 = __ldg(krow + t), e1 = __ldg(krow + t + 1);
-        for (uint32_t e = e0; e < e1; e++) {
-            const uint32_t en = __ldg(kent + e);
-            const int d = en >> 16, i = d >> 1;
-            const float corr = h2f(en) - lut[d * UK::NL + kzc];
-            const float2 el = lo[i * 64];
+        const char *lbase = (const char *)(lutk) + lane * 4;
+        float *rw = rsc + warp * 8 * 33;
+        // power-of-two lanes per token: reduce-scatter with shuffles (NH halving steps, then full adds)
+        const int pow2 = (nuk & (nuk - 1)) == 0;
+        const int nh = nuk >= 8 ? 3 : nuk == 4 ? 2 : nuk == 2 ? 1 : 0;
+        uint4 a[WK][2];
 #pragma unroll
-            for (int gg = 0; gg < GQ; gg++) {
-                const float2 a = qhb[gg * p.nhb_max * np + i];
-                const float wr = a.x * el.x - a.y * el.y, wi = a.x * el.y + a.y * el.x;
-                acc[gg] += (d & 1) ? -corr * wi : corr * wr;
+        for (int x = 0; x < WK; x++) {
+            const bool live = kact && sb < se;
+            a[x][0] = live ? __ldcs((const uint4 *)(kc + (size_t)x * p.capq + sb)) : make_uint4(0, 0, 0, 0);
+            a[x][1] = live ? __ldcs((const uint4 *)(kc + (size_t)x * p.capq + sb + 4)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll 1
+        for (int it = 0; it < Ls; it += 8) {
+            const int t0 = sb + it;
+            uint4 an[WK][2]; // the next 8 tokens' codes, in flight while these are computed
+            {
+                const bool live = kact && t0 + 8 < se;
+#pragma unroll
+                for (int x = 0; x < WK; x++) {
+                    an[x][0] = live ? __ldcs((const uint4 *)(kc + (size_t)x * p.capq + t0 + 8)) : make_uint4(0, 0, 0, 0);
+                    an[x][1] = live ? __ldcs((const uint4 *)(kc + (size_t)x * p.capq + t0 + 12)) : make_uint4(0, 0, 0, 0);
+                }
+            }
+            if (it > 0 && (t0 & 63) == 0) { // exact anchor at each 64-token block (t0 is a multiple of 8)
+                const int b = (t0 >> 6) - tb0;
+                if (b < nhb) {
+#pragma unroll
+                    for (int jj = 0; jj < PK; jj++) {
+                        const int i = u * PK + jj;
+                        if (i < np)
+#pragma unroll
+                            for (int gg = 0; gg < GQ; gg++) w[gg][jj] = qh[(gg * p.nhb_max + b) * np + i];
+                    }
+                }
+            }
+            float part[GQ][8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                uint32_t wd[WK];
+#pragma unroll
+                for (int x = 0; x < WK; x++) {
+                    const uint4 &v = a[x][k >> 2];
+                    wd[x] = (k & 3) == 0 ? v.x : (k & 3) == 1 ? v.y : (k & 3) == 2 ? v.z : v.w;
+                }
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) part[gg][k] = 0.f;
+#pragma unroll
+                for (int jj = 0; jj < PK; jj++) {
+                    const float ka = *(const float *)(lbase + code_sh<BK, 7>(wd, 2 * jj) + (2 * jj) * NLK * 128);
+                    const float kb = *(const float *)(lbase + code_sh<BK, 7>(wd, 2 * jj + 1) + (2 * jj + 1) * NLK * 128);
+#pragma unroll
+                    for (int gg = 0; gg < GQ; gg++) part[gg][k] += ka * w[gg][jj].x - kb * w[gg][jj].y;
+                }
+                // advance w to the next position (no branch: the 8 tokens' work interleaves)
+#pragma unroll
+                for (int jj = 0; jj < PK; jj++)
+#pragma unroll
+                    for (int gg = 0; gg < GQ; gg++) {
+                        const float2 o = w[gg][jj];
+                        w[gg][jj] = make_float2(o.x * rho[jj].x - o.y * rho[jj].y, o.x * rho[jj].y + o.y * rho[jj].x);
+                    }
+            }
+#pragma unroll
+            for (int x = 0; x < WK; x++) { a[x][0] = an[x][0]; a[x][1] = an[x][1]; }
+            if (pow2) {
+                // lanes of a stream are an aligned group of nuk lanes; after NH halving steps lane holds
+                // tokens tb + m (m < 8 >> NH), tb = sum over steps s of bit s of the lane times 4 >> s
+                const int lo = lane & (nuk - 1);
+                int tb = 0;
+#pragma unroll
+                for (int s2 = 0; s2 < 3; s2++)
+                    if (s2 < nh && (lo >> s2 & 1)) tb += 4 >> s2;
+                const bool writer = (lo >> nh) == 0 && kact;
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) {
+                    float *v = part[gg];
+#pragma unroll
+                    for (int s2 = 0; s2 < 3; s2++) {
+                        if (s2 < nh) {
+                            const int off = 1 << s2;
+                            const bool up = lane & off;
+#pragma unroll
+                            for (int k = 0; k < (4 >> s2); k++) {
+                                const int half = 4 >> s2;
+                                const float send = up ? v[k] : v[k + half];
+                                const float keep = up ? v[k + half] : v[k];
+                                v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+                            }
+                        }
+                    }
+                    for (int off = 1 << nh; off < nuk; off <<= 1)
+#pragma unroll
+                        for (int k = 0; k < 8; k++)
+                            if (k < (8 >> nh)) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+                    if (writer) {
+#pragma unroll
+                        for (int k = 0; k < 8; k++) {
+                            const int t = t0 + tb + k;
+                            if (k < (8 >> nh) && t < se) sc[gg * p.chunk + (t - q0)] = v[k];
+                        }
+                    }
+                }
+            } else {
+                // any other lane count: through shared memory, one query head at a time
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) rw[k * 33 + lane] = part[gg][k];
+                    __syncwarp();
+                    for (int o = lane; o < 8 * tpk; o += 32) {
+                        const int k = o & 7, so = o >> 3;
+                        const int t = q0 + (warp * tpk + so) * Ls + it + k;
+                        const int te = min(q0 + (warp * tpk + so + 1) * Ls, q1);
+                        float acc = 0.f;
+                        for (int uu = 0; uu < nuk; uu++) acc += rw[k * 33 + so * nuk + uu];
+                        if (t < te) sc[gg * p.chunk + (t - q0)] = acc;
+                    }
+                    __syncwarp();
+                }
             }
         }
+    }
+    __syncthreads();
+    // sparse key outliers: one thread per entry (entries of the chunk are contiguous; the token of an
+    // entry is found by binary search in the chunk's row pointers), corrections added atomically
+    {
+        const uint32_t *krow = p.krow + ((size_t)s * p.H + h) * (p.capq + 1) + q0;
+        const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
+        for (int i = tid; i <= n; i += blockDim.x) rows[i] = __ldg(krow + i);
+        __syncthreads();
+        const int kzc = p.kz[h];
+        const uint32_t E0 = rows[0], E1 = rows[n];
+        int top = 1;
+        while (2 * top <= n) top *= 2;
+        constexpr int EB = 4; // entries per thread in flight
+        for (uint32_t eb = E0 + tid; eb < E1; eb += EB * blockDim.x) {
+            uint32_t en[EB];
+            int ti[EB];
 #pragma unroll
-        for (int gg = 0; gg < GQ; gg++) sc[gg * p.chunk + (t - q0)] = acc[gg];
+            for (int m = 0; m < EB; m++) {
+                const uint32_t e = eb + m * blockDim.x;
+                en[m] = e < E1 ? __ldg(kent + e) : 0u;
+                int lo = 0;
+                for (int st2 = top; st2; st2 >>= 1)
+                    if (lo + st2 < n && rows[lo + st2] <= e) lo += st2;
+                ti[m] = lo;
+            }
+            float2 el[EB];
+#pragma unroll
+            for (int m = 0; m < EB; m++) el[m] = __ldg(p.rlo + (int)(en[m] >> 17) * 64 + ((q0 + ti[m]) & 63));
+#pragma unroll
+            for (int m = 0; m < EB; m++) {
+                if (eb + m * blockDim.x >= E1) break;
+                const int d = en[m] >> 16, i = d >> 1, b = ((q0 + ti[m]) >> 6) - tb0;
+                const float corr = h2f(en[m]) - lutk[((d % CK) * NLK + kzc) * 32 + d / CK];
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) {
+                    const float2 a = qh[(gg * p.nhb_max + b) * np + i];
+                    const float wr = a.x * el[m].x - a.y * el[m].y, wi = a.x * el[m].y + a.y * el[m].x;
+                    atomicAdd(&sc[gg * p.chunk + ti[m]], (d & 1) ? -corr * wi : corr * wr);
+                }
+            }
+        }
     }
     __syncthreads();
     chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
@@ -210,8 +392,12 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
     // phase 3: P·V, lanes along the units of a token row (coalesced), tokens across lanes/warps
     {
         const int nuv = (D + UV::C - 1) / UV::C, tpw = 32 / nuv;
-        const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+        const int nw = blockDim.x >> 5;
         const int unit = lane % nuv, tsub = lane / nuv;
+        {
+            const uint32_t *vrow = p.vrow + ((size_t)s * p.H + h) * (p.capq + 1) + q0;
+            for (int i = tid; i <= n; i += blockDim.x) rows[i] = __ldg(vrow + i);
+        }
         if (tsub < tpw) {
             float acc[GQ][UV::C], pz[GQ];
 #pragma unroll
@@ -222,22 +408,34 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
             }
             const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw + unit * UV::W;
             const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
-            constexpr int VT = 8; // tokens whose loads are in flight per lane
+            const char *vb = (const char *)vl;
+            constexpr int VT = 8; // tokens per batch; the next batch's loads are in flight during a batch
             const int st = nw * tpw;
-            for (int tb = q0 + warp * tpw + tsub; tb < q1; tb += VT * st) {
-                uint32_t w[VT][UV::W];
-                float2 zr[VT];
+            uint32_t w[VT][UV::W];
+            float2 zr[VT];
+            const int tb0 = q0 + warp * tpw + tsub;
+#pragma unroll
+            for (int k = 0; k < VT; k++) {
+                const int t = tb0 + k * st;
+#pragma unroll
+                for (int x = 0; x < UV::W; x++) w[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
+                zr[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
+            }
+#pragma unroll 1
+            for (int tb = tb0; tb < q1; tb += VT * st) {
+                uint32_t wn[VT][UV::W];
+                float2 zn[VT];
 #pragma unroll
                 for (int k = 0; k < VT; k++) {
-                    const int t = tb + k * st;
+                    const int t = tb + (VT + k) * st;
 #pragma unroll
-                    for (int x = 0; x < UV::W; x++) w[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
-                    zr[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
+                    for (int x = 0; x < UV::W; x++) wn[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
+                    zn[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
                 }
+                if (tb + (VT - 1) * st < q1) { // a full batch: no per-token test, the tokens' work interleaves
 #pragma unroll
-                for (int k = 0; k < VT; k++) {
-                    const int t = tb + k * st;
-                    if (t < q1) {
+                    for (int k = 0; k < VT; k++) {
+                        const int t = tb + k * st;
                         float pr[GQ];
 #pragma unroll
                         for (int gg = 0; gg < GQ; gg++) {
@@ -245,13 +443,62 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                             pr[gg] = pp * zr[k].y;
                             pz[gg] += pp * zr[k].x;
                         }
+                        if (BV == 2) {
 #pragma unroll
-                        for (int j = 0; j < UV::C; j++) {
-                            const float L = vl[getc<BV>(w[k], j)];
+                            for (int j = 0; j < UV::C; j += 2) {
+                                const float2 L2 = *(const float2 *)(vb + ((w[k][0] >> (2 * j)) & 15u) * 8);
 #pragma unroll
-                            for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                                for (int gg = 0; gg < GQ; gg++) {
+                                    acc[gg][j] += pr[gg] * L2.x;
+                                    acc[gg][j + 1] += pr[gg] * L2.y;
+                                }
+                            }
+                        } else {
+#pragma unroll
+                            for (int j = 0; j < UV::C; j++) {
+                                const float L = *(const float *)(vb + code_sh<BV, 2>(w[k], j));
+#pragma unroll
+                                for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                            }
                         }
                     }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VT; k++) {
+                        const int t = tb + k * st;
+                        if (t >= q1) break;
+                        float pr[GQ];
+#pragma unroll
+                        for (int gg = 0; gg < GQ; gg++) {
+                            const float pp = sc[gg * p.chunk + (t - q0)];
+                            pr[gg] = pp * zr[k].y;
+                            pz[gg] += pp * zr[k].x;
+                        }
+                        if (BV == 2) {
+#pragma unroll
+                            for (int j = 0; j < UV::C; j += 2) {
+                                const float2 L2 = *(const float2 *)(vb + ((w[k][0] >> (2 * j)) & 15u) * 8);
+#pragma unroll
+                                for (int gg = 0; gg < GQ; gg++) {
+                                    acc[gg][j] += pr[gg] * L2.x;
+                                    acc[gg][j + 1] += pr[gg] * L2.y;
+                                }
+                            }
+                        } else {
+#pragma unroll
+                            for (int j = 0; j < UV::C; j++) {
+                                const float L = *(const float *)(vb + code_sh<BV, 2>(w[k], j));
+#pragma unroll
+                                for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < VT; k++) {
+                    zr[k] = zn[k];
+#pragma unroll
+                    for (int x = 0; x < UV::W; x++) w[k][x] = wn[k][x];
                 }
             }
 #pragma unroll
@@ -262,21 +509,36 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], acc[gg][j] + pz[gg]);
             }
         }
-        const uint32_t *vrow = p.vrow + ((size_t)s * p.H + h) * (p.capq + 1);
+        __syncthreads(); // rows of the chunk's value outliers
         const uint32_t *vent = p.vent + ((size_t)s * p.H + h) * p.ent_cap;
-        const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
-        const float lz = vl[p.vz[h]];
-        for (int t = q0 + tid; t < q1; t += blockDim.x) {
-            const uint32_t e0 = __ldg(vrow + t), e1 = __ldg(vrow + t + 1);
-            if (e0 == e1) continue;
-            const float2 zr = __ldg(vs + t);
-            const float dz = lz * zr.y + zr.x;
-            for (uint32_t e = e0; e < e1; e++) {
-                const uint32_t en = __ldg(vent + e);
-                const int d = en >> 16;
-                const float corr = h2f(en) - dz;
+        const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
+        const float lz = BV == 2 ? vl[2 * p.vz[h]] : vl[p.vz[h]];
+        const uint32_t E0 = rows[0], E1 = rows[n];
+        int top = 1;
+        while (2 * top <= n) top *= 2;
+        constexpr int EB = 4;
+        for (uint32_t eb = E0 + tid; eb < E1; eb += EB * blockDim.x) {
+            uint32_t en[EB];
+            int ti[EB];
 #pragma unroll
-                for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], sc[gg * p.chunk + (t - q0)] * corr);
+            for (int m = 0; m < EB; m++) {
+                const uint32_t e = eb + m * blockDim.x;
+                en[m] = e < E1 ? __ldg(vent + e) : 0u;
+                int lo = 0;
+                for (int st2 = top; st2; st2 >>= 1)
+                    if (lo + st2 < n && rows[lo + st2] <= e) lo += st2;
+                ti[m] = lo;
+            }
+            float2 zr[EB];
+#pragma unroll
+            for (int m = 0; m < EB; m++) zr[m] = __ldg(vs + ti[m]);
+#pragma unroll
+            for (int m = 0; m < EB; m++) {
+                if (eb + m * blockDim.x >= E1) break;
+                const int d = en[m] >> 16;
+                const float corr = h2f(en[m]) - (lz * zr[m].y + zr[m].x);
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], sc[gg * p.chunk + ti[m]] * corr);
             }
         }
     }
@@ -337,21 +599,23 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 
 typedef void (*DecFn)(DecP);
 
+// query heads per block GQ: GQ x channels per unit <= 64 for keys (the RoPE factors a lane keeps) and
+// for values (the accumulators of phase 3)
+template <int BK, int BV, int GQ> static DecFn pick3()
+{
+    if constexpr (GQ * U<BK>::C <= 64 && GQ * U<BV>::C <= 64) return nuq_decode<BK, BV, GQ>;
+    else return nullptr;
+}
 template <int BK, int BV> static DecFn pick2(int gq)
 {
     switch (gq) {
-    case 1: return nuq_decode<BK, BV, 1>;
-    case 2: return nuq_decode<BK, BV, 2>;
-    default: break;
+    case 1: return pick3<BK, BV, 1>();
+    case 2: return pick3<BK, BV, 2>();
+    case 3: return pick3<BK, BV, 3>();
+    case 4: return pick3<BK, BV, 4>();
+    case 8: return pick3<BK, BV, 8>();
+    default: return nullptr;
     }
-    if constexpr (U<BV>::C <= 16) {
-        if (gq == 3) return nuq_decode<BK, BV, 3>;
-        if (gq == 4) return nuq_decode<BK, BV, 4>;
-    }
-    if constexpr (U<BV>::C <= 8) {
-        if (gq == 8) return nuq_decode<BK, BV, 8>;
-    }
-    return nullptr;
 }
 template <int BK> static DecFn pick1(int bv, int gq)
 {
@@ -359,11 +623,12 @@ template <int BK> static DecFn pick1(int bv, int gq)
 }
 static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? pick1<2>(bv, gq) : bk == 3 ? pick1<3>(bv, gq) : pick1<4>(bv, gq); }
 
-// query heads per block: the candidate (1, 2, 3, 4, 8; at most 64 / value channels per unit, the
-// accumulators of phase 3) that wastes the fewest masked query slots, ties to the larger
-static int choose_gq(int g, int bv)
+// query heads per block: the candidate (1, 2, 3, 4, 8; at most 64 / channels per unit of keys and of
+// values) that wastes the fewest masked query slots, ties to the larger
+static int choose_gq(int g, int bk, int bv)
 {
-    int gmax = 64 / (bv == 2 ? 16 : bv == 3 ? 32 : 8);
+    const int ck = bk == 2 ? 16 : bk == 3 ? 32 : 8, cv = bv == 2 ? 16 : bv == 3 ? 32 : 8;
+    int gmax = 64 / (ck > cv ? ck : cv);
     if (gmax > 8) gmax = 8;
     const int cand[5] = {8, 4, 3, 2, 1};
     int best = 1;
@@ -384,7 +649,7 @@ struct kvq_kvcache_cuda {
     int *dlen;
     uint16_t *k16, *v16;
     uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    float *vscale, *klut, *vlevels, *klevels, *klo, *khi;
+    float *vscale, *klut, *klutr, *vlevels, *klevels, *klo, *khi;
     uint8_t *kz, *vz;
     float2 *rlo, *rhi;
     double *inv_freq;
@@ -413,7 +678,7 @@ template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, k
 extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
 {
     if (!c) return;
-    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut,
+    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut, c->klutr,
                  c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range};
     for (void *x : d)
         if (x) cudaFree(x);
@@ -497,6 +762,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     DA(c->vent, B * H * c->ent_cap, "value outliers");
     DA(c->vscale, B * c->capq * 2, "value scales");
     DA(c->klut, C * nlk, "key LUT");
+    DA(c->klutr, H * kvq_kvcache_unit_channels(cfg->k_bits) * nlk * 32, "key LUT (per lane)");
     DA(c->vlevels, H * nlv, "value levels");
     DA(c->klevels, H * nlk, "key levels");
     DA(c->klo, C, "thresholds");
@@ -550,6 +816,20 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         cudaError_t e = cudaSuccess;
 #define UP(dst, src, bytes) if (e == cudaSuccess) e = cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice)
         UP(c->klut, hl, C * nlk * sizeof(float));
+        if (e == cudaSuccess) {
+            // the decode kernel's per-lane key LUT of each head: entry (j, code) of lane L's unit
+            // (L mod nuk) at (j * nlk + code) * 32 + L (formats/KVCACHE.md "Decode attention")
+            const size_t ck = kvq_kvcache_unit_channels(cfg->k_bits), nuk = (D + ck - 1) / ck, per = ck * nlk * 32;
+            float *hr = (float *)malloc(H * per * sizeof(float));
+            if (!hr) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate tables"); goto fail; }
+            for (size_t h = 0; h < H; h++)
+                for (size_t i = 0; i < per; i++) {
+                    const size_t L = i & 31, x = i >> 5, j = x / nlk, code = x % nlk, ch = (L % nuk) * ck + j;
+                    hr[h * per + i] = ch < D ? hl[(h * D + ch) * nlk + code] : 0.f;
+                }
+            e = cudaMemcpy(c->klutr, hr, H * per * sizeof(float), cudaMemcpyHostToDevice);
+            free(hr);
+        }
         UP(c->vlevels, hv, H * nlv * sizeof(float));
         UP(c->klevels, hk, H * nlk * sizeof(float));
         UP(c->kz, hz, H);
@@ -840,11 +1120,10 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
 // ---- attention -----------------------------------------------------------------------------------
 static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max)
 {
-    size_t nlk = (size_t)1 << c->cfg.k_bits, nlv = (size_t)1 << c->cfg.v_bits;
-    size_t f = c->dpad * nlk + (nlv < 2 ? 2 : nlv);
-    f = (f + 1) / 2 * 2;
-    size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq;
-    return f * 4 + (size_t)gq * nhb_max * c->np * 8 + (tail + 2) * 4 + c->np * 64 * 8;
+    const size_t nlk = (size_t)1 << c->cfg.k_bits, ck = kvq_kvcache_unit_channels(c->cfg.k_bits);
+    const size_t f = 32 + ck * nlk * 32; // value table, per-lane key LUT (even)
+    const size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq + 4 * 8 * 33 + chunk + 1;
+    return f * 4 + (size_t)gq * nhb_max * c->np * 8 + tail * 4;
 }
 
 extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out,
@@ -855,13 +1134,13 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     const size_t H = g->n_kv_heads, D = g->head_dim, B = g->n_seqs;
     if (n_heads == 0 || n_heads % H)
         return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: n_heads %zu: expected a multiple of n_kv_heads %zu", n_heads, H);
-    const int gg = (int)(n_heads / H), gq = choose_gq(gg, g->v_bits), qgroups = (gg + gq - 1) / gq;
+    const int gg = (int)(n_heads / H), gq = choose_gq(gg, g->k_bits, g->v_bits), qgroups = (gg + gq - 1) / gq;
     size_t maxlen = 0;
     for (size_t s = 0; s < B; s++) if (c->len[s] > maxlen) maxlen = c->len[s];
     const size_t nq = maxlen > c->n_exact ? maxlen - c->n_exact : 0;
     size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
     size_t splits = (target + per - 1) / per;
-    size_t maxch = 1024;
+    size_t maxch = 2048;
     while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
     if (splits < 1) splits = 1;
     if (max_splits && splits > max_splits) splits = max_splits;
@@ -882,7 +1161,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     }
     DecP p;
     p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.krow = c->krow; p.vrow = c->vrow; p.kent = c->kent; p.vent = c->vent;
-    p.vscale = c->vscale; p.klut = c->klut; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
+    p.vscale = c->vscale; p.klut = c->klut; p.klutr = c->klutr; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
     p.rlo = c->rlo; p.rhi = c->rhi; p.k16 = c->k16; p.v16 = c->v16; p.q = q; p.part = c->part; p.len = c->dlen;
     p.H = (int)H; p.D = (int)D; p.dpad = (int)c->dpad; p.np = (int)c->np; p.n_heads = (int)n_heads; p.g = gg; p.qgroups = qgroups;
     p.kw = (int)c->kw; p.vw = (int)c->vw; p.capq = (int)c->capq; p.n_exact = (int)c->n_exact; p.n_splits = (int)splits;

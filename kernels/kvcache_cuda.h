@@ -15,8 +15,9 @@
  * fp32 rounding: the codes, scales and sparse entries an append writes are
  * bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
  * attention runs in fp32 (scores, online softmax, accumulation) with RoPE
- * angles from a two-level table (pos = 64*hi + lo, angle sums composed in
- * fp32 from tables computed in double).
+ * factors anchored every 64 positions from a two-level table (pos = 64*hi +
+ * lo, computed in double, composed in fp32) and advanced between anchors by
+ * one fp32 complex multiply per position (formats/KVCACHE.md).
  */
 #ifndef KVQ_KVCACHE_CUDA_H
 #define KVQ_KVCACHE_CUDA_H

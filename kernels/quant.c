@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "safetensors.h" /* defines: kvq_f32_to_f16_bits, kvq_f16_bits_to_f32 */
+#include "safetensors.h" /* defines: kvq_f32_to_f16, kvq_f16_to_f32 */
 #include "select.h"
+#include "half.h"
 
 /* ---- shared checks -------------------------------------------------------- */
 
@@ -48,7 +49,7 @@ float kvq_round_fp16(float x)
 {
     if (x > 65504.0f) return 65504.0f;
     if (x < -65504.0f) return -65504.0f;
-    return kvq_f16_bits_to_f32(kvq_f32_to_f16_bits(x));
+    return kvq_f16_to_f32(kvq_f32_to_f16(x));
 }
 
 void kvq_quant_fp16(float *out, const float *in, size_t n, kvq_quant_counts *counts)
@@ -351,7 +352,7 @@ size_t kvq_kivi_value_boundary(size_t t, size_t residual, size_t n_sink)
 kvq_status kvq_scheme_validate(const kvq_scheme *s, kvq_err *err)
 {
     if (!s) return kvq_fail(err, KVQ_EINVAL, "scheme: NULL");
-    if (s->kind < KVQ_SCHEME_FP32 || s->kind > KVQ_SCHEME_KIVI)
+    if (s->kind < KVQ_SCHEME_FP32 || s->kind > KVQ_SCHEME_GGML)
         return kvq_fail(err, KVQ_EINVAL, "scheme: kind: unknown value %d", (int)s->kind);
     if (s->kind == KVQ_SCHEME_FP32 || s->kind == KVQ_SCHEME_FP16) return KVQ_OK;
     KVQ_TRY(check_bits(s->k_bits, "scheme: k_bits", err));
@@ -361,6 +362,11 @@ kvq_status kvq_scheme_validate(const kvq_scheme *s, kvq_err *err)
     if ((s->kind == KVQ_SCHEME_INT || s->kind == KVQ_SCHEME_KIVI) && s->outlier_frac > 0)
         return kvq_fail(err, KVQ_EINVAL, "scheme: outlier fraction: %s has no sparse outliers, found %g",
                         s->kind == KVQ_SCHEME_INT ? "int per-token" : "kivi", s->outlier_frac);
+    if ((s->kind == KVQ_SCHEME_FP8 || s->kind == KVQ_SCHEME_GGML) &&
+        (s->outlier_frac > 0 || s->group || s->residual))
+        return kvq_fail(err, KVQ_EINVAL, "scheme: %s has no outliers, groups or residual (found %g, %zu, %zu)",
+                        s->kind == KVQ_SCHEME_FP8 ? "fp8" : "a llama.cpp block format", s->outlier_frac, s->group,
+                        s->residual);
     if (s->kind == KVQ_SCHEME_KIVI) {
         if (s->group == 0) return kvq_fail(err, KVQ_EINVAL, "scheme: kivi group size: expected > 0, found 0");
         if (s->residual % s->group)
@@ -392,6 +398,10 @@ kvq_status kvq_scheme_bits(const kvq_scheme *s, size_t ctx, size_t kv_dim, kvq_b
         outl_v = (double)(2 * kv) / (double)kv_dim * 32.0 + 32.0 / (double)kv_dim;
     }
     size_t g = s->group ? s->group : kv_dim;
+    if (s->kind == KVQ_SCHEME_FP8 || s->kind == KVQ_SCHEME_GGML)
+        return kvq_fail(err, KVQ_EINVAL, "scheme bits: %s: the accounting depends on the scale count / block format "
+                        "(kvq_fp8_bits_per_element, kvq_ggml_kv_bits_per_element)",
+                        s->kind == KVQ_SCHEME_FP8 ? "fp8" : "llama.cpp block format");
     switch (s->kind) {
     case KVQ_SCHEME_FP32: k = v = 32; break;
     case KVQ_SCHEME_FP16: k = v = 16; break;
@@ -416,6 +426,7 @@ kvq_status kvq_scheme_bits(const kvq_scheme *s, size_t ctx, size_t kv_dim, kvq_b
         v = mix16(s->v_bits + per_vec / (double)s->group, ctx, n16);
         break;
     }
+    default: break;
     }
     out->k = k;
     out->v = v;

@@ -184,12 +184,14 @@ typedef enum {
     KVQ_SCHEME_INT,      /* uniform, per-token K and V (groups of `group` channels, 0 = token) */
     KVQ_SCHEME_INT_PC,   /* uniform, per-channel K (offline thresholds), per-token V */
     KVQ_SCHEME_NUQ,      /* KVQuant nuqX, per-channel K (offline), per-token V (online) */
-    KVQ_SCHEME_KIVI      /* KIVI, group G, residual R */
+    KVQ_SCHEME_KIVI,     /* KIVI, group G, residual R */
+    KVQ_SCHEME_FP8,      /* FP8 cache (kernels/quant_fp8.h): per-tensor / per-head scales, no groups */
+    KVQ_SCHEME_GGML      /* llama.cpp KV block format (kernels/quant_ggml.h), 32-value blocks */
 } kvq_scheme_kind;
 
 typedef struct {
     kvq_scheme_kind kind;
-    int k_bits, v_bits;  /* 1..8 (ignored for FP32/FP16) */
+    int k_bits, v_bits;  /* 1..8 (ignored for FP32/FP16; FP8: 8; GGML: the format's code bits) */
     double outlier_frac; /* [0, 0.5): total fraction of sparse outliers (NUQ, INT_PC) */
     size_t n_sink;       /* tokens kept at full precision at the start of each sequence */
     size_t group;        /* INT: channels per group (0 = whole token); KIVI: G */
@@ -215,7 +217,9 @@ kvq_status kvq_scheme_validate(const kvq_scheme *s, kvq_err *err);
  *    (the resting cache between steps; R fp16 values and up to R keys), the
  *    quantized part as b + 32/G (notes trap 16: "2-bit" KIVI ≈ 3 bits).
  * Token fractions are ctx-weighted: bits = ((ctx - n16) * dense + n16 * 16) / ctx.
- * fp32 → 32, fp16 → 16. Requires ctx > 0, kv_dim > 0. */
+ * fp32 → 32, fp16 → 16. Requires ctx > 0, kv_dim > 0. FP8 and GGML depend
+ * on the scale count / block format, which kvq_scheme does not carry:
+ * KVQ_EINVAL (kveval's scheme registry accounts them, analysis/scheme.c). */
 typedef struct {
     double k, v;  /* effective bits per element */
     double mean;  /* (k + v) / 2 */

@@ -15,7 +15,8 @@
 #include <string.h>
 
 #include "ggml_dequant.h"
-#include "safetensors.h" /* kvq_f32_to_f16_bits */
+#include "half.h"
+#include "safetensors.h" /* kvq_f32_to_f16 */
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -27,7 +28,7 @@ static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -1
 
 static inline void put_f16(uint8_t *p, float f)
 {
-    uint16_t h = kvq_f32_to_f16_bits(f); /* RNE, as GGML_FP32_TO_FP16 */
+    uint16_t h = kvq_f32_to_f16(f); /* RNE, as GGML_FP32_TO_FP16 */
     p[0] = (uint8_t)(h & 0xFF);
     p[1] = (uint8_t)(h >> 8);
 }

@@ -13,6 +13,7 @@
 #include "artifact.h"
 #include "forward.h"
 #include "model.h"
+#include "quant_fp8.h"
 #include "tables.h"
 
 typedef struct {
@@ -113,6 +114,54 @@ static kvq_status kvq_util_make_nuq_artifact(const kvq_model *m, const int *toke
     kvq_util_capture cap;
     kvq_status s = kvq_util_capture_kv(m, tokens, n_samples, sample_len, post_rope, &cap, err);
     if (!s) s = kvq_util_fit_nuq(m, &cap, sample_len, bits, frac, n_sink, sample_len, fingerprint, path, err);
+    free(cap.k);
+    free(cap.v);
+    return s;
+}
+
+/* Method fp8 on a post-RoPE capture: per layer, scales of K and V per tensor
+ * or per KV head (kvq_fp8_calib_tensor / _heads with the percentile), as
+ * kvcalib --method fp8 computes them without sink tokens; written to path. */
+static inline kvq_status kvq_util_make_fp8_artifact(const kvq_model *m, const int *tokens, size_t n_samples, size_t sample_len,
+                                                    bool per_head, double percentile, bool e5m2, const char *fingerprint,
+                                             const char *path, kvq_err *err)
+{
+    const kvq_hparams *hp = &m->hp;
+    size_t L = (size_t)hp->n_layers, H = (size_t)hp->n_kv_heads, D = (size_t)hp->head_dim, n_sc = per_head ? H : 1;
+    kvq_util_capture cap;
+    kvq_status s = kvq_util_capture_kv(m, tokens, n_samples, sample_len, true, &cap, err);
+    kvq_artifact a;
+    memset(&a, 0, sizeof a);
+    a.p.method = KVQ_METHOD_FP8;
+    a.p.k_bits = a.p.v_bits = 8;
+    a.p.post_rope = true;
+    a.p.per_head = per_head;
+    a.p.fp8_e5m2 = e5m2;
+    a.p.fp8_percentile = percentile;
+    a.p.n_layers = L;
+    a.p.n_kv_heads = H;
+    a.p.head_dim = D;
+    snprintf(a.p.model_fingerprint, sizeof a.p.model_fingerprint, "%s", fingerprint);
+    snprintf(a.p.dump_fingerprint, sizeof a.p.dump_fingerprint, "in-process capture");
+    a.k = (kvq_kv_table *)calloc(L, sizeof *a.k);
+    a.v = (kvq_kv_table *)calloc(L, sizeof *a.v);
+    if (!s && (!a.k || !a.v)) s = kvq_fail(err, KVQ_ENOMEM, "fp8 artifact: out of memory");
+    kvq_fp8_format f = e5m2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3FN;
+    for (size_t l = 0; !s && l < L; l++)
+        for (int w = 0; !s && w < 2; w++) {
+            kvq_kv_table *t = w ? &a.v[l] : &a.k[l];
+            const float *x = (w ? cap.v : cap.k) + l * cap.n_rows * cap.kvd;
+            t->bits = 8;
+            t->kv_dim = cap.kvd;
+            t->n_fp8_scales = n_sc;
+            t->fp8_scale = (float *)malloc(n_sc * sizeof(float));
+            if (!t->fp8_scale) { s = kvq_fail(err, KVQ_ENOMEM, "fp8 artifact: out of memory"); break; }
+            s = per_head ? kvq_fp8_calib_heads(f, x, cap.n_rows, H, D, percentile, t->fp8_scale, err)
+                         : kvq_fp8_calib_tensor(f, x, cap.n_rows, H, D, percentile, t->fp8_scale, err);
+        }
+    if (!s) s = kvq_calib_fill_bits(&a.p, sample_len, err);
+    if (!s) s = kvq_artifact_write(path, &a, err);
+    kvq_artifact_free(&a);
     free(cap.k);
     free(cap.v);
     return s;

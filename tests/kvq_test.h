@@ -43,6 +43,26 @@ static inline const char *kvq_test_bin(char *buf, size_t n, const char *tool)
     return access(buf, X_OK) == 0 ? buf : NULL;
 }
 
+/* Read a whole file: malloc'd, NUL-terminated (so text files are C strings),
+ * length in *n (may be NULL); NULL when the file cannot be opened. A short
+ * read fails the test. */
+static inline void *kvq_test_slurp(const char *path, size_t *n)
+{
+    if (n) *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = malloc(sz > 0 ? (size_t)sz + 1 : 1);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_msg(sz <= 0 || fread(p, 1, (size_t)sz, f) == (size_t)sz, "%s: short read", path);
+    fclose(f);
+    p[sz > 0 ? sz : 0] = 0;
+    if (n) *n = sz > 0 ? (size_t)sz : 0;
+    return p;
+}
+
 /* Quick mode (ASan runs): tests may shrink their workloads. */
 static inline int kvq_test_quick(void) { const char *q = getenv("KVQ_TEST_QUICK"); return q && *q == '1'; }
 

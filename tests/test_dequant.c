@@ -15,23 +15,11 @@
 #include "gguf.h"
 #include "kvq_test.h"
 #include "model.h"
+#include "half.h"
 
 #define FIX "tests/fixtures/"
 
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(sz > 0 ? (size_t)sz : 1);
-    ck_assert_ptr_nonnull(p);
-    ck_assert(fread(p, 1, (size_t)sz, f) == (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return p;
-}
+static uint8_t *slurp(const char *path, size_t *n) { return kvq_test_slurp(path, n); }
 
 static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
@@ -96,7 +84,7 @@ START_TEST(test_fp16_all_patterns)
 {
     for (uint32_t h = 0; h < 65536; h++) {
         int sign = h >> 15, exp = (h >> 10) & 31, mant = h & 1023;
-        float got = kvq_fp16_to_fp32((uint16_t)h);
+        float got = kvq_f16_to_f32((uint16_t)h);
         if (exp == 31) {
             if (mant == 0) {
                 ck_assert(isinf(got) && (signbit(got) != 0) == sign);
@@ -114,11 +102,11 @@ START_TEST(test_fp16_all_patterns)
         ck_assert_msg((double)got == want && (signbit(got) != 0) == sign, "h=%04x: got %a want %a", h, got, want);
     }
     /* bf16: the upper half of a binary32 */
-    ck_assert(kvq_bf16_to_fp32(0x3F80) == 1.0f);
-    ck_assert(kvq_bf16_to_fp32(0xC0A0) == -5.0f);
-    ck_assert(kvq_bf16_to_fp32(0x0001) == ldexpf(1.0f, -133)); /* binary32 subnormal */
-    ck_assert(isinf(kvq_bf16_to_fp32(0xFF80)) && kvq_bf16_to_fp32(0xFF80) < 0);
-    ck_assert(isnan(kvq_bf16_to_fp32(0x7FC1)));
+    ck_assert(kvq_bf16_to_f32(0x3F80) == 1.0f);
+    ck_assert(kvq_bf16_to_f32(0xC0A0) == -5.0f);
+    ck_assert(kvq_bf16_to_f32(0x0001) == ldexpf(1.0f, -133)); /* binary32 subnormal */
+    ck_assert(isinf(kvq_bf16_to_f32(0xFF80)) && kvq_bf16_to_f32(0xFF80) < 0);
+    ck_assert(isnan(kvq_bf16_to_f32(0x7FC1)));
 }
 END_TEST
 

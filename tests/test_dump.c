@@ -20,6 +20,7 @@
 
 #include "dump.h"
 #include "kvq_test.h"
+#include "half.h"
 
 /* ---- synthetic data ------------------------------------------------------- */
 
@@ -165,7 +166,7 @@ static double ref_f16(double x)
 
 static void check_codec_one(float x)
 {
-    float got = kvq_dump_f16_to_f32(kvq_dump_f32_to_f16(x));
+    float got = kvq_f16_to_f32(kvq_f32_to_f16(x));
     double want = ref_f16((double)x);
     if (isnan(want)) {
         ck_assert_msg(isnan(got), "f16(%a) = %a, expected NaN", (double)x, (double)got);
@@ -181,14 +182,14 @@ START_TEST(test_f16_codec)
     for (uint32_t h = 0; h < 65536; h++) {
         int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
         double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
-        float got = kvq_dump_f16_to_f32((uint16_t)h);
+        float got = kvq_f16_to_f32((uint16_t)h);
         if (isnan(v)) ck_assert(isnan(got));
         else ck_assert_msg(got == (float)(s ? -v : v) && (signbit(got) != 0) == (s != 0), "decode %04x", h);
     }
     /* every f16 value, the exact midpoint to its successor (ties), and 1 float ulp either side */
     for (uint32_t h = 0; h < 0x7c00; h++) {
-        double lo = (double)kvq_dump_f16_to_f32((uint16_t)h);
-        double hi = h + 1 < 0x7c00 ? (double)kvq_dump_f16_to_f32((uint16_t)(h + 1)) : 65536.0;
+        double lo = (double)kvq_f16_to_f32((uint16_t)h);
+        double hi = h + 1 < 0x7c00 ? (double)kvq_f16_to_f32((uint16_t)(h + 1)) : 65536.0;
         float mid = (float)((lo + hi) / 2); /* exact in float32 */
         float pts[5] = {(float)lo, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), (float)hi};
         for (int i = 0; i < 5; i++) {
@@ -205,15 +206,15 @@ START_TEST(test_f16_codec)
         check_codec_one(x);
     }
     /* named cases: ties to even, overflow boundary, NaN stays NaN */
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(65504.0f), 0x7bff);
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(65519.99f), 0x7bff);
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(65520.0f), 0x7c00);
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);          /* tie → even (down) */
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);      /* tie → even (up) */
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(0x1p-25f), 0x0000);                 /* tie → even zero */
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(0x1.8p-24f), 0x0002);               /* 1.5 subnormal steps → 2 */
-    ck_assert_uint_eq(kvq_dump_f32_to_f16(-0.0f), 0x8000);
-    ck_assert((kvq_dump_f32_to_f16(NAN) & 0x7fff) > 0x7c00);
+    ck_assert_uint_eq(kvq_f32_to_f16(65504.0f), 0x7bff);
+    ck_assert_uint_eq(kvq_f32_to_f16(65519.99f), 0x7bff);
+    ck_assert_uint_eq(kvq_f32_to_f16(65520.0f), 0x7c00);
+    ck_assert_uint_eq(kvq_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);          /* tie → even (down) */
+    ck_assert_uint_eq(kvq_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);      /* tie → even (up) */
+    ck_assert_uint_eq(kvq_f32_to_f16(0x1p-25f), 0x0000);                 /* tie → even zero */
+    ck_assert_uint_eq(kvq_f32_to_f16(0x1.8p-24f), 0x0002);               /* 1.5 subnormal steps → 2 */
+    ck_assert_uint_eq(kvq_f32_to_f16(-0.0f), 0x8000);
+    ck_assert((kvq_f32_to_f16(NAN) & 0x7fff) > 0x7c00);
 }
 END_TEST
 

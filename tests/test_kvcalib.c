@@ -27,6 +27,8 @@
 #include "identity.h"
 #include "kmeans.h"
 #include "quant.h"
+#include "quant_fp8.h"
+#include "safetensors.h"
 #include "kvq_test.h"
 
 enum { NL = 2, HKV = 2, HD = 8, KVD = HKV * HD, NS = 3, SL = 64, ROPE_DIM = 6, NTOK = NS * SL };
@@ -645,6 +647,184 @@ START_TEST(test_model_chain)
 }
 END_TEST
 
+/* ---- fp8 scales (issue 13) ------------------------------------------------------- */
+
+static void expect_fail(const char *dump, const kvq_calibrate_opts *o, kvq_status code, const char *const *needles);
+
+/* Rows of x ([NTOK][KVD]) without each sample's first n_sink tokens. */
+static float *drop_sink(const float *x, int n_sink, size_t *rows)
+{
+    float *y = malloc(NTOK * KVD * sizeof(float));
+    size_t r = 0;
+    for (int t = 0; t < NTOK; t++)
+        if (!is_sink(t, n_sink)) memcpy(y + KVD * r++, x + (size_t)t * KVD, KVD * sizeof(float));
+    *rows = r;
+    return y;
+}
+
+/* kvcalib fp8 scales == kvq_fp8_calib_* on the arrays written to the dump
+ * (post-RoPE k, v), per tensor and per head, absmax / percentile, E4M3 / E5M2,
+ * with and without sink; saturation counts by direct count; artifact round
+ * trip; vLLM export read back with kvq's safetensors reader. */
+START_TEST(test_fp8_scales)
+{
+    synth d;
+    synth_make(&d, 23);
+    char dump[256], out[256], vl[256];
+    tmp(dump, sizeof dump, "fp8.h5");
+    tmp(out, sizeof out, "fp8.safetensors");
+    tmp(vl, sizeof vl, "fp8_vllm.safetensors");
+    write_dump(dump, &d, &(dump_spec){.no_fisher = true});
+    kvq_err e = {0};
+    const struct {
+        bool head, e5m2;
+        double pct;
+        int sink;
+    } cases[] = {{false, false, 100, 0}, {true, false, 100, 0}, {true, false, 90, 0}, {false, true, 100, 0},
+                 {true, false, 100, 1}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+        ck_assert(o.post_rope && o.n_sink == 0 && o.k_bits == 8 && o.fp8_percentile == 100);
+        o.per_head = cases[ci].head;
+        o.fp8_e5m2 = cases[ci].e5m2;
+        o.fp8_percentile = cases[ci].pct;
+        o.n_sink = (size_t)cases[ci].sink;
+        kvq_artifact a;
+        ck_assert_msg(kvq_calibrate_file(dump, out, true, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_int_eq(a.p.method, KVQ_METHOD_FP8);
+        ck_assert(a.p.per_head == cases[ci].head && a.p.fp8_e5m2 == cases[ci].e5m2 && a.p.post_rope);
+        ck_assert_double_eq(a.p.fp8_percentile, cases[ci].pct);
+        size_t nsc = cases[ci].head ? HKV : 1;
+        /* bits: 8 + 32 n_scales / (ctx kv_dim) at ctx = seq_len, sink tokens at 16 */
+        double dense = 8 + 32.0 * nsc / (SL * KVD);
+        ck_assert_double_eq_tol(a.p.bits_k, ((SL - cases[ci].sink) * dense + cases[ci].sink * 16.0) / SL, 1e-12);
+        kvq_fp8_format f = cases[ci].e5m2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3FN;
+        uint64_t tot_sat = 0;
+        for (int l = 0; l < NL; l++)
+            for (int w = 0; w < 2; w++) {
+                size_t rows;
+                float *x = drop_sink(d.x[l][w ? D_V : D_K], cases[ci].sink, &rows);
+                float ref[HKV];
+                if (cases[ci].head) ck_assert(kvq_fp8_calib_heads(f, x, rows, HKV, HD, cases[ci].pct, ref, &e) == KVQ_OK);
+                else ck_assert(kvq_fp8_calib_tensor(f, x, rows, HKV, HD, cases[ci].pct, ref, &e) == KVQ_OK);
+                const kvq_kv_table *t = w ? &a.v[l] : &a.k[l];
+                ck_assert_uint_eq(t->n_fp8_scales, nsc);
+                uint64_t sat = 0;
+                for (size_t i = 0; i < rows * KVD; i++)
+                    sat += fabsf(x[i] / ref[cases[ci].head ? (i % KVD) / HD : 0]) >= (cases[ci].e5m2 ? 61440.0f : 464.0f);
+                for (size_t h = 0; h < nsc; h++)
+                    ck_assert_msg(t->fp8_scale[h] == ref[h], "case %zu layer %d %c head %zu: %.9g vs %.9g", ci, l, w ? 'v' : 'k',
+                                  h, (double)t->fp8_scale[h], (double)ref[h]);
+                ck_assert_uint_eq(t->n_elems, rows * KVD);
+                ck_assert_uint_eq(t->n_outliers, sat);
+                if (cases[ci].pct == 100) ck_assert_uint_eq(sat, 0);
+                tot_sat += sat;
+                /* the absmax rule by hand: the (sink-free) maximum |x| over the tensor / head / 448 */
+                if (cases[ci].pct == 100 && !cases[ci].e5m2)
+                    for (size_t h = 0; h < nsc; h++) {
+                        float mx = 0;
+                        for (size_t i = 0; i < rows * KVD; i++)
+                            if ((!cases[ci].head || (i % KVD) / HD == h) && fabsf(x[i]) > mx) mx = fabsf(x[i]);
+                        ck_assert_float_eq_tol(t->fp8_scale[h], mx / 448.0f, mx * 1e-6f);
+                    }
+                free(x);
+            }
+        if (cases[ci].pct < 100) ck_assert_uint_gt(tot_sat, 0); /* a percentile scale clips the tails */
+        /* the sink changes the scales: token 0 holds the planted sink values (30000 + c keys, 800 - c values) */
+        if (cases[ci].sink) ck_assert(a.v[0].fp8_scale[0] < 100.0f / 448);
+        else if (!cases[ci].e5m2 && cases[ci].pct == 100) ck_assert(a.v[0].fp8_scale[0] >= 790.0f / 448);
+        /* export for vLLM; read back */
+        if (!cases[ci].e5m2 && !cases[ci].sink) {
+            unlink(vl);
+            ck_assert_msg(kvq_calibrate_export_vllm(&a, vl, false, &e) == KVQ_OK, "%s", e.msg);
+            kvq_safetensors st;
+            ck_assert_msg(kvq_safetensors_open(vl, &st, &e) == KVQ_OK, "%s", e.msg);
+            ck_assert_str_eq(kvq_safetensors_meta(&st, "format"), "pt");
+            ck_assert_str_eq(kvq_safetensors_meta(&st, "kvq.fp8_format"), "e4m3fn");
+            ck_assert_str_eq(kvq_safetensors_meta(&st, "kvq.granularity"), cases[ci].head ? "per-head" : "per-tensor");
+            ck_assert_str_eq(kvq_safetensors_meta(&st, "kvq.model_fingerprint"), a.p.model_fingerprint);
+            for (int l = 0; l < NL; l++)
+                for (int w = 0; w < 2; w++) {
+                    char name[96];
+                    snprintf(name, sizeof name, "model.layers.%d.self_attn.%c_scale", l, w ? 'v' : 'k');
+                    const kvq_st_tensor *t = kvq_safetensors_find(&st, name);
+                    ck_assert_msg(t, "%s missing", name);
+                    ck_assert_int_eq(t->dtype, KVQ_ST_F32);
+                    ck_assert_uint_eq(t->n_dims, cases[ci].head ? 1 : 0);
+                    if (cases[ci].head) ck_assert_uint_eq(t->shape[0], HKV);
+                    float got[HKV];
+                    ck_assert(kvq_safetensors_read_f32(&st, t, got, nsc, &e) == KVQ_OK);
+                    const kvq_kv_table *tb = w ? &a.v[l] : &a.k[l];
+                    ck_assert(memcmp(got, tb->fp8_scale, nsc * sizeof(float)) == 0);
+                }
+            ck_assert(kvq_safetensors_find(&st, "model.layers.2.self_attn.k_scale") == NULL);
+            kvq_safetensors_close(&st);
+            /* no overwrite without force */
+            ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, false, &e), KVQ_EIO);
+            ck_assert_msg(strstr(e.msg, "already exists"), "%s", e.msg);
+        }
+        if (ci == 1) { /* validation names the tensor, head and value; the writer refuses */
+            float keep = a.v[1].fp8_scale[1];
+            a.v[1].fp8_scale[1] = -0.5f;
+            ck_assert_int_eq(kvq_artifact_validate(&a, &e), KVQ_EINVAL);
+            ck_assert_msg(strstr(e.msg, "layers.1.v.fp8_scale[1]") && strstr(e.msg, "found -0.5"), "%s", e.msg);
+            ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EINVAL);
+            a.v[1].fp8_scale[1] = keep;
+            a.p.k_bits = 4;
+            ck_assert_int_eq(kvq_artifact_validate(&a, &e), KVQ_EINVAL);
+            ck_assert_msg(strstr(e.msg, "fp8 stores 8-bit codes"), "%s", e.msg);
+            a.p.k_bits = 8;
+        }
+        if (cases[ci].e5m2) {
+            ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EUNSUPPORTED);
+            ck_assert_msg(strstr(e.msg, "E5M2"), "%s", e.msg);
+        }
+        kvq_artifact_free(&a);
+    }
+    /* export of a non-fp8 artifact, pre-RoPE fp8 scales */
+    kvq_artifact a;
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_INT);
+    ck_assert(kvq_calibrate_file(dump, out, true, &o, &a, &e) == KVQ_OK);
+    ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "method int") && strstr(e.msg, "fp8"), "%s", e.msg);
+    kvq_artifact_free(&a);
+    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o.post_rope = false;
+    ck_assert(kvq_calibrate_file(dump, out, true, &o, &a, &e) == KVQ_OK);
+    size_t rows;
+    float *x = drop_sink(d.x[1][D_KPRE], 0, &rows), ref;
+    ck_assert(kvq_fp8_calib_tensor(KVQ_FP8_E4M3FN, x, rows, HKV, HD, 100, &ref, &e) == KVQ_OK);
+    ck_assert(a.k[1].fp8_scale[0] == ref);
+    free(x);
+    ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "pre-RoPE"), "%s", e.msg);
+    kvq_artifact_free(&a);
+    /* option errors */
+    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o.k_bits = o.v_bits = 4;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"bits", "fp8 stores 8-bit codes", NULL});
+    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o.fp8_percentile = 0;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "(0, 100]", "found 0", NULL});
+    o.fp8_percentile = 100.5;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "found 100.5", NULL});
+    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o.outlier_frac = 0.01;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"outlier fraction", "method fp8", NULL});
+    o = kvq_calibrate_defaults(KVQ_METHOD_INT);
+    o.fp8_percentile = 99;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "method is int", NULL});
+    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    write_dump(dump, &d, &(dump_spec){.no_fisher = true, .layer_first = 1, .layer_last = 1});
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"layers 1..1", "method fp8", NULL});
+    synth_free(&d);
+    unlink(dump);
+    unlink(out);
+    unlink(vl);
+}
+END_TEST
+
 /* Every failure: error code, message, and the existing output left untouched. */
 static void expect_fail(const char *dump, const kvq_calibrate_opts *o, kvq_status code, const char *const *needles)
 {
@@ -803,7 +983,7 @@ START_TEST(test_cli)
         {"%s %s --method nuq --bits 3 --out %s --quiet --force", 0, {NULL}},
         {"%s %s --method nuq --bits 9 --out %s", 2, {"--bits: expected 1..8, found 9"}},
         {"%s %s --method nuq --bits 3 --outliers 0.5 --out %s", 2, {"outlier fraction: expected [0, 0.5), found 0.5"}},
-        {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi, found 'foo'"}},
+        {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi|fp8, found 'foo'"}},
         {"%s %s --bits 3 --out %s", 2, {"missing required option --method"}},
         {"%s %s --method int --bits 3 --outliers 0.01 --out %s", 2, {"outlier fraction", "method int"}},
     };
@@ -834,6 +1014,53 @@ START_TEST(test_cli)
     snprintf(cmd, sizeof cmd, "%s --inspect %s", bin, dump); /* not an artifact */
     ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 1);
     ck_assert_msg(strstr(buf, dump), "%s", buf);
+    /* fp8: --bits optional, --scale head, --percentile, --export-vllm; the subcommand */
+    char vl[256], vl2[256];
+    tmp(vl, sizeof vl, "cli_vllm.st");
+    tmp(vl2, sizeof vl2, "cli_vllm2.st");
+    unlink(vl);
+    unlink(vl2);
+    snprintf(cmd, sizeof cmd, "%s %s --method fp8 --scale head --percentile 99.9 --out %s --force --export-vllm %s", bin, nof, out,
+             vl);
+    ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0, "%s", buf);
+    ck_assert_msg(strstr(buf, "fp8 K8/V8") && strstr(buf, "layer  1 fp8 scale K") && strstr(buf, "saturated") &&
+                      strstr(buf, vl),
+                  "%s", buf);
+    ck_assert(exists(vl));
+    snprintf(cmd, sizeof cmd, "%s --inspect %s", bin, out);
+    ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0, "%s", buf);
+    ck_assert_msg(strstr(buf, "E4M3FN, per-KV-head scales") && strstr(buf, "percentile    99.9"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s", bin, out, vl2);
+    ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0, "%s", buf);
+    ck_assert_msg(strstr(buf, "[n_kv_heads] per KV head"), "%s", buf);
+    ck_assert(same_bytes(vl, vl2));
+    struct {
+        const char *fmt;
+        int rc;
+        const char *needle;
+    } fcases[] = {
+        {"%s %s --method fp8 --bits 4 --out %s --force", 2, "fp8 stores 8-bit codes"},
+        {"%s %s --method fp8 --percentile 0 --out %s --force", 2, "percentile: expected (0, 100]"},
+        {"%s %s --method int --bits 4 --scale head --out %s --force", 2, "apply to --method fp8 only"},
+        {"%s %s --method fp8 --scale chan --out %s --force", 2, "--scale: expected one of tensor|head"},
+        {"%s %s --method fp8 --fp8-format e5m2 --export-vllm /tmp/x.st --out %s --force", 2, "fp8_e5m2"},
+    };
+    for (size_t i = 0; i < sizeof fcases / sizeof *fcases; i++) {
+        snprintf(cmd, sizeof cmd, fcases[i].fmt, bin, nof, out);
+        int rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == fcases[i].rc && strstr(buf, fcases[i].needle), "'%s': exit %d:\n%s", cmd, rc, buf);
+    }
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s", bin, out, vl2); /* exists */
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 1);
+    ck_assert_msg(strstr(buf, "already exists"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force", bin, out2, vl2); /* a nuq artifact */
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 1);
+    ck_assert_msg(strstr(buf, "method nuq") && strstr(buf, out2), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s", bin, out);
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
+    ck_assert_msg(strstr(buf, "--out"), "%s", buf);
+    unlink(vl);
+    unlink(vl2);
     snprintf(cmd, sizeof cmd, "%s intactkv", bin);
     ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
     ck_assert_msg(strstr(buf, "not implemented"), "%s", buf);
@@ -857,6 +1084,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_fingerprints);
     tcase_add_test(tc, test_model_chain);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_fp8_scales);
     tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
     return s;

@@ -7,6 +7,11 @@
  *  - fp32 perplexity equals the plain forward's; the two protocols score
  *    exactly the documented positions; reruns are bit-identical; fp16 moves
  *    perplexity only slightly; NaN is reported with window and position;
+ *  - the same decode loop for the production formats (issue 13): fp8 / e5m2
+ *    (scale 1.0 and kvcalib-style per-tensor / per-head scales) on
+ *    aidreams260K, llama.cpp block formats on stories260K re-headed to
+ *    2 heads x head_dim 32 (same weights, 1 KV head), and the block formats'
+ *    refusal for head_dim 16;
  *  - spec parsing, canonical names, bits and cache size by hand;
  *  - KIVI with several sink tokens (+sink2, +sink5: queries before the last
  *    sink token get valid boundaries) runs and is decode-equivalent;
@@ -20,6 +25,8 @@
 #include "device.h"
 #include "kveval_util.h"
 #include "kvq_test.h"
+#include "quant_fp8.h"
+#include "quant_ggml.h"
 #include "identity.h"
 #include "perplexity.h"
 #include "scheme.h"
@@ -90,6 +97,19 @@ static kvq_status ref_quant_row(dec_state *d, int layer, int pos, float *k, floa
         KVQ_TRY(kvq_quant_nuq_keys(k, k, 1, kvd, &lk, kt->channel_lower, kt->channel_upper, q->outlier_frac > 0, ns, NULL, e));
         return kvq_quant_nuq_values(v, v, 1, kvd, &lv, q->outlier_frac, ns, NULL, e);
     }
+    case KVQ_SCHEME_FP8: {
+        if (ns) return KVQ_OK;
+        size_t H = kvd / s->head_dim;
+        const float one = 1.0f;
+        const kvq_kv_table *kt = s->art ? &s->art->k[layer] : NULL, *vt = s->art ? &s->art->v[layer] : NULL;
+        kvq_fp8_format f = (kvq_fp8_format)(s->s.variant & 1);
+        KVQ_TRY(kvq_fp8_kv_roundtrip(f, k, k, 1, H, s->head_dim, kt ? kt->fp8_scale : &one, kt ? kt->n_fp8_scales : 1, e));
+        return kvq_fp8_kv_roundtrip(f, v, v, 1, H, s->head_dim, vt ? vt->fp8_scale : &one, vt ? vt->n_fp8_scales : 1, e);
+    }
+    case KVQ_SCHEME_GGML:
+        if (ns) return KVQ_OK;
+        KVQ_TRY(kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.variant, k, k, 1, kvd / s->head_dim, s->head_dim, e));
+        return kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.variant, v, v, 1, kvd / s->head_dim, s->head_dim, e);
     default: return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
     }
 }
@@ -292,7 +312,7 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
         *n_strict += 1;
     if (flips == 0) ck_assert_msg(dlog <= 1e-4, "%s: logits rel L2 %.3e without flips", s.name, dlog);
     /* fp16's effect is tiny: then decode must at least agree far better than the effect */
-    bool fp16 = s.s.q.kind == KVQ_SCHEME_FP16;
+    bool fp16 = s.s.q.kind == KVQ_SCHEME_FP16 || (s.s.q.kind == KVQ_SCHEME_GGML && s.s.variant == KVQ_GGML_Q8_0);
     if (s.s.q.kind != KVQ_SCHEME_FP32)
     ck_assert_msg(fp16 ? d_fp32 > 4 * dl : d_fp32 > 1e-4,
                   "%s barely changes the loss (%.2e): the test would not notice a missing transform", s.name, d_fp32);
@@ -354,6 +374,95 @@ START_TEST(test_decode_equivalence)
     if (!getenv("KVQ_DECODE_SPEC"))
         ck_assert_msg(strict[0] && strict[1] && strict[2], "strict (flip-free) agreement: int4 %d, kivi2 %d, nuq3-1%% %d",
                       strict[0], strict[1], strict[2]);
+}
+END_TEST
+
+/* stories260K with the header re-written to 2 heads x head_dim 32 and 1 KV
+ * head: the same weight shapes (q_dim 64, kv_dim 32), a different attention
+ * grouping, so that llama.cpp's 32-value blocks apply. llama2.c stores
+ * freq_cis [seq_len][head_dim/2] (skipped by the loader) at the end of a
+ * tied checkpoint: grow it with zeros. */
+static int reheaded_model(char *out, size_t n)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    if (!p) return 0;
+    FILE *f = fopen(p, "rb");
+    ck_assert(f);
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)sz);
+    ck_assert(fread(b, 1, (size_t)sz, f) == (size_t)sz);
+    fclose(f);
+    int32_t h[7];
+    memcpy(h, b, sizeof h);
+    ck_assert(h[0] == 64 && h[3] == 8 && h[4] == 4 && h[5] > 0); /* dim 64, 8 heads, 4 KV heads, tied */
+    size_t extra = (size_t)h[6] * (32 / 2 - 8 / 2) * 2 * sizeof(float);
+    h[3] = 2;
+    h[4] = 1;
+    memcpy(b, h, sizeof h);
+    tmp_path(out, n, "stories_hd32.bin");
+    f = fopen(out, "wb");
+    ck_assert(f && fwrite(b, 1, (size_t)sz, f) == (size_t)sz);
+    char *z = calloc(1, extra);
+    ck_assert(fwrite(z, 1, extra, f) == extra);
+    fclose(f);
+    free(z);
+    free(b);
+    return 1;
+}
+
+START_TEST(test_decode_equivalence_production)
+{
+    char buf[4096], hd32[256];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/aidreams260K.bin");
+    KVQ_SKIP_IF(!p || !reheaded_model(hd32, sizeof hd32), "../shared/models/llama2c tiny models absent");
+    kvq_err e = {0};
+    /* fp8 on aidreams260K (4 KV heads x head_dim 16) */
+    kvq_model m;
+    ck_assert_msg(kvq_model_load(p, &m, &e) == KVQ_OK, "%s", e.msg);
+    char fp[65], a_t[256], a_h[256];
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
+    int tok[4 * 64];
+    make_tokens(tok, 4 * 64, m.hp.vocab_size, 99);
+    tmp_path(a_t, sizeof a_t, "fp8_tensor.safetensors");
+    tmp_path(a_h, sizeof a_h, "fp8_head_p99.safetensors");
+    ck_assert_msg(kvq_util_make_fp8_artifact(&m, tok, 4, 64, false, 100, false, fp, a_t, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_util_make_fp8_artifact(&m, tok, 4, 64, true, 99, false, fp, a_h, &e) == KVQ_OK, "%s", e.msg);
+    const char *pp[2] = {a_t, a_h};
+    kvq_artifact_set set;
+    ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    const char *fspecs[] = {"fp8", "fp8-tensor", "fp8-head-p99", "e5m2", "fp8-tensor+sink2"};
+    int strict = 0;
+    for (size_t i = 0; i < sizeof fspecs / sizeof *fspecs; i++) {
+        if (kvq_test_quick() && i >= 3) break;
+        decode_case(&m, &set, fspecs[i], &strict);
+    }
+    /* head_dim 16: every block format refuses, naming head_dim and llama.cpp */
+    const char *blk[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
+    kvq_eval_scheme s;
+    for (size_t i = 0; i < 6; i++) {
+        ck_assert_int_eq(kvq_eval_scheme_make(blk[i], &set, &m.hp, &s, &e), KVQ_EUNSUPPORTED);
+        ck_assert_msg(strstr(e.msg, "head_dim 16") && strstr(e.msg, "llama.cpp") && strstr(e.msg, blk[i]), "%s", e.msg);
+    }
+    kvq_artifact_set_free(&set);
+    remove(a_t);
+    remove(a_h);
+    kvq_model_free(&m);
+    /* block formats on the re-headed stories260K (head_dim 32) */
+    ck_assert_msg(kvq_model_load(hd32, &m, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(m.hp.head_dim, 32);
+    ck_assert_int_eq(m.hp.n_kv_heads, 1);
+    const char *bspecs[] = {"q4_0", "q8_0", "iq4_nl", "q4_1", "q5_0", "q5_1", "q4_0+sink1"};
+    for (size_t i = 0; i < sizeof bspecs / sizeof *bspecs; i++) {
+        if (kvq_test_quick() && i >= 3) break;
+        decode_case(&m, NULL, bspecs[i], &strict);
+    }
+    fprintf(stderr, "INFO production formats: %d flip-free decode cases\n", strict);
+    ck_assert_int_ge(strict, 3);
+    kvq_model_free(&m);
+    remove(hd32);
 }
 END_TEST
 
@@ -604,6 +713,14 @@ START_TEST(test_parse_names_bits)
         {"kivi2", "kivi2-g32-r128", 2, KVQ_KEYS_POST_ROPE},
         {"kivi4-g64", "kivi4-g64-r128", 4, KVQ_KEYS_POST_ROPE},
         {"kivi2-g16-r32+sink4", "kivi2-g16-r32+sink4", 2, KVQ_KEYS_POST_ROPE},
+        {"fp8", "fp8", 8, KVQ_KEYS_POST_ROPE},
+        {"e5m2+sink1", "e5m2+sink1", 8, KVQ_KEYS_POST_ROPE},
+        {"q8_0", "q8_0", 8, KVQ_KEYS_POST_ROPE},
+        {"q4_0", "q4_0", 4, KVQ_KEYS_POST_ROPE},
+        {"q4_1", "q4_1", 4, KVQ_KEYS_POST_ROPE},
+        {"q5_0", "q5_0", 5, KVQ_KEYS_POST_ROPE},
+        {"q5_1+pre-rope", "q5_1+pre-rope", 5, KVQ_KEYS_PRE_ROPE},
+        {"iq4_nl", "iq4_nl", 4, KVQ_KEYS_POST_ROPE},
     };
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         ck_assert_msg(kvq_eval_scheme_make(ok[i].spec, NULL, &hp, &s, &e) == KVQ_OK, "%s: %s", ok[i].spec, e.msg);
@@ -619,6 +736,19 @@ START_TEST(test_parse_names_bits)
     ck_assert(kvq_eval_scheme_make("kivi2", NULL, &hp, &s, &e) == KVQ_OK);
     ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
     ck_assert(fabs(b.k - ((2048 - 128) * 3.0 + 128 * 16.0) / 2048) < 1e-12);
+    /* llama.cpp blocks: block bytes * 8 / 32 (ggml-common.h); a sink token at 16 bits */
+    const struct { const char *spec; double bits; } blocks[] = {
+        {"q8_0", 8.5}, {"q4_0", 4.5}, {"q4_1", 5.0}, {"q5_0", 5.5}, {"q5_1", 6.0}, {"iq4_nl", 4.5},
+        {"q4_0+sink1", (2047 * 4.5 + 16) / 2048}};
+    for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) {
+        ck_assert(kvq_eval_scheme_make(blocks[i].spec, NULL, &hp, &s, &e) == KVQ_OK);
+        ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+        ck_assert_msg(fabs(b.k - blocks[i].bits) < 1e-12 && fabs(b.v - blocks[i].bits) < 1e-12, "%s: %g", blocks[i].spec, b.k);
+    }
+    /* fp8: 8 + one float32 scale per layer amortised over 2048 x 192 elements */
+    ck_assert(kvq_eval_scheme_make("fp8", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+    ck_assert(fabs(b.k - (8 + 32.0 / (2048 * 192))) < 1e-12 && fabs(b.mean - b.k) < 1e-12);
     /* cache MiB: fp16 at 2048 = 30 layers x 2048 x 192 x 2 (K, V) x 2 bytes = 45 MiB */
     ck_assert(kvq_eval_scheme_make("fp16", NULL, &hp, &s, &e) == KVQ_OK);
     ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
@@ -632,6 +762,9 @@ START_TEST(test_parse_names_bits)
         {"kivi2-g32-r100", "multiple"}, {"kivi2-g48-r96", "head_dim"}, {"int4-g100", "kv_dim"},       {"int4+bogus", "unknown modifier"},
         {"int4+", "empty"},         {"fp16+post-rope", "key stage"}, {"int4+intactkv", "prefix"}, {"nuq3-60%", "outlier"},
         {"int4+artifact1", "only 0"}, {"", "empty"},              {"+sink1", "base"},
+        {"fp8-tensor", "method fp8 with E4M3FN per-tensor scales"}, {"e5m2-head-p99.9", "E5M2 per-KV-head scales (percentile) 99.9"},
+        {"fp8-chan", "expected fp8, e5m2"}, {"fp8-tensor-p0", "percentile"}, {"fp8-head-p101", "percentile"},
+        {"fp8-tensor-pX", "percentile"}, {"q3_0", "unknown scheme"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         e.msg[0] = 0;
@@ -822,6 +955,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_parse_names_bits);
     tcase_add_test(tc, test_bind_artifacts);
     tcase_add_test(tc, test_decode_equivalence);
+    tcase_add_test(tc, test_decode_equivalence_production);
     tcase_add_test(tc, test_fp32_is_plain_forward);
     tcase_add_test(tc, test_protocol_counts);
     tcase_add_test(tc, test_rerun_identical_fp16_small);

@@ -60,19 +60,7 @@ static int run(env_t *e, const char *args, char *out, size_t on, char *err, size
     return WEXITSTATUS(st);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert(fread(b, 1, (size_t)n, f) == (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
+static char *slurp(const char *path) { return kvq_test_slurp(path, NULL); }
 
 START_TEST(test_cli_success)
 {
@@ -128,6 +116,25 @@ START_TEST(test_cli_success)
         ck_assert_int_eq(cJSON_GetObjectItem(o, "scored_tokens")->valueint, 189);
     }
     ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "baseline")));
+    /* KV cache size at other contexts: an fp16 cache of a Llama-2-7B-shaped model
+     * (32 layers x 32 KV heads x 128) holds 2 x 32 x 4096 x 2 B = 512 KiB per token:
+     * exactly 1 GiB at 2K and 64 GiB at 128K; for this model at ctx 64 it equals kv_cache_mib */
+    for (int i = 0; i < 4; i++) {
+        cJSON *o = cJSON_GetArrayItem(ss, i);
+        cJSON *at = cJSON_GetObjectItem(o, "kv_cache_mib_at");
+        ck_assert_ptr_nonnull(at);
+        double m2k = cJSON_GetObjectItem(cJSON_GetObjectItem(at, "model"), "2048")->valuedouble;
+        const char *name = cJSON_GetObjectItem(o, "name")->valuestring;
+        if (strncmp(name, "kivi", 4) != 0) /* no ctx-dependent terms (KIVI's residual window has) */
+            ck_assert_double_eq_tol(m2k, cJSON_GetObjectItem(o, "kv_cache_mib")->valuedouble * 2048.0 / 64.0, 1e-9 * m2k);
+        else
+            ck_assert(m2k < cJSON_GetObjectItem(o, "kv_cache_mib")->valuedouble * 2048.0 / 64.0);
+        if (!strcmp(cJSON_GetObjectItem(o, "name")->valuestring, "fp16")) {
+            cJSON *l7 = cJSON_GetObjectItem(at, "llama2_7b");
+            ck_assert_double_eq_tol(cJSON_GetObjectItem(l7, "2048")->valuedouble, 1024.0, 1e-9);
+            ck_assert_double_eq_tol(cJSON_GetObjectItem(l7, "131072")->valuedouble, 65536.0, 1e-9);
+        }
+    }
     cJSON_Delete(root);
     free(js);
 
@@ -145,6 +152,30 @@ START_TEST(test_cli_success)
     ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
     ck_assert_msg(strstr(out, "62 scored tokens (31 per window, from position 32)"), "%s", out);
     ck_assert(strstr(out, "overwrites each window's first token"));
+
+    /* production formats on stories260K (head_dim 8): fp8 and e5m2 run (8 + 32/(64 x 32) bits); the llama.cpp block
+     * formats do not apply (head_dim % 32 != 0) and are skipped with a message, the rest still runs */
+    snprintf(args, sizeof args,
+             "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 2 --scheme fp8 --scheme q4_0 --scheme e5m2 "
+             "--scheme iq4_nl --json %s/p.json",
+             e.model, e.tok, e.text, e.dir);
+    rc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    fprintf(stderr, "INFO kveval production stdout:\n%s", out);
+    ck_assert_msg(strstr(err, "skipping: scheme 'q4_0': head_dim 8 is not a multiple of the 32-value block") &&
+                      strstr(err, "llama.cpp refuses") && strstr(err, "skipping: scheme 'iq4_nl'"),
+                  "%s", err);
+    ck_assert_msg(strstr(out, "| fp8 | 8 | 8 | 8.02 |") && strstr(out, "| e5m2 | 8 | 8 | 8.02 |") && !strstr(out, "| q4_0 |") &&
+                      strstr(out, "- skipped: scheme 'q4_0'") && strstr(out, "- skipped: scheme 'iq4_nl'"),
+                  "%s", out);
+    snprintf(jp, sizeof jp, "%s/p.json", e.dir);
+    js = slurp(jp);
+    root = cJSON_Parse(js);
+    ck_assert(root);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(root, "schemes")), 3);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(root, "skipped")), 2);
+    cJSON_Delete(root);
+    free(js);
 
     snprintf(args, sizeof args, "--help");
     ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
@@ -211,7 +242,8 @@ START_TEST(test_cli_errors)
         const char *what, *a1, *a2, *needle;
         int rc;
     } cases[] = {
-        {"unknown scheme", tx, "--scheme int4 --scheme q4_0", "unknown scheme 'q4_0'", 2},
+        {"unknown scheme", tx, "--scheme int4 --scheme q3_0", "unknown scheme 'q3_0'", 2},
+        {"fp8 scales need an artifact", tx, "--scheme fp8-head", "method fp8 with E4M3FN per-KV-head scales", 1},
         {"unknown scheme lists valid", tx, "--scheme zz", "kivi<b>[-g<G>][-r<R>]", 2},
         {"no scheme", tx, "", "missing required option --scheme", 2},
         {"needs artifact", tx, "--scheme nuq3-1%", "needs a kvcalib artifact of method nuq with 3 bits and 1% outliers; none given", 1},
@@ -224,7 +256,7 @@ START_TEST(test_cli_errors)
         {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "/nonexistent/x.txt", 1},
         {"bad option value", tx, "--scheme int4 --ctx 12x", "--ctx: expected an integer", 2},
     };
-    const char *extra[] = {"", "", "", "", ak, ao, an, "", "", ak, "", ""};
+    const char *extra[] = {"", "", "", "", "", ak, ao, an, "", "", ak, "", ""};
     static char out[65536], err[65536];
     char args[40000], jp[512];
     snprintf(jp, sizeof jp, "%s/fail.json", e.dir);

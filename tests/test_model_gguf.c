@@ -76,20 +76,7 @@ static int check_weights(const kvq_model *m, const char *sha_file)
     return count;
 }
 
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(sz > 0 ? (size_t)sz : 1);
-    ck_assert_ptr_nonnull(p);
-    ck_assert(fread(p, 1, (size_t)sz, f) == (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return p;
-}
+static uint8_t *slurp(const char *path, size_t *n) { return kvq_test_slurp(path, n); }
 
 static void write_bytes(const char *path, const uint8_t *p, size_t n)
 {

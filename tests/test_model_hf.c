@@ -21,6 +21,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "tokenizer.h"
+#include "half.h"
 
 #define FIX "tests/fixtures/stories260K-hf"
 #define FIX_SHARDED "tests/fixtures/stories260K-hf-sharded"
@@ -395,7 +396,7 @@ START_TEST(test_hf_f16_bf16)
             size_t n = en->n_dims == 2 ? en->shape[0] * en->shape[1] : en->shape[0];
             const float *f = c.data[i];
             uint16_t *h = malloc(n * 2);
-            for (size_t k = 0; k < n; k++) h[k] = pass ? kvq_f32_to_bf16_bits(f[k]) : kvq_f32_to_f16_bits(f[k]);
+            for (size_t k = 0; k < n; k++) h[k] = pass ? kvq_f32_to_bf16(f[k]) : kvq_f32_to_f16(f[k]);
             memcpy(c.data[i], h, n * 2);
             free(h);
             en->dtype = dt;
@@ -410,7 +411,7 @@ START_TEST(test_hf_f16_bf16)
         size_t changed = 0;
         for (size_t k = 0; k < ref.arena_floats; k++) {
             float r = ref.arena[k];
-            float want = pass ? kvq_bf16_bits_to_f32(kvq_f32_to_bf16_bits(r)) : kvq_f16_bits_to_f32(kvq_f32_to_f16_bits(r));
+            float want = pass ? kvq_bf16_to_f32(kvq_f32_to_bf16(r)) : kvq_f16_to_f32(kvq_f32_to_f16(r));
             ck_assert_msg(memcmp(&m.arena[k], &want, 4) == 0, "%s: float %zu = %a, expected %a", kvq_st_dtype_name(dt), k,
                           m.arena[k], want);
             changed += want != r;

@@ -11,6 +11,7 @@
 #include "kvq_test.h"
 #include "quant.h"
 #include "safetensors.h"
+#include "half.h"
 
 static uint64_t rng_state;
 static double unif(void)
@@ -34,8 +35,8 @@ START_TEST(test_fp16_round)
     /* exhaustive: every finite half survives f16 -> f32 -> f16 */
     for (uint32_t h = 0; h < 0x10000; h++) {
         if ((h & 0x7c00) == 0x7c00) continue;
-        float f = kvq_f16_bits_to_f32((uint16_t)h);
-        ck_assert_msg(kvq_f32_to_f16_bits(f) == h, "half 0x%04x -> %g -> 0x%04x", h, (double)f, kvq_f32_to_f16_bits(f));
+        float f = kvq_f16_to_f32((uint16_t)h);
+        ck_assert_msg(kvq_f32_to_f16(f) == h, "half 0x%04x -> %g -> 0x%04x", h, (double)f, kvq_f32_to_f16(f));
     }
     ck_assert_float_eq(kvq_round_fp16(1.0f), 1.0f);
     ck_assert_float_eq(kvq_round_fp16(0.1f), 0.0999755859375f);
@@ -46,13 +47,13 @@ START_TEST(test_fp16_round)
     ck_assert_float_eq(kvq_round_fp16(-1e6f), -65504.0f);
     ck_assert_float_eq(kvq_round_fp16(2.9e-8f), 0.0f);     /* below 2^-25 */
     ck_assert_float_eq(kvq_round_fp16(4e-8f), 5.9604644775390625e-08f); /* nearest subnormal 2^-24 */
-    ck_assert_float_eq(kvq_f16_bits_to_f32(0x3c00), 1.0f);
-    ck_assert_float_eq(kvq_f16_bits_to_f32(0xc000), -2.0f);
-    ck_assert(isinf(kvq_f16_bits_to_f32(0x7c00)));
-    ck_assert_uint_eq(kvq_f32_to_bf16_bits(1.0f), 0x3f80);
-    ck_assert_uint_eq(kvq_f32_to_bf16_bits(1.00390625f), 0x3f80); /* 1 + 2^-8: tie → even */
-    ck_assert_uint_eq(kvq_f32_to_bf16_bits(1.01171875f), 0x3f82); /* 1 + 3*2^-8: tie → even (up) */
-    ck_assert_float_eq(kvq_bf16_bits_to_f32(0x4049), 3.140625f);
+    ck_assert_float_eq(kvq_f16_to_f32(0x3c00), 1.0f);
+    ck_assert_float_eq(kvq_f16_to_f32(0xc000), -2.0f);
+    ck_assert(isinf(kvq_f16_to_f32(0x7c00)));
+    ck_assert_uint_eq(kvq_f32_to_bf16(1.0f), 0x3f80);
+    ck_assert_uint_eq(kvq_f32_to_bf16(1.00390625f), 0x3f80); /* 1 + 2^-8: tie → even */
+    ck_assert_uint_eq(kvq_f32_to_bf16(1.01171875f), 0x3f82); /* 1 + 3*2^-8: tie → even (up) */
+    ck_assert_float_eq(kvq_bf16_to_f32(0x4049), 3.140625f);
     float in[3] = {0.1f, -3.3f, 7.0f}, out[3];
     kvq_quant_counts c = {0};
     kvq_quant_fp16(out, in, 3, &c);

@@ -19,20 +19,7 @@
 
 #define FIX "tests/fixtures/"
 
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(sz > 0 ? (size_t)sz : 1);
-    ck_assert_ptr_nonnull(p);
-    ck_assert(fread(p, 1, (size_t)sz, f) == (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return p;
-}
+static uint8_t *slurp(const char *path, size_t *n) { return kvq_test_slurp(path, n); }
 
 static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static float rdf(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }

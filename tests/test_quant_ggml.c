@@ -18,23 +18,11 @@
 #include "kvq_test.h"
 #include "quant_ggml.h"
 #include "safetensors.h"
+#include "half.h"
 
 #define FIX "tests/fixtures/"
 
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(sz > 0 ? (size_t)sz : 1);
-    ck_assert_ptr_nonnull(p);
-    ck_assert(fread(p, 1, (size_t)sz, f) == (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return p;
-}
+static uint8_t *slurp(const char *path, size_t *n) { return kvq_test_slurp(path, n); }
 
 static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -247,35 +235,35 @@ START_TEST(test_bits_per_element)
 }
 END_TEST
 
-/* fp32 -> fp16 (kvq_f32_to_f16_bits, formats/safetensors.c, which the block
+/* fp32 -> fp16 (kvq_f32_to_f16, formats/safetensors.c, which the block
  * scales go through): every binary16 value maps back to itself, midpoints between
  * adjacent values round to the even one, values just off the midpoint round
  * to the nearer one; overflow -> inf; NaN stays NaN. */
 START_TEST(test_fp32_to_fp16)
 {
     for (uint32_t h = 0; h < 0x10000; h++) {
-        const float f = kvq_fp16_to_fp32((uint16_t)h);
+        const float f = kvq_f16_to_f32((uint16_t)h);
         if (isnan(f)) {
-            ck_assert(isnan(kvq_fp16_to_fp32(kvq_f32_to_f16_bits(f))));
+            ck_assert(isnan(kvq_f16_to_f32(kvq_f32_to_f16(f))));
             continue;
         }
-        ck_assert_msg(kvq_f32_to_f16_bits(f) == h, "0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(f) == h, "0x%04x", h);
         if ((h & 0x7FFF) >= 0x7C00 || (h & 0x7FFF) == 0x7BFF) continue;
-        const float g = kvq_fp16_to_fp32((uint16_t)(h + 1)); /* next magnitude, same sign */
+        const float g = kvq_f16_to_f32((uint16_t)(h + 1)); /* next magnitude, same sign */
         const float mid = (float)(((double)f + g) / 2);      /* exact in float32 */
         ck_assert((double)mid == ((double)f + g) / 2);
         const uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
-        ck_assert_msg(kvq_f32_to_f16_bits(mid) == even, "mid 0x%04x", h);
-        ck_assert_msg(kvq_f32_to_f16_bits(nextafterf(mid, 0.0f)) == h, "below mid 0x%04x", h);
-        ck_assert_msg(kvq_f32_to_f16_bits(nextafterf(mid, copysignf(INFINITY, mid))) == h + 1, "above mid 0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(mid) == even, "mid 0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(nextafterf(mid, 0.0f)) == h, "below mid 0x%04x", h);
+        ck_assert_msg(kvq_f32_to_f16(nextafterf(mid, copysignf(INFINITY, mid))) == h + 1, "above mid 0x%04x", h);
     }
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(65520.0f), 0x7C00);  /* midpoint 65504..65536 -> inf (even) */
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(65519.996f), 0x7BFF);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(-1e30f), 0xFC00);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(ldexpf(1.0f, -25)), 0x0000); /* half the smallest subnormal: tie to 0 */
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(nextafterf(ldexpf(1.0f, -25), 1.0f)), 0x0001);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(-0.0f), 0x8000);
-    ck_assert_uint_eq(kvq_f32_to_f16_bits(1e-40f), 0x0000);
+    ck_assert_uint_eq(kvq_f32_to_f16(65520.0f), 0x7C00);  /* midpoint 65504..65536 -> inf (even) */
+    ck_assert_uint_eq(kvq_f32_to_f16(65519.996f), 0x7BFF);
+    ck_assert_uint_eq(kvq_f32_to_f16(-1e30f), 0xFC00);
+    ck_assert_uint_eq(kvq_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* half the smallest subnormal: tie to 0 */
+    ck_assert_uint_eq(kvq_f32_to_f16(nextafterf(ldexpf(1.0f, -25), 1.0f)), 0x0001);
+    ck_assert_uint_eq(kvq_f32_to_f16(-0.0f), 0x8000);
+    ck_assert_uint_eq(kvq_f32_to_f16(1e-40f), 0x0000);
 }
 END_TEST
 

@@ -23,18 +23,7 @@ static const char *tmp_path(char *buf, size_t n, const char *name)
     return buf;
 }
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    fclose(f);
-    return b;
-}
+static unsigned char *slurp(const char *path, size_t *n) { return kvq_test_slurp(path, n); }
 
 static void spit(const char *path, const void *b, size_t n)
 {

@@ -93,6 +93,7 @@ int main(int argc, char **argv)
 
     struct { const char *name; size_t H, g, D; } models[2] = {{"llama2-7b", 32, 1, 128}, {"smollm2-135m", 3, 3, 64}};
     const size_t Bs[3] = {1, 8, 32}, Ns[5] = {4096, 16384, 32768, 65536, 131072};
+    const int quick = getenv("KVQ_BENCH_QUICK") != NULL; /* only B = 1, 32 at N = 32K */
     const int bits[4] = {4, 3, 2, 4};
     const size_t per_row[4] = {1, 1, 1, 0}; /* the last: nuq4 without sparse outliers (diagnostic) */
     printf("\n%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %5s | %9s %5s\n", "model", "B", "N", "fp16 us", "cuBLAS us",
@@ -101,6 +102,7 @@ int main(int argc, char **argv)
         for (int bi = 0; bi < 3; bi++)
             for (int ni = 0; ni < 5; ni++) {
                 const size_t H = models[mi].H, g = models[mi].g, D = models[mi].D, B = Bs[bi], N = Ns[ni], nh = H * g;
+                if (quick && (B == 8 || N != 32768)) continue;
                 const double f16_bytes = 2.0 * B * H * N * D * 2;
                 if (f16_bytes > mem_limit) continue;
                 f16_ctx fc;

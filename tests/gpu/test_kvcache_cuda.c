@@ -21,6 +21,7 @@
 #include "kvcache_cuda.h"
 #include "quant.h"
 #include "safetensors.h"
+#include "half.h"
 
 static int n_fail, n_pass;
 #define CHECK(cond, ...) do { if (cond) n_pass++; else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
@@ -190,10 +191,10 @@ static void run(const tcfg *t, const char *name)
         for (size_t p = 0; p < NT; p++)
             for (size_t c = 0; c < C; c++) {
                 size_t h = c / t->D, d = c % t->D, i = ((s * t->H + h) * cap + p) * t->D + d;
-                hk[i] = kvq_f32_to_f16_bits(kvq_round_fp16(kd[p * C + c]));
-                hv[i] = kvq_f32_to_f16_bits(kvq_round_fp16(vd[p * C + c]));
-                kf[(s * NT + p) * C + c] = kvq_f16_bits_to_f32(hk[i]);
-                vf[(s * NT + p) * C + c] = kvq_f16_bits_to_f32(hv[i]);
+                hk[i] = kvq_f32_to_f16(kvq_round_fp16(kd[p * C + c]));
+                hv[i] = kvq_f32_to_f16(kvq_round_fp16(vd[p * C + c]));
+                kf[(s * NT + p) * C + c] = kvq_f16_to_f32(hk[i]);
+                vf[(s * NT + p) * C + c] = kvq_f16_to_f32(hv[i]);
             }
     }
     uint16_t *dk16 = dmalloc(t->B * t->H * cap * t->D * 2), *dv16 = dmalloc(t->B * t->H * cap * t->D * 2);
