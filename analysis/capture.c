@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include "backward.h"
+#include "cuda_info.h"
+#include "device.h"
 #include "forward.h"
 #include "model.h"
 #include "progress.h"
@@ -121,6 +123,15 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     double t_start = kvq_now();
     if (o->samples < 1) return kvq_fail(err, KVQ_EINVAL, "--samples: expected >= 1, found %lld", (long long)o->samples);
     if (o->seq_len != 0 && o->seq_len < 2) return kvq_fail(err, KVQ_EINVAL, "--seq-len: expected >= 2, found %lld", (long long)o->seq_len);
+    kvq_device dev;
+    int gpu = 0;
+    const char *dv = o->device ? o->device : "cpu";
+    KVQ_TRY(kvq_device_parse(dv, &dev, &gpu, err));
+    if (!strcmp(dv, "auto") && dev == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o->quiet && !o->fisher && !o->attn_stats) {
+        char why[256] = "";
+        kvq_cuda_device_count(why, sizeof why);
+        fprintf(stderr, "kvdump: --device auto: no usable GPU (%s); running on the CPU\n", why);
+    }
 
     kvq_model m;
     kvq_status s = kvq_model_load(o->model_path, &m, err);
@@ -128,7 +139,8 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     kvq_tokenizer *tok = NULL;
     kvq_text txt = {0};
     kvq_windows win = {0};
-    kvq_forward fw = {0};
+    kvq_engine eng;
+    bool have_eng = false;
     kvq_backward bw = {0};
     capture_buf buf = {0};
     kvq_dump_writer *w = NULL;
@@ -190,9 +202,22 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     if (s) goto done;
 
     int L = (int)seq_len;
-    if (o->fisher) s = kvq_backward_init(&bw, &m, L, 0, err);
-    else s = kvq_forward_init(&fw, &m, L, 0, 0, err);
+    if (dev == KVQ_DEVICE_CUDA && (o->fisher || o->attn_stats)) {
+        if (!o->quiet)
+            fprintf(stderr, "kvdump: %s needs %s, which the GPU forward does not have yet: running on the CPU\n",
+                    o->fisher ? "--fisher" : "--attn-stats", o->fisher ? "the backward pass" : "attention statistics");
+        dev = KVQ_DEVICE_CPU;
+    }
+    if (o->fisher) {
+        s = kvq_backward_init(&bw, &m, L, 0, err);
+        snprintf(rep->device, sizeof rep->device, "CPU (backward pass)");
+    } else {
+        s = kvq_engine_init_at(&eng, dev, gpu, KVQ_CUDA_EXACT, &m, L, 0, 0, err);
+        have_eng = s == KVQ_OK;
+        if (have_eng) kvq_engine_describe(&eng, rep->device, sizeof rep->device);
+    }
     if (s) goto done;
+    if (!o->quiet) fprintf(stderr, "kvdump: device: %s\n", rep->device);
     if ((s = buf_init(&buf, hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
 
     kvq_hooks hooks = {0};
@@ -227,7 +252,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
             loss = bres.loss;
         } else {
             kvq_fwd_result res;
-            s = kvq_forward_run(&fw, &io, &res, err);
+            s = kvq_engine_run(&eng, &io, &res, err);
             loss = res.loss;
         }
         if (s) { kvq_err_prefix(err, "sample %lld", (long long)smp); break; }
@@ -272,7 +297,7 @@ done:
         }
     }
     free(buf.arena);
-    kvq_forward_free(&fw);
+    if (have_eng) kvq_engine_free(&eng);
     kvq_backward_free(&bw);
     kvq_windows_free(&win);
     kvq_text_free(&txt);

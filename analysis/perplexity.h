@@ -19,6 +19,13 @@
  *
  * Every window is run once per scheme (fp32 without hooks); numbers are
  * deterministic for a fixed thread count (forward.h).
+ *
+ * Devices (kernels/device.h): on the CPU windows run window-major (window w
+ * for every scheme, then w+1) with each scheme's transform as a hook; on a
+ * GPU scheme-major (every window of scheme 0, then scheme 1: one descriptor
+ * upload per scheme), a scheme with a descriptor (kvq_eval_scheme_kv_desc)
+ * transformed natively on the GPU, any other as a host transform. The
+ * per-window numbers do not depend on the order.
  */
 #ifndef KVQ_PERPLEXITY_H
 #define KVQ_PERPLEXITY_H
@@ -27,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device.h"
 #include "model.h"
 #include "progress.h"
 #include "scheme.h"
@@ -53,6 +61,28 @@ void kvq_ppl_targets(const kvq_ppl_plan *plan, const int32_t *tokens, int *targe
 
 const char *kvq_ppl_protocol_name(kvq_ppl_protocol p);
 
+/* Where a run executes. Zeroed = the CPU. */
+typedef struct {
+    kvq_device device;   /* KVQ_DEVICE_CPU or KVQ_DEVICE_CUDA (kvq_device_parse) */
+    int gpu;             /* GPU index (cuda:N) */
+    kvq_cuda_math math;  /* CUDA: KVQ_CUDA_EXACT (fp32, TF32 off) or KVQ_CUDA_TF32 (fast mode) */
+    char described[256]; /* output of kvq_ppl_run_on: kvq_engine_describe of the engine that ran */
+} kvq_ppl_exec;
+
+/* "exact (fp32)" or "fast (TF32)": the math mode of x (the CPU is always exact). */
+const char *kvq_ppl_exec_mode(const kvq_ppl_exec *x);
+
+/* Where a scheme's K/V transform ran. */
+typedef enum {
+    KVQ_PPL_XF_NONE = 0,   /* no transform (fp32) */
+    KVQ_PPL_XF_CPU,        /* CPU hook (counters and transform_seconds measured) */
+    KVQ_PPL_XF_GPU,        /* natively on the GPU (counters: n_elems, n_sink and n_outliers only;
+                            * transform_seconds not measured, 0) */
+    KVQ_PPL_XF_HOST        /* GPU forward, transform on the host between layers (measured) */
+} kvq_ppl_xform;
+
+const char *kvq_ppl_xform_name(kvq_ppl_xform x); /* "none", "cpu", "gpu-native", "host" */
+
 /* Result of one scheme. */
 typedef struct {
     double nll_sum;            /* nats, over all scored tokens */
@@ -62,6 +92,7 @@ typedef struct {
     double transform_seconds;  /* of which inside the scheme's K/V transform (quantize→dequantize) */
     kvq_quant_counts k_counts, v_counts; /* quantizer counters summed over layers and windows */
     double *window_nll;        /* [n_windows] mean NLL of each window (owned; kvq_ppl_results_free) */
+    kvq_ppl_xform xform;       /* where the transform ran */
 } kvq_ppl_result;
 
 /* Evaluate every scheme on the plan's windows (window-major: window w for
@@ -73,6 +104,13 @@ typedef struct {
 kvq_status kvq_ppl_run(const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan,
                        const kvq_eval_scheme *schemes, size_t n_schemes, kvq_progress *prog,
                        kvq_ppl_result *results, kvq_err *err);
+/* kvq_ppl_run on the device x says (NULL = CPU); fills x->described.
+ * Errors also those of kvq_engine_init_at (KVQ_EUNSUPPORTED: no GPU or a
+ * CPU-only build; KVQ_ENOMEM naming the device buffer) and of
+ * kvq_forward_cuda_set_kv. */
+kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan,
+                          const kvq_eval_scheme *schemes, size_t n_schemes, kvq_progress *prog,
+                          kvq_ppl_result *results, kvq_err *err);
 void kvq_ppl_results_free(kvq_ppl_result *results, size_t n);
 
 /* ---- reports (ppl_report.c) ------------------------------------------------- */
@@ -90,13 +128,14 @@ typedef struct {
     const kvq_ppl_result *results;
     size_t n_schemes;
     size_t baseline;               /* index of the fp32 baseline in schemes */
+    const kvq_ppl_exec *exec;      /* the device that ran (NULL: not reported) */
     const char *const *skipped;    /* [n_skipped] "why" lines of schemes that do not apply to the model
                                       (KVQ_EUNSUPPORTED at binding, e.g. q4_0 with head_dim 48); may be NULL */
     size_t n_skipped;
 } kvq_ppl_report;
 
 /* Markdown: a few "key: value" lines (model, text bytes + sha256, protocol,
- * ctx, windows, scored tokens, BOS), then the table
+ * ctx, windows, scored tokens, BOS, device and math mode), then the table
  *   scheme | K bits | V bits | eff. bits/elem | KV cache MiB @ctx | PPL | ΔPPL
  * (K/V bits = code bits; effective bits = mean of K and V per
  * kvq_eval_scheme_bits; ΔPPL against the baseline row), then one line per

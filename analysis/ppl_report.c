@@ -27,6 +27,10 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
             (unsigned long long)scored_total(r), pl->scored_per_window, pl->first_scored,
             !w->bos ? "off" : pl->protocol == KVQ_PPL_LLAMACPP ? "overwrites each window's first token" : "at stream start",
             r->bos_policy);
+    if (r->exec)
+        fprintf(f, "- device: %s, %s%s: %s\n", kvq_device_name(r->exec->device), kvq_ppl_exec_mode(r->exec),
+                r->exec->device == KVQ_DEVICE_CUDA && r->exec->math == KVQ_CUDA_TF32 ? " — GEMMs on TF32 tensor cores, ~1e-3 relative, not the exactness mode" : "",
+                r->exec->described);
     fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL |\n", pl->ctx);
     fprintf(f, "|---|---:|---:|---:|---:|---:|---:|\n");
     double base = r->results[r->baseline].ppl;
@@ -133,6 +137,13 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
     cJSON *offs = cJSON_AddArrayToObject(p, "window_offsets");
     for (size_t i = 0; i < pl->n_windows; i++) cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)w->offsets[i]));
     cJSON_AddStringToObject(p, "ppl", "exp(sum of scored NLL / scored tokens), natural log");
+    if (r->exec) {
+        cJSON *d = cJSON_AddObjectToObject(root, "device");
+        cJSON_AddStringToObject(d, "name", kvq_device_name(r->exec->device));
+        if (r->exec->device == KVQ_DEVICE_CUDA) cJSON_AddNumberToObject(d, "gpu", r->exec->gpu);
+        cJSON_AddStringToObject(d, "mode", r->exec->device == KVQ_DEVICE_CUDA && r->exec->math == KVQ_CUDA_TF32 ? "tf32" : "exact");
+        cJSON_AddStringToObject(d, "description", r->exec->described);
+    }
     cJSON *arts = cJSON_AddArrayToObject(root, "artifacts");
     for (size_t i = 0; r->arts && i < r->arts->n; i++) {
         const kvq_artifact_params *ap = &r->arts->a[i].p;
@@ -230,7 +241,9 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(o, "nll_sum", res->nll_sum);
         cJSON_AddNumberToObject(o, "scored_tokens", (double)res->n_scored);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
-        cJSON_AddNumberToObject(o, "transform_seconds", res->transform_seconds);
+        cJSON_AddStringToObject(o, "transform", kvq_ppl_xform_name(res->xform));
+        if (res->xform == KVQ_PPL_XF_GPU) cJSON_AddNullToObject(o, "transform_seconds"); /* inside the GPU forward */
+        else cJSON_AddNumberToObject(o, "transform_seconds", res->transform_seconds);
         cJSON_AddItemToObject(o, "k_counts", counts_json(&res->k_counts));
         cJSON_AddItemToObject(o, "v_counts", counts_json(&res->v_counts));
         cJSON_AddItemToObject(o, "window_mean_nll", num_array(res->window_nll, pl->n_windows));

@@ -364,57 +364,9 @@ static void fmt_nuq(const kvq_scheme_spec *sp, char *b, size_t n)
     snprintf(b, n, "nuq%d%s", sp->q.k_bits, pct);
 }
 
-/* ---- families: transforms ------------------------------------------------------ */
-
-static kvq_status apply_fp16(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
-                             kvq_err *err)
-{
-    (void)alt;
-    (void)err;
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, T = (size_t)c->T;
-    size_t ns = run->s->s.q.n_sink < T ? run->s->s.q.n_sink : T;
-    kvq_quant_fp16(k + ns * kvd, k + ns * kvd, (T - ns) * kvd, &run->k_counts);
-    kvq_quant_fp16(v + ns * kvd, v + ns * kvd, (T - ns) * kvd, &run->v_counts);
-    run->k_counts.n_sink += ns * kvd;
-    run->v_counts.n_sink += ns * kvd;
-    return KVQ_OK;
-}
-
-static kvq_status apply_int(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
-                            kvq_err *err)
-{
-    (void)alt;
-    const kvq_scheme *q = &run->s->s.q;
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
-    KVQ_TRY(kvq_quant_int_token(k, k, c->T, kvd, q->group, q->k_bits, q->n_sink, &run->k_counts, err));
-    return kvq_quant_int_token(v, v, c->T, kvd, q->group, q->v_bits, q->n_sink, &run->v_counts, err);
-}
-
-static kvq_status apply_int_pc(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
-                               kvq_err *err)
-{
-    (void)alt;
-    const kvq_scheme *q = &run->s->s.q;
-    const kvq_kv_table *kt = &run->s->art->k[c->layer];
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
-    KVQ_TRY(kvq_quant_int_channel(k, k, c->T, kvd, kt->channel_lower, kt->channel_upper, q->k_bits, q->outlier_frac > 0,
-                                  q->n_sink, &run->k_counts, err));
-    return kvq_quant_int_token(v, v, c->T, kvd, 0, q->v_bits, q->n_sink, &run->v_counts, err);
-}
-
-static kvq_status apply_nuq(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
-                            kvq_err *err)
-{
-    (void)alt;
-    const kvq_scheme *q = &run->s->s.q;
-    const kvq_kv_table *kt = &run->s->art->k[c->layer], *vt = &run->s->art->v[c->layer];
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
-    kvq_nuq_lut lk = {.bits = kt->bits, .n_tables = kt->n_tables, .head_dim = (size_t)c->head_dim, .levels = kt->levels};
-    kvq_nuq_lut lv = {.bits = vt->bits, .n_tables = vt->n_tables, .head_dim = (size_t)c->head_dim, .levels = vt->levels};
-    KVQ_TRY(kvq_quant_nuq_keys(k, k, c->T, kvd, &lk, kt->channel_lower, kt->channel_upper, q->outlier_frac > 0,
-                               q->n_sink, &run->k_counts, err));
-    return kvq_quant_nuq_values(v, v, c->T, kvd, &lv, q->outlier_frac, q->n_sink, &run->v_counts, err);
-}
+/* ---- families: transforms ------------------------------------------------------
+ * The built-in families have no apply function: their transform is
+ * kvq_kv_desc_transform on the descriptor built at bind (kernels/kv_desc.h). */
 
 /* fp8: per token, offline scales (1.0, or the artifact's per layer); the
  * first n_sink tokens exact. */
@@ -464,22 +416,6 @@ static kvq_status apply_ggml(kvq_scheme_run *run, const kvq_layer_ctx *c, float 
     return KVQ_OK;
 }
 
-/* KIVI: exact K/V stay primary; the quantized representation goes to alt,
- * selected per query by the decode boundaries (quant.h). */
-static kvq_status apply_kivi(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt,
-                             kvq_err *err)
-{
-    const kvq_scheme *q = &run->s->s.q;
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
-    KVQ_TRY(kvq_kivi_keys(alt->k, k, c->T, kvd, q->group, q->k_bits, q->n_sink, &run->k_counts, err));
-    KVQ_TRY(kvq_kivi_values(alt->v, v, c->T, kvd, (size_t)c->head_dim, q->group, q->v_bits, q->n_sink, &run->v_counts, err));
-    for (int i = 0; i < c->T; i++) {
-        alt->k_bound[i] = (int)kvq_kivi_key_boundary((size_t)i, q->group, q->residual, q->n_sink);
-        alt->v_bound[i] = (int)kvq_kivi_value_boundary((size_t)i, q->residual, q->n_sink);
-    }
-    alt->use_k = alt->use_v = true;
-    return KVQ_OK;
-}
 
 static kvq_status bits_builtin(const kvq_eval_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out, kvq_err *err)
 {
@@ -527,21 +463,24 @@ static int code_bits_builtin(const kvq_eval_scheme *s, char kv)
 /* ---- the registry ---------------------------------------------------------------- */
 
 static const kvq_scheme_family families[] = {
-    {"fp32", "fp32", parse_fp32, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp32, NULL, bits_builtin, code_bits_builtin},
-    {"fp16", "fp16", parse_fp16, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp16, apply_fp16, bits_builtin, code_bits_builtin},
-    {"int", "int<b>[-g<G>]", parse_int, KVQ_KEYS_POST_ROPE, NULL, NULL, check_int, fmt_int, apply_int, bits_builtin,
-     code_bits_builtin},
-    {"int-pc", "int<b>-pc[-<f>%]", parse_int_pc, KVQ_KEYS_PRE_ROPE, match_int_pc, need_int_pc, NULL, fmt_int_pc,
-     apply_int_pc, bits_builtin, code_bits_builtin},
-    {"kivi", "kivi<b>[-g<G>][-r<R>]", parse_kivi, KVQ_KEYS_POST_ROPE, NULL, NULL, check_kivi, fmt_kivi, apply_kivi,
-     bits_builtin, code_bits_builtin},
-    {"nuq", "nuq<b>[-<f>%]", parse_nuq, KVQ_KEYS_PRE_ROPE, match_nuq, need_nuq, NULL, fmt_nuq, apply_nuq, bits_builtin,
-     code_bits_builtin},
-    {"fp8", "fp8, e5m2", parse_fp8, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp8, apply_fp8, bits_fp8, code_bits_builtin},
+    {"fp32", "fp32", parse_fp32, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp32, NULL, bits_builtin, code_bits_builtin,
+     false},
+    {"fp16", "fp16", parse_fp16, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp16, NULL, bits_builtin, code_bits_builtin,
+     true},
+    {"int", "int<b>[-g<G>]", parse_int, KVQ_KEYS_POST_ROPE, NULL, NULL, check_int, fmt_int, NULL, bits_builtin,
+     code_bits_builtin, true},
+    {"int-pc", "int<b>-pc[-<f>%]", parse_int_pc, KVQ_KEYS_PRE_ROPE, match_int_pc, need_int_pc, NULL, fmt_int_pc, NULL,
+     bits_builtin, code_bits_builtin, true},
+    {"kivi", "kivi<b>[-g<G>][-r<R>]", parse_kivi, KVQ_KEYS_POST_ROPE, NULL, NULL, check_kivi, fmt_kivi, NULL,
+     bits_builtin, code_bits_builtin, true},
+    {"nuq", "nuq<b>[-<f>%]", parse_nuq, KVQ_KEYS_PRE_ROPE, match_nuq, need_nuq, NULL, fmt_nuq, NULL, bits_builtin,
+     code_bits_builtin, true},
+    {"fp8", "fp8, e5m2", parse_fp8, KVQ_KEYS_POST_ROPE, NULL, NULL, NULL, fmt_fp8, apply_fp8, bits_fp8, code_bits_builtin,
+     false},
     {"fp8-scaled", "{fp8,e5m2}-{tensor,head}[-p<P>]", parse_fp8_scaled, KVQ_KEYS_POST_ROPE, match_fp8, need_fp8, NULL,
-     fmt_fp8_scaled, apply_fp8, bits_fp8, code_bits_builtin},
+     fmt_fp8_scaled, apply_fp8, bits_fp8, code_bits_builtin, false},
     {"llama.cpp", "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl", parse_ggml, KVQ_KEYS_POST_ROPE, NULL, NULL, check_ggml, fmt_ggml,
-     apply_ggml, bits_ggml, code_bits_builtin},
+     apply_ggml, bits_ggml, code_bits_builtin, false},
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 
@@ -680,6 +619,28 @@ done:
     return s;
 }
 
+/* Descriptor views of an artifact's per-layer tables (kv_desc.h). */
+static kvq_status layer_tables(const kvq_artifact *a, kvq_kv_layer_tables **out, kvq_err *err)
+{
+    size_t L = a->p.n_layers;
+    kvq_kv_layer_tables *t = calloc(L ? L : 1, sizeof *t);
+    if (!t) return kvq_fail(err, KVQ_ENOMEM, "cannot allocate table views for %zu layers", L);
+    for (size_t l = 0; l < L; l++) {
+        if (a->k) {
+            const kvq_kv_table *kt = &a->k[l];
+            t[l].k_lower = kt->channel_lower;
+            t[l].k_upper = kt->channel_upper;
+            if (kt->levels)
+                t[l].k_lut = (kvq_nuq_lut){.bits = kt->bits, .n_tables = kt->n_tables, .head_dim = a->p.head_dim, .levels = kt->levels};
+        }
+        if (a->v && a->v[l].levels)
+            t[l].v_lut = (kvq_nuq_lut){.bits = a->v[l].bits, .n_tables = a->v[l].n_tables, .head_dim = a->p.head_dim,
+                                       .levels = a->v[l].levels};
+    }
+    *out = t;
+    return KVQ_OK;
+}
+
 void kvq_artifact_set_free(kvq_artifact_set *set)
 {
     for (size_t i = 0; i < set->n; i++) {
@@ -690,6 +651,8 @@ void kvq_artifact_set_free(kvq_artifact_set *set)
             free(set->prefix[i].v);
         }
     }
+    for (size_t i = 0; set->tables && i < set->n; i++) free(set->tables[i]);
+    free(set->tables);
     free(set->a);
     free(set->prefix);
     free(set->path);
@@ -704,7 +667,8 @@ kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths
     set->a = calloc(n, sizeof *set->a);
     set->prefix = calloc(n, sizeof *set->prefix);
     set->path = calloc(n, sizeof *set->path);
-    if (!set->a || !set->prefix || !set->path) {
+    set->tables = calloc(n, sizeof *set->tables);
+    if (!set->a || !set->prefix || !set->path || !set->tables) {
         kvq_artifact_set_free(set);
         return kvq_fail(err, KVQ_ENOMEM, "artifacts: out of memory");
     }
@@ -731,6 +695,11 @@ kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths
             break;
         }
         s = read_prefix(paths[i], m, &set->prefix[i], err);
+        if (s) {
+            kvq_err_prefix(err, "--artifact %s", paths[i]);
+            break;
+        }
+        s = layer_tables(&set->a[i], &set->tables[i], err);
         if (s) kvq_err_prefix(err, "--artifact %s", paths[i]);
     }
     if (s) kvq_artifact_set_free(set);
@@ -835,6 +804,16 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         out->prefix_index = pick;
     }
     if (f->check) KVQ_TRY(f->check(out, hp, err));
+    if (f->native) {
+        out->desc = (kvq_kv_desc){.q = out->s.q, .key_stage = out->s.key_stage};
+        if (out->art) {
+            out->desc.layers = set->tables[out->art_index];
+            out->desc.n_layers = (int)out->art->p.n_layers;
+        }
+        if (kvq_kv_desc_validate(&out->desc, hp, err))
+            return kvq_err_prefix(err, "scheme '%s'%s%s", spec->spec, out->art ? ": --artifact " : "",
+                                  out->art ? out->art_path : "");
+    }
     /* canonical name */
     f->format(&out->s, out->name, sizeof out->name);
     if (out->s.q.n_sink) append(out->name, sizeof out->name, "+sink", (long)out->s.q.n_sink);
@@ -853,9 +832,16 @@ kvq_status kvq_eval_scheme_make(const char *spec, const kvq_artifact_set *set, c
     return kvq_eval_scheme_bind(&sp, set, hp, out, err);
 }
 
+static bool uses_desc(const kvq_eval_scheme *s) { return !s->s.fam->apply && s->s.fam->native; }
+
 bool kvq_eval_scheme_is_identity(const kvq_eval_scheme *s)
 {
-    return s->s.fam->apply == NULL && !s->prefix;
+    return !s->s.fam->apply && !s->s.fam->native && !s->prefix;
+}
+
+const kvq_kv_desc *kvq_eval_scheme_kv_desc(const kvq_eval_scheme *s)
+{
+    return uses_desc(s) && !kvq_kv_desc_is_identity(&s->desc) ? &s->desc : NULL;
 }
 
 int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv)
@@ -888,9 +874,18 @@ kvq_status kvq_scheme_transform(void *user, const kvq_layer_ctx *ctx, float *k, 
                                 kvq_err *err)
 {
     kvq_scheme_run *run = user;
-    if (!run->s->s.fam->apply) return KVQ_OK;
+    const kvq_scheme_family *f = run->s->s.fam;
+    if (!f->apply && !f->native) return KVQ_OK;
     double t0 = kvq_now();
-    kvq_status s = run->s->s.fam->apply(run, ctx, k, v, alt, err);
+    kvq_status s;
+    if (f->apply) {
+        s = f->apply(run, ctx, k, v, alt, err);
+    } else {
+        kvq_kv_desc_run dr = {.d = &run->s->desc, .k_counts = run->k_counts, .v_counts = run->v_counts};
+        s = kvq_kv_desc_transform(&dr, ctx, k, v, alt, err);
+        run->k_counts = dr.k_counts;
+        run->v_counts = dr.v_counts;
+    }
     run->seconds += kvq_now() - t0;
     return s ? kvq_err_prefix(err, "scheme %s", run->s->name) : KVQ_OK;
 }
@@ -901,6 +896,6 @@ void kvq_scheme_hooks(kvq_scheme_run *run, const kvq_eval_scheme *s, kvq_hooks *
     run->s = s;
     memset(hooks, 0, sizeof *hooks);
     hooks->user = run;
-    hooks->transform = s->s.fam->apply ? kvq_scheme_transform : NULL;
+    hooks->transform = s->s.fam->apply || s->s.fam->native ? kvq_scheme_transform : NULL;
     hooks->key_stage = s->s.key_stage;
 }

@@ -52,6 +52,14 @@
  *                             instead of the first matching one
  * Unknown names → KVQ_EINVAL listing the valid forms (kvq_scheme_syntax).
  *
+ * One implementation. The built-in families (fp16, int, int-pc, kivi, nuq)
+ * are "native": a bound scheme carries a kvq_kv_desc (kernels/kv_desc.h:
+ * kind and parameters from its kvq_scheme, per-layer tables from its
+ * artifact) and its transform IS kvq_kv_desc_transform — the same
+ * description the CUDA forward runs natively (kvq_eval_scheme_kv_desc).
+ * Families that kv_desc.h does not describe supply an apply function instead
+ * (a host transform; on the GPU it runs on the CPU between layers).
+ *
  * Decode equivalence. Every transform is a pure function of the rows it is
  * given and, per token, of that token and EARLIER tokens only, so that the
  * batched window equals token-by-token decoding with a real quantized cache:
@@ -67,8 +75,9 @@
  *
  * Extending (issue 13: fp8, llama.cpp block formats): add a kvq_scheme_family
  * to the table in scheme.c — a parse function for its base names, its
- * default key stage, what artifact it needs (match), the transform and the
- * bits accounting. Nothing else in kveval changes.
+ * default key stage, what artifact it needs (match), the transform (apply:
+ * a host transform, unless kv_desc.h learns the format and the family turns
+ * native) and the bits accounting. Nothing else in kveval changes.
  */
 #ifndef KVQ_SCHEME_H
 #define KVQ_SCHEME_H
@@ -80,6 +89,7 @@
 
 #include "artifact.h"
 #include "forward.h"
+#include "kv_desc.h"
 #include "model.h"
 #include "quant.h"
 #include "status.h"
@@ -127,6 +137,8 @@ typedef struct {
     kvq_artifact *a;          /* [n] */
     kvq_eval_prefix *prefix;  /* [n] */
     char (*path)[4096];       /* [n] */
+    kvq_kv_layer_tables **tables; /* [n][n_layers]: descriptor views (kv_desc.h) of a[i]'s per-layer
+                                   * tables (pointers into a[i]; zeroed where it has none) */
 } kvq_artifact_set;
 
 /* Read every path (kvq_artifact_read: schema too new → KVQ_EUNSUPPORTED),
@@ -152,11 +164,14 @@ typedef struct {
     const kvq_eval_prefix *prefix; /* +intactkv, else NULL */
     int prefix_index;              /* -1 = none */
     size_t head_dim;
+    kvq_kv_desc desc;              /* native families: the transform as data (q, key stage, the
+                                    * artifact set's tables), validated at bind; else zeroed */
 } kvq_eval_scheme;
 
 /* Bind a parsed spec: choose the artifact (the +artifact<N> one, else the
  * first whose parameters match), take its n_sink unless +sink was given,
- * check group sizes against the model. Errors: a scheme that needs an
+ * check group sizes against the model, and for a native family build and
+ * validate the descriptor (kvq_kv_desc_validate). Errors: a scheme that needs an
  * artifact without one ("nuq3-1% needs a kvcalib artifact of method nuq with
  * 3 bits and 1% outliers; none given / none of the 2 given matches: ..."),
  * +intactkv without a prefix, sizes that do not divide. */
@@ -170,6 +185,12 @@ kvq_status kvq_eval_scheme_make(const char *spec, const kvq_artifact_set *set, c
 /* True when the scheme changes nothing (fp32 without a prefix): evaluate it
  * with no hooks. */
 bool kvq_eval_scheme_is_identity(const kvq_eval_scheme *s);
+
+/* The scheme's descriptor when its transform is kvq_kv_desc_transform (a
+ * native family without an apply override), for kvq_engine_set_kv /
+ * kvq_forward_cuda_set_kv; NULL when it needs a host transform (the family's
+ * apply) or none at all (fp32). Points into s. */
+const kvq_kv_desc *kvq_eval_scheme_kv_desc(const kvq_eval_scheme *s);
 
 /* Code bits of K and V for the table: 32 / 16 for fp32 / fp16. */
 int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv);
@@ -200,7 +221,9 @@ typedef struct {
 void kvq_scheme_hooks(kvq_scheme_run *run, const kvq_eval_scheme *s, kvq_hooks *hooks);
 
 /* The transform callback itself (kvq_hooks.transform signature; user is a
- * kvq_scheme_run). Exposed for tests. */
+ * kvq_scheme_run): the family's apply if it has one, else
+ * kvq_kv_desc_transform on the scheme's descriptor (counters into run).
+ * Timed into run->seconds. Exposed for tests. */
 kvq_status kvq_scheme_transform(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt,
                                 kvq_err *err);
 
@@ -223,13 +246,18 @@ struct kvq_scheme_family {
     kvq_status (*check)(const kvq_eval_scheme *s, const kvq_hparams *hp, kvq_err *err);
     /* Canonical base name into buf. */
     void (*format)(const kvq_scheme_spec *spec, char *buf, size_t n);
-    /* Transform one layer's window K/V (see kvq_scheme_transform); NULL = identity. */
+    /* Host transform of one layer's window K/V (see kvq_scheme_transform), for
+     * families kv_desc.h does not describe; NULL = native (below) or identity.
+     * When set it takes precedence over native. */
     kvq_status (*apply)(kvq_scheme_run *run, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt,
                         kvq_err *err);
     /* Effective bits per element over ctx window tokens (no prefix). */
     kvq_status (*bits)(const kvq_eval_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out, kvq_err *err);
     /* Code bits of 'k' or 'v' for the table. */
     int (*code_bits)(const kvq_eval_scheme *s, char kv);
+    /* The transform is the descriptor's (kv_desc.h: spec->q.kind is one of
+     * its built-in kinds) and apply is NULL; false for host transforms. */
+    bool native;
 };
 
 /* The registry, in listing order; *n receives its length. */

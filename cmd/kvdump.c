@@ -31,7 +31,7 @@ int main(int argc, char **argv)
 {
     kvq_capture_opts o = kvq_capture_opts_default();
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
-               *layers = NULL;
+               *layers = NULL, *device = NULL;
     long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
     bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false;
     kvq_opt opts[] = {
@@ -51,6 +51,9 @@ int main(int argc, char **argv)
         {"deflate", 0, KVQ_OPT_INT, &deflate, "N", "zlib level with byte shuffle (0 = uncompressed)", NULL, 0, 9, false},
         {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
         {"force", 0, KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
+        {"device", 0, KVQ_OPT_STRING, &device, "DEV",
+         "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present); --fisher and --attn-stats run on the CPU", NULL, 0,
+         0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
     };
     kvq_err e = {0};
@@ -77,6 +80,7 @@ int main(int argc, char **argv)
     o.resume = resume;
     o.force = force;
     o.quiet = quiet;
+    o.device = device ? device : "auto";
     if (layers) {
         long a, b;
         char tail;

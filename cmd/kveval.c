@@ -24,13 +24,14 @@
     "(G=32, R=128 by default), nuq<b>[-<f>%], fp8, e5m2, {fp8,e5m2}-{tensor,head}[-p<P>] (vLLM FP8 cache),\n"     \
     "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (llama.cpp); modifiers +sink<N>, +pre-rope, +post-rope, +intactkv,\n"       \
     "+artifact<N>. nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped\n"       \
-    "with a message for a head_dim that is not a multiple of 32. Table on stdout, progress on stderr."
+    "with a message for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"      \
+    "Table on stdout, progress on stderr."
 
 typedef struct {
-    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos;
+    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos, *device;
     long ctx, max_windows;
     kvq_strlist artifacts, schemes;
-    bool quiet, version, allow_mismatch;
+    bool quiet, version, allow_mismatch, fast;
 } kveval_opts;
 
 static int fail(const char *what, const kvq_err *e, int code)
@@ -76,6 +77,12 @@ int main(int argc, char **argv)
          0, 0, false},
         {"allow-model-mismatch", 0, KVQ_OPT_FLAG, &o.allow_mismatch, NULL,
          "load artifacts whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
+        {"device", 0, KVQ_OPT_STRING, &o.device, "DEV",
+         "where the model runs: cpu, cuda, cuda:N (GPU N) or auto (default: cuda when a GPU is present, else cpu)", NULL, 0, 0,
+         false},
+        {"fast", 0, KVQ_OPT_FLAG, &o.fast, NULL,
+         "GPU fast mode: TF32 tensor cores for the GEMMs (~1e-3 relative; labelled in the output). Default: exact fp32", NULL,
+         0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
         {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
     };
@@ -99,6 +106,22 @@ int main(int argc, char **argv)
             free(specs);
             return fail(NULL, &e, 2);
         }
+
+    /* device: a bad name fails before loading; cuda without a GPU fails here too */
+    kvq_ppl_exec exec = {0};
+    if (kvq_device_parse(o.device ? o.device : "auto", &exec.device, &exec.gpu, &e)) {
+        free(specs);
+        return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
+    }
+    if (!o.device || !strcmp(o.device, "auto")) {
+        char why[256] = "";
+        if (exec.device == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o.quiet && kvq_cuda_device_count(why, sizeof why) == 0)
+            fprintf(stderr, "kveval: --device auto: no usable GPU (%s); running on the CPU\n", why);
+    }
+    if (o.fast) {
+        if (exec.device == KVQ_DEVICE_CUDA) exec.math = KVQ_CUDA_TF32;
+        else if (!o.quiet) fprintf(stderr, "kveval: --fast applies to the GPU only; the CPU runs exact fp32\n");
+    }
 
     int rc = 1;
     kvq_model m = {0};
@@ -183,9 +206,10 @@ int main(int argc, char **argv)
     kvq_progress prog;
     kvq_progress_init(&prog, "kveval", "window-runs", (uint64_t)plan.n_windows * n_sch, o.quiet);
     if (!o.quiet)
-        fprintf(stderr, "kveval: %zu windows x %zu schemes at ctx %zu (%s protocol, %zu scored tokens per window)\n",
-                plan.n_windows, n_sch, ctx, kvq_ppl_protocol_name(proto), plan.scored_per_window);
-    if (kvq_ppl_run(&m, &win, &plan, sch, n_sch, &prog, res, &e)) {
+        fprintf(stderr, "kveval: %zu windows x %zu schemes at ctx %zu (%s protocol, %zu scored tokens per window) on %s, %s\n",
+                plan.n_windows, n_sch, ctx, kvq_ppl_protocol_name(proto), plan.scored_per_window, kvq_device_name(exec.device),
+                kvq_ppl_exec_mode(&exec));
+    if (kvq_ppl_run_on(&exec, &m, &win, &plan, sch, n_sch, &prog, res, &e)) {
         if (!o.quiet && prog.drawn && prog.tty) fputc('\n', stderr);
         fail(NULL, &e, 1);
         goto out;
@@ -195,7 +219,7 @@ int main(int argc, char **argv)
     kvq_ppl_report rep = {.m = &m, .model_fingerprint = have_fp ? fp : NULL, .win = &win,
                           .text_format = kvq_text_format_name(fmt), .bos_policy = o.bos, .plan = &plan, .arts = &arts,
                           .schemes = sch, .results = res, .n_schemes = n_sch, .baseline = baseline,
-                          .skipped = (const char *const *)skip, .n_skipped = n_skip};
+                          .skipped = (const char *const *)skip, .n_skipped = n_skip, .exec = &exec};
     if (o.json && kvq_ppl_report_json(o.json, &rep, &e)) { fail("--json", &e, 1); goto out; }
     if (kvq_ppl_report_table(stdout, &rep, &e)) { fail(NULL, &e, 1); goto out; }
     fflush(stdout);

@@ -41,13 +41,19 @@ kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err 
 
 const char *kvq_device_name(kvq_device d) { return d == KVQ_DEVICE_CUDA ? "cuda" : "cpu"; }
 
-kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, const kvq_model *m, int max_T, int max_P,
-                           unsigned flags, kvq_err *err)
+kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_math math, const kvq_model *m, int max_T,
+                              int max_P, unsigned flags, kvq_err *err)
 {
     memset(e, 0, sizeof *e);
     e->dev = dev;
-    if (dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_init(&e->gpu, m, max_T, max_P, flags, math, 0, err);
+    if (dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_init(&e->gpu, m, max_T, max_P, flags, math, gpu, err);
     return kvq_forward_init(&e->cpu, m, max_T, max_P, flags, err);
+}
+
+kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, const kvq_model *m, int max_T, int max_P,
+                           unsigned flags, kvq_err *err)
+{
+    return kvq_engine_init_at(e, dev, 0, math, m, max_T, max_P, flags, err);
 }
 
 void kvq_engine_free(kvq_engine *e)

@@ -51,6 +51,10 @@ typedef struct {
 
 kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, const kvq_model *m, int max_T, int max_P,
                            unsigned flags, kvq_err *err);
+/* The same on GPU `gpu` (the N of cuda:N; ignored for the CPU).
+ * kvq_engine_init is kvq_engine_init_at(..., gpu = 0, ...). */
+kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_math math, const kvq_model *m, int max_T,
+                              int max_P, unsigned flags, kvq_err *err);
 void kvq_engine_free(kvq_engine *e);
 /* Built-in KV transform for the next runs (NULL / FP32 = none). The
  * descriptor is copied; its tables must outlive the runs on the CPU. */

@@ -131,10 +131,8 @@ kvq_status kvq_kv_desc_transform(void *user, const kvq_layer_ctx *c, float *k, f
 void kvq_kv_desc_kivi_bounds(const kvq_scheme *q, size_t T, int *kb, int *vb)
 {
     for (size_t i = 0; i < T; i++) {
-        size_t k = kvq_kivi_key_boundary(i, q->group, q->residual, q->n_sink);
-        size_t v = kvq_kivi_value_boundary(i, q->residual, q->n_sink);
-        kb[i] = (int)(k < i + 1 ? k : i + 1);
-        vb[i] = (int)(v < i + 1 ? v : i + 1);
+        kb[i] = (int)kvq_kivi_key_boundary(i, q->group, q->residual, q->n_sink);
+        vb[i] = (int)kvq_kivi_value_boundary(i, q->residual, q->n_sink);
     }
 }
 

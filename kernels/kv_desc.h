@@ -20,12 +20,12 @@
  *           alt.v <- kvq_kivi_values(head_dim, group, v_bits, n_sink), bounds
  *           kvq_kivi_key_boundary / kvq_kivi_value_boundary (decode equivalence)
  *
- * This is exactly what kveval's built-in scheme families do (analysis/scheme.c
- * on branch eval: apply_fp16, apply_int, apply_int_pc, apply_nuq, apply_kivi);
- * kveval builds a descriptor from a bound scheme (kind/params from its
- * kvq_scheme, tables from its artifact's per-layer kvq_kv_table) to run on the
- * GPU. Sources: see quant.h (KVQuant arXiv 2401.18079 §3, App.G/P; KIVI
- * arXiv 2402.02750 §3).
+ * This is the one implementation of these schemes: kveval's built-in
+ * families (analysis/scheme.h) build a descriptor from a bound scheme (kind
+ * and parameters from its kvq_scheme, tables from its artifact's per-layer
+ * kvq_kv_table) and run kvq_kv_desc_transform on the CPU; the CUDA forward
+ * runs the same descriptor natively, bit-exact with it. Sources: see quant.h
+ * (KVQuant arXiv 2401.18079 §3, App.G/P; KIVI arXiv 2402.02750 §3).
  */
 #ifndef KVQ_KV_DESC_H
 #define KVQ_KV_DESC_H
@@ -63,10 +63,10 @@ bool kvq_kv_desc_is_identity(const kvq_kv_desc *d);
  * "nuq4-1%+sink1", "int4-pc-1%". */
 void kvq_kv_desc_name(const kvq_kv_desc *d, char *buf, size_t n);
 
-/* KIVI boundaries of a window of T tokens, kb/vb [T]: kvq_kivi_key_boundary /
- * kvq_kivi_value_boundary clamped to i + 1 (attention.h requires b[i] <= i+1;
- * for a query i < n_sink they return n_sink, and the alternative rows below
- * n_sink are exact copies, so the clamp changes no attended value). */
+/* KIVI boundaries of a window of T tokens, kb/vb [T]: kb[i] =
+ * kvq_kivi_key_boundary(i, ...), vb[i] = kvq_kivi_value_boundary(i, ...)
+ * (both <= i + 1, as attention.h requires). Shared by the CPU hook and the
+ * CUDA forward. */
 void kvq_kv_desc_kivi_bounds(const kvq_scheme *q, size_t T, int *kb, int *vb);
 
 /* Per-run state of the CPU hook: the descriptor and quantizer counters

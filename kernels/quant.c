@@ -335,12 +335,14 @@ kvq_status kvq_kivi_values(float *out, const float *in, size_t n_tokens, size_t 
 size_t kvq_kivi_key_boundary(size_t t, size_t group, size_t residual, size_t n_sink)
 {
     size_t f = residual ? residual : group;
-    if (f == 0 || t < n_sink) return n_sink;
+    if (t < n_sink) return t + 1; /* only sink tokens so far: all exact either way */
+    if (f == 0) return n_sink;
     return n_sink + f * ((t - n_sink) / f);
 }
 
 size_t kvq_kivi_value_boundary(size_t t, size_t residual, size_t n_sink)
 {
+    if (t < n_sink) return t + 1;
     if (t < n_sink + residual) return n_sink;
     return t - residual;
 }

@@ -165,12 +165,16 @@ kvq_status kvq_kivi_values(float *out, const float *in, size_t n_tokens, size_t 
 /* Decode semantics (notes §1.4-1.5, KIVI llama_kivi.py): keys are flushed
  * from the fp16 buffer in chunks of F = R tokens (F = G when R == 0) after the
  * step that fills it has attended, so query t (0-based, t >= n_sink) sees keys
- * [n_sink, n_sink + F*floor((t - n_sink)/F)) quantized; returns that bound
- * (n_sink for t < n_sink). Requires R % G == 0. */
+ * [n_sink, n_sink + F*floor((t - n_sink)/F)) quantized; returns that bound.
+ * For t < n_sink it returns t + 1: query t attends only keys 0..t, all sink
+ * tokens, which kvq_kivi_keys copies exactly, so the choice changes no value;
+ * t + 1 keeps the bound a valid attention boundary (b <= t + 1, attention.h).
+ * Always n_sink <= result <= t + 1 for t >= n_sink. Requires R % G == 0. */
 size_t kvq_kivi_key_boundary(size_t t, size_t group, size_t residual, size_t n_sink);
 /* Values: a sliding window; after appending token t the buffer holds R + 1
  * fp16 values while attending, so values [n_sink, max(n_sink, t - R)) are
- * quantized for query t; returns that bound. */
+ * quantized for query t; returns that bound (t + 1 for t < n_sink, as for
+ * keys: never above t + 1). */
 size_t kvq_kivi_value_boundary(size_t t, size_t residual, size_t n_sink);
 
 /* ---- schemes and bits accounting --------------------------------------- */

@@ -195,6 +195,32 @@ START_TEST(test_bad_input)
 }
 END_TEST
 
+/* --device: a bad name is a usage error (exit 2); cpu runs and says so; cuda
+ * without a usable GPU fails naming --device cpu and leaves no file. */
+START_TEST(test_device_option)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
+    char out[256], cmd[20000], msg[8192];
+    tmpname(out, sizeof out, "dev");
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 1 -L 32 --device gpu -o %s", g_bin, g_model, g_tok, g_text, out);
+    ck_assert_int_eq(run(cmd, msg, sizeof msg), 2);
+    ck_assert_msg(strstr(msg, "expected cpu, cuda, cuda:N or auto"), "%s", msg);
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s -n 1 -L 32 --device cpu -o %s", g_bin, g_model, g_tok, g_text, out);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "%s", msg);
+    ck_assert_msg(strstr(msg, "kvdump: device: CPU"), "%s", msg);
+    unlink(out);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 1 -L 32 --device cuda -o %s", g_bin, g_model, g_tok, g_text, out);
+    int rc = run(cmd, msg, sizeof msg);
+    if (rc != 0) { /* no usable GPU here (CI) */
+        fprintf(stderr, "INFO kvdump --device cuda: exit %d: %s", rc, msg);
+        ck_assert_int_eq(rc, 1);
+        ck_assert_msg(strstr(msg, "--device cpu"), "%s", msg);
+        ck_assert(access(out, F_OK) != 0);
+    }
+    unlink(out);
+}
+END_TEST
+
 START_TEST(test_existing_output_kept)
 {
     KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
@@ -287,6 +313,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_dump_values);
     tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_device_option);
     tcase_add_test(tc, test_existing_output_kept);
     tcase_add_test(tc, test_file_size_limit_then_resume);
     tcase_add_test(tc, test_nan_activation_reported);

@@ -12,10 +12,17 @@
  *    aidreams260K, llama.cpp block formats on stories260K re-headed to
  *    2 heads x head_dim 32 (same weights, 1 KV head), and the block formats'
  *    refusal for head_dim 16;
- *  - spec parsing, canonical names, bits and cache size by hand. */
+ *  - spec parsing, canonical names, bits and cache size by hand;
+ *  - KIVI with several sink tokens (+sink2, +sink5: queries before the last
+ *    sink token get valid boundaries) runs and is decode-equivalent;
+ *  - devices: kvq_ppl_run_on on the CPU equals kvq_ppl_run bit for bit, the
+ *    scheme's descriptor on the engine equals kveval's hook, a CUDA request
+ *    without a GPU fails cleanly. */
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda_info.h"
+#include "device.h"
 #include "kveval_util.h"
 #include "kvq_test.h"
 #include "quant_fp8.h"
@@ -819,6 +826,127 @@ START_TEST(test_bind_artifacts)
 }
 END_TEST
 
+/* KIVI with n_sink > 1: kvq_kivi_key/value_boundary give queries t < n_sink
+ * the bound t + 1 (a valid attention boundary; before the fix n_sink, which
+ * the forward rejected). Decode-equivalent on stories260K, and a kveval run
+ * over text windows succeeds. */
+START_TEST(test_kivi_sinks_decode)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c/stories260K.bin absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(p, &m, &e) == KVQ_OK, "%s", e.msg);
+    int n = 0;
+    decode_case(&m, NULL, "kivi2-g4-r8+sink2", &n);
+    decode_case(&m, NULL, "kivi2-g4-r8+sink5", &n);
+    kvq_model_free(&m);
+
+    text_env env;
+    KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
+    kvq_windows w;
+    ck_assert(kvq_ppl_windows(&env.txt, env.tok, KVQ_PPL_KVQUANT, 64, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, 2, &plan, &e) == KVQ_OK);
+    const char *specs[] = {"fp32", "kivi2-g4-r8", "kivi2-g4-r8+sink2"};
+    kvq_eval_scheme sc[3];
+    for (int i = 0; i < 3; i++) ck_assert(kvq_eval_scheme_make(specs[i], NULL, &env.m.hp, &sc[i], &e) == KVQ_OK);
+    kvq_ppl_result res[3];
+    ck_assert_msg(kvq_ppl_run(&env.m, &w, &plan, sc, 3, NULL, res, &e) == KVQ_OK, "%s", e.msg);
+    fprintf(stderr, "INFO kivi sinks: fp32 %.6f, kivi2-g4-r8 %.6f, +sink2 %.6f\n", res[0].ppl, res[1].ppl, res[2].ppl);
+    ck_assert(isfinite(res[2].ppl) && res[2].ppl != res[0].ppl && res[2].ppl != res[1].ppl);
+    /* two sink tokens per window and layer kept exact (keys and values), counted */
+    ck_assert_uint_eq(res[2].k_counts.n_sink, 2u * 2 * kvq_kv_dim(&env.m.hp) * env.m.hp.n_layers);
+    kvq_ppl_results_free(res, 3);
+    kvq_windows_free(&w);
+    env_close(&env);
+}
+END_TEST
+
+/* Devices through kvq_ppl_run_on: CPU = kvq_ppl_run bit for bit; built-in
+ * schemes expose their descriptor, which on the engine (as the GPU would get
+ * it) gives exactly kveval's hook result; CUDA without a GPU fails cleanly. */
+START_TEST(test_device_paths)
+{
+    text_env env;
+    KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
+    kvq_err e = {0};
+    kvq_windows w;
+    ck_assert(kvq_ppl_windows(&env.txt, env.tok, KVQ_PPL_KVQUANT, 64, KVQ_BOS_MODEL, &w, &e) == KVQ_OK);
+    kvq_ppl_plan plan;
+    ck_assert(kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, 2, &plan, &e) == KVQ_OK);
+    const char *specs[] = {"fp32", "fp16+sink1", "int4", "kivi2-g4-r8+sink2"};
+    enum { NS = 4 };
+    kvq_eval_scheme sc[NS];
+    for (int i = 0; i < NS; i++) ck_assert(kvq_eval_scheme_make(specs[i], NULL, &env.m.hp, &sc[i], &e) == KVQ_OK);
+    ck_assert_ptr_null(kvq_eval_scheme_kv_desc(&sc[0]));
+    const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(&sc[2]);
+    ck_assert(d && d->q.kind == KVQ_SCHEME_INT && d->q.k_bits == 4 && d->key_stage == KVQ_KEYS_POST_ROPE);
+    d = kvq_eval_scheme_kv_desc(&sc[3]);
+    ck_assert(d && d->q.kind == KVQ_SCHEME_KIVI && d->q.n_sink == 2 && d->q.group == 4 && d->q.residual == 8);
+
+    kvq_ppl_result a[NS], b[NS];
+    ck_assert(kvq_ppl_run(&env.m, &w, &plan, sc, NS, NULL, a, &e) == KVQ_OK);
+    kvq_ppl_exec x = {.device = KVQ_DEVICE_CPU};
+    ck_assert_msg(kvq_ppl_run_on(&x, &env.m, &w, &plan, sc, NS, NULL, b, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(strstr(x.described, "CPU"), "%s", x.described);
+    ck_assert_str_eq(kvq_ppl_exec_mode(&x), "exact (fp32)");
+    for (int i = 0; i < NS; i++) {
+        ck_assert_msg(memcmp(&a[i].nll_sum, &b[i].nll_sum, sizeof(double)) == 0, "%s differs", specs[i]);
+        ck_assert(memcmp(&a[i].k_counts, &b[i].k_counts, sizeof a[i].k_counts) == 0);
+        ck_assert_int_eq(b[i].xform, i == 0 ? KVQ_PPL_XF_NONE : KVQ_PPL_XF_CPU);
+    }
+    /* fp16+sink1: every element counted, one sink token per window and layer */
+    uint64_t per = (uint64_t)kvq_kv_dim(&env.m.hp) * env.m.hp.n_layers * plan.n_windows;
+    ck_assert_uint_eq(a[1].k_counts.n_elems, per * 64);
+    ck_assert_uint_eq(a[1].k_counts.n_sink, per);
+
+    /* the descriptor on the engine (the GPU's input) = kveval's hook, bit for bit */
+    kvq_engine en;
+    ck_assert(kvq_engine_init(&en, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &env.m, 64, 0, 0, &e) == KVQ_OK);
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &env.m, 64, 0, 0, &e) == KVQ_OK);
+    for (int i = 1; i < NS; i++) {
+        kvq_fwd_result r1, r2;
+        kvq_fwd_io io = {.tokens = (const int *)w.tokens, .T = 64};
+        ck_assert_msg(kvq_engine_set_kv(&en, kvq_eval_scheme_kv_desc(&sc[i]), &e) == KVQ_OK, "%s", e.msg);
+        ck_assert(kvq_engine_run(&en, &io, &r1, &e) == KVQ_OK);
+        kvq_scheme_run run;
+        kvq_hooks hk;
+        kvq_scheme_hooks(&run, &sc[i], &hk);
+        io.hooks = &hk;
+        ck_assert(kvq_forward_run(&fw, &io, &r2, &e) == KVQ_OK);
+        ck_assert_msg(memcmp(&r1.loss, &r2.loss, sizeof r1.loss) == 0, "%s: engine %.17g vs hook %.17g", specs[i], r1.loss,
+                      r2.loss);
+        ck_assert(run.seconds >= 0 && run.k_counts.n_elems == (uint64_t)64 * kvq_kv_dim(&env.m.hp) * env.m.hp.n_layers);
+    }
+    kvq_forward_free(&fw);
+    kvq_engine_free(&en);
+
+    /* a scheme with its own apply (host transform) exposes no descriptor */
+    kvq_scheme_family fam = *sc[2].s.fam;
+    fam.apply = NULL;
+    fam.native = false;
+    kvq_eval_scheme plain = sc[2];
+    plain.s.fam = &fam;
+    ck_assert_ptr_null(kvq_eval_scheme_kv_desc(&plain));
+    ck_assert(kvq_eval_scheme_is_identity(&plain));
+
+    if (kvq_cuda_device_count(NULL, 0) == 0) {
+        kvq_ppl_exec g = {.device = KVQ_DEVICE_CUDA};
+        kvq_ppl_result c[NS];
+        ck_assert_int_eq(kvq_ppl_run_on(&g, &env.m, &w, &plan, sc, NS, NULL, c, &e), KVQ_EUNSUPPORTED);
+        fprintf(stderr, "INFO no GPU: %s\n", e.msg);
+        ck_assert_msg(strstr(e.msg, "--device cpu"), "%s", e.msg);
+    }
+    kvq_ppl_results_free(a, NS);
+    kvq_ppl_results_free(b, NS);
+    kvq_windows_free(&w);
+    env_close(&env);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kveval");
@@ -832,6 +960,8 @@ static Suite *suite(void)
     tcase_add_test(tc, test_protocol_counts);
     tcase_add_test(tc, test_rerun_identical_fp16_small);
     tcase_add_test(tc, test_nan_reported);
+    tcase_add_test(tc, test_kivi_sinks_decode);
+    tcase_add_test(tc, test_device_paths);
     suite_add_tcase(s, tc);
     return s;
 }

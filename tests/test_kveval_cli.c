@@ -282,6 +282,66 @@ START_TEST(test_cli_errors)
 }
 END_TEST
 
+/* --device: cpu runs and is labelled (table and JSON), bad names are usage
+ * errors, cuda without a GPU fails naming --device cpu, auto falls back to
+ * the CPU with a one-line note in a CUDA build; KIVI with 2 sink tokens runs. */
+START_TEST(test_cli_device)
+{
+    env_t e;
+    KVQ_SKIP_IF(!env_init(&e), "bin/kveval or ../shared tiny models/wikitext absent (run make all)");
+    static char out[65536], err[65536];
+    char args[16384], base[12800];
+    snprintf(base, sizeof base, "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 2", e.model, e.tok, e.text);
+    snprintf(args, sizeof args, "%s --device cpu --scheme kivi2-g4-r8+sink2 --scheme int4 --json %s/d.json -q", base, e.dir);
+    int rc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "- device: cpu, exact (fp32): CPU"), "%s", out);
+    ck_assert_msg(strstr(out, "| kivi2-g4-r8+sink2 | 2 | 2 |"), "%s", out);
+    char jp[512];
+    snprintf(jp, sizeof jp, "%s/d.json", e.dir);
+    char *js = slurp(jp);
+    ck_assert(js);
+    cJSON *root = cJSON_Parse(js);
+    ck_assert(root);
+    cJSON *dev = cJSON_GetObjectItem(root, "device");
+    ck_assert(dev);
+    ck_assert_str_eq(cJSON_GetObjectItem(dev, "name")->valuestring, "cpu");
+    ck_assert_str_eq(cJSON_GetObjectItem(dev, "mode")->valuestring, "exact");
+    cJSON *ss = cJSON_GetObjectItem(root, "schemes");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "transform")->valuestring, "none");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 1), "transform")->valuestring, "cpu");
+    cJSON_Delete(root);
+    free(js);
+
+    snprintf(args, sizeof args, "%s --device gpu --scheme int4 -q", base);
+    ck_assert_int_eq(run(&e, args, out, sizeof out, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "expected cpu, cuda, cuda:N or auto") && out[0] == 0, "%s", err);
+
+    /* the binary's build: CUDA or CPU-only */
+    ck_assert(run(&e, "--version", out, sizeof out, err, sizeof err) == 0);
+    bool cuda_build = strstr(out, "CUDA build") != NULL;
+    snprintf(args, sizeof args, "%s --device cuda --scheme int4 -q", base);
+    rc = run(&e, args, out, sizeof out, err, sizeof err);
+    if (rc != 0) { /* no usable GPU (CI): a clear error, no table */
+        fprintf(stderr, "INFO --device cuda: exit %d: %s", rc, err);
+        ck_assert_int_eq(rc, 1);
+        ck_assert_msg(strstr(err, "--device cpu") && out[0] == 0, "%s", err);
+        /* auto: the CPU, with one note line in a CUDA build (none with -q) */
+        snprintf(args, sizeof args, "%s --scheme int4 --fast", base);
+        ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
+        ck_assert_msg(strstr(out, "- device: cpu, exact (fp32)"), "%s", out);
+        ck_assert_msg(!cuda_build || strstr(err, "--device auto: no usable GPU"), "%s", err);
+        ck_assert_msg(strstr(err, "--fast applies to the GPU only"), "%s", err);
+        snprintf(args, sizeof args, "%s --scheme int4 -q", base);
+        ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
+        ck_assert_msg(err[0] == 0, "-q printed: %s", err);
+    } else {
+        ck_assert_msg(strstr(out, "- device: cuda, exact (fp32)"), "%s", out);
+    }
+    env_done(&e);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kveval_cli");
@@ -289,6 +349,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cli_success);
     tcase_add_test(tc, test_cli_errors);
+    tcase_add_test(tc, test_cli_device);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -357,11 +357,13 @@ START_TEST(test_kivi_boundaries_vs_cache)
         size_t flush = R ? R : G;
         size_t kq = P, kbuf = 0, vq = P, vbuf = 0; /* quantized prefix ends; fp16 buffer sizes */
         for (size_t t = 0; t < 600; t++) {
-            if (t < P) { /* sink tokens live in their own fp16 store */
-                ck_assert_uint_eq(kvq_kivi_key_boundary(t, G, R, P), P);
-                ck_assert_uint_eq(kvq_kivi_value_boundary(t, R, P), P);
+            if (t < P) { /* sink tokens live in their own fp16 store: every key so far exact; a valid bound (<= t+1) */
+                ck_assert_uint_eq(kvq_kivi_key_boundary(t, G, R, P), t + 1);
+                ck_assert_uint_eq(kvq_kivi_value_boundary(t, R, P), t + 1);
                 continue;
             }
+            ck_assert_uint_le(kvq_kivi_key_boundary(t, G, R, P), t + 1);
+            ck_assert_uint_le(kvq_kivi_value_boundary(t, R, P), t + 1);
             kbuf++; vbuf++;                          /* append token t */
             ck_assert_msg(kvq_kivi_key_boundary(t, G, R, P) == kq, "G%zu R%zu P%zu t%zu keys: %zu vs cache %zu", G, R,
                           P, t, kvq_kivi_key_boundary(t, G, R, P), kq);

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# gpu_carry_pack.sh — package a kveval GPU run for a machine that has the CUDA
+# driver and cuBLAS but not our build dependencies (hdf5, cjson, openblas, ...)
+# and that receives at most LIMIT MiB per transfer (the device tool: 64 MiB
+# including the repository's own tree).
+#
+#   scripts/gpu_carry_pack.sh DEST MODEL TEXT ARTDIR [PART_MIB]
+#     DEST     output folder (emptied): DEST/p1 .. DEST/pN, one per transfer
+#     MODEL    the model file (split into PART_MIB-MiB pieces, default 38)
+#     TEXT     the evaluation text (wiki.test.raw)
+#     ARTDIR   kvcalib artifacts nuq{4,3,2}.safetensors, nuq{4,3,2}-1pct.safetensors
+# DEST/pN (the last transfer) also holds kveval (linked --as-needed from this
+# build's build/libkvq.a), libs.tar.xz (every shared library it needs except
+# glibc, libstdc++, libgcc_s and cuBLAS), the text, the artifacts,
+# scripts/gpu_kveval.sh and run.sh. On the GPU machine: copy p1 .. p(N-1)
+# into STASH as they arrive, then with pN in place run
+#     bash pN/run.sh STASH OUTDIR
+# which reassembles the model, checks its sha256 against scripts/models.sha256,
+# unpacks the libraries and runs scripts/gpu_kveval.sh.
+set -euo pipefail
+if [ $# -lt 4 ]; then
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+DEST=$(realpath -m "$1") MODEL=$(realpath "$2") TEXT=$(realpath "$3") ART=$(realpath "$4") PART=${5:-38}
+cd "$(dirname "$0")/.."
+[ -f build/cmd/kveval.o ] && [ -f build/libkvq.a ] || { echo "gpu_carry_pack: run make (CUDA build) first" >&2; exit 2; }
+rm -rf "$DEST"
+mkdir -p "$DEST/tmp"
+T=$DEST/tmp
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# shellcheck disable=SC2046
+cc -std=c17 -O2 -fopenmp build/cmd/kveval.o -Wl,--as-needed build/libkvq.a \
+    $(pkg-config --libs hdf5 libcjson libpcre2-8 openblas libcrypto) -lz -lm -lpthread \
+    -L"$CUDA_HOME/lib64" -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++ -o "$T/kveval"
+mkdir -p "$T/lib"
+ldd "$T/kveval" | awk '/=>/{print $1, $3}' | while read -r name path; do
+    case "$name" in
+    libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libgcc_s.so.*|libstdc++.so.*|libresolv.so.*|libcublas*) ;;
+    *) [ -e "$path" ] || { echo "gpu_carry_pack: $name not found here" >&2; exit 1; }; cp -L "$path" "$T/lib/" ;;
+    esac
+done
+(cd "$T" && tar -cJf libs.tar.xz lib)
+(cd "$T" && split -b "${PART}M" "$MODEL" model.part.)
+parts=("$T"/model.part.*)
+n=${#parts[@]}
+for i in $(seq 1 "$n"); do mkdir -p "$DEST/p$i"; mv "${parts[$((i - 1))]}" "$DEST/p$i/"; done
+L=$DEST/p$n
+mkdir -p "$L/art"
+cp "$T/kveval" "$T/libs.tar.xz" "$L/"
+cp "$TEXT" "$L/text.raw"
+cp "$ART"/nuq[432].safetensors "$ART"/nuq[432]-1pct.safetensors "$L/art/"
+cp scripts/gpu_kveval.sh "$L/"
+sum=$(awk -v f="$(basename "$MODEL")" '$2 == f {print $1}' scripts/models.sha256)
+cat >"$L/run.sh" <<EOF
+#!/usr/bin/env bash
+# run.sh STASH OUTDIR — written by scripts/gpu_carry_pack.sh
+set -euo pipefail
+HERE=\$(cd "\$(dirname "\$0")" && pwd)
+STASH=\$1 OUT=\$2
+mkdir -p "\$OUT" /tmp/kvq_model /tmp/kvq_libs
+cat "\$STASH"/model.part.* "\$HERE"/model.part.* >/tmp/kvq_model/model.gguf
+sha256sum /tmp/kvq_model/model.gguf | tee "\$OUT/sha256.txt"
+[ -z "$sum" ] || grep -q "$sum" "\$OUT/sha256.txt" || { echo "run.sh: model sha256 differs from $sum" >&2; exit 1; }
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "\$HERE/libs.tar.xz" /tmp/kvq_libs
+export LD_LIBRARY_PATH=/tmp/kvq_libs/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+chmod +x "\$HERE/kveval"
+if ldd "\$HERE/kveval" | grep -q 'libcublas.so.13 => not found'; then
+    c=\$(find /usr /opt -name libcublas.so.13 2>/dev/null | head -1)
+    [ -n "\$c" ] && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(dirname "\$c")
+fi
+if ldd "\$HERE/kveval" | grep 'not found'; then echo "run.sh: libraries missing" >&2; exit 1; fi
+KVQ_KVEVAL=\$HERE/kveval bash "\$HERE/gpu_kveval.sh" /tmp/kvq_model/model.gguf "\$HERE/text.raw" "\$HERE/art" "\$OUT"
+EOF
+rm -rf "$T"
+du -sh "$DEST"/p*
