@@ -61,7 +61,8 @@
  * (fp32) + forward workspace with the 31 checkpoints (~0.15 GB) + activation
  * store (1.37 GB) + backward workspace (~0.1 GB of one layer's gradients, 151
  * MiB of attention dq partials, a 2048 x 2048 logit block): measured peak RSS
- * 2098 MiB (bench_backward; 900 MiB with the recompute policy). Per-layer
+ * 2098 MiB (bench_backward without its forward-only workspace; 900 MiB with
+ * the recompute policy). Per-layer
  * gradients are handed to a callback and not kept; kvq_grad_store collects
  * all layers when the caller wants them.
  *
@@ -69,12 +70,14 @@
  * backward) and the LM head's exponentials use OpenMP; elementwise ops run on
  * the calling thread. Results do not depend on the OpenMP thread count.
  *
- * Cost: forward + recomputed forward (all but the down projection and the LM
- * head) + backward GEMMs (dX = dY W, no dW) + two LM-head passes + attention
- * backward. Measured (bench_backward, T = 2048, 2 shared cores): 3.85x the
- * forward in CPU time (target 3x); the attention backward is the largest
- * phase. Keeping per-layer activations instead of recomputing them (~1.3 GB
- * at T = 2048, within the 4 GB budget) would need the forward to expose them.
+ * Cost (keep policy): forward without its LM head (plus copies of the
+ * activations) + backward GEMMs (dX = dY W, no dW) + one LM-head pass (two
+ * GEMMs per vocabulary block) + attention backward; the recompute policy adds
+ * a second forward of every layer but the down projection. Measured
+ * (bench_backward, T = 2048, 2 shared cores, docs/BENCHMARKS.md): 2.71x the
+ * forward in CPU time (2.72x wall; target 3x), against 3.67x for the
+ * recompute policy in the same conditions; the attention backward is the
+ * largest phase (~40% of the backward).
  */
 #ifndef KVQ_BACKWARD_H
 #define KVQ_BACKWARD_H
