@@ -12,9 +12,19 @@
 
 kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, int max_P, kvq_err *err)
 {
+    return kvq_backward_init_opts(bw, m, max_T, max_P, -1, err);
+}
+
+kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_T, int max_P, int keep_acts, kvq_err *err)
+{
     memset(bw, 0, sizeof *bw);
-    KVQ_TRY(kvq_forward_init(&bw->fw, m, max_T, max_P, KVQ_FWD_SAVE_LAYER_INPUTS, err));
     const kvq_hparams *hp = &m->hp;
+    /* automatic: keep every layer's activations in the forward (no
+     * recomputation) when they fit in KVQ_BWD_KEEP_ACTS_MAX bytes */
+    double act_bytes = 4.0 * hp->n_layers * (double)max_T *
+                       (2.0 * kvq_q_dim(hp) + 4.0 * kvq_kv_dim(hp) + hp->dim + 2.0 * hp->hidden_dim + hp->n_heads);
+    bw->keep_acts = keep_acts < 0 ? act_bytes <= KVQ_BWD_KEEP_ACTS_MAX : keep_acts > 0;
+    KVQ_TRY(kvq_forward_init(&bw->fw, m, max_T, max_P, bw->keep_acts ? KVQ_FWD_SAVE_ACTIVATIONS : KVQ_FWD_SAVE_LAYER_INPUTS, err));
     bw->m = m;
     bw->max_T = max_T;
     bw->max_P = max_P;
@@ -42,7 +52,7 @@ kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, in
         }
     bw->arena = malloc(total * sizeof(float));
     bw->iarena = malloc(3 * T * sizeof(int));
-    bw->darena = malloc(T * sizeof(double));
+    bw->darena = malloc(2 * T * sizeof(double));
     if (!bw->arena || !bw->iarena || !bw->darena) {
         kvq_backward_free(bw);
         return kvq_fail(err, KVQ_ENOMEM, "backward: cannot allocate %.1f MiB for max_T %d", total * 4.0 / (1 << 20), max_T);
@@ -56,6 +66,7 @@ kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, in
     bw->v_bound = bw->iarena + T;
     bw->targets = bw->iarena + 2 * T;
     bw->rsum = bw->darena;
+    bw->nll = bw->darena + T;
     kvq_status s = kvq_attn_grad_ws_init(&bw->attn, max_T, max_P, hp->n_heads, hp->n_kv_heads, hp->head_dim, bw->n_threads,
                                          sizeof(float), err);
     if (!s) s = kvq_attn_ws_init(&bw->fattn, max_T, max_P, hp->n_kv_heads, hp->head_dim, bw->n_threads, err);
@@ -81,10 +92,10 @@ static int all_finite(const float *x, size_t n)
     return 1;
 }
 
-/* Recompute layer l from its input x (the forward's checkpoint) and
- * differentiate it: on entry bw->dx = dL/d(layer output), on return
- * dL/d(layer input). */
-static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l, const float *x, kvq_err *err)
+/* Recompute layer l's activations from its input x into bw (mirrors
+ * kvq_forward_run / layer_attention); a->pk/pv are set by the caller. Used
+ * when the forward did not keep the activations (KVQ_FWD_SAVE_ACTIVATIONS). */
+static kvq_status layer_recompute(kvq_backward *bw, const kvq_fwd_io *io, int l, const float *x, kvq_attn_grad_args *a, kvq_err *err)
 {
     const kvq_model *m = bw->m;
     const kvq_hparams *hp = &m->hp;
@@ -92,26 +103,20 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim, rd = hp->rope_dim;
     const kvq_hooks *hk = io->hooks;
-    const kvq_prefix *px = io->prefix;
-    const int P = px ? px->P : 0;
+    const int P = io->prefix ? io->prefix->P : 0;
     const size_t kvn = (size_t)T * kvd;
     kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
                          .tokens = io->tokens};
-
-    double t0 = omp_get_wtime();
-    /* ---- recompute (mirrors kvq_forward_run / layer_attention) ---- */
     kvq_rmsnorm(bw->xn, x, w->attn_norm, T, dim, hp->norm_eps);
     kvq_linear(bw->q, bw->xn, w->wq, T, dim, qd, 0);
     kvq_linear(bw->k_pre, bw->xn, w->wk, T, dim, kvd, 0);
     kvq_linear(bw->v_att, bw->xn, w->wv, T, dim, kvd, 0);
     kvq_rope_apply(bw->q, T, nh, hd, rd, bw->rope_cos, bw->rope_sin, 0);
-    kvq_attn_grad_args a = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = bw->q, .k = bw->k_att,
-                            .v = bw->v_att, .out = bw->att, .lse = bw->lse};
-    if (P > 0) {
-        size_t off = (size_t)l * P * kvd;
-        a.pk = px->k + off;
-        a.pv = px->v + off;
-    }
+    a->q = bw->q;
+    a->k = bw->k_att;
+    a->v = bw->v_att;
+    a->out = bw->att;
+    a->lse = bw->lse;
     bool pre = !hk || hk->key_stage == KVQ_KEYS_PRE_ROPE;
     memcpy(bw->k_att, bw->k_pre, kvn * sizeof(float));
     if (!pre) kvq_rope_apply(bw->k_att, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
@@ -121,17 +126,17 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
         if (s) return kvq_err_prefix(err, "backward: layer %d: KV transform", l);
         if (alt.use_k) {
             if (pre) kvq_rope_apply(bw->k_alt, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
-            a.kq = bw->k_alt;
-            a.kb = bw->k_bound;
+            a->kq = bw->k_alt;
+            a->kb = bw->k_bound;
         }
         if (alt.use_v) {
-            a.vq = bw->v_alt;
-            a.vb = bw->v_bound;
+            a->vq = bw->v_alt;
+            a->vb = bw->v_bound;
         }
     }
     if (pre) kvq_rope_apply(bw->k_att, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
-    kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = a.q, .k = a.k, .v = a.v,
-                        .pk = a.pk, .pv = a.pv, .kq = a.kq, .kb = a.kb, .vq = a.vq, .vb = a.vb, .out = bw->att, .lse = bw->lse};
+    kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = a->q, .k = a->k, .v = a->v,
+                        .pk = a->pk, .pv = a->pv, .kq = a->kq, .kb = a->kb, .vq = a->vq, .vb = a->vb, .out = bw->att, .lse = bw->lse};
     kvq_status s = kvq_attention(&fa, &bw->fattn, err);
     if (s) return kvq_err_prefix(err, "backward: layer %d", l);
     memcpy(bw->x_mid, x, (size_t)T * dim * sizeof(float));
@@ -140,14 +145,58 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     kvq_linear(bw->gate, bw->xn, w->w_gate, T, dim, hid, 0);
     kvq_linear(bw->up, bw->xn, w->w_up, T, dim, hid, 0);
 
+    return KVQ_OK;
+}
+
+/* Differentiate layer l (activations kept by the forward, or recomputed
+ * from its input x, the forward's checkpoint): on entry bw->dx =
+ * dL/d(layer output), on return dL/d(layer input). */
+static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l, const float *x, kvq_err *err)
+{
+    const kvq_model *m = bw->m;
+    const kvq_hparams *hp = &m->hp;
+    const kvq_layer_weights *w = &m->layers[l];
+    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim, rd = hp->rope_dim;
+    const kvq_prefix *px = io->prefix;
+    const int P = px ? px->P : 0;
+    const size_t kvn = (size_t)T * kvd;
+
+    double t0 = omp_get_wtime();
+    kvq_attn_grad_args a = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd};
+    if (P > 0) {
+        size_t off = (size_t)l * P * kvd;
+        a.pk = px->k + off;
+        a.pv = px->v + off;
+    }
+    const float *x_mid = bw->x_mid, *gate = bw->gate, *up = bw->up;
+    kvq_fwd_layer_acts acts;
+    if (kvq_forward_layer_acts(&bw->fw, l, &acts)) {
+        /* activations kept by the forward: no recomputation. kvq_attn_bwd
+         * only reads out and lse (the casts drop const for its args type). */
+        a.q = acts.q;
+        a.k = acts.k;
+        a.v = acts.v;
+        a.kq = acts.kq;
+        a.kb = acts.kb;
+        a.vq = acts.vq;
+        a.vb = acts.vb;
+        a.out = (float *)acts.att;
+        a.lse = (float *)acts.lse;
+        x_mid = acts.x_mid;
+        gate = acts.gate;
+        up = acts.up;
+    } else {
+        KVQ_TRY(layer_recompute(bw, io, l, x, &a, err));
+    }
     double t1 = omp_get_wtime();
     bw->t_recompute += t1 - t0;
     /* ---- backward: MLP ---- */
     kvq_linear_bwd(bw->dh, bw->dx, w->w_down, T, hid, dim, 0);
-    kvq_swiglu_bwd(bw->gate, bw->up, bw->dh, bw->gate, bw->up, (size_t)T * hid); /* gate, up now hold their gradients */
+    kvq_swiglu_bwd(bw->gate, bw->up, bw->dh, gate, up, (size_t)T * hid); /* bw->gate, bw->up now hold their gradients */
     kvq_linear_bwd(bw->dxn, bw->gate, w->w_gate, T, dim, hid, 0);
     kvq_linear_bwd(bw->dxn, bw->up, w->w_up, T, dim, hid, 1);
-    kvq_rmsnorm_bwd(bw->dx, bw->dxn, bw->x_mid, w->ffn_norm, T, dim, hp->norm_eps, 1);
+    kvq_rmsnorm_bwd(bw->dx, bw->dxn, x_mid, w->ffn_norm, T, dim, hp->norm_eps, 1);
 
     /* ---- backward: attention ---- */
     kvq_linear_bwd(bw->datt, bw->dx, w->wo, T, qd, dim, 0);
@@ -158,7 +207,7 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     a.dpk = P > 0 ? bw->dpk : NULL;
     a.dpv = P > 0 ? bw->dpv : NULL;
     double t2 = omp_get_wtime();
-    s = kvq_attn_bwd(&a, &bw->attn, err);
+    kvq_status s = kvq_attn_bwd(&a, &bw->attn, err);
     if (s) return kvq_err_prefix(err, "backward: layer %d", l);
     double t3 = omp_get_wtime();
     bw->t_attn_bwd += t3 - t2;
@@ -194,7 +243,11 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
     bw->t_forward = bw->t_head = bw->t_recompute = bw->t_attn_bwd = bw->t_other_bwd = 0;
     double t0 = omp_get_wtime();
     kvq_fwd_result fr;
-    KVQ_TRY(kvq_forward_run(&bw->fw, io, &fr, err));
+    /* with the cross-entropy, the loss (and io->nll) come from the backward's
+     * own LM-head pass below: the forward skips its LM head */
+    kvq_fwd_io fio = *io;
+    fio.skip_loss = spec->xent && !io->logits;
+    KVQ_TRY(kvq_forward_run(&bw->fw, &fio, &fr, err));
     bw->t_forward = omp_get_wtime() - t0;
     res->loss = fr.loss;
     res->n_scored = fr.n_scored;
@@ -212,9 +265,17 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
             tg = bw->targets;
         }
         kvq_rmsnorm(bw->xn, x_last, m->out_norm, T, dim, hp->norm_eps);
-        double sum = kvq_lm_head_xent_bwd(bw->dxn, NULL, bw->xn, m->output, tg, T, dim, hp->vocab_size, 1.0 / fr.n_scored,
+        double sum = kvq_lm_head_xent_bwd(bw->dxn, bw->nll, bw->xn, m->output, tg, T, dim, hp->vocab_size, 1.0 / fr.n_scored,
                                           bw->v_chunk, bw->zbuf, bw->rmax, bw->rsum, bw->rtgt);
         res->xent_loss = sum / fr.n_scored;
+        if (fio.skip_loss) {
+            res->loss = res->xent_loss;
+            if (io->nll) memcpy(io->nll, bw->nll, (size_t)T * sizeof(double));
+            for (int t = 0; t < T; t++)
+                if (tg[t] >= 0 && !isfinite(bw->nll[t]))
+                    return kvq_fail(err, KVQ_ENUMERIC, "backward: non-finite logits/NLL at window index %d (position %d)", t,
+                                    io->pos0 + t);
+        }
         kvq_rmsnorm_bwd(bw->dx, bw->dxn, x_last, m->out_norm, T, dim, hp->norm_eps, 0);
     } else {
         memset(bw->dx, 0, (size_t)T * dim * sizeof(float));

@@ -31,33 +31,53 @@
  * Without a transform the gradients are exact.
  *
  * Checkpointing and memory. kvq_backward_run first runs the ordinary forward
- * (the user's hooks, including observe, see every layer once) with
- * KVQ_FWD_SAVE_LAYER_INPUTS, keeping only the n_layers+1 residual streams
- * [T][dim]. Then, for l = n_layers-1 .. 0, layer l is recomputed from its saved
- * input (RMSNorm, projections, RoPE, the transform hook again — it must be
- * deterministic —, attention (kvq_attention) with its per-row log-sum-exp, output projection,
- * MLP up to SwiGLU) and immediately differentiated; only one layer's
- * activations exist at a time. Attention probabilities are recomputed block
- * by block in the backward (attention_backward.h), never stored. The LM head
- * gradient is computed blockwise over the vocabulary with an online softmax
+ * (the user's hooks, including observe and transform, see every layer once).
+ * Two policies (kvq_backward_init_opts; both give bit-identical results,
+ * tested):
+ *  - keep (default when the store needs <= KVQ_BWD_KEEP_ACTS_MAX bytes): the
+ *    forward runs with KVQ_FWD_SAVE_ACTIVATIONS and keeps, per layer, the
+ *    post-RoPE q, the K/V attention used (and their alternative
+ *    representation and boundaries), the attention output and its per-row
+ *    log-sum-exp, the residual after attention and the gate/up projections
+ *    (kvq_fwd_layer_acts), plus the n_layers+1 residual streams [T][dim]; the
+ *    backward then recomputes nothing and calls the transform hook once.
+ *    Store: 4 B * T * n_layers * (2 q_dim + 4 kv_dim + dim + 2 hidden_dim +
+ *    n_heads) = 1.37 GB for SmolLM2-135M at T = 2048.
+ *  - recompute: the forward keeps only the residual streams
+ *    (KVQ_FWD_SAVE_LAYER_INPUTS); for l = n_layers-1 .. 0, layer l is
+ *    recomputed from its saved input (RMSNorm, projections, RoPE, the
+ *    transform hook again — it must be deterministic —, attention
+ *    (kvq_attention) with its per-row log-sum-exp, output projection, MLP up
+ *    to SwiGLU) and immediately differentiated; only one layer's activations
+ *    exist at a time.
+ * Either way, layer l is differentiated for l = n_layers-1 .. 0, and the
+ * attention probabilities are recomputed block by block in the backward
+ * (attention_backward.h), never stored. With the cross-entropy (and no
+ * io->logits requested) the forward skips its LM head (kvq_fwd_io.skip_loss):
+ * the loss and io->nll come from the backward's LM-head pass, which computes
+ * the gradient blockwise over the vocabulary with an online softmax
  * (kvq_lm_head_xent_bwd): [T][v_chunk] logits at a time. Memory for the
- * default model (SmolLM2-135M, T = 2048, P = 0): model 0.54 GB (fp32) +
- * forward workspace with the 31 checkpoints (~0.15 GB) + backward workspace
- * (~0.1 GB of one layer's activations and gradients, 151 MiB of attention dq
- * partials, a 2048 x 2048 logit block): measured peak RSS 900 MiB
- * (bench_backward). Per-layer gradients are handed to a callback and not
- * kept; kvq_grad_store collects all layers when the caller wants them.
+ * default model (SmolLM2-135M, T = 2048, P = 0, keep policy): model 0.54 GB
+ * (fp32) + forward workspace with the 31 checkpoints (~0.15 GB) + activation
+ * store (1.37 GB) + backward workspace (~0.1 GB of one layer's gradients, 151
+ * MiB of attention dq partials, a 2048 x 2048 logit block): measured peak RSS
+ * 2098 MiB (bench_backward without its forward-only workspace; 900 MiB with
+ * the recompute policy). Per-layer
+ * gradients are handed to a callback and not kept; kvq_grad_store collects
+ * all layers when the caller wants them.
  *
  * Threads: GEMMs use OpenBLAS's threads; attention (forward recompute and
  * backward) and the LM head's exponentials use OpenMP; elementwise ops run on
  * the calling thread. Results do not depend on the OpenMP thread count.
  *
- * Cost: forward + recomputed forward (all but the down projection and the LM
- * head) + backward GEMMs (dX = dY W, no dW) + two LM-head passes + attention
- * backward. Measured (bench_backward, T = 2048, 2 shared cores): 3.85x the
- * forward in CPU time (target 3x); the attention backward is the largest
- * phase. Keeping per-layer activations instead of recomputing them (~1.3 GB
- * at T = 2048, within the 4 GB budget) would need the forward to expose them.
+ * Cost (keep policy): forward without its LM head (plus copies of the
+ * activations) + backward GEMMs (dX = dY W, no dW) + one LM-head pass (two
+ * GEMMs per vocabulary block) + attention backward; the recompute policy adds
+ * a second forward of every layer but the down projection. Measured
+ * (bench_backward, T = 2048, 2 shared cores, docs/BENCHMARKS.md): 2.71x the
+ * forward in CPU time (2.72x wall; target 3x), against 3.67x for the
+ * recompute policy in the same conditions; the attention backward is the
+ * largest phase (~40% of the backward).
  */
 #ifndef KVQ_BACKWARD_H
 #define KVQ_BACKWARD_H
@@ -68,6 +88,11 @@
 #include "forward.h"
 #include "model.h"
 #include "status.h"
+
+/* Largest per-window activation store (bytes) for which kvq_backward_init
+ * asks the forward to keep every layer's activations instead of recomputing
+ * them (1.37 GB for SmolLM2-135M at T = 2048). */
+#define KVQ_BWD_KEEP_ACTS_MAX (2.5 * 1024.0 * 1024.0 * 1024.0)
 
 /* Gradients of one layer, valid only during the grads callback. All fp32,
  * row-major. */
@@ -96,9 +121,10 @@ typedef struct {
 } kvq_bwd_spec;
 
 typedef struct {
-    double loss;      /* the forward's mean NLL over scored positions (NaN when none) */
+    double loss;      /* mean NLL over scored positions (NaN when none): with xent, from the backward's LM-head pass
+                         (the forward skips its own unless io->logits is requested); else the forward's */
     int n_scored;
-    double xent_loss; /* the cross-entropy recomputed by the backward's LM head (xent only, else NaN) */
+    double xent_loss; /* the cross-entropy computed by the backward's LM head (xent only, else NaN) */
 } kvq_bwd_result;
 
 /* Workspace: a forward (with checkpoints) and one layer of recomputed
@@ -108,6 +134,7 @@ typedef struct {
     kvq_forward fw;
     const kvq_model *m;
     int max_T, max_P, n_threads, v_chunk;
+    bool keep_acts;       /* the forward keeps every layer's activations (KVQ_FWD_SAVE_ACTIVATIONS) */
     float *x_mid, *xn, *dx, *dxn;               /* [max_T][dim] */
     float *q, *att, *datt, *dq;                 /* [max_T][q_dim] */
     float *k_pre, *k_att, *v_att, *k_alt, *v_alt, *dk, *dv, *dk_pre; /* [max_T][kv_dim] */
@@ -117,7 +144,7 @@ typedef struct {
     float *rope_cos, *rope_sin;                 /* [max_T][rope_dim/2] */
     float *zbuf;                                /* [max_T][v_chunk] */
     float *rmax, *rtgt;                         /* [max_T] */
-    double *rsum;                               /* [max_T] */
+    double *rsum, *nll;                         /* [max_T] */
     int *k_bound, *v_bound, *targets;           /* [max_T] */
     kvq_attn_grad_ws attn;     /* attention backward */
     kvq_attn_ws fattn;         /* recomputed attention forward (kvq_attention with lse) */
@@ -133,6 +160,14 @@ typedef struct {
  * KVQ_ENOMEM. */
 kvq_status kvq_backward_init(kvq_backward *bw, const kvq_model *m, int max_T, int max_P, kvq_err *err);
 void kvq_backward_free(kvq_backward *bw);
+
+/* As kvq_backward_init with the checkpointing policy chosen by the caller:
+ * keep_acts = 1: the forward keeps every layer's activations
+ * (KVQ_FWD_SAVE_ACTIVATIONS) and the backward recomputes nothing; 0: only
+ * the residual checkpoints are kept and each layer is recomputed; -1:
+ * automatic (kvq_backward_init): keep when the store needs at most
+ * KVQ_BWD_KEEP_ACTS_MAX bytes. Both policies give bit-identical results. */
+kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_T, int max_P, int keep_acts, kvq_err *err);
 
 /* Forward (io, with its hooks and prefix; io->logits / io->nll filled as by
  * kvq_forward_run) then backward of the loss described by spec. Errors: those

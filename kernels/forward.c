@@ -17,6 +17,7 @@ kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int 
     fw->m = m;
     fw->max_T = max_T;
     fw->max_P = max_P;
+    if (flags & KVQ_FWD_SAVE_ACTIVATIONS) flags |= KVQ_FWD_SAVE_LAYER_INPUTS;
     fw->flags = flags;
     fw->n_threads = omp_get_max_threads();
     if (fw->n_threads < 1) fw->n_threads = 1;
@@ -29,13 +30,19 @@ kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int 
     fw->v_chunk_max = fw->v_chunk;
     size_t T = max_T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     size_t half = hp->rope_dim / 2, nh = hp->n_heads, L = hp->n_layers, PT = (size_t)max_P + max_T;
+    size_t acts = 0;
+    if (flags & KVQ_FWD_SAVE_ACTIVATIONS) {
+        fw->act_stride = T * (2 * qd + 4 * kvd + dim + 2 * hid + nh);
+        if (kvq_mul_size(fw->act_stride, L, &acts))
+            return kvq_fail(err, KVQ_ENOMEM, "forward: activation store size overflows (max_T %d)", max_T);
+    }
     /* sizes in floats, in allocation order */
     size_t sz[] = {T * dim, T * dim, T * qd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
                    T * qd, T * hid, T * hid, T * (size_t)fw->v_chunk_max, T, T, T * half, T * half, nh * PT, nh * T,
-                   (flags & KVQ_FWD_SAVE_LAYER_INPUTS) ? (L + 1) * T * dim : 0};
+                   (flags & KVQ_FWD_SAVE_LAYER_INPUTS) ? (L + 1) * T * dim : 0, acts};
     float **dst[] = {&fw->x, &fw->xn, &fw->q, &fw->k_pre, &fw->k_post, &fw->v, &fw->k_att, &fw->v_att, &fw->k_alt, &fw->v_alt,
                      &fw->att, &fw->gate, &fw->up, &fw->logit_blk, &fw->row_max, &fw->row_tgt, &fw->rope_cos, &fw->rope_sin, &fw->mass, &fw->entropy,
-                     &fw->saved};
+                     &fw->saved, &fw->acts};
     size_t n = sizeof sz / sizeof *sz, total = 0;
     for (size_t i = 0; i < n; i++)
         if (kvq_add_size(total, sz[i], &total))
@@ -45,7 +52,11 @@ kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int 
     fw->arena = malloc(total * sizeof(float));
     fw->iarena = malloc(3 * T * sizeof(int));
     fw->row_sum = malloc(T * sizeof(double));
-    if (!fw->arena || !fw->iarena || !fw->row_sum) {
+    if (acts) {
+        fw->act_bounds = malloc(L * 2 * T * sizeof(int));
+        fw->act_alt = calloc(L, 1);
+    }
+    if (!fw->arena || !fw->iarena || !fw->row_sum || (acts && (!fw->act_bounds || !fw->act_alt))) {
         kvq_forward_free(fw);
         return kvq_fail(err, KVQ_ENOMEM, "forward: cannot allocate %.1f MiB of activations for max_T %d", total * 4.0 / (1 << 20), max_T);
     }
@@ -67,6 +78,8 @@ void kvq_forward_free(kvq_forward *fw)
     free(fw->arena);
     free(fw->iarena);
     free(fw->row_sum);
+    free(fw->act_bounds);
+    free(fw->act_alt);
     kvq_attn_ws_free(&fw->attn);
     memset(fw, 0, sizeof *fw);
 }
@@ -75,6 +88,31 @@ const float *kvq_forward_layer_input(const kvq_forward *fw, int l)
 {
     if (!fw->saved || l < 0 || l > fw->m->hp.n_layers) return NULL;
     return fw->saved + (size_t)l * fw->max_T * fw->m->hp.dim;
+}
+
+/* Per-layer activation slot: q, k, v, kq, vq, att, x_mid, gate, up, lse (max_T strides). */
+static float *act_slot(const kvq_forward *fw, int l, int which)
+{
+    const kvq_hparams *hp = &fw->m->hp;
+    size_t T = fw->max_T, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), dim = hp->dim, hid = hp->hidden_dim;
+    size_t sz[] = {T * qd, T * kvd, T * kvd, T * kvd, T * kvd, T * qd, T * dim, T * hid, T * hid};
+    float *p = fw->acts + (size_t)l * fw->act_stride;
+    for (int i = 0; i < which; i++) p += sz[i];
+    return p;
+}
+enum { ACT_Q, ACT_K, ACT_V, ACT_KQ, ACT_VQ, ACT_ATT, ACT_XMID, ACT_GATE, ACT_UP, ACT_LSE };
+
+bool kvq_forward_layer_acts(const kvq_forward *fw, int l, kvq_fwd_layer_acts *out)
+{
+    if (!fw->acts || fw->T_last <= 0 || l < 0 || l >= fw->m->hp.n_layers) return false;
+    int *kb = fw->act_bounds + (size_t)l * 2 * fw->max_T;
+    unsigned alt = fw->act_alt[l];
+    *out = (kvq_fwd_layer_acts){.q = act_slot(fw, l, ACT_Q), .k = act_slot(fw, l, ACT_K), .v = act_slot(fw, l, ACT_V),
+                                .kq = (alt & 1) ? act_slot(fw, l, ACT_KQ) : NULL, .vq = (alt & 2) ? act_slot(fw, l, ACT_VQ) : NULL,
+                                .kb = (alt & 1) ? kb : NULL, .vb = (alt & 2) ? kb + fw->max_T : NULL,
+                                .att = act_slot(fw, l, ACT_ATT), .lse = act_slot(fw, l, ACT_LSE), .x_mid = act_slot(fw, l, ACT_XMID),
+                                .gate = act_slot(fw, l, ACT_GATE), .up = act_slot(fw, l, ACT_UP)};
+    return true;
 }
 
 double kvq_forward_flops(const kvq_hparams *hp, int T, int P)
@@ -129,6 +167,7 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
         a.k = fw->k_att;
         a.v = fw->v_att;
     }
+    if (fw->acts) a.lse = act_slot(fw, l, ACT_LSE);
     bool stats = hk && hk->observe && hk->attn_stats;
     if (stats) {
         a.mass = fw->mass;
@@ -136,6 +175,23 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
     }
     kvq_status s = kvq_attention(&a, &fw->attn, err);
     if (s) return kvq_err_prefix(err, "layer %d", l);
+    if (fw->acts) {
+        size_t qn = (size_t)T * kvq_q_dim(hp);
+        int *kb = fw->act_bounds + (size_t)l * 2 * fw->max_T;
+        memcpy(act_slot(fw, l, ACT_Q), a.q, qn * sizeof(float));
+        memcpy(act_slot(fw, l, ACT_K), a.k, kvn * sizeof(float));
+        memcpy(act_slot(fw, l, ACT_V), a.v, kvn * sizeof(float));
+        memcpy(act_slot(fw, l, ACT_ATT), a.out, qn * sizeof(float));
+        fw->act_alt[l] = (unsigned char)((a.kq ? 1 : 0) | (a.vq ? 2 : 0));
+        if (a.kq) {
+            memcpy(act_slot(fw, l, ACT_KQ), a.kq, kvn * sizeof(float));
+            memcpy(kb, a.kb, (size_t)T * sizeof(int));
+        }
+        if (a.vq) {
+            memcpy(act_slot(fw, l, ACT_VQ), a.vq, kvn * sizeof(float));
+            memcpy(kb + fw->max_T, a.vb, (size_t)T * sizeof(int));
+        }
+    }
     if (hk && hk->observe) {
         kvq_layer_obs obs = {.q = fw->q, .k_pre = fw->k_pre, .k_post = fw->k_post, .v = fw->v, .k_att = a.k, .v_att = a.v,
                              .k_alt = a.kq, .v_alt = a.vq, .k_bound = a.kb, .v_bound = a.vb,
@@ -171,6 +227,7 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
     for (int t = 0; t < T; t++)
         if (tg[t] >= V) return kvq_fail(err, KVQ_EINVAL, "forward: target %d at window index %d outside the vocabulary [0, %d)", tg[t], t, V);
 
+    fw->T_last = 0; /* saved checkpoints/activations are invalid until this run has passed every layer */
     kvq_rope_table(hp, io->pos0, T, fw->rope_cos, fw->rope_sin);
     for (int t = 0; t < T; t++) memcpy(fw->x + (size_t)t * dim, m->tok_embd + (size_t)io->tokens[t] * dim, dim * sizeof(float));
 
@@ -186,11 +243,25 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         kvq_rmsnorm(fw->xn, fw->x, w->ffn_norm, T, dim, hp->norm_eps);
         kvq_linear(fw->gate, fw->xn, w->w_gate, T, dim, hid, 0);
         kvq_linear(fw->up, fw->xn, w->w_up, T, dim, hid, 0);
+        if (fw->acts) {
+            memcpy(act_slot(fw, l, ACT_XMID), fw->x, (size_t)T * dim * sizeof(float));
+            memcpy(act_slot(fw, l, ACT_GATE), fw->gate, (size_t)T * hid * sizeof(float));
+            memcpy(act_slot(fw, l, ACT_UP), fw->up, (size_t)T * hid * sizeof(float));
+        }
         kvq_swiglu(fw->gate, fw->gate, fw->up, (size_t)T * hid);
         kvq_linear(fw->x, fw->gate, w->w_down, T, hid, dim, 1.0f);
     }
     if (fw->saved) memcpy(fw->saved + (size_t)hp->n_layers * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
     fw->T_last = T;
+    int n_tg = 0;
+    for (int t = 0; t < T; t++) n_tg += tg[t] >= 0;
+    if (!io->logits && (io->skip_loss || n_tg == 0)) {
+        /* no LM head: the caller computes the loss itself, or no row is scored */
+        res->n_scored = n_tg;
+        if (io->nll && !io->skip_loss)
+            for (int t = 0; t < T; t++) io->nll[t] = NAN;
+        return KVQ_OK;
+    }
     kvq_rmsnorm(fw->xn, fw->x, m->out_norm, T, dim, hp->norm_eps);
 
     /* LM head and NLL (log-sum-exp in double) */

@@ -40,7 +40,12 @@
  * backward pass needs: layer l is recomputed from its input (projections, RoPE,
  * the transform hook — which must be deterministic —, attention rows on demand,
  * MLP), one layer at a time, in reverse order. Nothing else of the forward is
- * kept alive between layers.
+ * kept alive between layers. With KVQ_FWD_SAVE_ACTIVATIONS the forward also
+ * keeps every layer's activations (kvq_forward_layer_acts: post-RoPE q, the
+ * K/V attention used with their alternatives, attention output and per-row
+ * log-sum-exp, the residual after attention, gate/up), so that the backward
+ * recomputes nothing; this costs memory copies in the forward and
+ * ~1.37 GB at T = 2048 for SmolLM2-135M (backward.h).
  */
 #ifndef KVQ_FORWARD_H
 #define KVQ_FORWARD_H
@@ -130,7 +135,12 @@ typedef struct {
 } kvq_prefix;
 
 enum {
-    KVQ_FWD_SAVE_LAYER_INPUTS = 1u << 0 /* keep [n_layers+1][T][dim] residual checkpoints (see header comment) */
+    KVQ_FWD_SAVE_LAYER_INPUTS = 1u << 0, /* keep [n_layers+1][T][dim] residual checkpoints (see header comment) */
+    /* also keep every layer's activations (kvq_fwd_layer_acts) so that a
+     * backward pass need not recompute them: ~(2 q_dim + 4 kv_dim + dim +
+     * 2 hidden_dim + n_heads) * 4 B per token and layer (1.37 GB for
+     * SmolLM2-135M at T = 2048). Implies KVQ_FWD_SAVE_LAYER_INPUTS. */
+    KVQ_FWD_SAVE_ACTIVATIONS = 1u << 1
 };
 
 /* One call's inputs and outputs. */
@@ -145,6 +155,11 @@ typedef struct {
     const kvq_hooks *hooks;   /* NULL = none */
     float *logits;      /* out, optional: [T][vocab_size] */
     double *nll;        /* out, optional: [T] per-position NLL in nats (NaN where not scored) */
+    /* Skip the LM head (ignored when logits are requested): res->loss = NaN,
+     * io->nll not written, res->n_scored still counted. For a caller that
+     * computes the loss itself (kvq_backward_run recomputes it in its own
+     * LM-head pass). */
+    bool skip_loss;
 } kvq_fwd_io;
 
 typedef struct {
@@ -177,6 +192,10 @@ typedef struct {
     float *mass, *entropy;      /* [n_heads][max_P+max_T], [n_heads][max_T] */
     float *saved;         /* [n_layers+1][max_T][dim] when KVQ_FWD_SAVE_LAYER_INPUTS */
     int *def_targets;     /* [max_T] */
+    float *acts;          /* [n_layers][act_stride] when KVQ_FWD_SAVE_ACTIVATIONS (see kvq_forward_layer_acts) */
+    size_t act_stride;    /* floats per layer */
+    int *act_bounds;      /* [n_layers][2][max_T] boundaries of the alternative K / V */
+    unsigned char *act_alt; /* [n_layers]: bit 0 alternative keys used, bit 1 alternative values used */
     kvq_attn_ws attn;
     float *arena;         /* owns every float buffer above */
     int *iarena;
@@ -197,6 +216,24 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
 /* Residual stream entering layer l (l = n_layers: entering the final norm),
  * [T][dim] for the last run's T; NULL unless KVQ_FWD_SAVE_LAYER_INPUTS. */
 const float *kvq_forward_layer_input(const kvq_forward *fw, int l);
+
+/* One layer's activations as the last run computed them (all fp32,
+ * row-major, T = the last run's T): valid until the next run. */
+typedef struct {
+    const float *q;        /* [T][n_heads][head_dim], post-RoPE */
+    const float *k, *v;    /* [T][n_kv_heads][head_dim]: the post-RoPE keys and the values attention used (transformed) */
+    const float *kq, *vq;  /* alternative keys (post-RoPE) / values, or NULL when the transform gave none */
+    const int *kb, *vb;    /* [T] their boundaries, or NULL */
+    const float *att;      /* [T][n_heads][head_dim] attention output */
+    const float *lse;      /* [n_heads][T] per-row log-sum-exp of the scaled scores (attention.h) */
+    const float *x_mid;    /* [T][dim] residual stream after the attention block */
+    const float *gate, *up; /* [T][hidden_dim] xn Wgate^T and xn Wup^T (before SwiGLU) */
+} kvq_fwd_layer_acts;
+
+/* Fill *out with layer l's activations of the last run; returns false (and
+ * leaves *out untouched) unless the workspace has KVQ_FWD_SAVE_ACTIVATIONS
+ * and a run succeeded. */
+bool kvq_forward_layer_acts(const kvq_forward *fw, int l, kvq_fwd_layer_acts *out);
 
 /* FLOPs of one window (multiply-add = 2): 2 * (matmul parameters incl. the LM
  * head) * T + causal attention 4 * n_heads * head_dim * sum_i (P + i + 1). */

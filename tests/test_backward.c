@@ -232,7 +232,6 @@ static void directional_case(const char *name)
     kvq_bwd_result br;
     ck_assert_msg(kvq_backward_xent(&bw, &io, &st, &br, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_int_eq(br.n_scored, T - 1);
-    ck_assert_msg(fabs(br.xent_loss - br.loss) < 1e-5 * br.loss, "backward LM head loss %.8f vs forward %.8f", br.xent_loss, br.loss);
 
     rng r = {0x5eed};
     float *dk = malloc(n * 4), *dv = malloc(n * 4), *dpk = malloc(np * 4), *dpv = malloc(np * 4);
@@ -241,6 +240,9 @@ static void directional_case(const char *name)
     rand_dirs(&r, dpk, st.dpk, dpv, st.dpv, np);
     kvq_forward fw;
     ck_assert(kvq_forward_init(&fw, &m, T, P, 0, &e) == KVQ_OK);
+    /* the backward's loss (its own LM-head pass) agrees with the forward's */
+    double fl = fwd_loss(&fw, &io);
+    ck_assert_msg(fabs(br.loss - fl) < 1e-5 * fl && br.xent_loss == br.loss, "backward LM head loss %.8f vs forward %.8f", br.loss, fl);
     pert p = {.dk = dk, .dv = dv};
     kvq_hooks hk = {.user = &p, .transform = pert_transform, .key_stage = KVQ_KEYS_PRE_ROPE};
     kvq_fwd_io fio = io;
@@ -353,6 +355,55 @@ START_TEST(test_straight_through)
     kvq_backward_free(&bw);
     free(g0.dk_pre), free(g0.dv), free(g0.dpk), free(gs.dk_pre), free(gs.dk_post), free(gs.dv), free(gs.dpk);
     free(gx.dk_pre), free(gx.dk_post), free(gx.dv), free(gx.dpk), free(delta_k), free(delta_v), free(dir), free(pk), free(pv);
+    kvq_model_free(&m);
+}
+END_TEST
+
+/* Keeping the forward's activations (KVQ_FWD_SAVE_ACTIVATIONS) and
+ * recomputing them layer by layer give bit-identical gradients and losses,
+ * with a prefix, with a transform that has alternative K/V + boundaries, and
+ * for both key stages. */
+START_TEST(test_keep_vs_recompute)
+{
+    kvq_model m;
+    KVQ_SKIP_IF(!load_tiny("stories260K", &m), "../shared/models/llama2c absent");
+    const int T = 24, P = 2, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp);
+    int tok[26];
+    fixture_tokens("stories260K", tok, T + P);
+    size_t n = (size_t)L * T * kvd, np = (size_t)L * P * kvd;
+    float *pk = malloc(np * 4), *pv = malloc(np * 4);
+    make_prefix(&m, tok, P, pk, pv);
+    kvq_prefix px = {.P = P, .k = pk, .v = pv};
+    kvq_backward bk, br;
+    kvq_err e = {0};
+    ck_assert(kvq_backward_init_opts(&bk, &m, T, P, 1, &e) == KVQ_OK && bk.keep_acts);
+    ck_assert(kvq_backward_init_opts(&br, &m, T, P, 0, &e) == KVQ_OK && !br.keep_acts);
+    kvq_grad_store g[2];
+    for (int i = 0; i < 2; i++)
+        g[i] = (kvq_grad_store){.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4),
+                                .dpv = malloc(np * 4)};
+    for (int c = 0; c < 4; c++) {
+        pert a = {.alt = c >= 2, .step = c == 1 ? 0.05f : 0};
+        float *dk = malloc(n * 4), *dv = malloc(n * 4);
+        if (c == 1) a.delta_k = dk, a.delta_v = dv;
+        kvq_hooks hk = {.user = &a, .transform = pert_transform, .key_stage = c == 3 ? KVQ_KEYS_POST_ROPE : KVQ_KEYS_PRE_ROPE};
+        kvq_fwd_io io = {.tokens = tok + P, .T = T, .pos0 = P, .prefix = &px, .hooks = c ? &hk : NULL};
+        kvq_bwd_result r[2];
+        ck_assert_msg(kvq_backward_xent(&bk, &io, &g[0], &r[0], &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_msg(kvq_backward_xent(&br, &io, &g[1], &r[1], &e) == KVQ_OK, "%s", e.msg);
+        ck_assert(r[0].loss == r[1].loss && r[0].xent_loss == r[1].xent_loss);
+        ck_assert(!memcmp(g[0].dk_pre, g[1].dk_pre, n * 4) && !memcmp(g[0].dk_post, g[1].dk_post, n * 4));
+        ck_assert(!memcmp(g[0].dv, g[1].dv, n * 4));
+        ck_assert(!memcmp(g[0].dpk, g[1].dpk, np * 4) && !memcmp(g[0].dpv, g[1].dpv, np * 4));
+        double norm = 0;
+        for (size_t i = 0; i < n; i++) norm += (double)g[0].dv[i] * g[0].dv[i];
+        ck_assert(norm > 0); /* not vacuous */
+        free(dk), free(dv);
+    }
+    for (int i = 0; i < 2; i++) free(g[i].dk_pre), free(g[i].dk_post), free(g[i].dv), free(g[i].dpk), free(g[i].dpv);
+    kvq_backward_free(&bk);
+    kvq_backward_free(&br);
+    free(pk), free(pv);
     kvq_model_free(&m);
 }
 END_TEST
@@ -564,6 +615,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_directional_stories);
     tcase_add_test(tc, test_directional_aidreams);
     tcase_add_test(tc, test_straight_through);
+    tcase_add_test(tc, test_keep_vs_recompute);
     tcase_add_test(tc, test_upstream);
     tcase_add_test(tc, test_default_model_vs_jax);
     suite_add_tcase(s, tc);

@@ -109,6 +109,17 @@ static void check_against_fixture(const char *model_path, const char *fixture_pa
     fw.v_chunk = 100; /* several vocabulary blocks with a ragged tail */
     ck_assert_msg(kvq_forward_run(&fw, &io2, &r2, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_msg(fabs(r2.loss - r.loss) <= 1e-9 * r.loss, "blocked loss-only path: %.17g vs %.17g", r2.loss, r.loss);
+    /* skip_loss: no LM head; n_scored still counted, nll left untouched; the
+     * logits request wins over skip_loss */
+    double *nll2 = malloc(fx.T * sizeof(double));
+    for (int t = 0; t < fx.T; t++) nll2[t] = -7;
+    kvq_fwd_io io3 = {.tokens = fx.tokens, .T = fx.T, .pos0 = fx.pos0, .nll = nll2, .skip_loss = true};
+    ck_assert_msg(kvq_forward_run(&fw, &io3, &r2, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(isnan(r2.loss) && r2.n_scored == r.n_scored && nll2[0] == -7 && nll2[fx.T - 1] == -7);
+    io3.logits = logits;
+    ck_assert_msg(kvq_forward_run(&fw, &io3, &r2, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(r2.loss == r.loss && nll2[0] == nll[0]);
+    free(nll2);
     free(got);
     free(want);
     free(logits);

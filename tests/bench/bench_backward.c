@@ -1,7 +1,8 @@
 /* bench_backward.c — forward+backward time of one window of the default
  * model (kernels/backward.h: cross-entropy gradients w.r.t. every layer's
  * K_pre / V, consumed by a Fisher-style callback that squares and sums them,
- * as kvdump --fisher does) as a ratio to the forward-only time in the same
+ * as kvdump --fisher does) as a ratio to the forward-only time (a plain
+ * kvq_forward workspace: no checkpoints, no activation store) in the same
  * run, the backward's phases, and peak RSS (getrusage). Target ratio ≤ 3×.
  *
  * Usage: bench_backward [MODEL] [T]
@@ -80,6 +81,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_backward: %s\n", e.msg);
         return 1;
     }
+    /* forward-only baseline: a plain workspace (no checkpoints, no activation store) */
+    kvq_forward fw;
+    if (kvq_forward_init(&fw, &m, T, 0, 0, &e) != KVQ_OK) {
+        fprintf(stderr, "bench_backward: %s\n", e.msg);
+        return 1;
+    }
     int *tok = malloc(T * sizeof(int));
     unsigned s = 7;
     for (int i = 0; i < T; i++) tok[i] = (int)((s = s * 1103515245u + 12345u) >> 9) % hp->vocab_size;
@@ -91,7 +98,7 @@ int main(int argc, char **argv)
     double wf[2] = {0}, cf[2] = {0}, wb = 0, cb = 0;
     for (int rep = 0; rep < 3; rep++) {
         double w0 = omp_get_wtime(), c0 = cpu_now();
-        kvq_status st = rep == 1 ? kvq_backward_run(&bw, &io, &spec, &br, &e) : kvq_forward_run(&bw.fw, &io, &fr, &e);
+        kvq_status st = rep == 1 ? kvq_backward_run(&bw, &io, &spec, &br, &e) : kvq_forward_run(&fw, &io, &fr, &e);
         double w = omp_get_wtime() - w0, c = cpu_now() - c0;
         if (st != KVQ_OK) {
             fprintf(stderr, "bench_backward: %s\n", e.msg);
@@ -103,6 +110,7 @@ int main(int argc, char **argv)
     double wfw = fmin(wf[0], wf[1]), cfw = fmin(cf[0], cf[1]);
     printf("forward only:       wall %.2f s (%.2f, %.2f)  cpu %.2f s\n", wfw, wf[0], wf[1], cfw);
     printf("forward + backward: wall %.2f s  cpu %.2f s  -> ratio %.2fx wall, %.2fx cpu (target <= 3x)\n", wb, cb, wb / wfw, cb / cfw);
+    printf("  activations: %s\n", bw.keep_acts ? "kept by the forward (KVQ_FWD_SAVE_ACTIVATIONS)" : "recomputed per layer");
     printf("  phases (wall): forward %.2f, LM head + xent backward %.2f, layer recompute %.2f, attention backward %.2f, other backward %.2f s\n",
            bw.t_forward, bw.t_head, bw.t_recompute, bw.t_attn_bwd, bw.t_other_bwd);
     printf("loss %.4f over %d positions (synthetic tokens); sum of squared dL/dK_pre %.4e, dL/dV %.4e\n", br.loss, br.n_scored, fa.sum_k,
@@ -110,6 +118,7 @@ int main(int argc, char **argv)
     printf("peak RSS %.0f MiB (after model load %.0f MiB); limit 4096 MiB\n", peak_rss_mib(), rss_model);
     free(tok);
     kvq_backward_free(&bw);
+    kvq_forward_free(&fw);
     kvq_model_free(&m);
     return 0;
 }
