@@ -384,40 +384,15 @@ kvq_status kvq_calibrate_file(const char *dump_path, const char *out_path, bool 
     if (result) memset(result, 0, sizeof *result);
     if (!dump_path || !out_path) return kvq_fail(err, KVQ_EINVAL, "calibrate: NULL path");
     KVQ_TRY(kvq_calibrate_validate(o, err));
-    if (!force && access(out_path, F_OK) == 0)
+    if (!force && access(out_path, F_OK) == 0) /* checked before the long calibration, and again at the move */
         return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", out_path);
-    size_t pl = strlen(out_path);
-    char *tmp = malloc(pl + sizeof ".tmp");
-    if (!tmp) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", out_path);
-    memcpy(tmp, out_path, pl);
-    memcpy(tmp + pl, ".tmp", sizeof ".tmp");
-
     kvq_dump_reader *r = NULL;
     kvq_artifact a;
     memset(&a, 0, sizeof a);
     kvq_status s = kvq_dump_open(dump_path, &r, err);
     if (!s) s = kvq_calibrate_dump(r, dump_path, o, &a, err);
     kvq_dump_close(r);
-    if (!s) s = kvq_artifact_write(tmp, &a, err);
-    if (!s) {
-        if (force) {
-            if (rename(tmp, out_path) != 0)
-                s = kvq_fail(err, KVQ_EIO, "%s: cannot rename to %s: %s", tmp, out_path, strerror(errno));
-        } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out_path, RENAME_NOREPLACE) != 0) {
-            int e = errno;
-            if (e == EINVAL || e == ENOSYS) { /* file system without RENAME_NOREPLACE: link is no-replace too */
-                if (link(tmp, out_path) != 0) e = errno;
-                else e = 0;
-            }
-            if (e == EEXIST)
-                s = kvq_fail(err, KVQ_EIO, "%s: appeared while calibrating; not overwritten (use --force to replace it)",
-                             out_path);
-            else if (e)
-                s = kvq_fail(err, KVQ_EIO, "%s: cannot move %s into place: %s", out_path, tmp, strerror(e));
-        }
-        unlink(tmp); /* after link (or a failed move); after a rename it is already gone */
-    }
-    free(tmp);
+    if (!s) s = kvq_artifact_write_new(out_path, &a, force, err);
     if (s || !result) kvq_artifact_free(&a);
     else *result = a;
     return s;

@@ -157,30 +157,7 @@ kvq_status kvq_intactkv_check_base(const kvq_artifact *base, const char *base_pa
 kvq_status kvq_intactkv_write(const char *out_path, bool force, const kvq_artifact *art, kvq_err *err)
 {
     if (!out_path || !*out_path) return kvq_fail(err, KVQ_EINVAL, "intactkv: no output path");
-    if (!force && access(out_path, F_OK) == 0)
-        return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", out_path);
-    size_t pl = strlen(out_path);
-    char *tmp = malloc(pl + sizeof ".tmp");
-    if (!tmp) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", out_path);
-    memcpy(tmp, out_path, pl);
-    memcpy(tmp + pl, ".tmp", sizeof ".tmp");
-    kvq_status s = kvq_artifact_write(tmp, art, err);
-    if (!s) {
-        if (force) {
-            if (rename(tmp, out_path) != 0) s = kvq_fail(err, KVQ_EIO, "%s: cannot rename to %s: %s", tmp, out_path, strerror(errno));
-        } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out_path, RENAME_NOREPLACE) != 0) {
-            int e = errno;
-            if (e == EINVAL || e == ENOSYS) { /* no RENAME_NOREPLACE: link is no-replace too */
-                if (link(tmp, out_path) != 0) e = errno;
-                else e = 0;
-            }
-            if (e == EEXIST) s = kvq_fail(err, KVQ_EIO, "%s: appeared meanwhile; not overwritten (use --force to replace it)", out_path);
-            else if (e) s = kvq_fail(err, KVQ_EIO, "%s: cannot move %s into place: %s", out_path, tmp, strerror(e));
-        }
-        unlink(tmp);
-    }
-    free(tmp);
-    return s;
+    return kvq_artifact_write_new(out_path, art, force, err);
 }
 
 kvq_intactkv_train_opts kvq_intactkv_train_defaults(void)

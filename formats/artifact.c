@@ -2,10 +2,13 @@
 #include "artifact.h"
 
 #include <errno.h>
-#include <stdarg.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 
@@ -848,4 +851,35 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
     }
     kvq_artifact_free(&a);
     return KVQ_OK;
+}
+
+kvq_status kvq_artifact_write_new(const char *path, const kvq_artifact *a, bool force, kvq_err *err)
+{
+    if (!path || !*path) return kvq_fail(err, KVQ_EINVAL, "artifact: no output path");
+    if (!force && access(path, F_OK) == 0)
+        return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", path);
+    size_t pl = strlen(path);
+    char *tmp = malloc(pl + sizeof ".tmp");
+    if (!tmp) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+    memcpy(tmp, path, pl);
+    memcpy(tmp + pl, ".tmp", sizeof ".tmp");
+    kvq_status s = kvq_artifact_write(tmp, a, err);
+    if (!s) {
+        if (force) {
+            if (rename(tmp, path) != 0) s = kvq_fail(err, KVQ_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0) {
+            int e = errno;
+            if (e == EINVAL || e == ENOSYS) { /* file system without RENAME_NOREPLACE: link is no-replace too */
+                if (link(tmp, path) != 0) e = errno;
+                else e = 0;
+            }
+            if (e == EEXIST)
+                s = kvq_fail(err, KVQ_EIO, "%s: appeared meanwhile; not overwritten (use --force to replace it)", path);
+            else if (e)
+                s = kvq_fail(err, KVQ_EIO, "%s: cannot move %s into place: %s", path, tmp, strerror(e));
+        }
+        unlink(tmp); /* after link (or a failed move); after a rename it is already gone */
+    }
+    free(tmp);
+    return s;
 }

@@ -146,6 +146,13 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
  * numbers printed with %.17g, deterministic safetensors layout). */
 kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *err);
 
+/* kvq_artifact_write for a user-named output: refuses an existing `path`
+ * unless force (KVQ_EIO "... already exists ... use --force"), writes
+ * `path`.tmp, then moves it into place — without force by a no-replace
+ * rename (renameat2 RENAME_NOREPLACE, or link() where the file system lacks
+ * it), so a file that appears at `path` meanwhile is never overwritten. */
+kvq_status kvq_artifact_write_new(const char *path, const kvq_artifact *a, bool force, kvq_err *err);
+
 /* With a prefix, validation also checks: P >= 1, token ids >= 0, positions
  * 0..P-1, k / k_pre / v present and finite ("intactkv: layers.3.k[17]: not
  * finite"), text present, a trained prefix with n_loss >= 1 finite losses.
