@@ -67,17 +67,22 @@ static inline float kvq_exp_s(float x)
         kvq_v16 x_ = (in), lo_ = {0}, hi_ = {0}, n_, r_, z_, y_, p2_;                                                 \
         lo_ += KVQ_EXP_LO;                                                                                             \
         hi_ += KVQ_EXP_HI;                                                                                             \
-        kvq_v16i mlo_ = x_ < lo_, mhi_ = x_ > hi_, xi_, li_, hi2_;                                                     \
+        kvq_v16i mlo_ = x_ < lo_, mhi_ = x_ > hi_, mnan_ = x_ != x_, xi_, li_, hi2_, xin_;                             \
         memcpy(&xi_, &x_, sizeof xi_);                                                                                 \
+        xin_ = xi_;                                                                                                    \
         memcpy(&li_, &lo_, sizeof li_);                                                                                \
         memcpy(&hi2_, &hi_, sizeof hi2_);                                                                              \
         xi_ = (xi_ & ~mlo_) | (li_ & mlo_);                                                                            \
         xi_ = (xi_ & ~mhi_) | (hi2_ & mhi_);                                                                           \
+        xi_ &= ~mnan_; /* NaN lanes computed as exp(0), then NaN again below: no NaN→int conversion */                 \
         memcpy(&x_, &xi_, sizeof x_);                                                                                  \
         KVQ_EXP_BODY(x_, n_, r_, z_, y_)                                                                               \
         kvq_v16i e_ = (__builtin_convertvector(n_, kvq_v16i) + 127) * (1 << 23);                                      \
         memcpy(&p2_, &e_, sizeof p2_);                                                                                 \
-        (out) = y_ * p2_;                                                                                              \
+        y_ = y_ * p2_;                                                                                                 \
+        memcpy(&e_, &y_, sizeof e_);                                                                                   \
+        e_ = (e_ & ~mnan_) | (xin_ & mnan_); /* exp(NaN) = NaN */                                                      \
+        memcpy(&(out), &e_, sizeof e_);                                                                                \
     } while (0)
 
 #endif
