@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define CHUNK_MAX_BYTES ((size_t)1 << 20)   /* chunk cap: 1 MiB (and <= one sample x one layer) */
 #define READ_CACHE_BYTES ((size_t)4 << 20)  /* reader chunk cache per dataset: holds >= 1 chunk */
@@ -922,16 +923,77 @@ static hid_t make_fapl(void)
 
 /* ---- writer ------------------------------------------------------------------- */
 
+/* One chunk of one layer dataset of one sample, filtered by us (deflate > 0):
+ * the same bytes HDF5's shuffle + deflate pipeline would store. */
+typedef struct {
+    kvq_dump_ds ds;
+    hsize_t offset[4];    /* chunk origin in the file dataset; [0] = the sample */
+    size_t raw_bytes;     /* whole chunk (an edge chunk is padded with the fill value 0) */
+    unsigned char *shuf;  /* [raw_bytes] byte-shuffled chunk */
+    unsigned char *zbuf;  /* [zcap] deflate output */
+    size_t zcap, zlen;
+    int zrc;              /* compress2's status */
+} chunk_job;
+
 struct kvq_dump_writer {
     h5_dump d;
     kvq_dump_opts opts;
     unsigned char *layer_done; /* [n_range] for sample samples_done */
+    signed char *zlevel;       /* [n_range * KVQ_DUMP_N_DS] deflate level of a dataset stored with exactly
+                                  shuffle + deflate, else -1 (written through H5Dwrite) */
+    chunk_job *jobs;           /* [n_jobs] the chunks of one layer (same for every layer); NULL when no dataset is filtered */
+    size_t n_jobs;
+    unsigned char *arena;      /* the jobs' shuf and zbuf buffers */
 };
 
 static bool file_exists(const char *p)
 {
     struct stat st;
     return lstat(p, &st) == 0;
+}
+
+/* Lay out the chunks of one layer's datasets and their buffers (deflate > 0).
+ * Chunk geometry is chunk_dims(), as in create_datasets(). */
+static kvq_status jobs_alloc(kvq_dump_writer *w, kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    size_t n = 0, bytes = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t j = 0, at = 0;
+        for (int k = 0; k < KVQ_DUMP_N_DS; k++) {
+            kvq_dump_ds ds = (kvq_dump_ds)k;
+            if (!kvq_dump_ds_enabled(m, ds)) continue;
+            hsize_t full[4], chunk[4];
+            int rank = ds_full_dims(m, ds, full);
+            chunk_dims(m, ds, full, rank, chunk);
+            int ax = ds_is_attn(ds) ? 2 : 1; /* the split axis */
+            size_t elems = 1, esize = ds_is_f16(m, ds) ? 2 : 4;
+            for (int i = 1; i < rank; i++) elems *= (size_t)chunk[i]; /* <= 1 MiB / esize (chunk_dims) */
+            size_t raw = elems * esize, zcap = (size_t)compressBound((uLong)raw);
+            for (hsize_t c0 = 0; c0 < full[ax]; c0 += chunk[ax], j++) {
+                if (pass == 1) {
+                    chunk_job *jb = &w->jobs[j];
+                    memset(jb, 0, sizeof *jb);
+                    jb->ds = ds;
+                    jb->offset[ax] = c0;
+                    jb->raw_bytes = raw;
+                    jb->zcap = zcap;
+                    jb->shuf = w->arena + at;
+                    jb->zbuf = w->arena + at + raw;
+                    at += raw + zcap;
+                } else if (kvq_add_size(bytes, raw + zcap, &bytes)) {
+                    return kvq_fail(err, KVQ_ENOMEM, "%s: chunk buffers of one layer overflow size_t", w->d.fname);
+                }
+            }
+        }
+        if (pass == 0) {
+            n = j;
+            if (!(w->jobs = calloc(n ? n : 1, sizeof *w->jobs)) || !(w->arena = malloc(bytes ? bytes : 1)))
+                return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate %zu bytes of chunk buffers for deflate", w->d.fname, bytes);
+        }
+    }
+    w->n_jobs = n;
+    return KVQ_OK;
 }
 
 static kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
@@ -956,6 +1018,9 @@ static kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, cons
         dump_close_file(&w->d);
         dump_free(&w->d);
         free(w->layer_done);
+        free(w->zlevel);
+        free(w->jobs);
+        free(w->arena);
         free(w);
         return s;
     }
@@ -968,7 +1033,40 @@ static void writer_free(kvq_dump_writer *w)
     dump_close_file(&w->d);
     dump_free(&w->d);
     free(w->layer_done);
+    free(w->zlevel);
+    free(w->jobs);
+    free(w->arena);
     free(w);
+}
+
+/* After the datasets are created or opened: which ones carry exactly HDF5's
+ * shuffle + deflate pipeline (their chunks are filtered by us, at the level the
+ * file records, whatever opts say: a resumed file keeps its own filters). */
+static kvq_status writer_filters(kvq_dump_writer *w, kvq_err *err)
+{
+    size_t n = (size_t)w->d.n_range * KVQ_DUMP_N_DS;
+    bool any = false;
+    if (!(w->zlevel = malloc(n))) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", w->d.fname);
+    for (size_t i = 0; i < n; i++) {
+        w->zlevel[i] = -1;
+        hid_t id = w->d.ds[i];
+        if (id < 0) continue;
+        hid_t dcpl = H5Dget_create_plist(id);
+        if (dcpl < 0) return h5_fail(err, KVQ_EIO, "%s: cannot read a dataset's creation properties", w->d.fname);
+        unsigned flags, cd0[4] = {0}, cd1[4] = {0};
+        size_t n0 = 4, n1 = 4;
+        hid_t t = H5Dget_type(id);
+        size_t esize = t >= 0 ? H5Tget_size(t) : 0;
+        if (t >= 0) H5Tclose(t);
+        if (H5Pget_nfilters(dcpl) == 2 && H5Pget_filter2(dcpl, 0, &flags, &n0, cd0, 0, NULL, NULL) == H5Z_FILTER_SHUFFLE &&
+            H5Pget_filter2(dcpl, 1, &flags, &n1, cd1, 0, NULL, NULL) == H5Z_FILTER_DEFLATE && n1 >= 1 && cd1[0] <= 9 &&
+            (n0 == 0 || cd0[0] == esize) && (esize == 2 || esize == 4)) {
+            w->zlevel[i] = (signed char)cd1[0];
+            any = true;
+        }
+        H5Pclose(dcpl);
+    }
+    return any ? jobs_alloc(w, err) : KVQ_OK;
 }
 
 kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
@@ -1001,6 +1099,7 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
         }
         if (!s) s = write_root_attrs(&w->d, err);
         if (!s) s = create_datasets(&w->d, w->opts.deflate_level, err);
+        if (!s) s = writer_filters(w, err);
         if (!s && H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) s = h5_fail(err, KVQ_EIO, "%s: flush failed", w->d.fname);
         if (s && w->d.file >= 0) { /* nothing worth keeping: remove the half-made file (unclosed, see quiet_begin) */
             w->d.broken = true;
@@ -1059,6 +1158,7 @@ kvq_status kvq_dump_resume(const char *path, const kvq_dump_meta *meta, const kv
     if (sp >= 0) H5Sclose(sp);
     if (s) goto done;
     s = open_datasets(&w->d, 0, err);
+    if (!s) s = writer_filters(w, err);
 done:
     f.file = H5I_INVALID_HID; /* owned by w */
     dump_free(&f);
@@ -1125,6 +1225,83 @@ static kvq_status write_ds(kvq_dump_writer *w, int layer, kvq_dump_ds ds, int64_
     return KVQ_OK;
 }
 
+/* The chunk's values in file order, byte-shuffled as HDF5's shuffle filter does
+ * (H5Zshuffle.c: byte b of element i goes to out[b*n + i]), little-endian file
+ * types; past the dataset's end (edge chunk) the fill value 0. */
+static void shuffle_chunk(const kvq_dump_meta *m, const chunk_job *jb, const float *x)
+{
+    kvq_dump_ds ds = jb->ds;
+    bool f16 = ds_is_f16(m, ds);
+    size_t esize = f16 ? 2 : 4, ne = jb->raw_bytes / esize;
+    unsigned char *o = jb->shuf;
+    /* source of chunk element i: per-token [rows][heads][D] -> x[e0 + i];
+     * attention [H][cols] -> x[h*L + c0 + c] */
+    size_t L = (size_t)m->seq_len, row = ds_is_attn(ds) ? 0 : (size_t)ds_heads(m, ds) * (size_t)m->head_dim;
+    size_t total = ds_is_attn(ds) ? 0 : L * row, e0 = ds_is_attn(ds) ? 0 : (size_t)jb->offset[1] * row;
+    size_t c0 = ds_is_attn(ds) ? (size_t)jb->offset[2] : 0, cols = ds_is_attn(ds) ? ne / (size_t)m->n_heads : 0;
+    for (size_t i = 0; i < ne; i++) {
+        float v = 0.0f;
+        bool have;
+        if (ds_is_attn(ds)) {
+            size_t h = i / cols, c = c0 + i % cols;
+            have = c < L;
+            if (have) v = x[h * L + c];
+        } else {
+            have = e0 + i < total;
+            if (have) v = x[e0 + i];
+        }
+        if (f16) {
+            uint16_t u = have ? kvq_f32_to_f16(v) : 0;
+            o[i] = (unsigned char)(u & 0xff);
+            o[ne + i] = (unsigned char)(u >> 8);
+        } else {
+            uint32_t u = 0;
+            if (have) memcpy(&u, &v, sizeof u);
+            for (size_t b = 0; b < 4; b++) o[b * ne + i] = (unsigned char)(u >> (8 * b));
+        }
+    }
+}
+
+/* deflate > 0: shuffle + deflate every chunk of the layer in parallel (OpenMP,
+ * zlib compress2 at the dataset's level, as H5Zdeflate.c calls it), then hand
+ * the filtered chunks to HDF5 one by one on this thread (H5Dwrite_chunk,
+ * filter mask 0 = both filters applied). The file is the one H5Dwrite makes. */
+static kvq_status write_layer_chunks(kvq_dump_writer *w, int layer, int64_t sample, const kvq_dump_layer_data *d,
+                                     kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    const signed char *zlevel = w->zlevel + (size_t)(layer - m->layer_first) * KVQ_DUMP_N_DS;
+    chunk_job *jobs = w->jobs;
+    long n = (long)w->n_jobs;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long j = 0; j < n; j++) {
+        chunk_job *jb = &jobs[j];
+        int level = zlevel[jb->ds];
+        jb->zrc = Z_OK;
+        if (level < 0) continue; /* written by write_ds */
+        shuffle_chunk(m, jb, layer_ptr(d, jb->ds));
+        uLongf zl = (uLongf)jb->zcap;
+        jb->zrc = compress2(jb->zbuf, &zl, jb->shuf, (uLong)jb->raw_bytes, level);
+        jb->zlen = (size_t)zl;
+    }
+    for (long j = 0; j < n; j++)
+        if (jobs[j].zrc != Z_OK)
+            return kvq_fail(err, jobs[j].zrc == Z_MEM_ERROR ? KVQ_ENOMEM : KVQ_EIO,
+                            "%s: compressing /layers/%d/%s sample %" PRId64 " failed: zlib error %d", w->d.fname, layer,
+                            DS_NAMES[jobs[j].ds], sample, jobs[j].zrc);
+    for (long j = 0; j < n; j++) {
+        chunk_job *jb = &jobs[j];
+        if (zlevel[jb->ds] < 0) continue;
+        jb->offset[0] = (hsize_t)sample;
+        if (H5Dwrite_chunk(*ds_slot(&w->d, layer, jb->ds), H5P_DEFAULT, 0, jb->offset, jb->zlen, jb->zbuf) < 0) {
+            w->d.broken = true;
+            return h5_fail(err, KVQ_EIO, "%s: writing /layers/%d/%s sample %" PRId64 " failed", w->d.fname, layer,
+                           DS_NAMES[jb->ds], sample);
+        }
+    }
+    return KVQ_OK;
+}
+
 static kvq_status write_layer_impl(kvq_dump_writer *w, int64_t sample, int layer, const kvq_dump_layer_data *d,
                                    kvq_err *err)
 {
@@ -1144,8 +1321,12 @@ static kvq_status write_layer_impl(kvq_dump_writer *w, int64_t sample, int layer
         kvq_status s = kvq_dump_check_values(m, ds, x, layer, sample, ds_is_f16(m, ds) ? KVQ_DUMP_F16_MAX : 0.0f, err);
         if (s) return kvq_err_prefix(err, "%s", w->d.fname);
     }
+    /* filtered datasets: chunks compressed here in parallel; the others (deflate 0) through H5Dwrite */
+    if (w->jobs) KVQ_TRY(write_layer_chunks(w, layer, sample, d, err));
+    const signed char *zlevel = w->zlevel + (size_t)(layer - m->layer_first) * KVQ_DUMP_N_DS;
     for (int k = 0; k < KVQ_DUMP_N_DS; k++)
-        if (kvq_dump_ds_enabled(m, (kvq_dump_ds)k)) KVQ_TRY(write_ds(w, layer, (kvq_dump_ds)k, sample, layer_ptr(d, (kvq_dump_ds)k), err));
+        if (kvq_dump_ds_enabled(m, (kvq_dump_ds)k) && zlevel[k] < 0)
+            KVQ_TRY(write_ds(w, layer, (kvq_dump_ds)k, sample, layer_ptr(d, (kvq_dump_ds)k), err));
     w->layer_done[layer - m->layer_first] = 1;
     return KVQ_OK;
 }
