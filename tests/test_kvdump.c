@@ -306,6 +306,49 @@ START_TEST(test_nan_activation_reported)
 }
 END_TEST
 
+/* The default storage is shuffle + deflate (written by kvq's own parallel
+ * Huffman-only deflate, formats/DUMP.md): smaller than --deflate 0 and read
+ * back to the same values. */
+START_TEST(test_deflate_smaller_same_values)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
+    char zout[256], rout[256], cmd[20000], msg[8192];
+    tmpname(zout, sizeof zout, "z");
+    tmpname(rout, sizeof rout, "raw");
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 2 -L 96 --fisher --attn-stats -o %s", g_bin, g_model,
+             g_tok, g_text, zout);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "%s", msg);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 2 -L 96 --fisher --attn-stats --deflate 0 -o %s", g_bin,
+             g_model, g_tok, g_text, rout);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "%s", msg);
+    struct stat sz, sr;
+    ck_assert(stat(zout, &sz) == 0 && stat(rout, &sr) == 0);
+    ck_assert_msg(sz.st_size < sr.st_size * 0.97, "deflate dump %lld bytes vs raw %lld", (long long)sz.st_size,
+                  (long long)sr.st_size);
+    kvq_dump_reader *a, *b;
+    kvq_err e = {0};
+    ck_assert(kvq_dump_open(zout, &a, &e) == KVQ_OK && kvq_dump_open(rout, &b, &e) == KVQ_OK);
+    const kvq_dump_meta *m = kvq_dump_reader_meta(a);
+    for (int ds = 0; ds < KVQ_DUMP_N_DS; ds++) {
+        if (!kvq_dump_has(a, 0, (kvq_dump_ds)ds)) continue;
+        size_t n = kvq_dump_ds_sample_elems(m, (kvq_dump_ds)ds);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        for (int layer = 0; layer < m->n_layers; layer++)
+            for (int smp = 0; smp < 2; smp++) {
+                ck_assert(kvq_dump_read(a, layer, (kvq_dump_ds)ds, smp, x, &e) == KVQ_OK);
+                ck_assert(kvq_dump_read(b, layer, (kvq_dump_ds)ds, smp, y, &e) == KVQ_OK);
+                ck_assert_msg(memcmp(x, y, n * sizeof *x) == 0, "layer %d %s differs", layer, kvq_dump_ds_name((kvq_dump_ds)ds));
+            }
+        free(x);
+        free(y);
+    }
+    kvq_dump_close(a);
+    kvq_dump_close(b);
+    unlink(zout);
+    unlink(rout);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kvdump");
@@ -317,6 +360,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_existing_output_kept);
     tcase_add_test(tc, test_file_size_limit_then_resume);
     tcase_add_test(tc, test_nan_activation_reported);
+    tcase_add_test(tc, test_deflate_smaller_same_values);
     suite_add_tcase(s, tc);
     return s;
 }
