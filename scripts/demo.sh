@@ -10,7 +10,7 @@
 #             and nuq2-1% + IntactKV, next to the fp32 baseline of the same run
 #   kvstat  : the outlier / sink report as one HTML page
 #
-# Sizes (defaults chosen so the whole demo takes about 15 minutes on 2 CPU cores):
+# Sizes (defaults chosen so the pipeline takes 5–10 minutes on 2 CPU cores, after setup and build):
 #   KVQ_DEMO_CALIB_N=4 KVQ_DEMO_CALIB_L=512   calibration windows x tokens
 #   KVQ_DEMO_CTX=2048 KVQ_DEMO_WINDOWS=4      evaluation: first W windows of ctx tokens
 #   FULL=1                                    evaluate every window of wiki.test.raw
