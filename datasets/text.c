@@ -3,19 +3,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
-
-kvq_status kvq_sha256_hex(const void *data, size_t n, char hex[65], kvq_err *err)
-{
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int ml = 0;
-    if (!EVP_Digest(data, n, md, &ml, EVP_sha256(), NULL) || ml != 32)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "sha256: OpenSSL EVP_Digest failed");
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
-    return KVQ_OK;
-}
 
 const char *kvq_text_format_name(kvq_text_format f)
 {

@@ -46,6 +46,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sha256.h"
 #include "status.h"
 #include "tokenizer.h"
 
@@ -112,7 +113,5 @@ uint32_t kvq_pyrandom_u32(kvq_pyrandom *r);
 /* random.randint(a, b) for 0 <= b - a < 2^32; requires a <= b. */
 int64_t kvq_pyrandom_randint(kvq_pyrandom *r, int64_t a, int64_t b);
 
-/* Hex sha256 (OpenSSL EVP) of n bytes into hex[65]. */
-kvq_status kvq_sha256_hex(const void *data, size_t n, char hex[65], kvq_err *err);
 
 #endif

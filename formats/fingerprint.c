@@ -9,16 +9,7 @@
 #include <openssl/evp.h>
 
 #include "model.h"
-
-static void to_hex(const unsigned char *d, unsigned n, char *hex)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (unsigned i = 0; i < n; i++) {
-        hex[2 * i] = digits[d[i] >> 4];
-        hex[2 * i + 1] = digits[d[i] & 15];
-    }
-    hex[2 * n] = 0;
-}
+#include "sha256.h"
 
 static kvq_status hash_file(EVP_MD_CTX *ctx, const char *path, kvq_err *err)
 {
@@ -88,7 +79,7 @@ kvq_status kvq_sha256_path(const char *path, char hex[65], kvq_err *err)
     unsigned dn = 0;
     if (!s && EVP_DigestFinal_ex(ctx, d, &dn) != 1) s = kvq_fail(err, KVQ_EIO, "%s: SHA-256 final failed", path);
     EVP_MD_CTX_free(ctx);
-    if (!s) to_hex(d, dn, hex);
+    if (!s) kvq_hex(d, dn, hex);
     return s;
 }
 
@@ -109,11 +100,9 @@ kvq_status kvq_model_fingerprint(const kvq_model *m, char hex[65], char weights_
                      h->ctx_len, h->rope_dim, (double)h->rope_theta, (int)h->rope_scaling, (double)h->rope_scale_factor,
                      (double)h->rope_low_freq_factor, (double)h->rope_high_freq_factor, h->rope_orig_ctx,
                      (double)h->norm_eps, (int)h->tied_embeddings);
-    unsigned char d[EVP_MAX_MD_SIZE];
-    unsigned dn = 0;
-    if (n < 0 || (size_t)n >= sizeof text || EVP_Digest(text, (size_t)n, d, &dn, EVP_sha256(), NULL) != 1)
-        return kvq_fail(err, KVQ_EIO, "%s: model fingerprint: SHA-256 failed", m->path);
-    to_hex(d, dn, hex);
+    if (n < 0 || (size_t)n >= sizeof text)
+        return kvq_fail(err, KVQ_EIO, "%s: model fingerprint: canonical text too long", m->path);
+    if (kvq_sha256_hex(text, (size_t)n, hex, err)) return kvq_err_prefix(err, "%s: model fingerprint", m->path);
     if (weights_hex) memcpy(weights_hex, wh, 65);
     return KVQ_OK;
 }

@@ -10,15 +10,7 @@
 
 #include <openssl/evp.h>
 
-static void to_hex(const unsigned char *d, unsigned n, char *hex)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (unsigned i = 0; i < n; i++) {
-        hex[2 * i] = digits[d[i] >> 4];
-        hex[2 * i + 1] = digits[d[i] & 15];
-    }
-    hex[2 * n] = 0;
-}
+#include "sha256.h"
 
 static bool is_sha256_hex(const char *s)
 {
@@ -64,7 +56,7 @@ static bool h_final(hasher *h, char hex[65])
     if (h->ok && EVP_DigestFinal_ex(h->ctx, d, &dn) != 1) h->ok = false;
     EVP_MD_CTX_free(h->ctx);
     h->ctx = NULL;
-    if (h->ok) to_hex(d, dn, hex);
+    if (h->ok) kvq_hex(d, dn, hex);
     return h->ok;
 }
 
