@@ -82,18 +82,13 @@ kvq_status kvq_intactkv_compute(const kvq_model *m, const int32_t *ids, size_t P
         if (ids[i] < 0 || ids[i] >= hp->vocab_size)
             return kvq_fail(err, KVQ_EINVAL, "intactkv: prefix token %zu = %d is outside the model's vocabulary [0, %d)", i, ids[i],
                             hp->vocab_size);
-    size_t kvd = (size_t)kvq_kv_dim(hp), n;
-    if (kvq_mul_size(P * kvd, (size_t)hp->n_layers, &n)) return kvq_fail(err, KVQ_ENOMEM, "intactkv: prefix too large");
-    px->P = P;
-    px->token_ids = malloc(P * sizeof(int32_t));
-    px->positions = malloc(P * sizeof(int32_t));
-    px->k = malloc(n * sizeof(float));
-    px->k_pre = malloc(n * sizeof(float));
-    px->v = malloc(n * sizeof(float));
+    size_t kvd = (size_t)kvq_kv_dim(hp);
+    int *tok = NULL;
+    kvq_status s = kvq_artifact_prefix_alloc(px, P, (size_t)hp->n_layers, kvd, "intactkv", err);
+    if (s) goto done;
     px->text = strdup(text ? text : "");
-    int *tok = malloc(P * sizeof *tok);
-    kvq_status s = KVQ_OK;
-    if (!px->token_ids || !px->positions || !px->k || !px->k_pre || !px->v || !px->text || !tok) {
+    tok = malloc(P * sizeof *tok);
+    if (!px->text || !tok) {
         s = kvq_fail(err, KVQ_ENOMEM, "intactkv: cannot allocate the prefix (%zu tokens)", P);
         goto done;
     }

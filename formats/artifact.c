@@ -47,6 +47,23 @@ void kvq_artifact_free(kvq_artifact *a)
     }
 }
 
+kvq_status kvq_artifact_prefix_alloc(kvq_artifact_prefix *px, size_t P, size_t n_layers, size_t kv_dim, const char *what,
+                                     kvq_err *err)
+{
+    size_t n;
+    if (kvq_mul_size(P * kv_dim, n_layers, &n) || n > ((size_t)1 << 34))
+        return kvq_fail(err, KVQ_ENOMEM, "%s: IntactKV prefix of %zu entries is too large", what, P);
+    px->P = P;
+    px->token_ids = malloc(P * sizeof(int32_t));
+    px->positions = malloc(P * sizeof(int32_t));
+    px->k = malloc(n * sizeof(float));
+    px->k_pre = malloc(n * sizeof(float));
+    px->v = malloc(n * sizeof(float));
+    if (!px->token_ids || !px->positions || !px->k || !px->k_pre || !px->v)
+        return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate the IntactKV prefix (%zu entries)", what, P);
+    return KVQ_OK;
+}
+
 void kvq_artifact_prefix_free(kvq_artifact_prefix *px)
 {
     if (!px) return;
@@ -631,14 +648,7 @@ static kvq_status read_prefix(const kvq_safetensors *st, const kvq_artifact_para
     size_t P = (size_t)ids->shape[0], kv_dim = p->n_kv_heads * p->head_dim, per = P * kv_dim, n;
     if (kvq_mul_size(per, p->n_layers, &n) || n > ((size_t)1 << 34))
         return kvq_fail(err, KVQ_EFORMAT, "%s: IntactKV prefix of %zu entries is too large", st->path, P);
-    px->P = P;
-    px->token_ids = malloc(P * sizeof(int32_t));
-    px->positions = malloc(P * sizeof(int32_t));
-    px->k = malloc(n * sizeof(float));
-    px->k_pre = malloc(n * sizeof(float));
-    px->v = malloc(n * sizeof(float));
-    if (!px->token_ids || !px->positions || !px->k || !px->k_pre || !px->v)
-        return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate the IntactKV prefix (%zu entries)", st->path, P);
+    KVQ_TRY(kvq_artifact_prefix_alloc(px, P, p->n_layers, kv_dim, st->path, err));
     KVQ_TRY(read_named(st, "intactkv.token_ids", KVQ_ST_I32, 1, P, 0, px->token_ids, err));
     KVQ_TRY(read_named(st, "intactkv.positions", KVQ_ST_I32, 1, P, 0, px->positions, err));
     for (size_t i = 0; i < p->n_layers; i++) {

@@ -128,6 +128,12 @@ typedef struct {
 } kvq_artifact_prefix;
 
 void kvq_artifact_prefix_free(kvq_artifact_prefix *px);
+/* Allocate a prefix of P entries for n_layers x kv_dim: token_ids, positions
+ * [P] and k, k_pre, v [n_layers][P][kv_dim] (uninitialised); sets px->P.
+ * Errors: KVQ_ENOMEM (what names the caller, e.g. "intactkv"), on which the
+ * caller frees px with kvq_artifact_prefix_free. */
+kvq_status kvq_artifact_prefix_alloc(kvq_artifact_prefix *px, size_t P, size_t n_layers, size_t kv_dim, const char *what,
+                                     kvq_err *err);
 
 typedef struct {
     kvq_artifact_params p;
