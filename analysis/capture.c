@@ -127,7 +127,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     int gpu = 0;
     const char *dv = o->device ? o->device : "cpu";
     KVQ_TRY(kvq_device_parse(dv, &dev, &gpu, err));
-    if (!strcmp(dv, "auto") && dev == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o->quiet && !o->fisher && !o->attn_stats) {
+    if (!strcmp(dv, "auto") && dev == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o->quiet) {
         char why[256] = "";
         kvq_cuda_device_count(why, sizeof why);
         fprintf(stderr, "kvdump: --device auto: no usable GPU (%s); running on the CPU\n", why);
@@ -141,7 +141,6 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     kvq_windows win = {0};
     kvq_engine eng;
     bool have_eng = false;
-    kvq_backward bw = {0};
     capture_buf buf = {0};
     kvq_dump_writer *w = NULL;
     kvq_dump_meta meta;
@@ -202,21 +201,15 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     if (s) goto done;
 
     int L = (int)seq_len;
-    if (dev == KVQ_DEVICE_CUDA && (o->fisher || o->attn_stats)) {
-        if (!o->quiet)
-            fprintf(stderr, "kvdump: %s needs %s, which the GPU forward does not have yet: running on the CPU\n",
-                    o->fisher ? "--fisher" : "--attn-stats", o->fisher ? "the backward pass" : "attention statistics");
-        dev = KVQ_DEVICE_CPU;
-    }
-    if (o->fisher) {
-        s = kvq_backward_init(&bw, &m, L, 0, err);
-        snprintf(rep->device, sizeof rep->device, "CPU (backward pass)");
-    } else {
-        s = kvq_engine_init_at(&eng, dev, gpu, KVQ_CUDA_EXACT, &m, L, 0, 0, err);
-        have_eng = s == KVQ_OK;
-        if (have_eng) kvq_engine_describe(&eng, rep->device, sizeof rep->device);
-    }
+    /* --fisher: the engine also runs the backward pass (CPU or GPU) */
+    s = kvq_engine_init_at(&eng, dev, gpu, KVQ_CUDA_EXACT, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, err);
+    have_eng = s == KVQ_OK;
     if (s) goto done;
+    {
+        char d[200];
+        snprintf(rep->device, sizeof rep->device, "%s%s", kvq_engine_describe(&eng, d, sizeof d),
+                 o->fisher ? "; with the backward pass (Fisher information)" : "");
+    }
     if (!o->quiet) fprintf(stderr, "kvdump: device: %s\n", rep->device);
     if ((s = buf_init(&buf, hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
 
@@ -248,7 +241,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
             /* Fisher information of the mean next-token cross-entropy of this sample */
             kvq_bwd_spec spec = {.user = &buf, .xent = true, .grads = fisher_cb};
             kvq_bwd_result bres;
-            s = kvq_backward_run(&bw, &io, &spec, &bres, err);
+            s = kvq_engine_backward(&eng, &io, &spec, &bres, err);
             loss = bres.loss;
         } else {
             kvq_fwd_result res;
@@ -298,7 +291,6 @@ done:
     }
     free(buf.arena);
     if (have_eng) kvq_engine_free(&eng);
-    kvq_backward_free(&bw);
     kvq_windows_free(&win);
     kvq_text_free(&txt);
     if (tok) kvq_tokenizer_free(tok);

@@ -45,10 +45,10 @@ typedef struct {
     const char *command_line;     /* provenance, stored in the dump */
     const volatile sig_atomic_t *stop; /* optional: set by a signal handler; the run then closes the dump cleanly */
     /* Where the forward runs (kernels/device.h): "cpu", "cuda", "cuda:N" or
-     * "auto" (a GPU when present); NULL = "cpu". The GPU forward (exact fp32
-     * mode) has no backward pass and no attention statistics yet: with
-     * --fisher or --attn-stats the run uses the CPU and says so on stderr
-     * (unless quiet). Resolved device in kvq_capture_report.device. */
+     * "auto" (a GPU when present); NULL = "cpu". Forward, attention
+     * statistics and the backward pass (Fisher information) run on the chosen
+     * device (the GPU in exactness mode: fp32, TF32 off). Resolved device in
+     * kvq_capture_report.device. */
     const char *device;
 } kvq_capture_opts;
 
@@ -63,7 +63,7 @@ typedef struct {
     double seconds_write;         /* HDF5 writing time */
     double seconds_total;
     double mean_loss;             /* mean NLL over the samples of this run (nats) */
-    char device[256];             /* the engine that ran (kvq_engine_describe; backward: "CPU (backward pass)") */
+    char device[256];             /* the engine that ran (kvq_engine_describe, "; with the backward pass" with Fisher) */
 } kvq_capture_report;
 
 /* Run the whole capture. Errors: anything the loaders, tokenizer, text reader,

@@ -52,7 +52,7 @@ int main(int argc, char **argv)
         {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
         {"force", 0, KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
         {"device", 0, KVQ_OPT_STRING, &device, "DEV",
-         "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present); --fisher and --attn-stats run on the CPU", NULL, 0,
+         "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present)", NULL, 0,
          0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
     };

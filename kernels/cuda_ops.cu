@@ -5,68 +5,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda_reduce.cuh"
+
 namespace {
-
-constexpr int kThreads = 256;
-
-__device__ inline float warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ inline float warp_min(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ inline double warp_sum_d(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Block-wide reductions for blockDim.x == kThreads (8 warps); result broadcast to all threads.
-__device__ double block_sum_d(double v, double *sh)
-{
-    v = warp_sum_d(v);
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    double r = 0;
-    for (int i = 0; i < kThreads / 32; i++) r += sh[i];
-    return r;
-}
-__device__ float block_max(float v, float *sh)
-{
-    v = warp_max(v);
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    float r = sh[0];
-    for (int i = 1; i < kThreads / 32; i++) r = fmaxf(r, sh[i]);
-    return r;
-}
-__device__ float block_min(float v, float *sh)
-{
-    v = warp_min(v);
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    float r = sh[0];
-    for (int i = 1; i < kThreads / 32; i++) r = fminf(r, sh[i]);
-    return r;
-}
-
-unsigned grid_for(size_t n, unsigned per_block)
-{
-    size_t b = (n + per_block - 1) / per_block;
-    if (b < 1) b = 1;
-    if (b > 65535u * 32u) b = 65535u * 32u;
-    return (unsigned)b;
-}
 
 // ---- forward building blocks -------------------------------------------------
 
@@ -101,6 +42,19 @@ __global__ void rope_k(float *x, int nh, int hd, int half, const float *cos_t, c
         float a = v[2 * i], b = v[2 * i + 1];
         v[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
         v[2 * i + 1] = __fadd_rn(__fmul_rn(a, s[i]), __fmul_rn(b, c[i]));
+    }
+}
+
+__global__ void rope_inv_k(float *x, int nh, int hd, int half, const float *cos_t, const float *sin_t)
+{
+    int t = blockIdx.x;
+    const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
+    for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
+        int h = idx / half, i = idx % half;
+        float *v = x + ((size_t)t * nh + h) * hd;
+        float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = __fadd_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+        v[2 * i + 1] = __fsub_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
     }
 }
 
@@ -254,6 +208,7 @@ __global__ void __launch_bounds__(128) attn_k(kvq_cu_attn a, float scale)
         const float inv = 1.0f / l;
 #pragma unroll
         for (int e = 0; e < DPT; e++) o[e * TPQ + part] = acc[e] * inv;
+        if (a.lse && part == 0) a.lse[(size_t)h * a.T + i] = m + logf(l);
     }
 }
 
@@ -483,6 +438,14 @@ cudaError_t kvq_cu_rope(float *x, int T, int nh, int hd, int rope_dim, const flo
 {
     if (rope_dim < 2) return cudaSuccess;
     rope_k<<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
+    return cudaGetLastError();
+}
+
+cudaError_t kvq_cu_rope_inv(float *x, int T, int nh, int hd, int rope_dim, const float *cos_t, const float *sin_t,
+                            cudaStream_t st)
+{
+    if (rope_dim < 2) return cudaSuccess;
+    rope_inv_k<<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
     return cudaGetLastError();
 }
 

@@ -16,6 +16,9 @@ cudaError_t kvq_cu_rmsnorm(float *out, const float *x, const float *g, int T, in
 // kvq_rope_apply (forward rotation), same rounding (no FMA contraction).
 cudaError_t kvq_cu_rope(float *x, int T, int nh, int hd, int rope_dim, const float *cos_t, const float *sin_t,
                         cudaStream_t st);
+// kvq_rope_bwd: rotation by the negative angle (dL/d(unrotated) from dL/d(rotated)), in place.
+cudaError_t kvq_cu_rope_inv(float *x, int T, int nh, int hd, int rope_dim, const float *cos_t, const float *sin_t,
+                            cudaStream_t st);
 // kvq_swiglu: out = g / (1 + expf(-g)) * u (CUDA expf, ~2 ulp; the CPU's Cephes exp ~1 ulp).
 cudaError_t kvq_cu_swiglu(float *out, const float *gate, const float *up, size_t n, cudaStream_t st);
 // Online log-sum-exp state: row_max = -inf, row_sum = 0, row_tgt = NaN.
@@ -33,10 +36,42 @@ struct kvq_cu_attn {
     const float *q, *k, *v, *pk, *pv, *kq, *vq;
     const int *kb, *vb;
     float *out;
+    float *lse; // optional [n_heads][T]: log sum_c exp(score_c) of each query row (scaled scores), for the backward
 };
 // 0 if head_dim is supported (8, 16, 32, 64, 128), else -1.
 int kvq_cu_attn_supported(int head_dim);
 cudaError_t kvq_cu_attention(const kvq_cu_attn *a, cudaStream_t st);
+
+// Backward of kvq_cu_attention (attention_backward.h semantics; FlashAttention-2,
+// Dao 2023, Algorithm 2): needs a->out and a->lse of the forward on the same
+// inputs. Two kernels: a query-side pass (D = do.o, dq) and a key-side pass (dK,
+// dV and the prefix gradients, summed over the GQA group's query heads). The
+// gradient of an alternative representation (kq / vq) is added to dk / dv
+// (straight-through). Outputs are overwritten. The statistics entry point fills
+// attention.h's mass [n_heads][P+T] and entropy [n_heads][T] (either may be NULL)
+// from the forward's lse.
+struct kvq_cu_attn_grad {
+    const float *dout;     // [T][n_heads][head_dim]
+    float *D;              // [n_heads][T] scratch
+    float *dq;             // [T][n_heads][head_dim]
+    float *dk, *dv;        // [T][n_kv_heads][head_dim]
+    float *dpk, *dpv;      // [P][n_kv_heads][head_dim], or NULL
+    float *mass, *entropy; // statistics mode only
+};
+cudaError_t kvq_cu_attn_bwd(const kvq_cu_attn *a, const kvq_cu_attn_grad *b, cudaStream_t st);
+cudaError_t kvq_cu_attn_stats(const kvq_cu_attn *a, const float *lse, float *mass, float *entropy, cudaStream_t st);
+// kvq_rmsnorm_bwd (both row sums in double); accumulate: dx += result.
+cudaError_t kvq_cu_rmsnorm_bwd(float *dx, const float *dy, const float *x, const float *g, int T, int dim, float eps,
+                               int accumulate, cudaStream_t st);
+// kvq_swiglu_bwd.
+cudaError_t kvq_cu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n,
+                              cudaStream_t st);
+// lse[t] = row_max[t] + log(row_sum[t]) (double) for scored rows (tg >= 0), after kvq_cu_lse_block over the vocabulary.
+cudaError_t kvq_cu_lse_final(double *lse, const float *row_max, const double *row_sum, const int *tg, int T, cudaStream_t st);
+// In place: logits block z[T][nv] (vocabulary rows v0..) -> scale * (softmax - onehot(tg)); unscored rows -> 0.
+cudaError_t kvq_cu_xent_grad(float *z, const int *tg, int v0, int nv, int T, const double *lse, float scale, cudaStream_t st);
+// *flag |= 1 when any of x[0..n) is not finite.
+cudaError_t kvq_cu_nonfinite(const float *x, size_t n, int *flag, cudaStream_t st);
 
 // ---- KV quantize→dequantize (quant.h rules, bit-exact: double arithmetic,
 // ---- explicit _rn intrinsics so nothing is contracted into an FMA) ----

@@ -46,9 +46,20 @@ kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_m
 {
     memset(e, 0, sizeof *e);
     e->dev = dev;
-    if (dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_init(&e->gpu, m, max_T, max_P, flags, math, gpu, err);
+    const bool bw = flags & KVQ_ENGINE_BACKWARD;
+    flags &= ~(unsigned)KVQ_ENGINE_BACKWARD;
+    if (dev == KVQ_DEVICE_CUDA)
+        return kvq_forward_cuda_init(&e->gpu, m, max_T, max_P, flags | (bw ? KVQ_FWD_SAVE_ACTIVATIONS : 0), math, gpu, err);
+    if (bw) {
+        KVQ_TRY(kvq_backward_init(&e->bw, m, max_T, max_P, err));
+        e->has_bw = true;
+        return KVQ_OK;
+    }
     return kvq_forward_init(&e->cpu, m, max_T, max_P, flags, err);
 }
+
+/* The CPU forward workspace of the engine. */
+static kvq_forward *cpu_fw(kvq_engine *e) { return e->has_bw ? &e->bw.fw : &e->cpu; }
 
 kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, const kvq_model *m, int max_T, int max_P,
                            unsigned flags, kvq_err *err)
@@ -59,6 +70,7 @@ kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, co
 void kvq_engine_free(kvq_engine *e)
 {
     if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
+    else if (e->has_bw) kvq_backward_free(&e->bw);
     else kvq_forward_free(&e->cpu);
     memset(e, 0, sizeof *e);
 }
@@ -68,7 +80,7 @@ kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
     if (e->dev == KVQ_DEVICE_CUDA) {
         KVQ_TRY(kvq_forward_cuda_set_kv(e->gpu, d, err));
     } else if (d) {
-        KVQ_TRY(kvq_kv_desc_validate(d, &e->cpu.m->hp, err));
+        KVQ_TRY(kvq_kv_desc_validate(d, &cpu_fw(e)->m->hp, err));
     }
     e->has_desc = d && !kvq_kv_desc_is_identity(d);
     if (e->has_desc) e->desc = *d;
@@ -89,12 +101,9 @@ static kvq_status merged_transform(void *user, const kvq_layer_ctx *ctx, float *
     return kvq_kv_desc_transform(&e->run, ctx, k, v, alt, err);
 }
 
-kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+/* CPU with a descriptor: io2 = io with the descriptor's transform merged into the caller's hooks. */
+static void merge_hooks(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_io *io2)
 {
-    if (e->has_desc && io->hooks && io->hooks->transform)
-        return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
-    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
-    if (!e->has_desc) return kvq_forward_run(&e->cpu, io, res, err);
     e->run.d = &e->desc;
     e->caller = io->hooks;
     e->merged = (kvq_hooks){.user = e, .transform = merged_transform, .key_stage = e->desc.key_stage};
@@ -102,14 +111,49 @@ kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *r
         e->merged.observe = merged_observe;
         e->merged.attn_stats = io->hooks->attn_stats;
     }
-    kvq_fwd_io io2 = *io;
-    io2.hooks = &e->merged;
-    return kvq_forward_run(&e->cpu, &io2, res, err);
+    *io2 = *io;
+    io2->hooks = &e->merged;
+}
+
+kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    if (e->has_desc && io->hooks && io->hooks->transform)
+        return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
+    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
+    if (!e->has_desc) return kvq_forward_run(cpu_fw(e), io, res, err);
+    kvq_fwd_io io2;
+    merge_hooks(e, io, &io2);
+    return kvq_forward_run(cpu_fw(e), &io2, res, err);
+}
+
+kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
+                               kvq_err *err)
+{
+    if (e->has_desc && io->hooks && io->hooks->transform)
+        return kvq_fail(err, KVQ_EINVAL, "backward: a built-in KV scheme is set and the hooks carry a transform too");
+    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_backward(e->gpu, io, spec, res, err);
+    if (!e->has_bw) return kvq_fail(err, KVQ_EINVAL, "backward: the engine was initialised without KVQ_ENGINE_BACKWARD");
+    if (!e->has_desc) return kvq_backward_run(&e->bw, io, spec, res, err);
+    kvq_fwd_io io2;
+    merge_hooks(e, io, &io2);
+    return kvq_backward_run(&e->bw, &io2, spec, res, err);
+}
+
+kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err)
+{
+    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_layer_input(e->gpu, l, out, err);
+    const kvq_forward *fw = cpu_fw(e);
+    if (l < 0 || l > fw->m->hp.n_layers) return kvq_fail(err, KVQ_EINVAL, "layer input %d, expected 0..%d", l, fw->m->hp.n_layers);
+    const float *x = kvq_forward_layer_input(fw, l);
+    if (!x || fw->T_last <= 0)
+        return kvq_fail(err, KVQ_EINVAL, "layer input %d: not kept (KVQ_FWD_SAVE_LAYER_INPUTS) or no run yet", l);
+    memcpy(out, x, (size_t)fw->T_last * fw->m->hp.dim * sizeof(float));
+    return KVQ_OK;
 }
 
 const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n)
 {
     if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_describe(e->gpu, buf, n);
-    else snprintf(buf, n, "CPU (%d OpenMP threads, OpenBLAS sgemm, fp32)", e->cpu.n_threads);
+    else snprintf(buf, n, "CPU (%d OpenMP threads, OpenBLAS sgemm, fp32)", e->has_bw ? e->bw.fw.n_threads : e->cpu.n_threads);
     return buf;
 }

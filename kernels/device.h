@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "backward.h"
 #include "forward.h"
 #include "forward_cuda.h"
 #include "kv_desc.h"
@@ -38,9 +39,16 @@ typedef enum { KVQ_DEVICE_CPU = 0, KVQ_DEVICE_CUDA = 1 } kvq_device;
 kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err);
 const char *kvq_device_name(kvq_device d);
 
+/* kvq_engine_init flag (beside KVQ_FWD_*): make the engine able to run
+ * kvq_engine_backward (CPU: a kvq_backward workspace, which owns the
+ * forward; GPU: the activation store, KVQ_FWD_SAVE_ACTIVATIONS). */
+enum { KVQ_ENGINE_BACKWARD = 1u << 8 };
+
 typedef struct {
     kvq_device dev;
-    kvq_forward cpu;          /* dev == CPU */
+    kvq_forward cpu;          /* dev == CPU, without KVQ_ENGINE_BACKWARD */
+    kvq_backward bw;          /* dev == CPU, with KVQ_ENGINE_BACKWARD (its forward is bw.fw) */
+    bool has_bw;
     kvq_forward_cuda *gpu;    /* dev == CUDA */
     kvq_kv_desc desc;         /* current built-in transform (CPU side) */
     bool has_desc;
@@ -61,6 +69,15 @@ void kvq_engine_free(kvq_engine *e);
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err);
 /* kvq_forward_run's contract; with a descriptor set, io->hooks->transform must be NULL. */
 kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+/* kvq_backward_run's contract (backward.h) on the engine's device, with the
+ * descriptor's transform (straight-through) when one is set. Needs
+ * KVQ_ENGINE_BACKWARD at init (else KVQ_EINVAL). */
+kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
+                               kvq_err *err);
+/* Copy the residual stream entering layer l of the last run (l = n_layers:
+ * entering the final norm) into out [T][dim]. Needs KVQ_FWD_SAVE_LAYER_INPUTS
+ * or KVQ_ENGINE_BACKWARD at init. Errors: KVQ_EINVAL. */
+kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err);
 /* "CPU (OpenMP threads N, OpenBLAS sgemm)" or the GPU description. Returns buf. */
 const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n);
 

@@ -16,128 +16,9 @@ extern "C" {
 #include "ops.h"
 }
 #include "cuda_ops.cuh"
-
-namespace {
-
-struct dev_layer {
-    float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
-};
-
-kvq_status cu_fail(kvq_err *err, cudaError_t e, const char *call, int line)
-{
-    (void)cudaGetLastError();
-    return kvq_fail(err, e == cudaErrorMemoryAllocation ? KVQ_ENOMEM : KVQ_EIO, "CUDA forward: %s failed (forward_cuda.cu:%d): %s",
-                    call, line, cudaGetErrorString(e));
-}
-
-kvq_status cb_fail(kvq_err *err, cublasStatus_t s, const char *call, int line)
-{
-    return kvq_fail(err, s == CUBLAS_STATUS_ALLOC_FAILED ? KVQ_ENOMEM : KVQ_EIO, "CUDA forward: %s failed (forward_cuda.cu:%d): %s",
-                    call, line, cublasGetStatusString(s));
-}
-
-#define CU(call)                                                          \
-    do {                                                                  \
-        cudaError_t cu_e_ = (call);                                       \
-        if (cu_e_ != cudaSuccess) return cu_fail(err, cu_e_, #call, __LINE__); \
-    } while (0)
-#define CB(call)                                                                 \
-    do {                                                                         \
-        cublasStatus_t cb_s_ = (call);                                           \
-        if (cb_s_ != CUBLAS_STATUS_SUCCESS) return cb_fail(err, cb_s_, #call, __LINE__); \
-    } while (0)
-
-double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-} // namespace
-
-struct kvq_forward_cuda {
-    const kvq_model *m;
-    int dev, max_T, max_P;
-    unsigned flags;
-    kvq_cuda_math math;
-    cudaStream_t st;
-    cublasHandle_t blas;
-    char name[1024];
-    size_t weight_bytes;
-    // device weights (one arena)
-    void *wbuf;
-    float *tok_embd, *out_norm, *output;
-    std::vector<dev_layer> L;
-    // device activations (one arena)
-    void *abuf;
-    float *x, *xn, *q, *k_pre, *k_post, *v, *k_att, *v_att, *k_alt, *v_alt, *att, *gate, *up, *blk;
-    float *row_max, *row_tgt, *rcos, *rsin, *pk, *pv;
-    double *row_sum;
-    int *tok, *tg, *kb, *vb;
-    unsigned long long *cnt; // [2]: k, v outliers of the current run
-    int v_chunk;
-    float *logits; // [max_T][vocab], lazily
-    // pinned host staging (one allocation)
-    void *hbuf;
-    float *h_row_max, *h_row_tgt, *h_cos, *h_sin;
-    double *h_row_sum;
-    int *h_tok, *h_tg, *h_kb, *h_vb;
-    float *h_q, *h_kpre, *h_kpost, *h_v, *h_katt, *h_vatt, *h_kalt, *h_valt;
-    unsigned long long *h_cnt;
-    // native transform
-    bool has_desc;
-    kvq_kv_desc desc;
-    float *d_klo, *d_kup, *d_klv, *d_vlv; // [n_layers][kv_dim] x2, [n_layers][k_tables][2^k_bits], [..v..]
-    size_t k_tables, v_tables;
-    kvq_cuda_stats stats;
-};
-
-namespace {
-
-kvq_status dev_alloc(kvq_forward_cuda *g, void **p, size_t bytes, const char *what, kvq_err *err)
-{
-    cudaError_t e = cudaMalloc(p, bytes);
-    if (e == cudaSuccess) return KVQ_OK;
-    (void)cudaGetLastError();
-    size_t fr = 0, tot = 0;
-    cudaMemGetInfo(&fr, &tot);
-    (void)cudaGetLastError();
-    *p = NULL;
-    if (e == cudaErrorMemoryAllocation)
-        return kvq_fail(err, KVQ_ENOMEM,
-                        "CUDA forward: cannot allocate %.1f MiB on GPU %d for %s (max_T %d, max_P %d): %.1f MiB free of %.1f MiB; "
-                        "shrink the window (--ctx / --seq-len), evaluate fewer tokens at once, or use --device cpu",
-                        bytes / 1048576.0, g->dev, what, g->max_T, g->max_P, fr / 1048576.0, tot / 1048576.0);
-    return kvq_fail(err, KVQ_EIO, "CUDA forward: cudaMalloc of %.1f MiB for %s failed: %s", bytes / 1048576.0, what,
-                    cudaGetErrorString(e));
-}
-
-// Carve float/int buffers out of one arena; sizes in elements of 4 bytes (8 for doubles).
-struct carve {
-    size_t off = 0;
-    char *base = NULL;
-    template <class T> void take(T **p, size_t n)
-    {
-        *p = base ? reinterpret_cast<T *>(base + off) : NULL;
-        off = align_up(off + n * sizeof(T), 256);
-    }
-};
-
-kvq_status linear(kvq_forward_cuda *g, float *y, const float *x, const float *w, int T, int in, int out, float beta,
-                  kvq_err *err)
-{
-    const float alpha = 1.0f;
-    // row-major y[T][out] = x[T][in] W^T  <=>  column-major y^T (out x T) = op(W)(out x in) x^T (in x T)
-    CB(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w, in, x, in, &beta, y, out));
-    return KVQ_OK;
-}
+#include "forward_cuda_impl.cuh"
 
 #define LAUNCH(expr) CU(expr)
-
-} // namespace
 
 extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
 {
@@ -151,6 +32,9 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFree(g->d_klv);
     cudaFree(g->d_vlv);
     cudaFreeHost(g->hbuf);
+    cudaFree(g->sbuf);
+    cudaFree(g->bbuf);
+    cudaFreeHost(g->hbbuf);
     if (g->st) cudaStreamDestroy(g->st);
     (void)cudaGetLastError();
     delete g;
@@ -163,8 +47,7 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     const kvq_hparams *hp = &m->hp;
     if (max_T <= 0 || max_P < 0 || max_T > (1 << 24) || max_P > (1 << 24))
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: max_T %d / max_P %d out of range (1..2^24 / 0..2^24)", max_T, max_P);
-    if (flags & KVQ_FWD_SAVE_LAYER_INPUTS)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: layer-input checkpoints (backward pass) are CPU-only for now; use --device cpu");
+    if (flags & KVQ_FWD_SAVE_ACTIVATIONS) flags |= KVQ_FWD_SAVE_LAYER_INPUTS;
     if (kvq_cu_attn_supported(hp->head_dim))
         return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: head_dim %d: the attention kernel supports 8, 16, 32, 64, 128; use --device cpu",
                         hp->head_dim);
@@ -199,12 +82,12 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
 #define CUI(call)                                                                  \
     do {                                                                           \
         cudaError_t e_ = (call);                                                   \
-        if (e_ != cudaSuccess) return fail(cu_fail(err, e_, #call, __LINE__));     \
+        if (e_ != cudaSuccess) return fail(cu_fail(err, e_, #call, __FILE__, __LINE__));     \
     } while (0)
 #define CBI(call)                                                                  \
     do {                                                                           \
         cublasStatus_t s_ = (call);                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) return fail(cb_fail(err, s_, #call, __LINE__)); \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return fail(cb_fail(err, s_, #call, __FILE__, __LINE__)); \
     } while (0)
 
     CUI(cudaSetDevice(device));
@@ -301,6 +184,9 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         a.take(&g->kb, T);
         a.take(&g->vb, T);
         a.take(&g->cnt, 2);
+        a.take(&g->lse, (size_t)hp->n_heads * T);
+        a.take(&g->mass, (size_t)hp->n_heads * (T + P));
+        a.take(&g->entropy, (size_t)hp->n_heads * T);
         if (pass == 0) {
             char what[160];
             snprintf(what, sizeof what, "activations of %d tokens (incl. an LM-head block of %zu x %zu logits)", max_T, T, vc);
@@ -329,6 +215,8 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         hbc.take(&g->h_kalt, T * kvd);
         hbc.take(&g->h_valt, T * kvd);
         hbc.take(&g->h_cnt, 2);
+        hbc.take(&g->h_mass, (size_t)hp->n_heads * (T + P));
+        hbc.take(&g->h_ent, (size_t)hp->n_heads * T);
         if (pass == 0) {
             cudaError_t e = cudaMallocHost(&g->hbuf, hbc.off);
             if (e != cudaSuccess) {
@@ -338,6 +226,38 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
             }
             hbc.base = (char *)g->hbuf;
         }
+    }
+    // ---- checkpoints / activations kept for the backward ----
+    if (flags & KVQ_FWD_SAVE_LAYER_INPUTS) {
+        const bool acts = flags & KVQ_FWD_SAVE_ACTIVATIONS;
+        const size_t nh = hp->n_heads;
+        carve sc;
+        for (int pass = 0; pass < 2; pass++) {
+            sc.off = 0;
+            sc.take(&g->xs, (NL + 1) * T * dim);
+            if (acts) {
+                sc.take(&g->s_q, NL * T * qd);
+                sc.take(&g->s_k, NL * T * kvd);
+                sc.take(&g->s_v, NL * T * kvd);
+                sc.take(&g->s_kq, NL * T * kvd);
+                sc.take(&g->s_vq, NL * T * kvd);
+                sc.take(&g->s_att, NL * T * qd);
+                sc.take(&g->s_lse, NL * nh * T);
+                sc.take(&g->s_xmid, NL * T * dim);
+                sc.take(&g->s_gate, NL * T * hid);
+                sc.take(&g->s_up, NL * T * hid);
+                sc.take(&g->s_kb, NL * T);
+                sc.take(&g->s_vb, NL * T);
+            }
+            if (pass == 0) {
+                char what[200];
+                snprintf(what, sizeof what, "the %s kept for the backward pass (%d tokens x %zu layers)",
+                         acts ? "activations" : "layer-input checkpoints", max_T, NL);
+                TRY(dev_alloc(g, &g->sbuf, sc.off, what, err));
+                sc.base = (char *)g->sbuf;
+            }
+        }
+        g->s_alt.assign(NL, 0);
     }
     *out = g;
     return KVQ_OK;
@@ -388,17 +308,6 @@ extern "C" kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_
 }
 
 namespace {
-
-kvq_status d2h(kvq_forward_cuda *g, float *h, const float *d, size_t n, kvq_err *err)
-{
-    CU(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, g->st));
-    return KVQ_OK;
-}
-kvq_status h2d(kvq_forward_cuda *g, float *d, const float *h, size_t n, kvq_err *err)
-{
-    CU(cudaMemcpyAsync(d, h, n * sizeof(float), cudaMemcpyHostToDevice, g->st));
-    return KVQ_OK;
-}
 
 // Native transform of one layer: fills the attention arguments' K/V (and alt).
 kvq_status native_transform(kvq_forward_cuda *g, int l, int T, kvq_cu_attn *a, kvq_err *err)
@@ -511,8 +420,18 @@ kvq_status host_observe(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_laye
         KVQ_TRY(d2h(g, g->h_valt, a->vq, n, err));
         CU(cudaMemcpyAsync(g->h_vb, a->vb, (size_t)T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
     }
+    if (hk->attn_stats) {
+        const size_t nh = hp->n_heads;
+        CU(kvq_cu_attn_stats(a, a->lse, g->mass, g->entropy, g->st));
+        KVQ_TRY(d2h(g, g->h_mass, g->mass, nh * (size_t)(a->P + T), err));
+        KVQ_TRY(d2h(g, g->h_ent, g->entropy, nh * (size_t)T, err));
+    }
     CU(cudaStreamSynchronize(g->st));
     kvq_layer_obs obs = {};
+    if (hk->attn_stats) {
+        obs.attn_mass = g->h_mass;
+        obs.attn_entropy = g->h_ent;
+    }
     obs.q = g->h_q;
     obs.k_pre = g->h_kpre;
     obs.k_post = g->h_kpost;
@@ -547,8 +466,8 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         if (io->tokens[t] < 0 || io->tokens[t] >= V)
             return kvq_fail(err, KVQ_EINVAL, "forward: token %d at window index %d outside the vocabulary [0, %d)", io->tokens[t], t, V);
     const kvq_hooks *hk = io->hooks;
-    if (hk && hk->observe && hk->attn_stats)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: attention statistics (attn_stats) are CPU-only for now; use --device cpu");
+    const bool stats = hk && hk->observe && hk->attn_stats;
+    g->T_last = 0;
     if (g->has_desc && hk && hk->transform)
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: a built-in KV scheme is set and the hooks carry a transform too");
     int *tg = g->h_tg;
@@ -584,8 +503,15 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     CU(cudaMemsetAsync(g->cnt, 0, 2 * sizeof(unsigned long long), g->st));
     CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
 
+    const size_t Tn = T, mT = g->max_T, nh = hp->n_heads;
+    const bool acts = g->s_q != NULL;
+    // device-to-device copy of n floats into the store
+    auto keep = [&](float *dst, const float *src, size_t n) {
+        return cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st);
+    };
     for (int l = 0; l < hp->n_layers; l++) {
         const dev_layer &w = g->L[l];
+        if (g->xs) CU(keep(g->xs + l * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.attn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->q, g->xn, w.wq, T, dim, qd, 0, err));
         KVQ_TRY(linear(g, g->k_pre, g->xn, w.wk, T, dim, kvd, 0, err));
@@ -603,6 +529,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         a.k = g->k_post;
         a.v = g->v;
         a.out = g->att;
+        a.lse = acts ? g->s_lse + l * nh * mT : stats ? g->lse : NULL;
         if (P > 0) {
             a.pk = g->pk + (size_t)l * P * kvd;
             a.pv = g->pv + (size_t)l * P * kvd;
@@ -616,13 +543,51 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
             g->stats.host_transforms++;
         }
         CU(kvq_cu_attention(&a, g->st));
+        if (acts) {
+            const size_t kvo = l * mT * kvd, qo = l * mT * qd;
+            CU(keep(g->s_q + qo, g->q, Tn * qd));
+            CU(keep(g->s_k + kvo, a.k, Tn * kvd));
+            CU(keep(g->s_v + kvo, a.v, Tn * kvd));
+            CU(keep(g->s_att + qo, g->att, Tn * qd));
+            g->s_alt[l] = (a.kq ? 1 : 0) | (a.vq ? 2 : 0);
+            if (a.kq) {
+                CU(keep(g->s_kq + kvo, a.kq, Tn * kvd));
+                CU(cudaMemcpyAsync(g->s_kb + l * mT, a.kb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
+            }
+            if (a.vq) {
+                CU(keep(g->s_vq + kvo, a.vq, Tn * kvd));
+                CU(cudaMemcpyAsync(g->s_vb + l * mT, a.vb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
+            }
+        }
         if (hk && hk->observe) KVQ_TRY(host_observe(g, hk, &ctx, T, &a, err));
         KVQ_TRY(linear(g, g->x, g->att, w.wo, T, qd, dim, 1.0f, err));
+        if (acts) CU(keep(g->s_xmid + l * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.ffn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->gate, g->xn, w.w_gate, T, dim, hid, 0, err));
         KVQ_TRY(linear(g, g->up, g->xn, w.w_up, T, dim, hid, 0, err));
+        if (acts) {
+            CU(keep(g->s_gate + l * mT * hid, g->gate, Tn * hid));
+            CU(keep(g->s_up + l * mT * hid, g->up, Tn * hid));
+        }
         CU(kvq_cu_swiglu(g->gate, g->gate, g->up, (size_t)T * hid, g->st));
         KVQ_TRY(linear(g, g->x, g->gate, w.w_down, T, hid, dim, 1.0f, err));
+    }
+    if (g->xs) CU(keep(g->xs + (size_t)hp->n_layers * mT * dim, g->x, Tn * dim));
+    int n_tg = 0;
+    for (int t = 0; t < T; t++) n_tg += tg[t] >= 0;
+    if (!io->logits && (io->skip_loss || n_tg == 0)) {
+        // no LM head: the caller computes the loss itself (backward), or no row is scored
+        CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
+        CU(cudaStreamSynchronize(g->st));
+        CU(cudaGetLastError());
+        g->stats.k_outliers += g->h_cnt[0];
+        g->stats.v_outliers += g->h_cnt[1];
+        res->n_scored = n_tg;
+        if (io->nll && !io->skip_loss)
+            for (int t = 0; t < T; t++) io->nll[t] = NAN;
+        g->T_last = T;
+        g->P_last = P;
+        return KVQ_OK;
     }
     CU(kvq_cu_rmsnorm(g->xn, g->x, g->out_norm, T, dim, hp->norm_eps, g->st));
     CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
@@ -662,6 +627,8 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     }
     res->n_scored = n_scored;
     res->loss = n_scored ? total / n_scored : NAN;
+    g->T_last = T;
+    g->P_last = P;
     if (bad >= 0)
         return kvq_fail(err, KVQ_ENUMERIC, "forward: non-finite logits/NLL at window index %d (position %d)", bad, io->pos0 + bad);
     return KVQ_OK;
@@ -681,6 +648,21 @@ extern "C" kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io
     g->stats.runs++;
     g->stats.seconds += now_s() - t0;
     return s;
+}
+
+extern "C" kvq_status kvq_forward_cuda_layer_input(kvq_forward_cuda *g, int l, float *out, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    if (!g->xs)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer inputs were not kept (the workspace needs KVQ_FWD_SAVE_LAYER_INPUTS)");
+    if (g->T_last <= 0) return kvq_fail(err, KVQ_EINVAL, "CUDA forward: no successful run yet: no layer input to read");
+    if (l < 0 || l > hp->n_layers)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer input %d, expected 0..%d", l, hp->n_layers);
+    CU(cudaSetDevice(g->dev));
+    CU(cudaMemcpyAsync(out, g->xs + (size_t)l * g->max_T * hp->dim, (size_t)g->T_last * hp->dim * sizeof(float),
+                       cudaMemcpyDeviceToHost, g->st));
+    CU(cudaStreamSynchronize(g->st));
+    return KVQ_OK;
 }
 
 extern "C" void kvq_forward_cuda_stats(const kvq_forward_cuda *g, kvq_cuda_stats *out) { *out = g->stats; }
@@ -709,22 +691,22 @@ extern "C" kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_
     std::vector<float> ms;
     const float alpha = 1.0f, beta = 0.0f;
     cublasStatus_t bs;
-    if ((e = kvq_cu_fill_random(buf, 3 * nn, 12345u, 0)) != cudaSuccess) { s = cu_fail(err, e, "fill_random", __LINE__); goto done; }
-    if ((bs = cublasCreate(&h)) != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasCreate", __LINE__); goto done; }
+    if ((e = kvq_cu_fill_random(buf, 3 * nn, 12345u, 0)) != cudaSuccess) { s = cu_fail(err, e, "fill_random", __FILE__, __LINE__); goto done; }
+    if ((bs = cublasCreate(&h)) != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasCreate", __FILE__, __LINE__); goto done; }
     if ((bs = cublasSetMathMode(h, math == KVQ_CUDA_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)) != CUBLAS_STATUS_SUCCESS) {
-        s = cb_fail(err, bs, "cublasSetMathMode", __LINE__);
+        s = cb_fail(err, bs, "cublasSetMathMode", __FILE__, __LINE__);
         goto done;
     }
     if ((e = cudaEventCreate(&e0)) != cudaSuccess || (e = cudaEventCreate(&e1)) != cudaSuccess) {
-        s = cu_fail(err, e, "cudaEventCreate", __LINE__);
+        s = cu_fail(err, e, "cudaEventCreate", __FILE__, __LINE__);
         goto done;
     }
     for (int r = -2; r < reps; r++) {
         cudaEventRecord(e0, 0);
         bs = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, buf, n, buf + nn, n, &beta, buf + 2 * nn, n);
-        if (bs != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasSgemm", __LINE__); goto done; }
+        if (bs != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasSgemm", __FILE__, __LINE__); goto done; }
         cudaEventRecord(e1, 0);
-        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) { s = cu_fail(err, e, "cudaEventSynchronize", __LINE__); goto done; }
+        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) { s = cu_fail(err, e, "cudaEventSynchronize", __FILE__, __LINE__); goto done; }
         float t = 0;
         cudaEventElapsedTime(&t, e0, e1);
         if (r >= 0) ms.push_back(t);

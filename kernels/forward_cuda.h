@@ -18,10 +18,31 @@
  *    e.g. fp8 or llama.cpp block formats): the layer's K/V are copied back,
  *    the callback runs on the CPU, the results are copied up again. Exact but
  *    slower (two PCIe round trips per layer).
- *  - Host: the observe hook (kvdump), on copies of q/k/v/k_att/v_att/alt.
- *    attn_stats (attention mass / entropy) is not computed on the GPU yet:
- *    KVQ_EUNSUPPORTED. So is KVQ_FWD_SAVE_LAYER_INPUTS (the backward pass is
- *    CPU-only for now).
+ *  - Host: the observe hook (kvdump), on copies of q/k/v/k_att/v_att/alt; with
+ *    hooks->attn_stats the attention mass and entropy (attention.h) are
+ *    computed on the GPU from the attention's per-row log-sum-exp
+ *    (cuda_bwd_ops.cu) and copied with them.
+ *  - Checkpoints: KVQ_FWD_SAVE_LAYER_INPUTS keeps the n_layers+1 residual
+ *    streams on the device (kvq_forward_cuda_layer_input copies one out);
+ *    KVQ_FWD_SAVE_ACTIVATIONS also every layer's activations (the CPU's
+ *    kvq_fwd_layer_acts set), which kvq_forward_cuda_backward needs.
+ *
+ * Backward (kvq_forward_cuda_backward): kvq_backward_run's contract
+ * (backward.h) on the GPU — cross-entropy and/or upstream gradients, the
+ * grads callback per layer (n_layers-1 .. 0) with dL/dK pre/post-RoPE, dL/dV
+ * and the prefix gradients, straight-through through the transform (native
+ * or host), d_embd. The LM head is differentiated in vocabulary blocks (two
+ * passes: log-sum-exp, then dz = scale (softmax - onehot) and dxn += dz W);
+ * RMSNorm, SwiGLU, RoPE and attention have their own kernels (attention:
+ * FlashAttention-2's backward, Dao 2023, Alg. 2: a query-side pass for dq and
+ * a key-side pass for dK/dV summed over the GQA group, probabilities
+ * recomputed from the forward's log-sum-exp, never stored); dX = dY W through
+ * cuBLAS (exactness mode: FP32, TF32 off). Callbacks run on the host with
+ * pinned copies (grads: 3 [T][kv_dim] arrays per layer; upstream: x_out and
+ * dx_out [T][dim] down and dx_out up again). Activation store: the CPU's
+ * formula, 4 B * T * n_layers * (2 q_dim + 4 kv_dim + dim + 2 hidden_dim +
+ * n_heads) + residual streams (1.4 GB for SmolLM2-135M at T = 2048; 13 GB
+ * for a Llama-2-7B shape).
  *
  * Math modes:
  *  - KVQ_CUDA_EXACT (default): fp32 weights, cuBLAS SGEMM with
@@ -60,6 +81,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backward.h"
 #include "forward.h"
 #include "kv_desc.h"
 #include "model.h"
@@ -83,7 +105,7 @@ typedef struct {
 
 /* Upload the model's weights to GPU `device` and allocate activations for
  * windows of up to max_T tokens after up to max_P prefix entries.
- * flags: KVQ_FWD_* (KVQ_FWD_SAVE_LAYER_INPUTS → KVQ_EUNSUPPORTED).
+ * flags: KVQ_FWD_* (checkpoints and activations kept on the device).
  * Errors: KVQ_EUNSUPPORTED (no CUDA build / no device / head_dim not in
  * {8, 16, 32, 64, 128}), KVQ_ENOMEM (device memory: the message names the
  * buffer, its size and the free memory), KVQ_EIO (any other CUDA/cuBLAS
@@ -102,6 +124,22 @@ kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kv
  * io->hooks->observe may be set. Errors: those of kvq_forward_run, plus
  * KVQ_EIO / KVQ_ENOMEM for device failures. */
 kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+
+/* Copy the residual stream entering layer l of the last successful run
+ * (l = n_layers: entering the final norm) into out [T][dim] (host memory).
+ * Errors: KVQ_EINVAL without KVQ_FWD_SAVE_LAYER_INPUTS, before any run, or
+ * for l outside 0..n_layers; KVQ_EIO on a device failure. */
+kvq_status kvq_forward_cuda_layer_input(kvq_forward_cuda *g, int l, float *out, kvq_err *err);
+
+/* Forward (io with its hooks, prefix and the native transform set with
+ * kvq_forward_cuda_set_kv) then backward of the loss in spec: the contract
+ * of kvq_backward_run (backward.h), results to ~1e-6 of the CPU's (summation
+ * order). The workspace must have KVQ_FWD_SAVE_ACTIVATIONS (else
+ * KVQ_EINVAL). Errors: those of kvq_backward_run and kvq_forward_cuda_run. */
+kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                     kvq_bwd_result *res, kvq_err *err);
+/* Wall seconds of the last backward: its forward, the LM-head pass, the layers. */
+void kvq_forward_cuda_backward_times(const kvq_forward_cuda *g, double *forward_s, double *head_s, double *layers_s);
 
 /* Counters; one-line description ("NVIDIA H200 (sm_90, 139.8 GiB), fp32
  * weights, cuBLAS FP32 pedantic (TF32 off)"). */

@@ -24,6 +24,22 @@ kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_f
     (void)g, (void)io, (void)res;
     return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
 }
+kvq_status kvq_forward_cuda_layer_input(kvq_forward_cuda *g, int l, float *out, kvq_err *err)
+{
+    (void)g, (void)l, (void)out;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
+                                     kvq_err *err)
+{
+    (void)g, (void)io, (void)spec, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+void kvq_forward_cuda_backward_times(const kvq_forward_cuda *g, double *forward_s, double *head_s, double *layers_s)
+{
+    (void)g;
+    *forward_s = *head_s = *layers_s = 0;
+}
 void kvq_forward_cuda_stats(const kvq_forward_cuda *g, kvq_cuda_stats *out)
 {
     (void)g;

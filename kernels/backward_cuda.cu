@@ -1,0 +1,301 @@
+// backward_cuda.cu — kvq_backward_run (backward.h) on one CUDA GPU: the
+// forward keeps every layer's activations on the device
+// (KVQ_FWD_SAVE_ACTIVATIONS), then the LM head + cross-entropy, the MLP, the
+// attention (cuda_bwd_ops.cu) and the projections are differentiated layer by
+// layer from the top, with cuBLAS for dX = dY W. See forward_cuda.h.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "backward.h"
+#include "forward_cuda.h"
+}
+#include "cuda_ops.cuh"
+#include "forward_cuda_impl.cuh"
+
+namespace {
+
+// dx[T][in] = beta dx + dy[T][out] W, W row-major [out][in] (column-major in x out, ld in).
+kvq_status linear_bwd(kvq_forward_cuda *g, float *dx, const float *dy, const float *w, int T, int in, int out, float beta,
+                      kvq_err *err)
+{
+    const float alpha = 1.0f;
+    CB(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, &alpha, w, in, dy, out, &beta, dx, in));
+    return KVQ_OK;
+}
+
+kvq_status bwd_alloc(kvq_forward_cuda *g, kvq_err *err)
+{
+    if (g->bbuf) return KVQ_OK;
+    const kvq_hparams *hp = &g->m->hp;
+    const size_t T = g->max_T, P = g->max_P, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    const size_t nh = hp->n_heads;
+    carve c;
+    for (int pass = 0; pass < 2; pass++) {
+        c.off = 0;
+        c.take(&g->b_dx, T * dim);
+        c.take(&g->b_dxn, T * dim);
+        c.take(&g->b_xn, T * dim);
+        c.take(&g->b_dh, T * hid);
+        c.take(&g->b_dup, T * hid);
+        c.take(&g->b_datt, T * qd);
+        c.take(&g->b_dq, T * qd);
+        c.take(&g->b_dk, T * kvd);
+        c.take(&g->b_dv, T * kvd);
+        c.take(&g->b_dkpre, T * kvd);
+        c.take(&g->b_dpk, P * kvd + 4);
+        c.take(&g->b_dpv, P * kvd + 4);
+        c.take(&g->b_D, nh * T);
+        c.take(&g->b_lse, T);
+        c.take(&g->b_flag, 1);
+        if (pass == 0) {
+            char what[160];
+            snprintf(what, sizeof what, "the backward pass's gradients (%d tokens)", g->max_T);
+            KVQ_TRY(dev_alloc(g, &g->bbuf, c.off, what, err));
+            c.base = (char *)g->bbuf;
+        }
+    }
+    carve h;
+    for (int pass = 0; pass < 2; pass++) {
+        h.off = 0;
+        h.take(&g->hb_dkpre, T * kvd);
+        h.take(&g->hb_dk, T * kvd);
+        h.take(&g->hb_dv, T * kvd);
+        h.take(&g->hb_dpk, P * kvd + 4);
+        h.take(&g->hb_dpv, P * kvd + 4);
+        h.take(&g->hb_x, T * dim);
+        h.take(&g->hb_dx, T * dim);
+        h.take(&g->hb_flag, 1);
+        if (pass == 0) {
+            cudaError_t e = cudaMallocHost(&g->hbbuf, h.off);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                g->hbbuf = NULL;
+                return kvq_fail(err, KVQ_ENOMEM, "CUDA backward: cannot allocate %.1f MiB of pinned host memory for max_T %d: %s",
+                                h.off / 1048576.0, g->max_T, cudaGetErrorString(e));
+            }
+            h.base = (char *)g->hbbuf;
+        }
+    }
+    return KVQ_OK;
+}
+
+// The LM head + mean cross-entropy: dxn = dL/d(normed final hidden states), in two
+// passes over the vocabulary blocks (log-sum-exp, then the gradient), NLL per row.
+kvq_status head_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, bool set_loss, int n_scored, kvq_bwd_result *res,
+                         kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const int T = io->T, dim = hp->dim, V = hp->vocab_size;
+    const float *x_last = g->xs + (size_t)hp->n_layers * g->max_T * dim;
+    CU(kvq_cu_rmsnorm(g->b_xn, x_last, g->out_norm, T, dim, hp->norm_eps, g->st));
+    CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
+    for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
+        int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
+        KVQ_TRY(linear(g, g->blk, g->b_xn, g->output + (size_t)v0 * dim, T, dim, nv, 0, err));
+        CU(kvq_cu_lse_block(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->st));
+    }
+    CU(kvq_cu_lse_final(g->b_lse, g->row_max, g->row_sum, g->tg, T, g->st));
+    const float scale = (float)(1.0 / n_scored), one = 1.0f;
+    for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
+        int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
+        KVQ_TRY(linear(g, g->blk, g->b_xn, g->output + (size_t)v0 * dim, T, dim, nv, 0, err));
+        CU(kvq_cu_xent_grad(g->blk, g->tg, v0, nv, T, g->b_lse, scale, g->st));
+        const float beta = v0 == 0 ? 0.0f : 1.0f;
+        // dxn[T][dim] (+)= dz[T][nv] W_blk[nv][dim]
+        CB(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, dim, T, nv, &one, g->output + (size_t)v0 * dim, dim, g->blk, nv, &beta,
+                       g->b_dxn, dim));
+    }
+    CU(cudaMemcpyAsync(g->h_row_max, g->row_max, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_row_tgt, g->row_tgt, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_row_sum, g->row_sum, (size_t)T * sizeof(double), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaStreamSynchronize(g->st));
+    double total = 0;
+    int bad = -1;
+    for (int t = 0; t < T; t++) {
+        const int tg = g->h_tg[t];
+        double nll = tg >= 0 ? (double)g->h_row_max[t] + log(g->h_row_sum[t]) - (double)g->h_row_tgt[t] : NAN;
+        if (set_loss && io->nll) io->nll[t] = nll;
+        if (tg < 0) continue;
+        if (!isfinite(nll) && bad < 0) bad = t;
+        total += nll;
+    }
+    res->xent_loss = total / n_scored;
+    if (set_loss) res->loss = res->xent_loss;
+    if (bad >= 0)
+        return kvq_fail(err, KVQ_ENUMERIC, "backward: non-finite logits/NLL at window index %d (position %d)", bad, io->pos0 + bad);
+    CU(kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_last, g->out_norm, T, dim, hp->norm_eps, 0, g->st));
+    return KVQ_OK;
+}
+
+// Layer l: on entry b_dx = dL/d(layer output), on return dL/d(layer input).
+kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const dev_layer &w = g->L[l];
+    const int T = io->T, P = g->P_last, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim;
+    const size_t mT = g->max_T, kvn = (size_t)T * kvd;
+    const float *x_in = g->xs + l * mT * dim, *x_mid = g->s_xmid + l * mT * dim;
+    // ---- MLP ----
+    KVQ_TRY(linear_bwd(g, g->b_dh, g->b_dx, w.w_down, T, hid, dim, 0.0f, err));
+    CU(kvq_cu_swiglu_bwd(g->b_dh, g->b_dup, g->b_dh, g->s_gate + l * mT * hid, g->s_up + l * mT * hid, (size_t)T * hid, g->st));
+    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dh, w.w_gate, T, dim, hid, 0.0f, err));
+    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dup, w.w_up, T, dim, hid, 1.0f, err));
+    CU(kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_mid, w.ffn_norm, T, dim, hp->norm_eps, 1, g->st));
+    // ---- attention ----
+    KVQ_TRY(linear_bwd(g, g->b_datt, g->b_dx, w.wo, T, qd, dim, 0.0f, err));
+    kvq_cu_attn a = {};
+    a.T = T;
+    a.P = P;
+    a.n_heads = nh;
+    a.n_kv_heads = nkv;
+    a.head_dim = hd;
+    a.q = g->s_q + l * mT * qd;
+    a.k = g->s_k + l * mT * kvd;
+    a.v = g->s_v + l * mT * kvd;
+    if (g->s_alt[l] & 1) {
+        a.kq = g->s_kq + l * mT * kvd;
+        a.kb = g->s_kb + l * mT;
+    }
+    if (g->s_alt[l] & 2) {
+        a.vq = g->s_vq + l * mT * kvd;
+        a.vb = g->s_vb + l * mT;
+    }
+    if (P > 0) {
+        a.pk = g->pk + (size_t)l * P * kvd;
+        a.pv = g->pv + (size_t)l * P * kvd;
+    }
+    a.out = g->s_att + l * mT * qd;
+    a.lse = g->s_lse + l * (size_t)nh * mT;
+    kvq_cu_attn_grad b = {};
+    b.dout = g->b_datt;
+    b.D = g->b_D;
+    b.dq = g->b_dq;
+    b.dk = g->b_dk;
+    b.dv = g->b_dv;
+    b.dpk = P > 0 ? g->b_dpk : NULL;
+    b.dpv = P > 0 ? g->b_dpv : NULL;
+    CU(kvq_cu_attn_bwd(&a, &b, g->st));
+    // dk holds dL/dK post-RoPE (the keys attention read); the pre-RoPE gradient is its inverse rotation
+    CU(cudaMemcpyAsync(g->b_dkpre, g->b_dk, kvn * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+    CU(kvq_cu_rope_inv(g->b_dkpre, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+    CU(kvq_cu_rope_inv(g->b_dq, T, nh, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+    CU(cudaMemsetAsync(g->b_flag, 0, sizeof(int), g->st));
+    CU(kvq_cu_nonfinite(g->b_dk, kvn, g->b_flag, g->st));
+    CU(kvq_cu_nonfinite(g->b_dv, kvn, g->b_flag, g->st));
+    CU(cudaMemcpyAsync(g->hb_flag, g->b_flag, sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    if (spec->grads) {
+        KVQ_TRY(d2h(g, g->hb_dkpre, g->b_dkpre, kvn, err));
+        KVQ_TRY(d2h(g, g->hb_dk, g->b_dk, kvn, err));
+        KVQ_TRY(d2h(g, g->hb_dv, g->b_dv, kvn, err));
+        if (P > 0) {
+            KVQ_TRY(d2h(g, g->hb_dpk, g->b_dpk, (size_t)P * kvd, err));
+            KVQ_TRY(d2h(g, g->hb_dpv, g->b_dpv, (size_t)P * kvd, err));
+        }
+    }
+    // the rest of the layer does not wait for the host
+    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dq, w.wq, T, dim, qd, 0.0f, err));
+    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dkpre, w.wk, T, dim, kvd, 1.0f, err));
+    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dv, w.wv, T, dim, kvd, 1.0f, err));
+    cudaEvent_t ev;
+    CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e1 = cudaEventRecord(ev, g->st);
+    cudaError_t e2 = kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_in, w.attn_norm, T, dim, hp->norm_eps, 1, g->st);
+    cudaError_t e3 = e1 == cudaSuccess ? cudaEventSynchronize(ev) : e1;
+    cudaEventDestroy(ev);
+    CU(e1);
+    CU(e2);
+    CU(e3);
+    if (*g->hb_flag) return kvq_fail(err, KVQ_ENUMERIC, "backward: layer %d: non-finite dL/dK or dL/dV", l);
+    if (spec->grads) {
+        kvq_layer_grads gr = {};
+        gr.layer = l;
+        gr.T = T;
+        gr.P = P;
+        gr.n_kv_heads = nkv;
+        gr.head_dim = hd;
+        gr.dk_pre = g->hb_dkpre;
+        gr.dk_post = g->hb_dk;
+        gr.dv = g->hb_dv;
+        gr.dpk = P > 0 ? g->hb_dpk : NULL;
+        gr.dpv = P > 0 ? g->hb_dpv : NULL;
+        kvq_status s = spec->grads(spec->user, &gr, err);
+        if (s) return kvq_err_prefix(err, "backward: layer %d: grads callback", l);
+    }
+    return KVQ_OK;
+}
+
+kvq_status backward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const int T = io->T, dim = hp->dim;
+    double t0 = now_s();
+    kvq_fwd_io fio = *io;
+    fio.skip_loss = spec->xent && !io->logits;
+    kvq_fwd_result fr;
+    KVQ_TRY(kvq_forward_cuda_run(g, &fio, &fr, err));
+    res->loss = fr.loss;
+    res->n_scored = fr.n_scored;
+    if (spec->xent && fr.n_scored == 0)
+        return kvq_fail(err, KVQ_EINVAL, "backward: cross-entropy requested but no position of the %d-token window is scored", T);
+    CU(cudaSetDevice(g->dev));
+    double t1 = now_s();
+    g->t_bwd_forward = t1 - t0;
+    if (spec->xent) KVQ_TRY(head_backward(g, io, fio.skip_loss, fr.n_scored, res, err));
+    else CU(cudaMemsetAsync(g->b_dx, 0, (size_t)T * dim * sizeof(float), g->st));
+    CU(cudaStreamSynchronize(g->st));
+    double t2 = now_s();
+    g->t_bwd_head = t2 - t1;
+    const size_t mT = g->max_T, n = (size_t)T * dim;
+    for (int l = hp->n_layers - 1; l >= 0; l--) {
+        if (spec->upstream) {
+            kvq_layer_ctx ctx = {l, T, io->pos0, g->P_last, hp->n_heads, hp->n_kv_heads, hp->head_dim, io->tokens};
+            KVQ_TRY(d2h(g, g->hb_x, g->xs + (size_t)(l + 1) * mT * dim, n, err));
+            KVQ_TRY(d2h(g, g->hb_dx, g->b_dx, n, err));
+            CU(cudaStreamSynchronize(g->st));
+            kvq_status s = spec->upstream(spec->user, &ctx, g->hb_x, g->hb_dx, err);
+            if (s) return kvq_err_prefix(err, "backward: layer %d: upstream callback", l);
+            KVQ_TRY(h2d(g, g->b_dx, g->hb_dx, n, err));
+        }
+        KVQ_TRY(layer_backward(g, io, spec, l, err));
+    }
+    if (spec->d_embd) {
+        CU(cudaMemcpyAsync(spec->d_embd, g->b_dx, n * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    }
+    CU(cudaStreamSynchronize(g->st));
+    CU(cudaGetLastError());
+    g->t_bwd_layers = now_s() - t2;
+    return KVQ_OK;
+}
+
+} // namespace
+
+extern "C" kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                kvq_bwd_result *res, kvq_err *err)
+{
+    res->loss = NAN;
+    res->n_scored = 0;
+    res->xent_loss = NAN;
+    if (!spec->xent && !spec->upstream)
+        return kvq_fail(err, KVQ_EINVAL, "backward: nothing to differentiate (neither cross-entropy nor an upstream gradient)");
+    if (!g->s_q)
+        return kvq_fail(err, KVQ_EINVAL,
+                        "CUDA backward: the workspace keeps no activations (initialise it with KVQ_FWD_SAVE_ACTIVATIONS)");
+    CU(cudaSetDevice(g->dev));
+    KVQ_TRY(bwd_alloc(g, err));
+    kvq_status s = backward_impl(g, io, spec, res, err);
+    if (s != KVQ_OK) {
+        cudaStreamSynchronize(g->st);
+        (void)cudaGetLastError();
+    }
+    return s;
+}
+
+extern "C" void kvq_forward_cuda_backward_times(const kvq_forward_cuda *g, double *forward_s, double *head_s, double *layers_s)
+{
+    *forward_s = g->t_bwd_forward;
+    *head_s = g->t_bwd_head;
+    *layers_s = g->t_bwd_layers;
+}

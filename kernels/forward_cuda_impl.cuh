@@ -1,0 +1,166 @@
+// forward_cuda_impl.cuh — internals shared by forward_cuda.cu and
+// backward_cuda.cu: the workspace struct, error macros (every CUDA / cuBLAS
+// call checked; the message names the call, file and line), device
+// allocation with an out-of-memory message that says what to shrink, and the
+// cuBLAS linear layer. Not a public header.
+#ifndef KVQ_FORWARD_CUDA_IMPL_CUH
+#define KVQ_FORWARD_CUDA_IMPL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <time.h>
+
+#include <vector>
+
+extern "C" {
+#include "forward_cuda.h"
+}
+
+struct dev_layer {
+    float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+static inline kvq_status cu_fail(kvq_err *err, cudaError_t e, const char *call, const char *file, int line)
+{
+    (void)cudaGetLastError();
+    return kvq_fail(err, e == cudaErrorMemoryAllocation ? KVQ_ENOMEM : KVQ_EIO, "CUDA: %s failed (%s:%d): %s",
+                    call, file, line, cudaGetErrorString(e));
+}
+
+static inline kvq_status cb_fail(kvq_err *err, cublasStatus_t s, const char *call, const char *file, int line)
+{
+    return kvq_fail(err, s == CUBLAS_STATUS_ALLOC_FAILED ? KVQ_ENOMEM : KVQ_EIO, "CUDA: %s failed (%s:%d): %s",
+                    call, file, line, cublasGetStatusString(s));
+}
+
+#define CU(call)                                                          \
+    do {                                                                  \
+        cudaError_t cu_e_ = (call);                                       \
+        if (cu_e_ != cudaSuccess) return cu_fail(err, cu_e_, #call, __FILE__, __LINE__); \
+    } while (0)
+#define CB(call)                                                                 \
+    do {                                                                         \
+        cublasStatus_t cb_s_ = (call);                                           \
+        if (cb_s_ != CUBLAS_STATUS_SUCCESS) return cb_fail(err, cb_s_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+struct kvq_forward_cuda {
+    const kvq_model *m;
+    int dev, max_T, max_P;
+    unsigned flags;
+    kvq_cuda_math math;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    char name[1024];
+    size_t weight_bytes;
+    // device weights (one arena)
+    void *wbuf;
+    float *tok_embd, *out_norm, *output;
+    std::vector<dev_layer> L;
+    // device activations (one arena)
+    void *abuf;
+    float *x, *xn, *q, *k_pre, *k_post, *v, *k_att, *v_att, *k_alt, *v_alt, *att, *gate, *up, *blk;
+    float *row_max, *row_tgt, *rcos, *rsin, *pk, *pv;
+    double *row_sum;
+    int *tok, *tg, *kb, *vb;
+    unsigned long long *cnt; // [2]: k, v outliers of the current run
+    int v_chunk;
+    float *logits; // [max_T][vocab], lazily
+    // pinned host staging (one allocation)
+    void *hbuf;
+    float *h_row_max, *h_row_tgt, *h_cos, *h_sin;
+    double *h_row_sum;
+    int *h_tok, *h_tg, *h_kb, *h_vb;
+    float *h_q, *h_kpre, *h_kpost, *h_v, *h_katt, *h_vatt, *h_kalt, *h_valt;
+    unsigned long long *h_cnt;
+    // native transform
+    bool has_desc;
+    kvq_kv_desc desc;
+    float *d_klo, *d_kup, *d_klv, *d_vlv; // [n_layers][kv_dim] x2, [n_layers][k_tables][2^k_bits], [..v..]
+    size_t k_tables, v_tables;
+    kvq_cuda_stats stats;
+    // KVQ_FWD_SAVE_LAYER_INPUTS / KVQ_FWD_SAVE_ACTIVATIONS store (device, one arena), for the backward
+    void *sbuf;
+    float *xs;                                   // [n_layers+1][max_T][dim] residual stream entering layer l
+    float *s_q, *s_k, *s_v, *s_kq, *s_vq, *s_att; // [n_layers][max_T][q_dim | kv_dim]
+    float *s_lse;                                // [n_layers][n_heads][max_T]
+    float *s_xmid, *s_gate, *s_up;               // [n_layers][max_T][dim | hidden_dim]
+    int *s_kb, *s_vb;                            // [n_layers][max_T]
+    std::vector<unsigned char> s_alt;            // [n_layers]: bit 0 alternative keys, bit 1 alternative values
+    int T_last;                                  // T of the last successful run (0: none)
+    int P_last;
+    // attention statistics (observe with attn_stats)
+    float *lse, *mass, *entropy;                 // [n_heads][max_T], [n_heads][max_P+max_T], [n_heads][max_T]
+    float *h_mass, *h_ent;                       // pinned copies
+    // backward workspace (backward_cuda.cu; allocated on the first backward)
+    void *bbuf, *hbbuf;
+    float *b_dx, *b_dxn, *b_xn, *b_dh, *b_dup, *b_datt, *b_dq, *b_dk, *b_dv, *b_dkpre, *b_dpk, *b_dpv, *b_D;
+    double *b_lse;
+    int *b_flag;
+    float *hb_dkpre, *hb_dk, *hb_dv, *hb_dpk, *hb_dpv, *hb_x, *hb_dx;
+    int *hb_flag;
+    double t_bwd_forward, t_bwd_head, t_bwd_layers; // wall seconds of the last backward, by phase
+};
+
+static inline kvq_status dev_alloc(kvq_forward_cuda *g, void **p, size_t bytes, const char *what, kvq_err *err)
+{
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return KVQ_OK;
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    (void)cudaGetLastError();
+    *p = NULL;
+    if (e == cudaErrorMemoryAllocation)
+        return kvq_fail(err, KVQ_ENOMEM,
+                        "CUDA forward: cannot allocate %.1f MiB on GPU %d for %s (max_T %d, max_P %d): %.1f MiB free of %.1f MiB; "
+                        "shrink the window (--ctx / --seq-len), evaluate fewer tokens at once, or use --device cpu",
+                        bytes / 1048576.0, g->dev, what, g->max_T, g->max_P, fr / 1048576.0, tot / 1048576.0);
+    return kvq_fail(err, KVQ_EIO, "CUDA forward: cudaMalloc of %.1f MiB for %s failed: %s", bytes / 1048576.0, what,
+                    cudaGetErrorString(e));
+}
+
+// Carve float/int buffers out of one arena; sizes in elements of 4 bytes (8 for doubles).
+struct carve {
+    size_t off = 0;
+    char *base = NULL;
+    template <class T> void take(T **p, size_t n)
+    {
+        *p = base ? reinterpret_cast<T *>(base + off) : NULL;
+        off = align_up(off + n * sizeof(T), 256);
+    }
+};
+
+static inline kvq_status linear(kvq_forward_cuda *g, float *y, const float *x, const float *w, int T, int in, int out, float beta,
+                  kvq_err *err)
+{
+    const float alpha = 1.0f;
+    // row-major y[T][out] = x[T][in] W^T  <=>  column-major y^T (out x T) = op(W)(out x in) x^T (in x T)
+    CB(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w, in, x, in, &beta, y, out));
+    return KVQ_OK;
+}
+
+
+static inline kvq_status d2h(kvq_forward_cuda *g, float *h, const float *d, size_t n, kvq_err *err)
+{
+    CU(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    return KVQ_OK;
+}
+static inline kvq_status h2d(kvq_forward_cuda *g, float *d, const float *h, size_t n, kvq_err *err)
+{
+    CU(cudaMemcpyAsync(d, h, n * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    return KVQ_OK;
+}
+
+
+#endif
