@@ -1,6 +1,7 @@
 /* capture.c — see capture.h. */
 #include "capture.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ kvq_capture_opts kvq_capture_opts_default(void)
     o.layer_last = -1;
     o.dtype = KVQ_DUMP_F16;
     o.deflate = KVQ_DUMP_DEFLATE_DEFAULT;
+    o.write_behind = -1;
     return o;
 }
 
@@ -100,6 +102,126 @@ static kvq_status observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_
     return KVQ_OK;
 }
 
+/* Write one captured sample (every layer, then the commit that makes it count). */
+static kvq_status write_sample(kvq_dump_writer *w, const capture_buf *b, int64_t smp, const int32_t *ids, kvq_err *err)
+{
+    const int L = b->L;
+    for (int l = b->first; l <= b->last; l++) {
+        int i = l - b->first;
+        size_t kv = (size_t)L * b->kv_dim, at = (size_t)b->n_heads * L;
+        kvq_dump_layer_data d = {
+            .k_pre_rope = slot(b->k_pre, i, kv), .k = slot(b->k, i, kv), .v = slot(b->v, i, kv),
+            .q = slot(b->q, i, (size_t)L * b->q_dim),
+            .fisher_k_pre_rope = slot(b->fisher_k, i, kv), .fisher_v = slot(b->fisher_v, i, kv),
+            .attn_received = slot(b->attn_recv, i, at), .attn_entropy = slot(b->attn_ent, i, at)};
+        KVQ_TRY(kvq_dump_write_layer(w, smp, l, &d, err));
+    }
+    return kvq_dump_commit_sample(w, smp, ids, err);
+}
+
+/* Background HDF5 writer (GPU runs): the sample just computed is written and
+ * committed by this thread while the GPU computes the next one into the other
+ * buffer. Only this thread calls HDF5 while a job runs (serial HDF5 needs no
+ * concurrent calls); the main thread waits for it before touching the dump. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    bool started, busy, quit;
+    kvq_dump_writer *w;
+    const capture_buf *buf; /* job */
+    int64_t smp;
+    int32_t *ids;           /* [L], the job's token ids */
+    kvq_status status;      /* first failure */
+    kvq_err err;
+    double seconds;         /* time spent writing */
+    int64_t written;        /* samples committed */
+} bg_writer;
+
+static void *bg_main(void *arg)
+{
+    bg_writer *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->busy && !b->quit) pthread_cond_wait(&b->cv, &b->mu);
+        if (!b->busy) break;
+        pthread_mutex_unlock(&b->mu);
+        kvq_err e = {0};
+        double t0 = kvq_now();
+        kvq_status s = write_sample(b->w, b->buf, b->smp, b->ids, &e);
+        double dt = kvq_now() - t0;
+        pthread_mutex_lock(&b->mu);
+        b->seconds += dt;
+        if (s && !b->status) {
+            b->status = s;
+            b->err = e;
+            kvq_err_prefix(&b->err, "sample %lld", (long long)b->smp);
+        }
+        if (!s) b->written++;
+        b->busy = false;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+static kvq_status bg_start(bg_writer *b, kvq_dump_writer *w, int L, kvq_err *err)
+{
+    memset(b, 0, sizeof *b);
+    b->w = w;
+    b->ids = malloc(sizeof(int32_t) * (size_t)L);
+    if (!b->ids) return kvq_fail(err, KVQ_ENOMEM, "out of memory");
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    if (pthread_create(&b->th, NULL, bg_main, b)) {
+        pthread_mutex_destroy(&b->mu);
+        pthread_cond_destroy(&b->cv);
+        free(b->ids);
+        b->ids = NULL;
+        return kvq_fail(err, KVQ_EIO, "cannot start the HDF5 writer thread");
+    }
+    b->started = true;
+    return KVQ_OK;
+}
+
+/* Wait until the writer is idle; its first failure (if any) is returned. */
+static kvq_status bg_wait(bg_writer *b, kvq_err *err)
+{
+    pthread_mutex_lock(&b->mu);
+    while (b->busy) pthread_cond_wait(&b->cv, &b->mu);
+    kvq_status s = b->status;
+    if (s) *err = b->err;
+    pthread_mutex_unlock(&b->mu);
+    return s;
+}
+
+static kvq_status bg_submit(bg_writer *b, const capture_buf *buf, int64_t smp, const int32_t *ids, int L, kvq_err *err)
+{
+    KVQ_TRY(bg_wait(b, err));
+    pthread_mutex_lock(&b->mu);
+    memcpy(b->ids, ids, sizeof(int32_t) * (size_t)L);
+    b->buf = buf;
+    b->smp = smp;
+    b->busy = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return KVQ_OK;
+}
+
+static void bg_stop(bg_writer *b)
+{
+    if (!b->started) return;
+    pthread_mutex_lock(&b->mu);
+    b->quit = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->th, NULL);
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    free(b->ids);
+    b->started = false;
+}
+
 /* backward grads hook: Fisher information = element-wise squared gradient */
 static kvq_status fisher_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
 {
@@ -141,7 +263,8 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     kvq_windows win = {0};
     kvq_engine eng;
     bool have_eng = false;
-    capture_buf buf = {0};
+    capture_buf bufs[2] = {{0}, {0}};
+    bg_writer bg = {0};
     kvq_dump_writer *w = NULL;
     kvq_dump_meta meta;
     memset(&meta, 0, sizeof meta);
@@ -211,10 +334,14 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
                  o->fisher ? "; with the backward pass (Fisher information)" : "");
     }
     if (!o->quiet) fprintf(stderr, "kvdump: device: %s\n", rep->device);
-    if ((s = buf_init(&buf, hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
+    /* write-behind (default on a GPU): the HDF5 writing of sample i overlaps the computation of sample i+1 (two buffers) */
+    const bool overlap = o->write_behind < 0 ? dev == KVQ_DEVICE_CUDA : o->write_behind > 0;
+    rep->write_overlapped = overlap;
+    if ((s = buf_init(&bufs[0], hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
+    if (overlap && (s = buf_init(&bufs[1], hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
+    if (overlap && (s = bg_start(&bg, w, L, err))) goto done;
 
     kvq_hooks hooks = {0};
-    hooks.user = &buf;
     hooks.observe = observe;
     hooks.attn_stats = o->attn_stats;
     int64_t start = kvq_dump_writer_samples_done(w);
@@ -228,9 +355,12 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     int32_t *ids32 = malloc(sizeof(int32_t) * (size_t)L);
     if (!ids || !ids32) { free(ids); free(ids32); s = kvq_fail(err, KVQ_ENOMEM, "out of memory"); goto done; }
     double loss_sum = 0;
+    int cur = 0;
+    bool interrupted = false;
     for (int64_t smp = start; smp < o->samples; smp++) {
-        if (stopped(o)) { s = kvq_fail(err, KVQ_EIO, "interrupted: %lld of %lld samples are in %s.partial (continue with --resume)",
-                                      (long long)smp, (long long)o->samples, o->out_path); break; }
+        if (stopped(o)) { interrupted = true; break; }
+        capture_buf *buf = &bufs[cur];
+        hooks.user = buf;
         for (int t = 0; t < L; t++) { ids32[t] = win.tokens[(size_t)smp * L + t]; ids[t] = ids32[t]; }
         kvq_fwd_io io = {0};
         io.tokens = ids;
@@ -239,7 +369,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
         double t0 = kvq_now(), loss;
         if (o->fisher) {
             /* Fisher information of the mean next-token cross-entropy of this sample */
-            kvq_bwd_spec spec = {.user = &buf, .xent = true, .grads = fisher_cb};
+            kvq_bwd_spec spec = {.user = buf, .xent = true, .grads = fisher_cb};
             kvq_bwd_result bres;
             s = kvq_engine_backward(&eng, &io, &spec, &bres, err);
             loss = bres.loss;
@@ -252,23 +382,38 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
         double t1 = kvq_now();
         rep->seconds_forward += t1 - t0;
         loss_sum += loss;
-        for (int l = first; l <= last && !s; l++) {
-            int i = l - first;
-            size_t kv = (size_t)L * buf.kv_dim, at = (size_t)buf.n_heads * L;
-            kvq_dump_layer_data d = {
-                .k_pre_rope = slot(buf.k_pre, i, kv), .k = slot(buf.k, i, kv), .v = slot(buf.v, i, kv),
-                .q = slot(buf.q, i, (size_t)L * buf.q_dim),
-                .fisher_k_pre_rope = slot(buf.fisher_k, i, kv), .fisher_v = slot(buf.fisher_v, i, kv),
-                .attn_received = slot(buf.attn_recv, i, at), .attn_entropy = slot(buf.attn_ent, i, at)};
-            s = kvq_dump_write_layer(w, smp, l, &d, err);
+        if (overlap) {
+            /* hand the buffer to the writer (after it finished the previous sample) and compute into the other */
+            s = bg_submit(&bg, buf, smp, ids32, L, err);
+            if (s) break;
+            cur ^= 1;
+            rep->seconds_wait += kvq_now() - t1;
+        } else {
+            s = write_sample(w, buf, smp, ids32, err);
+            rep->seconds_write += kvq_now() - t1;
+            if (s) { kvq_err_prefix(err, "sample %lld", (long long)smp); break; }
+            rep->samples_written++;
         }
-        if (!s) s = kvq_dump_commit_sample(w, smp, ids32, err);
-        rep->seconds_write += kvq_now() - t1;
-        if (s) break;
-        rep->samples_written++;
-        rep->samples_done = smp + 1;
         kvq_progress_update(&prog, (uint64_t)(smp + 1 - start) * (uint64_t)L);
     }
+    if (overlap) {
+        /* the last sample's write; a writer failure wins over a later compute failure */
+        kvq_err e2 = {0};
+        double t2 = kvq_now();
+        kvq_status s2 = bg_wait(&bg, &e2);
+        rep->seconds_wait += kvq_now() - t2;
+        if (s2) {
+            s = s2;
+            *err = e2;
+        }
+        rep->samples_written = bg.written;
+        rep->seconds_write = bg.seconds;
+        bg_stop(&bg);
+    }
+    rep->samples_done = kvq_dump_writer_samples_done(w);
+    if (!s && interrupted)
+        s = kvq_fail(err, KVQ_EIO, "interrupted: %lld of %lld samples are in %s.partial (continue with --resume)",
+                     (long long)rep->samples_done, (long long)o->samples, o->out_path);
     free(ids);
     free(ids32);
     if (!s) {
@@ -278,6 +423,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     }
     rep->mean_loss = rep->samples_written ? loss_sum / rep->samples_written : 0;
 done:
+    bg_stop(&bg); /* idle here; joined before the dump is closed */
     if (w) {
         kvq_err e2 = {0};
         int64_t committed = kvq_dump_writer_samples_done(w);
@@ -289,7 +435,8 @@ done:
             unlink(partial);
         }
     }
-    free(buf.arena);
+    free(bufs[0].arena);
+    free(bufs[1].arena);
     if (have_eng) kvq_engine_free(&eng);
     kvq_windows_free(&win);
     kvq_text_free(&txt);

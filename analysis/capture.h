@@ -50,6 +50,11 @@ typedef struct {
      * device (the GPU in exactness mode: fp32, TF32 off). Resolved device in
      * kvq_capture_report.device. */
     const char *device;
+    /* Write sample i (HDF5, compression) in a background thread while sample
+     * i+1 is computed, with two sample buffers: 1 on, 0 off, -1 auto (on when
+     * the device is a GPU; on the CPU the writer would compete with the
+     * forward for the cores). Either way the file is the same. */
+    int write_behind;
 } kvq_capture_opts;
 
 /* Defaults: 16 x min(2048, context), seed 0, f16, deflate KVQ_DUMP_DEFLATE_DEFAULT, all layers. */
@@ -60,7 +65,9 @@ typedef struct {
     int64_t samples_done;         /* in the file */
     int64_t seq_len;              /* L used */
     double seconds_forward;       /* model forward (and backward) time */
-    double seconds_write;         /* HDF5 writing time */
+    double seconds_write;         /* HDF5 writing time (write-behind: in the writer thread, overlapped with the next sample) */
+    double seconds_wait;          /* write-behind: time the computation waited for the writer */
+    bool write_overlapped;        /* the writes ran in the background (write_behind) */
     double seconds_total;
     double mean_loss;             /* mean NLL over the samples of this run (nats) */
     char device[256];             /* the engine that ran (kvq_engine_describe, "; with the backward pass" with Fisher) */

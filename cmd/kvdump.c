@@ -31,7 +31,7 @@ int main(int argc, char **argv)
 {
     kvq_capture_opts o = kvq_capture_opts_default();
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
-               *layers = NULL, *device = NULL;
+               *layers = NULL, *device = NULL, *overlap = NULL;
     long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
     bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false;
     kvq_opt opts[] = {
@@ -53,6 +53,9 @@ int main(int argc, char **argv)
         {"force", 0, KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
         {"device", 0, KVQ_OPT_STRING, &device, "DEV",
          "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present)", NULL, 0,
+         0, false},
+        {"write-behind", 0, KVQ_OPT_CHOICE, &overlap, "W",
+         "write sample i to HDF5 in a background thread while sample i+1 computes (default auto: on a GPU)", "auto|on|off", 0,
          0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
     };
@@ -81,6 +84,7 @@ int main(int argc, char **argv)
     o.force = force;
     o.quiet = quiet;
     o.device = device ? device : "auto";
+    o.write_behind = !overlap || !strcmp(overlap, "auto") ? -1 : !strcmp(overlap, "on");
     if (layers) {
         long a, b;
         char tail;
@@ -117,7 +121,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvdump: %s\n", e.msg);
         return s == KVQ_EINVAL ? 2 : 1;
     }
-    if (!quiet)
+    if (!quiet && rep.write_overlapped)
+        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); forward %.1f s, HDF5 %.1f s in the "
+                        "background (waited %.1f s for it), total %.1f s\n",
+                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, rep.seconds_forward, rep.seconds_write,
+                rep.seconds_wait, rep.seconds_total);
+    else if (!quiet)
         fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); forward %.1f s, HDF5 %.1f s (%.0f%% of forward), total %.1f s\n",
                 out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, rep.seconds_forward, rep.seconds_write,
                 rep.seconds_forward > 0 ? 100 * rep.seconds_write / rep.seconds_forward : 0, rep.seconds_total);

@@ -349,6 +349,67 @@ START_TEST(test_deflate_smaller_same_values)
 }
 END_TEST
 
+/* --write-behind on (a writer thread, two sample buffers) writes the same file
+ * contents as off, and a write failure in the writer thread (file-size limit)
+ * is reported with the path, leaves the committed samples resumable. */
+START_TEST(test_write_behind_same_file)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
+    char aout[256], bout[256], cmd[20000], msg[8192];
+    tmpname(aout, sizeof aout, "wb_on");
+    tmpname(bout, sizeof bout, "wb_off");
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 3 -L 80 --fisher --attn-stats --q --write-behind on -o %s",
+             g_bin, g_model, g_tok, g_text, aout);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "%s", msg);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 3 -L 80 --fisher --attn-stats --q --write-behind off -o %s",
+             g_bin, g_model, g_tok, g_text, bout);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "%s", msg);
+    kvq_dump_reader *a, *b;
+    kvq_err e = {0};
+    ck_assert(kvq_dump_open(aout, &a, &e) == KVQ_OK && kvq_dump_open(bout, &b, &e) == KVQ_OK);
+    const kvq_dump_meta *m = kvq_dump_reader_meta(a);
+    ck_assert_int_eq(kvq_dump_reader_samples_done(a), 3);
+    int compared = 0;
+    for (int ds = 0; ds < KVQ_DUMP_N_DS; ds++) {
+        if (!kvq_dump_has(a, 0, (kvq_dump_ds)ds)) continue;
+        size_t n = kvq_dump_ds_sample_elems(m, (kvq_dump_ds)ds);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        for (int layer = 0; layer < m->n_layers; layer++)
+            for (int smp = 0; smp < 3; smp++) {
+                ck_assert(kvq_dump_read(a, layer, (kvq_dump_ds)ds, smp, x, &e) == KVQ_OK);
+                ck_assert(kvq_dump_read(b, layer, (kvq_dump_ds)ds, smp, y, &e) == KVQ_OK);
+                ck_assert_msg(memcmp(x, y, n * sizeof *x) == 0, "layer %d sample %d %s differs", layer, smp,
+                              kvq_dump_ds_name((kvq_dump_ds)ds));
+                compared++;
+            }
+        free(x);
+        free(y);
+    }
+    ck_assert_int_ge(compared, 3 * m->n_layers * 5); /* k_pre, k, v, q, Fisher, attention statistics */
+    kvq_dump_close(a);
+    kvq_dump_close(b);
+    unlink(aout);
+    unlink(bout);
+    /* a failing write in the writer thread: reported, nothing under the final name, resumable */
+    char out[256], partial[300];
+    tmpname(out, sizeof out, "wb_fsize");
+    snprintf(partial, sizeof partial, "%s.partial", out);
+    snprintf(cmd, sizeof cmd,
+             "bash -c 'ulimit -f 900; exec %s -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --write-behind on -o %s'",
+             g_bin, g_model, g_tok, g_text, out);
+    ck_assert_msg(run(cmd, msg, sizeof msg) != 0, "file-size limit not hit");
+    ck_assert_msg(strstr(msg, out), "no path in: %s", msg);
+    ck_assert_msg(access(out, F_OK) != 0, "final name appeared");
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --resume -o %s", g_bin,
+             g_model, g_tok, g_text, out);
+    ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "resume failed: %s", msg);
+    ck_assert_msg(kvq_dump_open(out, &a, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(kvq_dump_reader_samples_done(a), 3);
+    kvq_dump_close(a);
+    unlink(out);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kvdump");
@@ -361,6 +422,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_file_size_limit_then_resume);
     tcase_add_test(tc, test_nan_activation_reported);
     tcase_add_test(tc, test_deflate_smaller_same_values);
+    tcase_add_test(tc, test_write_behind_same_file);
     suite_add_tcase(s, tc);
     return s;
 }
