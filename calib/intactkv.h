@@ -97,6 +97,12 @@ typedef struct {
     size_t target_cache_mib; /* cache the full-precision targets of all windows when they fit (0: recompute each time) */
     kvq_intactkv_step_fn on_step;
     void *on_step_ctx;
+    /* Where the forward/backward passes run (kernels/device.h): "cpu", "cuda",
+     * "cuda:N" or "auto"; NULL = "cpu". On a GPU: exactness mode (fp32, TF32
+     * off); a quant hook's transform runs on the host (forward_cuda.h). */
+    const char *device;
+    char *device_desc;       /* optional out: the engine's description */
+    size_t device_desc_len;
 } kvq_intactkv_train_opts;
 
 /* Defaults: the IntactKV reference (notes §2.4, intactkv_train.py +

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backward.h"
+#include "device.h"
 #include "intactkv.h"
 #include "progress.h"
 
@@ -14,21 +15,23 @@
  * they fit in the budget, else recomputed into one slot per call. */
 typedef struct {
     const kvq_model *m;
-    kvq_forward fw;        /* SAVE_LAYER_INPUTS, no hooks: the targets' forward */
+    kvq_engine *e;         /* borrowed: runs the targets' forward (no hooks), keeps layer inputs */
     kvq_prefix fp;         /* the model's own prefix */
     const int32_t *win;
     size_t n_win, T, per;  /* per = n_layers * T * dim floats per window */
     float *cache;          /* [n_win][n_layers][T][dim] or NULL */
     unsigned char *have;   /* [n_win] cache filled */
     float *slot;           /* [n_layers][T][dim] when not caching */
+    float *xbuf;           /* [T][dim]: one layer output of the trained prefix's forward */
     int *tok, *neg;        /* [T] window tokens as int, all -1 targets */
 } targets;
 
-static kvq_status targets_init(targets *tg, const kvq_model *m, const kvq_artifact_prefix *fp, const int32_t *win, size_t n_win,
-                               size_t T, size_t cache_mib, kvq_err *err)
+static kvq_status targets_init(targets *tg, kvq_engine *e, const kvq_model *m, const kvq_artifact_prefix *fp, const int32_t *win,
+                               size_t n_win, size_t T, size_t cache_mib, kvq_err *err)
 {
     memset(tg, 0, sizeof *tg);
     tg->m = m;
+    tg->e = e;
     tg->fp = kvq_intactkv_view(fp);
     tg->win = win;
     tg->n_win = n_win;
@@ -41,31 +44,25 @@ static kvq_status targets_init(targets *tg, const kvq_model *m, const kvq_artifa
         tg->have = calloc(n_win, 1);
     }
     if (!tg->cache) tg->slot = malloc(tg->per * sizeof(float));
+    tg->xbuf = malloc(T * (size_t)m->hp.dim * sizeof(float));
     tg->tok = malloc(T * sizeof(int));
     tg->neg = malloc(T * sizeof(int));
-    if ((!tg->cache && !tg->slot) || (tg->cache && !tg->have) || !tg->tok || !tg->neg) {
+    if ((!tg->cache && !tg->slot) || (tg->cache && !tg->have) || !tg->xbuf || !tg->tok || !tg->neg) {
         free(tg->cache);
         free(tg->have);
         free(tg->slot);
+        free(tg->xbuf);
         free(tg->tok);
         free(tg->neg);
         return kvq_fail(err, KVQ_ENOMEM, "intactkv: cannot allocate the training targets");
     }
     for (size_t t = 0; t < T; t++) tg->neg[t] = -1;
-    kvq_status s = kvq_forward_init(&tg->fw, m, (int)T, fp->P > 0 ? (int)fp->P : 0, KVQ_FWD_SAVE_LAYER_INPUTS, err);
-    if (s) {
-        free(tg->cache);
-        free(tg->have);
-        free(tg->slot);
-        free(tg->tok);
-        free(tg->neg);
-    }
-    return s;
+    return KVQ_OK;
 }
 
 static void targets_free(targets *tg)
 {
-    kvq_forward_free(&tg->fw);
+    free(tg->xbuf);
     free(tg->cache);
     free(tg->have);
     free(tg->slot);
@@ -74,12 +71,12 @@ static void targets_free(targets *tg)
     memset(tg, 0, sizeof *tg);
 }
 
-/* Copy the layer outputs l = 0..n_layers-1 of fw's last run into dst [n_layers][T][dim]. */
-static void copy_outputs(const kvq_forward *fw, size_t T, float *dst)
+/* Copy the layer outputs l = 0..n_layers-1 of the engine's last run into dst [n_layers][T][dim]. */
+static kvq_status copy_outputs(kvq_engine *e, const kvq_model *m, size_t T, float *dst, kvq_err *err)
 {
-    int L = fw->m->hp.n_layers;
-    size_t n = T * (size_t)fw->m->hp.dim;
-    for (int l = 0; l < L; l++) memcpy(dst + (size_t)l * n, kvq_forward_layer_input(fw, l + 1), n * sizeof(float));
+    size_t n = T * (size_t)m->hp.dim;
+    for (int l = 0; l < m->hp.n_layers; l++) KVQ_TRY(kvq_engine_layer_input(e, l + 1, dst + (size_t)l * n, err));
+    return KVQ_OK;
 }
 
 /* Targets of window w: [n_layers][T][dim], valid until the next call. */
@@ -93,10 +90,10 @@ static kvq_status targets_get(targets *tg, size_t w, const float **out, kvq_err 
     for (size_t t = 0; t < tg->T; t++) tg->tok[t] = x[t];
     kvq_fwd_io io = {.tokens = tg->tok, .T = (int)tg->T, .pos0 = tg->fp.P, .targets = tg->neg, .prefix = tg->fp.P ? &tg->fp : NULL};
     kvq_fwd_result r;
-    kvq_status s = kvq_forward_run(&tg->fw, &io, &r, err);
-    if (s) return kvq_err_prefix(err, "intactkv: full-precision targets of window %zu", w);
+    kvq_status s = kvq_engine_run(tg->e, &io, &r, err);
     float *dst = tg->cache ? tg->cache + w * tg->per : tg->slot;
-    copy_outputs(&tg->fw, tg->T, dst);
+    if (!s) s = copy_outputs(tg->e, tg->m, tg->T, dst, err);
+    if (s) return kvq_err_prefix(err, "intactkv: full-precision targets of window %zu", w);
     if (tg->cache) tg->have[w] = 1;
     *out = dst;
     return KVQ_OK;
@@ -113,9 +110,8 @@ static double half_mse(const float *x, const float *t, size_t n)
     return 0.5 * s / (double)n;
 }
 
-/* Loss of every window for prefix px under quant (forward only), mean into *loss. */
-static kvq_status loss_all(targets *tg, kvq_forward *fw, const kvq_artifact_prefix *px, const kvq_hooks *quant, double *loss,
-                           kvq_err *err)
+/* Loss of every window for prefix px under quant (forward only, on tg's engine), mean into *loss. */
+static kvq_status loss_all(targets *tg, const kvq_artifact_prefix *px, const kvq_hooks *quant, double *loss, kvq_err *err)
 {
     const kvq_model *m = tg->m;
     size_t n = tg->T * (size_t)m->hp.dim;
@@ -129,9 +125,12 @@ static kvq_status loss_all(targets *tg, kvq_forward *fw, const kvq_artifact_pref
         kvq_fwd_io io = {.tokens = tg->tok, .T = (int)tg->T, .pos0 = pv.P, .targets = tg->neg, .prefix = pv.P ? &pv : NULL,
                          .hooks = quant};
         kvq_fwd_result r;
-        kvq_status s = kvq_forward_run(fw, &io, &r, err);
+        kvq_status s = kvq_engine_run(tg->e, &io, &r, err);
+        for (int l = 0; l < m->hp.n_layers && !s; l++) {
+            s = kvq_engine_layer_input(tg->e, l + 1, tg->xbuf, err);
+            if (!s) sum += half_mse(tg->xbuf, tgt + (size_t)l * n, n);
+        }
         if (s) return kvq_err_prefix(err, "intactkv: loss of window %zu", w);
-        for (int l = 0; l < m->hp.n_layers; l++) sum += half_mse(kvq_forward_layer_input(fw, l + 1), tgt + (size_t)l * n, n);
     }
     *loss = sum / (double)tg->n_win;
     if (!isfinite(*loss)) return kvq_fail(err, KVQ_ENUMERIC, "intactkv: loss is not finite (%g)", *loss);
@@ -154,15 +153,15 @@ kvq_status kvq_intactkv_loss(const kvq_model *m, const kvq_artifact_prefix *fp_p
     KVQ_TRY(check_windows(m, px, n_win, T, err));
     if (fp_prefix->P != px->P)
         return kvq_fail(err, KVQ_EINVAL, "intactkv: target prefix has %zu entries, trained prefix %zu", fp_prefix->P, px->P);
+    kvq_engine e;
+    KVQ_TRY(kvq_engine_init(&e, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, m, (int)T, (int)px->P, KVQ_FWD_SAVE_LAYER_INPUTS, err));
     targets tg;
-    KVQ_TRY(targets_init(&tg, m, fp_prefix, win, n_win, T, 0, err));
-    kvq_forward fw;
-    kvq_status s = kvq_forward_init(&fw, m, (int)T, (int)px->P, KVQ_FWD_SAVE_LAYER_INPUTS, err);
+    kvq_status s = targets_init(&tg, &e, m, fp_prefix, win, n_win, T, 0, err);
     if (!s) {
-        s = loss_all(&tg, &fw, px, quant, loss, err);
-        kvq_forward_free(&fw);
+        s = loss_all(&tg, px, quant, loss, err);
+        targets_free(&tg);
     }
-    targets_free(&tg);
+    kvq_engine_free(&e);
     return s;
 }
 
@@ -206,7 +205,7 @@ static kvq_status grads_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
 }
 
 /* Loss and gradient of window w for prefix pv (gradient ADDED, scaled by c->scale, into c->gk / c->gv). */
-static kvq_status window_grad(kvq_backward *bw, targets *tg, size_t w, const kvq_prefix *pv, const kvq_hooks *quant, int *tok,
+static kvq_status window_grad(kvq_engine *e, targets *tg, size_t w, const kvq_prefix *pv, const kvq_hooks *quant, int *tok,
                               const int *neg, bwd_ctx *c, kvq_err *err)
 {
     KVQ_TRY(targets_get(tg, w, &c->tgt, err));
@@ -216,7 +215,7 @@ static kvq_status window_grad(kvq_backward *bw, targets *tg, size_t w, const kvq
     kvq_fwd_io io = {.tokens = tok, .T = (int)tg->T, .pos0 = pv->P, .targets = neg, .prefix = pv, .hooks = quant};
     kvq_bwd_spec spec = {.user = c, .xent = false, .upstream = upstream_cb, .grads = grads_cb};
     kvq_bwd_result r;
-    return kvq_backward_run(bw, &io, &spec, &r, err);
+    return kvq_engine_backward(e, &io, &spec, &r, err);
 }
 
 kvq_status kvq_intactkv_grad(const kvq_model *m, const kvq_artifact_prefix *fp_prefix, const kvq_artifact_prefix *px,
@@ -230,28 +229,28 @@ kvq_status kvq_intactkv_grad(const kvq_model *m, const kvq_artifact_prefix *fp_p
     size_t per = px->P * (size_t)kvq_kv_dim(&m->hp);
     memset(gk, 0, per * (size_t)m->hp.n_layers * sizeof(float));
     memset(gv, 0, per * (size_t)m->hp.n_layers * sizeof(float));
+    kvq_engine e;
+    KVQ_TRY(kvq_engine_init(&e, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, m, (int)T, (int)px->P, KVQ_ENGINE_BACKWARD, err));
     targets tg;
-    KVQ_TRY(targets_init(&tg, m, fp_prefix, win, n_win, T, 0, err));
-    kvq_backward bw;
     int *tok = malloc(T * sizeof *tok);
-    kvq_status s = tok ? kvq_backward_init(&bw, m, (int)T, (int)px->P, err) : kvq_fail(err, KVQ_ENOMEM, "intactkv: out of memory");
+    kvq_status s = tok ? targets_init(&tg, &e, m, fp_prefix, win, n_win, T, 0, err) : kvq_fail(err, KVQ_ENOMEM, "intactkv: out of memory");
     if (s) {
         free(tok);
-        targets_free(&tg);
+        kvq_engine_free(&e);
         return s;
     }
     kvq_prefix pv = kvq_intactkv_view(px);
     double sum = 0;
     for (size_t w = 0; w < n_win && !s; w++) {
         bwd_ctx c = {.n = T * (size_t)m->hp.dim, .gk = gk, .gv = gv, .per = per, .scale = 1.0f / (float)n_win};
-        s = window_grad(&bw, &tg, w, &pv, quant, tok, tg.neg, &c, err);
+        s = window_grad(&e, &tg, w, &pv, quant, tok, tg.neg, &c, err);
         if (s) kvq_err_prefix(err, "intactkv: window %zu", w);
         sum += c.loss;
     }
     if (!s) *loss = sum / (double)n_win;
-    kvq_backward_free(&bw);
     free(tok);
     targets_free(&tg);
+    kvq_engine_free(&e);
     return s;
 }
 
@@ -292,10 +291,11 @@ kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const
     size_t *perm = malloc(n_win * sizeof *perm);
     int *tok = malloc(T * sizeof *tok), *neg = malloc(T * sizeof *neg);
     kvq_status s = KVQ_OK;
-    bool tg_ok = false, fw_ok = false, bw_ok = false;
+    bool tg_ok = false, e_ok = false;
     targets tg;
-    kvq_forward fw;
-    kvq_backward bw;
+    kvq_engine eng;
+    kvq_device dev = KVQ_DEVICE_CPU;
+    int gpu = 0;
     if (!fp.k || !fp.v || !gk || !gv || !mk || !mv || !vk || !vv || !perm || !tok || !neg) {
         s = kvq_fail(err, KVQ_ENOMEM, "intactkv: cannot allocate the optimizer state (%zu parameters)", 2 * np);
         goto done;
@@ -303,15 +303,16 @@ kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const
     memcpy(fp.k, px->k, np * sizeof(float));
     memcpy(fp.v, px->v, np * sizeof(float));
     for (size_t t = 0; t < T; t++) neg[t] = -1;
-    if ((s = targets_init(&tg, m, &fp, win, n_win, T, o->target_cache_mib, err))) goto done;
+    /* one engine (CPU or GPU) runs the targets, the losses and the backward passes */
+    if ((s = kvq_device_parse(o->device ? o->device : "cpu", &dev, &gpu, err))) goto done;
+    if ((s = kvq_engine_init_at(&eng, dev, gpu, KVQ_CUDA_EXACT, m, (int)T, (int)px->P, KVQ_ENGINE_BACKWARD, err))) goto done;
+    e_ok = true;
+    if (o->device_desc) kvq_engine_describe(&eng, o->device_desc, o->device_desc_len);
+    if ((s = targets_init(&tg, &eng, m, &fp, win, n_win, T, o->target_cache_mib, err))) goto done;
     tg_ok = true;
-    if ((s = kvq_forward_init(&fw, m, (int)T, (int)px->P, KVQ_FWD_SAVE_LAYER_INPUTS, err))) goto done;
-    fw_ok = true;
-    if ((s = kvq_backward_init(&bw, m, (int)T, (int)px->P, err))) goto done;
-    bw_ok = true;
 
     double lb;
-    if ((s = loss_all(&tg, &fw, px, quant, &lb, err))) goto done;
+    if ((s = loss_all(&tg, px, quant, &lb, err))) goto done;
     if (loss_before) *loss_before = lb;
 
     kvq_pyrandom rng;
@@ -328,7 +329,7 @@ kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const
             if (k % n_win == 0) shuffle(&rng, perm, n_win);
             size_t w = perm[k % n_win];
             bwd_ctx c = {.n = T * (size_t)hp->dim, .gk = gk, .gv = gv, .per = per, .scale = 1.0f / (float)o->accum};
-            if ((s = window_grad(&bw, &tg, w, &pv, quant, tok, neg, &c, err))) {
+            if ((s = window_grad(&eng, &tg, w, &pv, quant, tok, neg, &c, err))) {
                 kvq_err_prefix(err, "intactkv: step %zu, window %zu", step, w);
                 goto done;
             }
@@ -359,13 +360,12 @@ kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const
         if (o->on_step) o->on_step(o->on_step_ctx, step, o->steps, step_loss, nrm, kvq_now() - ts);
     }
     double la;
-    if ((s = loss_all(&tg, &fw, px, quant, &la, err))) goto done;
+    if ((s = loss_all(&tg, px, quant, &la, err))) goto done;
     if (loss_after) *loss_after = la;
     s = kvq_intactkv_sync_pre_rope(hp, px, err);
 done:
-    if (bw_ok) kvq_backward_free(&bw);
-    if (fw_ok) kvq_forward_free(&fw);
     if (tg_ok) targets_free(&tg);
+    if (e_ok) kvq_engine_free(&eng);
     free(fp.k);
     free(fp.v);
     free(gk);

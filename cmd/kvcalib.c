@@ -28,6 +28,7 @@
 #include "tokenizer.h"
 #include "cli.h"
 #include "cuda_info.h"
+#include "device.h"
 #include "progress.h"
 
 #define PROG "kvcalib"
@@ -191,7 +192,7 @@ static const char IKV_SUMMARY[] =
     "steps x lr; --lr 2e-4*160/steps keeps the reference's budget (e.g. --lr 2e-3 for 16 steps).";
 
 typedef struct {
-    const char *model, *tokenizer, *base, *prefix, *out, *text, *format, *scheme, *loss_csv;
+    const char *model, *tokenizer, *base, *prefix, *out, *text, *format, *scheme, *loss_csv, *device;
     bool special, add_bos, force, quiet, allow_mismatch, train;
     long samples, seq_len, steps, epochs, accum, seed, cache_mib;
     double lr, clip, beta1, beta2, eps;
@@ -285,6 +286,10 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
     o.target_cache_mib = (size_t)a->cache_mib;
     o.on_step = on_step;
     o.on_step_ctx = sc;
+    char dev_desc[256] = "";
+    o.device = a->device ? a->device : "auto";
+    o.device_desc = dev_desc;
+    o.device_desc_len = sizeof dev_desc;
     curve = malloc(o.steps * sizeof *curve);
     if (!curve) {
         s = kvq_fail(e, KVQ_ENOMEM, "out of memory");
@@ -308,6 +313,7 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
     double t0 = kvq_now(), lb, la;
     s = kvq_intactkv_train(m, art->prefix, &hk, win.tokens, win.n_windows, win.ctx, &o, curve, &lb, &la, e);
     if (s) goto done;
+    if (!a->quiet) fprintf(stderr, "%s intactkv: trained on %s\n", PROG, dev_desc);
     kvq_artifact_prefix *px = art->prefix;
     px->trained = true;
     px->loss_curve = curve;
@@ -389,6 +395,8 @@ static int cmd_intactkv(int argc, char **argv)
          false},
         {"loss-csv", 0, KVQ_OPT_STRING, &a.loss_csv, "FILE", "--train: also write step,loss,grad_norm,seconds per step", NULL, 0,
          0, false},
+        {"device", 0, KVQ_OPT_STRING, &a.device, "DEV",
+         "--train: cpu, cuda, cuda:N or auto (default: cuda when a GPU is present; exactness mode)", NULL, 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &a.quiet, NULL, "no progress or summary (errors only)", NULL, 0, 0, false},
     };
     int n_tab = (int)(sizeof tab / sizeof *tab);
@@ -400,9 +408,13 @@ static int cmd_intactkv(int argc, char **argv)
         fprintf(stderr, "%s intactkv: --train needs --text FILE (calibration text)\n", PROG);
         return EXIT_USAGE;
     }
-    if (!a.train && (a.text || a.scheme || a.loss_csv)) {
-        fprintf(stderr, "%s intactkv: --text, --scheme and --loss-csv apply to --train only\n", PROG);
+    if (!a.train && (a.text || a.scheme || a.loss_csv || a.device)) {
+        fprintf(stderr, "%s intactkv: --text, --scheme, --loss-csv and --device apply to --train only\n", PROG);
         return EXIT_USAGE;
+    }
+    if (a.device) {
+        kvq_device dv;
+        if (kvq_device_parse(a.device, &dv, NULL, &e)) return ikv_fail(&e, e.code == KVQ_EINVAL ? EXIT_USAGE : 1);
     }
     if (!(a.lr > 0) || !(a.clip >= 0) || !(a.eps > 0) || a.beta1 >= 1 || a.beta2 >= 1) {
         fprintf(stderr, "%s intactkv: --lr and --eps must be > 0, --clip >= 0, betas in [0, 1)\n", PROG);

@@ -581,6 +581,8 @@ START_TEST(test_cli)
         {m0, "--train --prefix bos --force", 2, {"--train needs --text"}},
         {m0, "--prefix bos --text x --force", 2, {"apply to --train only"}},
         {m0, "--prefix bos --lr 0 --force", 2, {"--lr"}},
+        {m0, "--prefix bos --device cpu --force", 2, {"apply to --train only"}},
+        {m0, "--prefix bos --train --text x --device tpu --force", 2, {"--device", "tpu"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(cmd, sizeof cmd, "%s intactkv --model %s --tokenizer %s --base %s --out %s %s", bin, cases[i].model, tp, bp, out,
