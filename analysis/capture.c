@@ -325,7 +325,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
 
     int L = (int)seq_len;
     /* --fisher: the engine also runs the backward pass (CPU or GPU) */
-    s = kvq_engine_init_at(&eng, dev, gpu, KVQ_CUDA_EXACT, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, err);
+    s = kvq_engine_init_at(&eng, dev, gpu, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, err);
     have_eng = s == KVQ_OK;
     if (s) goto done;
     {

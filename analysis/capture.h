@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "dump.h"
+#include "forward_cuda.h"
 #include "status.h"
 #include "text.h"
 
@@ -55,6 +56,9 @@ typedef struct {
      * the device is a GPU; on the CPU the writer would compete with the
      * forward for the cores). Either way the file is the same. */
     int write_behind;
+    /* GPU arithmetic (forward_cuda.h): KVQ_CUDA_EXACT (default), _TF32 or
+     * _BF16 (fast modes; the report's device string says which). */
+    kvq_cuda_math math;
 } kvq_capture_opts;
 
 /* Defaults: 16 x min(2048, context), seed 0, f16, deflate KVQ_DUMP_DEFLATE_DEFAULT, all layers. */

@@ -47,7 +47,7 @@ void kvq_ppl_results_free(kvq_ppl_result *results, size_t n)
 
 const char *kvq_ppl_exec_mode(const kvq_ppl_exec *x)
 {
-    return x && x->device == KVQ_DEVICE_CUDA && x->math == KVQ_CUDA_TF32 ? "fast (TF32)" : "exact (fp32)";
+    return x && x->device == KVQ_DEVICE_CUDA ? kvq_cuda_math_name(x->math) : "exact (fp32)";
 }
 
 const char *kvq_ppl_xform_name(kvq_ppl_xform x)

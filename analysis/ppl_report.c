@@ -29,7 +29,10 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
             r->bos_policy);
     if (r->exec)
         fprintf(f, "- device: %s, %s%s: %s\n", kvq_device_name(r->exec->device), kvq_ppl_exec_mode(r->exec),
-                r->exec->device == KVQ_DEVICE_CUDA && r->exec->math == KVQ_CUDA_TF32 ? " — GEMMs on TF32 tensor cores, ~1e-3 relative, not the exactness mode" : "",
+                r->exec->device != KVQ_DEVICE_CUDA ? ""
+                : r->exec->math == KVQ_CUDA_TF32 ? " — GEMMs on TF32 tensor cores, ~1e-3 relative, not the exactness mode"
+                : r->exec->math == KVQ_CUDA_BF16 ? " — bf16 weights and GEMM inputs, ~1e-2 relative, not the exactness mode"
+                                                 : "",
                 r->exec->described);
     fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL |\n", pl->ctx);
     fprintf(f, "|---|---:|---:|---:|---:|---:|---:|\n");
@@ -141,7 +144,10 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON *d = cJSON_AddObjectToObject(root, "device");
         cJSON_AddStringToObject(d, "name", kvq_device_name(r->exec->device));
         if (r->exec->device == KVQ_DEVICE_CUDA) cJSON_AddNumberToObject(d, "gpu", r->exec->gpu);
-        cJSON_AddStringToObject(d, "mode", r->exec->device == KVQ_DEVICE_CUDA && r->exec->math == KVQ_CUDA_TF32 ? "tf32" : "exact");
+        cJSON_AddStringToObject(d, "mode", r->exec->device != KVQ_DEVICE_CUDA ? "exact"
+                                           : r->exec->math == KVQ_CUDA_TF32  ? "tf32"
+                                           : r->exec->math == KVQ_CUDA_BF16  ? "bf16"
+                                                                             : "exact");
         cJSON_AddStringToObject(d, "description", r->exec->described);
     }
     cJSON *arts = cJSON_AddArrayToObject(root, "artifacts");

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "device.h"
 #include "cli.h"
 
 /* The one process-wide mutable: set by SIGINT/SIGTERM, read between samples
@@ -31,7 +32,7 @@ int main(int argc, char **argv)
 {
     kvq_capture_opts o = kvq_capture_opts_default();
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
-               *layers = NULL, *device = NULL, *overlap = NULL;
+               *layers = NULL, *device = NULL, *overlap = NULL, *math = NULL;
     long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
     bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false;
     kvq_opt opts[] = {
@@ -54,6 +55,9 @@ int main(int argc, char **argv)
         {"device", 0, KVQ_OPT_STRING, &device, "DEV",
          "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present)", NULL, 0,
          0, false},
+        {"math", 0, KVQ_OPT_CHOICE, &math, "M",
+         "GPU arithmetic: exact (fp32, TF32 off), tf32 or bf16 (bf16 weights/GEMM inputs); fast modes are named in the "
+         "device line [default exact]", "exact|tf32|bf16", 0, 0, false},
         {"write-behind", 0, KVQ_OPT_CHOICE, &overlap, "W",
          "write sample i to HDF5 in a background thread while sample i+1 computes (default auto: on a GPU)", "auto|on|off", 0,
          0, false},
@@ -85,6 +89,10 @@ int main(int argc, char **argv)
     o.quiet = quiet;
     o.device = device ? device : "auto";
     o.write_behind = !overlap || !strcmp(overlap, "auto") ? -1 : !strcmp(overlap, "on");
+    if (math && kvq_cuda_math_parse(math, "--math", &o.math, &e)) {
+        fprintf(stderr, "kvdump: %s\n", e.msg);
+        return 2;
+    }
     if (layers) {
         long a, b;
         char tail;

@@ -28,7 +28,7 @@
     "Table on stdout, progress on stderr."
 
 typedef struct {
-    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos, *device;
+    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos, *device, *math;
     long ctx, max_windows;
     kvq_strlist artifacts, schemes;
     bool quiet, version, allow_mismatch, fast;
@@ -81,8 +81,12 @@ int main(int argc, char **argv)
          "where the model runs: cpu, cuda, cuda:N (GPU N) or auto (default: cuda when a GPU is present, else cpu)", NULL, 0, 0,
          false},
         {"fast", 0, KVQ_OPT_FLAG, &o.fast, NULL,
-         "GPU fast mode: TF32 tensor cores for the GEMMs (~1e-3 relative; labelled in the output). Default: exact fp32", NULL,
+         "GPU fast mode: TF32 tensor cores for the GEMMs (~1e-3 relative; labelled in the output); = --math tf32", NULL,
          0, 0, false},
+        {"math", 0, KVQ_OPT_CHOICE, &o.math, "M",
+         "GPU arithmetic: exact (fp32 weights, TF32 off), tf32, or bf16 (bf16 weights and GEMM inputs, fp32 accumulation, "
+         "~1e-2 relative); fast modes are labelled in the output [default exact]",
+         "exact|tf32|bf16", 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
         {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
     };
@@ -118,9 +122,19 @@ int main(int argc, char **argv)
         if (exec.device == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o.quiet && kvq_cuda_device_count(why, sizeof why) == 0)
             fprintf(stderr, "kveval: --device auto: no usable GPU (%s); running on the CPU\n", why);
     }
-    if (o.fast) {
-        if (exec.device == KVQ_DEVICE_CUDA) exec.math = KVQ_CUDA_TF32;
-        else if (!o.quiet) fprintf(stderr, "kveval: --fast applies to the GPU only; the CPU runs exact fp32\n");
+    if (o.fast && o.math && strcmp(o.math, "tf32")) {
+        fprintf(stderr, "kveval: --fast means --math tf32; it contradicts --math %s\n", o.math);
+        free(specs);
+        return 2;
+    }
+    if (o.fast || (o.math && strcmp(o.math, "exact"))) {
+        kvq_cuda_math mm = KVQ_CUDA_TF32;
+        if (o.math && kvq_cuda_math_parse(o.math, "--math", &mm, &e)) {
+            free(specs);
+            return fail(NULL, &e, 2);
+        }
+        if (exec.device == KVQ_DEVICE_CUDA) exec.math = mm;
+        else if (!o.quiet) fprintf(stderr, "kveval: --fast / --math apply to the GPU only; the CPU runs exact fp32\n");
     }
 
     int rc = 1;

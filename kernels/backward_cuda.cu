@@ -20,9 +20,7 @@ namespace {
 kvq_status linear_bwd(kvq_forward_cuda *g, float *dx, const float *dy, const float *w, int T, int in, int out, float beta,
                       kvq_err *err)
 {
-    const float alpha = 1.0f;
-    CB(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, &alpha, w, in, dy, out, &beta, dx, in));
-    return KVQ_OK;
+    return gemm_w(g, CUBLAS_OP_N, in, T, out, w, in, dy, out, beta, dx, in, err);
 }
 
 kvq_status bwd_alloc(kvq_forward_cuda *g, kvq_err *err)
@@ -93,19 +91,18 @@ kvq_status head_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, bool set_los
     CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
     for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
         int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
-        KVQ_TRY(linear(g, g->blk, g->b_xn, g->output + (size_t)v0 * dim, T, dim, nv, 0, err));
+        KVQ_TRY(linear(g, g->blk, g->b_xn, woff(g, g->output, (size_t)v0 * dim), T, dim, nv, 0, err));
         CU(kvq_cu_lse_block(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->st));
     }
     CU(kvq_cu_lse_final(g->b_lse, g->row_max, g->row_sum, g->tg, T, g->st));
-    const float scale = (float)(1.0 / n_scored), one = 1.0f;
+    const float scale = (float)(1.0 / n_scored);
     for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
         int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
-        KVQ_TRY(linear(g, g->blk, g->b_xn, g->output + (size_t)v0 * dim, T, dim, nv, 0, err));
+        KVQ_TRY(linear(g, g->blk, g->b_xn, woff(g, g->output, (size_t)v0 * dim), T, dim, nv, 0, err));
         CU(kvq_cu_xent_grad(g->blk, g->tg, v0, nv, T, g->b_lse, scale, g->st));
         const float beta = v0 == 0 ? 0.0f : 1.0f;
         // dxn[T][dim] (+)= dz[T][nv] W_blk[nv][dim]
-        CB(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, dim, T, nv, &one, g->output + (size_t)v0 * dim, dim, g->blk, nv, &beta,
-                       g->b_dxn, dim));
+        KVQ_TRY(gemm_w(g, CUBLAS_OP_N, dim, T, nv, woff(g, g->output, (size_t)v0 * dim), dim, g->blk, nv, beta, g->b_dxn, dim, err));
     }
     CU(cudaMemcpyAsync(g->h_row_max, g->row_max, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
     CU(cudaMemcpyAsync(g->h_row_tgt, g->row_tgt, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));

@@ -1,6 +1,7 @@
 // cuda_ops.cu — device kernels of the CUDA forward; see cuda_ops.cuh.
 #include "cuda_ops.cuh"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -10,6 +11,20 @@
 namespace {
 
 // ---- forward building blocks -------------------------------------------------
+
+__global__ void embed_bf16_k(float *x, const unsigned short *E, const int *tok, int dim)
+{
+    int t = blockIdx.x;
+    const unsigned short *src = E + (size_t)tok[t] * dim;
+    float *dst = x + (size_t)t * dim;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = __uint_as_float((unsigned)src[c] << 16);
+}
+
+__global__ void to_bf16_k(unsigned short *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+}
 
 __global__ void embed_k(float *x, const float *E, const int *tok, int dim)
 {
@@ -420,6 +435,19 @@ __global__ void fill_random_k(float *x, size_t n, unsigned seed)
 }
 
 } // namespace
+
+cudaError_t kvq_cu_embed_bf16(float *x, const unsigned short *E, const int *tok, int T, int dim, cudaStream_t st)
+{
+    embed_bf16_k<<<T, 128, 0, st>>>(x, E, tok, dim);
+    return cudaGetLastError();
+}
+
+cudaError_t kvq_cu_to_bf16(unsigned short *dst, const float *src, size_t n, cudaStream_t st)
+{
+    if (!n) return cudaSuccess;
+    to_bf16_k<<<grid_for(n, kThreads * 4), kThreads, 0, st>>>(dst, src, n);
+    return cudaGetLastError();
+}
 
 cudaError_t kvq_cu_embed(float *x, const float *E, const int *tok, int T, int dim, cudaStream_t st)
 {

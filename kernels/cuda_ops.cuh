@@ -11,6 +11,10 @@
 
 // x[t][:] = E[tok[t]][:]
 cudaError_t kvq_cu_embed(float *x, const float *E, const int *tok, int T, int dim, cudaStream_t st);
+// The same from a bf16 table E [vocab][dim] (bits, exact widening).
+cudaError_t kvq_cu_embed_bf16(float *x, const unsigned short *E, const int *tok, int T, int dim, cudaStream_t st);
+// dst[i] = bf16(src[i]) (round to nearest even), n elements.
+cudaError_t kvq_cu_to_bf16(unsigned short *dst, const float *src, size_t n, cudaStream_t st);
 // kvq_rmsnorm: sum of squares in double (block tree order), r = (float)(1/sqrt(ss/dim + eps)), out = x*r*g.
 cudaError_t kvq_cu_rmsnorm(float *out, const float *x, const float *g, int T, int dim, float eps, cudaStream_t st);
 // kvq_rope_apply (forward rotation), same rounding (no FMA contraction).

@@ -41,6 +41,20 @@ kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err 
 
 const char *kvq_device_name(kvq_device d) { return d == KVQ_DEVICE_CUDA ? "cuda" : "cpu"; }
 
+const char *kvq_cuda_math_name(kvq_cuda_math m)
+{
+    return m == KVQ_CUDA_TF32 ? "fast (TF32)" : m == KVQ_CUDA_BF16 ? "fast (BF16)" : "exact (fp32)";
+}
+
+kvq_status kvq_cuda_math_parse(const char *s, const char *what, kvq_cuda_math *out, kvq_err *err)
+{
+    if (!strcmp(s, "exact")) *out = KVQ_CUDA_EXACT;
+    else if (!strcmp(s, "tf32")) *out = KVQ_CUDA_TF32;
+    else if (!strcmp(s, "bf16")) *out = KVQ_CUDA_BF16;
+    else return kvq_fail(err, KVQ_EINVAL, "%s: expected exact, tf32 or bf16, found '%s'", what, s);
+    return KVQ_OK;
+}
+
 kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_math math, const kvq_model *m, int max_T,
                               int max_P, unsigned flags, kvq_err *err)
 {

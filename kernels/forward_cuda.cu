@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "attention.h"
+#include "half.h"
 #include "forward_cuda.h"
 #include "ops.h"
 }
@@ -96,10 +97,15 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     CUI(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
     CBI(cublasCreate(&g->blas));
     CBI(cublasSetStream(g->blas, g->st));
-    CBI(cublasSetMathMode(g->blas, math == KVQ_CUDA_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
-    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), fp32 weights, cuBLAS %s", prop.name, prop.major, prop.minor,
-             prop.totalGlobalMem / 1073741824.0,
-             math == KVQ_CUDA_TF32 ? "TF32 tensor cores (fast mode, ~1e-3)" : "FP32 pedantic (TF32 off, exactness mode)");
+    CBI(cublasSetMathMode(g->blas, math == KVQ_CUDA_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                   : math == KVQ_CUDA_BF16 ? CUBLAS_DEFAULT_MATH
+                                                           : CUBLAS_PEDANTIC_MATH));
+    g->bf16 = math == KVQ_CUDA_BF16;
+    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s", prop.name, prop.major, prop.minor,
+             prop.totalGlobalMem / 1073741824.0, g->bf16 ? "bf16" : "fp32",
+             math == KVQ_CUDA_TF32   ? "TF32 tensor cores (fast mode, ~1e-3)"
+             : math == KVQ_CUDA_BF16 ? "BF16 GEMMs with fp32 accumulation (fast mode, ~1e-2)"
+                                     : "FP32 pedantic (TF32 off, exactness mode)");
 
     // ---- weights ----
     const size_t dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
@@ -107,54 +113,65 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     const bool tied = m->output == m->tok_embd;
     carve w;
     g->L.resize(NL);
+    const size_t we = g->bf16 ? 2 : 4; // bytes per GEMM-weight element
     for (int pass = 0; pass < 2; pass++) {
         w.off = 0;
-        w.take(&g->tok_embd, V * dim);
+        w.take_as(&g->tok_embd, V * dim, we);
         w.take(&g->out_norm, dim);
-        if (!tied) w.take(&g->output, V * dim);
+        if (!tied) w.take_as(&g->output, V * dim, we);
         for (size_t l = 0; l < NL; l++) {
             dev_layer &d = g->L[l];
             w.take(&d.attn_norm, dim);
-            w.take(&d.wq, qd * dim);
-            w.take(&d.wk, kvd * dim);
-            w.take(&d.wv, kvd * dim);
-            w.take(&d.wo, dim * qd);
+            w.take_as(&d.wq, qd * dim, we);
+            w.take_as(&d.wk, kvd * dim, we);
+            w.take_as(&d.wv, kvd * dim, we);
+            w.take_as(&d.wo, dim * qd, we);
             w.take(&d.ffn_norm, dim);
-            w.take(&d.w_gate, hid * dim);
-            w.take(&d.w_up, hid * dim);
-            w.take(&d.w_down, dim * hid);
+            w.take_as(&d.w_gate, hid * dim, we);
+            w.take_as(&d.w_up, hid * dim, we);
+            w.take_as(&d.w_down, dim * hid, we);
         }
         if (pass == 0) {
             g->weight_bytes = w.off;
-            TRY(dev_alloc(g, &g->wbuf, w.off, "the fp32 weights", err));
+            TRY(dev_alloc(g, &g->wbuf, w.off, g->bf16 ? "the bf16 weights" : "the fp32 weights", err));
             w.base = (char *)g->wbuf;
         }
     }
     if (tied) g->output = g->tok_embd;
+    std::vector<unsigned short> hb; // host bf16 staging of one tensor
     auto up = [&](float *d, const float *h, size_t nf) { return cudaMemcpy(d, h, nf * sizeof(float), cudaMemcpyHostToDevice); };
-    CUI(up(g->tok_embd, m->tok_embd, V * dim));
+    auto upw = [&](float *d, const float *h, size_t nf) {
+        if (!g->bf16) return up(d, h, nf);
+        hb.resize(nf);
+        for (size_t i = 0; i < nf; i++) hb[i] = kvq_f32_to_bf16(h[i]);
+        return cudaMemcpy(d, hb.data(), nf * sizeof(unsigned short), cudaMemcpyHostToDevice);
+    };
+    CUI(upw(g->tok_embd, m->tok_embd, V * dim));
     CUI(up(g->out_norm, m->out_norm, dim));
-    if (!tied) CUI(up(g->output, m->output, V * dim));
+    if (!tied) CUI(upw(g->output, m->output, V * dim));
     for (size_t l = 0; l < NL; l++) {
         const kvq_layer_weights *hl = &m->layers[l];
         dev_layer &d = g->L[l];
         CUI(up(d.attn_norm, hl->attn_norm, dim));
-        CUI(up(d.wq, hl->wq, qd * dim));
-        CUI(up(d.wk, hl->wk, kvd * dim));
-        CUI(up(d.wv, hl->wv, kvd * dim));
-        CUI(up(d.wo, hl->wo, dim * qd));
+        CUI(upw(d.wq, hl->wq, qd * dim));
+        CUI(upw(d.wk, hl->wk, kvd * dim));
+        CUI(upw(d.wv, hl->wv, kvd * dim));
+        CUI(upw(d.wo, hl->wo, dim * qd));
         CUI(up(d.ffn_norm, hl->ffn_norm, dim));
-        CUI(up(d.w_gate, hl->w_gate, hid * dim));
-        CUI(up(d.w_up, hl->w_up, hid * dim));
-        CUI(up(d.w_down, hl->w_down, dim * hid));
+        CUI(upw(d.w_gate, hl->w_gate, hid * dim));
+        CUI(upw(d.w_up, hl->w_up, hid * dim));
+        CUI(upw(d.w_down, hl->w_down, dim * hid));
     }
+    hb.clear();
+    hb.shrink_to_fit();
 
     // ---- activations ----
     const size_t T = max_T, half = hp->rope_dim / 2 > 0 ? hp->rope_dim / 2 : 1, P = max_P;
-    size_t vc = ((size_t)1 << 28) / T;
+    size_t vc = ((size_t)1 << (g->bf16 ? 26 : 28)) / T; // bf16: smaller blocks (their bf16 copy is staged too)
     if (vc > V) vc = V;
     if (vc < 256) vc = V < 256 ? V : 256;
     g->v_chunk = (int)vc;
+    if (g->bf16) g->xb_elems = T * std::max(std::max(dim, qd), std::max(hid, vc));
     carve a;
     for (int pass = 0; pass < 2; pass++) {
         a.off = 0;
@@ -187,6 +204,7 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         a.take(&g->lse, (size_t)hp->n_heads * T);
         a.take(&g->mass, (size_t)hp->n_heads * (T + P));
         a.take(&g->entropy, (size_t)hp->n_heads * T);
+        if (g->bf16) a.take(&g->xb, g->xb_elems);
         if (pass == 0) {
             char what[160];
             snprintf(what, sizeof what, "activations of %d tokens (incl. an LM-head block of %zu x %zu logits)", max_T, T, vc);
@@ -501,7 +519,8 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         CU(cudaMemcpyAsync(g->vb, g->h_vb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
     }
     CU(cudaMemsetAsync(g->cnt, 0, 2 * sizeof(unsigned long long), g->st));
-    CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
+    if (g->bf16) CU(kvq_cu_embed_bf16(g->x, reinterpret_cast<const unsigned short *>(g->tok_embd), g->tok, T, dim, g->st));
+    else CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
 
     const size_t Tn = T, mT = g->max_T, nh = hp->n_heads;
     const bool acts = g->s_q != NULL;
@@ -602,7 +621,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     } else {
         for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
             int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
-            KVQ_TRY(linear(g, g->blk, g->xn, g->output + (size_t)v0 * dim, T, dim, nv, 0, err));
+            KVQ_TRY(linear(g, g->blk, g->xn, woff(g, g->output, (size_t)v0 * dim), T, dim, nv, 0, err));
             CU(kvq_cu_lse_block(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->st));
         }
     }
@@ -693,7 +712,9 @@ extern "C" kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_
     cublasStatus_t bs;
     if ((e = kvq_cu_fill_random(buf, 3 * nn, 12345u, 0)) != cudaSuccess) { s = cu_fail(err, e, "fill_random", __FILE__, __LINE__); goto done; }
     if ((bs = cublasCreate(&h)) != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasCreate", __FILE__, __LINE__); goto done; }
-    if ((bs = cublasSetMathMode(h, math == KVQ_CUDA_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH)) != CUBLAS_STATUS_SUCCESS) {
+    if ((bs = cublasSetMathMode(h, math == KVQ_CUDA_TF32   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                   : math == KVQ_CUDA_BF16 ? CUBLAS_DEFAULT_MATH
+                                                           : CUBLAS_PEDANTIC_MATH)) != CUBLAS_STATUS_SUCCESS) {
         s = cb_fail(err, bs, "cublasSetMathMode", __FILE__, __LINE__);
         goto done;
     }
@@ -701,9 +722,22 @@ extern "C" kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_
         s = cu_fail(err, e, "cudaEventCreate", __FILE__, __LINE__);
         goto done;
     }
+    if (math == KVQ_CUDA_BF16) { // bf16 copies of the two operands in the first 2/3 of buf's first operand's space
+        if ((e = kvq_cu_to_bf16(reinterpret_cast<unsigned short *>(buf), buf, 2 * nn, 0)) != cudaSuccess ||
+            (e = cudaDeviceSynchronize()) != cudaSuccess) {
+            s = cu_fail(err, e, "to_bf16", __FILE__, __LINE__);
+            goto done;
+        }
+    }
     for (int r = -2; r < reps; r++) {
         cudaEventRecord(e0, 0);
-        bs = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, buf, n, buf + nn, n, &beta, buf + 2 * nn, n);
+        if (math == KVQ_CUDA_BF16) {
+            const unsigned short *a16 = reinterpret_cast<const unsigned short *>(buf);
+            bs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a16, CUDA_R_16BF, n, a16 + nn, CUDA_R_16BF, n, &beta,
+                              buf + 2 * nn, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        } else {
+            bs = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, buf, n, buf + nn, n, &beta, buf + 2 * nn, n);
+        }
         if (bs != CUBLAS_STATUS_SUCCESS) { s = cb_fail(err, bs, "cublasSgemm", __FILE__, __LINE__); goto done; }
         cudaEventRecord(e1, 0);
         if ((e = cudaEventSynchronize(e1)) != cudaSuccess) { s = cu_fail(err, e, "cudaEventSynchronize", __FILE__, __LINE__); goto done; }

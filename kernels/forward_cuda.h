@@ -51,6 +51,12 @@
  *    bit-for-bit: summation orders differ.
  *  - KVQ_CUDA_TF32 (fast): the same with CUBLAS_TF32_TENSOR_OP_MATH; ~1e-3
  *    relative; label results "TF32".
+ *  - KVQ_CUDA_BF16 (fast): the GEMM weights (projections, MLP, LM head and the
+ *    token embedding) are stored as bf16 (round to nearest even at upload:
+ *    half the device memory), each GEMM's activation input is rounded to
+ *    bf16 on the fly, cublasGemmEx accumulates in fp32 and writes fp32; the
+ *    rest (norms, RoPE, attention, softmax, KV transforms) stays fp32. ~1e-2
+ *    relative on logits; label results "BF16".
  *
  * Memory (device): weights fp32 (4 bytes per parameter, LM head shared when
  * tied) + activations of max_T tokens (about max_T * (6 dim + 3 q_dim +
@@ -89,8 +95,14 @@
 
 typedef enum {
     KVQ_CUDA_EXACT = 0, /* fp32, TF32 off (exactness mode) */
-    KVQ_CUDA_TF32 = 1   /* fast mode: TF32 tensor cores for the GEMMs */
+    KVQ_CUDA_TF32 = 1,  /* fast mode: TF32 tensor cores for the GEMMs */
+    KVQ_CUDA_BF16 = 2   /* fast mode: bf16 weights (half the memory), bf16 GEMM inputs, fp32 accumulation */
 } kvq_cuda_math;
+
+/* "exact (fp32)", "fast (TF32)", "fast (BF16)". */
+const char *kvq_cuda_math_name(kvq_cuda_math m);
+/* Parse "exact" | "tf32" | "bf16" (KVQ_EINVAL otherwise, naming the option `what`). */
+kvq_status kvq_cuda_math_parse(const char *s, const char *what, kvq_cuda_math *out, kvq_err *err);
 
 typedef struct kvq_forward_cuda kvq_forward_cuda; /* opaque */
 

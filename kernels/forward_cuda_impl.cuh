@@ -13,6 +13,8 @@
 
 #include <vector>
 
+#include "cuda_ops.cuh"
+
 extern "C" {
 #include "forward_cuda.h"
 }
@@ -89,6 +91,11 @@ struct kvq_forward_cuda {
     float *d_klo, *d_kup, *d_klv, *d_vlv; // [n_layers][kv_dim] x2, [n_layers][k_tables][2^k_bits], [..v..]
     size_t k_tables, v_tables;
     kvq_cuda_stats stats;
+    // KVQ_CUDA_BF16: GEMM weights (and tok_embd / output) hold bf16 bits behind their float* type;
+    // xb = bf16 copy of a GEMM's activation input ([max_T][max(dim, q_dim, hidden_dim, v_chunk)])
+    bool bf16;
+    unsigned short *xb;
+    size_t xb_elems;
     // KVQ_FWD_SAVE_LAYER_INPUTS / KVQ_FWD_SAVE_ACTIVATIONS store (device, one arena), for the backward
     void *sbuf;
     float *xs;                                   // [n_layers+1][max_T][dim] residual stream entering layer l
@@ -139,15 +146,44 @@ struct carve {
         *p = base ? reinterpret_cast<T *>(base + off) : NULL;
         off = align_up(off + n * sizeof(T), 256);
     }
+    // n elements of elem bytes each behind a T* (bf16 weights behind float*)
+    template <class T> void take_as(T **p, size_t n, size_t elem)
+    {
+        *p = base ? reinterpret_cast<T *>(base + off) : NULL;
+        off = align_up(off + n * elem, 256);
+    }
 };
+
+// Weight pointer + n elements (bf16 weights are 2 bytes each).
+static inline const float *woff(const kvq_forward_cuda *g, const float *w, size_t n)
+{
+    return g->bf16 ? reinterpret_cast<const float *>(reinterpret_cast<const unsigned short *>(w) + n) : w + n;
+}
+
+// C (column-major m x n, ldc) = alpha op(W) B + beta C for a weight W (fp32, or bf16 in
+// KVQ_CUDA_BF16 mode, where B is first rounded to bf16 into g->xb).
+static inline kvq_status gemm_w(kvq_forward_cuda *g, cublasOperation_t opw, int m, int n, int k, const float *w, int ldw,
+                                const float *b, int ldb, float beta, float *c, int ldc, kvq_err *err)
+{
+    const float alpha = 1.0f;
+    if (!g->bf16) {
+        CB(cublasSgemm(g->blas, opw, CUBLAS_OP_N, m, n, k, &alpha, w, ldw, b, ldb, &beta, c, ldc));
+        return KVQ_OK;
+    }
+    const size_t nb = (size_t)ldb * n;
+    if (nb > g->xb_elems)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: bf16 staging of %zu elements exceeds its %zu (internal sizing)", nb, g->xb_elems);
+    CU(kvq_cu_to_bf16(g->xb, b, nb, g->st));
+    CB(cublasGemmEx(g->blas, opw, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF, ldw, g->xb, CUDA_R_16BF, ldb, &beta, c, CUDA_R_32F,
+                    ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return KVQ_OK;
+}
 
 static inline kvq_status linear(kvq_forward_cuda *g, float *y, const float *x, const float *w, int T, int in, int out, float beta,
                   kvq_err *err)
 {
-    const float alpha = 1.0f;
     // row-major y[T][out] = x[T][in] W^T  <=>  column-major y^T (out x T) = op(W)(out x in) x^T (in x T)
-    CB(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, w, in, x, in, &beta, y, out));
-    return KVQ_OK;
+    return gemm_w(g, CUBLAS_OP_T, out, T, in, w, in, x, in, beta, y, out, err);
 }
 
 

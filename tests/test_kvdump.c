@@ -205,6 +205,10 @@ START_TEST(test_device_option)
     snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 1 -L 32 --device gpu -o %s", g_bin, g_model, g_tok, g_text, out);
     ck_assert_int_eq(run(cmd, msg, sizeof msg), 2);
     ck_assert_msg(strstr(msg, "expected cpu, cuda, cuda:N or auto"), "%s", msg);
+    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 1 -L 32 --math fp8 -o %s", g_bin, g_model, g_tok, g_text, out);
+    ck_assert_int_eq(run(cmd, msg, sizeof msg), 2);
+    ck_assert_msg(strstr(msg, "--math") && strstr(msg, "fp8"), "%s", msg);
+    ck_assert(access(out, F_OK) != 0);
     snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s -n 1 -L 32 --device cpu -o %s", g_bin, g_model, g_tok, g_text, out);
     ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "%s", msg);
     ck_assert_msg(strstr(msg, "kvdump: device: CPU"), "%s", msg);

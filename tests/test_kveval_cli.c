@@ -317,6 +317,14 @@ START_TEST(test_cli_device)
     ck_assert_int_eq(run(&e, args, out, sizeof out, err, sizeof err), 2);
     ck_assert_msg(strstr(err, "expected cpu, cuda, cuda:N or auto") && out[0] == 0, "%s", err);
 
+    /* --math: a bad value and a contradiction with --fast are usage errors */
+    snprintf(args, sizeof args, "%s --scheme int4 --math fp8", base);
+    ck_assert_int_eq(run(&e, args, out, sizeof out, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "--math") && strstr(err, "fp8") && out[0] == 0, "%s", err);
+    snprintf(args, sizeof args, "%s --scheme int4 --fast --math bf16", base);
+    ck_assert_int_eq(run(&e, args, out, sizeof out, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "contradicts --math bf16") && out[0] == 0, "%s", err);
+
     /* the binary's build: CUDA or CPU-only */
     ck_assert(run(&e, "--version", out, sizeof out, err, sizeof err) == 0);
     bool cuda_build = strstr(out, "CUDA build") != NULL;
@@ -331,7 +339,10 @@ START_TEST(test_cli_device)
         ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
         ck_assert_msg(strstr(out, "- device: cpu, exact (fp32)"), "%s", out);
         ck_assert_msg(!cuda_build || strstr(err, "--device auto: no usable GPU"), "%s", err);
-        ck_assert_msg(strstr(err, "--fast applies to the GPU only"), "%s", err);
+        ck_assert_msg(strstr(err, "--fast / --math apply to the GPU only"), "%s", err);
+        snprintf(args, sizeof args, "%s --scheme int4 --math bf16 -q", base);
+        ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
+        ck_assert_msg(strstr(out, "- device: cpu, exact (fp32)"), "%s", out);
         snprintf(args, sizeof args, "%s --scheme int4 -q", base);
         ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
         ck_assert_msg(err[0] == 0, "-q printed: %s", err);

@@ -370,7 +370,7 @@ static int report_row(const char *name, const char *path, cmp_row r, int exact)
 {
     int ok = r.logit_rel <= 1e-5 && r.ppl_rel <= 1e-5;
     printf("| %-34s | %-11s | %.3e | %.6f | %.6f | %.2e | %6.2f | %6.3f | %s |\n", name, path, r.logit_rel, r.ppl_cpu, r.ppl_gpu,
-           r.ppl_rel, r.sec_cpu, r.sec_gpu, exact ? (ok ? "PASS" : "FAIL") : "info (quantized)");
+           r.ppl_rel, r.sec_cpu, r.sec_gpu, exact ? (ok ? "PASS" : "FAIL") : "info");
     return exact ? ok : 1;
 }
 
@@ -900,17 +900,27 @@ static int run_model(const char *model_path, const char *text_path, int ctx, int
         }
         cmp_row r = compare(&cpu, &gpu, &L.d[5], win.tokens, 1, ctx, NULL, 1, lc, lg);
         all_ok &= report_row(L.name[5], "host hook", r, 0);
+        for (int fm = 1; fm <= 2; fm++) { /* the fast modes against the exact CPU forward (information) */
+            kvq_engine fe;
+            kvq_cuda_math mm = fm == 1 ? KVQ_CUDA_TF32 : KVQ_CUDA_BF16;
+            TRYE(kvq_engine_init(&fe, gdev, mm, &m, ctx, 0, 0, &err));
+            cmp_row rf = compare(&cpu, &fe, &L.d[0], win.tokens, check_windows, ctx, NULL, 0, lc, lg);
+            report_row("fp32", kvq_cuda_math_name(mm), rf, 0);
+            kvq_engine_free(&fe);
+        }
         free(lc);
         free(lg);
         kvq_engine_free(&cpu);
     }
 
     if (bench) {
-        double rate = 0, rate32 = 0;
+        double rate = 0, rate32 = 0, rate16 = 0;
         if (gdev == KVQ_DEVICE_CUDA) {
             TRYE(kvq_cuda_sgemm_rate(0, 8192, 7, KVQ_CUDA_EXACT, &rate, &err));
             TRYE(kvq_cuda_sgemm_rate(0, 8192, 7, KVQ_CUDA_TF32, &rate32, &err));
-            printf("\ncuBLAS SGEMM 8192^3 (median of 7): FP32 pedantic %.1f TFLOP/s, TF32 %.1f TFLOP/s\n", rate / 1e12, rate32 / 1e12);
+            TRYE(kvq_cuda_sgemm_rate(0, 8192, 7, KVQ_CUDA_BF16, &rate16, &err));
+            printf("\ncuBLAS GEMM 8192^3 (median of 7): FP32 pedantic %.1f TFLOP/s, TF32 %.1f TFLOP/s, BF16 (fp32 accumulate) %.1f TFLOP/s\n",
+                   rate / 1e12, rate32 / 1e12, rate16 / 1e12);
         }
         double flops_win = kvq_forward_flops(hp, ctx, 0);
         printf("\n## perplexity, kvquant protocol, ctx %d, %d windows (%ld scored tokens per scheme), %.3f TFLOP per scheme\n\n",
@@ -918,15 +928,16 @@ static int run_model(const char *model_path, const char *text_path, int ctx, int
         printf("| scheme | mode | PPL | seconds | TFLOP/s | fraction of cuBLAS SGEMM |\n|---|---|---|---|---|---|\n");
         int targets[ctx];
         for (int t = 0; t < ctx; t++) targets[t] = -2; /* placeholder, set per window */
-        for (int i = 0; i <= L.n; i++) {
+        for (int i = 0; i <= L.n + 1; i++) {
             kvq_engine *e = &gpu, fast;
             const kvq_kv_desc *d = i < L.n ? &L.d[i] : &L.d[0];
             const char *mode = "exact (FP32)";
-            if (i == L.n) { /* fp32 in TF32 fast mode, labelled */
+            if (i >= L.n) { /* fp32 in the fast modes (TF32, BF16), labelled */
                 if (gdev != KVQ_DEVICE_CUDA) break;
-                TRYE(kvq_engine_init(&fast, gdev, KVQ_CUDA_TF32, &m, ctx, 0, 0, &err));
+                kvq_cuda_math mm = i == L.n ? KVQ_CUDA_TF32 : KVQ_CUDA_BF16;
+                TRYE(kvq_engine_init(&fast, gdev, mm, &m, ctx, 0, 0, &err));
                 e = &fast;
-                mode = "fast (TF32)";
+                mode = kvq_cuda_math_name(mm);
             }
             TRYE(kvq_engine_set_kv(e, d, &err));
             double nll = 0;
@@ -944,9 +955,9 @@ static int run_model(const char *model_path, const char *text_path, int ctx, int
             double sec = now_s() - t1;
             double fl = flops_win * nwin / sec;
             printf("| %s | %s | %.4f | %.2f | %.1f | %.2f |\n", i < L.n ? L.name[i] : "fp32", mode, exp(nll / n_sc), sec,
-                   fl / 1e12, rate > 0 ? fl / (i == L.n ? rate32 : rate) : 0.0);
+                   fl / 1e12, rate > 0 ? fl / (i == L.n ? rate32 : i > L.n ? rate16 : rate) : 0.0);
             fflush(stdout);
-            if (i == L.n) kvq_engine_free(&fast);
+            if (i >= L.n) kvq_engine_free(&fast);
         }
         if (gdev == KVQ_DEVICE_CUDA) {
             kvq_cuda_stats s;
