@@ -58,7 +58,7 @@
  *    rest (norms, RoPE, attention, softmax, KV transforms) stays fp32. ~1e-2
  *    relative on logits; label results "BF16".
  *
- * Memory (device): weights fp32 (4 bytes per parameter, LM head shared when
+ * Memory (device): weights fp32 (4 bytes per parameter; bf16 mode: 2 for the GEMM weights; LM head shared when
  * tied) + activations of max_T tokens (about max_T * (6 dim + 3 q_dim +
  * 7 kv_dim + 2 hidden_dim) floats) + the LM-head block [max_T][v_chunk]
  * (v_chunk = min(vocab, 2^28 / max_T) floats) + full logits [max_T][vocab]
