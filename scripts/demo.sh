@@ -82,7 +82,7 @@ for b in 4 3 2; do
 done
 
 read -r -a schemes <<< "${KVQ_DEMO_SCHEMES:-fp16 int4+sink1 int3+sink1 int2+sink1 kivi4 kivi2 nuq4-1% nuq3-1% nuq2-1%}"
-if "$BIN/kvcalib" intactkv --help 2>/dev/null | grep -q -- --base; then
+if "$BIN/kvcalib" intactkv --help 2>/dev/null | grep -- --base >/dev/null; then  # not -q: an early exit would SIGPIPE the writer (pipefail)
   step "kvcalib intactkv (BOS prefix on nuq2-1%)" \
     "$BIN/kvcalib" intactkv --model "$MODEL" "${tokopt[@]}" --base "$OUT/nuq2-1pct.safetensors" --prefix bos \
     --out "$OUT/nuq2-1pct-intactkv.safetensors" --force --quiet

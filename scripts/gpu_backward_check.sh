@@ -45,7 +45,7 @@ else
     KVDUMP=bin/kvdump CHECK=build/gpu/gpu_check KVCALIB=bin/kvcalib
 fi
 # cuBLAS from the toolkit when the loader does not find it
-if ldd "$CHECK" | grep -q 'libcublas.*not found'; then
+if ldd "$CHECK" | grep 'libcublas.*not found' >/dev/null; then
     c=$(find /usr /opt -name 'libcublas.so.*' 2>/dev/null | head -1)
     [ -n "$c" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$c")"
 fi

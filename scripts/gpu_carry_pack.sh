@@ -65,7 +65,7 @@ sha256sum /tmp/kvq_model/model.gguf | tee "\$OUT/sha256.txt"
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "\$HERE/libs.tar.xz" /tmp/kvq_libs
 export LD_LIBRARY_PATH=/tmp/kvq_libs/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 chmod +x "\$HERE/kveval"
-if ldd "\$HERE/kveval" | grep -q 'libcublas.so.13 => not found'; then
+if ldd "\$HERE/kveval" | grep 'libcublas.so.13 => not found' >/dev/null; then
     c=\$(find /usr /opt -name libcublas.so.13 2>/dev/null | head -1)
     [ -n "\$c" ] && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(dirname "\$c")
 fi

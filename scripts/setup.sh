@@ -22,7 +22,7 @@ DEB_PKGS=(build-essential pkg-config libhdf5-dev zlib1g-dev libopenblas-dev libc
           libcairo2-dev check libssl-dev python3-pip unzip chromium)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -3,6 +3,8 @@
  * kvstat --html → results table), checking the files it leaves and that the
  * printed table agrees with kveval's JSON. */
 #include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <string.h>
 #include <sys/wait.h>
 
 #include "kvq_test.h"
@@ -85,12 +87,48 @@ START_TEST(test_demo_tiny)
 }
 END_TEST
 
+/* Under `set -o pipefail`, `producer | grep -q PATTERN` fails at random: grep exits
+ * at the first match, the producer gets SIGPIPE on its next write and the pipeline
+ * returns 141 (this made demo.sh skip its IntactKV step once kvcalib's help grew).
+ * No script of the repository may pipe into grep -q; they use grep ... >/dev/null. */
+START_TEST(test_scripts_no_pipe_into_grep_q)
+{
+    const char *scripts[] = {"scripts/demo.sh", "scripts/setup.sh", "scripts/fetch_model.sh", "scripts/run_tests.sh",
+                             "scripts/gpu_backward_check.sh", "scripts/gpu_carry_pack.sh", "scripts/gpu_check_bench.sh",
+                             "scripts/gpu_kvcache_bench.sh", "scripts/gpu_kveval.sh", "scripts/fuzz_tokenizer.sh", ".ci/run"};
+    int checked = 0;
+    for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) {
+        char *txt = kvq_test_slurp(scripts[i], NULL);
+        if (!txt) continue;
+        checked++;
+        int line = 1;
+        for (char *p = txt; *p; p++) {
+            if (*p == '\n') line++;
+            if (*p != '|' || p[1] == '|' || (p > txt && p[-1] == '|')) continue;
+            const char *q = p + 1;
+            while (*q == ' ' || *q == '\t') q++;
+            if (strncmp(q, "grep ", 5) != 0) continue;
+            /* the grep command's words up to the end of the command (newline, ';', '|', '&') */
+            size_t len = strcspn(q, "\n;|&");
+            bool quiet = false;
+            for (size_t k = 4; k + 2 < len; k++)
+                if (q[k] == ' ' && q[k + 1] == '-' && q[k + 2] != '-' && memchr(q + k + 1, 'q', strcspn(q + k + 1, " ")))
+                    quiet = true;
+            ck_assert_msg(!quiet, "%s:%d pipes into grep -q (SIGPIPE under pipefail); use grep ... >/dev/null", scripts[i], line);
+        }
+        free(txt);
+    }
+    ck_assert_int_ge(checked, 5);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("demo");
     TCase *tc = tcase_create("tiny");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_demo_tiny);
+    tcase_add_test(tc, test_scripts_no_pipe_into_grep_q);
     suite_add_tcase(s, tc);
     return s;
 }
