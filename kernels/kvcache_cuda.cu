@@ -622,7 +622,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     c->kps = kvq_outliers_per_side(C, cfg->outlier_frac);
     c->dpad = (D + 1) / 2 * 2;
     c->np = c->dpad / 2;
-    c->nhi = cfg->max_tokens / 64 + 2;
+    c->nhi = cfg->max_tokens / 64 + 4; // v4 also reads rows 0..3 (e^{i 8m θ}, m < 32)
     size_t nlk = (size_t)1 << cfg->k_bits, nlv = (size_t)1 << cfg->v_bits;
     size_t ne = c->n_exact ? c->n_exact : 1;
     c->len = (size_t *)calloc(B, sizeof(size_t));

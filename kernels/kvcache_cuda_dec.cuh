@@ -154,17 +154,21 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // Sparse key outliers (after the dense pass): the chunk's entries are expanded into a table entry ->
 // position (one thread per position writes the positions of its entries), then one thread per entry adds
 // its correction to the score atomically.
-// Softmax statistics as v3. Phase 3 (P·V): lanes along the code words of a value row, 8 rows in flight
-// per lane; one lookup per byte of codes: 2-bit values: 4 levels (float4), 4-bit: 2 levels (float2);
-// acc += (p·r)·level and Σ p·zp added once at the end; sparse value outliers as for keys.
+// Softmax statistics as v3. Phase 3 (P·V): lanes along the code words of a value row, 4-8 rows in flight
+// per lane; the same byte extraction; 2-bit values: one float2 lookup per nibble (two levels), 4-bit: one
+// float per code; acc += (p·r)·level and Σ p·zp added once at the end; sparse value outliers as for keys.
+// The RoPE step from the warp's tile start to a lane's first position, e^{i 8L θ}, is a per-block table.
+// Every table a lookup reads spans at most 32 banks (16 words, or 16 float2), so no lookup pattern conflicts:
+// the L1/shared pipe (one 128-byte wavefront per clock) is what bounds these kernels.
 namespace v4 {
 constexpr int NT4 = 256, NW4 = 8, TILE = 256, SPP = 2048; // threads, warps, positions per warp tile, sparse entries per piece
 
-// dynamic shared memory (bytes): rho [npk] float4, qs [GQ][npk] float2, sc [GQ][chunk], oacc [GQ][D],
-// red [GQ][8], stat [2 GQ] (floats), etok [SPP] u16
+// dynamic shared memory (bytes): rho [npk] float4, r8 [npk][32] float2, qs [GQ][npk] float2, qt [NW4][GQ][npk]
+// float2, sc [GQ][chunk], oacc [GQ][D], red [GQ][8], stat [2 GQ] (floats), etok [SPP] u16
 __host__ __device__ inline size_t smem_bytes(int gq, int npk, int chunk, int D)
 {
-    return (size_t)16 * npk + (size_t)8 * gq * npk + (size_t)4 * ((size_t)gq * chunk + (size_t)gq * D + gq * 8 + 2 * gq) + 2 * SPP;
+    return (size_t)16 * npk + (size_t)256 * npk + (size_t)8 * gq * npk * (1 + NW4) +
+           (size_t)4 * ((size_t)gq * chunk + (size_t)gq * D + gq * 8 + 2 * gq) + 2 * SPP;
 }
 
 // launch plan: chunk (a multiple of TILE, at most 2048 unless max_splits forces more, within smem_max)
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     // key table: 4-bit [channel][16] float, 2-bit [pair][16] float2 (<= 16 KB at head_dim 256); value table:
     // 2-bit [byte] float4 (4 levels), 4-bit [byte] float2 (2 levels)
     KVQ_STATIC_SMEM(float, ktab, 4096, 256);
-    KVQ_STATIC_SMEM(float4, vtab, BV == 2 ? 256 : 128, 16);
+    KVQ_STATIC_SMEM(float, vtab, 32, 256);
     KVQ_DYN_SMEM(float4, sm4);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
@@ -229,8 +233,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     }
     const int n = q1 - q0;
     float4 *rho = sm4;                                // [npk] (e^{iθ}, 2 cos θ, 0)
-    float2 *qs = (float2 *)(rho + npk);               // [GQ][npk] conj(q̄)·scale
-    float *sc = (float *)(qs + GQ * npk);             // [GQ][chunk]
+    float2 *r8 = (float2 *)(rho + npk);               // [npk][32] e^{i 8m θ}
+    float2 *qs = r8 + 32 * npk;                       // [GQ][npk] conj(q̄)·scale
+    float2 *qt = qs + GQ * npk;                       // [NW4][GQ][npk] conj(q̄)·scale·e^{i p θ} at the warp's tile start
+    float *sc = (float *)(qt + NW4 * GQ * npk);       // [GQ][chunk]
     float *oacc = sc + GQ * p.chunk;                  // [GQ][D]
     float *red = oacc + GQ * D;                       // [GQ][8]
     float *stat = red + GQ * 8;                       // m[GQ], l[GQ]
@@ -250,10 +256,16 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                 ((float2 *)ktab)[i] = make_float2(c0 < D ? __ldg(kl + c0 * 4 + (nib & 3)) : 0.f, c1 < D ? __ldg(kl + c1 * 4 + (nib >> 2)) : 0.f);
             }
         }
+        // value table (16 words, conflict-free for any lookup pattern): 2-bit [nibble] float2 (the levels of
+        // the nibble's two codes), 4-bit [code] float
         const float *vl = p.vlevels + h * NLV;
-        for (int b = tid; b < 256; b += NT4) {
-            if (BV == 2) vtab[b] = make_float4(__ldg(vl + (b & 3)), __ldg(vl + ((b >> 2) & 3)), __ldg(vl + ((b >> 4) & 3)), __ldg(vl + (b >> 6)));
-            else ((float2 *)vtab)[b] = make_float2(__ldg(vl + (b & 15)), __ldg(vl + (b >> 4)));
+        if (tid < 16) {
+            if (BV == 2) ((float2 *)vtab)[tid] = make_float2(__ldg(vl + (tid & 3)), __ldg(vl + (tid >> 2)));
+            else vtab[tid] = __ldg(vl + tid);
+        }
+        for (int x = tid; x < npk * 32; x += NT4) {
+            const int i = x >> 5, m8 = 8 * (x & 31);
+            r8[x] = i < np ? cmul(__ldg(p.rhi + (size_t)(m8 >> 6) * np + i), __ldg(p.rlo + i * 64 + (m8 & 63))) : make_float2(1.f, 0.f);
         }
         for (int i = tid; i < npk; i += NT4) {
             const float2 r = i < np ? __ldg(p.rlo + i * 64 + 1) : make_float2(1.f, 0.f);
@@ -281,9 +293,19 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
         for (int tile = warp; tile < ntile; tile += NW4) {
             const int g0 = q0 + tile * TILE + lane * 8;
             const bool live = g0 < q1;
-            const int pos = p.n_exact + (live ? g0 : 0);
-            const float2 *rl = p.rlo + (pos & 63);
-            const float2 *rh = p.rhi + (size_t)(pos >> 6) * np;
+            // the warp's anchors: w at its tile's first position for every pair and query head
+            float2 *qw = qt + warp * GQ * npk;
+            {
+                const int pt = p.n_exact + q0 + tile * TILE;
+                __syncwarp();
+                for (int i = lane; i < npk; i += 32) {
+                    const int ic = min(i, np - 1);
+                    const float2 e = cmul(__ldg(p.rhi + (size_t)(pt >> 6) * np + ic), __ldg(p.rlo + ic * 64 + (pt & 63)));
+#pragma unroll
+                    for (int gg = 0; gg < GQ; gg++) qw[gg * npk + i] = cmul(qs[gg * npk + i], e);
+                }
+                __syncwarp();
+            }
             float sp[GQ][8];
 #pragma unroll
             for (int gg = 0; gg < GQ; gg++)
@@ -312,8 +334,8 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                 const uint32_t kb = kt + (uint32_t)u * (BK == 4 ? 512u : 1024u);
 #pragma unroll
                 for (int jj = 0; jj < PK; jj++) {
-                    const int i = u * PK + jj, ic = min(i, np - 1);
-                    const float2 e = cmul(__ldg(rh + ic), __ldg(rl + ic * 64));
+                    const int i = u * PK + jj;
+                    const float2 e = r8[i * 32 + lane]; // e^{i 8 lane θ}: from the tile start to the lane's first position
                     const float4 r4 = rho[i];
                     float ka[8], kb2[8];
 #pragma unroll
@@ -329,15 +351,15 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                     }
 #pragma unroll
                     for (int gg = 0; gg < GQ; gg++) {
-                        float2 wp = cmul(qs[gg * npk + i], e), wc = cmul(wp, make_float2(r4.x, r4.y));
-                        sp[gg][0] += ka[0] * wp.x - kb2[0] * wp.y;
-                        sp[gg][1] += ka[1] * wc.x - kb2[1] * wc.y;
+                        float2 wp = cmul(qw[gg * npk + i], e), wc = cmul(wp, make_float2(r4.x, r4.y));
+                        sp[gg][0] = fmaf(-kb2[0], wp.y, fmaf(ka[0], wp.x, sp[gg][0]));
+                        sp[gg][1] = fmaf(-kb2[1], wc.y, fmaf(ka[1], wc.x, sp[gg][1]));
 #pragma unroll
                         for (int k = 2; k < 8; k++) {
-                            const float2 wn = make_float2(r4.z * wc.x - wp.x, r4.z * wc.y - wp.y);
+                            const float2 wn = make_float2(fmaf(r4.z, wc.x, -wp.x), fmaf(r4.z, wc.y, -wp.y));
                             wp = wc;
                             wc = wn;
-                            sp[gg][k] += ka[k] * wc.x - kb2[k] * wc.y;
+                            sp[gg][k] = fmaf(-kb2[k], wc.y, fmaf(ka[k], wc.x, sp[gg][k]));
                         }
                     }
                 }
@@ -388,8 +410,8 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
             }
             const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * nuv + unit;
             const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
-            const char *vt = (const char *)vtab;
-            constexpr int VT = 8; // rows per batch; the next batch's loads are in flight during a batch
+            const uint32_t vb = kvq_saddr(vtab);
+            constexpr int VT = (BV == 2 && GQ <= 2) ? 4 : 8; // rows per batch (fewer where registers are short); the next batch's loads are in flight during a batch
             const int st = NW4 * tpw, tb0 = q0 + warp * tpw + tsub;
             uint32_t w[VT];
             float2 zr[VT];
@@ -423,25 +445,27 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                         pz[gg] += pp * zr[k].x;
                     }
                     const uint32_t x = w[k];
+                    // byte b of me / mo: the even / odd nibble (2-bit: two codes, times 8) or code (4-bit, times 4)
+                    // of byte b of the word
+                    const uint32_t me = BV == 2 ? (x << 3) & 0x78787878u : (x << 2) & 0x3C3C3C3Cu;
+                    const uint32_t mo = BV == 2 ? (x >> 1) & 0x78787878u : (x >> 2) & 0x3C3C3C3Cu;
 #pragma unroll
                     for (int b = 0; b < 4; b++) {
                         if (BV == 2) {
-                            const uint32_t off = (b == 0 ? x << 4 : x >> (8 * b - 4)) & 0xFF0u;
-                            const float4 L = *(const float4 *)(vt + off);
+                            const float2 La = kvq_lds2(__byte_perm(me, vb, 0x7650 + b)), Lb = kvq_lds2(__byte_perm(mo, vb, 0x7650 + b));
 #pragma unroll
                             for (int gg = 0; gg < GQ; gg++) {
-                                acc[gg][4 * b] += pr[gg] * L.x;
-                                acc[gg][4 * b + 1] += pr[gg] * L.y;
-                                acc[gg][4 * b + 2] += pr[gg] * L.z;
-                                acc[gg][4 * b + 3] += pr[gg] * L.w;
+                                acc[gg][4 * b] = fmaf(pr[gg], La.x, acc[gg][4 * b]);
+                                acc[gg][4 * b + 1] = fmaf(pr[gg], La.y, acc[gg][4 * b + 1]);
+                                acc[gg][4 * b + 2] = fmaf(pr[gg], Lb.x, acc[gg][4 * b + 2]);
+                                acc[gg][4 * b + 3] = fmaf(pr[gg], Lb.y, acc[gg][4 * b + 3]);
                             }
                         } else {
-                            const uint32_t off = (b == 0 ? x << 3 : x >> (8 * b - 3)) & 0x7F8u;
-                            const float2 L = *(const float2 *)(vt + off);
+                            const float La = kvq_lds(__byte_perm(me, vb, 0x7650 + b)), Lb = kvq_lds(__byte_perm(mo, vb, 0x7650 + b));
 #pragma unroll
                             for (int gg = 0; gg < GQ; gg++) {
-                                acc[gg][2 * b] += pr[gg] * L.x;
-                                acc[gg][2 * b + 1] += pr[gg] * L.y;
+                                acc[gg][2 * b] = fmaf(pr[gg], La, acc[gg][2 * b]);
+                                acc[gg][2 * b + 1] = fmaf(pr[gg], Lb, acc[gg][2 * b + 1]);
                             }
                         }
                     }

@@ -84,7 +84,7 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
         len = to;
         kvq_kvcache_view v;
         kvq_kvcache_view_get(cpu, &v);
-        const size_t np = (D + 1) / 2, nr = cfg.rope.rope_dim / 2, nhi = NT / 64 + 2;
+        const size_t np = (D + 1) / 2, nr = cfg.rope.rope_dim / 2, nhi = NT / 64 + 4;
         std::vector<float2> rlo(np * 64), rhi(nhi * np);
         for (size_t i = 0; i < np; i++) {
             double fr = i < nr ? v.inv_freq[i] : 0;
