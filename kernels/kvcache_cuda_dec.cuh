@@ -147,10 +147,10 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // of 16 float2 indexed by the pair's nibble. Code extraction works on bytes: two shift+mask operations
 // per word put every code (times the entry size) in a byte, and one PRMT per lookup moves that byte
 // into the low byte of the table's (256-aligned) shared address, so a lookup is PRMT + LDS.
-// RoPE: w = conj(q̄)·e^{i p θ} per pair; the lane computes w at its first position from the
-// two-level table (e^{ipθ} = hi[p >> 6]·lo[p & 63], composed in fp32) and steps to the next 7 positions
-// with one complex multiply and then the Chebyshev recurrence w_{k+1} = 2cos θ·w_k − w_{k−1} (two FMAs per
-// step; at most 7 steps from an anchor). Score contribution of a pair: Re(w·k̂) = w.x·k0 − w.y·k1.
+// RoPE: w = conj(q̄)·e^{i p θ} per pair; the warp composes w at its tile's first position from the
+// two-level table (e^{ipθ} = hi[p >> 6]·lo[p & 63], in fp32), a lane multiplies it by e^{i 8L θ} (per-block
+// table) and steps to its next 7 positions with one complex multiply and then the Chebyshev recurrence
+// w_{k+1} = 2cos θ·w_k − w_{k−1} (two FMAs per step). Score contribution of a pair: Re(w·k̂) = w.x·k0 − w.y·k1.
 // Sparse key outliers (after the dense pass): the chunk's entries are expanded into a table entry ->
 // position (one thread per position writes the positions of its entries), then one thread per entry adds
 // its correction to the score atomically.
