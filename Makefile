@@ -92,6 +92,8 @@ $(BUILD)/%.cu.o: %.cu
 	@$(if $(Q),echo '  NVCC  $<',true)
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+$(BUILD)/kernels/kvcache_cuda.cu.o: kernels/kvcache_cuda_dec.cuh
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  AR    $@',true)

@@ -14,6 +14,7 @@ extern "C" {
 #include "kvcache_cuda.h"
 #include "quant.h"
 }
+#include "kvcache_cuda_dec.cuh"
 
 #define CK(x)                                                                                               \
     do {                                                                                                    \
@@ -27,13 +28,6 @@ extern "C" {
 static const int NT = 128;           // threads per decode block
 static const size_t SMEM_MAX = 160 * 1024;
 
-template <int B> struct U {
-    static constexpr int C = B == 2 ? 16 : B == 3 ? 32 : 8; // channels per unit
-    static constexpr int W = B == 3 ? 3 : 1;                // words per unit
-    static constexpr int NL = 1 << B;
-    static constexpr int MAXU = (KVQ_KVCACHE_MAX_HEAD_DIM + C - 1) / C;
-};
-
 // code j of a unit (j a compile-time constant after unrolling)
 template <int B> __device__ __forceinline__ uint32_t getc(const uint32_t *w, int j)
 {
@@ -41,61 +35,6 @@ template <int B> __device__ __forceinline__ uint32_t getc(const uint32_t *w, int
     uint32_t v = w[wi] >> off;
     if (off + B > 32) v |= w[wi + 1] << (32 - off);
     return v & ((1u << B) - 1);
-}
-
-__device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)(bits & 0xffff))); }
-
-struct DecP {
-    const uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    const float *vscale, *klut, *klutr, *vlevels;
-    const uint8_t *kz, *vz;
-    const float2 *rlo, *rhi;
-    const uint16_t *k16, *v16;
-    const float *q;
-    float *part;
-    const int *len;
-    int H, D, dpad, np, n_heads, g, qgroups, kw, vw, capq, n_exact, n_splits, chunk, nhb_max, ent_cap, nslots;
-    float scale;
-};
-
-// block-wide softmax statistics of sc[gg][0..n): sc <- exp(sc - m); returns m, l per query
-template <int GQ>
-__device__ void chunk_softmax(float *sc, int chunk, int n, float *red, float *mo, float *lo)
-{
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-    for (int gg = 0; gg < GQ; gg++) {
-        float m = -INFINITY;
-        for (int t = tid; t < n; t += blockDim.x) m = fmaxf(m, sc[gg * chunk + t]);
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) red[gg * 8 + warp] = m;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int gg = 0; gg < GQ; gg++) {
-        float m = red[gg * 8];
-        for (int w = 1; w < nw; w++) m = fmaxf(m, red[gg * 8 + w]);
-        mo[gg] = m;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int gg = 0; gg < GQ; gg++) {
-        float l = 0;
-        for (int t = tid; t < n; t += blockDim.x) {
-            float e = expf(sc[gg * chunk + t] - mo[gg]);
-            sc[gg * chunk + t] = e;
-            l += e;
-        }
-        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) red[gg * 8 + warp] = l;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int gg = 0; gg < GQ; gg++) {
-        float l = 0;
-        for (int w = 0; w < nw; w++) l += red[gg * 8 + w];
-        lo[gg] = l;
-    }
 }
 
 // ---- NUQ split-K decode -------------------------------------------------------------
@@ -549,61 +488,15 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
     }
 }
 
-// exact region (fp16, post-RoPE keys): one block per (query head, sequence); the last partial slot
-__global__ void exact_decode(DecP p)
-{
-    extern __shared__ float4 sm4[];
-    float *sm = (float *)sm4;
-    const int qh = blockIdx.x, s = blockIdx.y, h = qh / p.g, D = p.D, tid = threadIdx.x;
-    const int ne = min(p.len[s], p.n_exact);
-    float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.nslots - 1) * (D + 2);
-    float *qv = sm, *sc = sm + D;
-    for (int d = tid; d < D; d += blockDim.x) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
-    __syncthreads();
-    const uint16_t *k = p.k16 + (size_t)(s * p.H + h) * p.n_exact * D, *v = p.v16 + (size_t)(s * p.H + h) * p.n_exact * D;
-    for (int t = tid; t < ne; t += blockDim.x) {
-        float a = 0;
-        for (int d = 0; d < D; d++) a += qv[d] * h2f(k[(size_t)t * D + d]);
-        sc[t] = a;
-    }
-    __syncthreads();
-    float m = -INFINITY, l = 0;
-    for (int t = 0; t < ne; t++) m = fmaxf(m, sc[t]);
-    for (int t = 0; t < ne; t++) l += expf(sc[t] - m);
-    for (int d = tid; d < D; d += blockDim.x) {
-        float a = 0;
-        for (int t = 0; t < ne; t++) a += expf(sc[t] - m) * h2f(v[(size_t)t * D + d]);
-        part[2 + d] = a;
-    }
-    if (tid == 0) { part[0] = ne ? m : -INFINITY; part[1] = l; }
-}
-
-// merge the partials of every slot: one block per (query head, sequence)
-__global__ void combine(const float *part, float *out, int n_heads, int D, int nslots)
-{
-    const int qh = blockIdx.x, s = blockIdx.y;
-    const float *pp = part + (size_t)(s * n_heads + qh) * nslots * (D + 2);
-    float M = -INFINITY;
-    for (int i = 0; i < nslots; i++) M = fmaxf(M, pp[i * (D + 2)]);
-    float L = 0;
-    if (M != -INFINITY)
-        for (int i = 0; i < nslots; i++) L += pp[i * (D + 2)] == -INFINITY ? 0.f : expf(pp[i * (D + 2)] - M) * pp[i * (D + 2) + 1];
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = 0;
-        if (M != -INFINITY)
-            for (int i = 0; i < nslots; i++)
-                if (pp[i * (D + 2)] != -INFINITY) a += expf(pp[i * (D + 2)] - M) * pp[i * (D + 2) + 2 + d];
-        out[((size_t)s * n_heads + qh) * D + d] = M == -INFINITY ? 0.f : a / L;
-    }
-}
-
 typedef void (*DecFn)(DecP);
 
 // query heads per block GQ: GQ x channels per unit <= 64 for keys (the RoPE factors a lane keeps) and
 // for values (the accumulators of phase 3)
+// v3 (nuq_decode above) serves 3-bit keys or values; 2- and 4-bit codes use v4::nuq_decode (kvcache_cuda_dec.cuh)
 template <int BK, int BV, int GQ> static DecFn pick3()
 {
-    if constexpr (GQ * U<BK>::C <= 64 && GQ * U<BV>::C <= 64) return nuq_decode<BK, BV, GQ>;
+    if constexpr ((BK == 3 || BV == 3) && GQ * U<BK>::C <= 64 && GQ * U<BV>::C <= 64) return nuq_decode<BK, BV, GQ>;
+    else if constexpr (BK != 3 && BV != 3 && GQ <= 4) return v4::nuq_decode<BK, BV, GQ>;
     else return nullptr;
 }
 template <int BK, int BV> static DecFn pick2(int gq)
@@ -625,11 +518,14 @@ static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? pick1<2>(bv, gq) : 
 
 // query heads per block: the candidate (1, 2, 3, 4, 8; at most 64 / channels per unit of keys and of
 // values) that wastes the fewest masked query slots, ties to the larger
+static bool use_v4(int bk, int bv) { return bk != 3 && bv != 3; }
+// v4: at most 4 (its registers hold 8 scores and the value accumulators per query head)
 static int choose_gq(int g, int bk, int bv)
 {
     const int ck = bk == 2 ? 16 : bk == 3 ? 32 : 8, cv = bv == 2 ? 16 : bv == 3 ? 32 : 8;
     int gmax = 64 / (ck > cv ? ck : cv);
     if (gmax > 8) gmax = 8;
+    if (use_v4(bk, bv)) gmax = 4;
     const int cand[5] = {8, 4, 3, 2, 1};
     int best = 1;
     long bw = -1;
@@ -726,7 +622,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     c->kps = kvq_outliers_per_side(C, cfg->outlier_frac);
     c->dpad = (D + 1) / 2 * 2;
     c->np = c->dpad / 2;
-    c->nhi = cfg->max_tokens / 64 + 2;
+    c->nhi = cfg->max_tokens / 64 + 4; // v4 also reads rows 0..3 (e^{i 8m θ}, m < 32)
     size_t nlk = (size_t)1 << cfg->k_bits, nlv = (size_t)1 << cfg->v_bits;
     size_t ne = c->n_exact ? c->n_exact : 1;
     c->len = (size_t *)calloc(B, sizeof(size_t));
@@ -1138,17 +1034,24 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     size_t maxlen = 0;
     for (size_t s = 0; s < B; s++) if (c->len[s] > maxlen) maxlen = c->len[s];
     const size_t nq = maxlen > c->n_exact ? maxlen - c->n_exact : 0;
-    size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
-    size_t splits = (target + per - 1) / per;
-    size_t maxch = 2048;
-    while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
-    if (splits < 1) splits = 1;
-    if (max_splits && splits > max_splits) splits = max_splits;
-    size_t chunk = nq ? (nq + splits - 1) / splits : NT;
-    chunk = (chunk + NT - 1) / NT * NT;
-    if (chunk > maxch && !max_splits) chunk = maxch;
-    while (chunk > NT && dec_smem(c, gq, (int)chunk, (int)(chunk / 64 + 2)) > SMEM_MAX) chunk = (chunk / 2 + NT - 1) / NT * NT;
-    splits = nq ? (nq + chunk - 1) / chunk : 1;
+    const bool v4k = use_v4(g->k_bits, g->v_bits);
+    const int npk = (int)c->kw * (int)(kvq_kvcache_unit_channels(g->k_bits) / 2);
+    size_t splits, chunk;
+    if (v4k) {
+        v4::plan(nq, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, npk, (int)D, SMEM_MAX, &chunk, &splits);
+    } else {
+        size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
+        splits = (target + per - 1) / per;
+        size_t maxch = 2048;
+        while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
+        if (splits < 1) splits = 1;
+        if (max_splits && splits > max_splits) splits = max_splits;
+        chunk = nq ? (nq + splits - 1) / splits : NT;
+        chunk = (chunk + NT - 1) / NT * NT;
+        if (chunk > maxch && !max_splits) chunk = maxch;
+        while (chunk > NT && dec_smem(c, gq, (int)chunk, (int)(chunk / 64 + 2)) > SMEM_MAX) chunk = (chunk / 2 + NT - 1) / NT * NT;
+        splits = nq ? (nq + chunk - 1) / chunk : 1;
+    }
     const int nhb_max = (int)(chunk / 64 + 2);
     const size_t nslots = splits + 1;
     const size_t need = B * n_heads * nslots * (D + 2);
@@ -1169,9 +1072,9 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
     DecFn f = pick(g->k_bits, g->v_bits, gq);
     if (!f) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: no kernel for %d/%d bits, %d query heads per block", g->k_bits, g->v_bits, gq);
-    size_t sm = dec_smem(c, gq, (int)chunk, nhb_max);
+    size_t sm = v4k ? v4::smem_bytes(gq, npk, (int)chunk, (int)D) : dec_smem(c, gq, (int)chunk, nhb_max);
     if (sm > SMEM_MAX) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: %zu bytes of shared memory needed", sm);
-    f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), NT, sm>>>(p);
+    f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), v4k ? v4::NT4 : NT, sm>>>(p);
     CKL();
     exact_decode<<<dim3((unsigned)n_heads, (unsigned)B), NT, (D + c->n_exact + 1) * sizeof(float)>>>(p);
     CKL();

@@ -15,9 +15,11 @@
  * fp32 rounding: the codes, scales and sparse entries an append writes are
  * bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
  * attention runs in fp32 (scores, online softmax, accumulation) with RoPE
- * factors anchored every 64 positions from a two-level table (pos = 64*hi +
- * lo, computed in double, composed in fp32) and advanced between anchors by
- * one fp32 complex multiply per position (formats/KVCACHE.md).
+ * factors composed from a two-level table (pos = 64*hi + lo, computed in
+ * double, composed in fp32) and advanced a few positions from each anchor
+ * (3-bit codes: one complex multiply per position, anchors every 64; 2/4-bit:
+ * one complex multiply then the Chebyshev recurrence, at most 7 steps;
+ * formats/KVCACHE.md).
  */
 #ifndef KVQ_KVCACHE_CUDA_H
 #define KVQ_KVCACHE_CUDA_H

@@ -94,6 +94,13 @@ int main(int argc, char **argv)
     struct { const char *name; size_t H, g, D; } models[2] = {{"llama2-7b", 32, 1, 128}, {"smollm2-135m", 3, 3, 64}};
     const size_t Bs[3] = {1, 8, 32}, Ns[5] = {4096, 16384, 32768, 65536, 131072};
     const int quick = getenv("KVQ_BENCH_QUICK") != NULL; /* only B = 1, 32 at N = 32K */
+    /* subsets (profiling): KVQ_BENCH_MODEL=name prefix, KVQ_BENCH_B=b, KVQ_BENCH_N=n, KVQ_BENCH_BITS=bits (only
+     * that NUQ variant), KVQ_BENCH_NO_FP16=1 (skip the fp16 and cuBLAS baselines; x fp16 columns then read 0) */
+    const char *only_model = getenv("KVQ_BENCH_MODEL");
+    const long only_b = getenv("KVQ_BENCH_B") ? atol(getenv("KVQ_BENCH_B")) : 0;
+    const long only_n = getenv("KVQ_BENCH_N") ? atol(getenv("KVQ_BENCH_N")) : 0;
+    const int only_bits = getenv("KVQ_BENCH_BITS") ? atoi(getenv("KVQ_BENCH_BITS")) : 0;
+    const int no_f16 = getenv("KVQ_BENCH_NO_FP16") != NULL;
     const int bits[4] = {4, 3, 2, 4};
     const size_t per_row[4] = {1, 1, 1, 0}; /* the last: nuq4 without sparse outliers (diagnostic) */
     printf("\n%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %5s | %9s %5s\n", "model", "B", "N", "fp16 us", "cuBLAS us",
@@ -103,6 +110,9 @@ int main(int argc, char **argv)
             for (int ni = 0; ni < 5; ni++) {
                 const size_t H = models[mi].H, g = models[mi].g, D = models[mi].D, B = Bs[bi], N = Ns[ni], nh = H * g;
                 if (quick && (B == 8 || N != 32768)) continue;
+                if ((only_model && strncmp(models[mi].name, only_model, strlen(only_model))) || (only_b && (size_t)only_b != B) ||
+                    (only_n && (size_t)only_n != N))
+                    continue;
                 const double f16_bytes = 2.0 * B * H * N * D * 2;
                 if (f16_bytes > mem_limit) continue;
                 f16_ctx fc;
@@ -124,8 +134,8 @@ int main(int argc, char **argv)
                     free(hq);
                 }
                 CU(cudaMalloc((void **)&fc.part, kvq_fp16_attend_scratch(&fc.f, nh, 0) * 4));
-                double t16 = time_us(&tm, run_f16, &fc), tcb = -1;
-                if (cb) {
+                double t16 = no_f16 ? 0 : time_us(&tm, run_f16, &fc), tcb = -1;
+                if (cb && !no_f16) {
                     CU(cudaMalloc(&fc.scr, kvq_cublas_attend_scratch(&fc.f, nh)));
                     tcb = time_us(&tm, run_cublas, &fc);
                     CU(cudaFree(fc.scr));
@@ -136,11 +146,13 @@ int main(int argc, char **argv)
                 double bw16 = f16_bytes / (t16 * 1e-6) / 1e9;
                 if (csv) {
                     fprintf(csv, "%s,%zu,%zu,fp16,%.2f,%.0f,%.1f,%.3f,1\n", models[mi].name, B, N, t16, f16_bytes, bw16, bw16 / bw_copy);
-                    if (cb) fprintf(csv, "%s,%zu,%zu,cublas,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, tcb, f16_bytes,
+                    if (cb && !no_f16) fprintf(csv, "%s,%zu,%zu,cublas,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, tcb, f16_bytes,
                                     f16_bytes / (tcb * 1e-6) / 1e9, f16_bytes / (tcb * 1e-6) / 1e9 / bw_copy, t16 / tcb);
                 }
                 double tq[4], bwq[4];
                 for (int k = 0; k < 4; k++) {
+                    tq[k] = bwq[k] = 0;
+                    if (only_bits && (bits[k] != only_bits || per_row[k] == 0)) continue;
                     float lev[16];
                     size_t nl = (size_t)1 << bits[k];
                     for (size_t j = 0; j < nl; j++) lev[j] = -1.0f + 2.0f * (float)j / (float)(nl - 1);

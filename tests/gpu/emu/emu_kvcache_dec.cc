@@ -1,0 +1,151 @@
+// emu_kvcache_dec.cc — runs the v4 decode kernels (kernels/kvcache_cuda_dec.cuh) on the host through
+// cuda_emu.h and compares with kvq_kvcache_attend (the CPU reference), as tests/gpu/test_kvcache_cuda.c
+// does on a GPU. Developer check for machines without a GPU; not part of CI.
+//   g++ -std=c++20 -O1 -I. -Iformats -Ikernels -Itests/gpu/emu tests/gpu/emu/emu_kvcache_dec.cc \
+//       build-cpu/libkvq.a $(pkg-config --libs ...) -lpthread -o /tmp/emu && /tmp/emu
+#include "cuda_emu.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+extern "C" {
+#include "kvcache.h"
+#include "quant.h"
+}
+#include "kvcache_cuda_dec.cuh"
+
+static uint64_t rs = 0x1234567887654321ull;
+static double unif() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return ((double)(rs >> 11) + 0.5) / 9007199254740992.0; }
+static double gauss() { return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif()); }
+
+static void fill(float *x, size_t n_tok, size_t C, int keys)
+{
+    for (size_t t = 0; t < n_tok; t++)
+        for (size_t c = 0; c < C; c++) {
+            double v = gauss() * (keys ? 1 + (double)(c % 4) : 1.0) + (keys ? (double)(c % 3) - 1 : 0.0);
+            if (unif() < 0.03) v *= 6;
+            x[t * C + c] = kvq_round_fp16((float)v);
+        }
+}
+static void sorted_levels(float *lv, size_t n)
+{
+    for (size_t i = 0; i < n; i++) lv[i] = (float)(2 * unif() - 1);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && lv[j] < lv[j - 1]; j--) { float t = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = t; }
+    lv[0] = -1; lv[n - 1] = 1;
+}
+
+typedef void (*KFn)(DecP);
+template <int BK, int BV> static KFn pick2(int gq)
+{
+    switch (gq) {
+    case 1: return v4::nuq_decode<BK, BV, 1>;
+    case 2: return v4::nuq_decode<BK, BV, 2>;
+    case 3: return v4::nuq_decode<BK, BV, 3>;
+    default: return v4::nuq_decode<BK, BV, 4>;
+    }
+}
+static KFn pick(int bk, int bv, int gq)
+{
+    if (bk == 2) return bv == 2 ? pick2<2, 2>(gq) : pick2<2, 4>(gq);
+    return bv == 2 ? pick2<4, 2>(gq) : pick2<4, 4>(gq);
+}
+
+static int n_fail, n_pass;
+
+static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t tables, size_t n_sink, size_t NT, double f,
+                const size_t *lens, size_t nlens, size_t n_sm, const char *name)
+{
+    const size_t C = H * D, nh = H * g, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
+    std::vector<float> klev(tables * nlk), vlev(tables * nlv), lo(C), hi(C);
+    for (size_t i = 0; i < tables; i++) { sorted_levels(&klev[i * nlk], nlk); sorted_levels(&vlev[i * nlv], nlv); }
+    for (size_t c = 0; c < C; c++) {
+        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
+        lo[c] = (float)(off - 1.8 * sc);
+        hi[c] = (float)(off + 1.8 * sc);
+    }
+    kvq_kvcache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.format = KVQ_KVCACHE_NUQ; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
+    cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.outlier_frac = f;
+    cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
+    cfg.k_tables = cfg.v_tables = tables; cfg.k_levels = klev.data(); cfg.v_levels = vlev.data(); cfg.k_lower = lo.data(); cfg.k_upper = hi.data();
+    kvq_kvcache *cpu;
+    kvq_err err;
+    if (kvq_kvcache_create(&cpu, &cfg, &err)) { printf("create: %s\n", err.msg); exit(2); }
+    std::vector<float> K(B * NT * C), V(B * NT * C);
+    fill(K.data(), B * NT, C, 1);
+    fill(V.data(), B * NT, C, 0);
+    size_t len = 0;
+    for (size_t li = 0; li < nlens; li++) {
+        size_t to = lens[li] < NT ? lens[li] : NT;
+        for (size_t s = 0; s < B; s++)
+            if (kvq_kvcache_append(cpu, s, &K[(s * NT + len) * C], &V[(s * NT + len) * C], to - len, &err)) { printf("append: %s\n", err.msg); exit(2); }
+        len = to;
+        kvq_kvcache_view v;
+        kvq_kvcache_view_get(cpu, &v);
+        const size_t np = (D + 1) / 2, nr = cfg.rope.rope_dim / 2, nhi = NT / 64 + 4;
+        std::vector<float2> rlo(np * 64), rhi(nhi * np);
+        for (size_t i = 0; i < np; i++) {
+            double fr = i < nr ? v.inv_freq[i] : 0;
+            for (int l = 0; l < 64; l++) rlo[i * 64 + l] = i < nr ? make_float2((float)cos(l * fr), (float)sin(l * fr)) : make_float2(1, 0);
+            for (size_t b = 0; b < nhi; b++)
+                rhi[b * np + i] = i < nr ? make_float2((float)cos((double)(64 * b) * fr), (float)sin((double)(64 * b) * fr)) : make_float2(1, 0);
+        }
+        std::vector<int> ilen(B);
+        for (size_t s = 0; s < B; s++) ilen[s] = (int)v.len[s];
+        const int gq = g <= 4 ? (int)g : (g % 4 == 0 ? 4 : g % 3 == 0 ? 3 : 1), qgroups = (int)((g + gq - 1) / gq);
+        const size_t nq = len > v.n_exact ? len - v.n_exact : 0;
+        const size_t ck = kb == 2 ? 16 : 8, npk = v.k_head_words * (ck / 2);
+        for (size_t ms : {(size_t)0, (size_t)1, (size_t)3}) {
+            size_t chunk, splits;
+            v4::plan(nq, B * H * qgroups, n_sm, ms, gq, (int)npk, (int)D, 160 * 1024, &chunk, &splits);
+            const size_t nslots = splits + 1;
+            std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), ref(B * nh * D), q(B * nh * D);
+            for (auto &x : q) x = (float)gauss();
+            DecP p;
+            memset(&p, 0, sizeof p);
+            p.kcodes = v.kcodes; p.vcodes = v.vcodes; p.krow = v.krow; p.vrow = v.vrow; p.kent = v.kent; p.vent = v.vent;
+            p.vscale = v.vscale; p.klut = v.klut; p.vlevels = v.vlevels; p.kz = v.k_zcode; p.vz = v.v_zcode;
+            p.rlo = rlo.data(); p.rhi = rhi.data(); p.k16 = v.k16; p.v16 = v.v16; p.q = q.data(); p.part = part.data(); p.len = ilen.data();
+            p.H = (int)H; p.D = (int)D; p.dpad = (int)(2 * np); p.np = (int)np; p.n_heads = (int)nh; p.g = (int)g; p.qgroups = qgroups;
+            p.kw = (int)v.k_head_words; p.vw = (int)v.v_head_words; p.capq = (int)v.capq; p.n_exact = (int)v.n_exact;
+            p.n_splits = (int)splits; p.chunk = (int)chunk; p.ent_cap = (int)v.ent_cap; p.nslots = (int)nslots;
+            p.scale = 1.0f / sqrtf((float)D);
+            KFn fn = pick(kb, vb, gq);
+            emu_launch({(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B}, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk, (int)D), [&] { fn(p); });
+            emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + v.n_exact + 1) * 4, [&] { exact_decode(p); });
+            emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
+            if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
+            double num = 0, den = 0;
+            int nf = 0;
+            for (size_t i = 0; i < out.size(); i++) {
+                if (!std::isfinite(out[i])) nf++;
+                double d = (double)out[i] - ref[i];
+                num += d * d;
+                den += (double)ref[i] * ref[i];
+            }
+            double e = sqrt(num / (den > 0 ? den : 1));
+            bool ok = nf == 0 && e <= 2e-5;
+            if (ok) n_pass++; else n_fail++;
+            printf("%s %-24s len %5zu chunk %5zu splits %3zu gq %d: rel L2 %.3g, %d non-finite\n", ok ? "ok  " : "FAIL", name, len, chunk, splits, gq, e, nf);
+            fflush(stdout);
+        }
+    }
+    kvq_kvcache_free(cpu);
+}
+
+int main(int argc, char **argv)
+{
+    const int quick = argc > 1;
+    const size_t l1[] = {1, 2, 40, 300, 1100};
+    const size_t l2[] = {5, 700, 2600};
+    run(2, 2, 128, 1, 4, 4, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 4/4");
+    run(2, 3, 64, 3, 2, 2, 3, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "smollm-like 2/2 gqa3");
+    run(1, 2, 9, 12, 2, 4, 1, 1, 300, 0.0, l1, 4, 4, "d9 2/4 gqa12");
+    run(1, 1, 40, 2, 4, 2, 1, 0, 700, 0.1, l2, 2, 4, "d40 4/2 f0.1");
+    run(1, 1, 256, 5, 4, 4, 1, 2, 700, 0.05, l2, 2, 4, "d256 4/4 gqa5");
+    if (!quick) run(1, 1, 64, 1, 4, 2, 1, 1, 2600, 0.01, l2, 3, 2, "long 4/2");
+    printf("emu: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
