@@ -92,7 +92,8 @@ $(BUILD)/%.cu.o: %.cu
 	@$(if $(Q),echo '  NVCC  $<',true)
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/kernels/kvcache_cuda.cu.o: kernels/kvcache_cuda_dec.cuh
+# nvcc writes no dependency files: every CUDA object depends on every internal .cuh header
+$(CU_SRC:%.cu=$(BUILD)/%.cu.o): $(wildcard kernels/*.cuh)
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
