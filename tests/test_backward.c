@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "backward.h"
+#include "device.h"
+#include "kv_desc.h"
 #include "forward.h"
 #include "kvq_test.h"
 #include "model.h"
@@ -408,6 +410,75 @@ START_TEST(test_keep_vs_recompute)
 }
 END_TEST
 
+/* The engine (device.h) on the CPU: kvq_engine_backward with a built-in scheme
+ * set by kvq_engine_set_kv gives bit-identical results to kvq_backward_run with
+ * the descriptor's transform as a hook (the GPU engine is checked against this
+ * CPU path by tests/gpu/gpu_check.c --backward), and kvq_engine_layer_input
+ * returns the forward's residual checkpoints. */
+START_TEST(test_engine_backward_matches)
+{
+    kvq_model m;
+    KVQ_SKIP_IF(!load_tiny("stories260K", &m), "../shared/models/llama2c absent");
+    const int T = 40, P = 2, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp), dim = m.hp.dim;
+    int tok[42];
+    fixture_tokens("stories260K", tok, T + P);
+    size_t n = (size_t)L * T * kvd, np = (size_t)L * P * kvd;
+    float *pk = malloc(np * 4), *pv = malloc(np * 4);
+    make_prefix(&m, tok, P, pk, pv);
+    kvq_prefix px = {.P = P, .k = pk, .v = pv};
+    kvq_err e = {0};
+    /* KIVI-2: alternative keys/values with boundaries (the decode-equivalent path) */
+    kvq_kv_desc d = {.q = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 8, .residual = 16},
+                     .key_stage = KVQ_KEYS_POST_ROPE};
+    kvq_engine eng;
+    ck_assert_msg(kvq_engine_init(&eng, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, P, KVQ_ENGINE_BACKWARD, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_engine_set_kv(&eng, &d, &e) == KVQ_OK, "%s", e.msg);
+    kvq_backward bw;
+    ck_assert(kvq_backward_init(&bw, &m, T, P, &e) == KVQ_OK);
+    kvq_grad_store g[2];
+    for (int i = 0; i < 2; i++)
+        g[i] = (kvq_grad_store){.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4),
+                                .dpv = malloc(np * 4)};
+    kvq_fwd_io io = {.tokens = tok + P, .T = T, .pos0 = P, .prefix = &px};
+    kvq_bwd_spec s0 = {.user = &g[0], .xent = true, .grads = kvq_grad_store_cb};
+    kvq_bwd_result r[2];
+    ck_assert_msg(kvq_engine_backward(&eng, &io, &s0, &r[0], &e) == KVQ_OK, "%s", e.msg);
+    kvq_kv_desc_run run = {.d = &d};
+    kvq_hooks hk = {.user = &run, .transform = kvq_kv_desc_transform, .key_stage = d.key_stage};
+    kvq_fwd_io io2 = io;
+    io2.hooks = &hk;
+    ck_assert_msg(kvq_backward_xent(&bw, &io2, &g[1], &r[1], &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(r[0].loss == r[1].loss && isfinite(r[0].loss));
+    ck_assert(!memcmp(g[0].dk_pre, g[1].dk_pre, n * 4) && !memcmp(g[0].dv, g[1].dv, n * 4));
+    ck_assert(!memcmp(g[0].dpk, g[1].dpk, np * 4) && !memcmp(g[0].dpv, g[1].dpv, np * 4));
+    /* and the transform was applied: the unquantized gradients differ */
+    kvq_grad_store g2 = {.dv = malloc(n * 4)};
+    ck_assert(kvq_backward_xent(&bw, &io, &g2, &r[1], &e) == KVQ_OK);
+    ck_assert(memcmp(g[0].dv, g2.dv, n * 4) != 0 && r[1].loss != r[0].loss);
+    /* layer inputs of the engine's last run = the forward's checkpoints (run the engine again to compare) */
+    ck_assert(kvq_engine_backward(&eng, &io, &s0, &r[0], &e) == KVQ_OK);
+    float *x = malloc((size_t)T * dim * 4);
+    for (int l = 0; l <= L; l++) {
+        ck_assert_msg(kvq_engine_layer_input(&eng, l, x, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert(!memcmp(x, kvq_forward_layer_input(&eng.bw.fw, l), (size_t)T * dim * 4));
+    }
+    ck_assert_int_eq(kvq_engine_layer_input(&eng, L + 1, x, &e), KVQ_EINVAL);
+    /* an engine without KVQ_ENGINE_BACKWARD refuses, naming the flag */
+    kvq_engine plain;
+    ck_assert(kvq_engine_init(&plain, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, P, 0, &e) == KVQ_OK);
+    ck_assert_int_eq(kvq_engine_backward(&plain, &io, &s0, &r[0], &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "KVQ_ENGINE_BACKWARD"), "%s", e.msg);
+    kvq_engine_free(&plain);
+    free(x);
+    free(g2.dv);
+    for (int i = 0; i < 2; i++) free(g[i].dk_pre), free(g[i].dk_post), free(g[i].dv), free(g[i].dpk), free(g[i].dpv);
+    kvq_backward_free(&bw);
+    kvq_engine_free(&eng);
+    free(pk), free(pv);
+    kvq_model_free(&m);
+}
+END_TEST
+
 /* ---- upstream (layer-output) loss: ½ Σ_l ||x_l − ref_l||² (IntactKV) ---- */
 typedef struct {
     const float *ref; /* [L][T][dim]: reference output of layer l */
@@ -613,6 +684,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("model");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_directional_stories);
+    tcase_add_test(tc, test_engine_backward_matches);
     tcase_add_test(tc, test_directional_aidreams);
     tcase_add_test(tc, test_straight_through);
     tcase_add_test(tc, test_keep_vs_recompute);
