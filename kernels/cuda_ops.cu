@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda_attn_tile.cuh"
 #include "cuda_reduce.cuh"
 
 namespace {
@@ -124,7 +125,7 @@ __global__ void lse_block_k(const float *z, const int *tg, int v0, int nv, float
 template <int HD, int TPQ, int BK, bool ALT>
 __global__ void __launch_bounds__(128) attn_k(kvq_cu_attn a, float scale)
 {
-    constexpr int DPT = HD / TPQ, BQ = 128 / TPQ, CH = 8, HD4 = HD / 4;
+    constexpr int DPT = HD / TPQ, BQ = 128 / TPQ, CH = 8;
     __shared__ __align__(16) float Ks[BK * HD];
     __shared__ __align__(16) float Vs[BK * HD];
     __shared__ __align__(16) float Kq[ALT ? BK * HD : 4];
@@ -149,35 +150,8 @@ __global__ void __launch_bounds__(128) attn_k(kvq_cu_attn a, float scale)
     }
     const int q_last = min(a.T, q0 + BQ) - 1;
     const int n_keys = a.P + q_last + 1, my_last = a.P + i;
-    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int k0 = 0; k0 < n_keys; k0 += BK) {
-        for (int idx = tid; idx < BK * HD4; idx += 128) {
-            int r = idx / HD4, c = (idx % HD4) * 4, jj = k0 + r;
-            float4 kk = z4, vv = z4, kq = z4, vq = z4;
-            if (jj < n_keys) {
-                if (jj < a.P) {
-                    size_t off = ((size_t)jj * a.n_kv_heads + kvh) * HD + c;
-                    kk = *reinterpret_cast<const float4 *>(a.pk + off);
-                    vv = *reinterpret_cast<const float4 *>(a.pv + off);
-                    kq = kk;
-                    vq = vv;
-                } else {
-                    size_t off = ((size_t)(jj - a.P) * a.n_kv_heads + kvh) * HD + c;
-                    kk = *reinterpret_cast<const float4 *>(a.k + off);
-                    vv = *reinterpret_cast<const float4 *>(a.v + off);
-                    if (ALT) {
-                        kq = a.kq ? *reinterpret_cast<const float4 *>(a.kq + off) : kk;
-                        vq = a.vq ? *reinterpret_cast<const float4 *>(a.vq + off) : vv;
-                    }
-                }
-            }
-            *reinterpret_cast<float4 *>(Ks + r * HD + c) = kk;
-            *reinterpret_cast<float4 *>(Vs + r * HD + c) = vv;
-            if (ALT) {
-                *reinterpret_cast<float4 *>(Kq + r * HD + c) = kq;
-                *reinterpret_cast<float4 *>(Vq + r * HD + c) = vq;
-            }
-        }
+        load_kv_tile<HD, BK, ALT, true>(a, kvh, k0, n_keys, tid, Ks, Vs, Kq, Vq);
         __syncthreads();
         const int kend = min(BK, n_keys - k0);
         for (int c0 = 0; c0 < kend; c0 += CH) {
