@@ -288,6 +288,23 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     if ((s = kvq_text_read(o->text_path, o->format, KVQ_EOL_TO_LF, &txt, err))) goto done;
     if ((s = kvq_calib_windows(&txt, tok, (size_t)o->samples, (size_t)seq_len, o->seed, KVQ_BOS_MODEL, &win, err))) goto done;
 
+    int L = (int)seq_len;
+    /* --fisher: the engine also runs the backward pass (CPU or GPU) */
+    char note[320];
+    s = kvq_engine_init_fallback(&eng, dev, !strcmp(dv, "auto"), gpu, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, note,
+                                 sizeof note, err);
+    have_eng = s == KVQ_OK;
+    if (s) goto done;
+    if (note[0] && !o->quiet) fprintf(stderr, "kvdump: --device auto: %s\n", note);
+    if (eng.dev == KVQ_DEVICE_CPU && o->math != KVQ_CUDA_EXACT && !o->quiet)
+        fprintf(stderr, "kvdump: --math applies to the GPU only; the CPU runs exact fp32\n");
+    dev = eng.dev;
+    {
+        char d[200];
+        snprintf(rep->device, sizeof rep->device, "%s%s", kvq_engine_describe(&eng, d, sizeof d),
+                 o->fisher ? "; with the backward pass (Fisher information)" : "");
+    }
+    if (!o->quiet) fprintf(stderr, "kvdump: device: %s\n", rep->device);
     /* root attributes */
     snprintf(meta.kvq_version, sizeof meta.kvq_version, "%s", KVQ_VERSION_STRING);
     snprintf(meta.model_path, sizeof meta.model_path, "%s", o->model_path);
@@ -313,6 +330,10 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     meta.layer_first = first;
     meta.layer_last = last;
     snprintf(meta.command_line, sizeof meta.command_line, "%s", o->command_line ? o->command_line : "");
+    /* how the tensors are computed: the math mode is compared on --resume, the device only recorded */
+    snprintf(meta.compute_mode, sizeof meta.compute_mode, "%s",
+             eng.dev == KVQ_DEVICE_CPU || o->math == KVQ_CUDA_EXACT ? "exact" : o->math == KVQ_CUDA_TF32 ? "tf32" : "bf16");
+    kvq_engine_describe(&eng, meta.compute_device, sizeof meta.compute_device);
 
     kvq_dump_opts dopts = kvq_dump_opts_default();
     dopts.force = o->force;
@@ -323,17 +344,6 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     meta.sample_offsets = NULL;
     if (s) goto done;
 
-    int L = (int)seq_len;
-    /* --fisher: the engine also runs the backward pass (CPU or GPU) */
-    s = kvq_engine_init_at(&eng, dev, gpu, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, err);
-    have_eng = s == KVQ_OK;
-    if (s) goto done;
-    {
-        char d[200];
-        snprintf(rep->device, sizeof rep->device, "%s%s", kvq_engine_describe(&eng, d, sizeof d),
-                 o->fisher ? "; with the backward pass (Fisher information)" : "");
-    }
-    if (!o->quiet) fprintf(stderr, "kvdump: device: %s\n", rep->device);
     /* write-behind (default on a GPU): the HDF5 writing of sample i overlaps the computation of sample i+1 (two buffers) */
     const bool overlap = o->write_behind < 0 ? dev == KVQ_DEVICE_CUDA : o->write_behind > 0;
     rep->write_overlapped = overlap;

@@ -48,13 +48,18 @@ typedef struct {
     /* Where the forward runs (kernels/device.h): "cpu", "cuda", "cuda:N" or
      * "auto" (a GPU when present); NULL = "cpu". Forward, attention
      * statistics and the backward pass (Fisher information) run on the chosen
-     * device (the GPU in exactness mode: fp32, TF32 off). Resolved device in
+     * device (the GPU in the mode `math` selects, exactness by default: fp32,
+     * TF32 off; with tf32/bf16 the backward uses the same fast GEMMs, which
+     * are not validated against the CPU — the dump's compute_mode records the
+     * mode). "auto" falls back to the CPU, with a note, when the GPU cannot
+     * run the model (kvq_engine_init_fallback). Resolved device in
      * kvq_capture_report.device. */
     const char *device;
     /* Write sample i (HDF5, compression) in a background thread while sample
      * i+1 is computed, with two sample buffers: 1 on, 0 off, -1 auto (on when
      * the device is a GPU; on the CPU the writer would compete with the
-     * forward for the cores). Either way the file is the same. */
+     * forward for the cores). Either way the datasets hold the same values
+     * (only the command_line attribute tells the runs apart). */
     int write_behind;
     /* GPU arithmetic (forward_cuda.h): KVQ_CUDA_EXACT (default), _TF32 or
      * _BF16 (fast modes; the report's device string says which). */

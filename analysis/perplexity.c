@@ -141,10 +141,16 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
     }
     kvq_device dev = x ? x->device : KVQ_DEVICE_CPU;
     kvq_engine e;
-    kvq_status st = kvq_engine_init_at(&e, dev, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m, (int)plan->ctx, max_P, 0, err);
+    kvq_status st = kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m,
+                                             (int)plan->ctx, max_P, 0, x ? x->note : NULL, x ? sizeof x->note : 0, err);
     if (st) {
         kvq_ppl_results_free(results, n_schemes);
         return st;
+    }
+    dev = e.dev;
+    if (x && dev != x->device) {
+        x->device = dev;
+        x->math = KVQ_CUDA_EXACT;
     }
     if (x) kvq_engine_describe(&e, x->described, sizeof x->described);
     int *targets = malloc(plan->ctx * sizeof *targets);

@@ -65,11 +65,13 @@ const char *kvq_ppl_protocol_name(kvq_ppl_protocol p);
 typedef struct {
     kvq_device device;   /* KVQ_DEVICE_CPU or KVQ_DEVICE_CUDA (kvq_device_parse) */
     int gpu;             /* GPU index (cuda:N) */
-    kvq_cuda_math math;  /* CUDA: KVQ_CUDA_EXACT (fp32, TF32 off) or KVQ_CUDA_TF32 (fast mode) */
+    kvq_cuda_math math;  /* CUDA: KVQ_CUDA_EXACT (fp32, TF32 off), KVQ_CUDA_TF32 or KVQ_CUDA_BF16 (fast modes) */
+    bool auto_device;    /* device came from "auto": a GPU that cannot run the model falls back to the CPU */
     char described[256]; /* output of kvq_ppl_run_on: kvq_engine_describe of the engine that ran */
+    char note[320];      /* output: why an "auto" GPU run fell back to the CPU ("" otherwise); device is then CPU */
 } kvq_ppl_exec;
 
-/* "exact (fp32)" or "fast (TF32)": the math mode of x (the CPU is always exact). */
+/* "exact (fp32)", "fast (TF32)" or "fast (BF16)": the math mode of x (the CPU is always exact). */
 const char *kvq_ppl_exec_mode(const kvq_ppl_exec *x);
 
 /* Where a scheme's K/V transform ran. */

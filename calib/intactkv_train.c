@@ -3,6 +3,7 @@
  * the backward pass (kernels/backward.h: upstream gradient on each layer's
  * output, straight-through quantizer, dL/d(prefix K, V)). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -305,9 +306,16 @@ kvq_status kvq_intactkv_train(const kvq_model *m, kvq_artifact_prefix *px, const
     for (size_t t = 0; t < T; t++) neg[t] = -1;
     /* one engine (CPU or GPU) runs the targets, the losses and the backward passes */
     if ((s = kvq_device_parse(o->device ? o->device : "cpu", &dev, &gpu, err))) goto done;
-    if ((s = kvq_engine_init_at(&eng, dev, gpu, KVQ_CUDA_EXACT, m, (int)T, (int)px->P, KVQ_ENGINE_BACKWARD, err))) goto done;
+    char note[320];
+    if ((s = kvq_engine_init_fallback(&eng, dev, o->device && !strcmp(o->device, "auto"), gpu, KVQ_CUDA_EXACT, m, (int)T, (int)px->P,
+                                      KVQ_ENGINE_BACKWARD, note, sizeof note, err)))
+        goto done;
     e_ok = true;
-    if (o->device_desc) kvq_engine_describe(&eng, o->device_desc, o->device_desc_len);
+    if (o->device_desc) {
+        char d[256];
+        kvq_engine_describe(&eng, d, sizeof d);
+        snprintf(o->device_desc, o->device_desc_len, "%s%s%s%s", d, note[0] ? " (--device auto: " : "", note, note[0] ? ")" : "");
+    }
     if ((s = targets_init(&tg, &eng, m, &fp, win, n_win, T, o->target_cache_mib, err))) goto done;
     tg_ok = true;
 

@@ -336,7 +336,7 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
     tr->seconds = kvq_now() - t0;
     snprintf(tr->text_sha256, sizeof tr->text_sha256, "%s", txt.file_sha256);
     if (!a->quiet)
-        fprintf(stderr, "%s intactkv: training loss over all %zu windows %.6g -> %.6g (%.1f%%), %.1f s (%.2f s per step)\n", PROG,
+        fprintf(stderr, "%s intactkv: training loss over all %zu windows %.6g -> %.6g (%+.1f%%), %.1f s (%.2f s per step)\n", PROG,
                 win.n_windows, lb, la, lb > 0 ? 100 * (la - lb) / lb : 0, tr->seconds, tr->seconds / (double)o.steps);
 done:
     if (csv && fclose(csv) != 0 && !s) s = kvq_fail(e, KVQ_EIO, "--loss-csv %s: write failed", a->loss_csv);
@@ -408,8 +408,30 @@ static int cmd_intactkv(int argc, char **argv)
         fprintf(stderr, "%s intactkv: --train needs --text FILE (calibration text)\n", PROG);
         return EXIT_USAGE;
     }
+    if (!a.train) { /* every "--train:" option given without --train is a usage error, not silently ignored */
+        static const char *const train_only[] = {"samples", "seq-len", "epochs", "steps", "accum", "lr", "clip", "beta1", "beta2",
+                                                 "eps", "seed", "cache-mib", "format"};
+        for (int i = 1; i < argc; i++) {
+            const char *w = argv[i];
+            if (!strcmp(w, "--")) break;
+            const char *bad = NULL;
+            if (w[0] == '-' && w[1] == '-') {
+                size_t len = strcspn(w + 2, "=");
+                for (size_t k = 0; k < sizeof train_only / sizeof *train_only; k++)
+                    if (strlen(train_only[k]) == len && !strncmp(w + 2, train_only[k], len)) bad = w;
+            } else if (w[0] == '-' && strchr("nLE", w[1]) && w[1]) {
+                bad = w;
+            }
+            if (bad) {
+                fprintf(stderr, "%s intactkv: %.*s applies to --train only (the --train: options of --help)\n", PROG,
+                        (int)strcspn(bad, "="), bad);
+                return EXIT_USAGE;
+            }
+        }
+    }
     if (!a.train && (a.text || a.scheme || a.loss_csv || a.device)) {
-        fprintf(stderr, "%s intactkv: --text, --scheme, --loss-csv and --device apply to --train only\n", PROG);
+        fprintf(stderr, "%s intactkv: %s applies to --train only (the --train: options of --help)\n", PROG,
+                a.text ? "--text" : a.scheme ? "--scheme" : a.loss_csv ? "--loss-csv" : "--device");
         return EXIT_USAGE;
     }
     if (a.device) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "cuda_info.h"
 #include "device.h"
 #include "cli.h"
 
@@ -34,7 +35,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
                *layers = NULL, *device = NULL, *overlap = NULL, *math = NULL;
     long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
-    bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false;
+    bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false, version = false;
     kvq_opt opts[] = {
         {"model", 'm', KVQ_OPT_STRING, &model, "PATH", "model file: GGUF, llama2.c .bin, or HF directory", NULL, 0, 0, true},
         {"text", 't', KVQ_OPT_STRING, &text, "FILE", "calibration text (e.g. wikitext-2/wiki.valid.tokens)", NULL, 0, 0, true},
@@ -62,6 +63,7 @@ int main(int argc, char **argv)
          "write sample i to HDF5 in a background thread while sample i+1 computes (default auto: on a GPU)", "auto|on|off", 0,
          0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
+        {"version", 0, KVQ_OPT_FLAG, &version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
     };
     kvq_err e = {0};
     bool help = false;
@@ -70,6 +72,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (help) return 0;
+    if (version) {
+        printf("kvdump (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+        return 0;
+    }
     o.model_path = model;
     o.text_path = text;
     o.out_path = out;
@@ -130,13 +136,14 @@ int main(int argc, char **argv)
         return s == KVQ_EINVAL ? 2 : 1;
     }
     if (!quiet && rep.write_overlapped)
-        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); forward %.1f s, HDF5 %.1f s in the "
+        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); %s %.1f s, HDF5 %.1f s in the "
                         "background (waited %.1f s for it), total %.1f s\n",
-                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, rep.seconds_forward, rep.seconds_write,
-                rep.seconds_wait, rep.seconds_total);
+                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, fisher ? "forward+backward" : "forward",
+                rep.seconds_forward, rep.seconds_write, rep.seconds_wait, rep.seconds_total);
     else if (!quiet)
-        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); forward %.1f s, HDF5 %.1f s (%.0f%% of forward), total %.1f s\n",
-                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, rep.seconds_forward, rep.seconds_write,
-                rep.seconds_forward > 0 ? 100 * rep.seconds_write / rep.seconds_forward : 0, rep.seconds_total);
+        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); %s %.1f s, HDF5 %.1f s (%.0f%% of that), total %.1f s\n",
+                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, fisher ? "forward+backward" : "forward",
+                rep.seconds_forward, rep.seconds_write, rep.seconds_forward > 0 ? 100 * rep.seconds_write / rep.seconds_forward : 0,
+                rep.seconds_total);
     return 0;
 }

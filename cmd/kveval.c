@@ -117,7 +117,8 @@ int main(int argc, char **argv)
         free(specs);
         return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
     }
-    if (!o.device || !strcmp(o.device, "auto")) {
+    exec.auto_device = !o.device || !strcmp(o.device, "auto");
+    if (exec.auto_device) {
         char why[256] = "";
         if (exec.device == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o.quiet && kvq_cuda_device_count(why, sizeof why) == 0)
             fprintf(stderr, "kveval: --device auto: no usable GPU (%s); running on the CPU\n", why);
@@ -229,6 +230,7 @@ int main(int argc, char **argv)
         goto out;
     }
     kvq_progress_finish(&prog);
+    if (exec.note[0] && !o.quiet) fprintf(stderr, "kveval: --device auto: %s\n", exec.note);
 
     kvq_ppl_report rep = {.m = &m, .model_fingerprint = have_fp ? fp : NULL, .win = &win,
                           .text_format = kvq_text_format_name(fmt), .bos_policy = o.bos, .plan = &plan, .arts = &arts,

@@ -144,8 +144,15 @@ static const attr_desc ATTRS[] = {
     ATTR(has_attn_stats, AK_BOOL, true),
     ATTR(layer_first, AK_INT, true),
     ATTR(layer_last, AK_INT, true),
+    ATTR(compute_mode, AK_STR, true),
+    ATTR(compute_device, AK_STR, false),
     ATTR(command_line, AK_STR, false),
 };
+/* attributes added after the first release: absent in older files (read as the default) */
+static const char *optional_attr_default(const char *name)
+{
+    return !strcmp(name, "compute_mode") ? "exact" : !strcmp(name, "compute_device") ? "" : NULL;
+}
 #define N_ATTRS (sizeof ATTRS / sizeof *ATTRS)
 /* plus: schema_version (int64), sample_offsets (int64 [N]), samples_done (int64) */
 
@@ -674,6 +681,11 @@ static kvq_status read_root_attrs(h5_dump *d, kvq_err *err)
         const attr_desc *a = &ATTRS[i];
         char *p = (char *)m + a->off;
         if (a->kind == AK_STR) {
+            const char *def = optional_attr_default(a->name);
+            if (def && H5Aexists(f, a->name) <= 0) {
+                snprintf(p, a->size, "%s", def);
+                continue;
+            }
             KVQ_TRY(get_str(f, d->fname, a->name, p, a->size, err));
         } else if (a->kind == AK_DTYPE) {
             char s[16];
@@ -1149,11 +1161,12 @@ kvq_status kvq_dump_resume(const char *path, const kvq_dump_meta *meta, const kv
     if ((s = read_root_attrs(&f, err))) goto done;
     if ((s = compare_meta(w->d.fname, &f.meta, meta, err))) goto done;
     w->d.samples_done = f.samples_done;
-    /* command_line: record the resuming invocation */
+    /* command_line and compute_device: record the resuming invocation */
     hid_t st = vlen_str_type(), sp = H5Screate(H5S_SCALAR);
-    const char *cl = meta->command_line;
+    const char *cl = meta->command_line, *cd = meta->compute_device;
     if (st < 0 || sp < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", w->d.fname);
     else s = put_attr(w->d.file, w->d.fname, "command_line", st, st, sp, &cl, err);
+    if (!s) s = put_attr(w->d.file, w->d.fname, "compute_device", st, st, sp, &cd, err);
     if (st >= 0) H5Tclose(st);
     if (sp >= 0) H5Sclose(sp);
     if (s) goto done;

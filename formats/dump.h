@@ -105,6 +105,11 @@ typedef struct {
     kvq_dump_dtype dtype;                   /* attribute: "f16" | "f32" */
     bool has_q, has_fisher, has_attn_stats; /* attributes: int64 0/1 */
     int layer_first, layer_last;            /* inclusive range of dumped layers, 0-based */
+    /* how the tensors were computed: math mode compared on resume (a dump never mixes modes);
+     * device = provenance of the last writer, NOT compared (CPU and GPU agree in the exact mode) */
+    char compute_mode[KVQ_DUMP_STR_MAX];    /* "exact" (fp32; the CPU, or a GPU with TF32 off) | "tf32" | "bf16";
+                                               reader: "exact" when the attribute is absent (files of kvq <= 0.1.0) */
+    char compute_device[KVQ_DUMP_STR_MAX];  /* e.g. "CPU (16 OpenMP threads, ...)" or "NVIDIA H200 (sm_90 ...)"; may be "" */
     char command_line[KVQ_DUMP_CMDLINE_MAX];/* provenance; NOT compared on resume */
 } kvq_dump_meta;
 

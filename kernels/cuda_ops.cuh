@@ -1,8 +1,11 @@
-// cuda_ops.cuh — device kernels of the CUDA forward (internal to kernels/*.cu).
-// Every launcher enqueues on `st` and returns cudaGetLastError(). Layouts are
-// those of the CPU code (forward.h, attention.h, quant.h): row-major fp32,
-// one row per token. Semantics: see ops.h, attention.h and quant.h; each
-// kernel's comment says where the GPU differs (summation order only).
+// cuda_ops.cuh — device kernels of the CUDA forward and backward (internal to
+// kernels/*.cu; defined in cuda_ops.cu and cuda_bwd_ops.cu). Every launcher
+// enqueues on `st` and returns cudaGetLastError(). Layouts are those of the
+// CPU code (forward.h, attention.h, attention_backward.h, ops_backward.h,
+// quant.h): row-major fp32, one row per token. Semantics: see those headers;
+// the fp32 kernels differ from the CPU in summation order only; the bf16
+// helpers (embedding gather from a bf16 table, fp32 -> bf16 conversion) serve
+// the BF16 fast mode (forward_cuda.h) and round as they say.
 #ifndef KVQ_CUDA_OPS_CUH
 #define KVQ_CUDA_OPS_CUH
 

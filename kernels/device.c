@@ -72,6 +72,17 @@ kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_m
     return kvq_forward_init(&e->cpu, m, max_T, max_P, flags, err);
 }
 
+kvq_status kvq_engine_init_fallback(kvq_engine *e, kvq_device dev, bool fallback, int gpu, kvq_cuda_math math,
+                                    const kvq_model *m, int max_T, int max_P, unsigned flags, char *note, size_t note_len,
+                                    kvq_err *err)
+{
+    if (note && note_len) note[0] = 0;
+    kvq_status s = kvq_engine_init_at(e, dev, gpu, math, m, max_T, max_P, flags, err);
+    if (s != KVQ_EUNSUPPORTED || dev != KVQ_DEVICE_CUDA || !fallback) return s;
+    if (note && note_len) snprintf(note, note_len, "no GPU run: %s; running on the CPU", err ? err->msg : "unsupported");
+    return kvq_engine_init_at(e, KVQ_DEVICE_CPU, 0, KVQ_CUDA_EXACT, m, max_T, max_P, flags, err);
+}
+
 /* The CPU forward workspace of the engine. */
 static kvq_forward *cpu_fw(kvq_engine *e) { return e->has_bw ? &e->bw.fw : &e->cpu; }
 

@@ -11,7 +11,7 @@
  *
  * kveval usage:
  *    kvq_device dev;
- *    KVQ_TRY(kvq_device_parse(opt_device ? opt_device : "auto", &dev, err));
+ *    KVQ_TRY(kvq_device_parse(opt_device ? opt_device : "auto", &dev, NULL, err));
  *    kvq_engine e;
  *    KVQ_TRY(kvq_engine_init(&e, dev, KVQ_CUDA_EXACT, &model, ctx, P, 0, err));
  *    fprintf(report, "device: %s\n", kvq_engine_describe(&e, buf, sizeof buf));
@@ -63,6 +63,15 @@ kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, co
  * kvq_engine_init is kvq_engine_init_at(..., gpu = 0, ...). */
 kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_math math, const kvq_model *m, int max_T,
                               int max_P, unsigned flags, kvq_err *err);
+/* As kvq_engine_init_at, for a device that came from "auto": when fallback is
+ * true and dev is CUDA but the GPU cannot run this model (KVQ_EUNSUPPORTED,
+ * e.g. a head_dim the CUDA attention kernel lacks), the engine is made on the
+ * CPU instead (e->dev says which) and note (if non-NULL, note_len > 0)
+ * receives "no GPU run: <reason>; running on the CPU"; otherwise note is set
+ * to "". Other errors are returned as they are. */
+kvq_status kvq_engine_init_fallback(kvq_engine *e, kvq_device dev, bool fallback, int gpu, kvq_cuda_math math,
+                                    const kvq_model *m, int max_T, int max_P, unsigned flags, char *note, size_t note_len,
+                                    kvq_err *err);
 void kvq_engine_free(kvq_engine *e);
 /* Built-in KV transform for the next runs (NULL / FP32 = none). The
  * descriptor is copied; its tables must outlive the runs on the CPU. */
@@ -78,7 +87,8 @@ kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bw
  * entering the final norm) into out [T][dim]. Needs KVQ_FWD_SAVE_LAYER_INPUTS
  * or KVQ_ENGINE_BACKWARD at init. Errors: KVQ_EINVAL. */
 kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err);
-/* "CPU (OpenMP threads N, OpenBLAS sgemm)" or the GPU description. Returns buf. */
+/* "CPU (N OpenMP threads, OpenBLAS sgemm, fp32)" or the GPU description
+ * (kvq_forward_cuda_describe). Returns buf. */
 const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n);
 
 #endif

@@ -37,7 +37,9 @@
  * FlashAttention-2's backward, Dao 2023, Alg. 2: a query-side pass for dq and
  * a key-side pass for dK/dV summed over the GQA group, probabilities
  * recomputed from the forward's log-sum-exp, never stored); dX = dY W through
- * cuBLAS (exactness mode: FP32, TF32 off). Callbacks run on the host with
+ * cuBLAS (exactness mode: FP32, TF32 off; in the fast modes the backward
+ * uses the same TF32 / BF16 GEMMs as the forward, unvalidated against the
+ * CPU). Callbacks run on the host with
  * pinned copies (grads: 3 [T][kv_dim] arrays per layer; upstream: x_out and
  * dx_out [T][dim] down and dx_out up again). Activation store: the CPU's
  * formula, 4 B * T * n_layers * (2 q_dim + 4 kv_dim + dim + 2 hidden_dim +
@@ -146,7 +148,7 @@ kvq_status kvq_forward_cuda_layer_input(kvq_forward_cuda *g, int l, float *out, 
 /* Forward (io with its hooks, prefix and the native transform set with
  * kvq_forward_cuda_set_kv) then backward of the loss in spec: the contract
  * of kvq_backward_run (backward.h), results to ~1e-6 of the CPU's (summation
- * order). The workspace must have KVQ_FWD_SAVE_ACTIVATIONS (else
+ * order) in the exactness mode. The workspace must have KVQ_FWD_SAVE_ACTIVATIONS (else
  * KVQ_EINVAL). Errors: those of kvq_backward_run and kvq_forward_cuda_run. */
 kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
                                      kvq_bwd_result *res, kvq_err *err);
@@ -154,7 +156,7 @@ kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, 
 void kvq_forward_cuda_backward_times(const kvq_forward_cuda *g, double *forward_s, double *head_s, double *layers_s);
 
 /* Counters; one-line description ("NVIDIA H200 (sm_90, 139.8 GiB), fp32
- * weights, cuBLAS FP32 pedantic (TF32 off)"). */
+ * weights, cuBLAS FP32 pedantic (TF32 off, exactness mode)"). */
 void kvq_forward_cuda_stats(const kvq_forward_cuda *g, kvq_cuda_stats *out);
 void kvq_forward_cuda_describe(const kvq_forward_cuda *g, char *buf, size_t n);
 

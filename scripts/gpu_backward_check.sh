@@ -14,7 +14,7 @@
 #                              statistics
 #   3. gpu_check --model MODEL --text TEXT --fisher N --ctx 2048
 #                              Fisher information CPU vs GPU per layer (<= 1e-3)
-#   4. kvdump --samples 16 --seq-len 2048 --fisher --device cuda   (target <= 60 s)
+#   4. kvdump --samples 16 --seq-len 2048 --fisher --attn-stats --device cuda   (target <= 60 s)
 #   5. (when KVQ_IKV_BASE is set) kvcalib intactkv --train on the CPU and on the GPU with
 #      the same small configuration (docs/RESULTS.md's: 8 x 256 tokens, 4 per step, 4
 #      epochs, lr 4e-3): loss curves compared; then a GPU timing run with the reference's
@@ -28,7 +28,7 @@
 # Exit status 0 when every check passes and the dump was written.
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 MODEL=$(realpath "$1") TEXT=$(realpath "$2") OUT=$(realpath -m "${3:-out/gpu_backward}")
@@ -46,7 +46,7 @@ else
 fi
 # cuBLAS from the toolkit when the loader does not find it
 if ldd "$CHECK" | grep 'libcublas.*not found' >/dev/null; then
-    c=$(find /usr /opt -name 'libcublas.so.*' 2>/dev/null | head -1)
+    c=$(find /usr /opt -name 'libcublas.so.*' 2>/dev/null | head -1 || true) # find fails on a missing /opt
     [ -n "$c" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$c")"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt" || true

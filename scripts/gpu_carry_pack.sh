@@ -66,7 +66,7 @@ python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2
 export LD_LIBRARY_PATH=/tmp/kvq_libs/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 chmod +x "\$HERE/kveval"
 if ldd "\$HERE/kveval" | grep 'libcublas.so.13 => not found' >/dev/null; then
-    c=\$(find /usr /opt -name libcublas.so.13 2>/dev/null | head -1)
+    c=\$(find /usr /opt -name libcublas.so.13 2>/dev/null | head -1 || true)
     [ -n "\$c" ] && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(dirname "\$c")
 fi
 if ldd "\$HERE/kveval" | grep 'not found'; then echo "run.sh: libraries missing" >&2; exit 1; fi

@@ -111,6 +111,8 @@ static void small_meta(kvq_dump_meta *m, kvq_dump_dtype dtype)
     m->layer_first = 1;
     m->layer_last = 2;
     snprintf(m->command_line, sizeof m->command_line, "kvdump --model models/tiny.gguf --samples 3 --seq-len 12");
+    snprintf(m->compute_mode, sizeof m->compute_mode, "exact");
+    snprintf(m->compute_device, sizeof m->compute_device, "CPU (test)");
 }
 
 static void tmp_path(char *buf, size_t n, const char *tag)
@@ -570,7 +572,8 @@ START_TEST(test_resume)
     ck_assert_int_eq(kvq_dump_abort(w, &e), KVQ_OK);
     ck_assert(!exists(path));
     /* mismatching requests are refused, naming the attribute */
-    const char *cases[] = {"rope_theta", "tokenizer", "dtype", "n_kv_heads", "has_fisher", "sample_offsets", "kvq_version"};
+    const char *cases[] = {"rope_theta", "tokenizer", "dtype", "n_kv_heads", "has_fisher", "sample_offsets", "kvq_version",
+                           "compute_mode"};
     int64_t off2[4] = {0, 1000, 2001, 3000};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         kvq_dump_meta x = m;
@@ -582,6 +585,7 @@ START_TEST(test_resume)
         case 4: x.has_fisher = false; break;
         case 5: x.sample_offsets = off2; break;
         case 6: snprintf(x.kvq_version, sizeof x.kvq_version, "0.2"); break;
+        case 7: snprintf(x.compute_mode, sizeof x.compute_mode, "bf16"); break; /* a dump never mixes math modes */
         }
         ck_assert_int_eq(kvq_dump_resume(path, &x, &o, &w, &e), KVQ_EMISMATCH);
         ck_assert_ptr_null(w);
@@ -589,9 +593,10 @@ START_TEST(test_resume)
         snprintf(want, sizeof want, "'%s' differs", cases[i]);
         ck_assert_msg(strstr(e.msg, want), "case %s: %s", cases[i], e.msg);
     }
-    ck_assert_ptr_nonnull(strstr(e.msg, "file has \"0.1.0-test\", request has \"0.2\""));
-    /* the matching request (a different command line is fine) continues at sample 2 */
+    ck_assert_ptr_nonnull(strstr(e.msg, "file has \"exact\", request has \"bf16\""));
+    /* the matching request (a different command line and device are fine) continues at sample 2 */
     snprintf(m.command_line, sizeof m.command_line, "kvdump --resume ...");
+    snprintf(m.compute_device, sizeof m.compute_device, "GPU (test)");
     ck_assert_msg(kvq_dump_resume(path, &m, &o, &w, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_int_eq(kvq_dump_writer_samples_done(w), 2);
     write_samples(w, &m, 2, 3);
@@ -600,7 +605,24 @@ START_TEST(test_resume)
     kvq_dump_reader *r;
     ck_assert_msg(kvq_dump_open(path, &r, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_str_eq(kvq_dump_reader_meta(r)->command_line, "kvdump --resume ...");
+    ck_assert_str_eq(kvq_dump_reader_meta(r)->compute_device, "GPU (test)");
+    ck_assert_str_eq(kvq_dump_reader_meta(r)->compute_mode, "exact");
     kvq_dump_close(r);
+    /* a file written before compute_mode / compute_device existed reads as exact, device "" */
+    {
+        char p2[600];
+        snprintf(p2, sizeof p2, "cp %s %s.old", path, path);
+        ck_assert(system(p2) == 0);
+        snprintf(p2, sizeof p2, "%s.old", path);
+        hid_t f = H5Fopen(p2, H5F_ACC_RDWR, H5P_DEFAULT);
+        ck_assert(f >= 0 && H5Adelete(f, "compute_mode") >= 0 && H5Adelete(f, "compute_device") >= 0);
+        H5Fclose(f);
+        ck_assert_msg(kvq_dump_open(p2, &r, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_str_eq(kvq_dump_reader_meta(r)->compute_mode, "exact");
+        ck_assert_str_eq(kvq_dump_reader_meta(r)->compute_device, "");
+        kvq_dump_close(r);
+        unlink(p2);
+    }
     /* nothing to resume */
     ck_assert_int_eq(kvq_dump_resume(path, &m, &o, &w, &e), KVQ_EIO); /* final exists */
     rm_dump(path);

@@ -579,9 +579,12 @@ START_TEST(test_cli)
         {m1, "--prefix bos --force", 1, {"calibrated for another model", fp}},
         {m0, "--prefix '' --force", 2, {"--prefix: expected a non-empty value"}},
         {m0, "--train --prefix bos --force", 2, {"--train needs --text"}},
-        {m0, "--prefix bos --text x --force", 2, {"apply to --train only"}},
+        {m0, "--prefix bos --text x --force", 2, {"--text applies to --train only"}},
         {m0, "--prefix bos --lr 0 --force", 2, {"--lr"}},
-        {m0, "--prefix bos --device cpu --force", 2, {"apply to --train only"}},
+        {m0, "--prefix bos --device cpu --force", 2, {"--device applies to --train only"}},
+        {m0, "--prefix bos --samples 4 --force", 2, {"--samples applies to --train only"}},
+        {m0, "--prefix bos --lr=0.1 --force", 2, {"--lr applies to --train only"}},
+        {m0, "--prefix bos -L 64 --force", 2, {"-L applies to --train only"}},
         {m0, "--prefix bos --train --text x --device tpu --force", 2, {"--device", "tpu"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
