@@ -36,6 +36,7 @@ ROOT_ATTRS = [
     "sample_offsets", "dtype", "has_q", "has_fisher", "has_attn_stats", "layer_first", "layer_last",
     "command_line", "samples_done",
 ]
+OPTIONAL_ATTRS = {"compute_mode": "exact", "compute_device": ""}  # added later; older files read as these
 DATASETS = ["k_pre_rope", "k", "v", "q", "fisher_k_pre_rope", "fisher_v", "attn_received", "attn_entropy"]
 
 failures = []
@@ -123,6 +124,7 @@ def main():
           f"{'...' if N > 4 else ''}), layers {lf}-{ll}, q {bool(a['has_q'])}, fisher {bool(a['has_fisher'])}, "
           f"attn stats {bool(a['has_attn_stats'])}")
     print(f"  command: {attr_str(a['command_line'])}")
+    print("  compute: " + ", ".join(f"{k} {attr_str(a[k]) if k in a else repr(v) + ' (absent: default)'}" for k, v in OPTIONAL_ATTRS.items()))
     if int(a["samples_done"]) != N:
         fail(f"samples_done {a['samples_done']} != n_samples {N} (unfinished dump)")
     if attr_str(a["rope_pairing"]) != "interleaved":
