@@ -822,6 +822,36 @@ static int run_fisher_model(const char *model_path, const char *text_path, int c
         double tf, th, tl;
         kvq_forward_cuda_backward_times(gpu.gpu, &tf, &th, &tl);
         printf("\nGPU backward phases (last window): forward %.3f s, LM head %.3f s, layers %.3f s\n", tf, th, tl);
+        /* the fast modes' Fisher against the exact CPU one (window 0; information, not a pass criterion) */
+        printf("\nFisher information in the fast modes vs the exact CPU (window 0; information)\n\n");
+        printf("| mode | loss | Fisher K rel L2 (all layers) | worst layer | Fisher V rel L2 | worst layer | s GPU |\n|---|---|---|---|---|---|---|\n");
+        kvq_fwd_io io0 = {.tokens = win.tokens, .T = ctx};
+        kvq_bwd_spec sc0 = {.user = &gc.st, .xent = true, .grads = kvq_grad_store_cb};
+        kvq_bwd_result rc0;
+        TRYE(kvq_engine_backward(&cpu, &io0, &sc0, &rc0, &err));
+        fisher_of(&gc);
+        for (int fm = 1; fm <= 2; fm++) {
+            kvq_cuda_math mm = fm == 1 ? KVQ_CUDA_TF32 : KVQ_CUDA_BF16;
+            kvq_engine fe;
+            TRYE(kvq_engine_init(&fe, gdev, mm, &m, ctx, 0, KVQ_ENGINE_BACKWARD, &err));
+            kvq_bwd_spec sf = {.user = &gg.st, .xent = true, .grads = kvq_grad_store_cb};
+            kvq_bwd_result rf;
+            double t0 = now_s();
+            TRYE(kvq_engine_backward(&fe, &io0, &sf, &rf, &err));
+            double t1 = now_s();
+            fisher_of(&gg);
+            size_t per = (size_t)ctx * gc.kvd, n = per * hp->n_layers;
+            double wk = 0, wv = 0;
+            int lk = 0, lv = 0;
+            for (int l = 0; l < hp->n_layers; l++) {
+                double a = rel_l2(gg.fk + l * per, gc.fk + l * per, per), b = rel_l2(gg.fv + l * per, gc.fv + l * per, per);
+                if (a > wk) wk = a, lk = l;
+                if (b > wv) wv = b, lv = l;
+            }
+            printf("| %s | %.6f (CPU %.6f) | %.2e | %.2e (layer %d) | %.2e | %.2e (layer %d) | %.2f |\n", kvq_cuda_math_name(mm), rf.loss,
+                   rc0.loss, rel_l2(gg.fk, gc.fk, n), wk, lk, rel_l2(gg.fv, gc.fv, n), wv, lv, t1 - t0);
+            kvq_engine_free(&fe);
+        }
     }
     printf("\nattention statistics on the model, CPU vs GPU (window 0)\n\n");
     printf("| scheme | layer | mass | entropy | sum(mass)/(heads*T) | |\n|---|---|---|---|---|---|\n");
