@@ -38,6 +38,7 @@ CFLAGS := -std=c17 $(OPT) -g -Wall -Wextra -Werror -fopenmp -D_GNU_SOURCE \
           -I. -Iformats -Idatasets -Ikernels -Icalib -Ianalysis $(PKG_CFLAGS) -MMD -MP
 LDLIBS := $(PKG_LIBS) -lz -lm -fopenmp -lpthread
 ifeq ($(SAN),1)
+EMU_SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDLIBS += -fsanitize=address,undefined
 endif
@@ -60,6 +61,9 @@ TOOLS := kvdump kvcalib kvstat kveval
 TOOL_BINS := $(TOOLS:%=$(BIN)/%)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# the CUDA decode kernels (v4) run on the host through tests/gpu/emu/cuda_emu.h (C++20, std::thread per CUDA thread)
+EMU_BIN := $(BUILD)/tests/test_kvcache_emu
+TEST_BINS += $(EMU_BIN)
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
@@ -109,6 +113,13 @@ $(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
+
+$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h kernels/kvcache_cuda_dec.cuh $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  CXX   $@',true)
+	$(Q)$(CXX) -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \
+	  $(EMU_SANFLAGS) \
+	  -I. -Iformats -Ikernels -Itests/gpu/emu $< $(LIB) $(LDLIBS) -o $@
 
 $(BUILD)/bench/%: tests/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)

@@ -1,12 +1,13 @@
 // emu_kvcache_dec.cc — runs the v4 decode kernels (kernels/kvcache_cuda_dec.cuh) on the host through
 // cuda_emu.h and compares with kvq_kvcache_attend (the CPU reference), as tests/gpu/test_kvcache_cuda.c
-// does on a GPU. Developer check for machines without a GPU; not part of CI.
-//   g++ -std=c++20 -O1 -I. -Iformats -Ikernels -Itests/gpu/emu tests/gpu/emu/emu_kvcache_dec.cc \
-//       build-cpu/libkvq.a $(pkg-config --libs ...) -lpthread -o /tmp/emu && /tmp/emu
+// does on a GPU. Built by `make tests` as build*/tests/test_kvcache_emu and run by `make test` (CI has no
+// GPU: this is the CPU check of the v4 kernels' index arithmetic, packing and RoPE stepping); it prints a
+// Check-style summary line for scripts/run_tests.sh. KVQ_TEST_QUICK=1 (or any argument) runs fewer cases.
 #include "cuda_emu.h"
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 extern "C" {
 #include "kvcache.h"
@@ -137,7 +138,9 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
 
 int main(int argc, char **argv)
 {
-    const int quick = argc > 1;
+    (void)argv;
+    const char *qe = getenv("KVQ_TEST_QUICK");
+    const int quick = argc > 1 || (qe && *qe && strcmp(qe, "0") != 0);
     const size_t l1[] = {1, 2, 40, 300, 1100};
     const size_t l2[] = {5, 700, 2600};
     run(2, 2, 128, 1, 4, 4, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 4/4");
@@ -147,5 +150,8 @@ int main(int argc, char **argv)
     run(1, 1, 256, 5, 4, 4, 1, 2, 700, 0.05, l2, 2, 4, "d256 4/4 gqa5");
     if (!quick) run(1, 1, 64, 1, 4, 2, 1, 1, 2600, 0.01, l2, 3, 2, "long 4/2");
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    /* the summary line scripts/run_tests.sh reads (the format of Check's) */
+    printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,
+           n_fail);
+    return n_fail || !n_pass ? 1 : 0;
 }
