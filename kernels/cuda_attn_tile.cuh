@@ -7,6 +7,17 @@
 
 namespace {
 
+// Sum of v over the TPQ consecutive lanes of a thread group (TPQ a power of two <= 32), xor-shuffle tree;
+// every lane of the warp must call it (full-warp shuffles). The attention kernels split a head_dim row
+// over such a group, so a dot product is a per-lane fma chain followed by this.
+template <int TPQ>
+__device__ __forceinline__ float group_sum(float v)
+{
+#pragma unroll
+    for (int o = TPQ / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // Keys k0 .. k0+BK-1 of the sequence [prefix | window] of kv head kvh into shared
 // memory, [BK][HD] each: Ks (and Vs when WANT_V), and with ALT the alternative
 // representation Kq (Vq) — the primary one where the alternative is absent and for

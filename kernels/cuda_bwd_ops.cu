@@ -114,10 +114,7 @@ __global__ void __launch_bounds__(128) attn_qside_k(kvq_cu_attn a, kvq_cu_attn_g
             D = fmaf(dor[e], a.out[row + e * TPQ + part], D);
         }
     }
-    if (!ENT) {
-#pragma unroll
-        for (int o = TPQ / 2; o > 0; o >>= 1) D += __shfl_xor_sync(0xffffffffu, D, o);
-    }
+    if (!ENT) D = group_sum<TPQ>(D);
     const float lse = valid ? a.lse[(size_t)h * a.T + i] : 0.0f;
     int kb = 0, vb = 0;
     if (ALT && valid) {
@@ -138,8 +135,7 @@ __global__ void __launch_bounds__(128) attn_qside_k(kvq_cu_attn a, kvq_cu_attn_g
             float d = 0.0f;
 #pragma unroll
             for (int e = 0; e < DPT; e++) d = fmaf(qr[e], kr[e * TPQ + part], d);
-#pragma unroll
-            for (int o = TPQ / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            d = group_sum<TPQ>(d);
             const bool vis = valid && jj <= my_last;
             const float t = d - lse;
             const float p = vis ? expf(t) : 0.0f;
@@ -151,8 +147,7 @@ __global__ void __launch_bounds__(128) attn_qside_k(kvq_cu_attn a, kvq_cu_attn_g
                 float dp = 0.0f;
 #pragma unroll
                 for (int e = 0; e < DPT; e++) dp = fmaf(dor[e], vr[e * TPQ + part], dp);
-#pragma unroll
-                for (int o = TPQ / 2; o > 0; o >>= 1) dp += __shfl_xor_sync(0xffffffffu, dp, o);
+                dp = group_sum<TPQ>(dp);
                 const float ds = p * (dp - D);
 #pragma unroll
                 for (int e = 0; e < DPT; e++) dq[e] = fmaf(ds, kr[e * TPQ + part], dq[e]);
@@ -250,8 +245,7 @@ __global__ void __launch_bounds__(128) attn_kside_k(kvq_cu_attn a, kvq_cu_attn_g
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < DPT; e++) d = fmaf(qs[e * TPQ + part], useq ? kqr[e] : kr[e], d);
-#pragma unroll
-                for (int o = TPQ / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                d = group_sum<TPQ>(d);
                 const bool vis = validk && (pre || j <= i);
                 const float p = vis ? expf(d - Ls[r]) : 0.0f;
                 if (MASS) {
@@ -262,8 +256,7 @@ __global__ void __launch_bounds__(128) attn_kside_k(kvq_cu_attn a, kvq_cu_attn_g
                     float dp = 0.0f;
 #pragma unroll
                     for (int e = 0; e < DPT; e++) dp = fmaf(os[e * TPQ + part], usevq ? vqr[e] : vr[e], dp);
-#pragma unroll
-                    for (int o = TPQ / 2; o > 0; o >>= 1) dp += __shfl_xor_sync(0xffffffffu, dp, o);
+                    dp = group_sum<TPQ>(dp);
                     const float ds = p * (dp - Ds[r]);
 #pragma unroll
                     for (int e = 0; e < DPT; e++) {

@@ -48,6 +48,9 @@ __global__ void rmsnorm_k(float *out, const float *x, const float *g, int dim, f
     for (int c = threadIdx.x; c < dim; c += kThreads) o[c] = __fmul_rn(__fmul_rn(xr[c], r), g[c]);
 }
 
+// kvq_rope_apply (INV = false) and kvq_rope_bwd (INV = true: rotation by the negative angle, i.e. the
+// same formula with -sin; negating an operand is exact, so both match their CPU references bit for bit).
+template <bool INV>
 __global__ void rope_k(float *x, int nh, int hd, int half, const float *cos_t, const float *sin_t)
 {
     int t = blockIdx.x;
@@ -55,22 +58,9 @@ __global__ void rope_k(float *x, int nh, int hd, int half, const float *cos_t, c
     for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
         int h = idx / half, i = idx % half;
         float *v = x + ((size_t)t * nh + h) * hd;
-        float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
-        v[2 * i + 1] = __fadd_rn(__fmul_rn(a, s[i]), __fmul_rn(b, c[i]));
-    }
-}
-
-__global__ void rope_inv_k(float *x, int nh, int hd, int half, const float *cos_t, const float *sin_t)
-{
-    int t = blockIdx.x;
-    const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
-    for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
-        int h = idx / half, i = idx % half;
-        float *v = x + ((size_t)t * nh + h) * hd;
-        float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = __fadd_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
-        v[2 * i + 1] = __fsub_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
+        const float a = v[2 * i], b = v[2 * i + 1], sn = INV ? -s[i] : s[i];
+        v[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, sn));
+        v[2 * i + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c[i]));
     }
 }
 
@@ -102,7 +92,7 @@ __global__ void lse_block_k(const float *z, const int *tg, int v0, int nv, float
     const float *zr = z + (size_t)t * nv;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < nv; i += kThreads) mx = fmaxf(mx, zr[i]);
-    mx = block_max(mx, shf);
+    mx = block_extreme<true>(mx, shf);
     float old = row_max[t];
     mx = fmaxf(mx, old);
     double sum = 0;
@@ -165,8 +155,7 @@ __global__ void __launch_bounds__(128) attn_k(kvq_cu_attn a, float scale)
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < DPT; e++) d = fmaf(qr[e], kr[e * TPQ + part], d);
-#pragma unroll
-                for (int o = TPQ / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                d = group_sum<TPQ>(d);
                 const bool vis = valid && r < kend && jj <= my_last;
                 s[c] = vis ? d : -INFINITY;
                 mc = fmaxf(mc, s[c]);
@@ -280,8 +269,8 @@ __global__ void q_int_token_k(float *out, const float *in, size_t T, size_t kvd,
         mn = fminf(mn, x[c]);
         mx = fmaxf(mx, x[c]);
     }
-    mn = warp_min(mn);
-    mx = warp_max(mx);
+    mn = warp_extreme<false>(mn);
+    mx = warp_extreme<true>(mx);
     double s = __ddiv_rn(__dsub_rn((double)mx, (double)mn), qmax);
     for (size_t c = lane; c < group; c += 32) y[c] = uq(x[c], mn, s, qmax);
 }
@@ -343,8 +332,8 @@ __global__ void q_nuq_values_k(float *x, size_t kvd, const float *levels, size_t
             mn = fminf(mn, row[c]);
             mx = fmaxf(mx, row[c]);
         }
-        lo = block_min(mn, sh);
-        hi = block_max(mx, sh);
+        lo = block_extreme<false>(mn, sh);
+        hi = block_extreme<true>(mx, sh);
     } else {
         // order statistics by rank: value of rank r is row[i] with less(i) <= r < less(i) + eq(i)
         size_t r_lo = k, r_hi = kvd - 1 - k;
@@ -439,7 +428,7 @@ cudaError_t kvq_cu_rope(float *x, int T, int nh, int hd, int rope_dim, const flo
                         cudaStream_t st)
 {
     if (rope_dim < 2) return cudaSuccess;
-    rope_k<<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
+    rope_k<false><<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
     return cudaGetLastError();
 }
 
@@ -447,7 +436,7 @@ cudaError_t kvq_cu_rope_inv(float *x, int T, int nh, int hd, int rope_dim, const
                             cudaStream_t st)
 {
     if (rope_dim < 2) return cudaSuccess;
-    rope_inv_k<<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
+    rope_k<true><<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
     return cudaGetLastError();
 }
 

@@ -11,14 +11,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float warp_max(float v)
+// max (MAX) or min over the warp, xor-shuffle tree; result in every lane
+template <bool MAX>
+__device__ __forceinline__ float warp_extreme(float v)
 {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_min(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, u) : fminf(v, u);
+    }
     return v;
 }
 __device__ __forceinline__ double warp_sum_d(double v)
@@ -39,26 +39,16 @@ __device__ __forceinline__ double block_sum_d(double v, double *sh)
     for (int i = 0; i < kThreads / 32; i++) r += sh[i];
     return r;
 }
-__device__ __forceinline__ float block_max(float v, float *sh)
+template <bool MAX>
+__device__ __forceinline__ float block_extreme(float v, float *sh)
 {
-    v = warp_max(v);
+    v = warp_extreme<MAX>(v);
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
     __syncthreads();
     if (l == 0) sh[w] = v;
     __syncthreads();
     float r = sh[0];
-    for (int i = 1; i < kThreads / 32; i++) r = fmaxf(r, sh[i]);
-    return r;
-}
-__device__ __forceinline__ float block_min(float v, float *sh)
-{
-    v = warp_min(v);
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    float r = sh[0];
-    for (int i = 1; i < kThreads / 32; i++) r = fminf(r, sh[i]);
+    for (int i = 1; i < kThreads / 32; i++) r = MAX ? fmaxf(r, sh[i]) : fminf(r, sh[i]);
     return r;
 }
 
