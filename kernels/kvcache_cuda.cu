@@ -371,66 +371,43 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
                     for (int x = 0; x < UV::W; x++) wn[k][x] = t < q1 ? __ldcs(vc + (size_t)t * p.vw + x) : 0u;
                     zn[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
                 }
-                if (tb + (VT - 1) * st < q1) { // a full batch: no per-token test, the tokens' work interleaves
+                // one token's P·V accumulation (k: its slot in the batch)
+                auto accumulate = [&](int k, int t) {
+                    float pr[GQ];
 #pragma unroll
-                    for (int k = 0; k < VT; k++) {
-                        const int t = tb + k * st;
-                        float pr[GQ];
+                    for (int gg = 0; gg < GQ; gg++) {
+                        const float pp = sc[gg * p.chunk + (t - q0)];
+                        pr[gg] = pp * zr[k].y;
+                        pz[gg] += pp * zr[k].x;
+                    }
+                    if (BV == 2) {
 #pragma unroll
-                        for (int gg = 0; gg < GQ; gg++) {
-                            const float pp = sc[gg * p.chunk + (t - q0)];
-                            pr[gg] = pp * zr[k].y;
-                            pz[gg] += pp * zr[k].x;
+                        for (int j = 0; j < UV::C; j += 2) {
+                            const float2 L2 = *(const float2 *)(vb + ((w[k][0] >> (2 * j)) & 15u) * 8);
+#pragma unroll
+                            for (int gg = 0; gg < GQ; gg++) {
+                                acc[gg][j] += pr[gg] * L2.x;
+                                acc[gg][j + 1] += pr[gg] * L2.y;
+                            }
                         }
-                        if (BV == 2) {
+                    } else {
 #pragma unroll
-                            for (int j = 0; j < UV::C; j += 2) {
-                                const float2 L2 = *(const float2 *)(vb + ((w[k][0] >> (2 * j)) & 15u) * 8);
+                        for (int j = 0; j < UV::C; j++) {
+                            const float L = *(const float *)(vb + code_sh<BV, 2>(w[k], j));
 #pragma unroll
-                                for (int gg = 0; gg < GQ; gg++) {
-                                    acc[gg][j] += pr[gg] * L2.x;
-                                    acc[gg][j + 1] += pr[gg] * L2.y;
-                                }
-                            }
-                        } else {
-#pragma unroll
-                            for (int j = 0; j < UV::C; j++) {
-                                const float L = *(const float *)(vb + code_sh<BV, 2>(w[k], j));
-#pragma unroll
-                                for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
-                            }
+                            for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
                         }
                     }
+                };
+                if (tb + (VT - 1) * st < q1) { // a full batch: no per-token test, the tokens' work interleaves
+#pragma unroll
+                    for (int k = 0; k < VT; k++) accumulate(k, tb + k * st);
                 } else {
 #pragma unroll
                     for (int k = 0; k < VT; k++) {
                         const int t = tb + k * st;
                         if (t >= q1) break;
-                        float pr[GQ];
-#pragma unroll
-                        for (int gg = 0; gg < GQ; gg++) {
-                            const float pp = sc[gg * p.chunk + (t - q0)];
-                            pr[gg] = pp * zr[k].y;
-                            pz[gg] += pp * zr[k].x;
-                        }
-                        if (BV == 2) {
-#pragma unroll
-                            for (int j = 0; j < UV::C; j += 2) {
-                                const float2 L2 = *(const float2 *)(vb + ((w[k][0] >> (2 * j)) & 15u) * 8);
-#pragma unroll
-                                for (int gg = 0; gg < GQ; gg++) {
-                                    acc[gg][j] += pr[gg] * L2.x;
-                                    acc[gg][j + 1] += pr[gg] * L2.y;
-                                }
-                            }
-                        } else {
-#pragma unroll
-                            for (int j = 0; j < UV::C; j++) {
-                                const float L = *(const float *)(vb + code_sh<BV, 2>(w[k], j));
-#pragma unroll
-                                for (int gg = 0; gg < GQ; gg++) acc[gg][j] += pr[gg] * L;
-                            }
-                        }
+                        accumulate(k, t);
                     }
                 }
 #pragma unroll
