@@ -596,12 +596,13 @@ static kvq_status open_attr(hid_t loc, const char *fname, const char *name, H5T_
     return KVQ_OK;
 }
 
-static kvq_status get_i64(hid_t loc, const char *fname, const char *name, int64_t *v, kvq_err *err)
+/* One numeric root attribute of HDF5 class cls, read as mem_type into *v. */
+static kvq_status get_num(hid_t loc, const char *fname, const char *name, H5T_class_t cls, hid_t mem_type, void *v, kvq_err *err)
 {
     hid_t a, t;
     hssize_t np;
-    KVQ_TRY(open_attr(loc, fname, name, H5T_INTEGER, &a, &t, &np, err));
-    herr_t rc = np == 1 ? H5Aread(a, H5T_NATIVE_INT64, v) : -1;
+    KVQ_TRY(open_attr(loc, fname, name, cls, &a, &t, &np, err));
+    herr_t rc = np == 1 ? H5Aread(a, mem_type, v) : -1;
     H5Tclose(t);
     H5Aclose(a);
     if (np != 1) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 value, found %lld", fname, name, (long long)np);
@@ -609,17 +610,14 @@ static kvq_status get_i64(hid_t loc, const char *fname, const char *name, int64_
     return KVQ_OK;
 }
 
+static kvq_status get_i64(hid_t loc, const char *fname, const char *name, int64_t *v, kvq_err *err)
+{
+    return get_num(loc, fname, name, H5T_INTEGER, H5T_NATIVE_INT64, v, err);
+}
+
 static kvq_status get_f64(hid_t loc, const char *fname, const char *name, double *v, kvq_err *err)
 {
-    hid_t a, t;
-    hssize_t np;
-    KVQ_TRY(open_attr(loc, fname, name, H5T_FLOAT, &a, &t, &np, err));
-    herr_t rc = np == 1 ? H5Aread(a, H5T_NATIVE_DOUBLE, v) : -1;
-    H5Tclose(t);
-    H5Aclose(a);
-    if (np != 1) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 value, found %lld", fname, name, (long long)np);
-    if (rc < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
-    return KVQ_OK;
+    return get_num(loc, fname, name, H5T_FLOAT, H5T_NATIVE_DOUBLE, v, err);
 }
 
 /* String attribute (variable- or fixed-length) into buf[cap]. */
