@@ -425,6 +425,25 @@ static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_
     }
 }
 
+/* Random window tokens [nw][T] and, when P > 0, a random prefix (pbuf owns its K and V; free it). */
+static int32_t *synth_inputs(const kvq_hparams *hp, int T, int nw, int P, uint64_t seed, kvq_prefix *px, float **pbuf)
+{
+    uint64_t s = seed;
+    int32_t *tokens = malloc((size_t)nw * T * sizeof(int32_t));
+    if (!tokens) DIE("out of memory");
+    for (int i = 0; i < nw * T; i++) tokens[i] = (int32_t)(rng_next(&s) % (uint64_t)hp->vocab_size);
+    *px = (kvq_prefix){0};
+    *pbuf = NULL;
+    if (P) {
+        size_t pn = (size_t)hp->n_layers * P * kvq_kv_dim(hp);
+        *pbuf = malloc(2 * pn * sizeof(float));
+        if (!*pbuf) DIE("out of memory");
+        fill(*pbuf, 2 * pn, 1.0f, &s);
+        *px = (kvq_prefix){.P = P, .k = *pbuf, .v = *pbuf + pn};
+    }
+    return tokens;
+}
+
 static int run_synthetic(kvq_device gdev)
 {
     struct { int L, dim, nh, nkv, hid, V, T, P, nwin; } cfg[] = {
@@ -440,17 +459,9 @@ static int run_synthetic(kvq_device gdev)
         int T = cfg[c].T, P = cfg[c].P, nw = cfg[c].nwin;
         printf("\n### synthetic model %zu: %d layers, dim %d, heads %d/%d (head_dim %d), vocab %d, T %d, prefix %d, %d window(s)\n\n",
                c, hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->vocab_size, T, P, nw);
-        uint64_t s = 77 + c;
-        int32_t *tokens = malloc((size_t)nw * T * sizeof(int32_t));
-        for (int i = 0; i < nw * T; i++) tokens[i] = (int32_t)(rng_next(&s) % (uint64_t)hp->vocab_size);
-        kvq_prefix px = {0};
-        float *pbuf = NULL;
-        if (P) {
-            size_t pn = (size_t)hp->n_layers * P * kvq_kv_dim(hp);
-            pbuf = malloc(2 * pn * sizeof(float));
-            fill(pbuf, 2 * pn, 1.0f, &s);
-            px = (kvq_prefix){.P = P, .k = pbuf, .v = pbuf + pn};
-        }
+        kvq_prefix px;
+        float *pbuf;
+        int32_t *tokens = synth_inputs(hp, T, nw, P, 77 + c, &px, &pbuf);
         kvq_err err = {0};
         kvq_engine cpu, gpu;
         TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, P, 0, &err));
@@ -720,17 +731,9 @@ static int run_backward_synthetic(kvq_device gdev)
         int T = cfg[c].T, P = cfg[c].P;
         printf("\n### backward, synthetic model %zu: %d layers, dim %d, heads %d/%d (head_dim %d), vocab %d, T %d, prefix %d\n\n", c,
                hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->vocab_size, T, P);
-        uint64_t s = 99 + c;
-        int32_t *tokens = malloc((size_t)T * sizeof(int32_t));
-        for (int i = 0; i < T; i++) tokens[i] = (int32_t)(rng_next(&s) % (uint64_t)hp->vocab_size);
-        kvq_prefix px = {0};
-        float *pbuf = NULL;
-        if (P) {
-            size_t pn = (size_t)hp->n_layers * P * kvq_kv_dim(hp);
-            pbuf = malloc(2 * pn * sizeof(float));
-            fill(pbuf, 2 * pn, 1.0f, &s);
-            px = (kvq_prefix){.P = P, .k = pbuf, .v = pbuf + pn};
-        }
+        kvq_prefix px;
+        float *pbuf;
+        int32_t *tokens = synth_inputs(hp, T, 1, P, 99 + c, &px, &pbuf);
         kvq_err err = {0};
         kvq_engine cpu, gpu;
         TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, P, KVQ_ENGINE_BACKWARD, &err));
