@@ -371,7 +371,7 @@ static int cmd_intactkv(int argc, char **argv)
          false},
         {"text", 't', KVQ_OPT_STRING, &a.text, "FILE", "--train: calibration text (e.g. wikitext-2 wiki.train.tokens)", NULL, 0, 0,
          false},
-        {"format", 0, KVQ_OPT_CHOICE, &a.format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl", 0,
+        {"format", 0, KVQ_OPT_CHOICE, &a.format, "FMT", "--train: text format (default: from the file name)", "raw|wikitext-tokens|jsonl", 0,
          0, false},
         {"scheme", 's', KVQ_OPT_STRING, &a.scheme, "SPEC",
          "--train: kveval scheme quantizing the window (default: the base artifact's own)", NULL, 0, 0, false},
@@ -402,38 +402,22 @@ static int cmd_intactkv(int argc, char **argv)
     int n_tab = (int)(sizeof tab / sizeof *tab);
     kvq_err e = {0};
     bool help = false;
-    if (kvq_cli_parse(PROG " intactkv", IKV_SUMMARY, tab, n_tab, argc, argv, NULL, &help, &e)) return ikv_fail(&e, EXIT_USAGE);
+    int given_at[sizeof tab / sizeof *tab];
+    if (kvq_cli_parse_given(PROG " intactkv", IKV_SUMMARY, tab, n_tab, argc, argv, NULL, &help, given_at, &e))
+        return ikv_fail(&e, EXIT_USAGE);
     if (help) return 0;
     if (a.train && !a.text) {
         fprintf(stderr, "%s intactkv: --train needs --text FILE (calibration text)\n", PROG);
         return EXIT_USAGE;
     }
-    if (!a.train) { /* every "--train:" option given without --train is a usage error, not silently ignored */
-        static const char *const train_only[] = {"samples", "seq-len", "epochs", "steps", "accum", "lr", "clip", "beta1", "beta2",
-                                                 "eps", "seed", "cache-mib", "format"};
-        for (int i = 1; i < argc; i++) {
-            const char *w = argv[i];
-            if (!strcmp(w, "--")) break;
-            const char *bad = NULL;
-            if (w[0] == '-' && w[1] == '-') {
-                size_t len = strcspn(w + 2, "=");
-                for (size_t k = 0; k < sizeof train_only / sizeof *train_only; k++)
-                    if (strlen(train_only[k]) == len && !strncmp(w + 2, train_only[k], len)) bad = w;
-            } else if (w[0] == '-' && strchr("nLE", w[1]) && w[1]) {
-                bad = w;
-            }
-            if (bad) {
+    if (!a.train) /* every "--train:" option given without --train is a usage error, not silently ignored */
+        for (int k = 0; k < n_tab; k++)
+            if (given_at[k] && !strncmp(tab[k].help, "--train:", 8)) {
+                const char *w = argv[given_at[k]];
                 fprintf(stderr, "%s intactkv: %.*s applies to --train only (the --train: options of --help)\n", PROG,
-                        (int)strcspn(bad, "="), bad);
+                        (int)strcspn(w, "="), w);
                 return EXIT_USAGE;
             }
-        }
-    }
-    if (!a.train && (a.text || a.scheme || a.loss_csv || a.device)) {
-        fprintf(stderr, "%s intactkv: %s applies to --train only (the --train: options of --help)\n", PROG,
-                a.text ? "--text" : a.scheme ? "--scheme" : a.loss_csv ? "--loss-csv" : "--device");
-        return EXIT_USAGE;
-    }
     if (a.device) {
         kvq_device dv;
         if (kvq_device_parse(a.device, &dv, NULL, &e)) return ikv_fail(&e, e.code == KVQ_EINVAL ? EXIT_USAGE : 1);

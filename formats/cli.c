@@ -85,8 +85,16 @@ static kvq_status set_value(const kvq_opt *o, const char *v, kvq_err *err)
 kvq_status kvq_cli_parse(const char *prog, const char *summary, const kvq_opt *opts, int n_opts,
                          int argc, char **argv, kvq_strlist *pos, bool *help, kvq_err *err)
 {
+    return kvq_cli_parse_given(prog, summary, opts, n_opts, argc, argv, pos, help, NULL, err);
+}
+
+kvq_status kvq_cli_parse_given(const char *prog, const char *summary, const kvq_opt *opts, int n_opts, int argc, char **argv,
+                               kvq_strlist *pos, bool *help, int *given_at, kvq_err *err)
+{
     *help = false;
     bool seen[256] = {0};
+    if (given_at)
+        for (int k = 0; k < n_opts; k++) given_at[k] = 0;
     if (n_opts > 256) return kvq_fail(err, KVQ_EINVAL, "%s: too many options in table", prog);
     bool only_pos = false;
     for (int i = 1; i < argc; i++) {
@@ -123,6 +131,7 @@ kvq_status kvq_cli_parse(const char *prog, const char *summary, const kvq_opt *o
             if (i + 1 >= argc) return kvq_fail(err, KVQ_EINVAL, "--%s: expected a value %s, found the end of the command line", o->name, o->metavar ? o->metavar : "");
             val = argv[++i];
         }
+        if (given_at) given_at[idx] = val == argv[i] ? i - 1 : i; /* the word that named the option */
         KVQ_TRY(set_value(o, val, err));
         seen[idx] = true;
     }

@@ -50,6 +50,12 @@ typedef struct {
 kvq_status kvq_cli_parse(const char *prog, const char *summary, const kvq_opt *opts, int n_opts,
                          int argc, char **argv, kvq_strlist *pos, bool *help, kvq_err *err);
 
+/* kvq_cli_parse, also telling which options the command line gave: given_at
+ * [n_opts] (may be NULL) receives, per option, the argv index of the word
+ * that named it last ("--name", "--name=value" or "-c"), or 0 if absent. */
+kvq_status kvq_cli_parse_given(const char *prog, const char *summary, const kvq_opt *opts, int n_opts, int argc, char **argv,
+                               kvq_strlist *pos, bool *help, int *given_at, kvq_err *err);
+
 /* Print the generated usage text. */
 void kvq_cli_usage(FILE *f, const char *prog, const char *summary, const kvq_opt *opts, int n_opts);
 

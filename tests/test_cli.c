@@ -77,6 +77,33 @@ START_TEST(test_parse_errors)
 }
 END_TEST
 
+/* kvq_cli_parse_given: the argv index of the word that named each option (long, long=value, short,
+ * flag; the last one when repeated), 0 for options not given. */
+START_TEST(test_given_at)
+{
+    opts_t o;
+    memset(&o, 0, sizeof o);
+    o.n = 16;
+    o.c = "f16";
+    kvq_opt t[16];
+    int n = table(&o, t);
+    char *argv[] = {"prog", "-m", "x.gguf", "--frac=0.25", "-n", "3", "--quiet", "--samples", "4", NULL};
+    int given[16];
+    for (int k = 0; k < 16; k++) given[k] = -1;
+    bool help;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_cli_parse_given("prog", "summary", t, n, 9, argv, NULL, &help, given, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(given[0], 7); /* --samples 4 (after -n 3) */
+    ck_assert_int_eq(given[1], 3); /* --frac=0.25 */
+    ck_assert_int_eq(given[2], 1); /* -m x.gguf */
+    ck_assert_int_eq(given[3], 0); /* dtype absent */
+    ck_assert_int_eq(given[4], 6); /* --quiet */
+    ck_assert_int_eq(given[5], 0);
+    ck_assert(o.n == 4 && o.f == 0.25 && o.flag);
+    ck_assert(kvq_cli_parse_given("prog", "summary", t, n, 9, argv, NULL, &help, NULL, &e) == KVQ_OK); /* NULL: as kvq_cli_parse */
+}
+END_TEST
+
 START_TEST(test_usage_shows_defaults)
 {
     opts_t o = {.n = 16, .c = "f16"};
@@ -101,6 +128,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("parse");
     tcase_add_test(tc, test_parse_ok);
     tcase_add_test(tc, test_parse_errors);
+    tcase_add_test(tc, test_given_at);
     tcase_add_test(tc, test_usage_shows_defaults);
     suite_add_tcase(s, tc);
     return s;
