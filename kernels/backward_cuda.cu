@@ -23,9 +23,12 @@ kvq_status linear_bwd(kvq_forward_cuda *g, float *dx, const float *dy, const flo
     return gemm_w(g, CUBLAS_OP_N, in, T, out, w, in, dy, out, beta, dx, in, err);
 }
 
+// Allocated on the first backward; a failed attempt is completed by the next call (the pinned buffer comes
+// last: its presence means everything is there).
 kvq_status bwd_alloc(kvq_forward_cuda *g, kvq_err *err)
 {
-    if (g->bbuf) return KVQ_OK;
+    if (g->hbbuf) return KVQ_OK;
+    if (!g->b_ev) CU(cudaEventCreateWithFlags(&g->b_ev, cudaEventDisableTiming));
     const kvq_hparams *hp = &g->m->hp;
     const size_t T = g->max_T, P = g->max_P, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     const size_t nh = hp->n_heads;
@@ -50,7 +53,7 @@ kvq_status bwd_alloc(kvq_forward_cuda *g, kvq_err *err)
         if (pass == 0) {
             char what[160];
             snprintf(what, sizeof what, "the backward pass's gradients (%d tokens)", g->max_T);
-            KVQ_TRY(dev_alloc(g, &g->bbuf, c.off, what, err));
+            if (!g->bbuf) KVQ_TRY(dev_alloc(g, &g->bbuf, c.off, what, err)); // kept from an attempt whose host half failed
             c.base = (char *)g->bbuf;
         }
     }
@@ -196,15 +199,9 @@ kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_b
     KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dq, w.wq, T, dim, qd, 0.0f, err));
     KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dkpre, w.wk, T, dim, kvd, 1.0f, err));
     KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dv, w.wv, T, dim, kvd, 1.0f, err));
-    cudaEvent_t ev;
-    CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    cudaError_t e1 = cudaEventRecord(ev, g->st);
-    cudaError_t e2 = kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_in, w.attn_norm, T, dim, hp->norm_eps, 1, g->st);
-    cudaError_t e3 = e1 == cudaSuccess ? cudaEventSynchronize(ev) : e1;
-    cudaEventDestroy(ev);
-    CU(e1);
-    CU(e2);
-    CU(e3);
+    CU(cudaEventRecord(g->b_ev, g->st));
+    CU(kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_in, w.attn_norm, T, dim, hp->norm_eps, 1, g->st));
+    CU(cudaEventSynchronize(g->b_ev));
     if (*g->hb_flag) return kvq_fail(err, KVQ_ENUMERIC, "backward: layer %d: non-finite dL/dK or dL/dV", l);
     if (spec->grads) {
         kvq_layer_grads gr = {};

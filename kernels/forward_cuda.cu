@@ -36,6 +36,7 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFree(g->sbuf);
     cudaFree(g->bbuf);
     cudaFreeHost(g->hbbuf);
+    if (g->b_ev) cudaEventDestroy(g->b_ev);
     if (g->st) cudaStreamDestroy(g->st);
     (void)cudaGetLastError();
     delete g;

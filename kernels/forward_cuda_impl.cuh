@@ -116,6 +116,7 @@ struct kvq_forward_cuda {
     int *b_flag;
     float *hb_dkpre, *hb_dk, *hb_dv, *hb_dpk, *hb_dpv, *hb_x, *hb_dx;
     int *hb_flag;
+    cudaEvent_t b_ev;   // "this layer's gradients are on the host" (created with the backward workspace)
     double t_bwd_forward, t_bwd_head, t_bwd_layers; // wall seconds of the last backward, by phase
 };
 
