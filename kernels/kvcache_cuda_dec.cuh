@@ -1,4 +1,5 @@
-// kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4) of kvcache_cuda.cu, with the exact-region
+// kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2- and 4-bit codes, P·V on the tensor
+// cores) of kvcache_cuda.cu, with the exact-region
 // and combine kernels they share. Included by kvcache_cuda.cu; tests/gpu/emu_kvcache_dec.cc compiles the
 // same source on the host (KVQ_EMU: one std::thread per CUDA thread) to check the index arithmetic
 // against the CPU reference without a GPU. See formats/KVCACHE.md "Decode attention (GPU)".
@@ -25,6 +26,21 @@ __device__ __forceinline__ float2 kvq_lds2(uint32_t a)
     return v;
 }
 __device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)(bits & 0xffff))); }
+// fp16 pair (lo, hi) from two floats, round to nearest even, as one 32-bit register
+__device__ __forceinline__ uint32_t kvq_h2pack(float lo, float hi)
+{
+    return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | (uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16;
+}
+// D = A·B + C on the tensor cores, m16n8k16, fp16 inputs, fp32 accumulation (PTX ISA "Matrix fragments for
+// mma.m16n8k16 with floating point type"): lane = 4g + t holds a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1],
+// a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g] (lower column / row
+// in the low half); c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
+__device__ __forceinline__ void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 #endif
 
 template <int B> struct U {
@@ -152,71 +168,225 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // table) and steps to its next 7 positions with one complex multiply and then the Chebyshev recurrence
 // w_{k+1} = 2cos θ·w_k − w_{k−1} (two FMAs per step). Score contribution of a pair: Re(w·k̂) = w.x·k0 − w.y·k1.
 // Sparse key outliers (after the dense pass): the chunk's entries are expanded into a table entry ->
-// position (one thread per position writes the positions of its entries), then one thread per entry adds
-// its correction to the score atomically.
-// Softmax statistics as v3. Phase 3 (P·V): lanes along the code words of a value row, 4-8 rows in flight
-// per lane; the same byte extraction; 2-bit values: one float2 lookup per nibble (two levels), 4-bit: one
-// float per code; acc += (p·r)·level and Σ p·zp added once at the end; sparse value outliers as for keys.
+// position (a thread takes 8 consecutive positions and loads their 9 row pointers at once), then one thread
+// per entry (4 entries' loads in flight per thread) adds its correction to the score atomically; the dense
+// value at the zero code comes from the shared key table.
+// Softmax statistics as v3. Phase 3 (P·V) on the tensor cores (pv_mma): mma.m16n8k16 with the value levels
+// (fp16, from a per-lane replicated byte table) as A (16 dims × 16 positions) and p·r (fp16) as B, fp32
+// accumulators; Σ p·zp is added once per query head. Per-warp outputs are staged in the dead phase-1 tables
+// and summed into the block's partial, to which the sparse value corrections are added with red.global.add
+// (shared-memory float atomics are CAS loops on sm_90). The fp16 rounding of the levels and of p·r makes
+// the result differ from the fp32 reference by ~1e-4..5e-4 relative L2 (below an fp16 cache's own rounding
+// of V; the CUDA-vs-CPU checks use 1e-3 for these kernels, 2e-5 for the fp32 v3).
 // The RoPE step from the warp's tile start to a lane's first position, e^{i 8L θ}, is a per-block table.
-// Every table a lookup reads spans at most 32 banks (16 words, or 16 float2), so no lookup pattern conflicts:
-// the L1/shared pipe (one 128-byte wavefront per clock) is what bounds these kernels.
+// Phase 1's tables span at most 32 banks (16 words, or 16 float2), so no lookup pattern conflicts; phase
+// 3's table is replicated per lane (entry stride 128 bytes), so neither does it.
+#ifndef KVQ_PROF
+#define KVQ_PROF 0 // profiling builds only: 1 skips the dense key pass, 2 the sparse key pass, 4 the dense P·V, 8 the sparse values
+#endif
 namespace v4 {
 constexpr int NT4 = 256, NW4 = 8, TILE = 256, SPP = 2048; // threads, warps, positions per warp tile, sparse entries per piece
 
 // dynamic shared memory (bytes): rho [npk] float4, r8 [npk][32] float2, qs [GQ][npk] float2, qt [NW4][GQ][npk]
-// float2, sc [GQ][chunk], oacc [GQ][D], red [GQ][8], stat [2 GQ] (floats), etok [SPP] u16
+// float2, sc [GQ][chunk], red [GQ][8], stat [3 GQ] (m, l, Σp·zp; floats), etok [SPP] u16,
+// pr16 [GQ][chunk + 16] fp16 (p·r per position, zero past the chunk's last position). Static: tabs, 32 KB.
 __host__ __device__ inline size_t smem_bytes(int gq, int npk, int chunk, int D)
 {
+    // phase 3 stages NW4·GQ·D floats of per-warp outputs over r8, qs and qt: 256·npk >= 128·D >= 32·GQ·D bytes
+    // because npk (key pairs, padded) >= D/2 and GQ <= 4
+    (void)D;
     return (size_t)16 * npk + (size_t)256 * npk + (size_t)8 * gq * npk * (1 + NW4) +
-           (size_t)4 * ((size_t)gq * chunk + (size_t)gq * D + gq * 8 + 2 * gq) + 2 * SPP;
+           (size_t)4 * ((size_t)gq * chunk + gq * 8 + 3 * gq) + 2 * SPP + (size_t)2 * gq * (chunk + 16);
 }
 
-// launch plan: chunk (a multiple of TILE, at most 2048 unless max_splits forces more, within smem_max)
-// and splits for nq quantized positions and `per` blocks per split; enough blocks for 4 per SM
+// launch plan: chunk (a multiple of TILE) and splits for nq quantized positions and `per` blocks per split.
+// Wave model: with b blocks resident per SM (launch bounds, shared memory incl. the 32 KB static table and the
+// 1 KB the driver reserves per block), `per`·splits blocks run in ⌈per·splits / (n_sm·b)⌉ waves of
+// (chunk/TILE + 1) tile-times each (+1: a block's fixed cost — tables, softmax, sparse pieces); the plan
+// minimises that over chunks of at most 2048 positions (longer ones were slower on the H200), fewer splits on
+// ties. max_splits > 0 caps the splits (and lifts the 2048 cap); if nothing fits the shared-memory budget the
+// chunk is halved until it does.
 inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int npk, int D, size_t smem_max,
                  size_t *chunk_out, size_t *splits_out)
 {
-    size_t splits = (4 * n_sm + per - 1) / per;
-    if (splits < 1) splits = 1;
-    if (max_splits && splits > max_splits) splits = max_splits;
-    size_t chunk = nq ? (nq + splits - 1) / splits : TILE;
-    chunk = (chunk + TILE - 1) / TILE * TILE;
-    if (chunk > 2048 && !max_splits) chunk = 2048;
     const size_t cmax = 65536 - TILE; // positions within a chunk are 16-bit (etok)
-    if (chunk > cmax) chunk = cmax;
-    while (chunk > TILE && smem_bytes(gq, npk, (int)chunk, D) > smem_max) chunk = (chunk / 2 + TILE - 1) / TILE * TILE;
+    const size_t ntiles = nq ? (nq + TILE - 1) / TILE : 1, smax = max_splits && max_splits < ntiles ? max_splits : ntiles;
+    const size_t bmax = gq <= 2 ? 3 : 2, sm_bytes = 228 * 1024;
+    size_t best_chunk = 0, best_cost = 0;
+    for (size_t sp = 1; sp <= smax; sp++) {
+        const size_t ct = (ntiles + sp - 1) / sp, chunk = ct * TILE, se = (ntiles + ct - 1) / ct;
+        if (chunk > cmax || (chunk > 2048 && !max_splits)) continue; // longer chunks cost occupancy (measured)
+        const size_t sm = smem_bytes(gq, npk, (int)chunk, D);
+        if (sm > smem_max) continue;
+        size_t b = sm_bytes / (sm + 32768 + 1024);
+        if (b > bmax) b = bmax;
+        if (b == 0) continue;
+        const size_t waves = (per * se + n_sm * b - 1) / (n_sm * b), cost = waves * (ct + 1);
+        if (!best_chunk || cost < best_cost) { best_chunk = chunk; best_cost = cost; }
+    }
+    size_t chunk = best_chunk;
+    if (!chunk) { // nothing within the budget at <= max_splits splits: the largest chunk that fits
+        chunk = ntiles * TILE < cmax ? ntiles * TILE : cmax / TILE * TILE;
+        while (chunk > TILE && smem_bytes(gq, npk, (int)chunk, D) > smem_max) chunk = (chunk / 2 + TILE - 1) / TILE * TILE;
+    }
     *chunk_out = chunk;
     *splits_out = nq ? (nq + chunk - 1) / chunk : 1;
 }
 
-// positions of the chunk's sparse entries (pieces of SPP entries), then f(entry, position) per entry
-template <class F>
-__device__ __forceinline__ void sparse_pass(const uint32_t *row, int n, uint16_t *etok, F f)
+// positions of the chunk's sparse entries (pieces of SPP entries), then apply(load(entry, position)) per entry:
+// a thread loads SB entries' data before it applies any, so their memory latencies overlap
+template <class L, class A>
+__device__ __forceinline__ void sparse_pass(const uint32_t *row, int n, uint16_t *etok, L load, A apply)
 {
+    constexpr int SB = 4;
     const uint32_t E0 = __ldg(row), E1 = __ldg(row + n);
     for (uint32_t pb = E0; pb < E1; pb += SPP) {
         const uint32_t pe = min(pb + (uint32_t)SPP, E1);
-        for (int t = threadIdx.x; t < n; t += NT4) {
-            const uint32_t a = max(__ldg(row + t), pb), b = min(__ldg(row + t + 1), pe);
-            for (uint32_t e = a; e < b; e++) etok[e - pb] = (uint16_t)t;
+        // a thread takes 8 consecutive positions and loads their 9 row pointers at once (a loop over positions
+        // with one load pair per step would wait for memory at every step)
+        for (int t0 = 8 * threadIdx.x; t0 < n; t0 += 8 * NT4) {
+            uint32_t r[9];
+#pragma unroll
+            for (int k = 0; k < 9; k++) r[k] = __ldg(row + min(t0 + k, n));
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const uint32_t a = max(r[k], pb), b = min(r[k + 1], pe);
+                for (uint32_t e = a; e < b; e++) etok[e - pb] = (uint16_t)(t0 + k);
+            }
         }
         __syncthreads();
-        for (uint32_t e = pb + threadIdx.x; e < pe; e += NT4) f(e, (int)etok[e - pb]);
+        for (uint32_t e0 = pb + threadIdx.x; e0 < pe; e0 += SB * NT4) {
+            decltype(load(0u, 0)) v[SB];
+#pragma unroll
+            for (int k = 0; k < SB; k++) {
+                const uint32_t e = min(e0 + (uint32_t)(k * NT4), pe - 1);
+                v[k] = load(e, (int)etok[e - pb]);
+            }
+#pragma unroll
+            for (int k = 0; k < SB; k++)
+                if (e0 + (uint32_t)(k * NT4) < pe) apply(v[k]);
+        }
         __syncthreads();
     }
 }
 
 __device__ __forceinline__ float2 cmul(float2 a, float2 b) { return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
 
+// Phase 3 (P·V) on the tensor cores: out[query][d] += Σ_t (p_t·r_t)·level[code_t,d] as mma.m16n8k16 with
+// A = the value levels transposed (16 dims × 16 positions, fp16) and B = p·r (16 positions × 8 query columns,
+// fp16; columns past gn are zero), fp32 accumulators. Per k-tile of 16 positions lane 4g + t reads, of the
+// value rows 2t, 2t+1, 2t+8, 2t+9, the BPT bytes [pass·8·BPT + g·BPT, +BPT) (token-major rows: the 8 lanes of
+// a row read 8·BPT contiguous bytes) and looks every byte up in a table replicated per lane (4-bit: the fp16
+// levels of the byte's two codes, 2-bit: of its four codes), so one lookup gives two (four) dims of one
+// position; two PRMTs turn the lookups of two positions into the fp16 pairs (position 2t, 2t+1) the A
+// fragment wants. A-row g of m-tile j is the dim pair of byte pass·8·BPT + g·BPT + j (2-bit: two m-tiles per
+// byte), so the lane that holds row g's outputs knows their dims without any exchange.
+// tabs: 4-bit [256 bytes][32 lanes] fp16x2, 2-bit [256 bytes][16 lanes] 2 × fp16x2: entry stride 128 bytes,
+// a lane reads only its own bank(s), no conflicts.
+template <int BV, int BPT>
+__device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, int chpw,
+                                       const uint32_t *tabs, float *stage, int gstride)
+{
+    constexpr int MT = BV == 4 ? BPT : 2 * BPT; // m-tiles (16 dims) per pass
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int D = p.D, rowb = 4 * p.vw, npass = (rowb + 8 * BPT - 1) / (8 * BPT), nkt = (n + 15) >> 4;
+    const unsigned char *vc = (const unsigned char *)(p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw);
+    const uint32_t lanea = BV == 4 ? (uint32_t)lane * 4u : (uint32_t)(lane & 15) * 8u;
+    const char *tb = (const char *)tabs;
+    const bool bq = g < gn;
+    for (int pass = 0; pass < npass; pass++) {
+        const int byte0 = pass * 8 * BPT + g * BPT;
+        const bool has = byte0 < rowb;
+        float acc[MT][4];
+#pragma unroll
+        for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        // code bytes of rows 2t, 2t+1, 2t+8, 2t+9 of k-tile kt (positions past the chunk read allocated rows; their
+        // p·r is 0)
+        constexpr int NWW = (BPT + 3) / 4;
+        auto load = [&](int kt, uint32_t (&dst)[4][NWW]) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const bool ok = has && kt < nkt;
+                const size_t row = (size_t)(q0 + kt * 16 + 2 * t + (r & 1) + 8 * (r >> 1));
+                const unsigned char *src = vc + row * rowb + byte0;
+                if (BPT == 8) {
+                    const uint2 x = ok ? __ldcs((const uint2 *)src) : make_uint2(0u, 0u);
+                    dst[r][0] = x.x;
+                    dst[r][NWW - 1] = x.y;
+                } else if (BPT == 4) {
+                    dst[r][0] = ok ? __ldcs((const uint32_t *)src) : 0u;
+                } else {
+                    dst[r][0] = ok ? (uint32_t)__ldcs((const unsigned short *)src) : 0u;
+                }
+            }
+        };
+        // warp w takes the contiguous k-tiles [kb, ke); the next two k-tiles' bytes are in flight meanwhile
+        const int per = (nkt + NW4 - 1) / NW4, kb = warp * per, ke = min(nkt, kb + per);
+        uint32_t wn[4][NWW], wn2[4][NWW];
+        load(kb < ke ? kb : nkt, wn);
+        load(kb + 1 < ke ? kb + 1 : nkt, wn2);
+#pragma unroll 1
+        for (int kt = kb; kt < ke; kt++) {
+            const int k0 = kt * 16;
+            const uint32_t b0 = bq ? pr16w[g * chpw + (k0 >> 1) + t] : 0u, b1 = bq ? pr16w[g * chpw + (k0 >> 1) + t + 4] : 0u;
+            uint32_t w[4][NWW];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int i = 0; i < NWW; i++) {
+                    w[r][i] = wn[r][i];
+                    wn[r][i] = wn2[r][i];
+                }
+            load(kt + 2 < ke ? kt + 2 : nkt, wn2);
+#pragma unroll
+            for (int bb = 0; bb < BPT; bb++) {
+                const int wi = bb >> 2, sh = 8 * (bb & 3);
+                uint32_t off[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) off[r] = ((sh >= 7 ? (w[r][wi] >> (sh - 7)) : (w[r][wi] << 7)) & 0x7F80u) | lanea;
+                if (BV == 4) {
+                    uint32_t x[4];
+#pragma unroll
+                    for (int r = 0; r < 4; r++) x[r] = *(const uint32_t *)(tb + off[r]);
+                    kvq_mma16816(acc[bb], __byte_perm(x[0], x[1], 0x5410), __byte_perm(x[0], x[1], 0x7632),
+                                 __byte_perm(x[2], x[3], 0x5410), __byte_perm(x[2], x[3], 0x7632), b0, b1);
+                } else {
+                    uint2 y[4];
+#pragma unroll
+                    for (int r = 0; r < 4; r++) y[r] = *(const uint2 *)(tb + off[r]);
+                    kvq_mma16816(acc[2 * bb], __byte_perm(y[0].x, y[1].x, 0x5410), __byte_perm(y[0].x, y[1].x, 0x7632),
+                                 __byte_perm(y[2].x, y[3].x, 0x5410), __byte_perm(y[2].x, y[3].x, 0x7632), b0, b1);
+                    kvq_mma16816(acc[2 * bb + 1], __byte_perm(y[0].y, y[1].y, 0x5410), __byte_perm(y[0].y, y[1].y, 0x7632),
+                                 __byte_perm(y[2].y, y[3].y, 0x5410), __byte_perm(y[2].y, y[3].y, 0x7632), b0, b1);
+                }
+            }
+        }
+        // rows g / g+8 of m-tile j: dims 2·byte, 2·byte + 1 (4-bit, byte = byte0 + j); 4·byte + 2(j & 1) (+1) (2-bit,
+        // byte = byte0 + j/2); columns 2t, 2t+1: query heads. Every warp writes every (query < gn, dim < D) of its
+        // stage slice [warp][query][dim] (plain stores; the caller sums the warps)
+        if (has) {
+#pragma unroll
+            for (int j = 0; j < MT; j++) {
+                const int d0 = BV == 4 ? 2 * (byte0 + j) : 4 * (byte0 + (j >> 1)) + 2 * (j & 1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int d = d0 + (i >> 1), qq = 2 * t + (i & 1);
+                    if (d < D && qq < gn) stage[warp * gstride + qq * D + d] = acc[j][i];
+                }
+            }
+        }
+    }
+}
+
 template <int BK, int BV, int GQ>
 __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
 {
-    constexpr int CK = BK == 2 ? 16 : 8, PK = CK / 2, NLK = 1 << BK, NLV = 1 << BV, CV = BV == 2 ? 16 : 8;
+    constexpr int CK = BK == 2 ? 16 : 8, PK = CK / 2, NLK = 1 << BK, NLV = 1 << BV;
     static_assert((BK == 2 || BK == 4) && (BV == 2 || BV == 4), "v4: 2- and 4-bit codes");
-    // key table: 4-bit [channel][16] float, 2-bit [pair][16] float2 (<= 16 KB at head_dim 256); value table:
-    // 2-bit [byte] float4 (4 levels), 4-bit [byte] float2 (2 levels)
-    KVQ_STATIC_SMEM(float, ktab, 4096, 256);
-    KVQ_STATIC_SMEM(float, vtab, 32, 256);
+    // phase 1: the key table ktab = tabs[0, 4096): 4-bit [channel][16] float, 2-bit [pair][16] float2 (<= 16 KB at
+    // head_dim 256); phase 3: the value table replicated per lane (32 KB, pv_mma)
+    KVQ_STATIC_SMEM(float, tabs, 8192, 256);
+    float *ktab = tabs;
     KVQ_DYN_SMEM(float4, sm4);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
@@ -237,10 +407,11 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     float2 *qs = r8 + 32 * npk;                       // [GQ][npk] conj(q̄)·scale
     float2 *qt = qs + GQ * npk;                       // [NW4][GQ][npk] conj(q̄)·scale·e^{i p θ} at the warp's tile start
     float *sc = (float *)(qt + NW4 * GQ * npk);       // [GQ][chunk]
-    float *oacc = sc + GQ * p.chunk;                  // [GQ][D]
-    float *red = oacc + GQ * D;                       // [GQ][8]
-    float *stat = red + GQ * 8;                       // m[GQ], l[GQ]
-    uint16_t *etok = (uint16_t *)(stat + 2 * GQ);     // [SPP]
+    float *red = sc + GQ * p.chunk;                   // [GQ][8]
+    float *stat = red + GQ * 8;                       // m[GQ], l[GQ], Σ p·zp [GQ]
+    uint16_t *etok = (uint16_t *)(stat + 3 * GQ);     // [SPP]
+    const int chpw = (p.chunk + 16) / 2;              // pr16 row stride in words (≡ 8 mod 32 words: no bank conflicts)
+    uint32_t *pr16w = (uint32_t *)(etok + SPP);       // [GQ][chunk + 16] fp16
 
     // ---- tables
     {
@@ -255,13 +426,6 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                 const int c0 = 2 * (i >> 4), c1 = c0 + 1, nib = i & 15;
                 ((float2 *)ktab)[i] = make_float2(c0 < D ? __ldg(kl + c0 * 4 + (nib & 3)) : 0.f, c1 < D ? __ldg(kl + c1 * 4 + (nib >> 2)) : 0.f);
             }
-        }
-        // value table (16 words, conflict-free for any lookup pattern): 2-bit [nibble] float2 (the levels of
-        // the nibble's two codes), 4-bit [code] float
-        const float *vl = p.vlevels + h * NLV;
-        if (tid < 16) {
-            if (BV == 2) ((float2 *)vtab)[tid] = make_float2(__ldg(vl + (tid & 3)), __ldg(vl + (tid >> 2)));
-            else vtab[tid] = __ldg(vl + tid);
         }
         for (int x = tid; x < npk * 32; x += NT4) {
             const int i = x >> 5, m8 = 8 * (x & 31);
@@ -281,12 +445,11 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
             }
             qs[x] = make_float2(qa, -qb);
         }
-        for (int i = tid; i < GQ * D; i += NT4) oacc[i] = 0.f;
     }
     __syncthreads();
 
     // ---- phase 1: dense scores, lanes along positions
-    {
+    if (!(KVQ_PROF & 1)) {
         const uint32_t kt = kvq_saddr(ktab);
         const int ntile = (n + TILE - 1) / TILE;
         const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * nuk * p.capq;
@@ -378,132 +541,110 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     }
     __syncthreads();
     // sparse key outliers
-    {
+    if (!(KVQ_PROF & 2)) {
         const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
-        const float *kl = p.klut + (size_t)h * D * NLK;
         const int kzc = p.kz[h];
+        struct KE { int t, d; float corr; float2 ep; };
         sparse_pass(p.krow + ((size_t)s * p.H + h) * (p.capq + 1) + q0, n, etok, [&](uint32_t e, int t) {
             const uint32_t en = __ldg(kent + e);
             const int d = en >> 16, i = d >> 1, pos = p.n_exact + q0 + t;
-            const float corr = h2f(en) - __ldg(kl + d * NLK + kzc);
-            const float2 ep = cmul(__ldg(p.rhi + (size_t)(pos >> 6) * np + i), __ldg(p.rlo + i * 64 + (pos & 63)));
+            KE x;
+            x.t = t;
+            x.d = d;
+            // the dense value at the zero code from the shared key table (4-bit: [channel][code], 2-bit: [pair][nibble])
+            x.corr = h2f(en) - (BK == 4 ? ktab[d * 16 + kzc] : ktab[2 * (i * 16 + (kzc | kzc << 2)) + (d & 1)]);
+            x.ep = cmul(__ldg(p.rhi + (size_t)(pos >> 6) * np + i), __ldg(p.rlo + i * 64 + (pos & 63)));
+            return x;
+        }, [&](const KE &x) {
 #pragma unroll
             for (int gg = 0; gg < GQ; gg++) {
-                const float2 w = cmul(qs[gg * npk + i], ep);
-                atomicAdd(&sc[gg * p.chunk + t], (d & 1) ? -corr * w.y : corr * w.x);
+                const float2 w = cmul(qs[gg * npk + (x.d >> 1)], x.ep);
+                atomicAdd(&sc[gg * p.chunk + x.t], (x.d & 1) ? -x.corr * w.y : x.corr * w.x);
             }
         });
     }
     chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
     __syncthreads();
 
-    // ---- phase 3: P·V, lanes along the code words of a value row, rows across lanes and warps
+    // ---- phase 3: P·V on the tensor cores (pv_mma); the value table replaces the key table in tabs
     {
-        const int nuv = p.vw, tpw = 32 / nuv, unit = lane % nuv, tsub = lane / nuv;
-        if (tsub < tpw) {
-            float acc[GQ][CV], pz[GQ];
+        const float *vl = p.vlevels + h * NLV;
+        uint32_t *tw = (uint32_t *)tabs;
+        for (int i = tid; i < 8192; i += NT4) {
+            const int e = i >> 5;
+            if (BV == 4) tw[i] = kvq_h2pack(__ldg(vl + (e & 15)), __ldg(vl + (e >> 4)));
+            else tw[i] = (i & 1) ? kvq_h2pack(__ldg(vl + ((e >> 4) & 3)), __ldg(vl + (e >> 6)))
+                                 : kvq_h2pack(__ldg(vl + (e & 3)), __ldg(vl + ((e >> 2) & 3)));
+        }
+        // p·r in fp16 per position (zero up to the next multiple of 16) and Σ p·zp per query head
+        const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
+        const int n16 = (n + 15) & ~15;
+        float pzl[GQ];
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++) pzl[gg] = 0.f;
+        for (int t2 = 2 * tid; t2 < n16; t2 += 2 * NT4) {
+            const float2 z0 = t2 < n ? __ldg(vs + t2) : make_float2(0.f, 0.f), z1 = t2 + 1 < n ? __ldg(vs + t2 + 1) : make_float2(0.f, 0.f);
 #pragma unroll
             for (int gg = 0; gg < GQ; gg++) {
-                pz[gg] = 0.f;
-#pragma unroll
-                for (int j = 0; j < CV; j++) acc[gg][j] = 0.f;
-            }
-            const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * nuv + unit;
-            const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq;
-            const uint32_t vb = kvq_saddr(vtab);
-            constexpr int VT = (BV == 2 && GQ <= 2) ? 4 : 8; // rows per batch (fewer where registers are short); the next batch's loads are in flight during a batch
-            const int st = NW4 * tpw, tb0 = q0 + warp * tpw + tsub;
-            uint32_t w[VT];
-            float2 zr[VT];
-#pragma unroll
-            for (int k = 0; k < VT; k++) {
-                const int t = tb0 + k * st;
-                w[k] = t < q1 ? __ldcs(vc + (size_t)t * nuv) : 0u;
-                zr[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
-            }
-#pragma unroll 1
-            for (int tb = tb0; tb < q1; tb += VT * st) {
-                uint32_t wn[VT];
-                float2 zn[VT];
-#pragma unroll
-                for (int k = 0; k < VT; k++) {
-                    const int t = tb + (VT + k) * st;
-                    wn[k] = t < q1 ? __ldcs(vc + (size_t)t * nuv) : 0u;
-                    zn[k] = t < q1 ? __ldg(vs + t) : make_float2(0.f, 0.f);
-                }
-#pragma unroll
-                for (int k = 0; k < VT; k++) {
-                    const int t = tb + k * st;
-                    // rows past the chunk have w = 0 and zr = 0: their p is read from a valid row (0) and
-                    // multiplied by zero scales, so no test is needed inside the batch
-                    const int ti = t < q1 ? t - q0 : 0;
-                    float pr[GQ];
-#pragma unroll
-                    for (int gg = 0; gg < GQ; gg++) {
-                        const float pp = sc[gg * p.chunk + ti];
-                        pr[gg] = pp * zr[k].y;
-                        pz[gg] += pp * zr[k].x;
-                    }
-                    const uint32_t x = w[k];
-                    // byte b of me / mo: the even / odd nibble (2-bit: two codes, times 8) or code (4-bit, times 4)
-                    // of byte b of the word
-                    const uint32_t me = BV == 2 ? (x << 3) & 0x78787878u : (x << 2) & 0x3C3C3C3Cu;
-                    const uint32_t mo = BV == 2 ? (x >> 1) & 0x78787878u : (x >> 2) & 0x3C3C3C3Cu;
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        if (BV == 2) {
-                            const float2 La = kvq_lds2(__byte_perm(me, vb, 0x7650 + b)), Lb = kvq_lds2(__byte_perm(mo, vb, 0x7650 + b));
-#pragma unroll
-                            for (int gg = 0; gg < GQ; gg++) {
-                                acc[gg][4 * b] = fmaf(pr[gg], La.x, acc[gg][4 * b]);
-                                acc[gg][4 * b + 1] = fmaf(pr[gg], La.y, acc[gg][4 * b + 1]);
-                                acc[gg][4 * b + 2] = fmaf(pr[gg], Lb.x, acc[gg][4 * b + 2]);
-                                acc[gg][4 * b + 3] = fmaf(pr[gg], Lb.y, acc[gg][4 * b + 3]);
-                            }
-                        } else {
-                            const float La = kvq_lds(__byte_perm(me, vb, 0x7650 + b)), Lb = kvq_lds(__byte_perm(mo, vb, 0x7650 + b));
-#pragma unroll
-                            for (int gg = 0; gg < GQ; gg++) {
-                                acc[gg][2 * b] = fmaf(pr[gg], La, acc[gg][2 * b]);
-                                acc[gg][2 * b + 1] = fmaf(pr[gg], Lb, acc[gg][2 * b + 1]);
-                            }
-                        }
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < VT; k++) {
-                    w[k] = wn[k];
-                    zr[k] = zn[k];
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < CV; j++) {
-                const int d = unit * CV + j;
-                if (d < D)
-#pragma unroll
-                    for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], acc[gg][j] + pz[gg]);
+                const float e0 = t2 < n ? sc[gg * p.chunk + t2] : 0.f, e1 = t2 + 1 < n ? sc[gg * p.chunk + t2 + 1] : 0.f;
+                pr16w[gg * chpw + (t2 >> 1)] = kvq_h2pack(e0 * z0.y, e1 * z1.y);
+                pzl[gg] += e0 * z0.x + e1 * z1.x;
             }
         }
+#pragma unroll
+        for (int gg = 0; gg < GQ; gg++) {
+            float v = pzl[gg];
+            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) red[gg * 8 + warp] = v;
+        }
+        __syncthreads();
+        if (tid < GQ) {
+            float v = 0.f;
+            for (int w2 = 0; w2 < NW4; w2++) v += red[tid * 8 + w2];
+            stat[2 * GQ + tid] = v;
+        }
+        const int rowb = 4 * p.vw;
+        // per-warp partial outputs in the dead phase-1 tables (r8, qs, qt: at least NW4·GQ·D floats, as npk >= D/2)
+        float *stage = (float *)r8;
+        if (KVQ_PROF & 4) {
+            for (int i = tid; i < NW4 * GQ * D; i += NT4) stage[i] = 0.f;
+        } else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
+        else if (rowb >= 32) pv_mma<BV, 4>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
+        else pv_mma<BV, 2>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
+        __syncthreads();
+        // the block's partial: (m, l, Σ_warps stage + Σ p·zp); the sparse value corrections are added to it below
+        for (int i = tid; i < gn * (D + 2); i += NT4) {
+            const int j = i / (D + 2), d = i % (D + 2);
+            float v;
+            if (d < 2) v = stat[d * GQ + j];
+            else {
+                v = stat[2 * GQ + j];
+#pragma unroll
+                for (int w2 = 0; w2 < NW4; w2++) v += stage[w2 * GQ * D + j * D + d - 2];
+            }
+            part0[j * pstride + d] = v;
+        }
     }
-    // sparse value outliers (the first sync of the pass also orders the dense accumulation before them)
-    {
+    // sparse value outliers, added to the partial in global memory (red.global.add: native, unlike a float atomic on
+    // shared memory); the first sync of the pass orders the plain stores above before them
+    if (!(KVQ_PROF & 8)) {
         const uint32_t *vent = p.vent + ((size_t)s * p.H + h) * p.ent_cap;
         const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
         const float lz = __ldg(p.vlevels + h * NLV + p.vz[h]);
         __syncthreads();
+        struct VE { int t, d; float corr; };
         sparse_pass(p.vrow + ((size_t)s * p.H + h) * (p.capq + 1) + q0, n, etok, [&](uint32_t e, int t) {
             const uint32_t en = __ldg(vent + e);
-            const int d = en >> 16;
             const float2 zr = __ldg(vs + t);
-            const float corr = h2f(en) - (lz * zr.y + zr.x);
+            VE x;
+            x.t = t;
+            x.d = en >> 16;
+            x.corr = h2f(en) - (lz * zr.y + zr.x);
+            return x;
+        }, [&](const VE &x) {
 #pragma unroll
-            for (int gg = 0; gg < GQ; gg++) atomicAdd(&oacc[gg * D + d], sc[gg * p.chunk + t] * corr);
+            for (int gg = 0; gg < gn; gg++) atomicAdd(&part0[gg * pstride + 2 + x.d], sc[gg * p.chunk + x.t] * x.corr);
         });
-    }
-    __syncthreads();
-    for (int i = tid; i < gn * (D + 2); i += NT4) {
-        const int j = i / (D + 2), d = i % (D + 2);
-        part0[j * pstride + d] = d == 0 ? stat[j] : d == 1 ? stat[GQ + j] : oacc[j * D + d - 2];
     }
 }
 } // namespace v4

@@ -8,7 +8,8 @@
  * within 1 ulp: RoPE's cos/sin in double may differ by an ulp between libm and CUDA);
  * decode attention on the GPU (output poisoned with NaN before every run, fresh random
  * queries for every check, several split-K settings) must match the CPU's float64
- * attention within 2e-5 relative L2. The fp16 baselines (own kernel, cuBLAS) are
+ * attention within 2e-5 relative L2 (3-bit codes, fp32 arithmetic) or 1e-3 (2- and 4-bit codes:
+ * P·V on the tensor cores in fp16; formats/KVCACHE.md). The fp16 baselines (own kernel, cuBLAS) are
  * checked against float64 attention over the same fp16 cache. Exit status 0 = all pass. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -168,7 +169,11 @@ static void run(const tcfg *t, const char *name)
             OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
             int nf;
             double e = rel_l2(o, ro, t->B * nh * t->D, &nf);
-            CHECK(nf == 0 && e <= 2e-5, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g, %d non-finite", name, len, splits[k], e, nf);
+            /* 2- and 4-bit codes: P·V runs on the tensor cores in fp16 (levels and p·r rounded to fp16, fp32
+             * sums; formats/KVCACHE.md "Decode attention (GPU)"): 1e-3, observed 1e-4 .. 5e-4; 3-bit (v3, fp32): 2e-5 */
+            const double tol = t->kb != 3 && t->vb != 3 ? 1e-3 : 2e-5;
+            CHECK(nf == 0 && e <= tol, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance %g), %d non-finite", name, len,
+                  splits[k], e, tol, nf);
         }
     }
     /* state equality */

@@ -27,6 +27,8 @@ extern "C" {
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct uint4 { uint32_t x, y, z, w; };
+struct uint2 { uint32_t x, y; };
+inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 struct dim3e { unsigned x = 0, y = 0, z = 0; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
@@ -39,6 +41,7 @@ struct EmuState {
     std::barrier<> *block_bar = nullptr;
     std::vector<std::barrier<> *> warp_bar;
     std::vector<float> shfl; // [warps][32]
+    std::vector<uint32_t> mma; // [warps][32][6]: a0..a3, b0, b1 of every lane
     std::mutex atom;
     alignas(4096) char arena[1024 * 1024];
     size_t static_top = 0;             // static shared arrays: [0, 512 KB)
@@ -76,6 +79,30 @@ inline float __shfl_xor_sync(unsigned, float v, int off)
     emu.warp_bar[w]->arrive_and_wait();
     return r;
 }
+inline uint32_t kvq_h2pack(float lo, float hi) { return (uint32_t)kvq_f32_to_f16(lo) | (uint32_t)kvq_f32_to_f16(hi) << 16; }
+// mma.m16n8k16 f32 += f16·f16 (fragment layout as kernels/kvcache_cuda_dec.cuh documents): products exact in
+// fp32, sums in fp32 in k order (the device's order and internal precision may differ in the last bits)
+inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    uint32_t *m = &emu.mma[(size_t)w * 32 * 6];
+    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
+    for (int i = 0; i < 6; i++) m[l * 6 + i] = in[i];
+    emu.warp_bar[w]->arrive_and_wait();
+    auto half = [](uint32_t r, int k) { return kvq_f16_to_f32((uint16_t)(k & 1 ? r >> 16 : r & 0xffff)); };
+    auto A = [&](int row, int k) { return half(m[((row & 7) * 4 + (k & 7) / 2) * 6 + (row >> 3) + 2 * (k >> 3)], k); };
+    auto Bm = [&](int k, int col) { return half(m[(col * 4 + (k & 7) / 2) * 6 + 4 + (k >> 3)], k); };
+    const int g = l >> 2, t = l & 3;
+    float d[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float s = c[i];
+        for (int k = 0; k < 16; k++) s += A(row, k) * Bm(k, col);
+        d[i] = s;
+    }
+    emu.warp_bar[w]->arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = d[i];
+}
 inline float atomicAdd(float *p, float v) { std::lock_guard<std::mutex> g(emu.atom); float o = *p; *p = o + v; return o; }
 template <class T> inline T __ldg(const T *p) { return *p; }
 template <class T> inline T __ldcs(const T *p)
@@ -107,6 +134,7 @@ inline void emu_launch(dim3e grid, unsigned nthreads, size_t dyn_bytes, const st
     emu.block_bar = &bb;
     emu.warp_bar = wb;
     emu.shfl.assign(nw * 32, 0.f);
+    emu.mma.assign((size_t)nw * 32 * 6, 0u);
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {

@@ -127,7 +127,8 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
                 den += (double)ref[i] * ref[i];
             }
             double e = sqrt(num / (den > 0 ? den : 1));
-            bool ok = nf == 0 && e <= 2e-5;
+            // P·V in fp16 on the tensor cores (levels and p·r rounded to fp16): the GPU test's tolerance, 1e-3
+            bool ok = nf == 0 && e <= 1e-3;
             if (ok) n_pass++; else n_fail++;
             printf("%s %-24s len %5zu chunk %5zu splits %3zu gq %d: rel L2 %.3g, %d non-finite\n", ok ? "ok  " : "FAIL", name, len, chunk, splits, gq, e, nf);
             fflush(stdout);
