@@ -276,10 +276,10 @@ __device__ __forceinline__ float2 cmul(float2 a, float2 b) { return make_float2(
 // A = the value levels transposed (16 dims × 16 positions, fp16) and B = p·r (16 positions × 8 query columns,
 // fp16; columns past gn are zero), fp32 accumulators. Per k-tile of 16 positions lane 4g + t reads, of the
 // value rows 2t, 2t+1, 2t+8, 2t+9, the BPT bytes [pass·8·BPT + g·BPT, +BPT) (token-major rows: the 8 lanes of
-// a row read 8·BPT contiguous bytes) and looks every byte up in a table replicated per lane (4-bit: the fp16
-// levels of the byte's two codes, 2-bit: of its four codes), so one lookup gives two (four) dims of one
-// position; two PRMTs turn the lookups of two positions into the fp16 pairs (position 2t, 2t+1) the A
-// fragment wants. A-row g of m-tile j is the dim pair of byte pass·8·BPT + g·BPT + j (2-bit: two m-tiles per
+// a row read 8·BPT contiguous bytes). The codes of positions 2t and 2t+1 are merged per dim into one byte
+// (4-bit: the two positions' codes of one dim; 2-bit: of two dims), which indexes a table replicated per lane
+// that returns the A fragment register(s) directly: fp16 (level at 2t, level at 2t+1) of one dim (2-bit: of
+// two dims). A-row g of m-tile j is the dim pair of byte pass·8·BPT + g·BPT + j (2-bit: two m-tiles per
 // byte), so the lane that holds row g's outputs knows their dims without any exchange.
 // tabs: 4-bit [256 bytes][32 lanes] fp16x2, 2-bit [256 bytes][16 lanes] 2 × fp16x2: entry stride 128 bytes,
 // a lane reads only its own bank(s), no conflicts.
@@ -338,26 +338,31 @@ __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int 
                     wn[r][i] = wn2[r][i];
                 }
             load(kt + 2 < ke ? kt + 2 : nkt, wn2);
+            // combine the codes of the two positions of a fragment register per dim: byte b of c[0] / c[1] holds
+            // (position 2t, 2t+1)'s codes of dims 2b / 2b+1 (4-bit) or dims 4b, 4b+1 / 4b+2, 4b+3 (2-bit) of the
+            // word; c[2], c[3] the same for positions 2t+8, 2t+9: one lookup per byte gives fragment registers
 #pragma unroll
-            for (int bb = 0; bb < BPT; bb++) {
-                const int wi = bb >> 2, sh = 8 * (bb & 3);
-                uint32_t off[4];
+            for (int wi = 0; wi < NWW; wi++) {
+                const uint32_t c[4] = {(w[0][wi] & 0x0F0F0F0Fu) | ((w[1][wi] << 4) & 0xF0F0F0F0u),
+                                       ((w[0][wi] >> 4) & 0x0F0F0F0Fu) | (w[1][wi] & 0xF0F0F0F0u),
+                                       (w[2][wi] & 0x0F0F0F0Fu) | ((w[3][wi] << 4) & 0xF0F0F0F0u),
+                                       ((w[2][wi] >> 4) & 0x0F0F0F0Fu) | (w[3][wi] & 0xF0F0F0F0u)};
 #pragma unroll
-                for (int r = 0; r < 4; r++) off[r] = ((sh >= 7 ? (w[r][wi] >> (sh - 7)) : (w[r][wi] << 7)) & 0x7F80u) | lanea;
-                if (BV == 4) {
-                    uint32_t x[4];
+                for (int b4 = 0; b4 < (BPT < 4 ? BPT : 4); b4++) {
+                    const int bb = 4 * wi + b4, sh = 8 * b4;
+                    uint32_t off[4];
 #pragma unroll
-                    for (int r = 0; r < 4; r++) x[r] = *(const uint32_t *)(tb + off[r]);
-                    kvq_mma16816(acc[bb], __byte_perm(x[0], x[1], 0x5410), __byte_perm(x[0], x[1], 0x7632),
-                                 __byte_perm(x[2], x[3], 0x5410), __byte_perm(x[2], x[3], 0x7632), b0, b1);
-                } else {
-                    uint2 y[4];
-#pragma unroll
-                    for (int r = 0; r < 4; r++) y[r] = *(const uint2 *)(tb + off[r]);
-                    kvq_mma16816(acc[2 * bb], __byte_perm(y[0].x, y[1].x, 0x5410), __byte_perm(y[0].x, y[1].x, 0x7632),
-                                 __byte_perm(y[2].x, y[3].x, 0x5410), __byte_perm(y[2].x, y[3].x, 0x7632), b0, b1);
-                    kvq_mma16816(acc[2 * bb + 1], __byte_perm(y[0].y, y[1].y, 0x5410), __byte_perm(y[0].y, y[1].y, 0x7632),
-                                 __byte_perm(y[2].y, y[3].y, 0x5410), __byte_perm(y[2].y, y[3].y, 0x7632), b0, b1);
+                    for (int r = 0; r < 4; r++) off[r] = ((sh >= 7 ? (c[r] >> (sh - 7)) : (c[r] << 7)) & 0x7F80u) | lanea;
+                    if (BV == 4) {
+                        // A rows g / g+8: dims 2·byte / 2·byte + 1; columns 2t, 2t+1 / 2t+8, 2t+9
+                        kvq_mma16816(acc[bb], *(const uint32_t *)(tb + off[0]), *(const uint32_t *)(tb + off[1]),
+                                     *(const uint32_t *)(tb + off[2]), *(const uint32_t *)(tb + off[3]), b0, b1);
+                    } else {
+                        const uint2 y0 = *(const uint2 *)(tb + off[0]), y1 = *(const uint2 *)(tb + off[1]);
+                        const uint2 y2 = *(const uint2 *)(tb + off[2]), y3 = *(const uint2 *)(tb + off[3]);
+                        kvq_mma16816(acc[2 * bb], y0.x, y0.y, y2.x, y2.y, b0, b1);     // dims 4·byte, 4·byte + 1
+                        kvq_mma16816(acc[2 * bb + 1], y1.x, y1.y, y3.x, y3.y, b0, b1); // dims 4·byte + 2, + 3
+                    }
                 }
             }
         }
@@ -572,9 +577,12 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
         uint32_t *tw = (uint32_t *)tabs;
         for (int i = tid; i < 8192; i += NT4) {
             const int e = i >> 5;
+            // e = the combined byte of two positions (pv_mma): 4-bit (code of the first, of the second) -> their
+            // levels; 2-bit: bits 0-1 / 2-3 the first position's codes of two dims, bits 4-5 / 6-7 the second's ->
+            // (dim 0 of both positions, dim 1 of both positions)
             if (BV == 4) tw[i] = kvq_h2pack(__ldg(vl + (e & 15)), __ldg(vl + (e >> 4)));
-            else tw[i] = (i & 1) ? kvq_h2pack(__ldg(vl + ((e >> 4) & 3)), __ldg(vl + (e >> 6)))
-                                 : kvq_h2pack(__ldg(vl + (e & 3)), __ldg(vl + ((e >> 2) & 3)));
+            else tw[i] = (i & 1) ? kvq_h2pack(__ldg(vl + ((e >> 2) & 3)), __ldg(vl + (e >> 6)))
+                                 : kvq_h2pack(__ldg(vl + (e & 3)), __ldg(vl + ((e >> 4) & 3)));
         }
         // p·r in fp16 per position (zero up to the next multiple of 16) and Σ p·zp per query head
         const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
