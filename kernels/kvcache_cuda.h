@@ -14,12 +14,14 @@
  * Semantics: as kvq_kvcache_append / kvq_kvcache_attend (kvcache.h), within
  * fp32 rounding: the codes, scales and sparse entries an append writes are
  * bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
- * attention runs in fp32 (scores, online softmax, accumulation) with RoPE
- * factors composed from a two-level table (pos = 64*hi + lo, computed in
- * double, composed in fp32) and advanced a few positions from each anchor
- * (3-bit codes: one complex multiply per position, anchors every 64; 2/4-bit:
- * one complex multiply then the Chebyshev recurrence, at most 7 steps;
- * formats/KVCACHE.md).
+ * scores and softmax run in fp32 with RoPE factors composed from a two-level
+ * table (pos = 64*hi + lo, computed in double, composed in fp32) and advanced a
+ * few positions from each anchor (3-bit codes: one complex multiply per
+ * position, anchors every 64; 2/4-bit: one complex multiply then the Chebyshev
+ * recurrence, at most 7 steps). P·V: 3-bit codes in fp32; 2- and 4-bit codes on
+ * the tensor cores with the value levels and p·r rounded to fp16 and fp32 sums,
+ * so the output differs from kvq_kvcache_attend by ~1e-4..5e-4 relative L2
+ * (checked at 1e-3; 3-bit at 2e-5). formats/KVCACHE.md "Decode attention (GPU)".
  */
 #ifndef KVQ_KVCACHE_CUDA_H
 #define KVQ_KVCACHE_CUDA_H
@@ -50,8 +52,10 @@ kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float 
 
 /* Decode attention, as kvq_kvcache_attend: q_dev [n_seqs][n_heads][head_dim]
  * float32 (post-RoPE), out_dev same shape. max_splits: upper bound on the
- * split-K partitions per (sequence, KV head) (0 = auto: enough blocks to fill
- * the GPU twice). Asynchronous on the default stream when sync == 0. */
+ * split-K partitions per (sequence, KV head) (0 = auto: 2/4-bit codes pick the
+ * split that minimises waves × chunk length for the blocks resident per SM,
+ * 3-bit codes at least 4 blocks per SM). Asynchronous on the
+ * default stream when sync == 0. */
 kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q_dev, size_t n_heads, float scale,
                                    float *out_dev, size_t max_splits, int sync, kvq_err *err);
 
