@@ -14,33 +14,8 @@
 #include "quant.h"
 #include "safetensors.h"
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double unif(void)
-{
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return ((double)(rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
-static double gauss(void) { return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif()); }
-
-/* fp16-representable heavy-tailed data with per-channel offsets (keys) */
-static void fill(float *x, size_t n_tokens, size_t C, int keys)
-{
-    for (size_t t = 0; t < n_tokens; t++)
-        for (size_t c = 0; c < C; c++) {
-            double v = gauss() * (keys ? 1 + (double)(c % 4) : 1.0) + (keys ? (double)(c % 3) - 1 : 0.0);
-            if (unif() < 0.03) v *= 6;
-            x[t * C + c] = kvq_round_fp16((float)v);
-        }
-}
-
-static void sorted_levels(float *lv, size_t n)
-{
-    for (size_t i = 0; i < n; i++) lv[i] = (float)(2 * unif() - 1);
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && lv[j] < lv[j - 1]; j--) { float t = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = t; }
-    lv[0] = -1;
-    lv[n - 1] = 1;
-}
+#define KVCACHE_SYNTH_SEED 0x9e3779b97f4a7c15ull
+#include "kvcache_synth.h"
 
 /* reference attention in double: q [n_heads][D], K, V [len][C] (keys post-RoPE) */
 static void ref_attend(const float *q, size_t n_heads, size_t H, size_t D, const float *K, const float *V,

@@ -31,19 +31,8 @@ static int n_fail, n_pass;
 /* OK() needs an err in scope: the macro declares its own; functions take &err_ via ERR */
 #define ERR (&err_)
 
-static uint64_t rs = 0x1234567887654321ull;
-static double unif(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return ((double)(rs >> 11) + 0.5) / 9007199254740992.0; }
-static double gauss(void) { return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif()); }
-
-static void fill(float *x, size_t n_tok, size_t C, int keys)
-{
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t c = 0; c < C; c++) {
-            double v = gauss() * (keys ? 1 + (double)(c % 4) : 1.0) + (keys ? (double)(c % 3) - 1 : 0.0);
-            if (unif() < 0.03) v *= 6;
-            x[t * C + c] = kvq_round_fp16((float)v);
-        }
-}
+#define KVCACHE_SYNTH_SEED 0x1234567887654321ull
+#include "../kvcache_synth.h"
 
 static double rel_l2(const float *a, const float *b, size_t n, int *nonfinite)
 {
@@ -67,14 +56,6 @@ typedef struct {
     size_t tables, n_sink, NT;
     double f;
 } tcfg;
-
-static void sorted_levels(float *lv, size_t n)
-{
-    for (size_t i = 0; i < n; i++) lv[i] = (float)(2 * unif() - 1);
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && lv[j] < lv[j - 1]; j--) { float t = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = t; }
-    lv[0] = -1; lv[n - 1] = 1;
-}
 
 static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg *t, const char *name)
 {

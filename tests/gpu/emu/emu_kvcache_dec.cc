@@ -15,26 +15,8 @@ extern "C" {
 }
 #include "kvcache_cuda_dec.cuh"
 
-static uint64_t rs = 0x1234567887654321ull;
-static double unif() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return ((double)(rs >> 11) + 0.5) / 9007199254740992.0; }
-static double gauss() { return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif()); }
-
-static void fill(float *x, size_t n_tok, size_t C, int keys)
-{
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t c = 0; c < C; c++) {
-            double v = gauss() * (keys ? 1 + (double)(c % 4) : 1.0) + (keys ? (double)(c % 3) - 1 : 0.0);
-            if (unif() < 0.03) v *= 6;
-            x[t * C + c] = kvq_round_fp16((float)v);
-        }
-}
-static void sorted_levels(float *lv, size_t n)
-{
-    for (size_t i = 0; i < n; i++) lv[i] = (float)(2 * unif() - 1);
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && lv[j] < lv[j - 1]; j--) { float t = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = t; }
-    lv[0] = -1; lv[n - 1] = 1;
-}
+#define KVCACHE_SYNTH_SEED 0x1234567887654321ull
+#include "../../kvcache_synth.h"
 
 typedef void (*KFn)(DecP);
 template <int BK, int BV> static KFn pick2(int gq)
