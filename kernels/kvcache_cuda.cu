@@ -1015,7 +1015,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     const int npk = (int)c->kw * (int)(kvq_kvcache_unit_channels(g->k_bits) / 2);
     size_t splits, chunk;
     if (v4k) {
-        v4::plan(nq, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, npk, (int)D, SMEM_MAX, &chunk, &splits);
+        v4::plan(nq, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, npk, SMEM_MAX, &chunk, &splits);
     } else {
         size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
         splits = (target + per - 1) / per;
@@ -1049,7 +1049,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
     DecFn f = pick(g->k_bits, g->v_bits, gq);
     if (!f) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: no kernel for %d/%d bits, %d query heads per block", g->k_bits, g->v_bits, gq);
-    size_t sm = v4k ? v4::smem_bytes(gq, npk, (int)chunk, (int)D) : dec_smem(c, gq, (int)chunk, nhb_max);
+    size_t sm = v4k ? v4::smem_bytes(gq, npk, (int)chunk) : dec_smem(c, gq, (int)chunk, nhb_max);
     if (sm > SMEM_MAX) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: %zu bytes of shared memory needed", sm);
     f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), v4k ? v4::NT4 : NT, sm>>>(p);
     CKL();

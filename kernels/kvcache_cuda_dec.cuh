@@ -63,44 +63,52 @@ struct DecP {
     float scale;
 };
 
+// per-query block reduction (up to 8 warps): v[gg] <- op over the block's threads of v[gg], in every thread
+// (warp xor-tree, then lane 0 of each warp to red[gg * 8 + warp]; the caller separates reuses of red by a barrier)
+template <int GQ, class Op>
+__device__ __forceinline__ void block_reduce(float (&v)[GQ], float *red, Op op)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++) {
+        for (int o = 16; o; o >>= 1) v[gg] = op(v[gg], __shfl_xor_sync(0xffffffffu, v[gg], o));
+        if (lane == 0) red[gg * 8 + warp] = v[gg];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gg = 0; gg < GQ; gg++) {
+        float r = red[gg * 8];
+        for (int w = 1; w < nw; w++) r = op(r, red[gg * 8 + w]);
+        v[gg] = r;
+    }
+}
+
 // block-wide softmax statistics of sc[gg][0..n): sc <- exp(sc - m); returns m, l per query (up to 8 warps)
 template <int GQ>
 __device__ void chunk_softmax(float *sc, int chunk, int n, float *red, float *mo, float *lo)
 {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int tid = threadIdx.x;
+    float m[GQ], l[GQ];
 #pragma unroll
     for (int gg = 0; gg < GQ; gg++) {
-        float m = -INFINITY;
-        for (int t = tid; t < n; t += blockDim.x) m = fmaxf(m, sc[gg * chunk + t]);
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) red[gg * 8 + warp] = m;
+        m[gg] = -INFINITY;
+        for (int t = tid; t < n; t += blockDim.x) m[gg] = fmaxf(m[gg], sc[gg * chunk + t]);
     }
+    block_reduce<GQ>(m, red, [](float a, float b) { return fmaxf(a, b); });
     __syncthreads();
 #pragma unroll
     for (int gg = 0; gg < GQ; gg++) {
-        float m = red[gg * 8];
-        for (int w = 1; w < nw; w++) m = fmaxf(m, red[gg * 8 + w]);
-        mo[gg] = m;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int gg = 0; gg < GQ; gg++) {
-        float l = 0;
+        mo[gg] = m[gg];
+        l[gg] = 0;
         for (int t = tid; t < n; t += blockDim.x) {
-            float e = expf(sc[gg * chunk + t] - mo[gg]);
+            float e = expf(sc[gg * chunk + t] - m[gg]);
             sc[gg * chunk + t] = e;
-            l += e;
+            l[gg] += e;
         }
-        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) red[gg * 8 + warp] = l;
     }
-    __syncthreads();
+    block_reduce<GQ>(l, red, [](float a, float b) { return a + b; });
 #pragma unroll
-    for (int gg = 0; gg < GQ; gg++) {
-        float l = 0;
-        for (int w = 0; w < nw; w++) l += red[gg * 8 + w];
-        lo[gg] = l;
-    }
+    for (int gg = 0; gg < GQ; gg++) lo[gg] = l[gg];
 }
 
 // exact region (fp16, post-RoPE keys): one block per (query head, sequence); the last partial slot
@@ -190,11 +198,10 @@ constexpr int NT4 = 256, NW4 = 8, TILE = 256, SPP = 2048; // threads, warps, pos
 // dynamic shared memory (bytes): rho [npk] float4, r8 [npk][32] float2, qs [GQ][npk] float2, qt [NW4][GQ][npk]
 // float2, sc [GQ][chunk], red [GQ][8], stat [3 GQ] (m, l, Σp·zp; floats), etok [SPP] u16,
 // pr16 [GQ][chunk + 16] fp16 (p·r per position, zero past the chunk's last position). Static: tabs, 32 KB.
-__host__ __device__ inline size_t smem_bytes(int gq, int npk, int chunk, int D)
+// (Phase 3 stages NW4·GQ·D floats of per-warp outputs over r8, qs and qt: 256·npk >= 128·D >= 32·GQ·D bytes
+// because npk (key pairs, padded) >= D/2 and GQ <= 4, so head_dim adds nothing here.)
+__host__ __device__ inline size_t smem_bytes(int gq, int npk, int chunk)
 {
-    // phase 3 stages NW4·GQ·D floats of per-warp outputs over r8, qs and qt: 256·npk >= 128·D >= 32·GQ·D bytes
-    // because npk (key pairs, padded) >= D/2 and GQ <= 4
-    (void)D;
     return (size_t)16 * npk + (size_t)256 * npk + (size_t)8 * gq * npk * (1 + NW4) +
            (size_t)4 * ((size_t)gq * chunk + gq * 8 + 3 * gq) + 2 * SPP + (size_t)2 * gq * (chunk + 16);
 }
@@ -206,7 +213,7 @@ __host__ __device__ inline size_t smem_bytes(int gq, int npk, int chunk, int D)
 // minimises that over chunks of at most 2048 positions (longer ones were slower on the H200), fewer splits on
 // ties. max_splits > 0 caps the splits (and lifts the 2048 cap); if nothing fits the shared-memory budget the
 // chunk is halved until it does.
-inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int npk, int D, size_t smem_max,
+inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int npk, size_t smem_max,
                  size_t *chunk_out, size_t *splits_out)
 {
     const size_t cmax = 65536 - TILE; // positions within a chunk are 16-bit (etok)
@@ -216,7 +223,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     for (size_t sp = 1; sp <= smax; sp++) {
         const size_t ct = (ntiles + sp - 1) / sp, chunk = ct * TILE, se = (ntiles + ct - 1) / ct;
         if (chunk > cmax || (chunk > 2048 && !max_splits)) continue; // longer chunks cost occupancy (measured)
-        const size_t sm = smem_bytes(gq, npk, (int)chunk, D);
+        const size_t sm = smem_bytes(gq, npk, (int)chunk);
         if (sm > smem_max) continue;
         size_t b = sm_bytes / (sm + 32768 + 1024);
         if (b > bmax) b = bmax;
@@ -227,7 +234,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     size_t chunk = best_chunk;
     if (!chunk) { // nothing within the budget at <= max_splits splits: the largest chunk that fits
         chunk = ntiles * TILE < cmax ? ntiles * TILE : cmax / TILE * TILE;
-        while (chunk > TILE && smem_bytes(gq, npk, (int)chunk, D) > smem_max) chunk = (chunk / 2 + TILE - 1) / TILE * TILE;
+        while (chunk > TILE && smem_bytes(gq, npk, (int)chunk) > smem_max) chunk = (chunk / 2 + TILE - 1) / TILE * TILE;
     }
     *chunk_out = chunk;
     *splits_out = nq ? (nq + chunk - 1) / chunk : 1;
@@ -599,18 +606,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                 pzl[gg] += e0 * z0.x + e1 * z1.x;
             }
         }
+        block_reduce<GQ>(pzl, red, [](float a, float b) { return a + b; });
+        if (tid == 0)
 #pragma unroll
-        for (int gg = 0; gg < GQ; gg++) {
-            float v = pzl[gg];
-            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) red[gg * 8 + warp] = v;
-        }
-        __syncthreads();
-        if (tid < GQ) {
-            float v = 0.f;
-            for (int w2 = 0; w2 < NW4; w2++) v += red[tid * 8 + w2];
-            stat[2 * GQ + tid] = v;
-        }
+            for (int gg = 0; gg < GQ; gg++) stat[2 * GQ + gg] = pzl[gg];
         const int rowb = 4 * p.vw;
         // per-warp partial outputs in the dead phase-1 tables (r8, qs, qt: at least NW4·GQ·D floats, as npk >= D/2)
         float *stage = (float *)r8;

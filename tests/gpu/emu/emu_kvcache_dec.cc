@@ -82,7 +82,7 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
         const size_t ck = kb == 2 ? 16 : 8, npk = v.k_head_words * (ck / 2);
         for (size_t ms : {(size_t)0, (size_t)1, (size_t)3}) {
             size_t chunk, splits;
-            v4::plan(nq, B * H * qgroups, n_sm, ms, gq, (int)npk, (int)D, 160 * 1024, &chunk, &splits);
+            v4::plan(nq, B * H * qgroups, n_sm, ms, gq, (int)npk, 160 * 1024, &chunk, &splits);
             const size_t nslots = splits + 1;
             std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), ref(B * nh * D), q(B * nh * D);
             for (auto &x : q) x = (float)gauss();
@@ -96,7 +96,7 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
             p.n_splits = (int)splits; p.chunk = (int)chunk; p.ent_cap = (int)v.ent_cap; p.nslots = (int)nslots;
             p.scale = 1.0f / sqrtf((float)D);
             KFn fn = pick(kb, vb, gq);
-            emu_launch({(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B}, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk, (int)D), [&] { fn(p); });
+            emu_launch({(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B}, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk), [&] { fn(p); });
             emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + v.n_exact + 1) * 4, [&] { exact_decode(p); });
             emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
             if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
