@@ -15,6 +15,7 @@ extern "C" {
 #include "quant.h"
 }
 #include "kvcache_cuda_dec.cuh"
+#include "kvcache_cuda_kivi.cuh"
 
 #define CK(x)                                                                                               \
     do {                                                                                                    \
@@ -532,6 +533,13 @@ struct kvq_kvcache_cuda {
     float *range;
     size_t cnt_cap;
     int n_sm;
+    // KIVI
+    float *kscale;              // [B][ngk][C][2] (min, scale) per key group and channel
+    uint16_t *kring, *vring;    // [B][ring][C] fp16 residual
+    uint16_t *stg;              // append staging: new keys then values [2][stg_cap][C] fp16
+    size_t ring, ngk, stg_cap;
+    size_t *kq, *vq;            // host: quantized key / value positions per sequence
+    int *dkq, *dvq, *dqf;       // device copies, and kivi_fast's range per sequence
 };
 
 template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, kvq_err *err)
@@ -552,9 +560,12 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
 {
     if (!c) return;
     void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut, c->klutr,
-                 c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range};
+                 c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range,
+                 c->kscale, c->kring, c->vring, c->stg, c->dkq, c->dvq, c->dqf};
     for (void *x : d)
         if (x) cudaFree(x);
+    free(c->kq);
+    free(c->vq);
     free(c->len);
     free(c->kused);
     free(c->vused);
@@ -563,6 +574,24 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
 
 __global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
                              int outl, int P2, float *range, int *cnt);
+typedef void (*KivFn)(KivP);
+template <int BK, int BV, int GQ> static KivFn kivi_fast_lg(int lg)
+{
+    return lg == 0 ? kv::kivi_fast<BK, BV, GQ, 0> : lg == 1 ? kv::kivi_fast<BK, BV, GQ, 1> : lg == 2 ? kv::kivi_fast<BK, BV, GQ, 2> : kv::kivi_fast<BK, BV, GQ, 3>;
+}
+template <int BK, int BV> static KivFn kivi_fast_gq(int gq, int lg)
+{
+    return gq == 1 ? kivi_fast_lg<BK, BV, 1>(lg) : gq == 2 ? kivi_fast_lg<BK, BV, 2>(lg) : gq == 3 ? kivi_fast_lg<BK, BV, 3>(lg) : kivi_fast_lg<BK, BV, 4>(lg);
+}
+// KIVI tensor-core decode for 2/4-bit keys and values, gq query heads per block, group 16 << lg
+static KivFn kivi_fast_pick(int bk, int bv, int gq, int lg)
+{
+    if (bk == 2) return bv == 2 ? kivi_fast_gq<2, 2>(gq, lg) : kivi_fast_gq<2, 4>(gq, lg);
+    return bv == 2 ? kivi_fast_gq<4, 2>(gq, lg) : kivi_fast_gq<4, 4>(gq, lg);
+}
+
+__global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
+                               int bits, int capq, int kw, int ring_n, int n_exact, int q0, int p0);
 static kvq_status set_smem_limits(kvq_err *err)
 {
     const int bits[3] = {2, 3, 4}, gqs[5] = {1, 2, 3, 4, 8};
@@ -573,6 +602,14 @@ static kvq_status set_smem_limits(kvq_err *err)
                 if (f) CK(cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
             }
     CK(cudaFuncSetAttribute((const void *)append_count, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384 * 4));
+    CK(cudaFuncSetAttribute((const void *)kivi_key_flush, cudaFuncAttributeMaxDynamicSharedMemorySize, 256 * 256));
+    CK(cudaFuncSetAttribute((const void *)kv::kivi_generic, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int g = 1; g <= 4; g++)
+                for (int lg = 0; lg < 4; lg++)
+                    CK(cudaFuncSetAttribute((const void *)kivi_fast_pick(2 + 2 * a, 2 + 2 * b, g, lg), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)SMEM_MAX));
     return KVQ_OK;
 }
 
@@ -581,8 +618,6 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     if (!out) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda create: NULL output");
     *out = nullptr;
     KVQ_TRY(kvq_kvcache_config_validate(cfg, err));
-    if (cfg->format != KVQ_KVCACHE_NUQ)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: format %d: only NUQ has CUDA kernels so far (KIVI: CPU only)", (int)cfg->format);
     const size_t B = cfg->n_seqs, H = cfg->n_kv_heads, D = cfg->head_dim, C = H * D;
     if (H > 512) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: n_kv_heads %zu: up to 512", H);
     if (C > 16384) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: kv_dim %zu: the append kernel handles up to 16384", C);
@@ -600,15 +635,23 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     c->dpad = (D + 1) / 2 * 2;
     c->np = c->dpad / 2;
     c->nhi = cfg->max_tokens / 64 + 4; // v4 also reads rows 0..3 (e^{i 8m θ}, m < 32)
+    const bool nuq = cfg->format == KVQ_KVCACHE_NUQ;
+    if (!nuq) { // KIVI: as kvcache.c
+        const size_t F = cfg->residual ? cfg->residual : cfg->group;
+        c->ring = (F > cfg->residual ? F : cfg->residual) + 2;
+        c->ngk = c->capq / cfg->group + 1;
+    }
     size_t nlk = (size_t)1 << cfg->k_bits, nlv = (size_t)1 << cfg->v_bits;
     size_t ne = c->n_exact ? c->n_exact : 1;
     c->len = (size_t *)calloc(B, sizeof(size_t));
     c->kused = (size_t *)calloc(B * H, sizeof(size_t));
     c->vused = (size_t *)calloc(B * H, sizeof(size_t));
+    c->kq = (size_t *)calloc(B, sizeof(size_t));
+    c->vq = (size_t *)calloc(B, sizeof(size_t));
     float *hl = nullptr, *hv = nullptr, *hk = nullptr;
     float2 *hlo = nullptr, *hhi = nullptr;
     uint8_t *hz = nullptr;
-    if (!c->len || !c->kused || !c->vused) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
+    if (!c->len || !c->kused || !c->vused || !c->kq || !c->vq) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
     {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
@@ -618,7 +661,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     {
         size_t per_tok = 2 * (size_t)ceil(cfg->outlier_frac * (double)D) + 2, cap = cfg->outlier_cap;
         if (!cap && kvq_mul_size(per_tok, cfg->max_tokens, &cap)) cap = (size_t)1 << 30;
-        if (cfg->outlier_frac == 0 && !cfg->outlier_cap) cap = 1;
+        if ((cfg->outlier_frac == 0 && !cfg->outlier_cap) || !nuq) cap = 1;
         if (cfg->outlier_max && cap > cfg->outlier_max) cap = cfg->outlier_max;
         if (cap > 0xffffffffu) cap = 0xffffffffu;
         c->ent_cap = cap ? cap : 1;
@@ -629,19 +672,29 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     DA(c->v16, B * H * ne * D, "fp16 values");
     DA(c->kcodes, B * H * c->kw * c->capq, "key codes");
     DA(c->vcodes, B * H * c->capq * c->vw, "value codes");
-    DA(c->krow, B * H * (c->capq + 1), "key outlier rows");
-    DA(c->vrow, B * H * (c->capq + 1), "value outlier rows");
-    DA(c->kent, B * H * c->ent_cap, "key outliers");
-    DA(c->vent, B * H * c->ent_cap, "value outliers");
-    DA(c->vscale, B * c->capq * 2, "value scales");
-    DA(c->klut, C * nlk, "key LUT");
-    DA(c->klutr, H * kvq_kvcache_unit_channels(cfg->k_bits) * nlk * 32, "key LUT (per lane)");
-    DA(c->vlevels, H * nlv, "value levels");
-    DA(c->klevels, H * nlk, "key levels");
-    DA(c->klo, C, "thresholds");
-    DA(c->khi, C, "thresholds");
-    DA(c->kz, H, "zero codes");
-    DA(c->vz, H, "zero codes");
+    DA(c->dkq, B, "lengths");
+    DA(c->dvq, B, "lengths");
+    DA(c->dqf, B, "lengths");
+    if (nuq) {
+        DA(c->krow, B * H * (c->capq + 1), "key outlier rows");
+        DA(c->vrow, B * H * (c->capq + 1), "value outlier rows");
+        DA(c->kent, B * H * c->ent_cap, "key outliers");
+        DA(c->vent, B * H * c->ent_cap, "value outliers");
+        DA(c->vscale, B * c->capq * 2, "value scales");
+        DA(c->klut, C * nlk, "key LUT");
+        DA(c->klutr, H * kvq_kvcache_unit_channels(cfg->k_bits) * nlk * 32, "key LUT (per lane)");
+        DA(c->vlevels, H * nlv, "value levels");
+        DA(c->klevels, H * nlk, "key levels");
+        DA(c->klo, C, "thresholds");
+        DA(c->khi, C, "thresholds");
+        DA(c->kz, H, "zero codes");
+        DA(c->vz, H, "zero codes");
+    } else {
+        DA(c->vscale, B * c->capq * (C / cfg->group) * 2, "value scales");
+        DA(c->kscale, B * c->ngk * C * 2, "key scales");
+        DA(c->kring, B * c->ring * C, "key residual");
+        DA(c->vring, B * c->ring * C, "value residual");
+    }
     DA(c->rlo, c->np * 64, "rope table");
     DA(c->rhi, c->nhi * c->np, "rope table");
     DA(c->inv_freq, c->np, "rope");
@@ -654,7 +707,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     hlo = (float2 *)malloc(c->np * 64 * sizeof(float2));
     hhi = (float2 *)malloc(c->nhi * c->np * sizeof(float2));
     if (!hl || !hv || !hk || !hz || !hlo || !hhi) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate tables"); goto fail; }
-    for (size_t h = 0; h < H; h++) {
+    for (size_t h = 0; nuq && h < H; h++) {
         const float *kl = cfg->k_levels + (cfg->k_tables > 1 ? h : 0) * nlk, *vl = cfg->v_levels + (cfg->v_tables > 1 ? h : 0) * nlv;
         memcpy(hk + h * nlk, kl, nlk * sizeof(float));
         memcpy(hv + h * nlv, vl, nlv * sizeof(float));
@@ -688,8 +741,8 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     {
         cudaError_t e = cudaSuccess;
 #define UP(dst, src, bytes) if (e == cudaSuccess) e = cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice)
-        UP(c->klut, hl, C * nlk * sizeof(float));
-        if (e == cudaSuccess) {
+        if (nuq) UP(c->klut, hl, C * nlk * sizeof(float));
+        if (e == cudaSuccess && nuq) {
             // the decode kernel's per-lane key LUT of each head: entry (j, code) of lane L's unit
             // (L mod nuk) at (j * nlk + code) * 32 + L (formats/KVCACHE.md "Decode attention")
             const size_t ck = kvq_kvcache_unit_channels(cfg->k_bits), nuk = (D + ck - 1) / ck, per = ck * nlk * 32;
@@ -703,12 +756,14 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
             e = cudaMemcpy(c->klutr, hr, H * per * sizeof(float), cudaMemcpyHostToDevice);
             free(hr);
         }
-        UP(c->vlevels, hv, H * nlv * sizeof(float));
-        UP(c->klevels, hk, H * nlk * sizeof(float));
-        UP(c->kz, hz, H);
-        UP(c->vz, hz + H, H);
-        UP(c->klo, cfg->k_lower, C * sizeof(float));
-        UP(c->khi, cfg->k_upper, C * sizeof(float));
+        if (nuq) {
+            UP(c->vlevels, hv, H * nlv * sizeof(float));
+            UP(c->klevels, hk, H * nlk * sizeof(float));
+            UP(c->kz, hz, H);
+            UP(c->vz, hz + H, H);
+            UP(c->klo, cfg->k_lower, C * sizeof(float));
+            UP(c->khi, cfg->k_upper, C * sizeof(float));
+        }
         UP(c->rlo, hlo, c->np * 64 * sizeof(float2));
         UP(c->rhi, hhi, c->nhi * c->np * sizeof(float2));
 #undef UP
@@ -869,6 +924,172 @@ __global__ void append_write(const float *k, const float *v, const float *klo, c
     }
 }
 
+// ---- KIVI append (formats/KVCACHE.md "KIVI"; the rules of kvcache.c's kivi_flush_keys / kivi_flush_value) ----
+// the new tokens in the quantization domain: fp16 keys (rotated first when post_rope: double, as kvq_rope_rotate)
+// and values; [n][C] each
+__global__ void kivi_stage(uint16_t *sk, uint16_t *sv, const float *k, const float *v, const double *inv_freq, int rope_pairs,
+                           int post_rope, int H, int D, int pos0, int n)
+{
+    const int C = H * D;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * C; i += (size_t)gridDim.x * blockDim.x) {
+        const int t = (int)(i / C), ch = (int)(i % C), h = ch / D, d = ch % D, pos = pos0 + t;
+        float y = k[i];
+        if (post_rope && (d >> 1) < rope_pairs && (d | 1) < D) {
+            const int pi = d >> 1;
+            const double a = (double)pos * inv_freq[pi], cs = cos(a), sn = sin(a);
+            const double u = k[(size_t)t * C + h * D + 2 * pi], w = k[(size_t)t * C + h * D + 2 * pi + 1];
+            y = (d & 1) ? (float)(u * sn + w * cs) : (float)(u * cs - w * sn);
+        }
+        sk[i] = f2h_sat(y);
+        sv[i] = f2h_sat(v[i]);
+    }
+}
+
+// fp16 of channel ch at quantized index q: from the staged new tokens (position >= p0) or the ring
+__device__ __forceinline__ float kivi_src(const uint16_t *ring, const uint16_t *stg, int ring_n, int C, int n_exact, int p0, int q, int ch)
+{
+    const int pos = n_exact + q;
+    return h2f(pos >= p0 ? stg[(size_t)(pos - p0) * C + ch] : ring[(size_t)(pos % ring_n) * C + ch]);
+}
+
+// pack codes[0..D) (bytes) of one (token, head) into unit words: word j of unit u -> dst[(u·W + j)·stride]
+__device__ void kivi_pack(uint32_t *dst, size_t stride, const unsigned char *codes, int D, int bits, int u)
+{
+    const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, W = bits == 3 ? 3 : 1;
+    uint32_t w[3] = {0u, 0u, 0u};
+    for (int j = 0; j < cpu; j++) {
+        const int d = u * cpu + j;
+        const uint32_t code = d < D ? codes[d] : 0u;
+        const int bit = bits * j, o = bit & 31;
+        w[bit >> 5] |= code << o;
+        if (o + bits > 32) w[(bit >> 5) + 1] |= code >> (32 - o);
+    }
+    for (int j = 0; j < W; j++) dst[(size_t)(u * W + j) * stride] = w[j];
+}
+
+// key groups [q0 + G·blockIdx.x, +G) of one sequence, head blockIdx.y: per channel min / max over the G tokens,
+// scale in double, codes rint((x − min) / scale) clamped; dynamic shared memory G·D bytes
+__global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
+                               int bits, int capq, int kw, int ring_n, int n_exact, int q0, int p0)
+{
+    extern __shared__ unsigned char cod[];
+    const int h = blockIdx.y, C = H * D, qg = q0 + (int)blockIdx.x * G;
+    const double qmax = (double)((1 << bits) - 1);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        const int ch = h * D + d;
+        float mn = INFINITY, mx = -INFINITY;
+        for (int t = 0; t < G; t++) {
+            const float x = kivi_src(ring, stg, ring_n, C, n_exact, p0, qg + t, ch);
+            if (x < mn) mn = x;
+            if (x > mx) mx = x;
+        }
+        const double den = ((double)mx - (double)mn) / qmax;
+        kscale[(size_t)(qg / G) * C + ch] = make_float2(mn, (float)den);
+        for (int t = 0; t < G; t++) {
+            const double x = kivi_src(ring, stg, ring_n, C, n_exact, p0, qg + t, ch);
+            double qq = den == 0 ? 0 : rint((x - mn) / den);
+            if (qq < 0) qq = 0;
+            if (qq > qmax) qq = qmax;
+            cod[t * D + d] = (unsigned char)qq;
+        }
+    }
+    __syncthreads();
+    const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, nu = (D + cpu - 1) / cpu;
+    for (int i = threadIdx.x; i < G * nu; i += blockDim.x) {
+        const int t = i / nu, u = i % nu;
+        kivi_pack(kcodes + (size_t)h * kw * capq + qg + t, (size_t)capq, cod + t * D, D, bits, u);
+    }
+}
+
+// value positions q0 + blockIdx.x of one sequence: per token and G-channel group min / max, scale in double;
+// a thread per group (codes of its G channels), then the packing; dynamic shared memory C bytes
+__global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
+                                 int bits, int capq, int vw, int ring_n, int n_exact, int q0, int p0)
+{
+    extern __shared__ unsigned char cod[];
+    const int C = H * D, q = q0 + (int)blockIdx.x, ng = C / G;
+    const double qmax = (double)((1 << bits) - 1);
+    for (int gi = threadIdx.x; gi < ng; gi += blockDim.x) {
+        const int c0 = gi * G;
+        float mn = kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0), mx = mn;
+        for (int j = 1; j < G; j++) {
+            const float y = kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0 + j);
+            if (y < mn) mn = y;
+            if (y > mx) mx = y;
+        }
+        const double sc = ((double)mx - (double)mn) / qmax;
+        vscale[(size_t)q * ng + gi] = make_float2(mn, (float)sc);
+        for (int j = 0; j < G; j++) {
+            double qq = sc == 0 ? 0 : rint(((double)kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0 + j) - mn) / sc);
+            if (qq < 0) qq = 0;
+            if (qq > qmax) qq = qmax;
+            cod[c0 + j] = (unsigned char)qq;
+        }
+    }
+    __syncthreads();
+    const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, nu = (D + cpu - 1) / cpu;
+    for (int i = threadIdx.x; i < H * nu; i += blockDim.x) {
+        const int h = i / nu, u = i % nu;
+        kivi_pack(vcodes + ((size_t)h * capq + q) * vw, 1, cod + h * D, D, bits, u);
+    }
+}
+
+// the last positions [pw, p1) of the append into the ring (after the flushes that read the ring)
+__global__ void kivi_ring_write(uint16_t *kring, uint16_t *vring, const uint16_t *sk, const uint16_t *sv, int C, int ring_n, int p0, int pw,
+                                int p1)
+{
+    const size_t n = (size_t)(p1 - pw) * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int pos = pw + (int)(i / C), ch = (int)(i % C);
+        kring[(size_t)(pos % ring_n) * C + ch] = sk[(size_t)(pos - p0) * C + ch];
+        vring[(size_t)(pos % ring_n) * C + ch] = sv[(size_t)(pos - p0) * C + ch];
+    }
+}
+
+// KIVI: positions [p0, p0 + m) (all past the exact region) of sequence seq
+static kvq_status kivi_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t p0, size_t m, kvq_err *err)
+{
+    const kvq_kvcache_config *g = &c->cfg;
+    const size_t H = g->n_kv_heads, D = g->head_dim, C = c->C, G = g->group, p1 = p0 + m;
+    if (m > c->stg_cap) {
+        if (c->stg) cudaFree(c->stg);
+        c->stg = nullptr;
+        c->stg_cap = 0;
+        KVQ_TRY(dalloc(&c->stg, 2 * m * C, "append staging", err));
+        c->stg_cap = m;
+    }
+    uint16_t *sk = c->stg, *sv = c->stg + m * C;
+    const unsigned nb = (unsigned)((m * C + 255) / 256 < 4096 ? (m * C + 255) / 256 : 4096);
+    kivi_stage<<<nb, 256>>>(sk, sv, k, v, c->inv_freq, (int)(g->rope.rope_dim / 2), g->post_rope ? 1 : 0, (int)H, (int)D, (int)p0, (int)m);
+    CKL();
+    const size_t kb = kvq_kivi_key_boundary(p1 - 1, G, g->residual, c->n_exact) - c->n_exact;
+    const size_t vb = kvq_kivi_value_boundary(p1 - 1, g->residual, c->n_exact) - c->n_exact;
+    size_t kq = c->kq[seq], vq = c->vq[seq];
+    if (kq + G <= kb) {
+        const size_t ng = (kb - kq) / G;
+        kivi_key_flush<<<dim3((unsigned)ng, (unsigned)H), D < 128 ? 64 : 128, G * D>>>(
+            c->kcodes + seq * H * c->kw * c->capq, (float2 *)c->kscale + seq * c->ngk * C, c->kring + seq * c->ring * C, sk, (int)H,
+            (int)D, (int)G, g->k_bits, (int)c->capq, (int)c->kw, (int)c->ring, (int)c->n_exact, (int)kq, (int)p0);
+        CKL();
+        kq += ng * G;
+    }
+    if (vq < vb) {
+        kivi_value_flush<<<(unsigned)(vb - vq), 64, C>>>(c->vcodes + seq * H * c->capq * c->vw, (float2 *)c->vscale + seq * c->capq * (C / G),
+                                                          c->vring + seq * c->ring * C, sv, (int)H, (int)D, (int)G, g->v_bits, (int)c->capq,
+                                                          (int)c->vw, (int)c->ring, (int)c->n_exact, (int)vq, (int)p0);
+        CKL();
+        vq = vb;
+    }
+    const size_t pw = p1 - p0 > c->ring ? p1 - c->ring : p0;
+    kivi_ring_write<<<nb, 256>>>(c->kring + seq * c->ring * C, c->vring + seq * c->ring * C, sk, sv, (int)C, (int)c->ring, (int)p0,
+                                 (int)pw, (int)p1);
+    CKL();
+    CK(cudaDeviceSynchronize());
+    c->kq[seq] = kq;
+    c->vq[seq] = vq;
+    return KVQ_OK;
+}
+
 static kvq_status grow_entries(kvq_kvcache_cuda *c, size_t need, size_t seq, size_t pos, kvq_err *err)
 {
     size_t lim = c->cfg.outlier_max ? c->cfg.outlier_max : 0xffffffffu, cap = c->ent_cap;
@@ -898,6 +1119,18 @@ typedef void (*AppFn)(const float *, const float *, const float *, const float *
 template <int BK> static AppFn app1(int bv) { return bv == 2 ? append_write<BK, 2> : bv == 3 ? append_write<BK, 3> : append_write<BK, 4>; }
 static AppFn app_pick(int bk, int bv) { return bk == 2 ? app1<2>(bv) : bk == 3 ? app1<3>(bv) : app1<4>(bv); }
 
+// the device copies of sequence seq's length, quantized key / value positions and kivi_fast's range
+static kvq_status upload_lengths(kvq_kvcache_cuda *c, size_t seq, kvq_err *err)
+{
+    const size_t qf = (c->kq[seq] < c->vq[seq] ? c->kq[seq] : c->vq[seq]) / 16 * 16;
+    const int x[4] = {(int)c->len[seq], (int)c->kq[seq], (int)c->vq[seq], (int)qf};
+    CK(cudaMemcpy(c->dlen + seq, &x[0], sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c->dkq + seq, &x[1], sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c->dvq + seq, &x[2], sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c->dqf + seq, &x[3], sizeof(int), cudaMemcpyHostToDevice));
+    return KVQ_OK;
+}
+
 extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t n, kvq_err *err)
 {
     if (!c || (n && (!k || !v))) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: NULL argument");
@@ -918,7 +1151,10 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
     }
     kvq_status st = KVQ_OK;
     const size_t m = n - t;
-    if (m) {
+    if (m && g->format == KVQ_KVCACHE_KIVI) {
+        st = kivi_append(c, seq, k + t * C, v + t * C, pos, m, err);
+        if (st == KVQ_OK) pos += m;
+    } else if (m) {
         const float *kq = k + t * C, *vq = v + t * C;
         const size_t q0 = pos - c->n_exact;
         if (m * 2 * H > c->cnt_cap) {
@@ -984,8 +1220,8 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
         pos += mm;
     }
     c->len[seq] = pos;
-    int l = (int)pos;
-    CK(cudaMemcpy(c->dlen + seq, &l, sizeof l, cudaMemcpyHostToDevice));
+    if (g->format == KVQ_KVCACHE_NUQ) c->kq[seq] = c->vq[seq] = pos > c->n_exact ? pos - c->n_exact : 0;
+    KVQ_TRY(upload_lengths(c, seq, err));
     CK(cudaDeviceSynchronize());
     return st;
 }
@@ -999,6 +1235,85 @@ static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max
     return f * 4 + (size_t)gq * nhb_max * c->np * 8 + tail * 4;
 }
 
+static kvq_status ensure_part(kvq_kvcache_cuda *c, size_t need, kvq_err *err)
+{
+    if (need <= c->part_cap) return KVQ_OK;
+    if (c->part) cudaFree(c->part);
+    c->part = nullptr;
+    c->part_cap = 0;
+    KVQ_TRY(dalloc(&c->part, need, "attention partials", err));
+    c->part_cap = need;
+    return KVQ_OK;
+}
+
+// the exact region's decode (fp16 rows) into the last partial slot, then the combine
+static kvq_status exact_and_combine(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out, size_t nslots, kvq_err *err)
+{
+    const size_t H = c->cfg.n_kv_heads, D = c->cfg.head_dim, B = c->cfg.n_seqs;
+    DecP p;
+    memset(&p, 0, sizeof p);
+    p.k16 = c->k16; p.v16 = c->v16; p.q = q; p.part = c->part; p.len = c->dlen;
+    p.H = (int)H; p.D = (int)D; p.n_heads = (int)n_heads; p.g = (int)(n_heads / H); p.n_exact = (int)c->n_exact; p.nslots = (int)nslots;
+    p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
+    exact_decode<<<dim3((unsigned)n_heads, (unsigned)B), NT, (D + c->n_exact + 1) * sizeof(float)>>>(p);
+    CKL();
+    combine<<<dim3((unsigned)n_heads, (unsigned)B), D < 128 ? 64 : 128>>>(c->part, out, (int)n_heads, (int)D, (int)nslots);
+    CKL();
+    return KVQ_OK;
+}
+
+// KIVI decode: kivi_fast on [0, qf) of each sequence when it applies (post-RoPE keys, 2/4-bit, G = 16..128, a power
+// of two), kivi_generic on the rest (or on everything), the exact region, the combine
+static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out, size_t max_splits, int sync,
+                              kvq_err *err)
+{
+    const kvq_kvcache_config *g = &c->cfg;
+    const size_t H = g->n_kv_heads, D = g->head_dim, B = g->n_seqs, G = g->group;
+    const int gg = (int)(n_heads / H), lg = G == 16 ? 0 : G == 32 ? 1 : G == 64 ? 2 : G == 128 ? 3 : -1;
+    const bool fast = g->post_rope && (g->k_bits == 2 || g->k_bits == 4) && (g->v_bits == 2 || g->v_bits == 4) && lg >= 0;
+    size_t maxqf = 0, maxrest = 0;
+    for (size_t s = 0; s < B; s++) {
+        const size_t nq = c->len[s] > c->n_exact ? c->len[s] - c->n_exact : 0;
+        const size_t qf = fast ? (c->kq[s] < c->vq[s] ? c->kq[s] : c->vq[s]) / 16 * 16 : 0;
+        if (qf > maxqf) maxqf = qf;
+        if (nq - qf > maxrest) maxrest = nq - qf;
+    }
+    int gq = 1, qgroups = gg;
+    size_t fchunk = 0, fsplits = 0;
+    if (fast && maxqf) {
+        gq = choose_gq(gg, 4, 4);
+        qgroups = (gg + gq - 1) / gq;
+        kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, SMEM_MAX, &fchunk, &fsplits);
+    }
+    size_t gchunk, gsplits;
+    kv::generic_plan(maxrest, B * n_heads, (size_t)c->n_sm, max_splits, &gchunk, &gsplits);
+    const size_t nslots = fsplits + gsplits + 1;
+    KVQ_TRY(ensure_part(c, B * n_heads * nslots * (D + 2), err));
+    KivP p;
+    memset(&p, 0, sizeof p);
+    p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.kscale = (const float2 *)c->kscale; p.vscale = (const float2 *)c->vscale;
+    p.kring = c->kring; p.vring = c->vring; p.rlo = c->rlo; p.rhi = c->rhi; p.q = q; p.part = c->part;
+    p.len = c->dlen; p.kq = c->dkq; p.vq = c->dvq; p.qf = c->dqf;
+    p.H = (int)H; p.D = (int)D; p.G = (int)G; p.kb = g->k_bits; p.vb = g->v_bits; p.np = (int)c->np; p.n_heads = (int)n_heads; p.g = gg;
+    p.qgroups = qgroups; p.kw = (int)c->kw; p.vw = (int)c->vw; p.capq = (int)c->capq; p.ngk = (int)c->ngk; p.n_exact = (int)c->n_exact;
+    p.ring = (int)c->ring; p.nslots = (int)nslots; p.post_rope = g->post_rope ? 1 : 0;
+    p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
+    p.gchunk = (int)gchunk;
+    p.use_qf = fsplits ? 1 : 0;
+    if (fsplits) {
+        p.chunk = (int)fchunk;
+        kivi_fast_pick(g->k_bits, g->v_bits, gq, lg)<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::NTF,
+                                                       (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4>>>(p);
+        CKL();
+    }
+    p.slot0 = (int)fsplits;
+    kv::kivi_generic<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float)>>>(p);
+    CKL();
+    KVQ_TRY(exact_and_combine(c, q, n_heads, scale, out, nslots, err));
+    if (sync) CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}
+
 extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out,
                                               size_t max_splits, int sync, kvq_err *err)
 {
@@ -1007,6 +1322,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     const size_t H = g->n_kv_heads, D = g->head_dim, B = g->n_seqs;
     if (n_heads == 0 || n_heads % H)
         return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: n_heads %zu: expected a multiple of n_kv_heads %zu", n_heads, H);
+    if (g->format == KVQ_KVCACHE_KIVI) return kivi_attend(c, q, n_heads, scale, out, max_splits, sync, err);
     const int gg = (int)(n_heads / H), gq = choose_gq(gg, g->k_bits, g->v_bits), qgroups = (gg + gq - 1) / gq;
     size_t maxlen = 0;
     for (size_t s = 0; s < B; s++) if (c->len[s] > maxlen) maxlen = c->len[s];
@@ -1031,14 +1347,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     }
     const int nhb_max = (int)(chunk / 64 + 2);
     const size_t nslots = splits + 1;
-    const size_t need = B * n_heads * nslots * (D + 2);
-    if (need > c->part_cap) {
-        if (c->part) cudaFree(c->part);
-        c->part = nullptr;
-        c->part_cap = 0;
-        KVQ_TRY(dalloc(&c->part, need, "attention partials", err));
-        c->part_cap = need;
-    }
+    KVQ_TRY(ensure_part(c, B * n_heads * nslots * (D + 2), err));
     DecP p;
     p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.krow = c->krow; p.vrow = c->vrow; p.kent = c->kent; p.vent = c->vent;
     p.vscale = c->vscale; p.klut = c->klut; p.klutr = c->klutr; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
@@ -1053,10 +1362,7 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     if (sm > SMEM_MAX) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: %zu bytes of shared memory needed", sm);
     f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), v4k ? v4::NT4 : NT, sm>>>(p);
     CKL();
-    exact_decode<<<dim3((unsigned)n_heads, (unsigned)B), NT, (D + c->n_exact + 1) * sizeof(float)>>>(p);
-    CKL();
-    combine<<<dim3((unsigned)n_heads, (unsigned)B), D < 128 ? 64 : 128>>>(c->part, out, (int)n_heads, (int)D, (int)nslots);
-    CKL();
+    KVQ_TRY(exact_and_combine(c, q, n_heads, scale, out, nslots, err));
     if (sync) CK(cudaDeviceSynchronize());
     return KVQ_OK;
 }
@@ -1071,13 +1377,26 @@ extern "C" kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_k
         h->max_tokens != g->max_tokens || h->k_bits != g->k_bits || h->v_bits != g->v_bits || h->n_sink != g->n_sink ||
         h->prefix_len != g->prefix_len || v.capq != c->capq)
         return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: the CPU cache has another configuration");
-    if (v.ent_cap < c->ent_cap) return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: CPU outlier capacity %zu < GPU %zu", v.ent_cap, c->ent_cap);
+    if (g->format == KVQ_KVCACHE_NUQ && v.ent_cap < c->ent_cap) return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: CPU outlier capacity %zu < GPU %zu", v.ent_cap, c->ent_cap);
     const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim, ne = c->n_exact ? c->n_exact : 1;
     // the view's pointers are const for users; the cache owns them and this is its mirror
     CK(cudaMemcpy((void *)v.k16, c->k16, B * H * ne * D * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.v16, c->v16, B * H * ne * D * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.kcodes, c->kcodes, B * H * c->kw * c->capq * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.vcodes, c->vcodes, B * H * c->capq * c->vw * 4, cudaMemcpyDeviceToHost));
+    if (g->format == KVQ_KVCACHE_KIVI) {
+        const size_t C = c->C, G = g->group;
+        CK(cudaMemcpy((void *)v.vscale, c->vscale, B * c->capq * (C / G) * 2 * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy((void *)v.kscale, c->kscale, B * c->ngk * C * 2 * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy((void *)v.kring, c->kring, B * c->ring * C * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy((void *)v.vring, c->vring, B * c->ring * C * 2, cudaMemcpyDeviceToHost));
+        for (size_t s = 0; s < B; s++) {
+            ((size_t *)v.len)[s] = c->len[s];
+            ((size_t *)v.kq)[s] = c->kq[s];
+            ((size_t *)v.vq)[s] = c->vq[s];
+        }
+        return KVQ_OK;
+    }
     CK(cudaMemcpy((void *)v.vscale, c->vscale, B * c->capq * 2 * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.krow, c->krow, B * H * (c->capq + 1) * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy((void *)v.vrow, c->vrow, B * H * (c->capq + 1) * 4, cudaMemcpyDeviceToHost));
@@ -1148,6 +1467,26 @@ extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t l
     const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim;
     if (len > g->max_tokens) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda fill: len %zu > max_tokens %zu", len, g->max_tokens);
     const size_t nq = len > c->n_exact ? len - c->n_exact : 0, ne = c->n_exact ? c->n_exact : 1;
+    if (g->format == KVQ_KVCACHE_KIVI) {
+        const size_t C = c->C, G = g->group;
+        fill_u32<<<2048, 256>>>(c->kcodes, B * H * c->kw * c->capq, seed + 1);
+        fill_u32<<<2048, 256>>>(c->vcodes, B * H * c->capq * c->vw, seed + 2);
+        fill_scale<<<1024, 256>>>(c->vscale, B * c->capq * (C / G), seed + 3);
+        fill_scale<<<1024, 256>>>(c->kscale, B * c->ngk * C, seed + 8);
+        fill_h<<<256, 256>>>(c->k16, B * H * ne * D, seed + 4);
+        fill_h<<<256, 256>>>(c->v16, B * H * ne * D, seed + 5);
+        fill_h<<<256, 256>>>(c->kring, B * c->ring * C, seed + 6);
+        fill_h<<<256, 256>>>(c->vring, B * c->ring * C, seed + 7);
+        CKL();
+        for (size_t s = 0; s < B; s++) {
+            c->len[s] = len;
+            c->kq[s] = len > c->n_exact ? kvq_kivi_key_boundary(len - 1, G, g->residual, c->n_exact) - c->n_exact : 0;
+            c->vq[s] = len > c->n_exact ? kvq_kivi_value_boundary(len - 1, g->residual, c->n_exact) - c->n_exact : 0;
+            KVQ_TRY(upload_lengths(c, s, err));
+        }
+        CK(cudaDeviceSynchronize());
+        return KVQ_OK;
+    }
     if (nq * per_row > c->ent_cap) KVQ_TRY(grow_entries(c, nq * per_row, 0, len, err));
     fill_u32<<<2048, 256>>>(c->kcodes, B * H * c->kw * c->capq, seed + 1);
     fill_u32<<<2048, 256>>>(c->vcodes, B * H * c->capq * c->vw, seed + 2);
@@ -1161,8 +1500,8 @@ extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t l
     for (size_t s = 0; s < B; s++) {
         c->len[s] = len;
         for (size_t h = 0; h < H; h++) c->kused[s * H + h] = c->vused[s * H + h] = nq * per_row;
-        int l = (int)len;
-        CK(cudaMemcpy(c->dlen + s, &l, sizeof l, cudaMemcpyHostToDevice));
+        c->kq[s] = c->vq[s] = nq;
+        KVQ_TRY(upload_lengths(c, s, err));
     }
     CK(cudaDeviceSynchronize());
     return KVQ_OK;
@@ -1172,6 +1511,17 @@ extern "C" size_t kvq_kvcache_cuda_bytes_read(const kvq_kvcache_cuda *c)
 {
     const size_t H = c->cfg.n_kv_heads, C = c->C;
     size_t b = 0;
+    if (c->cfg.format == KVQ_KVCACHE_KIVI) {
+        const size_t G = c->cfg.group;
+        for (size_t s = 0; s < c->cfg.n_seqs; s++) {
+            const size_t len = c->len[s], ne = len < c->n_exact ? len : c->n_exact, nq = len - ne, kq = c->kq[s], vq = c->vq[s];
+            b += 2 * ne * C * 2;                                          // fp16 exact rows
+            b += kq * H * c->kw * 4 + (kq / G) * C * 8;                   // key codes, (min, scale) per group and channel
+            b += vq * H * c->vw * 4 + vq * (C / G) * 8;                   // value codes, (min, scale) per token and group
+            b += (nq - kq) * C * 2 + (nq - vq) * C * 2;                   // fp16 residual
+        }
+        return b;
+    }
     for (size_t s = 0; s < c->cfg.n_seqs; s++) {
         size_t len = c->len[s], ne = len < c->n_exact ? len : c->n_exact, nq = len - ne;
         b += 2 * ne * C * 2;                         // fp16 rows

@@ -7,13 +7,13 @@
  * path).
  *
  * Built only when the Makefile finds nvcc (CUDA=1); in a CPU-only build every
- * function returns KVQ_EUNSUPPORTED ("built without CUDA"). NUQ format only
- * for now (KIVI → KVQ_EUNSUPPORTED). All pointers named *_dev are device
- * memory; functions synchronise before returning unless stated.
+ * function returns KVQ_EUNSUPPORTED ("built without CUDA"). Both formats of
+ * kvcache.h: NUQ and KIVI. All pointers named *_dev are device memory;
+ * functions synchronise before returning unless stated.
  *
  * Semantics: as kvq_kvcache_append / kvq_kvcache_attend (kvcache.h), within
- * fp32 rounding: the codes, scales and sparse entries an append writes are
- * bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
+ * fp32 rounding: the codes, scales, sparse entries and KIVI residual rows an
+ * append writes are bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
  * scores and softmax run in fp32 with RoPE factors composed from a two-level
  * table (pos = 64*hi + lo, computed in double, composed in fp32) and advanced a
  * few positions from each anchor (3-bit codes: one complex multiply per
@@ -21,7 +21,12 @@
  * recurrence, at most 7 steps). P·V: 3-bit codes in fp32; 2- and 4-bit codes on
  * the tensor cores with the value levels and p·r rounded to fp16 and fp32 sums,
  * so the output differs from kvq_kvcache_attend by ~1e-4..5e-4 relative L2
- * (checked at 1e-3; 3-bit at 2e-5). formats/KVCACHE.md "Decode attention (GPU)".
+ * (checked at 1e-3; 3-bit at 2e-5). KIVI: post-RoPE keys with 2/4-bit codes
+ * and a power-of-two group of 16..128 run on the tensor cores with every fp16
+ * operand split into a high and a low part (fp32-accurate: observed <= 7e-6,
+ * checked at 2e-5); any other KIVI configuration (pre-RoPE keys, 3-bit codes,
+ * other groups) and the residual ring run in fp32 on the CUDA cores.
+ * formats/KVCACHE.md "Decode attention (GPU)".
  */
 #ifndef KVQ_KVCACHE_CUDA_H
 #define KVQ_KVCACHE_CUDA_H
@@ -45,8 +50,14 @@ void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c);
 /* Append n tokens to sequence seq: k_dev (pre-RoPE), v_dev [n][kv_dim] float32
  * in device memory. Same rules and errors as kvq_kvcache_append, except that
  * inputs are not checked for NaN/Inf (device data; the caller's model must
- * produce finite K/V). The outlier store grows (cudaMalloc + copy) or the
- * append fails with KVQ_ENOMEM before writing the failing token. */
+ * produce finite K/V) and that a configured IntactKV prefix (prefix_len > 0)
+ * is refused with KVQ_EUNSUPPORTED (there is no GPU set_prefix yet). The
+ * outlier store grows (cudaMalloc + copy) or the append fails with
+ * KVQ_ENOMEM before writing the failing token. KIVI: new tokens are staged in
+ * fp16 on the device (n·kv_dim·4 bytes, kept for later appends), the key
+ * groups and values the decode boundaries of the last new position call for
+ * are quantized from the staged tokens and the ring, then the ring takes the
+ * last positions. */
 kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k_dev, const float *v_dev,
                                    size_t n, kvq_err *err);
 
@@ -67,11 +78,14 @@ kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_kvcache *dst
 /* Benchmark support: set every sequence to `len` positions and fill the
  * quantized region with pseudo-random codes, value scales and `per_row`
  * sparse entries per (token, KV head) row (fp16 rows random too), from
- * `seed`; grows the outlier store as needed. Not a quantization: for timing. */
+ * `seed`; grows the outlier store as needed (KIVI: codes, key and value
+ * scales, the residual ring; quantized positions as the decode boundaries of
+ * position len - 1 give; per_row unused). Not a quantization: for timing. */
 kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t len, size_t per_row, uint64_t seed,
                                         kvq_err *err);
 /* Bytes one attention pass reads from the cache in its current state (codes,
- * scales, sparse rows and entries, fp16 rows; tables and queries excluded). */
+ * scales, sparse rows and entries, fp16 rows and KIVI residual rows; tables
+ * and queries excluded). */
 size_t kvq_kvcache_cuda_bytes_read(const kvq_kvcache_cuda *c);
 
 /* ---- fp16 baselines (benchmark) ----------------------------------------------

@@ -1,4 +1,4 @@
-/* bench_kvcache_cuda.c — decode-attention latency of the packed NUQ cache vs fp16 caches
+/* bench_kvcache_cuda.c — decode-attention latency of the packed NUQ and KIVI caches vs fp16 caches
  * (own split-K kernel, cuBLAS batched GEMM), and achieved DRAM bandwidth on the bytes
  * each pass reads vs a device-to-device copy measured in the same run.
  * Run by scripts/gpu_kvcache_bench.sh; prints a table (stdout) and writes CSV to argv[1].
@@ -101,10 +101,15 @@ int main(int argc, char **argv)
     const long only_n = getenv("KVQ_BENCH_N") ? atol(getenv("KVQ_BENCH_N")) : 0;
     const int only_bits = getenv("KVQ_BENCH_BITS") ? atoi(getenv("KVQ_BENCH_BITS")) : 0;
     const int no_f16 = getenv("KVQ_BENCH_NO_FP16") != NULL;
+    /* KVQ_BENCH_FORMAT=nuq or kivi: only that format's rows (default: both; KIVI rows follow the NUQ row of the same shape) */
+    const char *fmt = getenv("KVQ_BENCH_FORMAT");
+    const int nuq_only = fmt && !strcmp(fmt, "nuq"), kivi_only = fmt && !strcmp(fmt, "kivi");
     const int bits[4] = {4, 3, 2, 4};
     const size_t per_row[4] = {1, 1, 1, 0}; /* the last: nuq4 without sparse outliers (diagnostic) */
     printf("\n%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %5s | %9s %5s\n", "model", "B", "N", "fp16 us", "cuBLAS us",
            "nuq4 us", "x fp16", "%bw", "nuq3 us", "x fp16", "%bw", "nuq2 us", "x fp16", "%bw", "fp16%", "nuq4-dense", "%bw");
+    printf("%-13s %3s %7s | %9s %9s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s | %9s %6s %5s\n", "(KIVI rows)", "B", "N", "fp16 us", "cuBLAS us",
+           "k2g32 us", "x fp16", "%bw", "k4g32 us", "x fp16", "%bw", "k2gD us", "x fp16", "%bw", "k4gD us", "x fp16", "%bw");
     for (int mi = 0; mi < 2; mi++)
         for (int bi = 0; bi < 3; bi++)
             for (int ni = 0; ni < 5; ni++) {
@@ -150,7 +155,7 @@ int main(int argc, char **argv)
                                     f16_bytes / (tcb * 1e-6) / 1e9, f16_bytes / (tcb * 1e-6) / 1e9 / bw_copy, t16 / tcb);
                 }
                 double tq[4], bwq[4];
-                for (int k = 0; k < 4; k++) {
+                for (int k = 0; k < 4 && !kivi_only; k++) {
                     tq[k] = bwq[k] = 0;
                     if (only_bits && (bits[k] != only_bits || per_row[k] == 0)) continue;
                     float lev[16];
@@ -177,11 +182,39 @@ int main(int argc, char **argv)
                     free(lo);
                     free(hi);
                 }
+                if (!kivi_only)
+                    printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %5.0f | %9.1f %5.0f\n", models[mi].name, B, N,
+                           t16, tcb, tq[0], t16 / tq[0], 100 * bwq[0] / bw_copy, tq[1], t16 / tq[1], 100 * bwq[1] / bw_copy, tq[2], t16 / tq[2],
+                           100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy, tq[3], 100 * bwq[3] / bw_copy);
+                /* KIVI (post-RoPE keys as in KIVI; residual 128, no sink): 2 and 4 bits at group 32 (KIVI's default) and
+                 * 128 (head_dim 64: 64) */
+                double tk[4], bwk[4];
+                for (int k = 0; k < 4 && !nuq_only; k++) {
+                    const int kb = (k & 1) ? 4 : 2;
+                    const size_t G = k < 2 ? 32 : D < 128 ? D : 128;
+                    tk[k] = bwk[k] = 0;
+                    if (only_bits && kb != only_bits) continue;
+                    kvq_kvcache_config cfg;
+                    memset(&cfg, 0, sizeof cfg);
+                    cfg.format = KVQ_KVCACHE_KIVI; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = N;
+                    cfg.k_bits = cfg.v_bits = kb; cfg.group = G; cfg.residual = 128; cfg.post_rope = true;
+                    cfg.rope.rope_dim = D; cfg.rope.rope_theta = 10000;
+                    nuq_ctx nc = {NULL, fc.q, fc.out, nh};
+                    OK(kvq_kvcache_cuda_create(&nc.c, &cfg, ERR));
+                    OK(kvq_kvcache_cuda_fill_random(nc.c, N, 0, 199 + k, ERR));
+                    tk[k] = time_us(&tm, run_nuq, &nc);
+                    double by = (double)kvq_kvcache_cuda_bytes_read(nc.c);
+                    bwk[k] = by / (tk[k] * 1e-6) / 1e9;
+                    if (csv) fprintf(csv, "%s,%zu,%zu,kivi%d-g%zu,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, kb, G, tk[k], by, bwk[k],
+                                     bwk[k] / bw_copy, t16 / tk[k]);
+                    kvq_kvcache_cuda_free(nc.c);
+                }
+                if (!nuq_only)
+                    printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f\n",
+                           models[mi].name, B, N, t16, tcb, tk[0], t16 / tk[0], 100 * bwk[0] / bw_copy, tk[1], t16 / tk[1], 100 * bwk[1] / bw_copy,
+                           tk[2], t16 / tk[2], 100 * bwk[2] / bw_copy, tk[3], t16 / tk[3], 100 * bwk[3] / bw_copy);
                 CU(cudaFree(fc.q));
                 CU(cudaFree(fc.out));
-                printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %5.0f | %9.1f %5.0f\n", models[mi].name, B, N,
-                       t16, tcb, tq[0], t16 / tq[0], 100 * bwq[0] / bw_copy, tq[1], t16 / tq[1], 100 * bwq[1] / bw_copy, tq[2], t16 / tq[2],
-                       100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy, tq[3], 100 * bwq[3] / bw_copy);
                 fflush(stdout);
                 if (csv) fflush(csv);
             }

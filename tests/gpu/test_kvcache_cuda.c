@@ -10,7 +10,9 @@
  * queries for every check, several split-K settings) must match the CPU's float64
  * attention within 2e-5 relative L2 (3-bit codes, fp32 arithmetic) or 1e-3 (2- and 4-bit codes:
  * P·V on the tensor cores in fp16; formats/KVCACHE.md). The fp16 baselines (own kernel, cuBLAS) are
- * checked against float64 attention over the same fp16 cache. Exit status 0 = all pass. */
+ * checked against float64 attention over the same fp16 cache. KIVI caches (tensor-core and generic decode
+ * kernels, both fp32-accurate) the same way at 2e-5, with the rings and scales in the state comparison.
+ * Exit status 0 = all pass. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -242,6 +244,117 @@ static void run(const tcfg *t, const char *name)
     kvq_kvcache_cuda_free(gpu);
 }
 
+/* KIVI: the same CPU-vs-GPU protocol (chunked appends of the same K/V, state equal bit for bit, attention
+ * within 2e-5 at every step; outputs poisoned, fresh queries, several split settings) */
+typedef struct {
+    size_t B, H, D, g;
+    int kb, vb;
+    size_t G, R;
+    int post;
+    size_t n_sink, NT;
+} kcfg;
+
+static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const kcfg *t, const char *name)
+{
+    kvq_kvcache_view x, y;
+    kvq_kvcache_view_get(a, &x);
+    kvq_kvcache_view_get(b, &y);
+    const size_t H = t->H, D = t->D, C = H * D, G = t->G;
+    size_t bad = 0, badh = 0;
+    for (size_t s = 0; s < t->B; s++) {
+        CHECK(x.len[s] == y.len[s] && x.kq[s] == y.kq[s] && x.vq[s] == y.vq[s], "%s: seq %zu length/kq/vq cpu %zu/%zu/%zu gpu %zu/%zu/%zu",
+              name, s, x.len[s], x.kq[s], x.vq[s], y.len[s], y.kq[s], y.vq[s]);
+        for (size_t h = 0; h < H; h++) {
+            for (size_t w = 0; w < x.k_head_words; w++)
+                for (size_t q = 0; q < x.kq[s]; q++) {
+                    size_t i = ((s * H + h) * x.k_head_words + w) * x.capq + q;
+                    bad += x.kcodes[i] != y.kcodes[i];
+                }
+            for (size_t q = 0; q < x.vq[s]; q++)
+                for (size_t w = 0; w < x.v_head_words; w++) {
+                    size_t i = ((s * H + h) * x.capq + q) * x.v_head_words + w;
+                    bad += x.vcodes[i] != y.vcodes[i];
+                }
+            for (size_t p = 0; p < x.n_exact && p < x.len[s]; p++)
+                for (size_t d = 0; d < D; d++) {
+                    size_t i = ((s * H + h) * x.n_exact + p) * D + d;
+                    int dk = (int)x.k16[i] - (int)y.k16[i], dv = (int)x.v16[i] - (int)y.v16[i];
+                    badh += (dk > 1 || dk < -1) + (dv != 0);
+                }
+        }
+        const size_t ngk = x.capq / G + 1;
+        bad += memcmp(x.kscale + s * ngk * C * 2, y.kscale + s * ngk * C * 2, (x.kq[s] / G) * C * 8) != 0;
+        bad += memcmp(x.vscale + s * x.capq * (C / G) * 2, y.vscale + s * y.capq * (C / G) * 2, x.vq[s] * (C / G) * 8) != 0;
+        /* the ring slots of the positions not yet quantized (keys or values) */
+        size_t q0 = x.kq[s] < x.vq[s] ? x.kq[s] : x.vq[s];
+        for (size_t p = x.n_exact + q0; p < x.len[s]; p++) {
+            size_t o = (s * x.ring + p % x.ring) * C;
+            bad += memcmp(x.kring + o, y.kring + o, C * 2) != 0;
+            bad += memcmp(x.vring + o, y.vring + o, C * 2) != 0;
+        }
+    }
+    CHECK(bad == 0, "%s: %zu mismatching code words / scales / residual rows between CPU and GPU append", name, bad);
+    CHECK(badh == 0, "%s: %zu fp16 rows differ by more than 1 ulp", name, badh);
+}
+
+static void run_kivi(const kcfg *t, const char *name)
+{
+    const size_t C = t->H * t->D, NT = t->NT, nh = t->H * t->g;
+    kvq_kvcache_config g;
+    memset(&g, 0, sizeof g);
+    g.format = KVQ_KVCACHE_KIVI; g.n_seqs = t->B; g.n_kv_heads = t->H; g.head_dim = t->D; g.max_tokens = NT;
+    g.k_bits = t->kb; g.v_bits = t->vb; g.n_sink = t->n_sink; g.group = t->G; g.residual = t->R; g.post_rope = t->post;
+    g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000;
+    kvq_kvcache *cpu, *mirror;
+    kvq_kvcache_cuda *gpu;
+    OK(kvq_kvcache_create(&cpu, &g, ERR));
+    OK(kvq_kvcache_cuda_create(&gpu, &g, ERR));
+    float *K = malloc(t->B * NT * C * 4), *V = malloc(t->B * NT * C * 4);
+    fill(K, t->B * NT, C, 1);
+    fill(V, t->B * NT, C, 0);
+    float *dK = dmalloc(t->B * NT * C * 4), *dV = dmalloc(t->B * NT * C * 4);
+    CU(cudaMemcpy(dK, K, t->B * NT * C * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dV, V, t->B * NT * C * 4, cudaMemcpyHostToDevice));
+    float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
+    float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
+    const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
+    size_t len = 0;
+    double worst = 0;
+    for (size_t si = 0; len < NT; si++) {
+        size_t n = steps[si % 8];
+        if (n > NT - len) n = NT - len;
+        for (size_t s = 0; s < t->B; s++) {
+            OK(kvq_kvcache_append(cpu, s, K + (s * NT + len) * C, V + (s * NT + len) * C, n, ERR));
+            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + len) * C, dV + (s * NT + len) * C, n, ERR));
+        }
+        len += n;
+        const size_t splits[3] = {0, 1, 3};
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < t->B * nh * t->D; i++) q[i] = (float)gauss();
+            CU(cudaMemcpy(dq, q, t->B * nh * t->D * 4, cudaMemcpyHostToDevice));
+            poison(dout, t->B * nh * t->D * 4);
+            OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
+            CU(cudaMemcpy(o, dout, t->B * nh * t->D * 4, cudaMemcpyDeviceToHost));
+            OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
+            int nf;
+            double e = rel_l2(o, ro, t->B * nh * t->D, &nf);
+            if (e > worst) worst = e;
+            CHECK(nf == 0 && e <= 2e-5, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance 2e-5), %d non-finite", name, len,
+                  splits[k], e, nf);
+        }
+    }
+    OK(kvq_kvcache_create(&mirror, &g, ERR));
+    OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
+    compare_state_kivi(cpu, mirror, t, name);
+    printf("  %-28s B=%zu H=%zu D=%zu g=%zu k%d/v%d G=%zu R=%zu %s len %zu: worst rel L2 %.3g\n", name, t->B, t->H, t->D, t->g, t->kb, t->vb,
+           t->G, t->R, t->post ? "post-RoPE" : "pre-RoPE", len, worst);
+    CU(cudaFree(dK)); CU(cudaFree(dV)); CU(cudaFree(dq)); CU(cudaFree(dout));
+    free(K); free(V); free(q); free(o); free(ro);
+    kvq_kvcache_free(cpu);
+    kvq_kvcache_free(mirror);
+    kvq_kvcache_cuda_free(gpu);
+}
+
 static void run_limit(void)
 {
     /* hard outlier limit on the GPU: fails cleanly, tokens before stay */
@@ -302,6 +415,19 @@ int main(void)
     const char *names[] = {"llama-like 4/4", "smollm-like 2/2 gqa3", "d256 3/4 gqa5", "d40 4/3", "d9 2/4 gqa12", "long 4/2"};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
     run_limit();
+    const kcfg kc[] = {
+        /* B  H  D   g  kb vb  G    R  post sink NT */
+        {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */
+        {2, 3, 64, 3, 4, 4, 32, 128, 1, 1, 1300},    /* SmolLM2 heads (GQA 3), 4-bit, a sink token */
+        {1, 1, 128, 5, 2, 4, 128, 128, 1, 0, 1100},  /* G 128, GQA 5 */
+        {1, 2, 48, 2, 4, 2, 16, 32, 1, 2, 900},      /* G 16, head_dim 48 (a partial 64-dim word group) */
+        {1, 1, 256, 4, 4, 4, 64, 0, 1, 0, 700},      /* head_dim 256, R 0 */
+        {1, 2, 40, 2, 3, 2, 8, 16, 0, 1, 700},       /* pre-RoPE keys, 3-bit, G 8: the generic kernel only */
+        {1, 1, 64, 1, 4, 4, 32, 128, 1, 0, 5000},    /* longer context: several chunks */
+    };
+    const char *kn[] = {"kivi2 g32 r128 llama-like", "kivi4 smollm-like gqa3", "kivi 2/4 g128 gqa5", "kivi 4/2 g16 d48",
+                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long"};
+    for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
     printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -1,4 +1,4 @@
-// cuda_emu.h — just enough of CUDA to run kernels/kvcache_cuda_dec.cuh on the host: one std::thread per
+// cuda_emu.h — just enough of CUDA to run kernels/kvcache_cuda_dec.cuh and kvcache_cuda_kivi.cuh on the host: one std::thread per
 // CUDA thread, blocks one after another, __syncthreads / warp shuffles with std::barrier, shared memory
 // in one arena (so 32-bit shared addresses and their alignment behave as on the device). For checking
 // the kernels' index arithmetic against the CPU reference on a machine without a GPU; not a simulator
@@ -103,6 +103,19 @@ inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, u
     emu.warp_bar[w]->arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
+// fma.rn.f16x2: per half, a·b + c rounded once to fp16 (exact in double for fp16 inputs)
+inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t r = 0;
+    for (int i = 0; i < 2; i++) {
+        auto h = [i](uint32_t x) { return (double)kvq_f16_to_f32((uint16_t)(x >> (16 * i))); };
+        r |= (uint32_t)kvq_f32_to_f16((float)(h(a) * h(b) + h(c))) << (16 * i);
+    }
+    return r;
+}
+inline int atomicMax(int *p, int v) { std::lock_guard<std::mutex> g(emu.atom); int o = *p; if (v > o) *p = v; return o; }
+inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
+inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
 inline float atomicAdd(float *p, float v) { std::lock_guard<std::mutex> g(emu.atom); float o = *p; *p = o + v; return o; }
 template <class T> inline T __ldg(const T *p) { return *p; }
 template <class T> inline T __ldcs(const T *p)

@@ -14,6 +14,7 @@ extern "C" {
 #include "quant.h"
 }
 #include "kvcache_cuda_dec.cuh"
+#include "kvcache_cuda_kivi.cuh"
 
 #define KVCACHE_SYNTH_SEED 0x1234567887654321ull
 #include "../../kvcache_synth.h"
@@ -119,6 +120,143 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
     kvq_kvcache_free(cpu);
 }
 
+// RoPE tables as kvcache_cuda.cu builds them
+static void rope_tables(const kvq_kvcache_view &v, size_t D, size_t rope_dim, size_t NT, std::vector<float2> &rlo, std::vector<float2> &rhi)
+{
+    const size_t np = (D + 1) / 2, nr = rope_dim / 2, nhi = NT / 64 + 4;
+    rlo.assign(np * 64, make_float2(1, 0));
+    rhi.assign(nhi * np, make_float2(1, 0));
+    for (size_t i = 0; i < nr; i++) {
+        double fr = v.inv_freq[i];
+        for (int l = 0; l < 64; l++) rlo[i * 64 + l] = make_float2((float)cos(l * fr), (float)sin(l * fr));
+        for (size_t b = 0; b < nhi; b++) rhi[b * np + i] = make_float2((float)cos((double)(64 * b) * fr), (float)sin((double)(64 * b) * fr));
+    }
+}
+
+// query heads per block as kvcache_cuda.cu's choose_gq for the tensor-core kernels: the fewest masked slots, ties to the larger
+static int gq_of(size_t g)
+{
+    int best = 1;
+    long bw = -1;
+    for (int c : {4, 3, 2, 1}) {
+        long w = (long)((g + c - 1) / c) * c - (long)g;
+        if (bw < 0 || w < bw) { bw = w; best = c; }
+    }
+    return best;
+}
+
+typedef void (*KivFn)(KivP);
+template <int BK, int BV, int GQ> static KivFn kpick3(int lg)
+{
+    return lg == 0 ? kv::kivi_fast<BK, BV, GQ, 0> : lg == 1 ? kv::kivi_fast<BK, BV, GQ, 1> : lg == 2 ? kv::kivi_fast<BK, BV, GQ, 2> : kv::kivi_fast<BK, BV, GQ, 3>;
+}
+template <int BK, int BV> static KivFn kpick2(int gq, int lg)
+{
+    return gq == 1 ? kpick3<BK, BV, 1>(lg) : gq == 2 ? kpick3<BK, BV, 2>(lg) : gq == 3 ? kpick3<BK, BV, 3>(lg) : kpick3<BK, BV, 4>(lg);
+}
+static KivFn kpick(int bk, int bv, int gq, int lg)
+{
+    if (bk == 2) return bv == 2 ? kpick2<2, 2>(gq, lg) : kpick2<2, 4>(gq, lg);
+    return bv == 2 ? kpick2<4, 2>(gq, lg) : kpick2<4, 4>(gq, lg);
+}
+
+// KIVI: kivi_fast (where it applies) + kivi_generic + exact_decode + combine, as kvcache_cuda.cu's kivi_attend, vs the CPU
+static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t G, size_t R, bool post, size_t n_sink, size_t NT,
+                     const size_t *lens, size_t nlens, size_t n_sm, const char *name)
+{
+    const size_t C = H * D, nh = H * g;
+    kvq_kvcache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.format = KVQ_KVCACHE_KIVI; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
+    cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.group = G; cfg.residual = R; cfg.post_rope = post;
+    cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
+    kvq_kvcache *cpu;
+    kvq_err err;
+    if (kvq_kvcache_create(&cpu, &cfg, &err)) { printf("create: %s\n", err.msg); exit(2); }
+    std::vector<float> K(B * NT * C), V(B * NT * C);
+    fill(K.data(), B * NT, C, 1);
+    fill(V.data(), B * NT, C, 0);
+    const int lg = G == 16 ? 0 : G == 32 ? 1 : G == 64 ? 2 : G == 128 ? 3 : -1;
+    const bool fast = post && (kb == 2 || kb == 4) && (vb == 2 || vb == 4) && lg >= 0;
+    size_t len = 0;
+    for (size_t li = 0; li < nlens; li++) {
+        size_t to = lens[li] < NT ? lens[li] : NT;
+        for (size_t s = 0; s < B; s++)
+            if (kvq_kvcache_append(cpu, s, &K[(s * NT + len) * C], &V[(s * NT + len) * C], to - len, &err)) { printf("append: %s\n", err.msg); exit(2); }
+        len = to;
+        kvq_kvcache_view v;
+        kvq_kvcache_view_get(cpu, &v);
+        std::vector<float2> rlo, rhi;
+        rope_tables(v, D, cfg.rope.rope_dim, NT, rlo, rhi);
+        std::vector<int> ilen(B), ikq(B), ivq(B), iqf(B);
+        size_t maxqf = 0, maxrest = 0;
+        for (size_t s = 0; s < B; s++) {
+            ilen[s] = (int)v.len[s];
+            ikq[s] = (int)v.kq[s];
+            ivq[s] = (int)v.vq[s];
+            iqf[s] = fast ? (int)(std::min(v.kq[s], v.vq[s]) / 16 * 16) : 0;
+            const size_t nq = v.len[s] > v.n_exact ? v.len[s] - v.n_exact : 0;
+            maxqf = std::max(maxqf, (size_t)iqf[s]);
+            maxrest = std::max(maxrest, nq - iqf[s]);
+        }
+        for (size_t ms : {(size_t)0, (size_t)1, (size_t)3}) {
+            int gq = 1, qgroups = (int)g;
+            size_t fchunk = 0, fsplits = 0, gchunk, gsplits;
+            if (fast && maxqf) {
+                gq = gq_of(g);
+                qgroups = (int)((g + gq - 1) / gq);
+                kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, 160 * 1024, &fchunk, &fsplits);
+            }
+            kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
+            const size_t nslots = fsplits + gsplits + 1;
+            std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), ref(B * nh * D), q(B * nh * D);
+            for (auto &x : q) x = (float)gauss();
+            KivP p;
+            memset(&p, 0, sizeof p);
+            p.kcodes = v.kcodes; p.vcodes = v.vcodes; p.kscale = (const float2 *)v.kscale; p.vscale = (const float2 *)v.vscale;
+            p.kring = v.kring; p.vring = v.vring; p.rlo = rlo.data(); p.rhi = rhi.data(); p.q = q.data(); p.part = part.data();
+            p.len = ilen.data(); p.kq = ikq.data(); p.vq = ivq.data(); p.qf = iqf.data();
+            p.H = (int)H; p.D = (int)D; p.G = (int)G; p.kb = kb; p.vb = vb; p.np = (int)((D + 1) / 2); p.n_heads = (int)nh; p.g = (int)g;
+            p.qgroups = qgroups; p.kw = (int)v.k_head_words; p.vw = (int)v.v_head_words; p.capq = (int)v.capq; p.ngk = (int)(v.capq / G + 1);
+            p.n_exact = (int)v.n_exact; p.ring = (int)v.ring; p.nslots = (int)nslots; p.post_rope = post; p.scale = 1.0f / sqrtf((float)D);
+            p.gchunk = (int)gchunk;
+            p.use_qf = fsplits ? 1 : 0;
+            if (fsplits) {
+                p.chunk = (int)fchunk;
+                KivFn fn = kpick(kb, vb, gq, lg);
+                emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::NTF, (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4,
+                           [&] { fn(p); });
+            }
+            p.slot0 = (int)fsplits;
+            emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
+            DecP pe;
+            memset(&pe, 0, sizeof pe);
+            pe.k16 = v.k16; pe.v16 = v.v16; pe.q = q.data(); pe.part = part.data(); pe.len = ilen.data();
+            pe.H = (int)H; pe.D = (int)D; pe.n_heads = (int)nh; pe.g = (int)g; pe.n_exact = (int)v.n_exact; pe.nslots = (int)nslots;
+            pe.scale = p.scale;
+            emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + v.n_exact + 1) * 4, [&] { exact_decode(pe); });
+            emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
+            if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
+            double num = 0, den = 0;
+            int nf = 0;
+            for (size_t i = 0; i < out.size(); i++) {
+                if (!std::isfinite(out[i])) nf++;
+                double d = (double)out[i] - ref[i];
+                num += d * d;
+                den += (double)ref[i] * ref[i];
+            }
+            double e = sqrt(num / (den > 0 ? den : 1));
+            // fp32 throughout (the tensor-core path splits its fp16 operands into high and low parts): 2e-5
+            bool ok = nf == 0 && e <= 2e-5;
+            if (ok) n_pass++; else n_fail++;
+            printf("%s %-24s len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d: rel L2 %.3g, %d non-finite\n", ok ? "ok  " : "FAIL", name,
+                   len, fchunk, fsplits, gchunk, gsplits, gq, e, nf);
+            fflush(stdout);
+        }
+    }
+    kvq_kvcache_free(cpu);
+}
+
 int main(int argc, char **argv)
 {
     (void)argv;
@@ -132,6 +270,18 @@ int main(int argc, char **argv)
     run(1, 1, 40, 2, 4, 2, 1, 0, 700, 0.1, l2, 2, 4, "d40 4/2 f0.1");
     run(1, 1, 256, 5, 4, 4, 1, 2, 700, 0.05, l2, 2, 4, "d256 4/4 gqa5");
     if (!quick) run(1, 1, 64, 1, 4, 2, 1, 1, 2600, 0.01, l2, 3, 2, "long 4/2");
+    const size_t l3[] = {3, 100, 333, 900};
+    //       B  H  D   g  kb vb  G   R   post  sink NT
+    run_kivi(2, 2, 128, 1, 2, 2, 32, 128, true, 0, 900, l3, quick ? 3 : 4, 132, "kivi llama-like 2/2 g32");
+    run_kivi(1, 3, 64, 3, 4, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 132, "kivi smollm 4/4 gqa3");
+    run_kivi(1, 1, 128, 5, 2, 4, 128, 128, true, 0, 900, l3, quick ? 3 : 4, 4, "kivi g128 2/4 gqa5");
+    run_kivi(1, 2, 48, 2, 4, 2, 16, 32, true, 2, 900, l3, quick ? 2 : 4, 4, "kivi d48 g16 4/2");
+    run_kivi(1, 1, 256, 4, 4, 4, 64, 0, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d256 g64 r0 4/4");
+    run_kivi(1, 2, 40, 2, 3, 2, 8, 16, false, 1, 700, l3, quick ? 2 : 4, 4, "kivi pre-rope 3/2 g8");
+    /* long chunks (max_splits 1: one block takes ~2500 positions): small p·s and q·s must keep their fp16 low parts
+     * (the operands' power-of-two scaling; without it this case drifted to 2e-5..6e-5) */
+    const size_t l4[] = {2625};
+    run_kivi(1, 1, 64, 1, 4, 4, 32, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk 4/4");
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
     /* the summary line scripts/run_tests.sh reads (the format of Check's) */
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,

@@ -1,0 +1,564 @@
+// kvcache_cuda_kivi.cuh — the KIVI decode kernels of kvcache_cuda.cu (formats/KVCACHE.md "KIVI" and
+// "Decode attention (GPU)"). Included after kvcache_cuda_dec.cuh (block_reduce, chunk_softmax, kvq_mma16816,
+// kvq_h2pack); tests/gpu/emu/emu_kvcache_dec.cc compiles the same source on the host.
+//
+// Per sequence s the positions n_exact + q, q < nq, are split three ways: q < qf (qf = min(kq, vq) rounded
+// down to 16, only when the tensor-core kernel applies) by kivi_fast; qf <= q < nq by kivi_generic (keys
+// from the code words for q < kq, else the fp16 residual ring; values likewise with vq); the exact region by
+// exact_decode. Each writes split-K partials (m, l, acc) that combine merges.
+#ifndef KVQ_KVCACHE_CUDA_KIVI_CUH
+#define KVQ_KVCACHE_CUDA_KIVI_CUH
+
+#ifndef KVQ_EMU
+// d = a·b + c on fp16 pairs (round to nearest even)
+__device__ __forceinline__ uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#endif
+
+struct KivP {
+    const uint32_t *kcodes, *vcodes;  // [B][H][kw][capq] token-minor, [B][H][capq][vw] token-major
+    const float2 *kscale, *vscale;    // [B][ngk][C] (min, scale) per key group and channel; [B][capq][C/G] per token and channel group
+    const uint16_t *kring, *vring;    // [B][ring][C] fp16 residual (quantization domain)
+    const float2 *rlo, *rhi;          // RoPE tables (pre-RoPE keys), as DecP
+    const float *q;
+    float *part;
+    const int *len, *kq, *vq, *qf;    // per sequence: positions, quantized key / value positions, kivi_fast's range
+    int H, D, G, kb, vb, np, n_heads, g, qgroups, kw, vw, capq, ngk, n_exact, ring, nslots, slot0, chunk, post_rope, use_qf;
+    int gchunk; // kivi_generic's chunk
+    float scale;
+};
+
+namespace kv {
+// code of channel d from a (token, head)'s unit words w[0], w[stride], ... (any of 2, 3, 4 bits; KVCACHE.md "Code words")
+__device__ __forceinline__ uint32_t code_at(const uint32_t *w, size_t stride, int d, int bits)
+{
+    const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, W = bits == 3 ? 3 : 1;
+    const int bit = bits * (d % cpu), wi = (d / cpu) * W + (bit >> 5), o = bit & 31;
+    uint32_t x = w[(size_t)wi * stride] >> o;
+    if (o + bits > 32) x |= w[(size_t)(wi + 1) * stride] << (32 - o);
+    return x & ((1u << bits) - 1);
+}
+
+// ---- generic: any bits, group, RoPE placement; fp32. One block per (split, query head, sequence), positions
+// [qf, nq) of each sequence (use_qf; else [0, nq)) in chunks of gchunk; dynamic shared memory (D + gchunk + 8 + 4)
+// floats plus (blockDim / D)·D for the P·V partial sums.
+constexpr int NTG = 128;
+// dynamic shared memory of kivi_generic (floats): q, scores, reduction, statistics, P·V partial sums
+__host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (NTG >= D ? NTG / D * D : D); }
+// one generic partial: split `split` of query head qh of sequence s (block size NTG); sm: generic_smem floats
+__device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
+{
+    float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8;
+    const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, nt = blockDim.x;
+    const int nq = max(0, p.len[s] - p.n_exact), kq = p.kq[s], vq = p.vq[s];
+    const int a = (p.use_qf ? p.qf[s] : 0) + split * p.gchunk, b = min(a + p.gchunk, nq);
+    float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
+    if (a >= b) {
+        for (int d = tid; d < D + 2; d += nt) part[d] = d == 0 ? -INFINITY : 0.f;
+        return;
+    }
+    const int n = b - a;
+    for (int d = tid; d < D; d += nt) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
+    __syncthreads();
+    const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
+    for (int t = a + tid; t < b; t += nt) {
+        const int pos = p.n_exact + t;
+        const float2 *ks = p.kscale + ((size_t)s * p.ngk + t / p.G) * C + h * D;
+        const uint16_t *kr = p.kring + ((size_t)s * p.ring + pos % p.ring) * C + h * D;
+        float acc = 0.f;
+        for (int d = 0; d < D; d += 2) {
+            float k0, k1 = 0.f;
+            if (t < kq) {
+                const float2 m0 = ks[d];
+                k0 = m0.y == 0.f ? m0.x : fmaf((float)code_at(kc + t, p.capq, d, p.kb), m0.y, m0.x);
+                if (d + 1 < D) {
+                    const float2 m1 = ks[d + 1];
+                    k1 = m1.y == 0.f ? m1.x : fmaf((float)code_at(kc + t, p.capq, d + 1, p.kb), m1.y, m1.x);
+                }
+            } else {
+                k0 = h2f(kr[d]);
+                if (d + 1 < D) k1 = h2f(kr[d + 1]);
+            }
+            if (!p.post_rope) { // RoPE after dequantization: e^{i pos θ} = hi[pos >> 6]·lo[pos & 63] (pairs past rope_dim: 1)
+                const int i = d >> 1;
+                const float2 r = p.rhi[(size_t)(pos >> 6) * p.np + i], l = p.rlo[i * 64 + (pos & 63)];
+                const float ex = r.x * l.x - r.y * l.y, ey = r.x * l.y + r.y * l.x;
+                const float u = k0 * ex - k1 * ey, w = k0 * ey + k1 * ex;
+                k0 = u;
+                k1 = w;
+            }
+            acc = fmaf(qv[d], k0, acc);
+            if (d + 1 < D) acc = fmaf(qv[d + 1], k1, acc);
+        }
+        sc[t - a] = acc;
+    }
+    __syncthreads();
+    chunk_softmax<1>(sc, p.gchunk, n, red, stat, stat + 1);
+    __syncthreads();
+    // P·V: nsl = blockDim / D (at least 1) threads per dim, each over every nsl-th position; partial sums in pv
+    const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw;
+    const int nsl = nt >= D ? nt / D : 1;
+    float *pv = stat + 4;
+    for (int x = tid; x < (nt >= D ? nsl * D : D); x += nt) {
+        const int d = x % D, sl = x / D, gi = (h * D + d) / p.G, ng = C / p.G;
+        float acc = 0.f;
+#pragma unroll 4
+        for (int t = a + sl; t < b; t += nsl) {
+            float v;
+            if (t < vq) {
+                const float2 ms = p.vscale[((size_t)s * p.capq + t) * ng + gi];
+                v = ms.y == 0.f ? ms.x : fmaf((float)code_at(vc + (size_t)t * p.vw, 1, d, p.vb), ms.y, ms.x);
+            } else {
+                v = h2f(p.vring[((size_t)s * p.ring + (p.n_exact + t) % p.ring) * C + h * D + d]);
+            }
+            acc = fmaf(sc[t - a], v, acc);
+        }
+        pv[x] = acc;
+    }
+    __syncthreads();
+    for (int d = tid; d < D; d += nt) {
+        float acc = 0.f;
+        for (int sl = 0; sl < nsl; sl++) acc += pv[sl * D + d];
+        part[2 + d] = acc;
+    }
+    if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
+}
+
+__global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
+{
+    KVQ_DYN_SMEM(float4, sm4);
+    generic_part(p, blockIdx.x, blockIdx.y, blockIdx.z, (float *)sm4);
+}
+
+// ---- fast: post-RoPE keys, 2/4-bit codes, G in {16, 32, 64, 128} (G = 16 << LG), on the tensor cores.
+//
+// KIVI dequantizes arithmetically: key x̂ = min_{γ,c} + s_{γ,c}·code (per channel c and G-token group γ), value
+// x̂ = min_{t,γ} + s_{t,γ}·code (per token t and G-channel group γ). So
+//   score_t = Σ_c (q_c·s_{γ,c})·code_{t,c} + Σ_c q_c·min_{γ,c}
+//   out_c   = Σ_t (p_t·s_{t,γ})·code_{t,c} + Σ_t p_t·min_{t,γ}
+// The first sums are mma.m16n8k16 with the codes as A (converted exactly to fp16: a code field OR-ed into the
+// mantissa of 1024.0, then one fma.f16x2 by a power of two and the offset) and the scaled queries / weights as
+// B, each split into an fp16 high and low part (x = hi + lo to ~2^-22) in two B columns, so the products
+// keep fp32 precision; 8 columns = up to 4 query heads × (hi, lo). The bias sums run in fp32.
+// Scores: a warp tile is 16 positions; row g of A = position 2g, row g + 8 = position 2g + 1 (lane 4g + t
+// loads one 8-byte pair of token-minor code words per word it needs); k-slots of lane t map to dims of the
+// words it loaded (4-bit: words 8w + 2t, 8w + 2t + 1 of each 64-dim word group w; 2-bit: word 4w + t):
+// field f of a word = (low-half dim, high-half dim) = (f, f + 4) at 4 bits, (f, f + 8) at 2 bits. The B
+// fragments (q·s, hi/lo) of every key group of the chunk are built once per block in shared memory in that
+// order.
+// P·V: A = value codes, rows = 16 dims of one channel group (the weights p·s differ per group), k = positions:
+// row g / g + 8 of m-tile (γ, i) = the two dims of pair γ·G/2 + g·G/16 + i (so a lane loads one word per
+// row and group), positions (2t, 2t+1) and (2t+8, 2t+9) merged per register with one PRMT; B = p·s of the
+// tile's 16 positions per group (hi, lo), built in shared memory after the softmax.
+constexpr int NTF = 256, NWF = 8;
+
+// fp16 pair of code fields: the field (bits under mask m of x >> sh, a power-of-two multiple e of the code in
+// each half) as exact fp16 integers: (x | 1024.0) · (1/e) − 1024/e
+__device__ __forceinline__ uint32_t dq_field(uint32_t x, int sh, uint32_t m, uint32_t inv_e, uint32_t off)
+{
+    return kvq_hfma2(((x >> sh) & m) | 0x64006400u, inv_e, off);
+}
+// fp16 pairs of 1/4^k and -1024/4^k
+__device__ __forceinline__ uint32_t inv4(int k) { return k == 0 ? 0x3C003C00u : k == 1 ? 0x34003400u : k == 2 ? 0x2C002C00u : 0x24002400u; }
+__device__ __forceinline__ uint32_t off4(int k) { return k == 0 ? 0xE400E400u : k == 1 ? 0xDC00DC00u : k == 2 ? 0xD400D400u : 0xCC00CC00u; }
+// key field f of word x: 4-bit dims (f, f + 4) of the word, 2-bit dims (f, f + 8)
+template <int BK> __device__ __forceinline__ uint32_t key_field(uint32_t x, int f)
+{
+    if (BK == 4) return dq_field(x, 8 * (f >> 1), 0x000F000Fu << (4 * (f & 1)), inv4(2 * (f & 1)), off4(2 * (f & 1)));
+    return dq_field(x, 8 * (f >> 2), 0x00030003u << (2 * (f & 3)), inv4(f & 3), off4(f & 3));
+}
+// the dims of key field f, lane t, k-slice j of word group wg (see above)
+template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j, int r, int *dl, int *dh)
+{
+    if (BK == 4) {
+        const int W = 8 * wg + 2 * t + (j >> 1), f = 2 * (j & 1) + r;
+        *dl = 8 * W + f;
+        *dh = *dl + 4;
+    } else {
+        const int W = 4 * wg + t, f = 2 * j + r;
+        *dl = 16 * W + f;
+        *dh = *dl + 8;
+    }
+}
+
+// shared memory layout (offsets in floats, each region 16-byte aligned)
+struct FastSmem {
+    int qv, sc, red, stat, kbias, vbias, stage, bfr, total; // vbias: [NG][gq], then [NG] floats, [NG + 2] ints; bfr: uint2 fragments
+};
+__host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
+{
+    auto up = [](int x) { return (x + 3) & ~3; };
+    const int ngc = (chunk + G - 1) / G, NG = D / G, ks4 = 4 * ((D + 63) / 64);
+    FastSmem m;
+    m.qv = 0;
+    m.sc = m.qv + up(gq * D);
+    m.red = m.sc + up(gq * chunk);
+    m.stat = m.red + up(8 * gq);
+    m.kbias = m.stat + up(4 * gq);
+    m.vbias = m.kbias + up(ngc * gq);
+    m.stage = m.vbias + up(NG * gq + 2 * NG + 2);
+    m.bfr = m.stage + up(NWF * gq * D);
+    const int nk = ngc * ks4 * 2 * gq * 4, nv = (chunk / 16) * NG * 2 * gq * 4;
+    m.total = m.bfr + 2 * (nk > nv ? nk : nv);
+    return m;
+}
+
+// launch plan for kivi_fast: chunk (a multiple of 128 positions) by v4's wave model (v4::plan) within smem_max bytes
+// of dynamic shared memory; nq = the longest range [0, qf); chunks of at most 2048 positions unless max_splits is set
+inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int D, int G, size_t smem_max, size_t *chunk_out,
+                 size_t *splits_out)
+{
+    const size_t U = 128, nu = nq ? (nq + U - 1) / U : 1, smax = max_splits && max_splits < nu ? max_splits : nu;
+    size_t best = 0, bc = 0;
+    for (size_t sp = 1; sp <= smax; sp++) {
+        const size_t cu = (nu + sp - 1) / sp, chunk = cu * U, se = (nu + cu - 1) / cu;
+        if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
+        const size_t sm = (size_t)fast_smem(gq, D, G, (int)chunk).total * 4;
+        if (sm > smem_max) continue;
+        size_t b = 228 * 1024 / (sm + 1024);
+        if (b > 2) b = 2;
+        const size_t waves = (per * se + n_sm * b - 1) / (n_sm * b), cost = waves * (cu + 1);
+        if (!best || cost < bc) { best = chunk; bc = cost; }
+    }
+    if (!best) { // nothing within max_splits fits: the largest chunk that does
+        best = nu * U;
+        while (best > U && (size_t)fast_smem(gq, D, G, (int)best).total * 4 > smem_max) best = (best / 2 + U - 1) / U * U;
+    }
+    *chunk_out = best;
+    *splits_out = nq ? (nq + best - 1) / best : 1;
+}
+// launch plan for kivi_generic over ranges of at most nq positions, `per` blocks per split: about 4 blocks per SM,
+// chunks of at most 8192 positions (multiples of 32)
+inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, size_t *chunk_out, size_t *splits_out)
+{
+    size_t sp = (4 * n_sm + per - 1) / per;
+    if (max_splits && sp > max_splits) sp = max_splits;
+    if (sp < 1) sp = 1;
+    size_t chunk = nq ? (nq + sp - 1) / sp : 32;
+    chunk = (chunk + 31) / 32 * 32;
+    if (chunk > 8192) chunk = 8192;
+    *chunk_out = chunk;
+    *splits_out = nq ? (nq + chunk - 1) / chunk : 1;
+}
+
+// 2^S with m·2^S in [2^13, 2^14): the fp16 operands built from values up to m keep their high and low parts in
+// fp16's normal range (down to 2^-14) for values down to m·2^-27 (m <= 0 or not finite: 1)
+__device__ __forceinline__ float pow2_scale(float m)
+{
+    if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
+    int e;
+    frexpf(m, &e);
+    return ldexpf(1.f, 14 - e);
+}
+
+template <int BK, int BV, int GQ, int LG>
+__global__ void __launch_bounds__(NTF, 2) kivi_fast(KivP p)
+{
+    constexpr int PPL = 1 << LG, G = 16 << LG, NC = 2 * GQ; // dim pairs per lane per value group, group size, B columns
+    KVQ_DYN_SMEM(float4, sm4);
+    float *smf = (float *)sm4;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
+    const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
+    const int D = p.D, C = p.H * D, NWG = (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
+    const int q0 = blockIdx.x * p.chunk, q1 = min(q0 + p.chunk, p.qf[s]);
+    float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
+    const size_t pstride = (size_t)p.nslots * (D + 2);
+    if (q0 >= q1) {
+        for (int j = 0; j < gn; j++)
+            for (int d = tid; d < D + 2; d += NTF) part0[j * pstride + d] = d == 0 ? -INFINITY : 0.f;
+        return;
+    }
+    const int n = q1 - q0, ntile = n >> 4, ngc = (n + G - 1) / G; // n is a multiple of 16
+    const FastSmem L = fast_smem(GQ, D, G, p.chunk);
+    float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
+          *vbias = smf + L.vbias, *stage = smf + L.stage;
+    float *vinv = vbias + NG * GQ;                 // [NG] 1 / (the value operands' scale) per group
+    int *vmx = (int *)(vinv + NG), *mxi = vmx + NG; // [NG] max value scale per group, [2] max |q|, max key scale (float bits)
+    uint2 *bfr = (uint2 *)(smf + L.bfr);
+    const float2 *ksb = p.kscale + ((size_t)s * p.ngk + q0 / G) * C + h * D; // key group gi of the chunk at + gi·C
+    const float2 *vsb = p.vscale + ((size_t)s * p.capq + q0) * (C / G) + (h * D) / G;
+
+    for (int i = tid; i < GQ * D; i += NTF) {
+        const int j = i / D, d = i % D;
+        qv[i] = j < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + j) * D + d] * p.scale : 0.f;
+    }
+    for (int i = tid; i < ngc * GQ + NG * GQ; i += NTF) (i < ngc * GQ ? kbias[i] : vbias[i - ngc * GQ]) = 0.f;
+    for (int i = tid; i < NG + 2; i += NTF) vmx[i] = 0;
+    __syncthreads();
+    // the key operands' power-of-two scale fk = pow2_scale(max |q| · max s) (non-negative floats order as their bits)
+    {
+        float mq = 0.f, mk = 0.f;
+        for (int i = tid; i < GQ * D; i += NTF) mq = fmaxf(mq, fabsf(qv[i]));
+        for (int gi = warp; gi < ngc; gi += NWF)
+#pragma unroll 4
+            for (int d = lane; d < D; d += 32) mk = fmaxf(mk, fabsf(__ldg(&ksb[(size_t)gi * C + d].y)));
+        atomicMax(&mxi[0], __float_as_int(mq));
+        atomicMax(&mxi[1], __float_as_int(mk));
+    }
+    __syncthreads();
+    const float fk = pow2_scale(__int_as_float(mxi[0]) * __int_as_float(mxi[1])), ik = 1.f / fk;
+    // key B fragments of every group of the chunk, [group][k-slice][column][t] (b0, b1): a thread per (group, k-slice,
+    // t) loads the scales of its 4 dims once for all columns; Σ q·min per (group, head) from the same loads, summed
+    // over 16-lane segments (one group's items are consecutive, 16·NWG of them) and added to kbias
+    for (int base = 0; base < ngc * KS4 * 4; base += NTF) {
+        const int i = base + tid, tt = i & 3, kk = (i >> 2) % KS4, gi = (i >> 2) / KS4;
+        const bool act = i < ngc * KS4 * 4;
+        int dd[4];
+        float2 z[4];
+        key_dims<BK>(kk >> 2, tt, kk & 3, 0, &dd[0], &dd[1]);
+        key_dims<BK>(kk >> 2, tt, kk & 3, 1, &dd[2], &dd[3]);
+#pragma unroll
+        for (int k = 0; k < 4; k++) z[k] = act && dd[k] < D ? __ldg(&ksb[(size_t)gi * C + dd[k]]) : make_float2(0.f, 0.f);
+        float pb[GQ];
+#pragma unroll
+        for (int j = 0; j < GQ; j++) {
+            float x[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) x[k] = dd[k] < D ? qv[j * D + dd[k]] : 0.f;
+            pb[j] = x[0] * z[0].x + x[1] * z[1].x + x[2] * z[2].x + x[3] * z[3].x;
+            float y[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) y[k] = x[k] * z[k].y * fk;
+            const uint32_t h0 = kvq_h2pack(y[0], y[1]), h1 = kvq_h2pack(y[2], y[3]);
+            const uint32_t l0 = kvq_h2pack(y[0] - h2f(h0), y[1] - h2f(h0 >> 16)), l1 = kvq_h2pack(y[2] - h2f(h1), y[3] - h2f(h1 >> 16));
+            if (act) {
+                bfr[((gi * KS4 + kk) * NC + 2 * j) * 4 + tt] = make_uint2(h0, h1);
+                bfr[((gi * KS4 + kk) * NC + 2 * j + 1) * 4 + tt] = make_uint2(l0, l1);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GQ; j++) {
+            for (int o = 8; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
+            if (act && (lane & 15) == 0) atomicAdd(&kbias[gi * GQ + j], pb[j]);
+        }
+    }
+    __syncthreads();
+
+    // ---- scores: warp w takes the contiguous tiles [tb, te); the next tile's code words are loaded meanwhile
+    {
+        constexpr int XW = BK == 4 ? 2 : 1, XM = 4 * XW; // uint2 per word group, at most 4 word groups (head_dim 256)
+        const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + q0 + 2 * g;
+        const int per = (ntile + NWF - 1) / NWF, tb = warp * per, te = min(ntile, tb + per);
+        // a pointer per word the lane reads (words past the head's last one read that one: their B rows are zero), advanced
+        // one tile per step
+        const uint2 *kp[XM];
+#pragma unroll
+        for (int k = 0; k < XM; k++) {
+            const int wg = k / XW, W = BK == 4 ? 8 * wg + 2 * t + k % XW : 4 * wg + t;
+            kp[k] = (const uint2 *)(kc + (size_t)min(W, p.kw - 1) * p.capq) + tb * 8;
+        }
+        auto load = [&](uint2 (&X)[XM]) {
+#pragma unroll
+            for (int k = 0; k < XM; k++) {
+                if (k / XW < NWG) X[k] = __ldcs(kp[k]);
+                kp[k] += 8;
+            }
+        };
+        uint2 Xn[XM];
+        if (tb < te) load(Xn);
+        for (int tile = tb; tile < te; tile++) {
+            uint2 X[XM];
+#pragma unroll
+            for (int k = 0; k < XM; k++) X[k] = Xn[k];
+            if (tile + 1 < te) load(Xn);
+            const int gi = tile >> LG;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int wg = 0; wg < 4; wg++) {
+                if (wg >= NWG) break;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint2 x = X[wg * XW + (BK == 4 ? j >> 1 : 0)];
+                    const int f0 = BK == 4 ? 2 * (j & 1) : 2 * j;
+                    const uint2 b = g < NC ? bfr[((gi * KS4 + 4 * wg + j) * NC + g) * 4 + t] : make_uint2(0u, 0u);
+                    kvq_mma16816(acc, key_field<BK>(x.x, f0), key_field<BK>(x.y, f0), key_field<BK>(x.x, f0 + 1),
+                                 key_field<BK>(x.y, f0 + 1), b.x, b.y);
+                }
+            }
+            // rows g, g + 8 = positions 2g, 2g + 1; columns 2t, 2t + 1 = query head t (hi, lo)
+            if (t < GQ) {
+                const float kbv = kbias[gi * GQ + t];
+                sc[t * p.chunk + tile * 16 + 2 * g] = fmaf(acc[0] + acc[1], ik, kbv);
+                sc[t * p.chunk + tile * 16 + 2 * g + 1] = fmaf(acc[2] + acc[3], ik, kbv);
+            }
+        }
+    }
+    __syncthreads();
+    chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
+    __syncthreads();
+
+    // ---- value statistics per group: max s (the operands' scale fv = pow2_scale(max s), as p <= 1) and the bias
+    // Σ p·min, warp sums then shared atomics
+    for (int ga = 0; ga < NG; ga++) {
+        float mv = 0.f, pz[GQ];
+#pragma unroll
+        for (int j = 0; j < GQ; j++) pz[j] = 0.f;
+        for (int t2 = tid; t2 < n; t2 += NTF) {
+            const float2 z = __ldg(&vsb[(size_t)t2 * (C / G) + ga]);
+            mv = fmaxf(mv, fabsf(z.y));
+#pragma unroll
+            for (int j = 0; j < GQ; j++) pz[j] = fmaf(sc[j * p.chunk + t2], z.x, pz[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < GQ; j++) {
+            for (int o = 16; o; o >>= 1) pz[j] += __shfl_xor_sync(0xffffffffu, pz[j], o);
+            if (lane == 0) atomicAdd(&vbias[ga * GQ + j], pz[j]);
+        }
+        for (int o = 16; o; o >>= 1) mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
+        if (lane == 0) atomicMax(&vmx[ga], __float_as_int(mv));
+    }
+    __syncthreads();
+    // value B fragments p·s·fv per (tile, group) (hi, lo) over the key fragments: a thread per (tile, group, t) loads
+    // its 4 positions' scales once for all columns
+    for (int i = tid; i < ntile * NG * 4; i += NTF) {
+        const int tt = i & 3, ga = (i >> 2) % NG, kt = (i >> 2) / NG;
+        const float fv = pow2_scale(__int_as_float(vmx[ga]));
+        int pa[4];
+        float2 z[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            pa[k] = kt * 16 + 2 * tt + 8 * (k >> 1) + (k & 1);
+            z[k] = __ldg(&vsb[(size_t)pa[k] * (C / G) + ga]);
+        }
+#pragma unroll
+        for (int j = 0; j < GQ; j++) {
+            float y[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) y[k] = sc[j * p.chunk + pa[k]] * z[k].y * fv;
+            const uint32_t h0 = kvq_h2pack(y[0], y[1]), h1 = kvq_h2pack(y[2], y[3]);
+            bfr[((kt * NG + ga) * NC + 2 * j) * 4 + tt] = make_uint2(h0, h1);
+            bfr[((kt * NG + ga) * NC + 2 * j + 1) * 4 + tt] =
+                make_uint2(kvq_h2pack(y[0] - h2f(h0), y[1] - h2f(h0 >> 16)), kvq_h2pack(y[2] - h2f(h1), y[3] - h2f(h1 >> 16)));
+        }
+    }
+    for (int ga = tid; ga < NG; ga += NTF) vinv[ga] = 1.f / pow2_scale(__int_as_float(vmx[ga]));
+    __syncthreads();
+
+    // ---- P·V: warp w takes the contiguous k-tiles [kb, ke); passes of 4 m-tiles (8 at G = 128). Per k-tile a lane loads
+    // the words of all the pass's groups at once (rows 2t, 2t+1, 2t+8, 2t+9), the next k-tile's meanwhile when they
+    // fit in 16 registers
+    {
+        const uint32_t *vc = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0) * p.vw;
+        const int per = (ntile + NWF - 1) / NWF, kb = warp * per, ke = min(ntile, kb + per);
+        // passes of MT m-tiles (64 dims; 128 at G = 128, whose groups are 8 m-tiles): GPP groups per pass, NWL words per
+        // row and group
+        constexpr int MT = PPL > 4 ? PPL : 4, GPP = MT / PPL, NWL = BV * 2 * PPL > 32 ? 2 : 1, NX = GPP * 4 * NWL;
+        constexpr bool DB = NX <= 16;
+        for (int ga0 = 0; ga0 < NG; ga0 += GPP) {
+            float acc[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+            // rows g / g + 8 of m-tile (ga, mi): dims 2P, 2P + 1, P = ga·G/2 + g·PPL + mi; columns 2t, 2t+1: head t. The
+            // accumulators go to the warp's stage (fp32, first = store) every 8 k-tiles and at the end, and are reset:
+            // the tensor cores' fp32 accumulation truncates: chains of 39 k-tiles drifted to 1.8e-5 relative, of 16 to
+            // 1.35e-5, of 8 to 7e-6 (H200, 5000 positions in one chunk)
+            bool first = true;
+            auto flush = [&]() {
+                if (t < gn) {
+#pragma unroll
+                    for (int gl = 0; gl < GPP; gl++) {
+                        const int ga = ga0 + gl;
+                        if (ga >= NG) break;
+#pragma unroll
+                        for (int mi = 0; mi < PPL; mi++) {
+                            const int P = ga * (G / 2) + g * PPL + mi;
+                            float *st = stage + (warp * GQ + t) * D + 2 * P;
+                            const float v0 = (acc[gl * PPL + mi][0] + acc[gl * PPL + mi][1]) * vinv[ga];
+                            const float v1 = (acc[gl * PPL + mi][2] + acc[gl * PPL + mi][3]) * vinv[ga];
+                            st[0] = first ? v0 : st[0] + v0;
+                            st[1] = first ? v1 : st[1] + v1;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+                first = false;
+            };
+            // a pointer per row (2t, 2t+1, 2t+8, 2t+9 of the k-tile) at the lane's first word of group ga0; group ga0 + gl
+            // is GW words further (a compile-time offset); advanced one k-tile per step
+            constexpr int GW = G * BV / 32;
+            const uint32_t *rp[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                rp[r] = vc + (size_t)(kb * 16 + 2 * t + (r & 1) + 8 * (r >> 1)) * p.vw + ((2 * g * PPL * BV) >> 5) + ga0 * GW;
+            const size_t step = (size_t)16 * p.vw;
+            auto load = [&](uint32_t (&x)[NX]) {
+#pragma unroll
+                for (int gl = 0; gl < GPP; gl++)
+                    if (ga0 + gl < NG)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+#pragma unroll
+                            for (int k = 0; k < NWL; k++) x[(gl * 4 + r) * NWL + k] = __ldcs(rp[r] + gl * GW + k);
+#pragma unroll
+                for (int r = 0; r < 4; r++) rp[r] += step;
+            };
+            uint32_t xn[NX];
+            if constexpr (DB)
+                if (kb < ke) load(xn);
+            // the lane's first dim pair of a group sits at bit lo0 of a word (the same in every group: G·BV is a
+            // multiple of 32); the byte selectors and nibble shifts per mi follow
+            const int lo0 = (BV * 2 * g * PPL) & 31;
+            for (int kt = kb; kt < ke; kt++) {
+                uint32_t x[NX];
+                if constexpr (DB) {
+#pragma unroll
+                    for (int k = 0; k < NX; k++) x[k] = xn[k];
+                    if (kt + 1 < ke) load(xn);
+                } else {
+                    load(x);
+                }
+#pragma unroll
+                for (int gl = 0; gl < GPP; gl++) {
+                    const int ga = ga0 + gl;
+                    if (ga < NG) {
+                    const uint2 b = g < NC ? bfr[((kt * NG + ga) * NC + g) * 4 + t] : make_uint2(0u, 0u);
+#pragma unroll
+                    for (int mi = 0; mi < PPL; mi++) {
+                        const int o = lo0 + 2 * BV * mi, wk = o >> 5, by = (o >> 3) & 3;
+                        const uint32_t sel = (uint32_t)(by | by << 4 | (4 + by) << 8 | (4 + by) << 12);
+                        const uint32_t *xg = x + gl * 4 * NWL;
+                        const uint32_t y0 = __byte_perm(xg[0 * NWL + wk], xg[1 * NWL + wk], sel), y1 = __byte_perm(xg[2 * NWL + wk], xg[3 * NWL + wk], sel);
+                        uint32_t a0, a1, a2, a3;
+                        if (BV == 4) { // low nibble: dim 2P (row g), high nibble: dim 2P + 1 (row g + 8)
+                            a0 = dq_field(y0, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
+                            a1 = dq_field(y0, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
+                            a2 = dq_field(y1, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
+                            a3 = dq_field(y1, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
+                        } else { // the pair's nibble (4 (o/4 & 1) bits up): 2-bit codes of dims 2P, 2P + 1
+                            const int sh = 4 * ((o >> 2) & 1);
+                            a0 = dq_field(y0, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);
+                            a1 = dq_field(y0, sh, 0x000C000Cu, 0x34003400u, 0xDC00DC00u);
+                            a2 = dq_field(y1, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);
+                            a3 = dq_field(y1, sh, 0x000C000Cu, 0x34003400u, 0xDC00DC00u);
+                        }
+                        kvq_mma16816(acc[gl * PPL + mi], a0, a1, a2, a3, b.x, b.y);
+                    }
+                    }
+                }
+                if (kt + 1 < ke && ((kt + 1 - kb) & 7) == 0) flush();
+            }
+            flush(); // the rest (all zeros for a warp without k-tiles)
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < gn * (D + 2); i += NTF) {
+        const int j = i / (D + 2), d = i % (D + 2);
+        float v;
+        if (d < 2) v = stat[d * GQ + j];
+        else {
+            v = vbias[((d - 2) / G) * GQ + j];
+#pragma unroll
+            for (int w = 0; w < NWF; w++) v += stage[(w * GQ + j) * D + d - 2];
+        }
+        part0[j * pstride + d] = v;
+    }
+}
+} // namespace kv
+
+#endif
