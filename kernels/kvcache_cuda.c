@@ -10,6 +10,11 @@ kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_kvcache_con
     return NOCUDA("kvq_kvcache_cuda_create");
 }
 void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c) { (void)c; }
+kvq_status kvq_kvcache_cuda_set_prefix(kvq_kvcache_cuda *c, size_t seq, const float *k_post_dev, const float *v_dev, kvq_err *err)
+{
+    (void)c; (void)seq; (void)k_post_dev; (void)v_dev;
+    return NOCUDA("kvq_kvcache_cuda_set_prefix");
+}
 kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k_dev, const float *v_dev, size_t n, kvq_err *err)
 {
     (void)c; (void)seq; (void)k_dev; (void)v_dev; (void)n;

@@ -539,6 +539,7 @@ struct kvq_kvcache_cuda {
     uint16_t *stg;              // append staging: new keys then values [2][stg_cap][C] fp16
     size_t ring, ngk, stg_cap;
     size_t *kq, *vq;            // host: quantized key / value positions per sequence
+    bool *prefix_set;           // host: IntactKV prefix set, per sequence
     int *dkq, *dvq, *dqf;       // device copies, and kivi_fast's range per sequence
 };
 
@@ -566,6 +567,7 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
         if (x) cudaFree(x);
     free(c->kq);
     free(c->vq);
+    free(c->prefix_set);
     free(c->len);
     free(c->kused);
     free(c->vused);
@@ -648,10 +650,11 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     c->vused = (size_t *)calloc(B * H, sizeof(size_t));
     c->kq = (size_t *)calloc(B, sizeof(size_t));
     c->vq = (size_t *)calloc(B, sizeof(size_t));
+    c->prefix_set = (bool *)calloc(B, sizeof(bool));
     float *hl = nullptr, *hv = nullptr, *hk = nullptr;
     float2 *hlo = nullptr, *hhi = nullptr;
     uint8_t *hz = nullptr;
-    if (!c->len || !c->kused || !c->vused || !c->kq || !c->vq) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
+    if (!c->len || !c->kused || !c->vused || !c->kq || !c->vq || !c->prefix_set) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
     {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
@@ -1119,6 +1122,18 @@ typedef void (*AppFn)(const float *, const float *, const float *, const float *
 template <int BK> static AppFn app1(int bv) { return bv == 2 ? append_write<BK, 2> : bv == 3 ? append_write<BK, 3> : append_write<BK, 4>; }
 static AppFn app_pick(int bk, int bv) { return bk == 2 ? app1<2>(bv) : bk == 3 ? app1<3>(bv) : app1<4>(bv); }
 
+// IntactKV prefix rows [n][C] (post-RoPE keys, values) into the exact region of one sequence, fp16 (saturating)
+__global__ void put_prefix_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, int H, int D, int n_exact, int n)
+{
+    const int C = H * D;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * C; i += (size_t)gridDim.x * blockDim.x) {
+        const int p = (int)(i / C), ch = (int)(i % C), h = ch / D, d = ch % D;
+        const size_t o = ((size_t)h * n_exact + p) * D + d;
+        k16[o] = f2h_sat(k[i]);
+        v16[o] = f2h_sat(v[i]);
+    }
+}
+
 // the device copies of sequence seq's length, quantized key / value positions and kivi_fast's range
 static kvq_status upload_lengths(kvq_kvcache_cuda *c, size_t seq, kvq_err *err)
 {
@@ -1131,12 +1146,34 @@ static kvq_status upload_lengths(kvq_kvcache_cuda *c, size_t seq, kvq_err *err)
     return KVQ_OK;
 }
 
+extern "C" kvq_status kvq_kvcache_cuda_set_prefix(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, kvq_err *err)
+{
+    if (!c || !k || !v) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda set_prefix: NULL argument");
+    const kvq_kvcache_config *g = &c->cfg;
+    if (seq >= g->n_seqs) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda set_prefix: sequence %zu: expected < %zu", seq, g->n_seqs);
+    if (!g->prefix_len) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda set_prefix: prefix_len is 0 in the configuration");
+    if (c->len[seq])
+        return kvq_fail(err, KVQ_EINVAL, "kvcache cuda set_prefix: sequence %zu holds %zu positions; the prefix goes first", seq, c->len[seq]);
+    const size_t H = g->n_kv_heads, D = g->head_dim, P = g->prefix_len;
+    put_prefix_kernel<<<(unsigned)((P * c->C + 255) / 256 < 4096 ? (P * c->C + 255) / 256 : 4096), 256>>>(
+        c->k16 + seq * H * c->n_exact * D, c->v16 + seq * H * c->n_exact * D, k, v, (int)H, (int)D, (int)c->n_exact, (int)P);
+    CKL();
+    c->len[seq] = P;
+    c->kq[seq] = c->vq[seq] = 0;
+    c->prefix_set[seq] = true;
+    KVQ_TRY(upload_lengths(c, seq, err));
+    CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}
+
 extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t n, kvq_err *err)
 {
     if (!c || (n && (!k || !v))) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: NULL argument");
     const kvq_kvcache_config *g = &c->cfg;
     if (seq >= g->n_seqs) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: sequence %zu: expected < %zu", seq, g->n_seqs);
-    if (g->prefix_len) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda append: IntactKV prefix not supported on the GPU yet");
+    if (g->prefix_len && !c->prefix_set[seq])
+        return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: sequence %zu: the IntactKV prefix (%zu positions) must be set first", seq,
+                        g->prefix_len);
     const size_t len = c->len[seq], H = g->n_kv_heads, D = g->head_dim, C = c->C;
     if (n > g->max_tokens - len)
         return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: sequence %zu: %zu positions + %zu new exceed max_tokens %zu", seq, len, n, g->max_tokens);

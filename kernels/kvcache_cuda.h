@@ -47,12 +47,19 @@ typedef struct kvq_kvcache_cuda kvq_kvcache_cuda;
 kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_kvcache_config *cfg, kvq_err *err);
 void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c);
 
+/* Set the IntactKV prefix of an empty sequence, as kvq_kvcache_set_prefix:
+ * k_post_dev (post-RoPE keys at positions 0..prefix_len-1) and v_dev, each
+ * [prefix_len][kv_dim] float32 in device memory, stored in fp16 (saturating
+ * at ±65504, as the CPU cache). Errors: sequence not empty, prefix_len == 0
+ * in the configuration; inputs are not checked for NaN/Inf (device data). */
+kvq_status kvq_kvcache_cuda_set_prefix(kvq_kvcache_cuda *c, size_t seq, const float *k_post_dev, const float *v_dev,
+                                       kvq_err *err);
+
 /* Append n tokens to sequence seq: k_dev (pre-RoPE), v_dev [n][kv_dim] float32
  * in device memory. Same rules and errors as kvq_kvcache_append, except that
  * inputs are not checked for NaN/Inf (device data; the caller's model must
- * produce finite K/V) and that a configured IntactKV prefix (prefix_len > 0)
- * is refused with KVQ_EUNSUPPORTED (there is no GPU set_prefix yet). The
- * outlier store grows (cudaMalloc + copy) or the append fails with
+ * produce finite K/V); with prefix_len > 0 the prefix must be set first
+ * (kvq_kvcache_cuda_set_prefix, KVQ_EINVAL otherwise). The outlier store grows (cudaMalloc + copy) or the append fails with
  * KVQ_ENOMEM before writing the failing token. KIVI: new tokens are staged in
  * fp16 on the device (n·kv_dim·4 bytes, kept for later appends), the key
  * groups and values the decode boundaries of the last new position call for

@@ -57,7 +57,27 @@ typedef struct {
     int kb, vb;
     size_t tables, n_sink, NT;
     double f;
+    size_t prefix; /* IntactKV prefix positions (0 = none) */
 } tcfg;
+
+/* IntactKV prefix (cfg prefix_len > 0): rows 0..P-1 of K, V (fp16-representable) as the post-RoPE prefix of every
+ * sequence, on the CPU and the GPU; appending before it must fail on the GPU as on the CPU. Returns P. */
+static size_t set_prefixes(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const float *K, const float *V, const float *dK, const float *dV,
+                           size_t B, size_t NT, size_t C, size_t P, const char *name)
+{
+    if (!P) return 0;
+    kvq_err e1, e2;
+    kvq_status s1 = kvq_kvcache_cuda_append(gpu, 0, dK, dV, 1, &e1), s2 = kvq_kvcache_append(cpu, 0, K, V, 1, &e2);
+    CHECK(s1 == KVQ_EINVAL && s2 == KVQ_EINVAL && strstr(e1.msg, "prefix"), "%s: append before the prefix: GPU %d '%s', CPU %d", name, (int)s1,
+          e1.msg, (int)s2);
+    for (size_t s = 0; s < B; s++) {
+        OK(kvq_kvcache_set_prefix(cpu, s, K + s * NT * C, V + s * NT * C, ERR));
+        OK(kvq_kvcache_cuda_set_prefix(gpu, s, dK + s * NT * C, dV + s * NT * C, ERR));
+    }
+    s1 = kvq_kvcache_cuda_set_prefix(gpu, 0, dK, dV, &e1);
+    CHECK(s1 == KVQ_EINVAL && strstr(e1.msg, "goes first"), "%s: a second set_prefix: GPU %d '%s'", name, (int)s1, e1.msg);
+    return P;
+}
 
 static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg *t, const char *name)
 {
@@ -119,6 +139,7 @@ static void run(const tcfg *t, const char *name)
     g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000;
     g.k_tables = g.v_tables = t->tables; g.k_levels = klev; g.v_levels = vlev; g.k_lower = lo; g.k_upper = hi;
     g.outlier_cap = 16; /* small: both stores must grow */
+    g.prefix_len = t->prefix;
     kvq_kvcache *cpu, *mirror;
     kvq_kvcache_cuda *gpu;
 
@@ -133,7 +154,7 @@ static void run(const tcfg *t, const char *name)
     float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
     float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
     const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
-    size_t len = 0;
+    size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
     for (size_t si = 0; len < NT; si++) {
         size_t n = steps[si % 8];
         if (n > NT - len) n = NT - len;
@@ -252,6 +273,7 @@ typedef struct {
     size_t G, R;
     int post;
     size_t n_sink, NT;
+    size_t prefix; /* IntactKV prefix positions (0 = none) */
 } kcfg;
 
 static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const kcfg *t, const char *name)
@@ -304,7 +326,7 @@ static void run_kivi(const kcfg *t, const char *name)
     memset(&g, 0, sizeof g);
     g.format = KVQ_KVCACHE_KIVI; g.n_seqs = t->B; g.n_kv_heads = t->H; g.head_dim = t->D; g.max_tokens = NT;
     g.k_bits = t->kb; g.v_bits = t->vb; g.n_sink = t->n_sink; g.group = t->G; g.residual = t->R; g.post_rope = t->post;
-    g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000;
+    g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000; g.prefix_len = t->prefix;
     kvq_kvcache *cpu, *mirror;
     kvq_kvcache_cuda *gpu;
     OK(kvq_kvcache_create(&cpu, &g, ERR));
@@ -318,7 +340,7 @@ static void run_kivi(const kcfg *t, const char *name)
     float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
     float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
     const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
-    size_t len = 0;
+    size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
     double worst = 0;
     for (size_t si = 0; len < NT; si++) {
         size_t n = steps[si % 8];
@@ -390,7 +412,7 @@ static void run_limit(void)
     OK(kvq_kvcache_create(&mirror, &g, ERR));
     OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
     CHECK(kvq_kvcache_len(mirror, 0) == kvq_kvcache_len(cpu, 0), "GPU kept %zu tokens, CPU %zu", kvq_kvcache_len(mirror, 0), kvq_kvcache_len(cpu, 0));
-    tcfg t = {1, H, D, 1, 4, 4, 1, 1, NT, 0.3};
+    tcfg t = {1, H, D, 1, 4, 4, 1, 1, NT, 0.3, 0};
     compare_state(cpu, mirror, &t, "outlier limit");
     kvq_kvcache_free(mirror);
     kvq_kvcache_free(cpu);
@@ -404,29 +426,31 @@ int main(void)
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { printf("SKIP: no CUDA device\n"); return 77; }
     const tcfg cfgs[] = {
-        /* B  H  D   g  kb vb tab sink NT    f */
-        {2, 2, 128, 1, 4, 4, 1, 1, 1500, 0.01},  /* Llama-like head */
-        {2, 3, 64, 3, 2, 2, 3, 1, 1300, 0.01},   /* SmolLM2 heads (GQA 3), per-head tables */
-        {1, 1, 256, 5, 3, 4, 1, 2, 700, 0.05},   /* head_dim 256, GQA 5, 3-bit keys */
-        {1, 2, 40, 2, 4, 3, 1, 0, 500, 0.1},     /* head_dim 40, 3-bit values, no sink */
-        {1, 2, 9, 12, 2, 4, 1, 1, 300, 0.0},     /* odd head_dim, GQA 12, no outliers */
-        {1, 1, 64, 1, 4, 2, 1, 1, 5000, 0.01},   /* longer context: many chunks, RoPE tables */
+        /* B  H  D   g  kb vb tab sink NT    f    prefix */
+        {2, 2, 128, 1, 4, 4, 1, 1, 1500, 0.01, 0},  /* Llama-like head */
+        {2, 3, 64, 3, 2, 2, 3, 1, 1300, 0.01, 0},   /* SmolLM2 heads (GQA 3), per-head tables */
+        {1, 1, 256, 5, 3, 4, 1, 2, 700, 0.05, 0},   /* head_dim 256, GQA 5, 3-bit keys */
+        {1, 2, 40, 2, 4, 3, 1, 0, 500, 0.1, 0},     /* head_dim 40, 3-bit values, no sink */
+        {1, 2, 9, 12, 2, 4, 1, 1, 300, 0.0, 0},     /* odd head_dim, GQA 12, no outliers */
+        {1, 1, 64, 1, 4, 2, 1, 1, 5000, 0.01, 0},   /* longer context: many chunks, RoPE tables */
+        {2, 2, 64, 2, 4, 2, 1, 1, 900, 0.01, 4},    /* IntactKV prefix of 4 (and a sink: n_exact 4) */
     };
-    const char *names[] = {"llama-like 4/4", "smollm-like 2/2 gqa3", "d256 3/4 gqa5", "d40 4/3", "d9 2/4 gqa12", "long 4/2"};
+    const char *names[] = {"llama-like 4/4", "smollm-like 2/2 gqa3", "d256 3/4 gqa5", "d40 4/3", "d9 2/4 gqa12", "long 4/2", "prefix 4 nuq 4/2"};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
     run_limit();
     const kcfg kc[] = {
-        /* B  H  D   g  kb vb  G    R  post sink NT */
-        {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */
-        {2, 3, 64, 3, 4, 4, 32, 128, 1, 1, 1300},    /* SmolLM2 heads (GQA 3), 4-bit, a sink token */
-        {1, 1, 128, 5, 2, 4, 128, 128, 1, 0, 1100},  /* G 128, GQA 5 */
-        {1, 2, 48, 2, 4, 2, 16, 32, 1, 2, 900},      /* G 16, head_dim 48 (a partial 64-dim word group) */
-        {1, 1, 256, 4, 4, 4, 64, 0, 1, 0, 700},      /* head_dim 256, R 0 */
-        {1, 2, 40, 2, 3, 2, 8, 16, 0, 1, 700},       /* pre-RoPE keys, 3-bit, G 8: the generic kernel only */
-        {1, 1, 64, 1, 4, 4, 32, 128, 1, 0, 5000},    /* longer context: several chunks */
+        /* B  H  D   g  kb vb  G    R  post sink NT  prefix */
+        {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500, 0},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */
+        {2, 3, 64, 3, 4, 4, 32, 128, 1, 1, 1300, 0},    /* SmolLM2 heads (GQA 3), 4-bit, a sink token */
+        {1, 1, 128, 5, 2, 4, 128, 128, 1, 0, 1100, 0},  /* G 128, GQA 5 */
+        {1, 2, 48, 2, 4, 2, 16, 32, 1, 2, 900, 0},      /* G 16, head_dim 48 (a partial 64-dim word group) */
+        {1, 1, 256, 4, 4, 4, 64, 0, 1, 0, 700, 0},      /* head_dim 256, R 0 */
+        {1, 2, 40, 2, 3, 2, 8, 16, 0, 1, 700, 0},       /* pre-RoPE keys, 3-bit, G 8: the generic kernel only */
+        {1, 1, 64, 1, 4, 4, 32, 128, 1, 0, 5000, 0},    /* longer context: several chunks */
+        {2, 2, 64, 2, 2, 2, 32, 64, 1, 2, 900, 5},      /* IntactKV prefix of 5 (and 2 sink tokens: n_exact 5) */
     };
     const char *kn[] = {"kivi2 g32 r128 llama-like", "kivi4 smollm-like gqa3", "kivi 2/4 g128 gqa5", "kivi 4/2 g16 d48",
-                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long"};
+                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long", "kivi2 prefix 5"};
     for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
     printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
