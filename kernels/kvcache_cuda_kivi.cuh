@@ -255,8 +255,11 @@ __device__ __forceinline__ float pow2_scale(float m)
     return ldexpf(1.f, 14 - e);
 }
 
+// 3 blocks per SM (<= 80 registers) where ptxas needs no spills for it (G = 32, 64; H200, Llama heads B = 32:
+// k2g32 3765 -> 3101 µs, SmolLM2 B = 32 -9..-13%), else 2 (G = 16, 128 spill 50-108 bytes at 80 registers and were
+// slower); the plan's wave model keeps assuming 2 (assuming 3 chose shorter chunks: SmolLM2 B = 1 77 -> 87 µs)
 template <int BK, int BV, int GQ, int LG>
-__global__ void __launch_bounds__(NTF, 2) kivi_fast(KivP p)
+__global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(KivP p)
 {
     constexpr int PPL = 1 << LG, G = 16 << LG, NC = 2 * GQ; // dim pairs per lane per value group, group size, B columns
     KVQ_DYN_SMEM(float4, sm4);
