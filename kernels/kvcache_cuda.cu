@@ -576,22 +576,6 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
 
 __global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
                              int outl, int P2, float *range, int *cnt);
-typedef void (*KivFn)(KivP);
-template <int BK, int BV, int GQ> static KivFn kivi_fast_lg(int lg)
-{
-    return lg == 0 ? kv::kivi_fast<BK, BV, GQ, 0> : lg == 1 ? kv::kivi_fast<BK, BV, GQ, 1> : lg == 2 ? kv::kivi_fast<BK, BV, GQ, 2> : kv::kivi_fast<BK, BV, GQ, 3>;
-}
-template <int BK, int BV> static KivFn kivi_fast_gq(int gq, int lg)
-{
-    return gq == 1 ? kivi_fast_lg<BK, BV, 1>(lg) : gq == 2 ? kivi_fast_lg<BK, BV, 2>(lg) : gq == 3 ? kivi_fast_lg<BK, BV, 3>(lg) : kivi_fast_lg<BK, BV, 4>(lg);
-}
-// KIVI tensor-core decode for 2/4-bit keys and values, gq query heads per block, group 16 << lg
-static KivFn kivi_fast_pick(int bk, int bv, int gq, int lg)
-{
-    if (bk == 2) return bv == 2 ? kivi_fast_gq<2, 2>(gq, lg) : kivi_fast_gq<2, 4>(gq, lg);
-    return bv == 2 ? kivi_fast_gq<4, 2>(gq, lg) : kivi_fast_gq<4, 4>(gq, lg);
-}
-
 __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
                                int bits, int capq, int kw, int ring_n, int n_exact, int q0, int p0);
 static kvq_status set_smem_limits(kvq_err *err)
@@ -610,7 +594,7 @@ static kvq_status set_smem_limits(kvq_err *err)
         for (int b = 0; b < 2; b++)
             for (int g = 1; g <= 4; g++)
                 for (int lg = 0; lg < 4; lg++)
-                    CK(cudaFuncSetAttribute((const void *)kivi_fast_pick(2 + 2 * a, 2 + 2 * b, g, lg), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                    CK(cudaFuncSetAttribute((const void *)kv::fast_pick(2 + 2 * a, 2 + 2 * b, g, lg), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)SMEM_MAX));
     return KVQ_OK;
 }
@@ -1339,7 +1323,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.use_qf = fsplits ? 1 : 0;
     if (fsplits) {
         p.chunk = (int)fchunk;
-        kivi_fast_pick(g->k_bits, g->v_bits, gq, lg)<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::NTF,
+        kv::fast_pick(g->k_bits, g->v_bits, gq, lg)<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::NTF,
                                                        (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4>>>(p);
         CKL();
     }

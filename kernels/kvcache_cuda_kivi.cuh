@@ -562,6 +562,21 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
         part0[j * pstride + d] = v;
     }
 }
+typedef void (*FastFn)(KivP);
+template <int BK, int BV, int GQ> FastFn fast_pick_lg(int lg)
+{
+    return lg == 0 ? kivi_fast<BK, BV, GQ, 0> : lg == 1 ? kivi_fast<BK, BV, GQ, 1> : lg == 2 ? kivi_fast<BK, BV, GQ, 2> : kivi_fast<BK, BV, GQ, 3>;
+}
+template <int BK, int BV> FastFn fast_pick_gq(int gq, int lg)
+{
+    return gq == 1 ? fast_pick_lg<BK, BV, 1>(lg) : gq == 2 ? fast_pick_lg<BK, BV, 2>(lg) : gq == 3 ? fast_pick_lg<BK, BV, 3>(lg) : fast_pick_lg<BK, BV, 4>(lg);
+}
+// kivi_fast for 2/4-bit keys (bk) and values (bv), gq (1..4) query heads per block, group 16 << lg (lg 0..3)
+inline FastFn fast_pick(int bk, int bv, int gq, int lg)
+{
+    if (bk == 2) return bv == 2 ? fast_pick_gq<2, 2>(gq, lg) : fast_pick_gq<2, 4>(gq, lg);
+    return bv == 2 ? fast_pick_gq<4, 2>(gq, lg) : fast_pick_gq<4, 4>(gq, lg);
+}
 } // namespace kv
 
 #endif

@@ -79,33 +79,95 @@ static size_t set_prefixes(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const float 
     return P;
 }
 
+/* A CPU and a GPU cache of configuration g, and the synthetic K / V rows [B][NT][C] (fp16-representable) they are
+ * fed, on the host (K, V) and the device (dK, dV) */
+static void setup(const kvq_kvcache_config *g, size_t NT, size_t C, kvq_kvcache **cpu, kvq_kvcache_cuda **gpu, float **K, float **V,
+                  float **dK, float **dV)
+{
+    const size_t n = g->n_seqs * NT * C;
+    OK(kvq_kvcache_create(cpu, g, ERR));
+    OK(kvq_kvcache_cuda_create(gpu, g, ERR));
+    *K = malloc(n * 4);
+    *V = malloc(n * 4);
+    fill(*K, g->n_seqs * NT, C, 1);
+    fill(*V, g->n_seqs * NT, C, 0);
+    *dK = dmalloc(n * 4);
+    *dV = dmalloc(n * 4);
+    CU(cudaMemcpy(*dK, *K, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(*dV, *V, n * 4, cudaMemcpyHostToDevice));
+}
+
+/* Chunked appends of rows [len, NT) of K / V (dK / dV: the same on the device) to both caches; after each
+ * step, GPU vs CPU attention for max_splits 0, 1 and 3, each with fresh random queries and the output poisoned,
+ * within relative L2 tol and finite. Returns the worst relative L2. */
+static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const float *K, const float *V, const float *dK, const float *dV,
+                               size_t B, size_t NT, size_t C, size_t nh, size_t D, size_t len, double tol, const char *name)
+{
+    const size_t nq = B * nh * D, steps[] = {1, 3, 57, 1, 200, 7, 1000, 13}, splits[3] = {0, 1, 3};
+    float *q = malloc(nq * 4), *o = malloc(nq * 4), *ro = malloc(nq * 4), *dq = dmalloc(nq * 4), *dout = dmalloc(nq * 4);
+    double worst = 0;
+    for (size_t si = 0; len < NT; si++) {
+        size_t n = steps[si % 8];
+        if (n > NT - len) n = NT - len;
+        for (size_t s = 0; s < B; s++) {
+            OK(kvq_kvcache_append(cpu, s, K + (s * NT + len) * C, V + (s * NT + len) * C, n, ERR));
+            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + len) * C, dV + (s * NT + len) * C, n, ERR));
+        }
+        len += n;
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < nq; i++) q[i] = (float)gauss();
+            CU(cudaMemcpy(dq, q, nq * 4, cudaMemcpyHostToDevice));
+            poison(dout, nq * 4);
+            OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
+            CU(cudaMemcpy(o, dout, nq * 4, cudaMemcpyDeviceToHost));
+            OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
+            int nf;
+            double e = rel_l2(o, ro, nq, &nf);
+            if (e > worst) worst = e;
+            CHECK(nf == 0 && e <= tol, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance %g), %d non-finite", name, len,
+                  splits[k], e, tol, nf);
+        }
+    }
+    free(q); free(o); free(ro);
+    CU(cudaFree(dq)); CU(cudaFree(dout));
+    return worst;
+}
+
+/* the arrays both formats share, for sequence s: key code words of the first x.kq[s] positions, value code words of
+ * the first x.vq[s], exact-region fp16 rows (keys within 1 ulp: cos/sin in double may differ by an ulp between
+ * libm and CUDA). Mismatches are added to *bad and *badh. */
+static void compare_codes_rows(const kvq_kvcache_view *x, const kvq_kvcache_view *y, size_t s, size_t H, size_t D, size_t *bad, size_t *badh)
+{
+    for (size_t h = 0; h < H; h++) {
+        for (size_t w = 0; w < x->k_head_words; w++)
+            for (size_t q = 0; q < x->kq[s]; q++) {
+                size_t i = ((s * H + h) * x->k_head_words + w) * x->capq + q;
+                *bad += x->kcodes[i] != y->kcodes[i];
+            }
+        for (size_t q = 0; q < x->vq[s]; q++)
+            for (size_t w = 0; w < x->v_head_words; w++) {
+                size_t i = ((s * H + h) * x->capq + q) * x->v_head_words + w;
+                *bad += x->vcodes[i] != y->vcodes[i];
+            }
+        for (size_t p = 0; p < x->n_exact && p < x->len[s]; p++)
+            for (size_t d = 0; d < D; d++) {
+                size_t i = ((s * H + h) * x->n_exact + p) * D + d;
+                int dk = (int)x->k16[i] - (int)y->k16[i], dv = (int)x->v16[i] - (int)y->v16[i];
+                *badh += (dk > 1 || dk < -1) + (dv != 0);
+            }
+    }
+}
+
 static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg *t, const char *name)
 {
     kvq_kvcache_view x, y;
     kvq_kvcache_view_get(a, &x);
     kvq_kvcache_view_get(b, &y);
-    size_t H = t->H, D = t->D, bad = 0, badh = 0;
+    size_t H = t->H, bad = 0, badh = 0;
     for (size_t s = 0; s < t->B; s++) {
         CHECK(x.len[s] == y.len[s], "%s: seq %zu length cpu %zu gpu %zu", name, s, x.len[s], y.len[s]);
         size_t nq = x.kq[s];
-        for (size_t h = 0; h < H; h++) {
-            for (size_t w = 0; w < x.k_head_words; w++)
-                for (size_t q = 0; q < nq; q++) {
-                    size_t i = ((s * H + h) * x.k_head_words + w) * x.capq + q;
-                    bad += x.kcodes[i] != y.kcodes[i];
-                }
-            for (size_t q = 0; q < nq; q++)
-                for (size_t w = 0; w < x.v_head_words; w++) {
-                    size_t i = ((s * H + h) * x.capq + q) * x.v_head_words + w;
-                    bad += x.vcodes[i] != y.vcodes[i];
-                }
-            for (size_t p = 0; p < x.n_exact && p < x.len[s]; p++)
-                for (size_t d = 0; d < D; d++) {
-                    size_t i = ((s * H + h) * x.n_exact + p) * D + d;
-                    int dk = (int)x.k16[i] - (int)y.k16[i], dv = (int)x.v16[i] - (int)y.v16[i];
-                    badh += (dk > 1 || dk < -1) + (dv != 0);
-                }
-        }
+        compare_codes_rows(&x, &y, s, H, t->D, &bad, &badh);
         for (size_t q = 0; q < nq; q++) bad += memcmp(x.vscale + (s * x.capq + q) * 2, y.vscale + (s * y.capq + q) * 2, 8) != 0;
         size_t R = x.capq + 1;
         for (size_t h = 0; h < H; h++) {
@@ -142,44 +204,15 @@ static void run(const tcfg *t, const char *name)
     g.prefix_len = t->prefix;
     kvq_kvcache *cpu, *mirror;
     kvq_kvcache_cuda *gpu;
-
-    OK(kvq_kvcache_create(&cpu, &g, ERR));
-    OK(kvq_kvcache_cuda_create(&gpu, &g, ERR));
-    float *K = malloc(t->B * NT * C * 4), *V = malloc(t->B * NT * C * 4);
-    fill(K, t->B * NT, C, 1);
-    fill(V, t->B * NT, C, 0);
-    float *dK = dmalloc(t->B * NT * C * 4), *dV = dmalloc(t->B * NT * C * 4);
-    CU(cudaMemcpy(dK, K, t->B * NT * C * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dV, V, t->B * NT * C * 4, cudaMemcpyHostToDevice));
+    float *K, *V, *dK, *dV;
+    setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
     float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
     float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
-    const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
+    /* 2- and 4-bit codes: P·V runs on the tensor cores in fp16 (levels and p·r rounded to fp16, fp32 sums;
+     * formats/KVCACHE.md "Decode attention (GPU)"): 1e-3, observed 1e-4 .. 5e-4; 3-bit (v3, fp32): 2e-5 */
     size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
-    for (size_t si = 0; len < NT; si++) {
-        size_t n = steps[si % 8];
-        if (n > NT - len) n = NT - len;
-        for (size_t s = 0; s < t->B; s++) {
-            OK(kvq_kvcache_append(cpu, s, K + (s * NT + len) * C, V + (s * NT + len) * C, n, ERR));
-            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + len) * C, dV + (s * NT + len) * C, n, ERR));
-        }
-        len += n;
-        const size_t splits[3] = {0, 1, 3};
-        for (int k = 0; k < 3; k++) {
-            for (size_t i = 0; i < t->B * nh * t->D; i++) q[i] = (float)gauss();
-            CU(cudaMemcpy(dq, q, t->B * nh * t->D * 4, cudaMemcpyHostToDevice));
-            poison(dout, t->B * nh * t->D * 4);
-            OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
-            CU(cudaMemcpy(o, dout, t->B * nh * t->D * 4, cudaMemcpyDeviceToHost));
-            OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
-            int nf;
-            double e = rel_l2(o, ro, t->B * nh * t->D, &nf);
-            /* 2- and 4-bit codes: P·V runs on the tensor cores in fp16 (levels and p·r rounded to fp16, fp32
-             * sums; formats/KVCACHE.md "Decode attention (GPU)"): 1e-3, observed 1e-4 .. 5e-4; 3-bit (v3, fp32): 2e-5 */
-            const double tol = t->kb != 3 && t->vb != 3 ? 1e-3 : 2e-5;
-            CHECK(nf == 0 && e <= tol, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance %g), %d non-finite", name, len,
-                  splits[k], e, tol, nf);
-        }
-    }
+    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, t->kb != 3 && t->vb != 3 ? 1e-3 : 2e-5, name);
+    len = NT;
     /* state equality */
     kvq_kvcache_stats st;
     kvq_kvcache_stats_get(cpu, &st);
@@ -286,24 +319,7 @@ static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const
     for (size_t s = 0; s < t->B; s++) {
         CHECK(x.len[s] == y.len[s] && x.kq[s] == y.kq[s] && x.vq[s] == y.vq[s], "%s: seq %zu length/kq/vq cpu %zu/%zu/%zu gpu %zu/%zu/%zu",
               name, s, x.len[s], x.kq[s], x.vq[s], y.len[s], y.kq[s], y.vq[s]);
-        for (size_t h = 0; h < H; h++) {
-            for (size_t w = 0; w < x.k_head_words; w++)
-                for (size_t q = 0; q < x.kq[s]; q++) {
-                    size_t i = ((s * H + h) * x.k_head_words + w) * x.capq + q;
-                    bad += x.kcodes[i] != y.kcodes[i];
-                }
-            for (size_t q = 0; q < x.vq[s]; q++)
-                for (size_t w = 0; w < x.v_head_words; w++) {
-                    size_t i = ((s * H + h) * x.capq + q) * x.v_head_words + w;
-                    bad += x.vcodes[i] != y.vcodes[i];
-                }
-            for (size_t p = 0; p < x.n_exact && p < x.len[s]; p++)
-                for (size_t d = 0; d < D; d++) {
-                    size_t i = ((s * H + h) * x.n_exact + p) * D + d;
-                    int dk = (int)x.k16[i] - (int)y.k16[i], dv = (int)x.v16[i] - (int)y.v16[i];
-                    badh += (dk > 1 || dk < -1) + (dv != 0);
-                }
-        }
+        compare_codes_rows(&x, &y, s, H, D, &bad, &badh);
         const size_t ngk = x.capq / G + 1;
         bad += memcmp(x.kscale + s * ngk * C * 2, y.kscale + s * ngk * C * 2, (x.kq[s] / G) * C * 8) != 0;
         bad += memcmp(x.vscale + s * x.capq * (C / G) * 2, y.vscale + s * y.capq * (C / G) * 2, x.vq[s] * (C / G) * 8) != 0;
@@ -329,49 +345,18 @@ static void run_kivi(const kcfg *t, const char *name)
     g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000; g.prefix_len = t->prefix;
     kvq_kvcache *cpu, *mirror;
     kvq_kvcache_cuda *gpu;
-    OK(kvq_kvcache_create(&cpu, &g, ERR));
-    OK(kvq_kvcache_cuda_create(&gpu, &g, ERR));
-    float *K = malloc(t->B * NT * C * 4), *V = malloc(t->B * NT * C * 4);
-    fill(K, t->B * NT, C, 1);
-    fill(V, t->B * NT, C, 0);
-    float *dK = dmalloc(t->B * NT * C * 4), *dV = dmalloc(t->B * NT * C * 4);
-    CU(cudaMemcpy(dK, K, t->B * NT * C * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dV, V, t->B * NT * C * 4, cudaMemcpyHostToDevice));
-    float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
-    float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
-    const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
-    size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
-    double worst = 0;
-    for (size_t si = 0; len < NT; si++) {
-        size_t n = steps[si % 8];
-        if (n > NT - len) n = NT - len;
-        for (size_t s = 0; s < t->B; s++) {
-            OK(kvq_kvcache_append(cpu, s, K + (s * NT + len) * C, V + (s * NT + len) * C, n, ERR));
-            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + len) * C, dV + (s * NT + len) * C, n, ERR));
-        }
-        len += n;
-        const size_t splits[3] = {0, 1, 3};
-        for (int k = 0; k < 3; k++) {
-            for (size_t i = 0; i < t->B * nh * t->D; i++) q[i] = (float)gauss();
-            CU(cudaMemcpy(dq, q, t->B * nh * t->D * 4, cudaMemcpyHostToDevice));
-            poison(dout, t->B * nh * t->D * 4);
-            OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
-            CU(cudaMemcpy(o, dout, t->B * nh * t->D * 4, cudaMemcpyDeviceToHost));
-            OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
-            int nf;
-            double e = rel_l2(o, ro, t->B * nh * t->D, &nf);
-            if (e > worst) worst = e;
-            CHECK(nf == 0 && e <= 2e-5, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance 2e-5), %d non-finite", name, len,
-                  splits[k], e, nf);
-        }
-    }
+    float *K, *V, *dK, *dV;
+    setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
+    const size_t len = NT;
+    const double worst = append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D,
+                                          set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name), 2e-5, name);
     OK(kvq_kvcache_create(&mirror, &g, ERR));
     OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
     compare_state_kivi(cpu, mirror, t, name);
     printf("  %-28s B=%zu H=%zu D=%zu g=%zu k%d/v%d G=%zu R=%zu %s len %zu: worst rel L2 %.3g\n", name, t->B, t->H, t->D, t->g, t->kb, t->vb,
            t->G, t->R, t->post ? "post-RoPE" : "pre-RoPE", len, worst);
-    CU(cudaFree(dK)); CU(cudaFree(dV)); CU(cudaFree(dq)); CU(cudaFree(dout));
-    free(K); free(V); free(q); free(o); free(ro);
+    CU(cudaFree(dK)); CU(cudaFree(dV));
+    free(K); free(V);
     kvq_kvcache_free(cpu);
     kvq_kvcache_free(mirror);
     kvq_kvcache_cuda_free(gpu);

@@ -37,6 +37,45 @@ static KFn pick(int bk, int bv, int gq)
 
 static int n_fail, n_pass;
 
+// the exact region's partial and the combine (as kvcache_cuda.cu), then out vs the CPU reference: relative L2
+// within tol and no non-finite values; one line per check
+static void finish_and_check(const DecP &pe, kvq_kvcache *cpu, std::vector<float> &part, std::vector<float> &out, const std::vector<float> &q,
+                             size_t nslots, double tol, const char *name, const char *what)
+{
+    const size_t nh = (size_t)pe.n_heads, D = (size_t)pe.D, B = out.size() / (nh * D);
+    emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + pe.n_exact + 1) * 4, [&] { exact_decode(pe); });
+    emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
+    std::vector<float> ref(out.size());
+    kvq_err err;
+    if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
+    double num = 0, den = 0;
+    int nf = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!std::isfinite(out[i])) nf++;
+        double d = (double)out[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    const double e = sqrt(num / (den > 0 ? den : 1));
+    const bool ok = nf == 0 && e <= tol;
+    if (ok) n_pass++; else n_fail++;
+    printf("%s %-24s %s: rel L2 %.3g, %d non-finite\n", ok ? "ok  " : "FAIL", name, what, e, nf);
+    fflush(stdout);
+}
+
+// RoPE tables as kvcache_cuda.cu builds them
+static void rope_tables(const kvq_kvcache_view &v, size_t D, size_t rope_dim, size_t NT, std::vector<float2> &rlo, std::vector<float2> &rhi)
+{
+    const size_t np = (D + 1) / 2, nr = rope_dim / 2, nhi = NT / 64 + 4;
+    rlo.assign(np * 64, make_float2(1, 0));
+    rhi.assign(nhi * np, make_float2(1, 0));
+    for (size_t i = 0; i < nr; i++) {
+        double fr = v.inv_freq[i];
+        for (int l = 0; l < 64; l++) rlo[i * 64 + l] = make_float2((float)cos(l * fr), (float)sin(l * fr));
+        for (size_t b = 0; b < nhi; b++) rhi[b * np + i] = make_float2((float)cos((double)(64 * b) * fr), (float)sin((double)(64 * b) * fr));
+    }
+}
+
 static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t tables, size_t n_sink, size_t NT, double f,
                 const size_t *lens, size_t nlens, size_t n_sm, const char *name)
 {
@@ -68,14 +107,9 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
         len = to;
         kvq_kvcache_view v;
         kvq_kvcache_view_get(cpu, &v);
-        const size_t np = (D + 1) / 2, nr = cfg.rope.rope_dim / 2, nhi = NT / 64 + 4;
-        std::vector<float2> rlo(np * 64), rhi(nhi * np);
-        for (size_t i = 0; i < np; i++) {
-            double fr = i < nr ? v.inv_freq[i] : 0;
-            for (int l = 0; l < 64; l++) rlo[i * 64 + l] = i < nr ? make_float2((float)cos(l * fr), (float)sin(l * fr)) : make_float2(1, 0);
-            for (size_t b = 0; b < nhi; b++)
-                rhi[b * np + i] = i < nr ? make_float2((float)cos((double)(64 * b) * fr), (float)sin((double)(64 * b) * fr)) : make_float2(1, 0);
-        }
+        const size_t np = (D + 1) / 2;
+        std::vector<float2> rlo, rhi;
+        rope_tables(v, D, cfg.rope.rope_dim, NT, rlo, rhi);
         std::vector<int> ilen(B);
         for (size_t s = 0; s < B; s++) ilen[s] = (int)v.len[s];
         const int gq = g <= 4 ? (int)g : (g % 4 == 0 ? 4 : g % 3 == 0 ? 3 : 1), qgroups = (int)((g + gq - 1) / gq);
@@ -85,7 +119,7 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
             size_t chunk, splits;
             v4::plan(nq, B * H * qgroups, n_sm, ms, gq, (int)npk, 160 * 1024, &chunk, &splits);
             const size_t nslots = splits + 1;
-            std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), ref(B * nh * D), q(B * nh * D);
+            std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), q(B * nh * D);
             for (auto &x : q) x = (float)gauss();
             DecP p;
             memset(&p, 0, sizeof p);
@@ -98,39 +132,13 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
             p.scale = 1.0f / sqrtf((float)D);
             KFn fn = pick(kb, vb, gq);
             emu_launch({(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B}, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk), [&] { fn(p); });
-            emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + v.n_exact + 1) * 4, [&] { exact_decode(p); });
-            emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
-            if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
-            double num = 0, den = 0;
-            int nf = 0;
-            for (size_t i = 0; i < out.size(); i++) {
-                if (!std::isfinite(out[i])) nf++;
-                double d = (double)out[i] - ref[i];
-                num += d * d;
-                den += (double)ref[i] * ref[i];
-            }
-            double e = sqrt(num / (den > 0 ? den : 1));
+            char what[96];
+            snprintf(what, sizeof what, "len %5zu chunk %5zu splits %3zu gq %d", len, chunk, splits, gq);
             // P·V in fp16 on the tensor cores (levels and p·r rounded to fp16): the GPU test's tolerance, 1e-3
-            bool ok = nf == 0 && e <= 1e-3;
-            if (ok) n_pass++; else n_fail++;
-            printf("%s %-24s len %5zu chunk %5zu splits %3zu gq %d: rel L2 %.3g, %d non-finite\n", ok ? "ok  " : "FAIL", name, len, chunk, splits, gq, e, nf);
-            fflush(stdout);
+            finish_and_check(p, cpu, part, out, q, nslots, 1e-3, name, what);
         }
     }
     kvq_kvcache_free(cpu);
-}
-
-// RoPE tables as kvcache_cuda.cu builds them
-static void rope_tables(const kvq_kvcache_view &v, size_t D, size_t rope_dim, size_t NT, std::vector<float2> &rlo, std::vector<float2> &rhi)
-{
-    const size_t np = (D + 1) / 2, nr = rope_dim / 2, nhi = NT / 64 + 4;
-    rlo.assign(np * 64, make_float2(1, 0));
-    rhi.assign(nhi * np, make_float2(1, 0));
-    for (size_t i = 0; i < nr; i++) {
-        double fr = v.inv_freq[i];
-        for (int l = 0; l < 64; l++) rlo[i * 64 + l] = make_float2((float)cos(l * fr), (float)sin(l * fr));
-        for (size_t b = 0; b < nhi; b++) rhi[b * np + i] = make_float2((float)cos((double)(64 * b) * fr), (float)sin((double)(64 * b) * fr));
-    }
 }
 
 // query heads per block as kvcache_cuda.cu's choose_gq for the tensor-core kernels: the fewest masked slots, ties to the larger
@@ -145,20 +153,6 @@ static int gq_of(size_t g)
     return best;
 }
 
-typedef void (*KivFn)(KivP);
-template <int BK, int BV, int GQ> static KivFn kpick3(int lg)
-{
-    return lg == 0 ? kv::kivi_fast<BK, BV, GQ, 0> : lg == 1 ? kv::kivi_fast<BK, BV, GQ, 1> : lg == 2 ? kv::kivi_fast<BK, BV, GQ, 2> : kv::kivi_fast<BK, BV, GQ, 3>;
-}
-template <int BK, int BV> static KivFn kpick2(int gq, int lg)
-{
-    return gq == 1 ? kpick3<BK, BV, 1>(lg) : gq == 2 ? kpick3<BK, BV, 2>(lg) : gq == 3 ? kpick3<BK, BV, 3>(lg) : kpick3<BK, BV, 4>(lg);
-}
-static KivFn kpick(int bk, int bv, int gq, int lg)
-{
-    if (bk == 2) return bv == 2 ? kpick2<2, 2>(gq, lg) : kpick2<2, 4>(gq, lg);
-    return bv == 2 ? kpick2<4, 2>(gq, lg) : kpick2<4, 4>(gq, lg);
-}
 
 // KIVI: kivi_fast (where it applies) + kivi_generic + exact_decode + combine, as kvcache_cuda.cu's kivi_attend, vs the CPU
 static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t G, size_t R, bool post, size_t n_sink, size_t NT,
@@ -209,7 +203,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             }
             kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
             const size_t nslots = fsplits + gsplits + 1;
-            std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), ref(B * nh * D), q(B * nh * D);
+            std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), q(B * nh * D);
             for (auto &x : q) x = (float)gauss();
             KivP p;
             memset(&p, 0, sizeof p);
@@ -223,7 +217,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.use_qf = fsplits ? 1 : 0;
             if (fsplits) {
                 p.chunk = (int)fchunk;
-                KivFn fn = kpick(kb, vb, gq, lg);
+                kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg);
                 emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::NTF, (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4,
                            [&] { fn(p); });
             }
@@ -234,24 +228,10 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             pe.k16 = v.k16; pe.v16 = v.v16; pe.q = q.data(); pe.part = part.data(); pe.len = ilen.data();
             pe.H = (int)H; pe.D = (int)D; pe.n_heads = (int)nh; pe.g = (int)g; pe.n_exact = (int)v.n_exact; pe.nslots = (int)nslots;
             pe.scale = p.scale;
-            emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + v.n_exact + 1) * 4, [&] { exact_decode(pe); });
-            emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
-            if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
-            double num = 0, den = 0;
-            int nf = 0;
-            for (size_t i = 0; i < out.size(); i++) {
-                if (!std::isfinite(out[i])) nf++;
-                double d = (double)out[i] - ref[i];
-                num += d * d;
-                den += (double)ref[i] * ref[i];
-            }
-            double e = sqrt(num / (den > 0 ? den : 1));
+            char what[96];
+            snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
             // fp32 throughout (the tensor-core path splits its fp16 operands into high and low parts): 2e-5
-            bool ok = nf == 0 && e <= 2e-5;
-            if (ok) n_pass++; else n_fail++;
-            printf("%s %-24s len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d: rel L2 %.3g, %d non-finite\n", ok ? "ok  " : "FAIL", name,
-                   len, fchunk, fsplits, gchunk, gsplits, gq, e, nf);
-            fflush(stdout);
+            finish_and_check(pe, cpu, part, out, q, nslots, 2e-5, name, what);
         }
     }
     kvq_kvcache_free(cpu);
