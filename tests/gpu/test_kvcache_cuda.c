@@ -101,17 +101,21 @@ static void setup(const kvq_kvcache_config *g, size_t NT, size_t C, kvq_kvcache 
  * step, GPU vs CPU attention for max_splits 0, 1 and 3, each with fresh random queries and the output poisoned,
  * within relative L2 tol and finite. Returns the worst relative L2. */
 static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const float *K, const float *V, const float *dK, const float *dV,
-                               size_t B, size_t NT, size_t C, size_t nh, size_t D, size_t len, double tol, const char *name)
+                               size_t B, size_t NT, size_t C, size_t nh, size_t D, size_t len, double tol, const char *name, size_t skew)
 {
     const size_t nq = B * nh * D, steps[] = {1, 3, 57, 1, 200, 7, 1000, 13}, splits[3] = {0, 1, 3};
     float *q = malloc(nq * 4), *o = malloc(nq * 4), *ro = malloc(nq * 4), *dq = dmalloc(nq * 4), *dout = dmalloc(nq * 4);
+    size_t *sl = malloc(B * sizeof *sl); /* per-sequence lengths: sequence s runs s·skew positions ahead (capped at NT) */
+    for (size_t s = 0; s < B; s++) sl[s] = len;
     double worst = 0;
     for (size_t si = 0; len < NT; si++) {
         size_t n = steps[si % 8];
         if (n > NT - len) n = NT - len;
         for (size_t s = 0; s < B; s++) {
-            OK(kvq_kvcache_append(cpu, s, K + (s * NT + len) * C, V + (s * NT + len) * C, n, ERR));
-            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + len) * C, dV + (s * NT + len) * C, n, ERR));
+            size_t to = len + n + s * skew < NT ? len + n + s * skew : NT, m = to - sl[s];
+            OK(kvq_kvcache_append(cpu, s, K + (s * NT + sl[s]) * C, V + (s * NT + sl[s]) * C, m, ERR));
+            OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + sl[s]) * C, dV + (s * NT + sl[s]) * C, m, ERR));
+            sl[s] = to;
         }
         len += n;
         for (int k = 0; k < 3; k++) {
@@ -128,7 +132,7 @@ static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const fl
                   splits[k], e, tol, nf);
         }
     }
-    free(q); free(o); free(ro);
+    free(q); free(o); free(ro); free(sl);
     CU(cudaFree(dq)); CU(cudaFree(dout));
     return worst;
 }
@@ -211,7 +215,7 @@ static void run(const tcfg *t, const char *name)
     /* 2- and 4-bit codes: P·V runs on the tensor cores in fp16 (levels and p·r rounded to fp16, fp32 sums;
      * formats/KVCACHE.md "Decode attention (GPU)"): 1e-3, observed 1e-4 .. 5e-4; 3-bit (v3, fp32): 2e-5 */
     size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
-    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, t->kb != 3 && t->vb != 3 ? 1e-3 : 2e-5, name);
+    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, t->kb != 3 && t->vb != 3 ? 1e-3 : 2e-5, name, 0);
     len = NT;
     /* state equality */
     kvq_kvcache_stats st;
@@ -307,6 +311,7 @@ typedef struct {
     int post;
     size_t n_sink, NT;
     size_t prefix; /* IntactKV prefix positions (0 = none) */
+    size_t skew;   /* sequence s is s·skew positions longer than sequence 0 (capped at NT) */
 } kcfg;
 
 static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const kcfg *t, const char *name)
@@ -349,7 +354,7 @@ static void run_kivi(const kcfg *t, const char *name)
     setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
     const size_t len = NT;
     const double worst = append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D,
-                                          set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name), 2e-5, name);
+                                          set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name), 2e-5, name, t->skew);
     OK(kvq_kvcache_create(&mirror, &g, ERR));
     OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
     compare_state_kivi(cpu, mirror, t, name);
@@ -424,18 +429,19 @@ int main(void)
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
     run_limit();
     const kcfg kc[] = {
-        /* B  H  D   g  kb vb  G    R  post sink NT  prefix */
-        {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500, 0},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */
-        {2, 3, 64, 3, 4, 4, 32, 128, 1, 1, 1300, 0},    /* SmolLM2 heads (GQA 3), 4-bit, a sink token */
-        {1, 1, 128, 5, 2, 4, 128, 128, 1, 0, 1100, 0},  /* G 128, GQA 5 */
-        {1, 2, 48, 2, 4, 2, 16, 32, 1, 2, 900, 0},      /* G 16, head_dim 48 (a partial 64-dim word group) */
-        {1, 1, 256, 4, 4, 4, 64, 0, 1, 0, 700, 0},      /* head_dim 256, R 0 */
-        {1, 2, 40, 2, 3, 2, 8, 16, 0, 1, 700, 0},       /* pre-RoPE keys, 3-bit, G 8: the generic kernel only */
-        {1, 1, 64, 1, 4, 4, 32, 128, 1, 0, 5000, 0},    /* longer context: several chunks */
-        {2, 2, 64, 2, 2, 2, 32, 64, 1, 2, 900, 5},      /* IntactKV prefix of 5 (and 2 sink tokens: n_exact 5) */
+        /* B  H  D   g  kb vb  G    R  post sink NT  prefix skew */
+        {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500, 0, 0},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */
+        {2, 3, 64, 3, 4, 4, 32, 128, 1, 1, 1300, 0, 0},    /* SmolLM2 heads (GQA 3), 4-bit, a sink token */
+        {1, 1, 128, 5, 2, 4, 128, 128, 1, 0, 1100, 0, 0},  /* G 128, GQA 5 */
+        {1, 2, 48, 2, 4, 2, 16, 32, 1, 2, 900, 0, 0},      /* G 16, head_dim 48 (a partial 64-dim word group) */
+        {1, 1, 256, 4, 4, 4, 64, 0, 1, 0, 700, 0, 0},      /* head_dim 256, R 0 */
+        {1, 2, 40, 2, 3, 2, 8, 16, 0, 1, 700, 0, 0},       /* pre-RoPE keys, 3-bit, G 8: the generic kernel only */
+        {1, 1, 64, 1, 4, 4, 32, 128, 1, 0, 5000, 0, 0},    /* longer context: several chunks */
+        {2, 2, 64, 2, 2, 2, 32, 64, 1, 2, 900, 5, 0},      /* IntactKV prefix of 5 (and 2 sink tokens: n_exact 5) */
+        {3, 2, 64, 2, 2, 4, 32, 64, 1, 1, 1200, 0, 45},    /* sequences 45 positions apart: per-sequence ranges */
     };
     const char *kn[] = {"kivi2 g32 r128 llama-like", "kivi4 smollm-like gqa3", "kivi 2/4 g128 gqa5", "kivi 4/2 g16 d48",
-                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long", "kivi2 prefix 5"};
+                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long", "kivi2 prefix 5", "kivi 2/4 uneven lengths"};
     for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
     printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

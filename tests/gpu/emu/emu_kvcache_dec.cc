@@ -155,8 +155,9 @@ static int gq_of(size_t g)
 
 
 // KIVI: kivi_fast (where it applies) + kivi_generic + exact_decode + combine, as kvcache_cuda.cu's kivi_attend, vs the CPU
+// skew: sequence s is s·skew positions longer than sequence 0 (capped at NT), so the per-sequence ranges differ
 static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t G, size_t R, bool post, size_t n_sink, size_t NT,
-                     const size_t *lens, size_t nlens, size_t n_sm, const char *name)
+                     const size_t *lens, size_t nlens, size_t n_sm, const char *name, size_t skew = 0)
 {
     const size_t C = H * D, nh = H * g;
     kvq_kvcache_config cfg;
@@ -173,10 +174,14 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
     const int lg = G == 16 ? 0 : G == 32 ? 1 : G == 64 ? 2 : G == 128 ? 3 : -1;
     const bool fast = post && (kb == 2 || kb == 4) && (vb == 2 || vb == 4) && lg >= 0;
     size_t len = 0;
+    std::vector<size_t> slen(B, 0);
     for (size_t li = 0; li < nlens; li++) {
         size_t to = lens[li] < NT ? lens[li] : NT;
-        for (size_t s = 0; s < B; s++)
-            if (kvq_kvcache_append(cpu, s, &K[(s * NT + len) * C], &V[(s * NT + len) * C], to - len, &err)) { printf("append: %s\n", err.msg); exit(2); }
+        for (size_t s = 0; s < B; s++) {
+            const size_t ts = std::min(NT, to + s * skew);
+            if (kvq_kvcache_append(cpu, s, &K[(s * NT + slen[s]) * C], &V[(s * NT + slen[s]) * C], ts - slen[s], &err)) { printf("append: %s\n", err.msg); exit(2); }
+            slen[s] = ts;
+        }
         len = to;
         kvq_kvcache_view v;
         kvq_kvcache_view_get(cpu, &v);
@@ -262,6 +267,8 @@ int main(int argc, char **argv)
      * (the operands' power-of-two scaling; without it this case drifted to 2e-5..6e-5) */
     const size_t l4[] = {2625};
     run_kivi(1, 1, 64, 1, 4, 4, 32, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk 4/4");
+    /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
+    run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
     /* the summary line scripts/run_tests.sh reads (the format of Check's) */
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,
