@@ -589,6 +589,7 @@ static kvq_status set_smem_limits(kvq_err *err)
             }
     CK(cudaFuncSetAttribute((const void *)append_count, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384 * 4));
     CK(cudaFuncSetAttribute((const void *)kivi_key_flush, cudaFuncAttributeMaxDynamicSharedMemorySize, 256 * 256));
+    CK(cudaFuncSetAttribute((const void *)exact_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
     CK(cudaFuncSetAttribute((const void *)kv::kivi_generic, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 2; b++)
@@ -608,6 +609,13 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     if (H > 512) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: n_kv_heads %zu: up to 512", H);
     if (C > 16384) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: kv_dim %zu: the append kernel handles up to 16384", C);
     if (cfg->max_tokens > (size_t)1 << 30) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: max_tokens %zu: up to 2^30", cfg->max_tokens);
+    {
+        // the exact-region kernel keeps a query and the region's scores in shared memory
+        const size_t ne = cfg->n_sink > cfg->prefix_len ? cfg->n_sink : cfg->prefix_len, lim = SMEM_MAX / 4 - D - 1;
+        if (ne > lim)
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda: n_sink / prefix_len %zu: the GPU's exact region holds up to %zu positions at head_dim %zu",
+                            ne, lim, D);
+    }
     kvq_kvcache_cuda *c = (kvq_kvcache_cuda *)calloc(1, sizeof *c);
     if (!c) return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate");
     kvq_status st = KVQ_OK;
@@ -1396,7 +1404,8 @@ extern "C" kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_k
     const kvq_kvcache_config *g = &c->cfg, *h = kvq_kvcache_config_of(dst);
     if (h->format != g->format || h->n_seqs != g->n_seqs || h->n_kv_heads != g->n_kv_heads || h->head_dim != g->head_dim ||
         h->max_tokens != g->max_tokens || h->k_bits != g->k_bits || h->v_bits != g->v_bits || h->n_sink != g->n_sink ||
-        h->prefix_len != g->prefix_len || v.capq != c->capq)
+        h->prefix_len != g->prefix_len || v.capq != c->capq || h->post_rope != g->post_rope ||
+        (g->format == KVQ_KVCACHE_KIVI && (h->group != g->group || h->residual != g->residual || v.ring != c->ring)))
         return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: the CPU cache has another configuration");
     if (g->format == KVQ_KVCACHE_NUQ && v.ent_cap < c->ent_cap) return kvq_fail(err, KVQ_EMISMATCH, "kvcache cuda download: CPU outlier capacity %zu < GPU %zu", v.ent_cap, c->ent_cap);
     const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim, ne = c->n_exact ? c->n_exact : 1;
@@ -1501,6 +1510,7 @@ extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t l
         CKL();
         for (size_t s = 0; s < B; s++) {
             c->len[s] = len;
+            c->prefix_set[s] = g->prefix_len > 0; // the exact rows (prefix included) are random too
             c->kq[s] = len > c->n_exact ? kvq_kivi_key_boundary(len - 1, G, g->residual, c->n_exact) - c->n_exact : 0;
             c->vq[s] = len > c->n_exact ? kvq_kivi_value_boundary(len - 1, g->residual, c->n_exact) - c->n_exact : 0;
             KVQ_TRY(upload_lengths(c, s, err));
@@ -1522,6 +1532,7 @@ extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t l
         c->len[s] = len;
         for (size_t h = 0; h < H; h++) c->kused[s * H + h] = c->vused[s * H + h] = nq * per_row;
         c->kq[s] = c->vq[s] = nq;
+        c->prefix_set[s] = g->prefix_len > 0;
         KVQ_TRY(upload_lengths(c, s, err));
     }
     CK(cudaDeviceSynchronize());

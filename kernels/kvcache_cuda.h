@@ -13,7 +13,10 @@
  *
  * Semantics: as kvq_kvcache_append / kvq_kvcache_attend (kvcache.h), within
  * fp32 rounding: the codes, scales, sparse entries and KIVI residual rows an
- * append writes are bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it);
+ * append writes are bit-identical to the CPU cache's (tests/gpu/test_kvcache_cuda.c checks it;
+ * keys rotated on the way in — sink rows, KIVI post-RoPE keys — use the device's
+ * double cos/sin, which may differ from libm's by an ulp, so in rare cases an fp16 row
+ * could differ by an ulp and a code word with it);
  * scores and softmax run in fp32 with RoPE factors composed from a two-level
  * table (pos = 64*hi + lo, computed in double, composed in fp32) and advanced a
  * few positions from each anchor (3-bit codes: one complex multiply per
@@ -72,8 +75,12 @@ kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float 
  * float32 (post-RoPE), out_dev same shape. max_splits: upper bound on the
  * split-K partitions per (sequence, KV head) (0 = auto: 2/4-bit codes pick the
  * split that minimises waves × chunk length for the blocks resident per SM,
- * 3-bit codes at least 4 blocks per SM). Asynchronous on the
- * default stream when sync == 0. */
+ * 3-bit codes at least 4 blocks per SM). KIVI: the bound applies to each of its
+ * two kernels separately, and the fp32 kernel's chunks hold at most 8192
+ * positions, so a long range can take more splits than asked. Asynchronous on the
+ * default stream when sync == 0. Errors: KVQ_EUNSUPPORTED at create when the
+ * exact region (max(n_sink, prefix_len)) exceeds the GPU's limit (~40K
+ * positions at head_dim 128). */
 kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q_dev, size_t n_heads, float scale,
                                    float *out_dev, size_t max_splits, int sync, kvq_err *err);
 

@@ -214,7 +214,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
 {
     const size_t U = 128, nu = nq ? (nq + U - 1) / U : 1, smax = max_splits && max_splits < nu ? max_splits : nu;
     size_t best = 0, bc = 0;
-    for (size_t sp = 1; sp <= smax; sp++) {
+    for (size_t sp = max_splits ? 1 : (nu + 15) / 16; sp <= smax; sp++) { // without max_splits: chunks of <= 16 tiles
         const size_t cu = (nu + sp - 1) / sp, chunk = cu * U, se = (nu + cu - 1) / cu;
         if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
         const size_t sm = (size_t)fast_smem(gq, D, G, (int)chunk).total * 4;
@@ -246,13 +246,14 @@ inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, 
 }
 
 // 2^S with m·2^S in [2^13, 2^14): the fp16 operands built from values up to m keep their high and low parts in
-// fp16's normal range (down to 2^-14) for values down to m·2^-27 (m <= 0 or not finite: 1)
+// fp16's normal range (down to 2^-14) for values down to m·2^-27 (m <= 0 or not finite: 1). S is clamped to
+// [-100, 100] so the factor stays finite for tiny m (m < 2^-86: the operands just lose their low bits)
 __device__ __forceinline__ float pow2_scale(float m)
 {
     if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
     int e;
     frexpf(m, &e);
-    return ldexpf(1.f, 14 - e);
+    return ldexpf(1.f, max(-100, min(100, 14 - e)));
 }
 
 // 3 blocks per SM (<= 80 registers) where ptxas needs no spills for it (G = 32, 64; H200, Llama heads B = 32:

@@ -411,6 +411,39 @@ static void run_limit(void)
     free(K); free(V);
 }
 
+/* configurations the GPU cache must refuse with a clear error instead of corrupting memory or failing later */
+static void run_refusals(void)
+{
+    kvq_kvcache_config g;
+    memset(&g, 0, sizeof g);
+    g.format = KVQ_KVCACHE_KIVI; g.n_seqs = 1; g.n_kv_heads = 2; g.head_dim = 64; g.max_tokens = 300;
+    g.k_bits = g.v_bits = 2; g.group = 32; g.residual = 64; g.post_rope = true; g.rope.rope_dim = 64; g.rope.rope_theta = 10000;
+    kvq_kvcache_cuda *gpu;
+    OK(kvq_kvcache_cuda_create(&gpu, &g, ERR));
+    /* download into a CPU cache of another group / residual: the scale and ring arrays have other sizes */
+    const size_t other[2][2] = {{64, 64}, {32, 0}};
+    for (int i = 0; i < 2; i++) {
+        kvq_kvcache_config h = g;
+        h.group = other[i][0];
+        h.residual = other[i][1];
+        kvq_kvcache *cpu;
+        OK(kvq_kvcache_create(&cpu, &h, ERR));
+        kvq_err e;
+        kvq_status st = kvq_kvcache_cuda_download(gpu, cpu, &e);
+        CHECK(st == KVQ_EMISMATCH, "download into a cache with group %zu residual %zu: status %d (%s)", h.group, h.residual, (int)st,
+              st ? e.msg : "ok");
+        kvq_kvcache_free(cpu);
+    }
+    kvq_kvcache_cuda_free(gpu);
+    /* an exact region larger than the exact-region kernel's shared memory holds */
+    g.max_tokens = 60000;
+    g.prefix_len = 50000;
+    kvq_err e;
+    kvq_status st = kvq_kvcache_cuda_create(&gpu, &g, &e);
+    CHECK(st == KVQ_EUNSUPPORTED && strstr(e.msg, "prefix_len"), "create with prefix_len 50000: status %d (%s)", (int)st, st ? e.msg : "ok");
+    if (st == KVQ_OK) kvq_kvcache_cuda_free(gpu);
+}
+
 int main(void)
 {
     int n = 0;
@@ -428,6 +461,7 @@ int main(void)
     const char *names[] = {"llama-like 4/4", "smollm-like 2/2 gqa3", "d256 3/4 gqa5", "d40 4/3", "d9 2/4 gqa12", "long 4/2", "prefix 4 nuq 4/2"};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
     run_limit();
+    run_refusals();
     const kcfg kc[] = {
         /* B  H  D   g  kb vb  G    R  post sink NT  prefix skew */
         {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500, 0, 0},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */

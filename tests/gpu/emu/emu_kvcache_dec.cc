@@ -157,7 +157,7 @@ static int gq_of(size_t g)
 // KIVI: kivi_fast (where it applies) + kivi_generic + exact_decode + combine, as kvcache_cuda.cu's kivi_attend, vs the CPU
 // skew: sequence s is s·skew positions longer than sequence 0 (capped at NT), so the per-sequence ranges differ
 static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t G, size_t R, bool post, size_t n_sink, size_t NT,
-                     const size_t *lens, size_t nlens, size_t n_sm, const char *name, size_t skew = 0)
+                     const size_t *lens, size_t nlens, size_t n_sm, const char *name, size_t skew = 0, float qscale = 1.f)
 {
     const size_t C = H * D, nh = H * g;
     kvq_kvcache_config cfg;
@@ -209,7 +209,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
             const size_t nslots = fsplits + gsplits + 1;
             std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), q(B * nh * D);
-            for (auto &x : q) x = (float)gauss();
+            for (auto &x : q) x = (float)gauss() * qscale;
             KivP p;
             memset(&p, 0, sizeof p);
             p.kcodes = v.kcodes; p.vcodes = v.vcodes; p.kscale = (const float2 *)v.kscale; p.vscale = (const float2 *)v.vscale;
@@ -269,6 +269,9 @@ int main(int argc, char **argv)
     run_kivi(1, 1, 64, 1, 4, 4, 32, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk 4/4");
     /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
+    /* tiny queries (1e-36, so max |q|·max s < 2^-114): the operands' power-of-two scale must stay finite (it overflowed to inf: NaN scores) */
+    const size_t l5[] = {333};
+    run_kivi(1, 1, 64, 1, 2, 2, 32, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries", 0, 1e-36f);
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
     /* the summary line scripts/run_tests.sh reads (the format of Check's) */
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,
