@@ -540,7 +540,7 @@ struct kvq_kvcache_cuda {
     size_t ring, ngk, stg_cap;
     size_t *kq, *vq;            // host: quantized key / value positions per sequence
     bool *prefix_set;           // host: IntactKV prefix set, per sequence
-    int *dkq, *dvq, *dqf;       // device copies, and kivi_fast's range per sequence
+    int *dkq, *dvq, *dqf;       // device copies, and kivi_fast's range per sequence: dlen[B], then these, one allocation
 };
 
 template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, kvq_err *err)
@@ -562,7 +562,7 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
     if (!c) return;
     void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut, c->klutr,
                  c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range,
-                 c->kscale, c->kring, c->vring, c->stg, c->dkq, c->dvq, c->dqf};
+                 c->kscale, c->kring, c->vring, c->stg};
     for (void *x : d)
         if (x) cudaFree(x);
     free(c->kq);
@@ -662,14 +662,14 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         c->ent_cap = cap ? cap : 1;
     }
 #define DA(ptr, n, what) do { if ((st = dalloc(&(ptr), (n), (what), err)) != KVQ_OK) goto fail; } while (0)
-    DA(c->dlen, B, "lengths");
+    DA(c->dlen, 4 * B, "lengths");
+    c->dkq = c->dlen + B;
+    c->dvq = c->dlen + 2 * B;
+    c->dqf = c->dlen + 3 * B;
     DA(c->k16, B * H * ne * D, "fp16 keys");
     DA(c->v16, B * H * ne * D, "fp16 values");
     DA(c->kcodes, B * H * c->kw * c->capq, "key codes");
     DA(c->vcodes, B * H * c->capq * c->vw, "value codes");
-    DA(c->dkq, B, "lengths");
-    DA(c->dvq, B, "lengths");
-    DA(c->dqf, B, "lengths");
     if (nuq) {
         DA(c->krow, B * H * (c->capq + 1), "key outlier rows");
         DA(c->vrow, B * H * (c->capq + 1), "value outlier rows");
@@ -781,6 +781,16 @@ __device__ __forceinline__ uint16_t f2h_sat(float x)
     return __half_as_ushort(__float2half_rn(x));
 }
 
+// channel d of a head's key row kh at position pos after RoPE, computed in double and rounded once to float as
+// kvq_rope_rotate (pairs past rope_pairs: unrotated)
+__device__ __forceinline__ float rope_elem(const float *kh, int d, int pos, const double *inv_freq, int rope_pairs)
+{
+    if ((d >> 1) >= rope_pairs) return kh[d];
+    const int pi = d >> 1;
+    const double a = (double)pos * inv_freq[pi], cs = cos(a), sn = sin(a), u = kh[2 * pi], w = kh[2 * pi + 1];
+    return (d & 1) ? (float)(u * sn + w * cs) : (float)(u * cs - w * sn);
+}
+
 // exact-region positions: RoPE in double (as kvq_rope_rotate), then fp16
 __global__ void put_exact_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, const double *inv_freq,
                                  int rope_pairs, int H, int D, int n_exact, int pos0, int n)
@@ -788,13 +798,7 @@ __global__ void put_exact_kernel(uint16_t *k16, uint16_t *v16, const float *k, c
     const int C = H * D;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * C; i += gridDim.x * blockDim.x) {
         const int t = i / C, ch = i % C, h = ch / D, d = ch % D, pos = pos0 + t;
-        float y = k[i];
-        if ((d >> 1) < rope_pairs) {
-            const int pi = d >> 1;
-            const double a = (double)pos * inv_freq[pi], cs = cos(a), sn = sin(a);
-            const double u = k[t * C + h * D + 2 * pi], w = k[t * C + h * D + 2 * pi + 1];
-            y = (d & 1) ? (float)(u * sn + w * cs) : (float)(u * cs - w * sn);
-        }
+        const float y = rope_elem(k + (size_t)t * C + h * D, d, pos, inv_freq, rope_pairs);
         const size_t o = ((size_t)h * n_exact + pos) * D + d;
         k16[o] = f2h_sat(y);
         v16[o] = f2h_sat(v[i]);
@@ -927,15 +931,8 @@ __global__ void kivi_stage(uint16_t *sk, uint16_t *sv, const float *k, const flo
 {
     const int C = H * D;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * C; i += (size_t)gridDim.x * blockDim.x) {
-        const int t = (int)(i / C), ch = (int)(i % C), h = ch / D, d = ch % D, pos = pos0 + t;
-        float y = k[i];
-        if (post_rope && (d >> 1) < rope_pairs && (d | 1) < D) {
-            const int pi = d >> 1;
-            const double a = (double)pos * inv_freq[pi], cs = cos(a), sn = sin(a);
-            const double u = k[(size_t)t * C + h * D + 2 * pi], w = k[(size_t)t * C + h * D + 2 * pi + 1];
-            y = (d & 1) ? (float)(u * sn + w * cs) : (float)(u * cs - w * sn);
-        }
-        sk[i] = f2h_sat(y);
+        const int t = (int)(i / C), ch = (int)(i % C), h = ch / D, d = ch % D;
+        sk[i] = f2h_sat(post_rope ? rope_elem(k + (size_t)t * C + h * D, d, pos0 + t, inv_freq, rope_pairs) : k[i]);
         sv[i] = f2h_sat(v[i]);
     }
 }
@@ -945,6 +942,16 @@ __device__ __forceinline__ float kivi_src(const uint16_t *ring, const uint16_t *
 {
     const int pos = n_exact + q;
     return h2f(pos >= p0 ? stg[(size_t)(pos - p0) * C + ch] : ring[(size_t)(pos % ring_n) * C + ch]);
+}
+
+// KIVI's code of x for a group (min mn, scale den in double): rint((x − mn) / den) clamped to [0, qmax]; 0 when den
+// is 0 (kvcache.c kivi_flush_keys / kivi_flush_value)
+__device__ __forceinline__ unsigned char kivi_code(double x, float mn, double den, double qmax)
+{
+    double qq = den == 0 ? 0 : rint((x - mn) / den);
+    if (qq < 0) qq = 0;
+    if (qq > qmax) qq = qmax;
+    return (unsigned char)qq;
 }
 
 // pack codes[0..D) (bytes) of one (token, head) into unit words: word j of unit u -> dst[(u·W + j)·stride]
@@ -980,13 +987,7 @@ __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t 
         }
         const double den = ((double)mx - (double)mn) / qmax;
         kscale[(size_t)(qg / G) * C + ch] = make_float2(mn, (float)den);
-        for (int t = 0; t < G; t++) {
-            const double x = kivi_src(ring, stg, ring_n, C, n_exact, p0, qg + t, ch);
-            double qq = den == 0 ? 0 : rint((x - mn) / den);
-            if (qq < 0) qq = 0;
-            if (qq > qmax) qq = qmax;
-            cod[t * D + d] = (unsigned char)qq;
-        }
+        for (int t = 0; t < G; t++) cod[t * D + d] = kivi_code(kivi_src(ring, stg, ring_n, C, n_exact, p0, qg + t, ch), mn, den, qmax);
     }
     __syncthreads();
     const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, nu = (D + cpu - 1) / cpu;
@@ -1014,12 +1015,7 @@ __global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_
         }
         const double sc = ((double)mx - (double)mn) / qmax;
         vscale[(size_t)q * ng + gi] = make_float2(mn, (float)sc);
-        for (int j = 0; j < G; j++) {
-            double qq = sc == 0 ? 0 : rint(((double)kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0 + j) - mn) / sc);
-            if (qq < 0) qq = 0;
-            if (qq > qmax) qq = qmax;
-            cod[c0 + j] = (unsigned char)qq;
-        }
+        for (int j = 0; j < G; j++) cod[c0 + j] = kivi_code(kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0 + j), mn, sc, qmax);
     }
     __syncthreads();
     const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, nu = (D + cpu - 1) / cpu;
@@ -1126,15 +1122,13 @@ __global__ void put_prefix_kernel(uint16_t *k16, uint16_t *v16, const float *k, 
     }
 }
 
-// the device copies of sequence seq's length, quantized key / value positions and kivi_fast's range
+// the device copies of sequence seq's length, quantized key / value positions and kivi_fast's range: column seq
+// of the [4][B] array at dlen, in one copy
 static kvq_status upload_lengths(kvq_kvcache_cuda *c, size_t seq, kvq_err *err)
 {
     const size_t qf = (c->kq[seq] < c->vq[seq] ? c->kq[seq] : c->vq[seq]) / 16 * 16;
     const int x[4] = {(int)c->len[seq], (int)c->kq[seq], (int)c->vq[seq], (int)qf};
-    CK(cudaMemcpy(c->dlen + seq, &x[0], sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(c->dkq + seq, &x[1], sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(c->dvq + seq, &x[2], sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(c->dqf + seq, &x[3], sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy2D(c->dlen + seq, c->cfg.n_seqs * sizeof(int), x, sizeof(int), sizeof(int), 4, cudaMemcpyHostToDevice));
     return KVQ_OK;
 }
 
