@@ -10,6 +10,13 @@
 #define KVQ_KVCACHE_CUDA_KIVI_CUH
 
 #ifndef KVQ_EMU
+// (x & m) | c as one LOP3 (written as `&` and `|`, ptxas emits two when m and c are both immediates)
+__device__ __forceinline__ uint32_t kvq_andor(uint32_t x, uint32_t m, uint32_t c)
+{
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "r"(m), "r"(c));
+    return d;
+}
 // d = a·b + c on fp16 pairs (round to nearest even)
 __device__ __forceinline__ uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
 {
@@ -156,11 +163,15 @@ __global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
 // tile's 16 positions per group (hi, lo), built in shared memory after the softmax.
 constexpr int NTF = 256, NWF = 8;
 
+// a compile-time int as a value (for generic lambdas)
+template <int N> struct KI {
+    static constexpr int v = N;
+};
 // fp16 pair of code fields: the field (bits under mask m of x >> sh, a power-of-two multiple e of the code in
-// each half) as exact fp16 integers: (x | 1024.0) · (1/e) − 1024/e
+// each half) as exact fp16 integers: (x | 1024.0) · (1/e) − 1024/e; the mask and the OR are one LOP3
 __device__ __forceinline__ uint32_t dq_field(uint32_t x, int sh, uint32_t m, uint32_t inv_e, uint32_t off)
 {
-    return kvq_hfma2(((x >> sh) & m) | 0x64006400u, inv_e, off);
+    return kvq_hfma2(kvq_andor(x >> sh, m, 0x64006400u), inv_e, off);
 }
 // fp16 pairs of 1/4^k and -1024/4^k
 __device__ __forceinline__ uint32_t inv4(int k) { return k == 0 ? 0x3C003C00u : k == 1 ? 0x34003400u : k == 2 ? 0x2C002C00u : 0x24002400u; }
@@ -187,7 +198,7 @@ template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j,
 
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
-    int qv, sc, red, stat, kbias, vbias, stage, bfr, total; // vbias: [NG][gq], then [NG] floats, [NG + 2] ints; bfr: uint2 fragments
+    int qv, sc, red, stat, kbias, vbias, stage, bfr, total; // kbias: [ngc][gq], then [ngc]; vbias: [NG][gq], then [NG] floats, [NG + 2] ints; bfr: uint2 fragments
 };
 __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
 {
@@ -199,7 +210,7 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
     m.red = m.sc + up(gq * chunk);
     m.stat = m.red + up(8 * gq);
     m.kbias = m.stat + up(4 * gq);
-    m.vbias = m.kbias + up(ngc * gq);
+    m.vbias = m.kbias + up(ngc * gq + ngc);
     m.stage = m.vbias + up(NG * gq + 2 * NG + 2);
     m.bfr = m.stage + up(NWF * gq * D);
     const int nk = ngc * ks4 * 2 * gq * 4, nv = (chunk / 16) * NG * 2 * gq * 4;
@@ -281,8 +292,9 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
     const FastSmem L = fast_smem(GQ, D, G, p.chunk);
     float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
-    float *vinv = vbias + NG * GQ;                 // [NG] 1 / (the value operands' scale) per group
-    int *vmx = (int *)(vinv + NG), *mxi = vmx + NG; // [NG] max value scale per group, [2] max |q|, max key scale (float bits)
+    float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
+    float *vinv = vbias + NG * GQ;                 // [NG] 1 / (the value operands' scale) per value group
+    int *vmx = (int *)(vinv + NG), *mxi = vmx + NG; // [NG] max value scale per group, [1] max |q| (float bits)
     uint2 *bfr = (uint2 *)(smf + L.bfr);
     const float2 *ksb = p.kscale + ((size_t)s * p.ngk + q0 / G) * C + h * D; // key group gi of the chunk at + gi·C
     const float2 *vsb = p.vscale + ((size_t)s * p.capq + q0) * (C / G) + (h * D) / G;
@@ -291,54 +303,68 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
         const int j = i / D, d = i % D;
         qv[i] = j < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + j) * D + d] * p.scale : 0.f;
     }
-    for (int i = tid; i < ngc * GQ + NG * GQ; i += NTF) (i < ngc * GQ ? kbias[i] : vbias[i - ngc * GQ]) = 0.f;
+    for (int i = tid; i < NG * GQ; i += NTF) vbias[i] = 0.f;
     for (int i = tid; i < NG + 2; i += NTF) vmx[i] = 0;
     __syncthreads();
-    // the key operands' power-of-two scale fk = pow2_scale(max |q| · max s) (non-negative floats order as their bits)
     {
-        float mq = 0.f, mk = 0.f;
+        float mq = 0.f;
         for (int i = tid; i < GQ * D; i += NTF) mq = fmaxf(mq, fabsf(qv[i]));
-        for (int gi = warp; gi < ngc; gi += NWF)
-#pragma unroll 4
-            for (int d = lane; d < D; d += 32) mk = fmaxf(mk, fabsf(__ldg(&ksb[(size_t)gi * C + d].y)));
-        atomicMax(&mxi[0], __float_as_int(mq));
-        atomicMax(&mxi[1], __float_as_int(mk));
+        atomicMax(&mxi[0], __float_as_int(mq)); // non-negative floats order as their bits
     }
     __syncthreads();
-    const float fk = pow2_scale(__int_as_float(mxi[0]) * __int_as_float(mxi[1])), ik = 1.f / fk;
-    // key B fragments of every group of the chunk, [group][k-slice][column][t] (b0, b1): a thread per (group, k-slice,
-    // t) loads the scales of its 4 dims once for all columns; Σ q·min per (group, head) from the same loads, summed
-    // over 16-lane segments (one group's items are consecutive, 16·NWG of them) and added to kbias
-    for (int base = 0; base < ngc * KS4 * 4; base += NTF) {
-        const int i = base + tid, tt = i & 3, kk = (i >> 2) % KS4, gi = (i >> 2) / KS4;
-        const bool act = i < ngc * KS4 * 4;
-        int dd[4];
-        float2 z[4];
-        key_dims<BK>(kk >> 2, tt, kk & 3, 0, &dd[0], &dd[1]);
-        key_dims<BK>(kk >> 2, tt, kk & 3, 1, &dd[2], &dd[3]);
+    // key operands, a warp per group γ of the chunk: the power-of-two scale fk_γ = pow2_scale(max |q| · max_c s_{γ,c})
+    // (its inverse in kinv), the B fragments [group][k-slice][column][t] (b0, b1) and Σ q·min per head (kbias). A lane
+    // per (k-slice, t) item (two at head_dim > 128) loads the scales of its 4 dims once for all columns
+    {
+        const float qmax = __int_as_float(mxi[0]);
+        const int NI = 16 * NWG; // items per group
+        for (int gi = warp; gi < ngc; gi += NWF) {
+            int dd[2][4];
+            float2 z[2][4];
+            float mk = 0.f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) z[k] = act && dd[k] < D ? __ldg(&ksb[(size_t)gi * C + dd[k]]) : make_float2(0.f, 0.f);
-        float pb[GQ];
+            for (int r = 0; r < 2; r++) {
+                const int it = lane + 32 * r, tt = it & 3, kk = it >> 2; // items past NI give dims >= D
+                key_dims<BK>(kk >> 2, tt, kk & 3, 0, &dd[r][0], &dd[r][1]);
+                key_dims<BK>(kk >> 2, tt, kk & 3, 1, &dd[r][2], &dd[r][3]);
 #pragma unroll
-        for (int j = 0; j < GQ; j++) {
-            float x[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) x[k] = dd[k] < D ? qv[j * D + dd[k]] : 0.f;
-            pb[j] = x[0] * z[0].x + x[1] * z[1].x + x[2] * z[2].x + x[3] * z[3].x;
-            float y[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) y[k] = x[k] * z[k].y * fk;
-            const uint32_t h0 = kvq_h2pack(y[0], y[1]), h1 = kvq_h2pack(y[2], y[3]);
-            const uint32_t l0 = kvq_h2pack(y[0] - h2f(h0), y[1] - h2f(h0 >> 16)), l1 = kvq_h2pack(y[2] - h2f(h1), y[3] - h2f(h1 >> 16));
-            if (act) {
-                bfr[((gi * KS4 + kk) * NC + 2 * j) * 4 + tt] = make_uint2(h0, h1);
-                bfr[((gi * KS4 + kk) * NC + 2 * j + 1) * 4 + tt] = make_uint2(l0, l1);
+                for (int k = 0; k < 4; k++) {
+                    z[r][k] = dd[r][k] < D ? __ldg(&ksb[(size_t)gi * C + dd[r][k]]) : make_float2(0.f, 0.f);
+                    mk = fmaxf(mk, fabsf(z[r][k].y));
+                }
             }
-        }
+            for (int o = 16; o; o >>= 1) mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
+            const float fk = pow2_scale(qmax * mk);
+            if (lane == 0) kinv[gi] = 1.f / fk;
+            float pb[GQ];
 #pragma unroll
-        for (int j = 0; j < GQ; j++) {
-            for (int o = 8; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
-            if (act && (lane & 15) == 0) atomicAdd(&kbias[gi * GQ + j], pb[j]);
+            for (int j = 0; j < GQ; j++) pb[j] = 0.f;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int it = lane + 32 * r, tt = it & 3, kk = it >> 2;
+                if (r == 1 && NI <= 32) break;
+#pragma unroll
+                for (int j = 0; j < GQ; j++) {
+                    float x[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) x[k] = dd[r][k] < D ? qv[j * D + dd[r][k]] : 0.f;
+                    pb[j] += x[0] * z[r][0].x + x[1] * z[r][1].x + x[2] * z[r][2].x + x[3] * z[r][3].x;
+                    float y[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) y[k] = x[k] * z[r][k].y * fk;
+                    const uint32_t h0 = kvq_h2pack(y[0], y[1]), h1 = kvq_h2pack(y[2], y[3]);
+                    const uint32_t l0 = kvq_h2pack(y[0] - h2f(h0), y[1] - h2f(h0 >> 16)), l1 = kvq_h2pack(y[2] - h2f(h1), y[3] - h2f(h1 >> 16));
+                    if (it < NI) {
+                        bfr[((gi * KS4 + kk) * NC + 2 * j) * 4 + tt] = make_uint2(h0, h1);
+                        bfr[((gi * KS4 + kk) * NC + 2 * j + 1) * 4 + tt] = make_uint2(l0, l1);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < GQ; j++) {
+                for (int o = 16; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
+                if (lane == 0) kbias[gi * GQ + j] = pb[j];
+            }
         }
     }
     __syncthreads();
@@ -363,13 +389,7 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
                 kp[k] += 8;
             }
         };
-        uint2 Xn[XM];
-        if (tb < te) load(Xn);
-        for (int tile = tb; tile < te; tile++) {
-            uint2 X[XM];
-#pragma unroll
-            for (int k = 0; k < XM; k++) X[k] = Xn[k];
-            if (tile + 1 < te) load(Xn);
+        auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -386,10 +406,19 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
             }
             // rows g, g + 8 = positions 2g, 2g + 1; columns 2t, 2t + 1 = query head t (hi, lo)
             if (t < GQ) {
-                const float kbv = kbias[gi * GQ + t];
+                const float kbv = kbias[gi * GQ + t], ik = kinv[gi];
                 sc[t * p.chunk + tile * 16 + 2 * g] = fmaf(acc[0] + acc[1], ik, kbv);
                 sc[t * p.chunk + tile * 16 + 2 * g + 1] = fmaf(acc[2] + acc[3], ik, kbv);
             }
+        };
+        // tiles in pairs, two register sets used in turn (no copies)
+        uint2 Xa[XM], Xb[XM];
+        if (tb < te) load(Xa);
+        for (int tile = tb; tile < te; tile += 2) {
+            if (tile + 1 < te) load(Xb);
+            score(Xa, tile);
+            if (tile + 2 < te) load(Xa);
+            if (tile + 1 < te) score(Xb, tile + 1);
         }
     }
     __syncthreads();
@@ -402,7 +431,8 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
         float mv = 0.f, pz[GQ];
 #pragma unroll
         for (int j = 0; j < GQ; j++) pz[j] = 0.f;
-        for (int t2 = tid; t2 < n; t2 += NTF) {
+#pragma unroll 4
+        for (int t2 = tid; t2 < n; t2 += NTF) { // 4 loads in flight
             const float2 z = __ldg(&vsb[(size_t)t2 * (C / G) + ga]);
             mv = fmaxf(mv, fabsf(z.y));
 #pragma unroll
@@ -419,6 +449,7 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
     __syncthreads();
     // value B fragments p·s·fv per (tile, group) (hi, lo) over the key fragments: a thread per (tile, group, t) loads
     // its 4 positions' scales once for all columns
+#pragma unroll 2
     for (int i = tid; i < ntile * NG * 4; i += NTF) {
         const int tt = i & 3, ga = (i >> 2) % NG, kt = (i >> 2) / NG;
         const float fv = pow2_scale(__int_as_float(vmx[ga]));
@@ -443,111 +474,115 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
     for (int ga = tid; ga < NG; ga += NTF) vinv[ga] = 1.f / pow2_scale(__int_as_float(vmx[ga]));
     __syncthreads();
 
-    // ---- P·V: warp w takes the contiguous k-tiles [kb, ke); passes of 4 m-tiles (8 at G = 128). Per k-tile a lane loads
-    // the words of all the pass's groups at once (rows 2t, 2t+1, 2t+8, 2t+9), the next k-tile's meanwhile when they
-    // fit in 16 registers
+    // ---- P·V: warp w takes the contiguous k-tiles [kb, ke); passes of 4 m-tiles (8 at G = 128), the pass's number of
+    // groups a compile-time constant (pv_pass), so the k-tile loop carries no group test and its accumulators stay in
+    // place. Per k-tile a lane loads the words of all the pass's groups at once (rows 2t, 2t+1, 2t+8, 2t+9), the next
+    // k-tile's meanwhile (two register sets used in turn: no copies)
     {
         const uint32_t *vc = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0) * p.vw;
         const int per = (ntile + NWF - 1) / NWF, kb = warp * per, ke = min(ntile, kb + per);
         // passes of MT m-tiles (64 dims; 128 at G = 128, whose groups are 8 m-tiles): GPP groups per pass, NWL words per
         // row and group
-        constexpr int MT = PPL > 4 ? PPL : 4, GPP = MT / PPL, NWL = BV * 2 * PPL > 32 ? 2 : 1, NX = GPP * 4 * NWL;
-        constexpr bool DB = NX <= 16;
+        constexpr int MT = PPL > 4 ? PPL : 4, GPP = MT / PPL, NWL = BV * 2 * PPL > 32 ? 2 : 1, GW = G * BV / 32;
+        // the lane's first dim pair of a group sits at bit lo0 of a word (the same in every group: G·BV is a multiple of
+        // 32); 0 when a lane's pairs fill whole words (LZ), else all its pairs lie in one word (wk = 0)
+        constexpr bool LZ = (BV * 2 * PPL) % 32 == 0;
+        const int lo0 = LZ ? 0 : (BV * 2 * g * PPL) & 31;
+        const size_t step = (size_t)16 * p.vw;
         for (int ga0 = 0; ga0 < NG; ga0 += GPP) {
-            float acc[MT][4];
+            auto pv_pass = [&](auto ngl_c) {
+                constexpr int NGL = decltype(ngl_c)::v, NX = NGL * 4 * NWL;
+                float acc[NGL * PPL][4];
 #pragma unroll
-            for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-            // rows g / g + 8 of m-tile (ga, mi): dims 2P, 2P + 1, P = ga·G/2 + g·PPL + mi; columns 2t, 2t+1: head t. The
-            // accumulators go to the warp's stage (fp32, first = store) every 8 k-tiles and at the end, and are reset:
-            // the tensor cores' fp32 accumulation truncates: chains of 39 k-tiles drifted to 1.8e-5 relative, of 16 to
-            // 1.35e-5, of 8 to 7e-6 (H200, 5000 positions in one chunk)
-            bool first = true;
-            auto flush = [&]() {
-                if (t < gn) {
+                for (int m = 0; m < NGL * PPL; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+                // rows g / g + 8 of m-tile (ga, mi): dims 2P, 2P + 1, P = ga·G/2 + g·PPL + mi; columns 2t, 2t+1: head t.
+                // The accumulators go to the warp's stage (fp32, first = store) every 8 k-tiles and at the end, and are
+                // reset: the tensor cores' fp32 accumulation truncates: chains of 39 k-tiles drifted to 1.8e-5 relative,
+                // of 16 to 1.35e-5, of 8 to 7e-6 (H200, 5000 positions in one chunk)
+                auto flush = [&](bool first) {
+                    if (t < gn) {
 #pragma unroll
-                    for (int gl = 0; gl < GPP; gl++) {
-                        const int ga = ga0 + gl;
-                        if (ga >= NG) break;
+                        for (int gl = 0; gl < NGL; gl++) {
+                            const int ga = ga0 + gl;
+                            const float vi = vinv[ga];
 #pragma unroll
-                        for (int mi = 0; mi < PPL; mi++) {
-                            const int P = ga * (G / 2) + g * PPL + mi;
-                            float *st = stage + (warp * GQ + t) * D + 2 * P;
-                            const float v0 = (acc[gl * PPL + mi][0] + acc[gl * PPL + mi][1]) * vinv[ga];
-                            const float v1 = (acc[gl * PPL + mi][2] + acc[gl * PPL + mi][3]) * vinv[ga];
-                            st[0] = first ? v0 : st[0] + v0;
-                            st[1] = first ? v1 : st[1] + v1;
+                            for (int mi = 0; mi < PPL; mi++) {
+                                float *st = stage + (warp * GQ + t) * D + 2 * (ga * (G / 2) + g * PPL + mi);
+                                const float v0 = (acc[gl * PPL + mi][0] + acc[gl * PPL + mi][1]) * vi;
+                                const float v1 = (acc[gl * PPL + mi][2] + acc[gl * PPL + mi][3]) * vi;
+                                st[0] = first ? v0 : st[0] + v0;
+                                st[1] = first ? v1 : st[1] + v1;
+                            }
                         }
                     }
-                }
 #pragma unroll
-                for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-                first = false;
-            };
-            // a pointer per row (2t, 2t+1, 2t+8, 2t+9 of the k-tile) at the lane's first word of group ga0; group ga0 + gl
-            // is GW words further (a compile-time offset); advanced one k-tile per step
-            constexpr int GW = G * BV / 32;
-            const uint32_t *rp[4];
+                    for (int m = 0; m < NGL * PPL; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+                };
+                // a pointer per row (2t, 2t+1, 2t+8, 2t+9 of the k-tile) at the lane's first word of group ga0; group
+                // ga0 + gl is GW words further (a compile-time offset); advanced one k-tile per load
+                const uint32_t *rp[4];
 #pragma unroll
-            for (int r = 0; r < 4; r++)
-                rp[r] = vc + (size_t)(kb * 16 + 2 * t + (r & 1) + 8 * (r >> 1)) * p.vw + ((2 * g * PPL * BV) >> 5) + ga0 * GW;
-            const size_t step = (size_t)16 * p.vw;
-            auto load = [&](uint32_t (&x)[NX]) {
+                for (int r = 0; r < 4; r++)
+                    rp[r] = vc + (size_t)(kb * 16 + 2 * t + (r & 1) + 8 * (r >> 1)) * p.vw + ((2 * g * PPL * BV) >> 5) + ga0 * GW;
+                auto load = [&](uint32_t (&x)[NX]) {
 #pragma unroll
-                for (int gl = 0; gl < GPP; gl++)
-                    if (ga0 + gl < NG)
+                    for (int gl = 0; gl < NGL; gl++)
 #pragma unroll
                         for (int r = 0; r < 4; r++)
 #pragma unroll
                             for (int k = 0; k < NWL; k++) x[(gl * 4 + r) * NWL + k] = __ldcs(rp[r] + gl * GW + k);
 #pragma unroll
-                for (int r = 0; r < 4; r++) rp[r] += step;
-            };
-            uint32_t xn[NX];
-            if constexpr (DB)
-                if (kb < ke) load(xn);
-            // the lane's first dim pair of a group sits at bit lo0 of a word (the same in every group: G·BV is a
-            // multiple of 32); the byte selectors and nibble shifts per mi follow
-            const int lo0 = (BV * 2 * g * PPL) & 31;
-            for (int kt = kb; kt < ke; kt++) {
-                uint32_t x[NX];
-                if constexpr (DB) {
+                    for (int r = 0; r < 4; r++) rp[r] += step;
+                };
+                auto tile = [&](const uint32_t (&x)[NX], int kt) {
 #pragma unroll
-                    for (int k = 0; k < NX; k++) x[k] = xn[k];
-                    if (kt + 1 < ke) load(xn);
-                } else {
-                    load(x);
-                }
+                    for (int gl = 0; gl < NGL; gl++) {
+                        const uint2 b = g < NC ? bfr[((kt * NG + ga0 + gl) * NC + g) * 4 + t] : make_uint2(0u, 0u);
 #pragma unroll
-                for (int gl = 0; gl < GPP; gl++) {
-                    const int ga = ga0 + gl;
-                    if (ga < NG) {
-                    const uint2 b = g < NC ? bfr[((kt * NG + ga) * NC + g) * 4 + t] : make_uint2(0u, 0u);
-#pragma unroll
-                    for (int mi = 0; mi < PPL; mi++) {
-                        const int o = lo0 + 2 * BV * mi, wk = o >> 5, by = (o >> 3) & 3;
-                        const uint32_t sel = (uint32_t)(by | by << 4 | (4 + by) << 8 | (4 + by) << 12);
-                        const uint32_t *xg = x + gl * 4 * NWL;
-                        const uint32_t y0 = __byte_perm(xg[0 * NWL + wk], xg[1 * NWL + wk], sel), y1 = __byte_perm(xg[2 * NWL + wk], xg[3 * NWL + wk], sel);
-                        uint32_t a0, a1, a2, a3;
-                        if (BV == 4) { // low nibble: dim 2P (row g), high nibble: dim 2P + 1 (row g + 8)
-                            a0 = dq_field(y0, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
-                            a1 = dq_field(y0, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
-                            a2 = dq_field(y1, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
-                            a3 = dq_field(y1, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
-                        } else { // the pair's nibble (4 (o/4 & 1) bits up): 2-bit codes of dims 2P, 2P + 1
-                            const int sh = 4 * ((o >> 2) & 1);
-                            a0 = dq_field(y0, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);
-                            a1 = dq_field(y0, sh, 0x000C000Cu, 0x34003400u, 0xDC00DC00u);
-                            a2 = dq_field(y1, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);
-                            a3 = dq_field(y1, sh, 0x000C000Cu, 0x34003400u, 0xDC00DC00u);
+                        for (int mi = 0; mi < PPL; mi++) {
+                            const int o = lo0 + 2 * BV * mi, wk = LZ ? o >> 5 : 0, by = (o >> 3) & 3;
+                            const uint32_t sel = (uint32_t)(by | by << 4 | (4 + by) << 8 | (4 + by) << 12);
+                            const uint32_t *xg = x + gl * 4 * NWL;
+                            const uint32_t y0 = __byte_perm(xg[0 * NWL + wk], xg[1 * NWL + wk], sel),
+                                           y1 = __byte_perm(xg[2 * NWL + wk], xg[3 * NWL + wk], sel);
+                            uint32_t a0, a1, a2, a3;
+                            if (BV == 4) { // low nibble: dim 2P (row g), high nibble: dim 2P + 1 (row g + 8)
+                                a0 = dq_field(y0, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
+                                a1 = dq_field(y0, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
+                                a2 = dq_field(y1, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
+                                a3 = dq_field(y1, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
+                            } else { // the pair's nibble (4 (o/4 & 1) bits up): 2-bit codes of dims 2P, 2P + 1
+                                const int sh = 4 * ((o >> 2) & 1);
+                                a0 = dq_field(y0, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);
+                                a1 = dq_field(y0, sh, 0x000C000Cu, 0x34003400u, 0xDC00DC00u);
+                                a2 = dq_field(y1, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);
+                                a3 = dq_field(y1, sh, 0x000C000Cu, 0x34003400u, 0xDC00DC00u);
+                            }
+                            kvq_mma16816(acc[gl * PPL + mi], a0, a1, a2, a3, b.x, b.y);
                         }
-                        kvq_mma16816(acc[gl * PPL + mi], a0, a1, a2, a3, b.x, b.y);
                     }
+                };
+                // blocks of 8 k-tiles (the flush interval), k-tiles in pairs (xa, xb); a block's last load fetches the
+                // next block's first k-tile
+                uint32_t xa[NX], xb[NX];
+                if (kb < ke) load(xa);
+                for (int k0 = kb; k0 < ke; k0 += 8) {
+                    const int k1 = min(ke, k0 + 8);
+                    for (int kt = k0; kt < k1; kt += 2) {
+                        if (kt + 1 < k1) load(xb);
+                        tile(xa, kt);
+                        if (kt + 2 < ke) load(xa);
+                        if (kt + 1 < k1) tile(xb, kt + 1);
                     }
+                    flush(k0 == kb);
                 }
-                if (kt + 1 < ke && ((kt + 1 - kb) & 7) == 0) flush();
-            }
-            flush(); // the rest (all zeros for a warp without k-tiles)
+                if (kb >= ke) flush(true); // zeros for a warp without k-tiles
+            };
+            const int ngl = min(GPP, NG - ga0);
+            if (ngl == GPP) pv_pass(KI<GPP>{});
+            else if (GPP > 1 && ngl == 1) pv_pass(KI<1>{});
+            else if (GPP > 2 && ngl == 2) pv_pass(KI<(GPP > 2 ? 2 : 1)>{});
+            else if (GPP > 3) pv_pass(KI<(GPP > 3 ? 3 : 1)>{});
         }
     }
     __syncthreads();

@@ -103,6 +103,7 @@ inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, u
     emu.warp_bar[w]->arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
+inline uint32_t kvq_andor(uint32_t x, uint32_t m, uint32_t c) { return (x & m) | c; }
 // fma.rn.f16x2: per half, a·b + c rounded once to fp16 (exact in double for fp16 inputs)
 inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
 {

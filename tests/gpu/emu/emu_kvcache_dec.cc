@@ -263,6 +263,9 @@ int main(int argc, char **argv)
     run_kivi(1, 2, 48, 2, 4, 2, 16, 32, true, 2, 900, l3, quick ? 2 : 4, 4, "kivi d48 g16 4/2");
     run_kivi(1, 1, 256, 4, 4, 4, 64, 0, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d256 g64 r0 4/4");
     run_kivi(1, 2, 40, 2, 3, 2, 8, 16, false, 1, 700, l3, quick ? 2 : 4, 4, "kivi pre-rope 3/2 g8");
+    /* value groups that do not fill the last P·V pass (passes of 2 groups at G = 32, 4 at G = 16) */
+    run_kivi(1, 1, 96, 2, 2, 4, 32, 32, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d96 g32 2/4");
+    run_kivi(1, 2, 32, 1, 4, 2, 16, 16, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d32 g16 4/2");
     /* long chunks (max_splits 1: one block takes ~2500 positions): small p·s and q·s must keep their fp16 low parts
      * (the operands' power-of-two scaling; without it this case drifted to 2e-5..6e-5) */
     const size_t l4[] = {2625};
