@@ -267,11 +267,13 @@ __device__ __forceinline__ float pow2_scale(float m)
     return ldexpf(1.f, max(-100, min(100, 14 - e)));
 }
 
-// 3 blocks per SM (<= 80 registers) where ptxas needs no spills for it (G = 32, 64; H200, Llama heads B = 32:
-// k2g32 3765 -> 3101 µs, SmolLM2 B = 32 -9..-13%), else 2 (G = 16, 128 spill 50-108 bytes at 80 registers and were
-// slower); the plan's wave model keeps assuming 2 (assuming 3 chose shorter chunks: SmolLM2 B = 1 77 -> 87 µs)
+// 3 blocks per SM (<= 80 registers) at G >= 32 (H200, Llama heads B = 32: k2g32 3765 -> 3101 µs, SmolLM2 B = 32
+// -9..-13%; G = 128 with the copy-free P·V loop: k2gD 2300 -> 1883 µs, k4gD 2500 -> 2052 although ptxas spills up to 56
+// bytes there, B = 1 +4..6%), else 2 (G = 16); 4 at G = 32 (k2, one query head; 40 bytes spilled) was 11% faster at
+// B = 1 and 5% slower at B = 32, not kept. The plan's wave model keeps assuming 2 (assuming 3 chose shorter chunks:
+// SmolLM2 B = 1 77 -> 87 µs)
 template <int BK, int BV, int GQ, int LG>
-__global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(KivP p)
+__global__ void __launch_bounds__(NTF, LG >= 1 ? 3 : 2) kivi_fast(KivP p)
 {
     constexpr int PPL = 1 << LG, G = 16 << LG, NC = 2 * GQ; // dim pairs per lane per value group, group size, B columns
     KVQ_DYN_SMEM(float4, sm4);
@@ -529,8 +531,13 @@ __global__ void __launch_bounds__(NTF, LG == 1 || LG == 2 ? 3 : 2) kivi_fast(Kiv
                     for (int gl = 0; gl < NGL; gl++)
 #pragma unroll
                         for (int r = 0; r < 4; r++)
-#pragma unroll
-                            for (int k = 0; k < NWL; k++) x[(gl * 4 + r) * NWL + k] = __ldcs(rp[r] + gl * GW + k);
+                            if (NWL == 2) { // 4-bit, G = 128: the lane's two words are 8-byte aligned (an even word offset)
+                                const uint2 w2 = __ldcs((const uint2 *)(rp[r] + gl * GW));
+                                x[(gl * 4 + r) * NWL] = w2.x;
+                                x[(gl * 4 + r) * NWL + NWL - 1] = w2.y;
+                            } else {
+                                x[(gl * 4 + r) * NWL] = __ldcs(rp[r] + gl * GW);
+                            }
 #pragma unroll
                     for (int r = 0; r < 4; r++) rp[r] += step;
                 };
