@@ -742,7 +742,7 @@ void kvq_kvcache_view_get(const kvq_kvcache *c, kvq_kvcache_view *v)
     v->k_head_words = c->kw;
     v->v_head_words = c->vw;
     v->ring = c->ring;
-    v->len = c->len; v->kq = c->kq; v->vq = c->vq;
+    v->len = c->len; v->kq = c->kq; v->vq = c->vq; v->prefix_set = c->prefix_set;
     v->k16 = c->k16; v->v16 = c->v16;
     v->kcodes = c->kcodes; v->vcodes = c->vcodes;
     v->vscale = c->vscale; v->kscale = c->kscale;

@@ -183,6 +183,7 @@ typedef struct {
     size_t ring;            /* KIVI residual ring slots (0 for NUQ) */
     const size_t *len;      /* [n_seqs] positions */
     const size_t *kq, *vq;  /* [n_seqs] quantized key / value positions (q = pos - n_exact) */
+    const bool *prefix_set; /* [n_seqs] IntactKV prefix set (appends need it when prefix_len > 0) */
     const uint16_t *k16, *v16; /* exact region [n_seqs][H][n_exact][D] fp16 bits, keys post-RoPE */
     const uint32_t *kcodes; /* [n_seqs][H][k_head_words][capq] (token-minor: coalesced per word) */
     const uint32_t *vcodes; /* [n_seqs][H][capq][v_head_words] */

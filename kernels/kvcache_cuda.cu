@@ -1418,6 +1418,7 @@ extern "C" kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_k
             ((size_t *)v.len)[s] = c->len[s];
             ((size_t *)v.kq)[s] = c->kq[s];
             ((size_t *)v.vq)[s] = c->vq[s];
+            ((bool *)v.prefix_set)[s] = c->prefix_set[s];
         }
         return KVQ_OK;
     }
@@ -1430,6 +1431,7 @@ extern "C" kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_k
         size_t *len = (size_t *)v.len, *kq = (size_t *)v.kq, *vq = (size_t *)v.vq;
         len[s] = c->len[s];
         kq[s] = vq[s] = c->len[s] > c->n_exact ? c->len[s] - c->n_exact : 0;
+        ((bool *)v.prefix_set)[s] = c->prefix_set[s];
     }
     return KVQ_OK;
 }

@@ -85,8 +85,10 @@ kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q_dev, size
                                    float *out_dev, size_t max_splits, int sync, kvq_err *err);
 
 /* Copy the whole device state into a CPU cache created with the same
- * configuration (lengths, codes, scales, sparse rows and entries, fp16 rows),
- * so tests can compare it with kvq_kvcache_append's. */
+ * configuration (lengths, IntactKV prefix flags, codes, scales, sparse rows
+ * and entries, fp16 rows, KIVI residual rings), so tests can compare it with
+ * kvq_kvcache_append's and the CPU cache can go on appending. Errors:
+ * KVQ_EMISMATCH for another configuration or a smaller outlier capacity. */
 kvq_status kvq_kvcache_cuda_download(const kvq_kvcache_cuda *c, kvq_kvcache *dst, kvq_err *err);
 
 /* Benchmark support: set every sequence to `len` positions and fill the

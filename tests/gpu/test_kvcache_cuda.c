@@ -170,6 +170,7 @@ static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg
     size_t H = t->H, bad = 0, badh = 0;
     for (size_t s = 0; s < t->B; s++) {
         CHECK(x.len[s] == y.len[s], "%s: seq %zu length cpu %zu gpu %zu", name, s, x.len[s], y.len[s]);
+        CHECK(x.prefix_set[s] == y.prefix_set[s], "%s: seq %zu IntactKV prefix set: cpu %d gpu %d", name, s, x.prefix_set[s], y.prefix_set[s]);
         size_t nq = x.kq[s];
         compare_codes_rows(&x, &y, s, H, t->D, &bad, &badh);
         for (size_t q = 0; q < nq; q++) bad += memcmp(x.vscale + (s * x.capq + q) * 2, y.vscale + (s * y.capq + q) * 2, 8) != 0;
@@ -324,6 +325,7 @@ static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const
     for (size_t s = 0; s < t->B; s++) {
         CHECK(x.len[s] == y.len[s] && x.kq[s] == y.kq[s] && x.vq[s] == y.vq[s], "%s: seq %zu length/kq/vq cpu %zu/%zu/%zu gpu %zu/%zu/%zu",
               name, s, x.len[s], x.kq[s], x.vq[s], y.len[s], y.kq[s], y.vq[s]);
+        CHECK(x.prefix_set[s] == y.prefix_set[s], "%s: seq %zu IntactKV prefix set: cpu %d gpu %d", name, s, x.prefix_set[s], y.prefix_set[s]);
         compare_codes_rows(&x, &y, s, H, D, &bad, &badh);
         const size_t ngk = x.capq / G + 1;
         bad += memcmp(x.kscale + s * ngk * C * 2, y.kscale + s * ngk * C * 2, (x.kq[s] / G) * C * 8) != 0;
