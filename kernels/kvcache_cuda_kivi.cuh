@@ -219,7 +219,8 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
 }
 
 // launch plan for kivi_fast: chunk (a multiple of 128 positions) by v4's wave model (v4::plan) within smem_max bytes
-// of dynamic shared memory; nq = the longest range [0, qf); chunks of at most 2048 positions unless max_splits is set
+// of dynamic shared memory; nq = the longest range [0, qf), per = blocks per split; chunks of at most 2048 positions
+// unless max_splits is set
 inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int D, int G, size_t smem_max, size_t *chunk_out,
                  size_t *splits_out)
 {
@@ -230,8 +231,12 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
         if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
         const size_t sm = (size_t)fast_smem(gq, D, G, (int)chunk).total * 4;
         if (sm > smem_max) continue;
+        // resident blocks per SM: kivi_fast's 3 at G >= 32 (its launch bounds) when a split has at least 8 blocks, else
+        // 2: with few blocks per split, planning for 3 picked chunks so short that their set-up outweighed the better
+        // balance (H200, SmolLM2 B = 1 N = 32K: 77 -> 86 µs; Llama B = 1 -6..-12%, SmolLM2 B = 8, 32 -7..-17%)
         size_t b = 228 * 1024 / (sm + 1024);
-        if (b > 2) b = 2;
+        const size_t bmax = G >= 32 && per >= 8 ? 3 : 2;
+        if (b > bmax) b = bmax;
         const size_t waves = (per * se + n_sm * b - 1) / (n_sm * b), cost = waves * (cu + 1);
         if (!best || cost < bc) { best = chunk; bc = cost; }
     }
@@ -270,8 +275,7 @@ __device__ __forceinline__ float pow2_scale(float m)
 // 3 blocks per SM (<= 80 registers) at G >= 32 (H200, Llama heads B = 32: k2g32 3765 -> 3101 µs, SmolLM2 B = 32
 // -9..-13%; G = 128 with the copy-free P·V loop: k2gD 2300 -> 1883 µs, k4gD 2500 -> 2052 although ptxas spills up to 56
 // bytes there, B = 1 +4..6%), else 2 (G = 16); 4 at G = 32 (k2, one query head; 40 bytes spilled) was 11% faster at
-// B = 1 and 5% slower at B = 32, not kept. The plan's wave model keeps assuming 2 (assuming 3 chose shorter chunks:
-// SmolLM2 B = 1 77 -> 87 µs)
+// B = 1 and 5% slower at B = 32, not kept. The plan (kv::plan) assumes 3 only with at least 8 blocks per split
 template <int BK, int BV, int GQ, int LG>
 __global__ void __launch_bounds__(NTF, LG >= 1 ? 3 : 2) kivi_fast(KivP p)
 {
