@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
 // order.
 // P·V: A = value codes, rows = 16 dims of one channel group (the weights p·s differ per group), k = positions:
 // row g / g + 8 of m-tile (γ, i) = the two dims of pair γ·G/2 + g·G/16 + i (so a lane loads one word per
-// row and group), positions (2t, 2t+1) and (2t+8, 2t+9) merged per register with one PRMT; B = p·s of the
+// row and group; two, as one 8-byte load, at 4-bit G = 128), positions (2t, 2t+1) and (2t+8, 2t+9) merged per register with one PRMT; B = p·s of the
 // tile's 16 positions per group (hi, lo), built in shared memory after the softmax.
 constexpr int NTF = 256, NWF = 8;
 
@@ -198,7 +198,7 @@ template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j,
 
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
-    int qv, sc, red, stat, kbias, vbias, stage, bfr, total; // kbias: [ngc][gq], then [ngc]; vbias: [NG][gq], then [NG] floats, [NG + 2] ints; bfr: uint2 fragments
+    int qv, sc, red, stat, kbias, vbias, stage, bfr, total; // kbias: [ngc][gq], then [ngc]; vbias: [NG][gq], then [NG] floats, [NG + 2] ints (max value scales, max |q|, spare); bfr: uint2 fragments
 };
 __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
 {
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(NTF, LG >= 1 ? 3 : 2) kivi_fast(KivP p)
           *vbias = smf + L.vbias, *stage = smf + L.stage;
     float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
     float *vinv = vbias + NG * GQ;                 // [NG] 1 / (the value operands' scale) per value group
-    int *vmx = (int *)(vinv + NG), *mxi = vmx + NG; // [NG] max value scale per group, [1] max |q| (float bits)
+    int *vmx = (int *)(vinv + NG), *mxi = vmx + NG; // [NG] max value scale per group, [2] max |q| (float bits), spare
     uint2 *bfr = (uint2 *)(smf + L.bfr);
     const float2 *ksb = p.kscale + ((size_t)s * p.ngk + q0 / G) * C + h * D; // key group gi of the chunk at + gi·C
     const float2 *vsb = p.vscale + ((size_t)s * p.capq + q0) * (C / G) + (h * D) / G;

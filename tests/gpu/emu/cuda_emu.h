@@ -24,10 +24,11 @@ extern "C" {
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 
-struct float2 { float x, y; };
-struct float4 { float x, y, z, w; };
-struct uint4 { uint32_t x, y, z, w; };
-struct uint2 { uint32_t x, y; };
+// CUDA's alignment (8 / 16 bytes), so UBSan flags a misaligned vector access as the device would fault on it
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) uint4 { uint32_t x, y, z, w; };
+struct alignas(8) uint2 { uint32_t x, y; };
 inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 struct dim3e { unsigned x = 0, y = 0, z = 0; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
@@ -121,7 +122,7 @@ inline float atomicAdd(float *p, float v) { std::lock_guard<std::mutex> g(emu.at
 template <class T> inline T __ldg(const T *p) { return *p; }
 template <class T> inline T __ldcs(const T *p)
 {
-    if (sizeof(T) == 16 && ((uintptr_t)p & 15)) abort(); // misaligned 16-byte load
+    if ((sizeof(T) == 16 || sizeof(T) == 8) && ((uintptr_t)p & (sizeof(T) - 1))) abort(); // misaligned 8- / 16-byte load
     return *p;
 }
 template <class T> inline T min(T a, T b) { return a < b ? a : b; }

@@ -270,6 +270,9 @@ int main(int argc, char **argv)
      * (the operands' power-of-two scaling; without it this case drifted to 2e-5..6e-5) */
     const size_t l4[] = {2625};
     run_kivi(1, 1, 64, 1, 4, 4, 32, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk 4/4");
+    /* more than 8 k-tiles per warp (the P·V flush blocks and the prefetch across them) at groups 128 and 16 */
+    run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 4/4");
+    if (!quick) run_kivi(1, 1, 32, 1, 2, 2, 16, 16, true, 0, 2700, l4, 1, 132, "kivi long chunk g16 2/2");
     /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
     /* tiny queries (1e-36, so max |q|·max s < 2^-114): the operands' power-of-two scale must stay finite (it overflowed to inf: NaN scores) */
