@@ -159,8 +159,9 @@ __global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
 // order.
 // P·V: A = value codes, rows = 16 dims of one channel group (the weights p·s differ per group), k = positions:
 // row g / g + 8 of m-tile (γ, i) = the two dims of pair γ·G/2 + g·G/16 + i (so a lane loads one word per
-// row and group; two, as one 8-byte load, at 4-bit G = 128), positions (2t, 2t+1) and (2t+8, 2t+9) merged per register with one PRMT; B = p·s of the
-// tile's 16 positions per group (hi, lo), built in shared memory after the softmax.
+// row and group; two, as one 8-byte load, at 4-bit G = 128), positions (2t, 2t+1) and (2t+8, 2t+9) merged
+// per register with one PRMT; B = p·s of the tile's 16 positions per group (hi, lo), built in shared memory
+// after the softmax.
 constexpr int NTF = 256, NWF = 8;
 
 // a compile-time int as a value (for generic lambdas)
@@ -198,7 +199,9 @@ template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j,
 
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
-    int qv, sc, red, stat, kbias, vbias, stage, bfr, total; // kbias: [ngc][gq], then [ngc]; vbias: [NG][gq], then [NG] floats, [NG + 2] ints (max value scales, max |q|, spare); bfr: uint2 fragments
+    // kbias: [ngc][gq], then [ngc] (kinv); vbias: [NG][gq], then [NG] floats (vinv), [NG + 2] ints (max value
+    // scales, max |q|, spare); bfr: uint2 fragments
+    int qv, sc, red, stat, kbias, vbias, stage, bfr, total;
 };
 __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
 {
