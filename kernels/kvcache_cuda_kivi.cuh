@@ -516,7 +516,9 @@ __global__ void __launch_bounds__(NTF, LG >= 1 ? 3 : 2) kivi_fast(KivP p)
                             const float vi = vinv[ga];
 #pragma unroll
                             for (int mi = 0; mi < PPL; mi++) {
-                                float *st = stage + (warp * GQ + t) * D + 2 * (ga * (G / 2) + g * PPL + mi);
+                                // pair P = ga·G/2 + g·PPL + mi at slot ga·G/2 + mi·8 + g: the 8 lanes g of a store
+                                // hit consecutive pairs (at g·PPL: 4-way bank conflicts at G = 128)
+                                float *st = stage + (warp * GQ + t) * D + 2 * (ga * (G / 2) + mi * 8 + g);
                                 const float v0 = (acc[gl * PPL + mi][0] + acc[gl * PPL + mi][1]) * vi;
                                 const float v1 = (acc[gl * PPL + mi][2] + acc[gl * PPL + mi][3]) * vi;
                                 st[0] = first ? v0 : st[0] + v0;
@@ -606,8 +608,9 @@ __global__ void __launch_bounds__(NTF, LG >= 1 ? 3 : 2) kivi_fast(KivP p)
         if (d < 2) v = stat[d * GQ + j];
         else {
             v = vbias[((d - 2) / G) * GQ + j];
+            const int P = (d - 2) >> 1, rem = P % (G / 2), slot = P - rem + (rem % PPL) * 8 + rem / PPL; // the flush's slot
 #pragma unroll
-            for (int w = 0; w < NWF; w++) v += stage[(w * GQ + j) * D + d - 2];
+            for (int w = 0; w < NWF; w++) v += stage[(w * GQ + j) * D + 2 * slot + ((d - 2) & 1)];
         }
         part0[j * pstride + d] = v;
     }
