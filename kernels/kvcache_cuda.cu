@@ -84,8 +84,7 @@ __global__ void __launch_bounds__(128) nuq_decode(DecP p)
     float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
     const size_t pstride = (size_t)p.nslots * (D + 2);
     if (q0 >= q1) {
-        for (int j = 0; j < gn; j++)
-            for (int d = tid; d < D + 2; d += blockDim.x) part0[j * pstride + d] = d == 0 ? -INFINITY : 0.f;
+        empty_partials(part0, pstride, gn, D);
         return;
     }
     const int n = q1 - q0;

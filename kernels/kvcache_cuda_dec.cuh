@@ -63,6 +63,14 @@ struct DecP {
     float scale;
 };
 
+// the split-K partial (m, l, acc) of a block without positions, for query heads 0..gn-1 at part0 + j·pstride:
+// m = -inf, l = acc = 0 (combine gives it no weight)
+__device__ inline void empty_partials(float *part0, size_t pstride, int gn, int D)
+{
+    for (int j = 0; j < gn; j++)
+        for (int d = threadIdx.x; d < D + 2; d += blockDim.x) part0[j * pstride + d] = d == 0 ? -INFINITY : 0.f;
+}
+
 // per-query block reduction (up to 8 warps): v[gg] <- op over the block's threads of v[gg], in every thread
 // (warp xor-tree, then lane 0 of each warp to red[gg * 8 + warp]; the caller separates reuses of red by a barrier)
 template <int GQ, class Op>
@@ -409,8 +417,7 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
     const size_t pstride = (size_t)p.nslots * (D + 2);
     if (q0 >= q1) {
-        for (int j = 0; j < gn; j++)
-            for (int d = tid; d < D + 2; d += NT4) part0[j * pstride + d] = d == 0 ? -INFINITY : 0.f;
+        empty_partials(part0, pstride, gn, D);
         return;
     }
     const int n = q1 - q0;

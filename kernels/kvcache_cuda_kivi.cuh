@@ -65,7 +65,7 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
     const int a = (p.use_qf ? p.qf[s] : 0) + split * p.gchunk, b = min(a + p.gchunk, nq);
     float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
     if (a >= b) {
-        for (int d = tid; d < D + 2; d += nt) part[d] = d == 0 ? -INFINITY : 0.f;
+        empty_partials(part, 0, 1, D);
         return;
     }
     const int n = b - a;
@@ -293,8 +293,7 @@ __global__ void __launch_bounds__(NTF, LG >= 1 ? 3 : 2) kivi_fast(KivP p)
     float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
     const size_t pstride = (size_t)p.nslots * (D + 2);
     if (q0 >= q1) {
-        for (int j = 0; j < gn; j++)
-            for (int d = tid; d < D + 2; d += NTF) part0[j * pstride + d] = d == 0 ? -INFINITY : 0.f;
+        empty_partials(part0, pstride, gn, D);
         return;
     }
     const int n = q1 - q0, ntile = n >> 4, ngc = (n + G - 1) / G; // n is a multiple of 16
