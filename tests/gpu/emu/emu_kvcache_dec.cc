@@ -76,6 +76,20 @@ static void rope_tables(const kvq_kvcache_view &v, size_t D, size_t rope_dim, si
     }
 }
 
+// the CPU cache of cfg and its tokens' keys / values K, V ([n_seqs][max_tokens][kv_dim], pseudo-random)
+static kvq_kvcache *cpu_cache(const kvq_kvcache_config &cfg, std::vector<float> &K, std::vector<float> &V)
+{
+    const size_t rows = cfg.n_seqs * cfg.max_tokens, C = cfg.n_kv_heads * cfg.head_dim;
+    kvq_kvcache *cpu;
+    kvq_err err;
+    if (kvq_kvcache_create(&cpu, &cfg, &err)) { printf("create: %s\n", err.msg); exit(2); }
+    K.assign(rows * C, 0.f);
+    V.assign(rows * C, 0.f);
+    fill(K.data(), rows, C, 1);
+    fill(V.data(), rows, C, 0);
+    return cpu;
+}
+
 static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t tables, size_t n_sink, size_t NT, double f,
                 const size_t *lens, size_t nlens, size_t n_sm, const char *name)
 {
@@ -93,12 +107,9 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
     cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.outlier_frac = f;
     cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
     cfg.k_tables = cfg.v_tables = tables; cfg.k_levels = klev.data(); cfg.v_levels = vlev.data(); cfg.k_lower = lo.data(); cfg.k_upper = hi.data();
-    kvq_kvcache *cpu;
+    std::vector<float> K, V;
+    kvq_kvcache *cpu = cpu_cache(cfg, K, V);
     kvq_err err;
-    if (kvq_kvcache_create(&cpu, &cfg, &err)) { printf("create: %s\n", err.msg); exit(2); }
-    std::vector<float> K(B * NT * C), V(B * NT * C);
-    fill(K.data(), B * NT, C, 1);
-    fill(V.data(), B * NT, C, 0);
     size_t len = 0;
     for (size_t li = 0; li < nlens; li++) {
         size_t to = lens[li] < NT ? lens[li] : NT;
@@ -165,12 +176,9 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
     cfg.format = KVQ_KVCACHE_KIVI; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
     cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.group = G; cfg.residual = R; cfg.post_rope = post;
     cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
-    kvq_kvcache *cpu;
+    std::vector<float> K, V;
+    kvq_kvcache *cpu = cpu_cache(cfg, K, V);
     kvq_err err;
-    if (kvq_kvcache_create(&cpu, &cfg, &err)) { printf("create: %s\n", err.msg); exit(2); }
-    std::vector<float> K(B * NT * C), V(B * NT * C);
-    fill(K.data(), B * NT, C, 1);
-    fill(V.data(), B * NT, C, 0);
     const int lg = G == 16 ? 0 : G == 32 ? 1 : G == 64 ? 2 : G == 128 ? 3 : -1;
     const bool fast = post && (kb == 2 || kb == 4) && (vb == 2 || vb == 4) && lg >= 0;
     size_t len = 0;
