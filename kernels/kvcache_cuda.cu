@@ -1324,7 +1324,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.use_qf = fsplits ? 1 : 0;
     if (fsplits) {
         p.chunk = (int)fchunk;
-        kv::fast_pick(g->k_bits, g->v_bits, gq, lg)<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::NTF,
+        kv::fast_pick(g->k_bits, g->v_bits, gq, lg)<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::fast_threads((int)G),
                                                        (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4>>>(p);
         CKL();
     }
