@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
 // after the softmax.
 // threads per block: 128 (4 warps) at G = 128, else 256 (8 warps). Same call, H200, Llama heads N = 32K, against 256
 // at every G: k2gD B = 32 1862 -> 1701 µs, k4gD 2019 -> 1907, B = 8 -2.4% / -1%, B = 1 -3%; at G = 32 (k2g32 2927 ->
-// 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +2..+15%) 128 threads were slower, so those keep 256
+// 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256
 __host__ __device__ constexpr int fast_threads(int G) { return G == 128 ? 128 : 256; }
 // resident blocks per SM the launch bounds allow: 768 threads (3 blocks of 256, 6 of 128) at G >= 32, else 512
 __host__ __device__ constexpr int fast_blocks(int G) { return (G >= 32 ? 768 : 512) / fast_threads(G); }
