@@ -1305,7 +1305,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     if (fast && maxqf) {
         gq = choose_gq(gg, 4, 4);
         qgroups = (gg + gq - 1) / gq;
-        kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, SMEM_MAX, &fchunk, &fsplits);
+        kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, g->k_bits, g->v_bits, SMEM_MAX, &fchunk, &fsplits);
     }
     size_t gchunk, gsplits;
     kv::generic_plan(maxrest, B * n_heads, (size_t)c->n_sm, max_splits, &gchunk, &gsplits);

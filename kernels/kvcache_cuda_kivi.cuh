@@ -166,8 +166,14 @@ __global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
 // at every G: k2gD B = 32 1862 -> 1701 µs, k4gD 2019 -> 1907, B = 8 -2.4% / -1%, B = 1 -3%; at G = 32 (k2g32 2927 ->
 // 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256
 __host__ __device__ constexpr int fast_threads(int G) { return G == 128 ? 128 : 256; }
-// resident blocks per SM the launch bounds allow: 768 threads (3 blocks of 256, 6 of 128) at G >= 32, else 512
-__host__ __device__ constexpr int fast_blocks(int G) { return (G >= 32 ? 768 : 512) / fast_threads(G); }
+// resident blocks per SM the launch bounds allow: 768 threads (3 blocks of 256, 6 of 128) at G >= 32, else 512; 7 of 128
+// (72 registers) for 2-bit keys and values at G = 128. Same call, H200, Llama heads N = 32K, k2gD against 6: B = 32 1692 ->
+// 1642 µs, B = 8 525 -> 503, B = 1 136.5 -> 139.4; at 4 bits 7 blocks were 3..5% slower (k4gD B = 32 1921 -> 2020) and 8
+// (64 registers, more spills) slower for both (k2gD B = 32 1804, k4gD 2552)
+__host__ __device__ constexpr int fast_blocks(int G, int bk, int bv)
+{
+    return G == 128 && bk == 2 && bv == 2 ? 7 : (G >= 32 ? 768 : 512) / fast_threads(G);
+}
 
 // a compile-time int as a value (for generic lambdas)
 template <int N> struct KI {
@@ -229,8 +235,8 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
 // launch plan for kivi_fast: chunk (a multiple of 128 positions) by v4's wave model (v4::plan) within smem_max bytes
 // of dynamic shared memory; nq = the longest range [0, qf), per = blocks per split; chunks of at most 2048 positions
 // unless max_splits is set
-inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int D, int G, size_t smem_max, size_t *chunk_out,
-                 size_t *splits_out)
+inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int D, int G, int bk, int bv, size_t smem_max,
+                 size_t *chunk_out, size_t *splits_out)
 {
     const size_t U = 128, nu = nq ? (nq + U - 1) / U : 1, smax = max_splits && max_splits < nu ? max_splits : nu;
     size_t best = 0, bc = 0;
@@ -239,12 +245,12 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
         if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
         const size_t sm = (size_t)fast_smem(gq, D, G, (int)chunk).total * 4;
         if (sm > smem_max) continue;
-        // resident blocks per SM: kivi_fast's launch bounds at G >= 32 (fast_blocks: 3 of 256 threads, 6 of 128 at
+        // resident blocks per SM: kivi_fast's launch bounds at G >= 32 (fast_blocks: 3 of 256 threads, 6 or 7 of 128 at
         // G = 128) when a split has at least 8 blocks, else 512 threads' worth (2, or 4 of 128): with few blocks per
         // split, planning for 3 picked chunks so short that their set-up outweighed the better balance (H200, SmolLM2
         // B = 1 N = 32K: 77 -> 86 µs; Llama B = 1 -6..-12%, SmolLM2 B = 8, 32 -7..-17%)
         size_t b = 228 * 1024 / (sm + 1024);
-        const size_t bmax = G >= 32 && per >= 8 ? (size_t)fast_blocks(G) : (size_t)(512 / fast_threads(G));
+        const size_t bmax = G >= 32 && per >= 8 ? (size_t)fast_blocks(G, bk, bv) : (size_t)(512 / fast_threads(G));
         if (b > bmax) b = bmax;
         const size_t waves = (per * se + n_sm * b - 1) / (n_sm * b), cost = waves * (cu + 1);
         if (!best || cost < bc) { best = chunk; bc = cost; }
@@ -281,13 +287,13 @@ __device__ __forceinline__ float pow2_scale(float m)
     return ldexpf(1.f, max(-100, min(100, 14 - e)));
 }
 
-// 768 threads per SM (fast_blocks: 3 blocks of 256 threads, 6 of 128 at G = 128; <= 80 registers) at G >= 32, else 2
+// 768 threads per SM (fast_blocks: 3 blocks of 256 threads, 6 of 128 at G = 128, 7 for k2/v2; <= 80 registers) at G >= 32, else 2
 // blocks of 256 (G = 16). H200, Llama heads B = 32, 256 threads: 3 blocks instead of 2 took k2g32 3765 -> 3101 µs
 // (SmolLM2 B = 32 -9..-13%) and, with the copy-free P·V loop, k2gD 2300 -> 1883 µs, k4gD 2500 -> 2052 although ptxas
 // spills up to 56 bytes there (B = 1 +4..6%); 4 at G = 32 (k2, one query head; 40 bytes spilled) was 11% faster at
 // B = 1 and 5% slower at B = 32, not kept. The plan (kv::plan) counts on them only with at least 8 blocks per split
 template <int BK, int BV, int GQ, int LG>
-__global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG)) kivi_fast(KivP p)
+__global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, BK, BV)) kivi_fast(KivP p)
 {
     constexpr int PPL = 1 << LG, G = 16 << LG, NC = 2 * GQ; // dim pairs per lane per value group, group size, B columns
     constexpr int NTF = fast_threads(G), NWF = NTF / 32;   // threads, warps

@@ -212,7 +212,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             if (fast && maxqf) {
                 gq = gq_of(g);
                 qgroups = (int)((g + gq - 1) / gq);
-                kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, 160 * 1024, &fchunk, &fsplits);
+                kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, kb, vb, 160 * 1024, &fchunk, &fsplits);
             }
             kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
             const size_t nslots = fsplits + gsplits + 1;
