@@ -179,6 +179,8 @@ __host__ __device__ constexpr int fast_blocks(int G, int bk, int bv)
 template <int N> struct KI {
     static constexpr int v = N;
 };
+// (Reading a field masked in place as an fp16 subnormal would save the fma.f16x2, but the H200 tensor cores keep such
+// products to ~2^-14 relative: docs/BENCHMARKS.md, session 7.)
 // fp16 pair of code fields: the field (bits under mask m of x >> sh, a power-of-two multiple e of the code in
 // each half) as exact fp16 integers: (x | 1024.0) · (1/e) − 1024/e; the mask and the OR are one LOP3
 __device__ __forceinline__ uint32_t dq_field(uint32_t x, int sh, uint32_t m, uint32_t inv_e, uint32_t off)
