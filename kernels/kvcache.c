@@ -289,7 +289,7 @@ kvq_status kvq_kvcache_create(kvq_kvcache **out, const kvq_kvcache_config *cfg, 
     } else {
         size_t G = cfg->group, F = cfg->residual ? cfg->residual : G;
         c->ring = (F > cfg->residual ? F : cfg->residual) + 2;
-        A4(c->vscale, B, c->capq, C / G, 2, "value scales");
+        A4(c->vscale, B, H * c->capq, D / G, 2, "value scales"); /* [B][H][capq][D/G][2] */
         A4(c->kscale, B, c->capq / G + 1, C, 2, "key scales");
         A4(c->kring, B, c->ring, C, 1, "key residual");
         A4(c->vring, B, c->ring, C, 1, "value residual");
@@ -500,9 +500,9 @@ static void kivi_flush_value(kvq_kvcache *c, size_t s, size_t q)
     const size_t H = g->n_kv_heads, D = g->head_dim, C = c->C, G = g->group;
     const double qmax = (double)((1u << g->v_bits) - 1);
     const uint16_t *row = c->vring + (s * c->ring + (c->n_exact + q) % c->ring) * C;
-    float *vs = c->vscale + (s * c->capq + q) * (C / G) * 2;
     uint8_t codes[KVQ_KVCACHE_MAX_HEAD_DIM];
     for (size_t h = 0; h < H; h++) {
+        float *vs = c->vscale + ((s * H + h) * c->capq + q) * (D / G) * 2; /* [B][H][capq][D/G][2] */
         for (size_t g0 = 0; g0 < D; g0 += G) {
             size_t ch0 = h * D + g0;
             float mn = f16(row[ch0]), mx = mn;
@@ -512,8 +512,8 @@ static void kivi_flush_value(kvq_kvcache *c, size_t s, size_t q)
                 if (y > mx) mx = y;
             }
             double sc = ((double)mx - (double)mn) / qmax;
-            vs[(ch0 / G) * 2] = mn;
-            vs[(ch0 / G) * 2 + 1] = (float)sc;
+            vs[(g0 / G) * 2] = mn;
+            vs[(g0 / G) * 2 + 1] = (float)sc;
             for (size_t j = 0; j < G; j++) {
                 double qq = sc == 0 ? 0 : rint(((double)f16(row[ch0 + j]) - mn) / sc);
                 if (qq < 0) qq = 0;
@@ -634,10 +634,10 @@ kvq_status kvq_kvcache_dequant(const kvq_kvcache *c, size_t seq, float *ko, floa
                     for (size_t d = 0; d < D; d++) kq[q * C + h * D + d] = f16(row[h * D + d]);
                 }
                 if (q < c->vq[seq]) {
-                    const float *vs = c->vscale + (seq * c->capq + q) * (C / G) * 2;
+                    const float *vs = c->vscale + ((seq * H + h) * c->capq + q) * (D / G) * 2;
                     kvq_kvcache_unpack(codes, c->vcodes + ((seq * H + h) * c->capq + q) * c->vw, D, g->v_bits);
                     for (size_t d = 0; d < D; d++) {
-                        size_t gi = (h * D + d) / G;
+                        size_t gi = d / G;
                         vq[q * C + h * D + d] = vs[gi * 2 + 1] == 0 ? vs[gi * 2]
                                                 : (float)((double)codes[d] * vs[gi * 2 + 1] + vs[gi * 2]);
                     }

@@ -187,7 +187,7 @@ typedef struct {
     const uint16_t *k16, *v16; /* exact region [n_seqs][H][n_exact][D] fp16 bits, keys post-RoPE */
     const uint32_t *kcodes; /* [n_seqs][H][k_head_words][capq] (token-minor: coalesced per word) */
     const uint32_t *vcodes; /* [n_seqs][H][capq][v_head_words] */
-    const float *vscale;    /* NUQ: [n_seqs][capq][2] (zp, r) per token; KIVI: [n_seqs][capq][C/G][2] (min, scale) */
+    const float *vscale;    /* NUQ: [n_seqs][capq][2] (zp, r) per token; KIVI: [n_seqs][H][capq][D/G][2] (min, scale) */
     const float *kscale;    /* KIVI: [n_seqs][capq/G][C][2] (min, scale); NUQ: NULL */
     const float *klut;      /* NUQ: [C][1 << k_bits] dequantized key per (channel, code) */
     const float *vlevels;   /* NUQ: [H][1 << v_bits] value levels per KV head (per-layer table repeated) */

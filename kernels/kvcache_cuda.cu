@@ -996,8 +996,9 @@ __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t 
     }
 }
 
-// value positions q0 + blockIdx.x of one sequence: per token and G-channel group min / max, scale in double;
-// a thread per group (codes of its G channels), then the packing; dynamic shared memory C bytes
+// value positions q0 + blockIdx.x of one sequence: per token and G-channel group min / max, scale in double, stored
+// [H][capq][D/G] (vscale: the sequence's block); a thread per group (codes of its G channels), then the packing;
+// dynamic shared memory C bytes
 __global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
                                  int bits, int capq, int vw, int ring_n, int n_exact, int q0, int p0)
 {
@@ -1013,7 +1014,7 @@ __global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_
             if (y > mx) mx = y;
         }
         const double sc = ((double)mx - (double)mn) / qmax;
-        vscale[(size_t)q * ng + gi] = make_float2(mn, (float)sc);
+        vscale[((size_t)(gi / (D / G)) * capq + q) * (D / G) + gi % (D / G)] = make_float2(mn, (float)sc); // head gi / (D/G)
         for (int j = 0; j < G; j++) cod[c0 + j] = kivi_code(kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0 + j), mn, sc, qmax);
     }
     __syncthreads();

@@ -28,7 +28,7 @@ __device__ __forceinline__ uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c
 
 struct KivP {
     const uint32_t *kcodes, *vcodes;  // [B][H][kw][capq] token-minor, [B][H][capq][vw] token-major
-    const float2 *kscale, *vscale;    // [B][ngk][C] (min, scale) per key group and channel; [B][capq][C/G] per token and channel group
+    const float2 *kscale, *vscale;    // [B][ngk][C] (min, scale) per key group and channel; [B][H][capq][D/G] per head, token and channel group
     const uint16_t *kring, *vring;    // [B][ring][C] fp16 residual (quantization domain)
     const float2 *rlo, *rhi;          // RoPE tables (pre-RoPE keys), as DecP
     const float *q;
@@ -111,13 +111,13 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
     const int nsl = nt >= D ? nt / D : 1;
     float *pv = stat + 4;
     for (int x = tid; x < (nt >= D ? nsl * D : D); x += nt) {
-        const int d = x % D, sl = x / D, gi = (h * D + d) / p.G, ng = C / p.G;
+        const int d = x % D, sl = x / D, ga = d / p.G, ng = D / p.G;
         float acc = 0.f;
 #pragma unroll 4
         for (int t = a + sl; t < b; t += nsl) {
             float v;
             if (t < vq) {
-                const float2 ms = p.vscale[((size_t)s * p.capq + t) * ng + gi];
+                const float2 ms = p.vscale[(((size_t)s * p.H + h) * p.capq + t) * ng + ga];
                 v = ms.y == 0.f ? ms.x : fmaf((float)code_at(vc + (size_t)t * p.vw, 1, d, p.vb), ms.y, ms.x);
             } else {
                 v = h2f(p.vring[((size_t)s * p.ring + (p.n_exact + t) % p.ring) * C + h * D + d]);
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     int *vmx = (int *)(vinv + NG), *mxi = vmx + NG; // [NG] max value scale per group, [2] max |q| (float bits), spare
     uint2 *bfr = (uint2 *)(smf + L.bfr);
     const float2 *ksb = p.kscale + ((size_t)s * p.ngk + q0 / G) * C + h * D; // key group gi of the chunk at + gi·C
-    const float2 *vsb = p.vscale + ((size_t)s * p.capq + q0) * (C / G) + (h * D) / G;
+    const float2 *vsb = p.vscale + (((size_t)s * p.H + h) * p.capq + q0) * NG; // position t2 of the chunk, group ga at t2·NG + ga
 
     for (int i = tid; i < GQ * D; i += NTF) {
         const int j = i / D, d = i % D;
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         for (int j = 0; j < GQ; j++) pz[j] = 0.f;
 #pragma unroll 4
         for (int t2 = tid; t2 < n; t2 += NTF) { // 4 loads in flight
-            const float2 z = __ldg(&vsb[(size_t)t2 * (C / G) + ga]);
+            const float2 z = __ldg(&vsb[(size_t)t2 * NG + ga]);
             mv = fmaxf(mv, fabsf(z.y));
 #pragma unroll
             for (int j = 0; j < GQ; j++) pz[j] = fmaf(sc[j * p.chunk + t2], z.x, pz[j]);
@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             pa[k] = kt * 16 + 2 * tt + 8 * (k >> 1) + (k & 1);
-            z[k] = __ldg(&vsb[(size_t)pa[k] * (C / G) + ga]);
+            z[k] = __ldg(&vsb[(size_t)pa[k] * NG + ga]);
         }
 #pragma unroll
         for (int j = 0; j < GQ; j++) {

@@ -329,7 +329,9 @@ static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const
         compare_codes_rows(&x, &y, s, H, D, &bad, &badh);
         const size_t ngk = x.capq / G + 1;
         bad += memcmp(x.kscale + s * ngk * C * 2, y.kscale + s * ngk * C * 2, (x.kq[s] / G) * C * 8) != 0;
-        bad += memcmp(x.vscale + s * x.capq * (C / G) * 2, y.vscale + s * y.capq * (C / G) * 2, x.vq[s] * (C / G) * 8) != 0;
+        for (size_t h = 0; h < H; h++) /* [B][H][capq][D/G][2]: the quantized positions of each head */
+            bad += memcmp(x.vscale + (s * H + h) * x.capq * (D / G) * 2, y.vscale + (s * H + h) * y.capq * (D / G) * 2,
+                          x.vq[s] * (D / G) * 8) != 0;
         /* the ring slots of the positions not yet quantized (keys or values) */
         size_t q0 = x.kq[s] < x.vq[s] ? x.kq[s] : x.vq[s];
         for (size_t p = x.n_exact + q0; p < x.len[s]; p++) {
