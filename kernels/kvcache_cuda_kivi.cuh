@@ -413,8 +413,25 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 kp[k] += 8;
             }
         };
+        // k2/v2 at G >= 64: the B fragments of the current key group's first 128 dims, its bias and scale stay in
+        // registers while the warp's tiles are in that group (4 or 8 tiles) instead of 8 shared-memory loads per tile.
+        // Same call, H200, N = 32K, k2gD: Llama B = 32 1525 -> 1485 µs, B = 8 -2.4%, B = 1 -0.5%, SmolLM2 B = 32 -3.7%;
+        // at G = 32 (a group every 2 tiles) Llama k2g32 was +1.7%, and with 4-bit keys ptxas spilled ~300 bytes (k4gD +21%)
+        constexpr bool BC = BK == 2 && BV == 2 && LG >= 2;
+        uint2 bc[BC ? 8 : 1];
+        int cgi = -1;
+        float ckb = 0.f, cik = 0.f;
         auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
+            if (BC && gi != cgi) {
+                cgi = gi;
+#pragma unroll
+                for (int k = 0; k < (BC ? 8 : 1); k++) bc[k] = g < NC && k < KS4 ? bfr[((gi * KS4 + k) * NC + g) * 4 + t] : make_uint2(0u, 0u);
+                if (t < GQ) {
+                    ckb = kbias[gi * GQ + t];
+                    cik = kinv[gi];
+                }
+            }
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int wg = 0; wg < 4; wg++) {
@@ -423,14 +440,16 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 for (int j = 0; j < 4; j++) {
                     const uint2 x = X[wg * XW + (BK == 4 ? j >> 1 : 0)];
                     const int f0 = BK == 4 ? 2 * (j & 1) : 2 * j;
-                    const uint2 b = g < NC ? bfr[((gi * KS4 + 4 * wg + j) * NC + g) * 4 + t] : make_uint2(0u, 0u);
+                    const uint2 b = BC && wg < 2 ? bc[BC ? 4 * wg + j : 0]
+                                    : g < NC       ? bfr[((gi * KS4 + 4 * wg + j) * NC + g) * 4 + t]
+                                                   : make_uint2(0u, 0u);
                     kvq_mma16816(acc, key_field<BK>(x.x, f0), key_field<BK>(x.y, f0), key_field<BK>(x.x, f0 + 1),
                                  key_field<BK>(x.y, f0 + 1), b.x, b.y);
                 }
             }
             // rows g, g + 8 = positions 2g, 2g + 1; columns 2t, 2t + 1 = query head t (hi, lo)
             if (t < GQ) {
-                const float kbv = kbias[gi * GQ + t], ik = kinv[gi];
+                const float kbv = BC ? ckb : kbias[gi * GQ + t], ik = BC ? cik : kinv[gi];
                 sc[t * p.chunk + tile * 16 + 2 * g] = fmaf(acc[0] + acc[1], ik, kbv);
                 sc[t * p.chunk + tile * 16 + 2 * g + 1] = fmaf(acc[2] + acc[3], ik, kbv);
             }
