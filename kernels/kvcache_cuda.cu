@@ -594,8 +594,9 @@ static kvq_status set_smem_limits(kvq_err *err)
         for (int b = 0; b < 2; b++)
             for (int g = 1; g <= 4; g++)
                 for (int lg = 0; lg < 4; lg++)
-                    CK(cudaFuncSetAttribute((const void *)kv::fast_pick(2 + 2 * a, 2 + 2 * b, g, lg), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)SMEM_MAX));
+                    for (int nw = 0; nw < 3; nw++)
+                        CK(cudaFuncSetAttribute((const void *)kv::fast_pick(2 + 2 * a, 2 + 2 * b, g, lg, nw),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
     return KVQ_OK;
 }
 
@@ -1325,7 +1326,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.use_qf = fsplits ? 1 : 0;
     if (fsplits) {
         p.chunk = (int)fchunk;
-        kv::fast_pick(g->k_bits, g->v_bits, gq, lg)<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::fast_threads((int)G),
+        kv::fast_pick(g->k_bits, g->v_bits, gq, lg, kv::fast_nw((int)D))<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::fast_threads((int)G),
                                                        (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4>>>(p);
         CKL();
     }

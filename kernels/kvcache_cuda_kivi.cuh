@@ -294,7 +294,7 @@ __device__ __forceinline__ float pow2_scale(float m)
 // (SmolLM2 B = 32 -9..-13%) and, with the copy-free P·V loop, k2gD 2300 -> 1883 µs, k4gD 2500 -> 2052 although ptxas
 // spills up to 56 bytes there (B = 1 +4..6%); 4 at G = 32 (k2, one query head; 40 bytes spilled) was 11% faster at
 // B = 1 and 5% slower at B = 32, not kept. The plan (kv::plan) counts on them only with at least 8 blocks per split
-template <int BK, int BV, int GQ, int LG>
+template <int BK, int BV, int GQ, int LG, int NW>
 __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, BK, BV)) kivi_fast(KivP p)
 {
     constexpr int PPL = 1 << LG, G = 16 << LG, NC = 2 * GQ; // dim pairs per lane per value group, group size, B columns
@@ -304,7 +304,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
     const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
-    const int D = p.D, C = p.H * D, NWG = (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
+    // NWG: 64-dim word groups per head; a compile-time constant for NW > 0 (fast_nw), which folds the score loop's
+    // guards and the dead loads and pointers away. Same call, H200, N = 32K, k2g32 / k4g32 / k2gD / k4gD against the
+    // run-time count: Llama B = 32 -8 / -6 / -11 / -5%, B = 1 -4 / -4 / -4 / -1%; SmolLM2 B = 32 -7 / -9 / -6 / -10%
+    const int D = p.D, C = p.H * D, NWG = NW ? NW : (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
     const int q0 = blockIdx.x * p.chunk, q1 = min(q0 + p.chunk, p.qf[s]);
     float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
     const size_t pstride = (size_t)p.nslots * (D + 2);
@@ -650,19 +653,29 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     }
 }
 typedef void (*FastFn)(KivP);
-template <int BK, int BV, int GQ> FastFn fast_pick_lg(int lg)
+// the kivi_fast word-group count for head_dim D: 1 (D <= 64) or 2 (D <= 128) as a compile-time constant, 0 (read at
+// run time) above
+__host__ __device__ constexpr int fast_nw(int D) { return D <= 64 ? 1 : D <= 128 ? 2 : 0; }
+template <int BK, int BV, int GQ, int NW> FastFn fast_pick_lg(int lg)
 {
-    return lg == 0 ? kivi_fast<BK, BV, GQ, 0> : lg == 1 ? kivi_fast<BK, BV, GQ, 1> : lg == 2 ? kivi_fast<BK, BV, GQ, 2> : kivi_fast<BK, BV, GQ, 3>;
+    // G = 128 needs head_dim >= 128, so NW = 1 has no lg = 3 instantiation
+    return lg == 0 ? kivi_fast<BK, BV, GQ, 0, NW> : lg == 1 ? kivi_fast<BK, BV, GQ, 1, NW> : lg == 2 ? kivi_fast<BK, BV, GQ, 2, NW>
+                                                                                               : kivi_fast<BK, BV, GQ, 3, NW == 1 ? 0 : NW>;
 }
-template <int BK, int BV> FastFn fast_pick_gq(int gq, int lg)
+template <int BK, int BV, int NW> FastFn fast_pick_gq(int gq, int lg)
 {
-    return gq == 1 ? fast_pick_lg<BK, BV, 1>(lg) : gq == 2 ? fast_pick_lg<BK, BV, 2>(lg) : gq == 3 ? fast_pick_lg<BK, BV, 3>(lg) : fast_pick_lg<BK, BV, 4>(lg);
+    return gq == 1 ? fast_pick_lg<BK, BV, 1, NW>(lg) : gq == 2 ? fast_pick_lg<BK, BV, 2, NW>(lg) : gq == 3 ? fast_pick_lg<BK, BV, 3, NW>(lg) : fast_pick_lg<BK, BV, 4, NW>(lg);
 }
-// kivi_fast for 2/4-bit keys (bk) and values (bv), gq (1..4) query heads per block, group 16 << lg (lg 0..3)
-inline FastFn fast_pick(int bk, int bv, int gq, int lg)
+template <int BK, int BV> FastFn fast_pick_nw(int gq, int lg, int nw)
 {
-    if (bk == 2) return bv == 2 ? fast_pick_gq<2, 2>(gq, lg) : fast_pick_gq<2, 4>(gq, lg);
-    return bv == 2 ? fast_pick_gq<4, 2>(gq, lg) : fast_pick_gq<4, 4>(gq, lg);
+    return nw == 1 ? fast_pick_gq<BK, BV, 1>(gq, lg) : nw == 2 ? fast_pick_gq<BK, BV, 2>(gq, lg) : fast_pick_gq<BK, BV, 0>(gq, lg);
+}
+// kivi_fast for 2/4-bit keys (bk) and values (bv), gq (1..4) query heads per block, group 16 << lg (lg 0..3), word
+// groups nw = fast_nw(head_dim)
+inline FastFn fast_pick(int bk, int bv, int gq, int lg, int nw)
+{
+    if (bk == 2) return bv == 2 ? fast_pick_nw<2, 2>(gq, lg, nw) : fast_pick_nw<2, 4>(gq, lg, nw);
+    return bv == 2 ? fast_pick_nw<4, 2>(gq, lg, nw) : fast_pick_nw<4, 4>(gq, lg, nw);
 }
 } // namespace kv
 

@@ -230,7 +230,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.use_qf = fsplits ? 1 : 0;
             if (fsplits) {
                 p.chunk = (int)fchunk;
-                kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg);
+                kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg, kv::fast_nw((int)D));
                 emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4,
                            [&] { fn(p); });
             }
