@@ -416,11 +416,12 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 kp[k] += 8;
             }
         };
-        // k2/v2 at G >= 64: the B fragments of the current key group's first 128 dims, its bias and scale stay in
-        // registers while the warp's tiles are in that group (4 or 8 tiles) instead of 8 shared-memory loads per tile.
+        // k2/v2 and k4/v4 at G >= 64: the B fragments of the current key group's first 128 dims, its bias and scale stay
+        // in registers while the warp's tiles are in that group (4 or 8 tiles) instead of 8 shared-memory loads per tile.
         // Same call, H200, N = 32K, k2gD: Llama B = 32 1525 -> 1485 µs, B = 8 -2.4%, B = 1 -0.5%, SmolLM2 B = 32 -3.7%;
-        // at G = 32 (a group every 2 tiles) Llama k2g32 was +1.7%, and with 4-bit keys ptxas spilled ~300 bytes (k4gD +21%)
-        constexpr bool BC = BK == 2 && BV == 2 && LG >= 2;
+        // k4gD (with the compile-time word-group count; before it ptxas spilled ~300 bytes, +21%): Llama B = 32 1693 ->
+        // 1656, B = 8 -0.8%, B = 1 +0.5%, SmolLM2 B = 32 -1.7%. At G = 32 (a group every 2 tiles) Llama k2g32 was +1.7%
+        constexpr bool BC = BK == BV && LG >= 2;
         uint2 bc[BC ? 8 : 1];
         int cgi = -1;
         float ckb = 0.f, cik = 0.f;
