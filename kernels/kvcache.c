@@ -335,6 +335,13 @@ static void get_kcodes(const kvq_kvcache *c, size_t s, size_t q, size_t h, uint3
     for (size_t j = 0; j < c->kw; j++) w[j] = c->kcodes[((s * H + h) * c->kw + j) * c->capq + q];
 }
 
+/* KIVI: offset (floats) of the (min, scale) pairs of head h at quantized position q of sequence s in vscale,
+ * [B][H][capq][D/G][2] */
+static size_t kivi_vscale_off(const kvq_kvcache *c, size_t s, size_t h, size_t q)
+{
+    return ((s * c->cfg.n_kv_heads + h) * c->capq + q) * (c->cfg.head_dim / c->cfg.group) * 2;
+}
+
 kvq_status kvq_kvcache_set_prefix(kvq_kvcache *c, size_t seq, const float *k_post, const float *v, kvq_err *err)
 {
     if (!c || !k_post || !v) return kvq_fail(err, KVQ_EINVAL, "kvcache set_prefix: NULL argument");
@@ -502,7 +509,7 @@ static void kivi_flush_value(kvq_kvcache *c, size_t s, size_t q)
     const uint16_t *row = c->vring + (s * c->ring + (c->n_exact + q) % c->ring) * C;
     uint8_t codes[KVQ_KVCACHE_MAX_HEAD_DIM];
     for (size_t h = 0; h < H; h++) {
-        float *vs = c->vscale + ((s * H + h) * c->capq + q) * (D / G) * 2; /* [B][H][capq][D/G][2] */
+        float *vs = c->vscale + kivi_vscale_off(c, s, h, q);
         for (size_t g0 = 0; g0 < D; g0 += G) {
             size_t ch0 = h * D + g0;
             float mn = f16(row[ch0]), mx = mn;
@@ -634,7 +641,7 @@ kvq_status kvq_kvcache_dequant(const kvq_kvcache *c, size_t seq, float *ko, floa
                     for (size_t d = 0; d < D; d++) kq[q * C + h * D + d] = f16(row[h * D + d]);
                 }
                 if (q < c->vq[seq]) {
-                    const float *vs = c->vscale + ((seq * H + h) * c->capq + q) * (D / G) * 2;
+                    const float *vs = c->vscale + kivi_vscale_off(c, seq, h, q);
                     kvq_kvcache_unpack(codes, c->vcodes + ((seq * H + h) * c->capq + q) * c->vw, D, g->v_bits);
                     for (size_t d = 0; d < D; d++) {
                         size_t gi = d / G;

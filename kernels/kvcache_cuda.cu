@@ -1015,7 +1015,8 @@ __global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_
             if (y > mx) mx = y;
         }
         const double sc = ((double)mx - (double)mn) / qmax;
-        vscale[((size_t)(gi / (D / G)) * capq + q) * (D / G) + gi % (D / G)] = make_float2(mn, (float)sc); // head gi / (D/G)
+        const int nh = D / G; // groups per head: group gi is group gi % nh of head gi / nh
+        vscale[((size_t)(gi / nh) * capq + q) * nh + gi % nh] = make_float2(mn, (float)sc);
         for (int j = 0; j < G; j++) cod[c0 + j] = kivi_code(kivi_src(ring, stg, ring_n, C, n_exact, p0, q, c0 + j), mn, sc, qmax);
     }
     __syncthreads();
