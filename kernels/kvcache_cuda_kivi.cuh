@@ -32,10 +32,12 @@ struct KivP {
     const uint16_t *kring, *vring;    // [B][ring][C] fp16 residual (quantization domain)
     const float2 *rlo, *rhi;          // RoPE tables (pre-RoPE keys), as DecP
     const float *q;
-    float *part;
+    float *part, *out;                // partials [B][n_heads][nslots][D + 2]; output [B][n_heads][D]
+    int *tick;                        // [B][n_heads] kivi_generic's finished splits (0 between decodes)
     const int *len, *kq, *vq, *qf;    // per sequence: positions, quantized key / value positions, kivi_fast's range
     int H, D, G, kb, vb, np, n_heads, g, qgroups, kw, vw, capq, ngk, n_exact, ring, nslots, slot0, chunk, post_rope, use_qf;
     int gchunk; // kivi_generic's chunk
+    int nuse;   // partial slots the combine reads (nslots, or nslots - 1 without an exact region)
     float scale;
 };
 
@@ -50,17 +52,56 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t *w, size_t stride, in
     return x & ((1u << bits) - 1);
 }
 
-// ---- generic: any bits, group, RoPE placement; fp32. One block per (split, query head, sequence), positions
-// [qf, nq) of each sequence (use_qf; else [0, nq)) in chunks of gchunk; dynamic shared memory (D + gchunk + 8 + 4)
-// floats plus (blockDim / D)·D for the P·V partial sums.
-constexpr int NTG = 128;
-// dynamic shared memory of kivi_generic (floats): q, scores, reduction, statistics, P·V partial sums
-__host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (NTG >= D ? NTG / D * D : D); }
+// a compile-time int as a value (for generic lambdas)
+template <int N> struct KI {
+    static constexpr int v = N;
+};
+// the fp16 pair at p (4-byte aligned) as one 32-bit word, low half first
+__device__ __forceinline__ uint32_t ld_h2(const uint16_t *p)
+{
+#ifdef KVQ_EMU
+    if ((uintptr_t)p & 3) abort();
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+#else
+    return *(const uint32_t *)p;
+#endif
+}
+// the 4 fp16 values at p (8-byte aligned) as two 32-bit words
+__device__ __forceinline__ uint2 ld_h4(const uint16_t *p)
+{
+#ifdef KVQ_EMU
+    if ((uintptr_t)p & 7) abort();
+    uint2 w;
+    memcpy(&w, p, 8);
+    return w;
+#else
+    return *(const uint2 *)p;
+#endif
+}
+
+// ---- generic: any bits, group, RoPE placement; fp32. One block of NTG threads per (split, query head, sequence),
+// positions [qf, nq) of each sequence (use_qf; else [0, nq)) in chunks of gchunk; dynamic shared memory
+// generic_smem floats: q, scores, reduction, statistics, P·V slice sums.
+// Scores: a warp per position, lane l over the dim pairs (2i, 2i+1), i = l + 32j (RoPE rotates a pair within a lane),
+// GPW positions per warp at a time with their residual-ring words loaded together, an xor-sum per position. P·V: VD
+// consecutive dims per thread (4 when head_dim % 4 == 0, else 2), the block's threads in nsl = NTG / ⌈D / VD⌉ slices
+// over positions, 8 positions' ring words in flight per thread, the slices summed through shared memory. Ring slots
+// advance by addition (no division per position). This range is the fp16 residual ring (the last R..2R positions)
+// and a few codes when kivi_fast runs, and everything when it does not. The last split of a (query head, sequence) to
+// finish merges its partials (combine_one). H200, Llama heads (32 × 128), N = 32K, B = 32: the 256-position tail took
+// 178 µs as a thread per position over all dims and then a thread per dim over all positions (long chains of
+// dependent, uncoalesced loads; 91 registers), and the separate combine kernel 14 µs
+constexpr int NTG = 128, GPW = 4;
+// dynamic shared memory of kivi_generic (floats): q [D], scores [gchunk], reduction [8], statistics [4], P·V slice
+// sums [nsl][D] (nsl·D <= NTG·VD <= 4·NTG; combine_one's COMBINE_SMEM there after them)
+__host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (4 * NTG > COMBINE_SMEM ? 4 * NTG : COMBINE_SMEM); }
 // one generic partial: split `split` of query head qh of sequence s (block size NTG); sm: generic_smem floats
 __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
 {
-    float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8;
-    const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, nt = blockDim.x;
+    float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8, *pv = stat + 4;
+    const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, R = p.ring;
     const int nq = max(0, p.len[s] - p.n_exact), kq = p.kq[s], vq = p.vq[s];
     const int a = (p.use_qf ? p.qf[s] : 0) + split * p.gchunk, b = min(a + p.gchunk, nq);
     float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
@@ -69,76 +110,160 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
         return;
     }
     const int n = b - a;
-    for (int d = tid; d < D; d += nt) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
+    for (int d = tid; d < D; d += NTG) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
     __syncthreads();
     const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
-    for (int t = a + tid; t < b; t += nt) {
-        const int pos = p.n_exact + t;
-        const float2 *ks = p.kscale + ((size_t)s * p.ngk + t / p.G) * C + h * D;
-        const uint16_t *kr = p.kring + ((size_t)s * p.ring + pos % p.ring) * C + h * D;
-        float acc = 0.f;
-        for (int d = 0; d < D; d += 2) {
-            float k0, k1 = 0.f;
-            if (t < kq) {
-                const float2 m0 = ks[d];
-                k0 = m0.y == 0.f ? m0.x : fmaf((float)code_at(kc + t, p.capq, d, p.kb), m0.y, m0.x);
-                if (d + 1 < D) {
-                    const float2 m1 = ks[d + 1];
-                    k1 = m1.y == 0.f ? m1.x : fmaf((float)code_at(kc + t, p.capq, d + 1, p.kb), m1.y, m1.x);
+    const uint16_t *kring = p.kring + (size_t)s * R * C + h * D, *vring = p.vring + (size_t)s * R * C + h * D;
+    const int npair = (D + 1) >> 1, nj = (npair + 31) >> 5;
+    for (int t0 = a + warp * GPW; t0 < b; t0 += NTG / 32 * GPW) {
+        const int slot0 = (p.n_exact + t0) % R;
+        float acc[GPW];
+#pragma unroll
+        for (int u = 0; u < GPW; u++) acc[u] = 0.f;
+        for (int j0 = 0; j0 < nj; j0 += 2) { // two pairs per lane per step: one step up to head_dim 128
+            uint32_t rw[2][GPW]; // ring words of positions t0 + u (0 for quantized keys, positions past b and pairs past D)
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                for (int u = 0; u < GPW; u++) {
+                    const int t = t0 + u, i = lane + 32 * (j0 + jj), d = 2 * i;
+                    int sl = slot0 + u;
+                    while (sl >= R) sl -= R;
+                    const uint16_t *kr = kring + (size_t)sl * C + d;
+                    rw[jj][u] = t < b && t >= kq && i < npair ? (!(D & 1) ? ld_h2(kr) : kr[0] | (d + 1 < D ? (uint32_t)kr[1] << 16 : 0u)) : 0u;
                 }
-            } else {
-                k0 = h2f(kr[d]);
-                if (d + 1 < D) k1 = h2f(kr[d + 1]);
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                const int i = lane + 32 * (j0 + jj), d = 2 * i;
+                if (i >= npair) break;
+                const float q0 = qv[d], q1 = d + 1 < D ? qv[d + 1] : 0.f;
+#pragma unroll
+                for (int u = 0; u < GPW; u++) {
+                    const int t = t0 + u, pos = p.n_exact + t;
+                    if (t >= b) break;
+                    float k0, k1 = 0.f;
+                    if (t < kq) {
+                        const float2 *ks = p.kscale + ((size_t)s * p.ngk + t / p.G) * C + h * D;
+                        const float2 m0 = ks[d];
+                        k0 = m0.y == 0.f ? m0.x : fmaf((float)code_at(kc + t, p.capq, d, p.kb), m0.y, m0.x);
+                        if (d + 1 < D) {
+                            const float2 m1 = ks[d + 1];
+                            k1 = m1.y == 0.f ? m1.x : fmaf((float)code_at(kc + t, p.capq, d + 1, p.kb), m1.y, m1.x);
+                        }
+                    } else {
+                        k0 = h2f(rw[jj][u]);
+                        k1 = h2f(rw[jj][u] >> 16);
+                    }
+                    if (!p.post_rope) { // RoPE after dequantization: e^{i pos θ} = hi[pos >> 6]·lo[pos & 63] (pairs past rope_dim: 1)
+                        const float2 r = p.rhi[(size_t)(pos >> 6) * p.np + i], l = p.rlo[i * 64 + (pos & 63)];
+                        const float ex = r.x * l.x - r.y * l.y, ey = r.x * l.y + r.y * l.x;
+                        const float x0 = k0 * ex - k1 * ey, x1 = k0 * ey + k1 * ex;
+                        k0 = x0;
+                        k1 = x1;
+                    }
+                    acc[u] = fmaf(q1, k1, fmaf(q0, k0, acc[u]));
+                }
             }
-            if (!p.post_rope) { // RoPE after dequantization: e^{i pos θ} = hi[pos >> 6]·lo[pos & 63] (pairs past rope_dim: 1)
-                const int i = d >> 1;
-                const float2 r = p.rhi[(size_t)(pos >> 6) * p.np + i], l = p.rlo[i * 64 + (pos & 63)];
-                const float ex = r.x * l.x - r.y * l.y, ey = r.x * l.y + r.y * l.x;
-                const float u = k0 * ex - k1 * ey, w = k0 * ey + k1 * ex;
-                k0 = u;
-                k1 = w;
-            }
-            acc = fmaf(qv[d], k0, acc);
-            if (d + 1 < D) acc = fmaf(qv[d + 1], k1, acc);
         }
-        sc[t - a] = acc;
+#pragma unroll
+        for (int u = 0; u < GPW; u++) {
+            for (int o = 16; o; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
+            if (lane == u && t0 + u < b) sc[t0 + u - a] = acc[u];
+        }
     }
     __syncthreads();
     chunk_softmax<1>(sc, p.gchunk, n, red, stat, stat + 1);
     __syncthreads();
-    // P·V: nsl = blockDim / D (at least 1) threads per dim, each over every nsl-th position; partial sums in pv
+    // P·V: slice sl of the threads takes positions a + sl, a + sl + nsl, ...; U of them per step
     const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw;
-    const int nsl = nt >= D ? nt / D : 1;
-    float *pv = stat + 4;
-    for (int x = tid; x < (nt >= D ? nsl * D : D); x += nt) {
-        const int d = x % D, sl = x / D, ga = d / p.G, ng = D / p.G;
-        float acc = 0.f;
-#pragma unroll 4
-        for (int t = a + sl; t < b; t += nsl) {
-            float v;
-            if (t < vq) {
-                const float2 ms = p.vscale[(((size_t)s * p.H + h) * p.capq + t) * ng + ga];
-                v = ms.y == 0.f ? ms.x : fmaf((float)code_at(vc + (size_t)t * p.vw, 1, d, p.vb), ms.y, ms.x);
-            } else {
-                v = h2f(p.vring[((size_t)s * p.ring + (p.n_exact + t) % p.ring) * C + h * D + d]);
+    const float2 *vs = p.vscale + ((size_t)s * p.H + h) * p.capq * (D / p.G);
+    auto pv_slices = [&](auto vd_c) {
+        constexpr int VD = decltype(vd_c)::v, U = 8;
+        const int npv = (D + VD - 1) / VD, nsl = NTG / npv, sl = tid / npv, d0 = (tid % npv) * VD, ng = D / p.G;
+        const int dsl = nsl % R; // ring-slot step between a slice's positions
+        float acc[VD];
+#pragma unroll
+        for (int k = 0; k < VD; k++) acc[k] = 0.f;
+        if (sl < nsl) {
+            int slot = (p.n_exact + a + sl) % R; // ring slot of position t1
+            for (int t1 = a + sl; t1 < b; t1 += U * nsl) {
+                uint32_t rw[U][VD / 2]; // ring words of the U positions (0 for quantized ones and past b)
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int t = t1 + u * nsl;
+                    const uint16_t *vr = vring + (size_t)slot * C + d0;
+#pragma unroll
+                    for (int w = 0; w < VD / 2; w++) rw[u][w] = 0;
+                    if (t < b && t >= vq) {
+                        if (VD == 4) { // head_dim % 4 == 0: 8-byte aligned
+                            const uint2 x = ld_h4(vr);
+                            rw[u][0] = x.x;
+                            rw[u][VD / 2 - 1] = x.y;
+                        } else {
+                            rw[u][0] = !(D & 1) ? ld_h2(vr) : vr[0] | (d0 + 1 < D ? (uint32_t)vr[1] << 16 : 0u);
+                        }
+                    }
+                    slot = slot + dsl >= R ? slot + dsl - R : slot + dsl;
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int t = t1 + u * nsl;
+                    if (t >= b) break;
+                    const float w = sc[t - a];
+#pragma unroll
+                    for (int k = 0; k < VD; k++) {
+                        const int d = d0 + k;
+                        if (d >= D) break;
+                        float v;
+                        if (t < vq) {
+                            const float2 ms = vs[(size_t)t * ng + d / p.G];
+                            v = ms.y == 0.f ? ms.x : fmaf((float)code_at(vc + (size_t)t * p.vw, 1, d, p.vb), ms.y, ms.x);
+                        } else {
+                            v = h2f(rw[u][k >> 1] >> (16 * (k & 1)));
+                        }
+                        acc[k] = fmaf(w, v, acc[k]);
+                    }
+                }
             }
-            acc = fmaf(sc[t - a], v, acc);
+#pragma unroll
+            for (int k = 0; k < VD; k++)
+                if (d0 + k < D) pv[sl * D + d0 + k] = acc[k];
         }
-        pv[x] = acc;
-    }
-    __syncthreads();
-    for (int d = tid; d < D; d += nt) {
-        float acc = 0.f;
-        for (int sl = 0; sl < nsl; sl++) acc += pv[sl * D + d];
-        part[2 + d] = acc;
-    }
+        __syncthreads();
+        for (int d = tid; d < D; d += NTG) {
+            float x = 0.f;
+            for (int q = 0; q < nsl; q++) x += pv[q * D + d];
+            part[2 + d] = x;
+        }
+    };
+    if (D % 4 == 0) pv_slices(KI<4>{});
+    else pv_slices(KI<2>{});
     if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
 }
 
-__global__ void __launch_bounds__(NTG) kivi_generic(KivP p)
+// generic partials, then the last split of each (query head, sequence) to finish merges all of its slots (kivi_fast's
+// and the exact region's were written by the kernels launched before this one) into out: the combine without a launch
+// of its own (tick counts finished splits; the merging block resets it)
+__global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
-    generic_part(p, blockIdx.x, blockIdx.y, blockIdx.z, (float *)sm4);
+    KVQ_STATIC_SMEM(int, last, 1, 4);
+    float *sm = (float *)sm4;
+    const int qh = blockIdx.y, s = blockIdx.z;
+    generic_part(p, blockIdx.x, qh, s, sm);
+    __threadfence(); // this block's partial before its tick
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *tk = p.tick + (size_t)s * p.n_heads + qh;
+        *last = atomicAdd(tk, 1) == (int)gridDim.x - 1;
+        if (*last) *tk = 0;
+    }
+    __syncthreads();
+    if (*last) {
+        __threadfence();
+        combine_one(p.part + (size_t)(s * p.n_heads + qh) * p.nslots * (p.D + 2), p.out + ((size_t)s * p.n_heads + qh) * p.D, p.D,
+                    p.nuse, sm + p.D + p.gchunk + 12); // over the P·V slice sums, done
+    }
 }
 
 // ---- fast: post-RoPE keys, 2/4-bit codes, G in {16, 32, 64, 128} (G = 16 << LG), on the tensor cores.
@@ -175,10 +300,6 @@ __host__ __device__ constexpr int fast_blocks(int G, int bk, int bv)
     return G == 128 && bk == 2 && bv == 2 ? 7 : (G >= 32 ? 768 : 512) / fast_threads(G);
 }
 
-// a compile-time int as a value (for generic lambdas)
-template <int N> struct KI {
-    static constexpr int v = N;
-};
 // (Reading a field masked in place as an fp16 subnormal would save the fma.f16x2, but the H200 tensor cores keep such
 // products to ~2^-14 relative: docs/BENCHMARKS.md, session 7.)
 // fp16 pair of code fields: the field (bits under mask m of x >> sh, a power-of-two multiple e of the code in
@@ -264,11 +385,13 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     *chunk_out = best;
     *splits_out = nq ? (nq + best - 1) / best : 1;
 }
-// launch plan for kivi_generic over ranges of at most nq positions, `per` blocks per split: about 4 blocks per SM,
-// chunks of at most 8192 positions (multiples of 32)
+// launch plan for kivi_generic over ranges of at most nq positions, `per` blocks per split: about 8 blocks per SM
+// (4 before session 8), chunks of at most 8192 positions (multiples of 32). With kivi_fast the range is the residual
+// tail (R..2R positions), whose time is mostly the latency of a block, so more, shorter blocks: Llama heads B = 32
+// now take it in 2 splits of 128 positions, B = 1 in splits of 32
 inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, size_t *chunk_out, size_t *splits_out)
 {
-    size_t sp = (4 * n_sm + per - 1) / per;
+    size_t sp = (8 * n_sm + per - 1) / per;
     if (max_splits && sp > max_splits) sp = max_splits;
     if (sp < 1) sp = 1;
     size_t chunk = nq ? (nq + sp - 1) / sp : 32;

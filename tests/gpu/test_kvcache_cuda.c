@@ -477,9 +477,12 @@ int main(void)
         {1, 1, 64, 1, 4, 4, 32, 128, 1, 0, 5000, 0, 0},    /* longer context: several chunks */
         {2, 2, 64, 2, 2, 2, 32, 64, 1, 2, 900, 5, 0},      /* IntactKV prefix of 5 (and 2 sink tokens: n_exact 5) */
         {3, 2, 64, 2, 2, 4, 32, 64, 1, 1, 1200, 0, 45},    /* sequences 45 positions apart: per-sequence ranges */
+        {1, 2, 18, 2, 2, 4, 6, 18, 0, 1, 600, 0, 0},       /* generic only, head_dim 2 mod 4: two dims per P·V thread */
+        {2, 1, 9, 3, 4, 3, 3, 9, 1, 0, 600, 0, 0},         /* generic only, odd head_dim: a half-empty last pair */
     };
     const char *kn[] = {"kivi2 g32 r128 llama-like", "kivi4 smollm-like gqa3", "kivi 2/4 g128 gqa5", "kivi 4/2 g16 d48",
-                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long", "kivi2 prefix 5", "kivi 2/4 uneven lengths"};
+                        "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long", "kivi2 prefix 5", "kivi 2/4 uneven lengths",
+                        "kivi 2/4 pre-RoPE d18 g6", "kivi 4/3 d9 g3"};
     for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
     printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -4,6 +4,7 @@
 // the kernels' index arithmetic against the CPU reference on a machine without a GPU; not a simulator
 // of timing or of the memory model.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -119,7 +120,10 @@ inline int atomicMax(int *p, int v) { std::lock_guard<std::mutex> g(emu.atom); i
 inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
 inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
 inline float atomicAdd(float *p, float v) { std::lock_guard<std::mutex> g(emu.atom); float o = *p; *p = o + v; return o; }
+inline int atomicAdd(int *p, int v) { std::lock_guard<std::mutex> g(emu.atom); int o = *p; *p = o + v; return o; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 template <class T> inline T __ldg(const T *p) { return *p; }
+template <class T> inline T __ldcg(const T *p) { return *p; }
 template <class T> inline T __ldcs(const T *p)
 {
     if ((sizeof(T) == 16 || sizeof(T) == 8) && ((uintptr_t)p & (sizeof(T) - 1))) abort(); // misaligned 8- / 16-byte load

@@ -37,14 +37,27 @@ static KFn pick(int bk, int bv, int gq)
 
 static int n_fail, n_pass;
 
+static void check_out(kvq_kvcache *cpu, const std::vector<float> &out, const std::vector<float> &q, size_t nh, double tol, const char *name,
+                      const char *what);
+
 // the exact region's partial and the combine (as kvcache_cuda.cu), then out vs the CPU reference: relative L2
 // within tol and no non-finite values; one line per check
 static void finish_and_check(const DecP &pe, kvq_kvcache *cpu, std::vector<float> &part, std::vector<float> &out, const std::vector<float> &q,
                              size_t nslots, double tol, const char *name, const char *what)
 {
     const size_t nh = (size_t)pe.n_heads, D = (size_t)pe.D, B = out.size() / (nh * D);
-    emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + pe.n_exact + 1) * 4, [&] { exact_decode(pe); });
-    emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0, [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots); });
+    // as kvcache_cuda.cu's exact_and_combine: no exact region, no exact_decode, and the combine leaves its slot out (the
+    // part buffer is NaN-poisoned, so reading that slot would show)
+    if (pe.n_exact) emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + pe.n_exact + 1) * 4, [&] { exact_decode(pe); });
+    emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0,
+               [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots, (int)(pe.n_exact ? nslots : nslots - 1)); });
+    check_out(cpu, out, q, nh, tol, name, what);
+}
+
+// out vs the CPU reference: relative L2 within tol and no non-finite values; one line per check
+static void check_out(kvq_kvcache *cpu, const std::vector<float> &out, const std::vector<float> &q, size_t nh, double tol, const char *name,
+                      const char *what)
+{
     std::vector<float> ref(out.size());
     kvq_err err;
     if (kvq_kvcache_attend(cpu, q.data(), nh, 0, ref.data(), &err)) { printf("attend: %s\n", err.msg); exit(2); }
@@ -234,17 +247,26 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4,
                            [&] { fn(p); });
             }
-            p.slot0 = (int)fsplits;
-            emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
+            // as kvcache_cuda.cu's kivi_attend: the exact region (when there is one), then kivi_generic, whose last
+            // split per query head combines into out (ticks start at 0 and must be back at 0)
             DecP pe;
             memset(&pe, 0, sizeof pe);
             pe.k16 = v.k16; pe.v16 = v.v16; pe.q = q.data(); pe.part = part.data(); pe.len = ilen.data();
             pe.H = (int)H; pe.D = (int)D; pe.n_heads = (int)nh; pe.g = (int)g; pe.n_exact = (int)v.n_exact; pe.nslots = (int)nslots;
             pe.scale = p.scale;
+            if (pe.n_exact) emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + pe.n_exact + 1) * 4, [&] { exact_decode(pe); });
+            std::vector<int> tick(B * nh, 0);
+            p.slot0 = (int)fsplits;
+            p.out = out.data();
+            p.tick = tick.data();
+            p.nuse = (int)(v.n_exact ? nslots : nslots - 1);
+            emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
             char what[96];
             snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
+            for (int x : tick)
+                if (x) { printf("FAIL %s %s: a tick counter left at %d\n", name, what, x); n_fail++; break; }
             // fp32 throughout (the tensor-core path splits its fp16 operands into high and low parts): 2e-5
-            finish_and_check(pe, cpu, part, out, q, nslots, 2e-5, name, what);
+            check_out(cpu, out, q, nh, 2e-5, name, what);
         }
     }
     kvq_kvcache_free(cpu);
@@ -271,6 +293,10 @@ int main(int argc, char **argv)
     run_kivi(1, 2, 48, 2, 4, 2, 16, 32, true, 2, 900, l3, quick ? 2 : 4, 4, "kivi d48 g16 4/2");
     run_kivi(1, 1, 256, 4, 4, 4, 64, 0, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d256 g64 r0 4/4");
     run_kivi(1, 2, 40, 2, 3, 2, 8, 16, false, 1, 700, l3, quick ? 2 : 4, 4, "kivi pre-rope 3/2 g8");
+    /* kivi_generic's dim layouts: head_dim 2 mod 4 (two dims per P·V thread, 4-byte ring loads) and odd (the last pair
+     * half empty, 2-byte ring loads), pre- and post-RoPE */
+    run_kivi(1, 2, 18, 2, 2, 4, 6, 18, false, 1, 500, l3, quick ? 2 : 4, 4, "kivi d18 pre-rope 2/4 g6");
+    run_kivi(2, 1, 9, 3, 4, 3, 3, 9, true, 0, 500, l3, quick ? 2 : 4, 4, "kivi d9 4/3 g3");
     /* value groups that do not fill the last P·V pass (passes of 2 groups at G = 32, 4 at G = 16) */
     run_kivi(1, 1, 96, 2, 2, 4, 32, 32, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d96 g32 2/4");
     run_kivi(1, 2, 32, 1, 4, 2, 16, 16, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d32 g16 4/2");
