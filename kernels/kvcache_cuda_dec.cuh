@@ -153,8 +153,8 @@ __global__ void exact_decode(DecP p)
 // maxima are read by all threads at once; per tile of 256 slots the weights e^{m_i − M} go to shared memory; for
 // D <= blockDim / 2 the threads form nsl = blockDim / D slices that sum every nsl-th slot of a dim (else each thread
 // sums its up to 4 dims over all slots), the loads of 8 slots in flight; slots with m = −∞ (empty) weigh 0. The
-// partials are read past L1 (__ldcg): in kivi_generic other blocks wrote them during this kernel. (The loops over
-// the slots in every thread before were serial chains of loads: 14.6 µs for 19 slots at Llama heads B = 32, H200.)
+// partials are read past L1 (__ldcg): other blocks of kivi_generic wrote them during this kernel. (KIVI's separate
+// combine kernel took 14.6 µs for 19 slots at Llama heads B = 32 and 17.7 µs for 32 at B = 1; H200.)
 constexpr int COMBINE_SMEM = 256 + 32 + 256;
 __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
 {
@@ -214,13 +214,25 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
         if (tid + k * nt < D) o[tid + k * nt] = M == -INFINITY ? 0.f : acc[k] / L;
 }
 
-// merge the partials of slots [0, nuse) of nslots (the last ones unused: no exact region) per (query head, sequence):
-// one block each, D <= 4·blockDim.x
+// merge the partials of slots [0, nuse) of nslots (the last ones unused: no exact region) per (query head, sequence),
+// one block each (NUQ and the fp16 baseline; KIVI merges in kivi_generic with combine_one). Each thread loops over the
+// slots for its dims: with combine_one here, NUQ at SmolLM2 heads B = 1 measured +1..+5% (median over N; three runs, H200)
 __global__ void combine(const float *part, float *out, int n_heads, int D, int nslots, int nuse)
 {
-    KVQ_STATIC_SMEM(float, sm, COMBINE_SMEM, 16);
-    const size_t r = (size_t)blockIdx.y * n_heads + blockIdx.x;
-    combine_one(part + r * nslots * (D + 2), out + r * D, D, nuse, sm);
+    const int qh = blockIdx.x, s = blockIdx.y;
+    const float *pp = part + (size_t)(s * n_heads + qh) * nslots * (D + 2);
+    float M = -INFINITY;
+    for (int i = 0; i < nuse; i++) M = fmaxf(M, pp[i * (D + 2)]);
+    float L = 0;
+    if (M != -INFINITY)
+        for (int i = 0; i < nuse; i++) L += pp[i * (D + 2)] == -INFINITY ? 0.f : expf(pp[i * (D + 2)] - M) * pp[i * (D + 2) + 1];
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0;
+        if (M != -INFINITY)
+            for (int i = 0; i < nuse; i++)
+                if (pp[i * (D + 2)] != -INFINITY) a += expf(pp[i * (D + 2)] - M) * pp[i * (D + 2) + 2 + d];
+        out[((size_t)s * n_heads + qh) * D + d] = M == -INFINITY ? 0.f : a / L;
+    }
 }
 
 // ---- v4: 2- and 4-bit keys and values ------------------------------------------------------------
