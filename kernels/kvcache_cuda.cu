@@ -1262,28 +1262,20 @@ static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max
     return f * 4 + (size_t)gq * nhb_max * c->np * 8 + tail * 4;
 }
 
-static kvq_status ensure_part(kvq_kvcache_cuda *c, size_t need, kvq_err *err)
+// a device buffer *p of *cap elements grown to at least need, zero-filled when (re)allocated
+template <class T> static kvq_status ensure_dev(T **p, size_t *cap, size_t need, const char *what, kvq_err *err)
 {
-    if (need <= c->part_cap) return KVQ_OK;
-    if (c->part) cudaFree(c->part);
-    c->part = nullptr;
-    c->part_cap = 0;
-    KVQ_TRY(dalloc(&c->part, need, "attention partials", err));
-    c->part_cap = need;
+    if (need <= *cap) return KVQ_OK;
+    if (*p) cudaFree(*p);
+    *p = nullptr;
+    *cap = 0;
+    KVQ_TRY(dalloc(p, need, what, err));
+    *cap = need;
     return KVQ_OK;
 }
-
-// kivi_generic's tick counters for n query-head rows, zeroed when (re)allocated
-static kvq_status ensure_tick(kvq_kvcache_cuda *c, size_t n, kvq_err *err)
-{
-    if (n <= c->tick_cap) return KVQ_OK;
-    if (c->tick) cudaFree(c->tick);
-    c->tick = nullptr;
-    c->tick_cap = 0;
-    KVQ_TRY(dalloc(&c->tick, n, "decode tick counters", err));
-    c->tick_cap = n;
-    return KVQ_OK;
-}
+static kvq_status ensure_part(kvq_kvcache_cuda *c, size_t need, kvq_err *err) { return ensure_dev(&c->part, &c->part_cap, need, "attention partials", err); }
+// kivi_generic's tick counters for n query-head rows (zero between decodes)
+static kvq_status ensure_tick(kvq_kvcache_cuda *c, size_t n, kvq_err *err) { return ensure_dev(&c->tick, &c->tick_cap, n, "decode tick counters", err); }
 
 // the exact region's decode (fp16 rows) into the last of nslots partial slots, when there is one
 static void exact_launch(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, size_t nslots)

@@ -56,28 +56,16 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t *w, size_t stride, in
 template <int N> struct KI {
     static constexpr int v = N;
 };
-// the fp16 pair at p (4-byte aligned) as one 32-bit word, low half first
-__device__ __forceinline__ uint32_t ld_h2(const uint16_t *p)
+// the fp16 values at p as one T (uint32_t: a pair, low half first; uint2: four), p aligned to sizeof(T)
+template <class T> __device__ __forceinline__ T ld_hv(const uint16_t *p)
 {
 #ifdef KVQ_EMU
-    if ((uintptr_t)p & 3) abort();
-    uint32_t w;
-    memcpy(&w, p, 4);
+    if ((uintptr_t)p & (sizeof(T) - 1)) abort();
+    T w;
+    memcpy(&w, p, sizeof(T));
     return w;
 #else
-    return *(const uint32_t *)p;
-#endif
-}
-// the 4 fp16 values at p (8-byte aligned) as two 32-bit words
-__device__ __forceinline__ uint2 ld_h4(const uint16_t *p)
-{
-#ifdef KVQ_EMU
-    if ((uintptr_t)p & 7) abort();
-    uint2 w;
-    memcpy(&w, p, 8);
-    return w;
-#else
-    return *(const uint2 *)p;
+    return *(const T *)p;
 #endif
 }
 
@@ -130,7 +118,7 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
                     int sl = slot0 + u;
                     while (sl >= R) sl -= R;
                     const uint16_t *kr = kring + (size_t)sl * C + d;
-                    rw[jj][u] = t < b && t >= kq && i < npair ? (!(D & 1) ? ld_h2(kr) : kr[0] | (d + 1 < D ? (uint32_t)kr[1] << 16 : 0u)) : 0u;
+                    rw[jj][u] = t < b && t >= kq && i < npair ? (!(D & 1) ? ld_hv<uint32_t>(kr) : kr[0] | (d + 1 < D ? (uint32_t)kr[1] << 16 : 0u)) : 0u;
                 }
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) {
@@ -196,11 +184,11 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
                     for (int w = 0; w < VD / 2; w++) rw[u][w] = 0;
                     if (t < b && t >= vq) {
                         if (VD == 4) { // head_dim % 4 == 0: 8-byte aligned
-                            const uint2 x = ld_h4(vr);
+                            const uint2 x = ld_hv<uint2>(vr);
                             rw[u][0] = x.x;
                             rw[u][VD / 2 - 1] = x.y;
                         } else {
-                            rw[u][0] = !(D & 1) ? ld_h2(vr) : vr[0] | (d0 + 1 < D ? (uint32_t)vr[1] << 16 : 0u);
+                            rw[u][0] = !(D & 1) ? ld_hv<uint32_t>(vr) : vr[0] | (d0 + 1 < D ? (uint32_t)vr[1] << 16 : 0u);
                         }
                     }
                     slot = slot + dsl >= R ? slot + dsl - R : slot + dsl;
