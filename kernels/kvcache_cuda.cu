@@ -1298,7 +1298,7 @@ static kvq_status exact_and_combine(kvq_kvcache_cuda *c, const float *q, size_t 
     exact_launch(c, q, n_heads, scale, nslots);
     CKL();
     combine<<<dim3((unsigned)n_heads, (unsigned)B), D < 128 ? 64 : 128>>>(c->part, out, (int)n_heads, (int)D, (int)nslots,
-                                                                          (int)(c->n_exact ? nslots : nslots - 1));
+                                                                          combine_slots(nslots, c->n_exact));
     CKL();
     return KVQ_OK;
 }
@@ -1353,7 +1353,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.slot0 = (int)fsplits;
     p.out = out;
     p.tick = c->tick;
-    p.nuse = (int)(c->n_exact ? nslots : nslots - 1);
+    p.nuse = combine_slots(nslots, c->n_exact);
     kv::kivi_generic<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float)>>>(p);
     CKL();
     if (sync) CK(cudaDeviceSynchronize());

@@ -148,6 +148,10 @@ __global__ void exact_decode(DecP p)
     if (tid == 0) { part[0] = ne ? m : -INFINITY; part[1] = l; }
 }
 
+// partial slots a combine reads of the nslots per (query head, sequence): the exact region's partial is the last slot,
+// written only when there is an exact region (n_exact > 0; without one exact_decode is not launched)
+__host__ __device__ inline int combine_slots(size_t nslots, size_t n_exact) { return (int)(n_exact ? nslots : nslots - 1); }
+
 // merge the partials pp[i·(D + 2) ...], i < nuse, of one (query head, sequence) into o[0, D) with the block's threads
 // (D <= 4·blockDim.x); sm: COMBINE_SMEM floats of shared memory, not in use by other threads on entry. The slots'
 // maxima are read by all threads at once; per tile of 256 slots the weights e^{m_i − M} go to shared memory; for

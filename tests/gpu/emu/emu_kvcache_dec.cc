@@ -50,7 +50,7 @@ static void finish_and_check(const DecP &pe, kvq_kvcache *cpu, std::vector<float
     // part buffer is NaN-poisoned, so reading that slot would show)
     if (pe.n_exact) emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + pe.n_exact + 1) * 4, [&] { exact_decode(pe); });
     emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0,
-               [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots, (int)(pe.n_exact ? nslots : nslots - 1)); });
+               [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots, combine_slots(nslots, (size_t)pe.n_exact)); });
     check_out(cpu, out, q, nh, tol, name, what);
 }
 
@@ -259,7 +259,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.slot0 = (int)fsplits;
             p.out = out.data();
             p.tick = tick.data();
-            p.nuse = (int)(v.n_exact ? nslots : nslots - 1);
+            p.nuse = combine_slots(nslots, v.n_exact);
             emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
             char what[96];
             snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
