@@ -322,17 +322,24 @@ static void put_exact(kvq_kvcache *c, size_t s, size_t pos, const float *kpost, 
         }
 }
 
-/* scatter one token's packed head words into the transposed key layout */
+/* index of key code word j of (sequence s, head h, quantized position q) in kcodes (formats/KVCACHE.md):
+ * NUQ token-minor [B][H][kw][capq]; KIVI in tiles of 16 positions [B][H][capq/16][kw][16] */
+static size_t kword(const kvq_kvcache *c, size_t s, size_t q, size_t h, size_t j)
+{
+    size_t blk = (s * c->cfg.n_kv_heads + h) * c->kw * c->capq;
+    if (c->cfg.format == KVQ_KVCACHE_KIVI) return blk + ((q >> 4) * c->kw + j) * 16 + (q & 15);
+    return blk + j * c->capq + q;
+}
+
+/* scatter one token's packed head words into the key layout */
 static void put_kcodes(kvq_kvcache *c, size_t s, size_t q, size_t h, const uint32_t *w)
 {
-    size_t H = c->cfg.n_kv_heads;
-    for (size_t j = 0; j < c->kw; j++) c->kcodes[((s * H + h) * c->kw + j) * c->capq + q] = w[j];
+    for (size_t j = 0; j < c->kw; j++) c->kcodes[kword(c, s, q, h, j)] = w[j];
 }
 
 static void get_kcodes(const kvq_kvcache *c, size_t s, size_t q, size_t h, uint32_t *w)
 {
-    size_t H = c->cfg.n_kv_heads;
-    for (size_t j = 0; j < c->kw; j++) w[j] = c->kcodes[((s * H + h) * c->kw + j) * c->capq + q];
+    for (size_t j = 0; j < c->kw; j++) w[j] = c->kcodes[kword(c, s, q, h, j)];
 }
 
 /* KIVI: offset (floats) of the (min, scale) pairs of head h at quantized position q of sequence s in vscale,

@@ -185,7 +185,8 @@ typedef struct {
     const size_t *kq, *vq;  /* [n_seqs] quantized key / value positions (q = pos - n_exact) */
     const bool *prefix_set; /* [n_seqs] IntactKV prefix set (appends need it when prefix_len > 0) */
     const uint16_t *k16, *v16; /* exact region [n_seqs][H][n_exact][D] fp16 bits, keys post-RoPE */
-    const uint32_t *kcodes; /* [n_seqs][H][k_head_words][capq] (token-minor: coalesced per word) */
+    const uint32_t *kcodes; /* NUQ: [n_seqs][H][k_head_words][capq] (token-minor: coalesced per word);
+                               KIVI: [n_seqs][H][capq/16][k_head_words][16] (tiles of 16 positions) */
     const uint32_t *vcodes; /* [n_seqs][H][capq][v_head_words] */
     const float *vscale;    /* NUQ: [n_seqs][capq][2] (zp, r) per token; KIVI: [n_seqs][H][capq][D/G][2] (min, scale) */
     const float *kscale;    /* KIVI: [n_seqs][capq/G][C][2] (min, scale); NUQ: NULL */

@@ -542,6 +542,8 @@ struct kvq_kvcache_cuda {
     int *dkq, *dvq, *dqf;       // device copies, and kivi_fast's range per sequence: dlen[B], then these, one allocation
     int *tick;                  // [B][n_heads] kivi_generic's finished splits per query head (zero between decodes)
     size_t tick_cap;
+    cudaStream_t side;          // KIVI: kivi_generic's stream (non-blocking, highest priority) beside kivi_fast
+    cudaEvent_t ev_fork, ev_join; // KIVI: side waits for ev_fork (legacy stream), the legacy stream for ev_join (side)
 };
 
 template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, kvq_err *err)
@@ -566,6 +568,9 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
                  c->kscale, c->kring, c->vring, c->stg, c->tick};
     for (void *x : d)
         if (x) cudaFree(x);
+    if (c->ev_fork) cudaEventDestroy(c->ev_fork);
+    if (c->ev_join) cudaEventDestroy(c->ev_join);
+    if (c->side) cudaStreamDestroy(c->side);
     free(c->kq);
     free(c->vq);
     free(c->prefix_set);
@@ -767,6 +772,14 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "CUDA: table upload: %s", cudaGetErrorString(e)); goto fail; }
     }
     if ((st = set_smem_limits(err)) != KVQ_OK) goto fail;
+    if (!nuq) {
+        int lo = 0, hi = 0;
+        cudaError_t e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
+        if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, hi);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming);
+        if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "kvcache cuda: decode streams: %s", cudaGetErrorString(e)); goto fail; }
+    }
     free(hl); free(hv); free(hk); free(hz); free(hlo); free(hhi);
     *out = c;
     return KVQ_OK;
@@ -995,7 +1008,8 @@ __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t 
     const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, nu = (D + cpu - 1) / cpu;
     for (int i = threadIdx.x; i < G * nu; i += blockDim.x) {
         const int t = i / nu, u = i % nu;
-        kivi_pack(kcodes + (size_t)h * kw * capq + qg + t, (size_t)capq, cod + t * D, D, bits, u);
+        const int q = qg + t; // KIVI key tiles [capq/16][kw][16] (formats/KVCACHE.md)
+        kivi_pack(kcodes + (size_t)h * kw * capq + (size_t)(q >> 4) * kw * 16 + (q & 15), 16, cod + t * D, D, bits, u);
     }
 }
 
@@ -1342,6 +1356,11 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
     p.gchunk = (int)gchunk;
     p.use_qf = fsplits ? 1 : 0;
+    const bool side = fsplits != 0;
+    if (side) { // the tail on the side stream, from here on
+        CK(cudaEventRecord(c->ev_fork, 0));
+        CK(cudaStreamWaitEvent(c->side, c->ev_fork, 0));
+    }
     if (fsplits) {
         p.chunk = (int)fchunk;
         kv::fast_pick(g->k_bits, g->v_bits, gq, lg, kv::fast_nw((int)D))<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::fast_threads((int)G),
@@ -1352,10 +1371,17 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     CKL();
     p.slot0 = (int)fsplits;
     p.out = out;
-    p.tick = c->tick;
+    p.tick = side ? nullptr : c->tick;
     p.nuse = combine_slots(nslots, c->n_exact);
-    kv::kivi_generic<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float)>>>(p);
+    kv::kivi_generic<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float),
+                       side ? c->side : 0>>>(p);
     CKL();
+    if (side) { // join, then the combine
+        CK(cudaEventRecord(c->ev_join, c->side));
+        CK(cudaStreamWaitEvent(0, c->ev_join, 0));
+        combine<<<dim3((unsigned)n_heads, (unsigned)B), D < 128 ? 64 : 128>>>(c->part, out, (int)n_heads, (int)D, (int)nslots, p.nuse);
+        CKL();
+    }
     if (sync) CK(cudaDeviceSynchronize());
     return KVQ_OK;
 }

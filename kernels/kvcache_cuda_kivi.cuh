@@ -27,7 +27,7 @@ __device__ __forceinline__ uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c
 #endif
 
 struct KivP {
-    const uint32_t *kcodes, *vcodes;  // [B][H][kw][capq] token-minor, [B][H][capq][vw] token-major
+    const uint32_t *kcodes, *vcodes;  // [B][H][capq/16][kw][16] tiles of 16 positions, [B][H][capq][vw] token-major
     const float2 *kscale, *vscale;    // [B][ngk][C] (min, scale) per key group and channel; [B][H][capq][D/G] per head, token and channel group
     const uint16_t *kring, *vring;    // [B][ring][C] fp16 residual (quantization domain)
     const float2 *rlo, *rhi;          // RoPE tables (pre-RoPE keys), as DecP
@@ -133,10 +133,11 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
                     if (t < kq) {
                         const float2 *ks = p.kscale + ((size_t)s * p.ngk + t / p.G) * C + h * D;
                         const float2 m0 = ks[d];
-                        k0 = m0.y == 0.f ? m0.x : fmaf((float)code_at(kc + t, p.capq, d, p.kb), m0.y, m0.x);
+                        const uint32_t *kt = kc + (size_t)(t >> 4) * p.kw * 16 + (t & 15); // key tiles [capq/16][kw][16]
+                        k0 = m0.y == 0.f ? m0.x : fmaf((float)code_at(kt, 16, d, p.kb), m0.y, m0.x);
                         if (d + 1 < D) {
                             const float2 m1 = ks[d + 1];
-                            k1 = m1.y == 0.f ? m1.x : fmaf((float)code_at(kc + t, p.capq, d + 1, p.kb), m1.y, m1.x);
+                            k1 = m1.y == 0.f ? m1.x : fmaf((float)code_at(kt, 16, d + 1, p.kb), m1.y, m1.x);
                         }
                     } else {
                         k0 = h2f(rw[jj][u]);
@@ -229,9 +230,10 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
     if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
 }
 
-// generic partials, then the last split of each (query head, sequence) to finish merges all of its slots (kivi_fast's
-// and the exact region's were written by the kernels launched before this one) into out: the combine without a launch
-// of its own (tick counts finished splits; the merging block resets it)
+// generic partials; with p.tick (kivi_generic alone, without kivi_fast), the last split of each (query head, sequence)
+// to finish then merges all of its slots (the exact region's was written by the kernel launched before this one) into
+// out: the combine without a launch of its own (tick counts finished splits; the merging block resets it). Beside
+// kivi_fast (another stream, p.tick null) the combine kernel merges after both
 __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -239,6 +241,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
     float *sm = (float *)sm4;
     const int qh = blockIdx.y, s = blockIdx.z;
     generic_part(p, blockIdx.x, qh, s, sm);
+    if (!p.tick) return; // the combine kernel merges (kivi_generic beside kivi_fast)
     __threadfence(); // this block's partial before its tick
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -265,7 +268,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 // B, each split into an fp16 high and low part (x = hi + lo to ~2^-22) in two B columns, so the products
 // keep fp32 precision; 8 columns = up to 4 query heads × (hi, lo). The bias sums run in fp32.
 // Scores: a warp tile is 16 positions; row g of A = position 2g, row g + 8 = position 2g + 1 (lane 4g + t
-// loads one 8-byte pair of token-minor code words per word it needs); k-slots of lane t map to dims of the
+// loads one 8-byte pair of the tile's code words per word it needs; tiles [capq/16][kw][16]); k-slots of lane t map to dims of the
 // words it loaded (4-bit: words 8w + 2t, 8w + 2t + 1 of each 64-dim word group w; 2-bit: word 4w + t):
 // field f of a word = (low-half dim, high-half dim) = (f, f + 4) at 4 bits, (f, f + 8) at 2 bits. The B
 // fragments (q·s, hi/lo) of every key group of the chunk are built once per block in shared memory in that
@@ -510,21 +513,22 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // ---- scores: warp w takes the contiguous tiles [tb, te); the next tile's code words are loaded meanwhile
     {
         constexpr int XW = BK == 4 ? 2 : 1, XM = 4 * XW; // uint2 per word group, at most 4 word groups (head_dim 256)
-        const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + q0 + 2 * g;
-        const int per = (ntile + NWF - 1) / NWF, tb = warp * per, te = min(ntile, tb + per);
+        // key tiles [capq/16][kw][16]: a tile of 16 positions is 16·kw contiguous words (q0 is a multiple of 16)
+        const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16;
+        const int per = (ntile + NWF - 1) / NWF, tb = warp * per, te = min(ntile, tb + per), kstep = 8 * p.kw;
         // a pointer per word the lane reads (words past the head's last one read that one: their B rows are zero), advanced
-        // one tile per step
+        // one tile (kstep uint2) per step
         const uint2 *kp[XM];
 #pragma unroll
         for (int k = 0; k < XM; k++) {
             const int wg = k / XW, W = BK == 4 ? 8 * wg + 2 * t + k % XW : 4 * wg + t;
-            kp[k] = (const uint2 *)(kc + (size_t)min(W, p.kw - 1) * p.capq) + tb * 8;
+            kp[k] = (const uint2 *)(kc + (size_t)min(W, p.kw - 1) * 16 + 2 * g) + (size_t)tb * kstep;
         }
         auto load = [&](uint2 (&X)[XM]) {
 #pragma unroll
             for (int k = 0; k < XM; k++) {
                 if (k / XW < NWG) X[k] = __ldcs(kp[k]);
-                kp[k] += 8;
+                kp[k] += kstep;
             }
         };
         // k2/v2 and k4/v4 at G >= 64: the B fragments of the current key group's first 128 dims, its bias and scale stay

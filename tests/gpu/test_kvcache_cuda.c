@@ -137,15 +137,18 @@ static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const fl
     return worst;
 }
 
-/* the arrays both formats share, for sequence s: key code words of the first x.kq[s] positions, value code words of
- * the first x.vq[s], exact-region fp16 rows (keys within 1 ulp: cos/sin in double may differ by an ulp between
- * libm and CUDA). Mismatches are added to *bad and *badh. */
-static void compare_codes_rows(const kvq_kvcache_view *x, const kvq_kvcache_view *y, size_t s, size_t H, size_t D, size_t *bad, size_t *badh)
+/* the arrays both formats share, for sequence s: key code words of the first x.kq[s] positions (NUQ token-minor
+ * [B][H][kw][capq], KIVI in tiles [B][H][capq/16][kw][16]), value code words of the first x.vq[s], exact-region fp16
+ * rows (keys within 1 ulp: cos/sin in double may differ by an ulp between libm and CUDA). Mismatches are added to
+ * *bad and *badh. */
+static void compare_codes_rows(const kvq_kvcache_view *x, const kvq_kvcache_view *y, size_t s, size_t H, size_t D, bool kivi, size_t *bad,
+                               size_t *badh)
 {
+    const size_t kw = x->k_head_words;
     for (size_t h = 0; h < H; h++) {
-        for (size_t w = 0; w < x->k_head_words; w++)
+        for (size_t w = 0; w < kw; w++)
             for (size_t q = 0; q < x->kq[s]; q++) {
-                size_t i = ((s * H + h) * x->k_head_words + w) * x->capq + q;
+                size_t blk = (s * H + h) * kw * x->capq, i = kivi ? blk + ((q >> 4) * kw + w) * 16 + (q & 15) : blk + w * x->capq + q;
                 *bad += x->kcodes[i] != y->kcodes[i];
             }
         for (size_t q = 0; q < x->vq[s]; q++)
@@ -172,7 +175,7 @@ static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg
         CHECK(x.len[s] == y.len[s], "%s: seq %zu length cpu %zu gpu %zu", name, s, x.len[s], y.len[s]);
         CHECK(x.prefix_set[s] == y.prefix_set[s], "%s: seq %zu IntactKV prefix set: cpu %d gpu %d", name, s, x.prefix_set[s], y.prefix_set[s]);
         size_t nq = x.kq[s];
-        compare_codes_rows(&x, &y, s, H, t->D, &bad, &badh);
+        compare_codes_rows(&x, &y, s, H, t->D, false, &bad, &badh);
         for (size_t q = 0; q < nq; q++) bad += memcmp(x.vscale + (s * x.capq + q) * 2, y.vscale + (s * y.capq + q) * 2, 8) != 0;
         size_t R = x.capq + 1;
         for (size_t h = 0; h < H; h++) {
@@ -326,7 +329,7 @@ static void compare_state_kivi(const kvq_kvcache *a, const kvq_kvcache *b, const
         CHECK(x.len[s] == y.len[s] && x.kq[s] == y.kq[s] && x.vq[s] == y.vq[s], "%s: seq %zu length/kq/vq cpu %zu/%zu/%zu gpu %zu/%zu/%zu",
               name, s, x.len[s], x.kq[s], x.vq[s], y.len[s], y.kq[s], y.vq[s]);
         CHECK(x.prefix_set[s] == y.prefix_set[s], "%s: seq %zu IntactKV prefix set: cpu %d gpu %d", name, s, x.prefix_set[s], y.prefix_set[s]);
-        compare_codes_rows(&x, &y, s, H, D, &bad, &badh);
+        compare_codes_rows(&x, &y, s, H, D, true, &bad, &badh);
         const size_t ngk = x.capq / G + 1;
         bad += memcmp(x.kscale + s * ngk * C * 2, y.kscale + s * ngk * C * 2, (x.kq[s] / G) * C * 8) != 0;
         for (size_t h = 0; h < H; h++) /* [B][H][capq][D/G][2]: the quantized positions of each head */

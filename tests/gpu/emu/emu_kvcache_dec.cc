@@ -247,8 +247,9 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4,
                            [&] { fn(p); });
             }
-            // as kvcache_cuda.cu's kivi_attend: the exact region (when there is one), then kivi_generic, whose last
-            // split per query head combines into out (ticks start at 0 and must be back at 0)
+            // as kvcache_cuda.cu's kivi_attend: the exact region (when there is one), then kivi_generic; after kivi_fast
+            // (on the GPU beside it, on a second stream) the combine kernel merges, else kivi_generic's last split per
+            // query head (ticks start at 0 and must be back at 0)
             DecP pe;
             memset(&pe, 0, sizeof pe);
             pe.k16 = v.k16; pe.v16 = v.v16; pe.q = q.data(); pe.part = part.data(); pe.len = ilen.data();
@@ -258,9 +259,12 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             std::vector<int> tick(B * nh, 0);
             p.slot0 = (int)fsplits;
             p.out = out.data();
-            p.tick = tick.data();
+            p.tick = fsplits ? nullptr : tick.data();
             p.nuse = combine_slots(nslots, v.n_exact);
             emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
+            if (fsplits)
+                emu_launch({(unsigned)nh, (unsigned)B, 1}, D < 128 ? 64 : 128, 0,
+                           [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots, p.nuse); });
             char what[96];
             snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
             for (int x : tick)
