@@ -1379,7 +1379,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     if (side) { // join, then the combine
         CK(cudaEventRecord(c->ev_join, c->side));
         CK(cudaStreamWaitEvent(0, c->ev_join, 0));
-        combine<<<dim3((unsigned)n_heads, (unsigned)B), D < 128 ? 64 : 128>>>(c->part, out, (int)n_heads, (int)D, (int)nslots, p.nuse);
+        kv::combine_par<<<dim3((unsigned)n_heads, (unsigned)B), 128, COMBINE_SMEM * sizeof(float)>>>(p);
         CKL();
     }
     if (sync) CK(cudaDeviceSynchronize());

@@ -219,7 +219,8 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
 }
 
 // merge the partials of slots [0, nuse) of nslots (the last ones unused: no exact region) per (query head, sequence),
-// one block each (NUQ and the fp16 baseline; KIVI merges in kivi_generic with combine_one). Each thread loops over the
+// one block each (NUQ and the fp16 baseline; KIVI merges with combine_one: kv::combine_par, or kivi_generic's last
+// block when kivi_generic runs alone). Each thread loops over the
 // slots for its dims: with combine_one here, NUQ at SmolLM2 heads B = 1 measured +1..+5% (median over N; three runs, H200)
 __global__ void combine(const float *part, float *out, int n_heads, int D, int nslots, int nuse)
 {

@@ -262,9 +262,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.tick = fsplits ? nullptr : tick.data();
             p.nuse = combine_slots(nslots, v.n_exact);
             emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
-            if (fsplits)
-                emu_launch({(unsigned)nh, (unsigned)B, 1}, D < 128 ? 64 : 128, 0,
-                           [&] { combine(part.data(), out.data(), (int)nh, (int)D, (int)nslots, p.nuse); });
+            if (fsplits) emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(p); });
             char what[96];
             snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
             for (int x : tick)
