@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 // the combine after kivi_fast and kivi_generic (kivi_attend; COMBINE_SMEM floats of dynamic shared memory, 128
 // threads): combine_one per (query head blockIdx.x, sequence blockIdx.y). Same call, H200, N = 32K, against the
 // per-thread slot loops of `combine`: SmolLM2 heads B = 1 47.5 -> 36.2 µs (k2g32), B = 8 -2..-5%, B = 32 -2..-3%;
-// Llama heads within ±1%
+// Llama heads -0..+2%
 __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
