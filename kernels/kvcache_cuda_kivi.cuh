@@ -732,6 +732,13 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                                 a1 = dq_field(y0, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
                                 a2 = dq_field(y1, 0, 0x000F000Fu, 0x3C003C00u, 0xE400E400u);
                                 a3 = dq_field(y1, 0, 0x00F000F0u, 0x2C002C00u, 0xD400D400u);
+                            } else if (LZ) { // o a compile-time constant: the pair's nibble masked where it lies (4k
+                                // bits up, k = o/4 & 1), no shift: fields 1024 + 4^(2k)·code and 1024 + 4^(2k+1)·code
+                                const int k = (o >> 2) & 1;
+                                a0 = dq_field(y0, 0, 0x00030003u << (4 * k), inv4(2 * k), off4(2 * k));
+                                a1 = dq_field(y0, 0, 0x000C000Cu << (4 * k), inv4(2 * k + 1), off4(2 * k + 1));
+                                a2 = dq_field(y1, 0, 0x00030003u << (4 * k), inv4(2 * k), off4(2 * k));
+                                a3 = dq_field(y1, 0, 0x000C000Cu << (4 * k), inv4(2 * k + 1), off4(2 * k + 1));
                             } else { // the pair's nibble (4 (o/4 & 1) bits up): 2-bit codes of dims 2P, 2P + 1
                                 const int sh = 4 * ((o >> 2) & 1);
                                 a0 = dq_field(y0, sh, 0x00030003u, 0x3C003C00u, 0xE400E400u);

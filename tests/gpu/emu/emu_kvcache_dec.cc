@@ -291,6 +291,10 @@ int main(int argc, char **argv)
     //       B  H  D   g  kb vb  G   R   post  sink NT
     run_kivi(2, 2, 128, 1, 2, 2, 32, 128, true, 0, 900, l3, quick ? 3 : 4, 132, "kivi llama-like 2/2 g32");
     run_kivi(1, 3, 64, 3, 4, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 132, "kivi smollm 4/4 gqa3");
+    /* the benchmark's k2gD / k4gD kernels: equal key and value bits at G = 128 (fragments held in registers, 7 / 6
+     * blocks per SM, the 2-bit values' nibble at 4 bits up in every odd m-tile) */
+    run_kivi(1, 2, 128, 1, 2, 2, 128, 128, true, 0, 900, l3 + 2, 2, 132, "kivi llama-like 2/2 g128"); // lengths 333, 900:
+    run_kivi(1, 2, 128, 1, 4, 4, 128, 128, true, 0, 900, l3 + 2, 2, 4, "kivi llama-like 4/4 g128");   // kivi_fast runs
     run_kivi(1, 1, 128, 5, 2, 4, 128, 128, true, 0, 900, l3, quick ? 3 : 4, 4, "kivi g128 2/4 gqa5");
     run_kivi(1, 2, 48, 2, 4, 2, 16, 32, true, 2, 900, l3, quick ? 2 : 4, 4, "kivi d48 g16 4/2");
     run_kivi(1, 1, 256, 4, 4, 4, 64, 0, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d256 g64 r0 4/4");
