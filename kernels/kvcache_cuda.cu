@@ -1318,7 +1318,8 @@ static kvq_status exact_and_combine(kvq_kvcache_cuda *c, const float *q, size_t 
 }
 
 // KIVI decode: kivi_fast on [0, qf) of each sequence when it applies (post-RoPE keys, 2/4-bit, G = 16..128, a power
-// of two), the exact region, kivi_generic on the rest (or on everything), whose last block per query head combines
+// of two), the exact region, kivi_generic on the rest (beside kivi_fast on the side stream, then combine_par after
+// the join), or on everything (then its last block per query head combines)
 static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out, size_t max_splits, int sync,
                               kvq_err *err)
 {
@@ -1344,7 +1345,8 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     kv::generic_plan(maxrest, B * n_heads, (size_t)c->n_sm, max_splits, &gchunk, &gsplits);
     const size_t nslots = fsplits + gsplits + 1;
     KVQ_TRY(ensure_part(c, B * n_heads * nslots * (D + 2), err));
-    KVQ_TRY(ensure_tick(c, B * n_heads, err));
+    const bool side = fsplits != 0; // kivi_generic beside kivi_fast; the tick counters only without it
+    if (!side) KVQ_TRY(ensure_tick(c, B * n_heads, err));
     KivP p;
     memset(&p, 0, sizeof p);
     p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.kscale = (const float2 *)c->kscale; p.vscale = (const float2 *)c->vscale;
@@ -1356,7 +1358,6 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
     p.gchunk = (int)gchunk;
     p.use_qf = fsplits ? 1 : 0;
-    const bool side = fsplits != 0;
     if (side) { // the tail on the side stream, from here on
         CK(cudaEventRecord(c->ev_fork, 0));
         CK(cudaStreamWaitEvent(c->side, c->ev_fork, 0));

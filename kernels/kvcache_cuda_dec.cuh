@@ -157,8 +157,9 @@ __host__ __device__ inline int combine_slots(size_t nslots, size_t n_exact) { re
 // maxima are read by all threads at once; per tile of 256 slots the weights e^{m_i − M} go to shared memory; for
 // D <= blockDim / 2 the threads form nsl = blockDim / D slices that sum every nsl-th slot of a dim (else each thread
 // sums its up to 4 dims over all slots), the loads of 8 slots in flight; slots with m = −∞ (empty) weigh 0. The
-// partials are read past L1 (__ldcg): other blocks of kivi_generic wrote them during this kernel. (KIVI's separate
-// combine kernel took 14.6 µs for 19 slots at Llama heads B = 32 and 17.7 µs for 32 at B = 1; H200.)
+// partials are read past L1 (__ldcg): when kivi_generic's last block merges, other blocks wrote them during the same
+// kernel. (Session 8: the per-thread-loop combine kernel took 14.6 µs for 19 slots at Llama heads B = 32 and 17.7 µs
+// for 32 at B = 1; H200.)
 constexpr int COMBINE_SMEM = 256 + 32 + 256;
 __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
 {

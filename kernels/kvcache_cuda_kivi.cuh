@@ -77,8 +77,8 @@ template <class T> __device__ __forceinline__ T ld_hv(const uint16_t *p)
 // consecutive dims per thread (4 when head_dim % 4 == 0, else 2), the block's threads in nsl = NTG / ⌈D / VD⌉ slices
 // over positions, 8 positions' ring words in flight per thread, the slices summed through shared memory. Ring slots
 // advance by addition (no division per position). This range is the fp16 residual ring (the last R..2R positions)
-// and a few codes when kivi_fast runs, and everything when it does not. The last split of a (query head, sequence) to
-// finish merges its partials (combine_one). H200, Llama heads (32 × 128), N = 32K, B = 32: the 256-position tail took
+// and a few codes when kivi_fast runs, and everything when it does not; then (alone) the last split of a (query head,
+// sequence) to finish merges its partials (combine_one). H200, Llama heads (32 × 128), N = 32K, B = 32: the 256-position tail took
 // 178 µs as a thread per position over all dims and then a thread per dim over all positions (long chains of
 // dependent, uncoalesced loads; 91 registers), and the separate combine kernel 14 µs
 constexpr int NTG = 128, GPW = 4;
@@ -230,6 +230,13 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
     if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
 }
 
+// the p.nuse partial slots of (query head qh, sequence s) merged into p.out (combine_one; sm: COMBINE_SMEM floats)
+__device__ void merge_row(const KivP &p, int qh, int s, float *sm)
+{
+    const size_t row = (size_t)s * p.n_heads + qh;
+    combine_one(p.part + row * p.nslots * (p.D + 2), p.out + row * p.D, p.D, p.nuse, sm);
+}
+
 // generic partials; with p.tick (kivi_generic alone, without kivi_fast), the last split of each (query head, sequence)
 // to finish then merges all of its slots (the exact region's was written by the kernel launched before this one) into
 // out: the combine without a launch of its own (tick counts finished splits; the merging block resets it). Beside
@@ -252,8 +259,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
     __syncthreads();
     if (*last) {
         __threadfence();
-        combine_one(p.part + (size_t)(s * p.n_heads + qh) * p.nslots * (p.D + 2), p.out + ((size_t)s * p.n_heads + qh) * p.D, p.D,
-                    p.nuse, sm + p.D + p.gchunk + 12); // over the P·V slice sums, done
+        merge_row(p, qh, s, sm + p.D + p.gchunk + 12); // over the P·V slice sums, done
     }
 }
 
@@ -264,9 +270,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
-    const int qh = blockIdx.x, s = blockIdx.y;
-    combine_one(p.part + (size_t)(s * p.n_heads + qh) * p.nslots * (p.D + 2), p.out + ((size_t)s * p.n_heads + qh) * p.D, p.D, p.nuse,
-                (float *)sm4);
+    merge_row(p, blockIdx.x, blockIdx.y, (float *)sm4);
 }
 
 // ---- fast: post-RoPE keys, 2/4-bit codes, G in {16, 32, 64, 128} (G = 16 << LG), on the tensor cores.
