@@ -1365,7 +1365,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     if (fsplits) {
         p.chunk = (int)fchunk;
         kv::fast_pick(g->k_bits, g->v_bits, gq, lg, kv::fast_nw((int)D))<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::fast_threads((int)G),
-                                                       (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4>>>(p);
+                                                       (size_t)kv::fast_smem(gq, (int)D, (int)G, g->k_bits, g->v_bits, (int)fchunk).total * 4>>>(p);
         CKL();
     }
     exact_launch(c, q, n_heads, scale, nslots);

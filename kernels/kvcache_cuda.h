@@ -27,8 +27,11 @@
  * (checked at 1e-3; 3-bit at 2e-5). KIVI: post-RoPE keys with 2/4-bit codes
  * and a power-of-two group of 16..128 run on the tensor cores with every fp16
  * operand split into a high and a low part (fp32-accurate: observed <= 7e-6,
- * checked at 2e-5); any other KIVI configuration (pre-RoPE keys, 3-bit codes,
- * other groups) and the residual ring run in fp32 on the CUDA cores.
+ * checked at 2e-5), or, for 2-bit keys and values at group = head_dim = 128
+ * with at most 2 query heads per KV head in a block, on the integer tensor
+ * cores with the queries and weights as exact fixed-point digits (s32 sums);
+ * any other KIVI configuration (pre-RoPE keys, 3-bit codes, other groups) and
+ * the residual ring run in fp32 on the CUDA cores.
  * formats/KVCACHE.md "Decode attention (GPU)".
  */
 #ifndef KVQ_KVCACHE_CUDA_H

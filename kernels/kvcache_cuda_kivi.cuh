@@ -24,6 +24,22 @@ __device__ __forceinline__ uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// c += a·b on the integer tensor cores, mma.m16n8k32 (PTX ISA "Matrix fragments for mma.m16n8k32"), s32 accumulators
+// (exact): lane 4g + t holds a0 = A[g][4t..4t+3], a1 = A[g+8][4t..4t+3], a2 = A[g][16+4t..16+4t+3], a3 = A[g+8][16+4t..]
+// (byte i = column 4t + i), b0 = B[4t..4t+3][g], b1 = B[16+4t..16+4t+3][g]; c as kvq_mma16816. A unsigned bytes, B
+// signed (kvq_imma_us) or unsigned (kvq_imma_uu) bytes
+__device__ __forceinline__ void kvq_imma_us(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void kvq_imma_uu(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 #endif
 
 struct KivP {
@@ -294,6 +310,10 @@ __global__ void __launch_bounds__(128) combine_par(KivP p)
 // row and group; two, as one 8-byte load, at 4-bit G = 128), positions (2t, 2t+1) and (2t+8, 2t+9) merged
 // per register with one PRMT; B = p·s of the tile's 16 positions per group (hi, lo), built in shared memory
 // after the softmax.
+// The integer path (imma_path: 2-bit keys and values, G = head_dim = 128, GQ <= 2) runs both sums as mma.m16n8k32
+// on u8 codes (a field masked in place: code·4^f) and byte digits of the fixed-point q·s·4^-m and p·s, with exact
+// s32 sums (formats/KVCACHE.md "Decode attention (GPU)"; the IM branches below). Same call, H200, Llama heads
+// against the fp16 path: k2gD B = 32 N = 32K 1184 -> 952 µs, 128K 4333 -> 3425, B = 8 32K 334 -> 279.
 // threads per block: 128 (4 warps) at G = 128, else 256 (8 warps). Same call, H200, Llama heads N = 32K, against 256
 // at every G: k2gD B = 32 1862 -> 1701 µs, k4gD 2019 -> 1907, B = 8 -2.4% / -1%, B = 1 -3%; at G = 32 (k2g32 2927 ->
 // 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256
@@ -338,16 +358,21 @@ template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j,
     }
 }
 
+// kivi_fast on the integer tensor cores (the IM path below): 2-bit keys and values, G = head_dim = 128, up to 2 query
+// heads per block; the fp16 tensor-core path otherwise
+__host__ __device__ constexpr bool imma_path(int bk, int bv, int G, int D, int gq) { return bk == 2 && bv == 2 && G == 128 && D == 128 && gq <= 2; }
+
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
     // kbias: [ngc][gq], then [ngc] (kinv); vbias: [NG][gq], then [NG] floats (vinv), [NG + 2] ints (max value
-    // scales, max |q|, spare); bfr: uint2 fragments
+    // scales, max |q|, spare); stage: [warps][gq][D] floats ([warps][4 gq][D] on the IM path); bfr: uint2 fragments
     int qv, sc, red, stat, kbias, vbias, stage, bfr, total;
 };
-__host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
+__host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int bk, int bv, int chunk)
 {
     auto up = [](int x) { return (x + 3) & ~3; };
     const int ngc = (chunk + G - 1) / G, NG = D / G, ks4 = 4 * ((D + 63) / 64);
+    const bool im = imma_path(bk, bv, G, D, gq);
     FastSmem m;
     m.qv = 0;
     m.sc = m.qv + up(gq * D);
@@ -356,8 +381,10 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int chunk)
     m.kbias = m.stat + up(4 * gq);
     m.vbias = m.kbias + up(ngc * gq + ngc);
     m.stage = m.vbias + up(NG * gq + 2 * NG + 2);
-    m.bfr = m.stage + up(fast_threads(G) / 32 * gq * D);
-    const int nk = ngc * ks4 * 2 * gq * 4, nv = (chunk / 16) * NG * 2 * gq * 4;
+    m.bfr = m.stage + up(fast_threads(G) / 32 * (im ? 4 : 1) * gq * D);
+    // uint2 fragments: fp16 keys [ngc][k-slice][2 gq][4], values [chunk/16][NG][2 gq][4]; IM keys [ngc][4][4 gq][4],
+    // values [chunk/32][4 gq][4]
+    const int nk = im ? ngc * 4 * 4 * gq * 4 : ngc * ks4 * 2 * gq * 4, nv = im ? (chunk + 31) / 32 * 4 * gq * 4 : (chunk / 16) * NG * 2 * gq * 4;
     m.total = m.bfr + 2 * (nk > nv ? nk : nv);
     return m;
 }
@@ -373,7 +400,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     for (size_t sp = max_splits ? 1 : (nu + 15) / 16; sp <= smax; sp++) { // without max_splits: chunks of <= 16 tiles
         const size_t cu = (nu + sp - 1) / sp, chunk = cu * U, se = (nu + cu - 1) / cu;
         if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
-        const size_t sm = (size_t)fast_smem(gq, D, G, (int)chunk).total * 4;
+        const size_t sm = (size_t)fast_smem(gq, D, G, bk, bv, (int)chunk).total * 4;
         if (sm > smem_max) continue;
         // resident blocks per SM: kivi_fast's launch bounds at G >= 32 (fast_blocks: 3 of 256 threads, 6 or 7 of 128 at
         // G = 128) when a split has at least 8 blocks, else 512 threads' worth (2, or 4 of 128): with few blocks per
@@ -387,7 +414,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     }
     if (!best) { // nothing within max_splits fits: the largest chunk that does
         best = nu * U;
-        while (best > U && (size_t)fast_smem(gq, D, G, (int)best).total * 4 > smem_max) best = (best / 2 + U - 1) / U * U;
+        while (best > U && (size_t)fast_smem(gq, D, G, bk, bv, (int)best).total * 4 > smem_max) best = (best / 2 + U - 1) / U * U;
     }
     *chunk_out = best;
     *splits_out = nq ? (nq + best - 1) / best : 1;
@@ -419,6 +446,16 @@ __device__ __forceinline__ float pow2_scale(float m)
     return ldexpf(1.f, max(-100, min(100, 14 - e)));
 }
 
+// 2^S with m·2^S in [2^(top-1), 2^top) (S clamped to [-126, 126]; m <= 0 or not finite: 1): the fixed-point scale of
+// the IM path's integer operands
+__device__ __forceinline__ float imma_scale(float m, int top)
+{
+    if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
+    int e;
+    frexpf(m, &e);
+    return ldexpf(1.f, max(-126, min(126, top - e)));
+}
+
 // 768 threads per SM (fast_blocks: 3 blocks of 256 threads, 6 of 128 at G = 128, 7 for k2/v2; <= 80 registers) at G >= 32, else 2
 // blocks of 256 (G = 16). H200, Llama heads B = 32, 256 threads: 3 blocks instead of 2 took k2g32 3765 -> 3101 µs
 // (SmolLM2 B = 32 -9..-13%) and, with the copy-free P·V loop, k2gD 2300 -> 1883 µs, k4gD 2500 -> 2052 although ptxas
@@ -446,7 +483,15 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         return;
     }
     const int n = q1 - q0, ntile = n >> 4, ngc = (n + G - 1) / G; // n is a multiple of 16
-    const FastSmem L = fast_smem(GQ, D, G, p.chunk);
+    const FastSmem L = fast_smem(GQ, D, G, BK, BV, p.chunk);
+    // the integer tensor-core path (imma_path; NW == 2 and G = 128 make head_dim 128): key B columns 4j + d = digit d of
+    // query head j, value B columns likewise
+    constexpr bool IM = BK == 2 && BV == 2 && LG == 3 && NW == 2 && GQ <= 2;
+    constexpr int NCK = 4 * GQ, NCV = 4 * GQ;
+    // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
+    // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
+    // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead
+    constexpr int KPF = 3, VPF = 2;
     float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
     float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
@@ -469,10 +514,76 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         atomicMax(&mxi[0], __float_as_int(mq)); // non-negative floats order as their bits
     }
     __syncthreads();
+    // IM: the chunk's largest value scale (F_v's) without a pass after the softmax: the first VZ scales per thread are
+    // loaded here and reduced after the key operands, so their latency hides behind those
+    constexpr int VZ = IM ? 16 : 1;
+    float vz[VZ];
+    if constexpr (IM) {
+#pragma unroll
+        for (int k = 0; k < VZ; k++) {
+            const int t2 = tid + k * NTF;
+            vz[k] = t2 < n ? __ldg(&vsb[t2]).y : 0.f;
+        }
+    }
+    if constexpr (IM) {
+        // integer key operands, a warp per group γ of the chunk: x = q_{j,c}·s_{γ,c}·4^-m as fixed-point integers
+        // X = rint(x·F_γ), F_γ = imma_scale(max |q·s|, 30) (1/F_γ in kinv), split into four signed bytes (balanced
+        // digits, X = Σ_d 256^d·digit_d), one B column each; Σ q·min per head (kbias). Lane = 8m + 2t + hf builds
+        // register hf (b0, b1) of k-step m for lane t: channels 16 (4 hf + t) + 4b + m, b = byte (the A bytes there
+        // are code·4^m: field m of byte b of word 4 hf + t, KVCACHE.md "Code words"). B fragments [γ][m][column][t]
+        uint32_t *bw = (uint32_t *)bfr;
+        const int m = lane >> 3, tt = (lane >> 1) & 3, hf = lane & 1;
+        const float e4 = m == 0 ? 1.f : m == 1 ? 0.25f : m == 2 ? 0.0625f : 0.015625f;
+        for (int gi = warp; gi < ngc; gi += NWF) {
+            int ch[4];
+            float2 z[4];
+            float mx = 0.f, pb[GQ];
+#pragma unroll
+            for (int j = 0; j < GQ; j++) pb[j] = 0.f;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                ch[b] = 16 * (4 * hf + tt) + 4 * b + m;
+                z[b] = __ldg(&ksb[(size_t)gi * C + ch[b]]);
+#pragma unroll
+                for (int j = 0; j < GQ; j++) {
+                    const float qc = qv[j * D + ch[b]];
+                    mx = fmaxf(mx, fabsf(qc * z[b].y));
+                    pb[j] = fmaf(qc, z[b].x, pb[j]);
+                }
+            }
+            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float F = imma_scale(mx, 30), Fm = F * e4;
+            if (lane == 0) kinv[gi] = mx < INFINITY ? 1.f / F : NAN; // non-finite q·s: NaN scores, as on the fp16 path
+#pragma unroll
+            for (int j = 0; j < GQ; j++) {
+                uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    int X = __float2int_rn(qv[j * D + ch[b]] * z[b].y * Fm); // |X| < 2^30
+#pragma unroll
+                    for (int d = 0; d < 3; d++) {
+                        const int dg = (int)(signed char)(X & 0xff);
+                        w[d] |= (uint32_t)(dg & 0xff) << (8 * b);
+                        X = (X - dg) >> 8; // exact: X - dg is a multiple of 256
+                    }
+                    w[3] |= (uint32_t)(X & 0xff) << (8 * b); // |X| <= 65 now
+                }
+#pragma unroll
+                for (int d = 0; d < 4; d++) bw[(((gi * 4 + m) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
+                for (int o = 16; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
+                if (lane == 0) kbias[gi * GQ + j] = pb[j];
+            }
+        }
+        float mv = 0.f;
+#pragma unroll
+        for (int k = 0; k < VZ; k++) mv = fmaxf(mv, fabsf(vz[k]));
+        for (int t2 = tid + VZ * NTF; t2 < n; t2 += NTF) mv = fmaxf(mv, fabsf(__ldg(&vsb[t2]).y)); // chunks past 16·NTF
+        for (int o = 16; o; o >>= 1) mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
+        if (lane == 0) atomicMax(&vmx[0], __float_as_int(mv));
+    } else {
     // key operands, a warp per group γ of the chunk: the power-of-two scale fk_γ = pow2_scale(max |q| · max_c s_{γ,c})
     // (its inverse in kinv), the B fragments [group][k-slice][column][t] (b0, b1) and Σ q·min per head (kbias). A lane
     // per (k-slice, t) item (two at head_dim > 128) loads the scales of its 4 dims once for all columns
-    {
         const float qmax = __int_as_float(mxi[0]);
         const int NI = 16 * NWG; // items per group
         for (int gi = warp; gi < ngc; gi += NWF) {
@@ -553,11 +664,40 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // k4gD (with the compile-time word-group count; before it ptxas spilled ~300 bytes, +21%): Llama B = 32 1693 ->
         // 1656, B = 8 -0.8%, B = 1 +0.5%, SmolLM2 B = 32 -1.7%. At G = 32 (a group every 2 tiles) Llama k2g32 was +1.7%
         constexpr bool BC = BK == BV && LG >= 2;
-        uint2 bc[BC ? 8 : 1];
+        uint2 bc[BC ? 8 : 1]; // 4 on the IM path
         int cgi = -1;
         float ckb = 0.f, cik = 0.f;
         auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
+            if constexpr (IM) {
+                // 4 k-steps of 32 channels: A = field m of the lane's words t (a0, a1) and 4 + t (a2, a3) of positions
+                // 2g (row g) and 2g + 1 (row g + 8) as bytes code·4^m, one AND each; the group's B fragments (digits of
+                // q·s·4^-m) stay in bc (b0, b1 of k-step m in bc[m]) with the group's bias and 1/F_γ. Columns 2t, 2t + 1:
+                // digits 0, 1 (t even) or 2, 3 (t odd) of head t / 2, combined in s32 as 256·c1 + c0 and then in fp32
+                if (gi != cgi) {
+                    cgi = gi;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) bc[k] = g < NCK ? bfr[((gi * 4 + k) * NCK + g) * 4 + t] : make_uint2(0u, 0u);
+                    if ((t >> 1) < GQ) {
+                        ckb = kbias[gi * GQ + (t >> 1)];
+                        cik = kinv[gi];
+                    }
+                }
+                int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint32_t M = 0x03030303u << (2 * k);
+                    kvq_imma_us(acc, X[0].x & M, X[0].y & M, X[1].x & M, X[1].y & M, bc[k].x, bc[k].y);
+                }
+                const int y0 = acc[1] * 256 + acc[0], y1 = acc[3] * 256 + acc[2]; // |.| < 2^30
+                const int u0 = __shfl_xor_sync(0xffffffffu, y0, 1), u1 = __shfl_xor_sync(0xffffffffu, y1, 1); // digits 2, 3
+                if (!(t & 1) && (t >> 1) < GQ) {
+                    float *o = sc + (t >> 1) * p.chunk + tile * 16 + 2 * g;
+                    o[0] = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, ckb);
+                    o[1] = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, ckb);
+                }
+                return;
+            }
             if (BC && gi != cgi) {
                 cgi = gi;
 #pragma unroll
@@ -589,6 +729,27 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 sc[t * p.chunk + tile * 16 + 2 * g + 1] = fmaf(acc[2] + acc[3], ik, kbv);
             }
         };
+        if constexpr (IM) {
+            // KPF register sets used in turn (KPF - 1 tiles ahead); head_dim 128 at 2 bits: kw = 8, so one pointer and
+            // compile-time offsets (words t and 4 + t of positions 2g, 2g + 1; 64 uint2 per tile)
+            const uint2 *kq2 = (const uint2 *)(kc + (size_t)t * 16 + 2 * g) + (size_t)tb * 64;
+            uint2 X[KPF][XM];
+            auto load_im = [&](uint2 (&x)[XM]) {
+                x[0] = __ldcs(kq2);
+                x[1] = __ldcs(kq2 + 32);
+                kq2 += 64;
+            };
+#pragma unroll
+            for (int u = 0; u + 1 < KPF; u++)
+                if (tb + u < te) load_im(X[u]);
+            for (int tile = tb; tile < te; tile += KPF) {
+#pragma unroll
+                for (int u = 0; u < KPF; u++) {
+                    if (tile + u + KPF - 1 < te) load_im(X[(u + KPF - 1) % KPF]);
+                    if (tile + u < te) score(X[u], tile + u);
+                }
+            }
+        } else {
         // tiles in pairs, two register sets used in turn (no copies)
         uint2 Xa[XM], Xb[XM];
         if (tb < te) load(Xa);
@@ -598,14 +759,15 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             if (tile + 2 < te) load(Xa);
             if (tile + 1 < te) score(Xb, tile + 1);
         }
+        }
     }
     __syncthreads();
     chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
     __syncthreads();
 
     // ---- value statistics per group: max s (the operands' scale fv = pow2_scale(max s), as p <= 1) and the bias
-    // Σ p·min, warp sums then shared atomics
-    for (int ga = 0; ga < NG; ga++) {
+    // Σ p·min, warp sums then shared atomics (IM: max s before, Σ p·min with the operands below)
+    for (int ga = 0; ga < (IM ? 0 : NG); ga++) {
         float mv = 0.f, pz[GQ];
 #pragma unroll
         for (int j = 0; j < GQ; j++) pz[j] = 0.f;
@@ -625,6 +787,52 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         if (lane == 0) atomicMax(&vmx[ga], __float_as_int(mv));
     }
     __syncthreads();
+    if constexpr (IM) {
+        // integer value operands over the key fragments: x = p·s·F_v, F_v = imma_scale(max s, 8) (x < 256 as p <= 1 and
+        // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d, to 2^-25 absolute (three bytes, 2^-17, were
+        // not enough: Σ p·s·code and Σ p·min nearly cancel, and the emulator's Llama-like 2/2 checks reached 1.4e-5
+        // relative against ~1e-6 on the fp16 path). A thread per (k-step kp of 32 positions, t): b0 = rows 4t..4t+3
+        // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
+        // Positions past n (the last k-step's second tile) get 0
+        const float Fv = imma_scale(__int_as_float(vmx[0]), 8);
+        float pz[GQ]; // Σ p·min
+#pragma unroll
+        for (int j = 0; j < GQ; j++) pz[j] = 0.f;
+        for (int i = tid; i < ((ntile + 1) >> 1) * 4; i += NTF) {
+            const int tt = i & 3, kp = i >> 2;
+            float2 zs[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
+                zs[k] = pa < n ? __ldg(&vsb[pa]) : make_float2(0.f, 0.f);
+            }
+#pragma unroll
+            for (int j = 0; j < GQ; j++) {
+                uint32_t w[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
+                    const float pp = pa < n ? sc[j * p.chunk + pa] : 0.f;
+                    pz[j] = fmaf(pp, zs[k].x, pz[j]);
+                    float x = pp * (zs[k].y * Fv);
+#pragma unroll
+                    for (int d = 0; d < 4; d++) { // the byte, then the rest · 256 (exact)
+                        const int dg = d < 3 ? __float2int_rz(x) : min(255, __float2int_rn(x));
+                        w[k >> 2][d] |= (uint32_t)(dg & 0xff) << (8 * (k & 3));
+                        x = (x - (float)dg) * 256.f;
+                    }
+                }
+#pragma unroll
+                for (int d = 0; d < 4; d++) bfr[(kp * NCV + 4 * j + d) * 4 + tt] = make_uint2(w[0][d], w[1][d]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GQ; j++) {
+            for (int o = 16; o; o >>= 1) pz[j] += __shfl_xor_sync(0xffffffffu, pz[j], o);
+            if (lane == 0) atomicAdd(&vbias[j], pz[j]);
+        }
+        if (tid == 0) vinv[0] = __int_as_float(vmx[0]) < INFINITY ? 1.f / Fv : NAN;
+    } else {
     // value B fragments p·s·fv per (tile, group) (hi, lo) over the key fragments: a thread per (tile, group, t) loads
     // its 4 positions' scales once for all columns
 #pragma unroll 2
@@ -650,13 +858,80 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         }
     }
     for (int ga = tid; ga < NG; ga += NTF) vinv[ga] = 1.f / pow2_scale(__int_as_float(vmx[ga]));
+    }
     __syncthreads();
 
     // ---- P·V: warp w takes the contiguous k-tiles [kb, ke); passes of 4 m-tiles (8 at G = 128), the pass's number of
     // groups a compile-time constant (pv_pass), so the k-tile loop carries no group test and its accumulators stay in
     // place. Per k-tile a lane loads the words of all the pass's groups at once (rows 2t, 2t+1, 2t+8, 2t+9), the next
     // k-tile's meanwhile (two register sets used in turn: no copies)
-    {
+    if constexpr (IM) {
+        // ---- P·V on the integer tensor cores: warp w takes the contiguous k-steps [kb, ke) of 32 positions (two
+        // tiles). Lane 4g + t loads word g (channels 16g..16g+15) of positions t, 4 + t, 8 + t, 12 + t of both tiles
+        // (k-rows 4t + i of the fragment = position 4i + t, so each load's 4 lanes t read 128 contiguous bytes); a byte
+        // transpose (8 PRMT) makes T_i = byte i of those 4 words, and field f of T_i (one AND) is the A register of
+        // channel 16g + 4i + f over the 4 positions, as code·4^f: m-tile m, row g = channel 16g + 4(m/2) + 2(m%2), row
+        // g + 8 the next channel. The s32 sums stay exact over the whole chunk (|Σ| <= 192·255·chunk/warps < 2^31
+        // for chunks up to 2^16), scaled once at the end: 256^-d for digit d (column 4j + d) into the stage, 4^-f
+        // and 1/F_v in the output loop
+        // head_dim 128 at 2 bits: 8 words per position, so one pointer per lane and compile-time offsets; VPF register
+        // sets used in turn (VPF - 1 k-steps ahead)
+        const int npair = (ntile + 1) >> 1, per = (npair + NWF - 1) / NWF, kb = warp * per, ke = min(npair, kb + per);
+        const uint32_t *lp = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 32 * kb) * 8 + g;
+        int acc[8][4];
+#pragma unroll
+        for (int m = 0; m < 8; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0;
+        int kl = kb; // the next k-step to load
+        auto load = [&](uint32_t (&w)[8]) {
+            const bool two = 2 * kl + 1 < ntile; // the last k-step's second tile may lie past the chunk: zeros
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                w[r] = __ldcs(lp + 32 * r); // position 4r + t: the 4 lanes t of a load read 128 contiguous bytes
+                w[4 + r] = two ? __ldcs(lp + 128 + 32 * r) : 0u;
+            }
+            lp += 256;
+            kl++;
+        };
+        auto kstep = [&](const uint32_t (&w)[8], int kp) {
+            const uint2 b = g < NCV ? bfr[(kp * NCV + g) * 4 + t] : make_uint2(0u, 0u);
+            uint32_t T[8]; // T[i] (first tile), T[4 + i] (second): byte r = byte i of position 4r + t's word
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) {
+                const uint32_t *x = w + 4 * hb;
+                const uint32_t p01 = __byte_perm(x[0], x[1], 0x5140), q01 = __byte_perm(x[0], x[1], 0x7362);
+                const uint32_t p23 = __byte_perm(x[2], x[3], 0x5140), q23 = __byte_perm(x[2], x[3], 0x7362);
+                T[4 * hb + 0] = __byte_perm(p01, p23, 0x5410);
+                T[4 * hb + 1] = __byte_perm(p01, p23, 0x7632);
+                T[4 * hb + 2] = __byte_perm(q01, q23, 0x5410);
+                T[4 * hb + 3] = __byte_perm(q01, q23, 0x7632);
+            }
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                const int i = m >> 1, f = 2 * (m & 1);
+                const uint32_t M0 = 0x03030303u << (2 * f), M1 = M0 << 2;
+                kvq_imma_uu(acc[m], T[i] & M0, T[i] & M1, T[4 + i] & M0, T[4 + i] & M1, b.x, b.y);
+            }
+        };
+        uint32_t xs[VPF][8];
+#pragma unroll
+        for (int u = 0; u + 1 < VPF; u++)
+            if (kb + u < ke) load(xs[u]);
+        for (int kp = kb; kp < ke; kp += VPF) {
+#pragma unroll
+            for (int u = 0; u < VPF; u++) {
+                if (kp + u + VPF - 1 < ke) load(xs[(u + VPF - 1) % VPF]);
+                if (kp + u < ke) kstep(xs[u], kp + u);
+            }
+        }
+        // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
+#pragma unroll
+        for (int m = 0; m < 8; m++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int col = 2 * t + (c & 1), dg = col & 3, ch = 16 * g + 4 * (m >> 1) + 2 * (m & 1) + (c >> 1);
+                if (col < NCV) stage[(warp * NCV + col) * D + ch] = (float)acc[m][c] * (dg == 0 ? 1.f : dg == 1 ? 0x1p-8f : dg == 2 ? 0x1p-16f : 0x1p-24f);
+            }
+    } else {
         const uint32_t *vc = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0) * p.vw;
         const int per = (ntile + NWF - 1) / NWF, kb = warp * per, ke = min(ntile, kb + per);
         // passes of MT m-tiles (64 dims; 128 at G = 128, whose groups are 8 m-tiles): GPP groups per pass, NWL words per
@@ -782,7 +1057,16 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         const int j = i / (D + 2), d = i % (D + 2);
         float v;
         if (d < 2) v = stat[d * GQ + j];
-        else {
+        else if (IM) { // channel d - 2: field (d - 2) % 4 of its byte, so the A operands were code·4^((d - 2) % 4)
+            const int ch = d - 2;
+            float x = 0.f;
+#pragma unroll
+            for (int w = 0; w < NWF; w++)
+#pragma unroll
+                for (int dg = 0; dg < 4; dg++) x += stage[(w * NCV + 4 * j + dg) * D + ch];
+            const int f = ch & 3;
+            v = fmaf(x, vinv[0] * (f == 0 ? 1.f : f == 1 ? 0.25f : f == 2 ? 0.0625f : 0.015625f), vbias[j]);
+        } else {
             v = vbias[((d - 2) / G) * GQ + j];
             const int P = (d - 2) >> 1, rem = P % (G / 2), slot = P - rem + (rem % PPL) * 8 + rem / PPL; // the flush's slot
 #pragma unroll

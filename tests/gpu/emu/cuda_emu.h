@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <barrier>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -105,6 +106,54 @@ inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, u
     emu.warp_bar[w]->arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
+// mma.m16n8k32 s32 += u8·s8 (BS) or u8·u8 on the integer tensor cores (exact; fragment layout as kernels/kvcache_cuda_kivi.cuh
+// documents): A register i of lane 4g + t holds row g + 8 (i & 1), columns 16 (i >> 1) + 4t + byte; B register i holds
+// rows 16 i + 4t + byte of column g; accumulators as kvq_mma16816
+template <bool BS> inline void kvq_imma(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    uint32_t *m = &emu.mma[(size_t)w * 32 * 6];
+    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
+    for (int i = 0; i < 6; i++) m[l * 6 + i] = in[i];
+    emu.warp_bar[w]->arrive_and_wait();
+    auto A = [&](int row, int k) { return (int64_t)(uint8_t)(m[((row & 7) * 4 + (k & 15) / 4) * 6 + (row >> 3) + 2 * (k >> 4)] >> (8 * (k & 3))); };
+    auto Bm = [&](int k, int col) {
+        const uint32_t x = m[(col * 4 + (k & 15) / 4) * 6 + 4 + (k >> 4)] >> (8 * (k & 3));
+        return BS ? (int64_t)(int8_t)(uint8_t)x : (int64_t)(uint8_t)x;
+    };
+    const int g = l >> 2, t = l & 3;
+    int d[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        int64_t s = c[i];
+        for (int k = 0; k < 32; k++) s += A(row, k) * Bm(k, col);
+        if (s > INT32_MAX || s < INT32_MIN) abort(); // the kernel's bounds keep the sums within s32
+        d[i] = (int)s;
+    }
+    emu.warp_bar[w]->arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = d[i];
+}
+inline void kvq_imma_us(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) { kvq_imma<true>(c, a0, a1, a2, a3, b0, b1); }
+inline void kvq_imma_uu(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) { kvq_imma<false>(c, a0, a1, a2, a3, b0, b1); }
+inline int __shfl_xor_sync(unsigned, int v, int off)
+{
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    memcpy(&emu.shfl[w * 32 + l], &v, 4); // the bits, whatever float they would be
+    emu.warp_bar[w]->arrive_and_wait();
+    int r;
+    memcpy(&r, &emu.shfl[w * 32 + (l ^ off)], 4);
+    emu.warp_bar[w]->arrive_and_wait();
+    return r;
+}
+// cvt.rni / cvt.rzi.s32.f32: round to nearest even / toward zero, saturating, NaN -> 0
+inline int emu_f2i(float x, bool rn)
+{
+    if (x != x) return 0;
+    const double r = rn ? std::nearbyint((double)x) : std::trunc((double)x);
+    return r >= 2147483647.0 ? INT32_MAX : r <= -2147483648.0 ? INT32_MIN : (int)r;
+}
+inline int __float2int_rn(float x) { return emu_f2i(x, true); }
+inline int __float2int_rz(float x) { return emu_f2i(x, false); }
 inline uint32_t kvq_andor(uint32_t x, uint32_t m, uint32_t c) { return (x & m) | c; }
 // fma.rn.f16x2: per half, a·b + c rounded once to fp16 (exact in double for fp16 inputs)
 inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)

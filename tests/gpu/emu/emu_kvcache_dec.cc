@@ -244,7 +244,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             if (fsplits) {
                 p.chunk = (int)fchunk;
                 kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg, kv::fast_nw((int)D));
-                emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, (int)fchunk).total * 4,
+                emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, kb, vb, (int)fchunk).total * 4,
                            [&] { fn(p); });
             }
             // as kvcache_cuda.cu's kivi_attend: the exact region (when there is one), then kivi_generic; after kivi_fast
@@ -295,6 +295,9 @@ int main(int argc, char **argv)
      * blocks per SM, the 2-bit values' nibble at 4 bits up in every odd m-tile) */
     run_kivi(1, 2, 128, 1, 2, 2, 128, 128, true, 0, 900, l3 + 2, 2, 132, "kivi llama-like 2/2 g128"); // lengths 333, 900:
     run_kivi(1, 2, 128, 1, 4, 4, 128, 128, true, 0, 900, l3 + 2, 2, 4, "kivi llama-like 4/4 g128");   // kivi_fast runs
+    /* the integer tensor-core path (kv::imma_path: 2/2, G = head_dim = 128) with 2 query heads per block (8 key and 8
+     * value B columns), a sink token and sequences 45 positions apart */
+    run_kivi(3, 1, 128, 2, 2, 2, 128, 128, true, 1, 900, l3 + 2, 2, 8, "kivi 2/2 g128 gqa2 uneven", 45);
     run_kivi(1, 1, 128, 5, 2, 4, 128, 128, true, 0, 900, l3, quick ? 3 : 4, 4, "kivi g128 2/4 gqa5");
     run_kivi(1, 2, 48, 2, 4, 2, 16, 32, true, 2, 900, l3, quick ? 2 : 4, 4, "kivi d48 g16 4/2");
     run_kivi(1, 1, 256, 4, 4, 4, 64, 0, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d256 g64 r0 4/4");
@@ -313,11 +316,14 @@ int main(int argc, char **argv)
     /* more than 8 k-tiles per warp (the P·V flush blocks and the prefetch across them) at groups 128 and 16 */
     run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 4/4");
     if (!quick) run_kivi(1, 1, 32, 1, 2, 2, 16, 16, true, 0, 2700, l4, 1, 132, "kivi long chunk g16 2/2");
+    /* ... and on the integer path: ~650 positions per warp, the s32 sums exact over all of them */
+    run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 2/2");
     /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
     /* tiny queries (1e-36, so max |q|·max s < 2^-114): the operands' power-of-two scale must stay finite (it overflowed to inf: NaN scores) */
     const size_t l5[] = {333};
     run_kivi(1, 1, 64, 1, 2, 2, 32, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries", 0, 1e-36f);
+    run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 400, l5, 1, 8, "kivi tiny queries g128 2/2", 0, 1e-36f); // imma_scale clamps
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
     /* the summary line scripts/run_tests.sh reads (the format of Check's) */
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,
