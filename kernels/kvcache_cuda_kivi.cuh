@@ -435,25 +435,32 @@ inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, 
     *splits_out = nq ? (nq + chunk - 1) / chunk : 1;
 }
 
-// 2^S with m·2^S in [2^13, 2^14): the fp16 operands built from values up to m keep their high and low parts in
-// fp16's normal range (down to 2^-14) for values down to m·2^-27 (m <= 0 or not finite: 1). S is clamped to
-// [-100, 100] so the factor stays finite for tiny m (m < 2^-86: the operands just lose their low bits)
-__device__ __forceinline__ float pow2_scale(float m)
+// 2^S with m·2^S in [2^(top-1), 2^top), S clamped to [-lim, lim] so the factor stays finite (m <= 0 or not finite: 1).
+// Defaults, the fp16 operands: m·2^S in [2^13, 2^14) keeps their high and low parts in fp16's normal range (down to
+// 2^-14) for values down to m·2^-27 (lim 100: for m < 2^-86 the operands just lose their low bits). The IM path's
+// fixed-point operands use top 30 (keys) and 8 (values), lim 126
+__device__ __forceinline__ float pow2_scale(float m, int top = 14, int lim = 100)
 {
     if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
     int e;
     frexpf(m, &e);
-    return ldexpf(1.f, max(-100, min(100, 14 - e)));
+    return ldexpf(1.f, max(-lim, min(lim, top - e)));
 }
 
-// 2^S with m·2^S in [2^(top-1), 2^top) (S clamped to [-126, 126]; m <= 0 or not finite: 1): the fixed-point scale of
-// the IM path's integer operands
-__device__ __forceinline__ float imma_scale(float m, int top)
+// steps [b, e) over NS register sets used in turn, no copies: set u % NS is loaded (load(set)) NS - 1 steps before
+// step u uses it (use(set, u)); loads and uses each in step order
+template <int NS, class X, class L, class F> __device__ __forceinline__ void ring_steps(X (&xs)[NS], int b, int e, L &&load, F &&use)
 {
-    if (!(m > 0.f) || !(m < INFINITY)) return 1.f;
-    int e;
-    frexpf(m, &e);
-    return ldexpf(1.f, max(-126, min(126, top - e)));
+#pragma unroll
+    for (int u = 0; u + 1 < NS; u++)
+        if (b + u < e) load(xs[u]);
+    for (int i = b; i < e; i += NS) {
+#pragma unroll
+        for (int u = 0; u < NS; u++) {
+            if (i + u + NS - 1 < e) load(xs[(u + NS - 1) % NS]);
+            if (i + u < e) use(xs[u], i + u);
+        }
+    }
 }
 
 // 768 threads per SM (fast_blocks: 3 blocks of 256 threads, 6 of 128 at G = 128, 7 for k2/v2; <= 80 registers) at G >= 32, else 2
@@ -484,9 +491,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     }
     const int n = q1 - q0, ntile = n >> 4, ngc = (n + G - 1) / G; // n is a multiple of 16
     const FastSmem L = fast_smem(GQ, D, G, BK, BV, p.chunk);
-    // the integer tensor-core path (imma_path; NW == 2 and G = 128 make head_dim 128): key B columns 4j + d = digit d of
-    // query head j, value B columns likewise
-    constexpr bool IM = BK == 2 && BV == 2 && LG == 3 && NW == 2 && GQ <= 2;
+    // the integer tensor-core path (NW == 2 and G = 128 make head_dim 128): key B columns 4j + d = digit d of query
+    // head j, value B columns likewise
+    constexpr bool IM = NW == 2 && imma_path(BK, BV, G, 128, GQ);
     constexpr int NCK = 4 * GQ, NCV = 4 * GQ;
     // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
     // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
@@ -508,26 +515,18 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     for (int i = tid; i < NG * GQ; i += NTF) vbias[i] = 0.f;
     for (int i = tid; i < NG + 2; i += NTF) vmx[i] = 0;
     __syncthreads();
-    {
-        float mq = 0.f;
-        for (int i = tid; i < GQ * D; i += NTF) mq = fmaxf(mq, fabsf(qv[i]));
-        atomicMax(&mxi[0], __float_as_int(mq)); // non-negative floats order as their bits
-    }
-    __syncthreads();
-    // IM: the chunk's largest value scale (F_v's) without a pass after the softmax: the first VZ scales per thread are
-    // loaded here and reduced after the key operands, so their latency hides behind those
-    constexpr int VZ = IM ? 16 : 1;
-    float vz[VZ];
     if constexpr (IM) {
+        // the chunk's largest value scale (F_v's) without a pass after the softmax: the first VZ scales per thread are
+        // loaded here and reduced after the key operands, so their latency hides behind those
+        constexpr int VZ = 16;
+        float vz[VZ];
 #pragma unroll
         for (int k = 0; k < VZ; k++) {
             const int t2 = tid + k * NTF;
             vz[k] = t2 < n ? __ldg(&vsb[t2]).y : 0.f;
         }
-    }
-    if constexpr (IM) {
         // integer key operands, a warp per group γ of the chunk: x = q_{j,c}·s_{γ,c}·4^-m as fixed-point integers
-        // X = rint(x·F_γ), F_γ = imma_scale(max |q·s|, 30) (1/F_γ in kinv), split into four signed bytes (balanced
+        // X = rint(x·F_γ), F_γ = pow2_scale(max |q·s|, 30, 126) (1/F_γ in kinv), split into four signed bytes (balanced
         // digits, X = Σ_d 256^d·digit_d), one B column each; Σ q·min per head (kbias). Lane = 8m + 2t + hf builds
         // register hf (b0, b1) of k-step m for lane t: channels 16 (4 hf + t) + 4b + m, b = byte (the A bytes there
         // are code·4^m: field m of byte b of word 4 hf + t, KVCACHE.md "Code words"). B fragments [γ][m][column][t]
@@ -552,7 +551,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 }
             }
             for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float F = imma_scale(mx, 30), Fm = F * e4;
+            const float F = pow2_scale(mx, 30, 126), Fm = F * e4;
             if (lane == 0) kinv[gi] = mx < INFINITY ? 1.f / F : NAN; // non-finite q·s: NaN scores, as on the fp16 path
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
@@ -581,6 +580,12 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         for (int o = 16; o; o >>= 1) mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
         if (lane == 0) atomicMax(&vmx[0], __float_as_int(mv));
     } else {
+        { // max |q| over the block's query heads (the integer path takes max |q·s| per group instead)
+            float mq = 0.f;
+            for (int i = tid; i < GQ * D; i += NTF) mq = fmaxf(mq, fabsf(qv[i]));
+            atomicMax(&mxi[0], __float_as_int(mq)); // non-negative floats order as their bits
+        }
+        __syncthreads();
     // key operands, a warp per group γ of the chunk: the power-of-two scale fk_γ = pow2_scale(max |q| · max_c s_{γ,c})
     // (its inverse in kinv), the B fragments [group][k-slice][column][t] (b0, b1) and Σ q·min per head (kbias). A lane
     // per (k-slice, t) item (two at head_dim > 128) loads the scales of its 4 dims once for all columns
@@ -734,31 +739,22 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             // compile-time offsets (words t and 4 + t of positions 2g, 2g + 1; 64 uint2 per tile)
             const uint2 *kq2 = (const uint2 *)(kc + (size_t)t * 16 + 2 * g) + (size_t)tb * 64;
             uint2 X[KPF][XM];
-            auto load_im = [&](uint2 (&x)[XM]) {
+            ring_steps(X, tb, te, [&](uint2 (&x)[XM]) {
                 x[0] = __ldcs(kq2);
                 x[1] = __ldcs(kq2 + 32);
                 kq2 += 64;
-            };
-#pragma unroll
-            for (int u = 0; u + 1 < KPF; u++)
-                if (tb + u < te) load_im(X[u]);
-            for (int tile = tb; tile < te; tile += KPF) {
-#pragma unroll
-                for (int u = 0; u < KPF; u++) {
-                    if (tile + u + KPF - 1 < te) load_im(X[(u + KPF - 1) % KPF]);
-                    if (tile + u < te) score(X[u], tile + u);
-                }
-            }
+            }, score);
         } else {
-        // tiles in pairs, two register sets used in turn (no copies)
-        uint2 Xa[XM], Xb[XM];
-        if (tb < te) load(Xa);
-        for (int tile = tb; tile < te; tile += 2) {
-            if (tile + 1 < te) load(Xb);
-            score(Xa, tile);
-            if (tile + 2 < te) load(Xa);
-            if (tile + 1 < te) score(Xb, tile + 1);
-        }
+            // tiles in pairs, two register sets used in turn (written out: through ring_steps k4gD measured +1.2%, Llama
+            // B = 8 and 32, N = 32K, H200, same call)
+            uint2 Xa[XM], Xb[XM];
+            if (tb < te) load(Xa);
+            for (int tile = tb; tile < te; tile += 2) {
+                if (tile + 1 < te) load(Xb);
+                score(Xa, tile);
+                if (tile + 2 < te) load(Xa);
+                if (tile + 1 < te) score(Xb, tile + 1);
+            }
         }
     }
     __syncthreads();
@@ -788,13 +784,13 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     }
     __syncthreads();
     if constexpr (IM) {
-        // integer value operands over the key fragments: x = p·s·F_v, F_v = imma_scale(max s, 8) (x < 256 as p <= 1 and
+        // integer value operands over the key fragments: x = p·s·F_v, F_v = pow2_scale(max s, 8, 126) (x < 256 as p <= 1 and
         // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d, to 2^-25 absolute (three bytes, 2^-17, were
         // not enough: Σ p·s·code and Σ p·min nearly cancel, and the emulator's Llama-like 2/2 checks reached 1.4e-5
         // relative against ~1e-6 on the fp16 path). A thread per (k-step kp of 32 positions, t): b0 = rows 4t..4t+3
         // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
         // Positions past n (the last k-step's second tile) get 0
-        const float Fv = imma_scale(__int_as_float(vmx[0]), 8);
+        const float Fv = pow2_scale(__int_as_float(vmx[0]), 8, 126);
         float pz[GQ]; // Σ p·min
 #pragma unroll
         for (int j = 0; j < GQ; j++) pz[j] = 0.f;
@@ -913,16 +909,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             }
         };
         uint32_t xs[VPF][8];
-#pragma unroll
-        for (int u = 0; u + 1 < VPF; u++)
-            if (kb + u < ke) load(xs[u]);
-        for (int kp = kb; kp < ke; kp += VPF) {
-#pragma unroll
-            for (int u = 0; u < VPF; u++) {
-                if (kp + u + VPF - 1 < ke) load(xs[(u + VPF - 1) % VPF]);
-                if (kp + u < ke) kstep(xs[u], kp + u);
-            }
-        }
+        ring_steps(xs, kb, ke, load, kstep);
         // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
 #pragma unroll
         for (int m = 0; m < 8; m++)

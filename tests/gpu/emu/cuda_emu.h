@@ -83,55 +83,46 @@ inline float __shfl_xor_sync(unsigned, float v, int off)
     return r;
 }
 inline uint32_t kvq_h2pack(float lo, float hi) { return (uint32_t)kvq_f32_to_f16(lo) | (uint32_t)kvq_f32_to_f16(hi) << 16; }
+// one warp-wide mma: every lane publishes its fragments (a0..a3, b0, b1), then lane 4g + t computes its accumulators
+// c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]} as dot(c_i, row, col, m) over the warp's fragments m ([32][6])
+template <class T, class Dot> inline void emu_mma(T (&c)[4], const uint32_t (&in)[6], Dot dot)
+{
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    uint32_t *m = &emu.mma[(size_t)w * 32 * 6];
+    for (int i = 0; i < 6; i++) m[l * 6 + i] = in[i];
+    emu.warp_bar[w]->arrive_and_wait();
+    const int g = l >> 2, t = l & 3;
+    T d[4];
+    for (int i = 0; i < 4; i++) d[i] = dot(c[i], g + 8 * (i >> 1), 2 * t + (i & 1), m);
+    emu.warp_bar[w]->arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = d[i];
+}
 // mma.m16n8k16 f32 += f16·f16 (fragment layout as kernels/kvcache_cuda_dec.cuh documents): products exact in
 // fp32, sums in fp32 in k order (the device's order and internal precision may differ in the last bits)
 inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
 {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    uint32_t *m = &emu.mma[(size_t)w * 32 * 6];
-    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
-    for (int i = 0; i < 6; i++) m[l * 6 + i] = in[i];
-    emu.warp_bar[w]->arrive_and_wait();
-    auto half = [](uint32_t r, int k) { return kvq_f16_to_f32((uint16_t)(k & 1 ? r >> 16 : r & 0xffff)); };
-    auto A = [&](int row, int k) { return half(m[((row & 7) * 4 + (k & 7) / 2) * 6 + (row >> 3) + 2 * (k >> 3)], k); };
-    auto Bm = [&](int k, int col) { return half(m[(col * 4 + (k & 7) / 2) * 6 + 4 + (k >> 3)], k); };
-    const int g = l >> 2, t = l & 3;
-    float d[4];
-    for (int i = 0; i < 4; i++) {
-        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        float s = c[i];
-        for (int k = 0; k < 16; k++) s += A(row, k) * Bm(k, col);
-        d[i] = s;
-    }
-    emu.warp_bar[w]->arrive_and_wait();
-    for (int i = 0; i < 4; i++) c[i] = d[i];
+    emu_mma(c, {a0, a1, a2, a3, b0, b1}, [](float s, int row, int col, const uint32_t *m) {
+        auto half = [](uint32_t r, int k) { return kvq_f16_to_f32((uint16_t)(k & 1 ? r >> 16 : r & 0xffff)); };
+        for (int k = 0; k < 16; k++)
+            s += half(m[((row & 7) * 4 + (k & 7) / 2) * 6 + (row >> 3) + 2 * (k >> 3)], k) * half(m[(col * 4 + (k & 7) / 2) * 6 + 4 + (k >> 3)], k);
+        return s;
+    });
 }
 // mma.m16n8k32 s32 += u8·s8 (BS) or u8·u8 on the integer tensor cores (exact; fragment layout as kernels/kvcache_cuda_kivi.cuh
 // documents): A register i of lane 4g + t holds row g + 8 (i & 1), columns 16 (i >> 1) + 4t + byte; B register i holds
 // rows 16 i + 4t + byte of column g; accumulators as kvq_mma16816
 template <bool BS> inline void kvq_imma(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
 {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    uint32_t *m = &emu.mma[(size_t)w * 32 * 6];
-    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
-    for (int i = 0; i < 6; i++) m[l * 6 + i] = in[i];
-    emu.warp_bar[w]->arrive_and_wait();
-    auto A = [&](int row, int k) { return (int64_t)(uint8_t)(m[((row & 7) * 4 + (k & 15) / 4) * 6 + (row >> 3) + 2 * (k >> 4)] >> (8 * (k & 3))); };
-    auto Bm = [&](int k, int col) {
-        const uint32_t x = m[(col * 4 + (k & 15) / 4) * 6 + 4 + (k >> 4)] >> (8 * (k & 3));
-        return BS ? (int64_t)(int8_t)(uint8_t)x : (int64_t)(uint8_t)x;
-    };
-    const int g = l >> 2, t = l & 3;
-    int d[4];
-    for (int i = 0; i < 4; i++) {
-        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        int64_t s = c[i];
-        for (int k = 0; k < 32; k++) s += A(row, k) * Bm(k, col);
+    emu_mma(c, {a0, a1, a2, a3, b0, b1}, [](int c0, int row, int col, const uint32_t *m) {
+        int64_t s = c0;
+        for (int k = 0; k < 32; k++) {
+            const int64_t a = (uint8_t)(m[((row & 7) * 4 + (k & 15) / 4) * 6 + (row >> 3) + 2 * (k >> 4)] >> (8 * (k & 3)));
+            const uint32_t x = m[(col * 4 + (k & 15) / 4) * 6 + 4 + (k >> 4)] >> (8 * (k & 3));
+            s += a * (BS ? (int64_t)(int8_t)(uint8_t)x : (int64_t)(uint8_t)x);
+        }
         if (s > INT32_MAX || s < INT32_MIN) abort(); // the kernel's bounds keep the sums within s32
-        d[i] = (int)s;
-    }
-    emu.warp_bar[w]->arrive_and_wait();
-    for (int i = 0; i < 4; i++) c[i] = d[i];
+        return (int)s;
+    });
 }
 inline void kvq_imma_us(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) { kvq_imma<true>(c, a0, a1, a2, a3, b0, b1); }
 inline void kvq_imma_uu(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) { kvq_imma<false>(c, a0, a1, a2, a3, b0, b1); }

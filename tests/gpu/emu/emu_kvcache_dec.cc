@@ -291,10 +291,13 @@ int main(int argc, char **argv)
     //       B  H  D   g  kb vb  G   R   post  sink NT
     run_kivi(2, 2, 128, 1, 2, 2, 32, 128, true, 0, 900, l3, quick ? 3 : 4, 132, "kivi llama-like 2/2 g32");
     run_kivi(1, 3, 64, 3, 4, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 132, "kivi smollm 4/4 gqa3");
-    /* the benchmark's k2gD / k4gD kernels: equal key and value bits at G = 128 (fragments held in registers, 7 / 6
-     * blocks per SM, the 2-bit values' nibble at 4 bits up in every odd m-tile) */
+    /* the benchmark's k2gD / k4gD kernels: equal key and value bits at G = 128 (2/2 with one query head per block: the
+     * integer path; 4/4: fragments held in registers, 6 blocks per SM) */
     run_kivi(1, 2, 128, 1, 2, 2, 128, 128, true, 0, 900, l3 + 2, 2, 132, "kivi llama-like 2/2 g128"); // lengths 333, 900:
     run_kivi(1, 2, 128, 1, 4, 4, 128, 128, true, 0, 900, l3 + 2, 2, 4, "kivi llama-like 4/4 g128");   // kivi_fast runs
+    /* 2/2 at G = 128 on the fp16 path (4 query heads per block: past imma_path), where the 2-bit values' nibble lies 4
+     * bits up in every odd m-tile and is masked in place */
+    run_kivi(1, 1, 128, 4, 2, 2, 128, 128, true, 0, 900, l3 + 2, 2, 8, "kivi 2/2 g128 gqa4 fp16 path");
     /* the integer tensor-core path (kv::imma_path: 2/2, G = head_dim = 128) with 2 query heads per block (8 key and 8
      * value B columns), a sink token and sequences 45 positions apart */
     run_kivi(3, 1, 128, 2, 2, 2, 128, 128, true, 1, 900, l3 + 2, 2, 8, "kivi 2/2 g128 gqa2 uneven", 45);
