@@ -448,12 +448,16 @@ __device__ __forceinline__ float pow2_scale(float m, int top = 14, int lim = 100
 }
 
 // steps [b, e) over NS register sets used in turn, no copies: set u % NS is loaded (load(set)) NS - 1 steps before
-// step u uses it (use(set, u)); loads and uses each in step order
-template <int NS, class X, class L, class F> __device__ __forceinline__ void ring_steps(X (&xs)[NS], int b, int e, L &&load, F &&use)
+// step u uses it (use(set, u)); loads and uses each in step order. ring_prologue loads the first NS - 1 sets (it may run
+// well before ring_loop, so those loads overlap other work), ring_loop the steps
+template <int NS, class X, class L> __device__ __forceinline__ void ring_prologue(X (&xs)[NS], int b, int e, L &&load)
 {
 #pragma unroll
     for (int u = 0; u + 1 < NS; u++)
         if (b + u < e) load(xs[u]);
+}
+template <int NS, class X, class L, class F> __device__ __forceinline__ void ring_loop(X (&xs)[NS], int b, int e, L &&load, F &&use)
+{
     for (int i = b; i < e; i += NS) {
 #pragma unroll
         for (int u = 0; u < NS; u++) {
@@ -508,12 +512,27 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     const float2 *ksb = p.kscale + ((size_t)s * p.ngk + q0 / G) * C + h * D; // key group gi of the chunk at + gi·C
     const float2 *vsb = p.vscale + (((size_t)s * p.H + h) * p.capq + q0) * NG; // position t2 of the chunk, group ga at t2·NG + ga
 
+    // IM: the score phase's key ring (KPF register sets, the warp's tiles [ktb, kte)) is primed here, so its first tiles'
+    // loads overlap the key operands' build; the value ring likewise before the value operands' build (below). H200, Llama
+    // heads N = 32K, k2gD, same call, each alone with the fused softmax (next): B = 32 931 -> 902 µs (keys) / 898 (values),
+    // both 906..921; B = 8 272 -> 264
+    [[maybe_unused]] const int ktb = warp * ((ntile + NWF - 1) / NWF), kte = min(ntile, ktb + (ntile + NWF - 1) / NWF);
+    [[maybe_unused]] const uint2 *kq2 = (const uint2 *)(p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16 + (size_t)t * 16 + 2 * g) + (size_t)ktb * 64;
+    [[maybe_unused]] uint2 XK[KPF][2];
+    auto kload = [&](uint2 (&x)[2]) {
+        x[0] = __ldcs(kq2);
+        x[1] = __ldcs(kq2 + 32);
+        kq2 += 64;
+    };
+    if constexpr (IM) ring_prologue(XK, ktb, kte, kload);
     for (int i = tid; i < GQ * D; i += NTF) {
         const int j = i / D, d = i % D;
         qv[i] = j < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + j) * D + d] * p.scale : 0.f;
     }
     for (int i = tid; i < NG * GQ; i += NTF) vbias[i] = 0.f;
     for (int i = tid; i < NG + 2; i += NTF) vmx[i] = 0;
+    if (IM)
+        for (int i = tid; i < GQ; i += NTF) stat[GQ + i] = 0.f; // Σ p, by shared atomics in the value operands' pass
     __syncthreads();
     if constexpr (IM) {
         // the chunk's largest value scale (F_v's) without a pass after the softmax: the first VZ scales per thread are
@@ -671,7 +690,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         constexpr bool BC = BK == BV && LG >= 2;
         uint2 bc[BC ? 8 : 1]; // 4 on the IM path
         int cgi = -1;
-        float ckb = 0.f, cik = 0.f;
+        float ckb = 0.f, cik = 0.f, smx = -INFINITY; // IM: the lane's largest score
         auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
             if constexpr (IM) {
@@ -700,6 +719,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                     float *o = sc + (t >> 1) * p.chunk + tile * 16 + 2 * g;
                     o[0] = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, ckb);
                     o[1] = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, ckb);
+                    smx = fmaxf(smx, fmaxf(o[0], o[1]));
                 }
                 return;
             }
@@ -737,15 +757,16 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         if constexpr (IM) {
             // KPF register sets used in turn (KPF - 1 tiles ahead); head_dim 128 at 2 bits: kw = 8, so one pointer and
             // compile-time offsets (words t and 4 + t of positions 2g, 2g + 1; 64 uint2 per tile)
-            const uint2 *kq2 = (const uint2 *)(kc + (size_t)t * 16 + 2 * g) + (size_t)tb * 64;
-            uint2 X[KPF][XM];
-            ring_steps(X, tb, te, [&](uint2 (&x)[XM]) {
-                x[0] = __ldcs(kq2);
-                x[1] = __ldcs(kq2 + 32);
-                kq2 += 64;
-            }, score);
+            auto kuse = [&](const uint2 (&x)[2], int i) {
+                const uint2 x4[XM] = {x[0], x[1]};
+                score(x4, i);
+            };
+            ring_loop(XK, ktb, kte, kload, kuse);
+            // the warp's largest score per head (lanes g = 0, t = 2j) into red[warp][j]: the softmax's maximum without a pass
+            for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
+            if (g == 0 && !(t & 1) && (t >> 1) < GQ) red[warp * GQ + (t >> 1)] = smx;
         } else {
-            // tiles in pairs, two register sets used in turn (written out: through ring_steps k4gD measured +1.2%, Llama
+            // tiles in pairs, two register sets used in turn (written out: through ring_prologue / ring_loop k4gD measured +1.2%, Llama
             // B = 8 and 32, N = 32K, H200, same call)
             uint2 Xa[XM], Xb[XM];
             if (tb < te) load(Xa);
@@ -758,8 +779,32 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         }
     }
     __syncthreads();
-    chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
-    __syncthreads();
+    // the integer path takes the softmax's maximum from the score loop (red) and exp(s - m), Σ p with the value operands:
+    // no passes over the scores and no block reductions of their own. H200, Llama heads N = 32K, k2gD, same call (with the
+    // key-scale loads of two groups together, later dropped: no difference with the rings primed): B = 32 952 -> 931 µs,
+    // B = 8 277 -> 272, 128K 3409 -> 3348
+    if (!IM) {
+        chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
+        __syncthreads();
+    }
+
+    // IM: the P·V phase's value ring (VPF register sets, k-steps [vkb, vke) of 32 positions) is primed before the value
+    // operands are built
+    [[maybe_unused]] const int npair = (ntile + 1) >> 1, vper = (npair + NWF - 1) / NWF, vkb = warp * vper, vke = min(npair, vkb + vper);
+    [[maybe_unused]] const uint32_t *lp = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 32 * vkb) * 8 + g;
+    [[maybe_unused]] int kl = vkb; // the next k-step to load
+    auto vload = [&](uint32_t (&w)[8]) {
+        const bool two = 2 * kl + 1 < ntile; // the last k-step's second tile may lie past the chunk: zeros
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            w[r] = __ldcs(lp + 32 * r); // position 4r + t: the 4 lanes t of a load read 128 contiguous bytes
+            w[4 + r] = two ? __ldcs(lp + 128 + 32 * r) : 0u;
+        }
+        lp += 256;
+        kl++;
+    };
+    [[maybe_unused]] uint32_t XV[VPF][8];
+    if constexpr (IM) ring_prologue(XV, vkb, vke, vload);
 
     // ---- value statistics per group: max s (the operands' scale fv = pow2_scale(max s), as p <= 1) and the bias
     // Σ p·min, warp sums then shared atomics (IM: max s before, Σ p·min with the operands below)
@@ -791,9 +836,15 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
         // Positions past n (the last k-step's second tile) get 0
         const float Fv = pow2_scale(__int_as_float(vmx[0]), 8, 126);
-        float pz[GQ]; // Σ p·min
+        float pz[GQ], ls[GQ], mj[GQ]; // Σ p·min, Σ p, the chunk's largest score
 #pragma unroll
-        for (int j = 0; j < GQ; j++) pz[j] = 0.f;
+        for (int j = 0; j < GQ; j++) {
+            pz[j] = ls[j] = 0.f;
+            mj[j] = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < NWF; w++) mj[j] = fmaxf(mj[j], red[w * GQ + j]);
+            if (tid == 0) stat[j] = mj[j];
+        }
         for (int i = tid; i < ((ntile + 1) >> 1) * 4; i += NTF) {
             const int tt = i & 3, kp = i >> 2;
             float2 zs[8];
@@ -808,7 +859,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
-                    const float pp = pa < n ? sc[j * p.chunk + pa] : 0.f;
+                    const float pp = pa < n ? expf(sc[j * p.chunk + pa] - mj[j]) : 0.f;
+                    ls[j] += pp;
                     pz[j] = fmaf(pp, zs[k].x, pz[j]);
                     float x = pp * (zs[k].y * Fv);
 #pragma unroll
@@ -826,6 +878,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         for (int j = 0; j < GQ; j++) {
             for (int o = 16; o; o >>= 1) pz[j] += __shfl_xor_sync(0xffffffffu, pz[j], o);
             if (lane == 0) atomicAdd(&vbias[j], pz[j]);
+            for (int o = 16; o; o >>= 1) ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], o);
+            if (lane == 0) atomicAdd(&stat[GQ + j], ls[j]);
         }
         if (tid == 0) vinv[0] = __int_as_float(vmx[0]) < INFINITY ? 1.f / Fv : NAN;
     } else {
@@ -872,22 +926,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // and 1/F_v in the output loop
         // head_dim 128 at 2 bits: 8 words per position, so one pointer per lane and compile-time offsets; VPF register
         // sets used in turn (VPF - 1 k-steps ahead)
-        const int npair = (ntile + 1) >> 1, per = (npair + NWF - 1) / NWF, kb = warp * per, ke = min(npair, kb + per);
-        const uint32_t *lp = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 32 * kb) * 8 + g;
         int acc[8][4];
 #pragma unroll
         for (int m = 0; m < 8; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0;
-        int kl = kb; // the next k-step to load
-        auto load = [&](uint32_t (&w)[8]) {
-            const bool two = 2 * kl + 1 < ntile; // the last k-step's second tile may lie past the chunk: zeros
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                w[r] = __ldcs(lp + 32 * r); // position 4r + t: the 4 lanes t of a load read 128 contiguous bytes
-                w[4 + r] = two ? __ldcs(lp + 128 + 32 * r) : 0u;
-            }
-            lp += 256;
-            kl++;
-        };
         auto kstep = [&](const uint32_t (&w)[8], int kp) {
             const uint2 b = g < NCV ? bfr[(kp * NCV + g) * 4 + t] : make_uint2(0u, 0u);
             uint32_t T[8]; // T[i] (first tile), T[4 + i] (second): byte r = byte i of position 4r + t's word
@@ -908,8 +949,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 kvq_imma_uu(acc[m], T[i] & M0, T[i] & M1, T[4 + i] & M0, T[4 + i] & M1, b.x, b.y);
             }
         };
-        uint32_t xs[VPF][8];
-        ring_steps(xs, kb, ke, load, kstep);
+        ring_loop(XV, vkb, vke, vload, kstep);
         // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
 #pragma unroll
         for (int m = 0; m < 8; m++)
