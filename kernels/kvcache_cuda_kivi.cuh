@@ -531,8 +531,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     }
     for (int i = tid; i < NG * GQ; i += NTF) vbias[i] = 0.f;
     for (int i = tid; i < NG + 2; i += NTF) vmx[i] = 0;
-    if (IM)
-        for (int i = tid; i < GQ; i += NTF) stat[GQ + i] = 0.f; // Σ p, by shared atomics in the value operands' pass
+    for (int i = tid; i < GQ; i += NTF) stat[GQ + i] = 0.f; // Σ p, by shared atomics in the pass after the scores
     __syncthreads();
     if constexpr (IM) {
         // the chunk's largest value scale (F_v's) without a pass after the softmax: the first VZ scales per thread are
@@ -690,7 +689,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         constexpr bool BC = BK == BV && LG >= 2;
         uint2 bc[BC ? 8 : 1]; // 4 on the IM path
         int cgi = -1;
-        float ckb = 0.f, cik = 0.f, smx = -INFINITY; // IM: the lane's largest score
+        float ckb = 0.f, cik = 0.f, smx = -INFINITY; // the lane's largest score
         auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
             if constexpr (IM) {
@@ -750,8 +749,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             // rows g, g + 8 = positions 2g, 2g + 1; columns 2t, 2t + 1 = query head t (hi, lo)
             if (t < GQ) {
                 const float kbv = BC ? ckb : kbias[gi * GQ + t], ik = BC ? cik : kinv[gi];
-                sc[t * p.chunk + tile * 16 + 2 * g] = fmaf(acc[0] + acc[1], ik, kbv);
-                sc[t * p.chunk + tile * 16 + 2 * g + 1] = fmaf(acc[2] + acc[3], ik, kbv);
+                const float s0 = fmaf(acc[0] + acc[1], ik, kbv), s1 = fmaf(acc[2] + acc[3], ik, kbv);
+                sc[t * p.chunk + tile * 16 + 2 * g] = s0;
+                sc[t * p.chunk + tile * 16 + 2 * g + 1] = s1;
+                smx = fmaxf(smx, fmaxf(s0, s1));
             }
         };
         if constexpr (IM) {
@@ -776,17 +777,17 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 if (tile + 2 < te) load(Xa);
                 if (tile + 1 < te) score(Xb, tile + 1);
             }
+            // the warp's largest score per head (lanes g = 0, t = j) into red[warp][j]
+            for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
+            if (g == 0 && t < GQ) red[warp * GQ + t] = smx;
         }
     }
     __syncthreads();
-    // the integer path takes the softmax's maximum from the score loop (red) and exp(s - m), Σ p with the value operands:
-    // no passes over the scores and no block reductions of their own. H200, Llama heads N = 32K, k2gD, same call (with the
-    // key-scale loads of two groups together, later dropped: no difference with the rings primed): B = 32 952 -> 931 µs,
-    // B = 8 277 -> 272, 128K 3409 -> 3348
-    if (!IM) {
-        chunk_softmax<GQ>(sc, p.chunk, n, red, stat, stat + GQ);
-        __syncthreads();
-    }
+    // no softmax pass: the chunk's maximum comes from the score loop (each warp's in red), and exp(s - m) and Σ p are
+    // taken in the next pass over the scores (IM: the value operands'; else the first group's value statistics, which
+    // writes p back). H200, same call: Llama k2gD (IM, with the key-scale loads of two groups together, later dropped: no
+    // difference with the rings primed) B = 32 N = 32K 952 -> 931 µs, B = 8 277 -> 272, 128K 3409 -> 3348; the fp16 path:
+    // Llama k4gD B = 32 32K 1413 -> 1388, B = 8 -1.7%, k2g32 +0.7%, SmolLM2 B = 8, 32 -3.5..-6% in every column
 
     // IM: the P·V phase's value ring (VPF register sets, k-steps [vkb, vke) of 32 positions) is primed before the value
     // operands are built
@@ -808,21 +809,41 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 
     // ---- value statistics per group: max s (the operands' scale fv = pow2_scale(max s), as p <= 1) and the bias
     // Σ p·min, warp sums then shared atomics (IM: max s before, Σ p·min with the operands below)
-    for (int ga = 0; ga < (IM ? 0 : NG); ga++) {
-        float mv = 0.f, pz[GQ];
+    float mc[GQ]; // the chunk's largest score per head (softmax maximum)
 #pragma unroll
-        for (int j = 0; j < GQ; j++) pz[j] = 0.f;
+    for (int j = 0; j < GQ; j++) {
+        mc[j] = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NWF; w++) mc[j] = fmaxf(mc[j], red[w * GQ + j]);
+        if (tid == 0) stat[j] = mc[j];
+    }
+    for (int ga = 0; ga < (IM ? 0 : NG); ga++) {
+        float mv = 0.f, pz[GQ], ls[GQ];
+#pragma unroll
+        for (int j = 0; j < GQ; j++) pz[j] = ls[j] = 0.f;
 #pragma unroll 4
         for (int t2 = tid; t2 < n; t2 += NTF) { // 4 loads in flight
             const float2 z = __ldg(&vsb[(size_t)t2 * NG + ga]);
             mv = fmaxf(mv, fabsf(z.y));
 #pragma unroll
-            for (int j = 0; j < GQ; j++) pz[j] = fmaf(sc[j * p.chunk + t2], z.x, pz[j]);
+            for (int j = 0; j < GQ; j++) {
+                float pp = sc[j * p.chunk + t2];
+                if (ga == 0) { // the first group's pass exponentiates (the thread's own positions in every pass)
+                    pp = expf(pp - mc[j]);
+                    sc[j * p.chunk + t2] = pp;
+                    ls[j] += pp;
+                }
+                pz[j] = fmaf(pp, z.x, pz[j]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < GQ; j++) {
             for (int o = 16; o; o >>= 1) pz[j] += __shfl_xor_sync(0xffffffffu, pz[j], o);
             if (lane == 0) atomicAdd(&vbias[ga * GQ + j], pz[j]);
+            if (ga == 0) {
+                for (int o = 16; o; o >>= 1) ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], o);
+                if (lane == 0) atomicAdd(&stat[GQ + j], ls[j]);
+            }
         }
         for (int o = 16; o; o >>= 1) mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
         if (lane == 0) atomicMax(&vmx[ga], __float_as_int(mv));
@@ -836,15 +857,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
         // Positions past n (the last k-step's second tile) get 0
         const float Fv = pow2_scale(__int_as_float(vmx[0]), 8, 126);
-        float pz[GQ], ls[GQ], mj[GQ]; // Σ p·min, Σ p, the chunk's largest score
+        float pz[GQ], ls[GQ]; // Σ p·min, Σ p
 #pragma unroll
-        for (int j = 0; j < GQ; j++) {
-            pz[j] = ls[j] = 0.f;
-            mj[j] = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < NWF; w++) mj[j] = fmaxf(mj[j], red[w * GQ + j]);
-            if (tid == 0) stat[j] = mj[j];
-        }
+        for (int j = 0; j < GQ; j++) pz[j] = ls[j] = 0.f;
         for (int i = tid; i < ((ntile + 1) >> 1) * 4; i += NTF) {
             const int tt = i & 3, kp = i >> 2;
             float2 zs[8];
@@ -859,7 +874,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
-                    const float pp = pa < n ? expf(sc[j * p.chunk + pa] - mj[j]) : 0.f;
+                    const float pp = pa < n ? expf(sc[j * p.chunk + pa] - mc[j]) : 0.f;
                     ls[j] += pp;
                     pz[j] = fmaf(pp, zs[k].x, pz[j]);
                     float x = pp * (zs[k].y * Fv);
