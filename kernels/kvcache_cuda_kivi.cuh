@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 
     // IM: the score phase's key ring (KPF register sets, the warp's tiles [ktb, kte)) is primed here, so its first tiles'
     // loads overlap the key operands' build; the value ring likewise before the value operands' build (below). H200, Llama
-    // heads N = 32K, k2gD, same call, each alone with the fused softmax (next): B = 32 931 -> 902 µs (keys) / 898 (values),
+    // heads N = 32K, k2gD, same call, each alone with the fused softmax (below): B = 32 931 -> 903 µs (keys) / 900 (values),
     // both 906..921; B = 8 272 -> 264
     [[maybe_unused]] const int ktb = warp * ((ntile + NWF - 1) / NWF), kte = min(ntile, ktb + (ntile + NWF - 1) / NWF);
     [[maybe_unused]] const uint2 *kq2 = (const uint2 *)(p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16 + (size_t)t * 16 + 2 * g) + (size_t)ktb * 64;
