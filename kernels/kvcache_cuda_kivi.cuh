@@ -501,8 +501,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     constexpr int NCK = 4 * GQ, NCV = 4 * GQ;
     // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
     // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
-    // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead
-    constexpr int KPF = 3, VPF = 2;
+    // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead. With
+    // the rings primed before the operand builds (below), KPF 5 against 3, alternated twice: B = 32 901..918 -> 886..888,
+    // 128K 3256 -> 3174, B = 8 128K 891 -> 861, B = 8 32K -1% (KPF 4: 905..915, KPF 6: 898..919; VPF 3 +7%)
+    constexpr int KPF = 5, VPF = 2;
     float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
     float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
