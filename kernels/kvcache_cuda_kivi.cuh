@@ -514,19 +514,22 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     const float2 *ksb = p.kscale + ((size_t)s * p.ngk + q0 / G) * C + h * D; // key group gi of the chunk at + gi·C
     const float2 *vsb = p.vscale + (((size_t)s * p.H + h) * p.capq + q0) * NG; // position t2 of the chunk, group ga at t2·NG + ga
 
-    // IM: the score phase's key ring (KPF register sets, the warp's tiles [ktb, kte)) is primed here, so its first tiles'
+    // IM: the score phase's key ring (KPF register sets, the warp's tiles [tb, te)) is primed here, so its first tiles'
     // loads overlap the key operands' build; the value ring likewise before the value operands' build (below). H200, Llama
     // heads N = 32K, k2gD, same call, each alone with the fused softmax (below): B = 32 931 -> 903 µs (keys) / 900 (values),
     // both 906..921; B = 8 272 -> 264
-    [[maybe_unused]] const int ktb = warp * ((ntile + NWF - 1) / NWF), kte = min(ntile, ktb + (ntile + NWF - 1) / NWF);
-    [[maybe_unused]] const uint2 *kq2 = (const uint2 *)(p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16 + (size_t)t * 16 + 2 * g) + (size_t)ktb * 64;
+    // key tiles [capq/16][kw][16]: a tile of 16 positions is 16·kw contiguous words (q0 is a multiple of 16); warp w
+    // scores the contiguous tiles [tb, te)
+    const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16;
+    const int tb = warp * ((ntile + NWF - 1) / NWF), te = min(ntile, tb + (ntile + NWF - 1) / NWF);
+    [[maybe_unused]] const uint2 *kq2 = (const uint2 *)(kc + (size_t)t * 16 + 2 * g) + (size_t)tb * 64;
     [[maybe_unused]] uint2 XK[KPF][2];
     auto kload = [&](uint2 (&x)[2]) {
         x[0] = __ldcs(kq2);
         x[1] = __ldcs(kq2 + 32);
         kq2 += 64;
     };
-    if constexpr (IM) ring_prologue(XK, ktb, kte, kload);
+    if constexpr (IM) ring_prologue(XK, tb, te, kload);
     for (int i = tid; i < GQ * D; i += NTF) {
         const int j = i / D, d = i % D;
         qv[i] = j < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + j) * D + d] * p.scale : 0.f;
@@ -665,9 +668,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // ---- scores: warp w takes the contiguous tiles [tb, te); the next tile's code words are loaded meanwhile
     {
         constexpr int XW = BK == 4 ? 2 : 1, XM = 4 * XW; // uint2 per word group, at most 4 word groups (head_dim 256)
-        // key tiles [capq/16][kw][16]: a tile of 16 positions is 16·kw contiguous words (q0 is a multiple of 16)
-        const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16;
-        const int per = (ntile + NWF - 1) / NWF, tb = warp * per, te = min(ntile, tb + per), kstep = 8 * p.kw;
+        const int kstep = 8 * p.kw;
         // a pointer per word the lane reads (words past the head's last one read that one: their B rows are zero), advanced
         // one tile (kstep uint2) per step
         const uint2 *kp[XM];
@@ -764,10 +765,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 const uint2 x4[XM] = {x[0], x[1]};
                 score(x4, i);
             };
-            ring_loop(XK, ktb, kte, kload, kuse);
-            // the warp's largest score per head (lanes g = 0, t = 2j) into red[warp][j]: the softmax's maximum without a pass
-            for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
-            if (g == 0 && !(t & 1) && (t >> 1) < GQ) red[warp * GQ + (t >> 1)] = smx;
+            ring_loop(XK, tb, te, kload, kuse);
         } else {
             // tiles in pairs, two register sets used in turn (written out: through ring_prologue / ring_loop k4gD measured +1.2%, Llama
             // B = 8 and 32, N = 32K, H200, same call)
@@ -779,10 +777,12 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 if (tile + 2 < te) load(Xa);
                 if (tile + 1 < te) score(Xb, tile + 1);
             }
-            // the warp's largest score per head (lanes g = 0, t = j) into red[warp][j]
-            for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
-            if (g == 0 && t < GQ) red[warp * GQ + t] = smx;
         }
+        // the warp's largest score per head j into red[warp][j] (the softmax's maximum without a pass): lanes g = 0 with
+        // t = 2j on the IM path (odd t hold none), t = j on the fp16 path
+        for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
+        const int hj = IM ? t >> 1 : t;
+        if (g == 0 && (!IM || !(t & 1)) && hj < GQ) red[warp * GQ + hj] = smx;
     }
     __syncthreads();
     // no softmax pass: the chunk's maximum comes from the score loop (each warp's in red), and exp(s - m) and Σ p are
