@@ -597,6 +597,7 @@ static kvq_status set_smem_limits(kvq_err *err)
     CK(cudaFuncSetAttribute((const void *)kivi_key_flush, cudaFuncAttributeMaxDynamicSharedMemorySize, 256 * 256));
     CK(cudaFuncSetAttribute((const void *)exact_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
     CK(cudaFuncSetAttribute((const void *)kv::kivi_generic, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
+    CK(cudaFuncSetAttribute((const void *)kv::kivi_tail, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 2; b++)
             for (int g = 1; g <= 4; g++)
@@ -1374,13 +1375,18 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     p.out = out;
     p.tick = side ? nullptr : c->tick;
     p.nuse = combine_slots(nslots, c->n_exact);
-    kv::kivi_generic<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float),
-                       side ? c->side : 0>>>(p);
+    if (side)
+        kv::kivi_tail<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float), c->side>>>(p);
+    else
+        kv::kivi_generic<<<dim3((unsigned)gsplits, (unsigned)n_heads, (unsigned)B), kv::NTG, kv::generic_smem((int)D, (int)gchunk) * sizeof(float)>>>(p);
     CKL();
     if (side) { // join, then the combine
         CK(cudaEventRecord(c->ev_join, c->side));
         CK(cudaStreamWaitEvent(0, c->ev_join, 0));
-        kv::combine_par<<<dim3((unsigned)n_heads, (unsigned)B), 128, COMBINE_SMEM * sizeof(float)>>>(p);
+        if (kv::combine_use_wide(B * n_heads, (size_t)c->n_sm))
+            kv::combine_par_wide<<<dim3((unsigned)n_heads, (unsigned)B), kv::CW_NT, kv::combine_wide_smem((int)D) * sizeof(float)>>>(p);
+        else
+            kv::combine_par<<<dim3((unsigned)n_heads, (unsigned)B), 128, COMBINE_SMEM * sizeof(float)>>>(p);
         CKL();
     }
     if (sync) CK(cudaDeviceSynchronize());

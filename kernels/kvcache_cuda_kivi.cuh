@@ -68,6 +68,13 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t *w, size_t stride, in
     return x & ((1u << bits) - 1);
 }
 
+// code_at for 2 or 4 bits only (a unit is one word: no code straddles words)
+__device__ __forceinline__ uint32_t code_at24(const uint32_t *w, size_t stride, int d, int bits)
+{
+    const int cpu = 32 / bits, o = bits * (d % cpu);
+    return (w[(size_t)(d / cpu) * stride] >> o) & ((1u << bits) - 1);
+}
+
 // a compile-time int as a value (for generic lambdas)
 template <int N> struct KI {
     static constexpr int v = N;
@@ -98,9 +105,9 @@ template <class T> __device__ __forceinline__ T ld_hv(const uint16_t *p)
 // 178 µs as a thread per position over all dims and then a thread per dim over all positions (long chains of
 // dependent, uncoalesced loads; 91 registers), and the separate combine kernel 14 µs
 constexpr int NTG = 128, GPW = 4;
-// dynamic shared memory of kivi_generic (floats): q [D], scores [gchunk], reduction [8], statistics [4], P·V slice
-// sums [nsl][D] (nsl·D <= NTG·VD <= 4·NTG; combine_one's COMBINE_SMEM there after them)
-__host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (4 * NTG > COMBINE_SMEM ? 4 * NTG : COMBINE_SMEM); }
+// dynamic shared memory of kivi_generic and kivi_tail (floats): q [D], scores [gchunk], reduction [8], statistics [4],
+// P·V slice sums [nsl][D] (nsl·D <= NTG·VD <= 8·NTG; combine_one's COMBINE_SMEM there after them)
+__host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (8 * NTG > COMBINE_SMEM ? 8 * NTG : COMBINE_SMEM); }
 // one generic partial: split `split` of query head qh of sequence s (block size NTG); sm: generic_smem floats
 __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
 {
@@ -246,6 +253,143 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
     if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
 }
 
+// the 8 fp16 values of a 16-byte ring load, converted and dotted with / added into 8 floats
+__device__ __forceinline__ float dot8(const float (&q)[8], uint4 w, float acc)
+{
+    const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc = fmaf(q[2 * e + 1], h2f(x[e] >> 16), fmaf(q[2 * e], h2f(x[e]), acc));
+    return acc;
+}
+
+// kivi_tail's partial (generic_part's result for the launch beside kivi_fast, whose conditions hold: post-RoPE keys, 2
+// or 4 bits, head_dim a multiple of 16, G >= 16 a power of two). The tail is mostly the fp16 residual ring, and its
+// cost beside kivi_fast (issue-bound) is its instruction count, so 8 dims per 16-byte load: scores by a half-warp per
+// position (lane l of the half: dims 8l.., 8(l + 16).., 4 positions per half-warp in flight, a 4-step xor sum), P·V by
+// D / 8 threads per position (8 dims each, 4 positions in flight) in slices summed through shared memory. Quantized
+// positions (keys t < kq, values t < vq: at most a group's worth here) dequantize their 8 dims from the codes
+__device__ void tail_part(const KivP &p, int split, int qh, int s, float *sm)
+{
+    constexpr int PP = 4, U = 4; // positions per half-warp in the scores, per thread in P·V
+    float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8, *pv = stat + 4;
+    const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, R = p.ring;
+    const int nq = max(0, p.len[s] - p.n_exact), kq = p.kq[s], vq = p.vq[s], lgG = __ffs(p.G) - 1;
+    const int a = p.qf[s] + split * p.gchunk, b = min(a + p.gchunk, nq);
+    float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
+    if (a >= b) {
+        empty_partials(part, 0, 1, D);
+        return;
+    }
+    const int n = b - a;
+    for (int d = tid; d < D; d += NTG) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
+    __syncthreads();
+    const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
+    const uint16_t *kring = p.kring + (size_t)s * R * C + h * D, *vring = p.vring + (size_t)s * R * C + h * D;
+    {
+        const int hw = lane >> 4, l16 = lane & 15;
+        bool dj[2];
+        float qr[2][8];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            dj[j] = 8 * (l16 + 16 * j) < D;
+#pragma unroll
+            for (int e = 0; e < 8; e++) qr[j][e] = dj[j] ? qv[8 * (l16 + 16 * j) + e] : 0.f;
+        }
+        // half-warp 2w + hw takes positions a + 2w + hw + 8k (the loop bound warp-uniform: the sums shuffle over the warp)
+        for (int tw = a + 2 * warp; tw < b; tw += 8 * PP) {
+            const int t0 = tw + hw;
+            uint4 kw4[PP][2];
+            int sl = (p.n_exact + t0) % R;
+#pragma unroll
+            for (int u = 0; u < PP; u++) {
+                const int t = t0 + 8 * u;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    kw4[u][j] = t < b && t >= kq && dj[j] ? ld_hv<uint4>(kring + (size_t)sl * C + 8 * (l16 + 16 * j)) : make_uint4(0u, 0u, 0u, 0u);
+                sl += 8;
+                while (sl >= R) sl -= R;
+            }
+            float acc[PP];
+#pragma unroll
+            for (int u = 0; u < PP; u++) {
+                const int t = t0 + 8 * u;
+                acc[u] = 0.f;
+                if (t < b && t < kq) { // quantized key: its 8 dims from the codes
+                    const float2 *ks = p.kscale + ((size_t)s * p.ngk + (t >> lgG)) * C + h * D;
+                    const uint32_t *kt = kc + (size_t)(t >> 4) * p.kw * 16 + (t & 15);
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+                        if (dj[j])
+#pragma unroll
+                            for (int e = 0; e < 8; e++) {
+                                const int d = 8 * (l16 + 16 * j) + e;
+                                const float2 m = ks[d];
+                                acc[u] = fmaf(qr[j][e], m.y == 0.f ? m.x : fmaf((float)code_at24(kt, 16, d, p.kb), m.y, m.x), acc[u]);
+                            }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 2; j++) acc[u] = dot8(qr[j], kw4[u][j], acc[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PP; u++) {
+                for (int o = 8; o; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
+                if (l16 == 0 && t0 + 8 * u < b) sc[t0 + 8 * u - a] = acc[u];
+            }
+        }
+    }
+    __syncthreads();
+    chunk_softmax<1>(sc, p.gchunk, n, red, stat, stat + 1);
+    __syncthreads();
+    const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw;
+    const float2 *vs = p.vscale + ((size_t)s * p.H + h) * p.capq * (D >> lgG);
+    const int npv = D >> 3, nsl = NTG / npv, sl = tid / npv, d0 = (tid % npv) * 8, ng = D >> lgG, dsl = nsl % R;
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.f;
+    if (sl < nsl) {
+        int slot = (p.n_exact + a + sl) % R; // ring slot of position t1
+        for (int t1 = a + sl; t1 < b; t1 += U * nsl) {
+            uint4 vw4[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int t = t1 + u * nsl;
+                vw4[u] = t < b && t >= vq ? ld_hv<uint4>(vring + (size_t)slot * C + d0) : make_uint4(0u, 0u, 0u, 0u);
+                slot = slot + dsl >= R ? slot + dsl - R : slot + dsl;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int t = t1 + u * nsl;
+                if (t >= b) break;
+                const float w = sc[t - a];
+                if (t < vq) { // quantized value: one (min, scale) for the 8 dims (G >= 16)
+                    const float2 ms = vs[(size_t)t * ng + (d0 >> lgG)];
+                    const uint32_t *vt = vc + (size_t)t * p.vw;
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        acc[e] = fmaf(w, ms.y == 0.f ? ms.x : fmaf((float)code_at24(vt, 1, d0 + e, p.vb), ms.y, ms.x), acc[e]);
+                } else {
+                    const uint32_t x[4] = {vw4[u].x, vw4[u].y, vw4[u].z, vw4[u].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        acc[2 * e] = fmaf(w, h2f(x[e]), acc[2 * e]);
+                        acc[2 * e + 1] = fmaf(w, h2f(x[e] >> 16), acc[2 * e + 1]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) pv[sl * D + d0 + e] = acc[e];
+    }
+    __syncthreads();
+    for (int d = tid; d < D; d += NTG) {
+        float x = 0.f;
+        for (int q = 0; q < nsl; q++) x += pv[q * D + d];
+        part[2 + d] = x;
+    }
+    if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
+}
+
 // the p.nuse partial slots of (query head qh, sequence s) merged into p.out (combine_one; sm: COMBINE_SMEM floats)
 __device__ void merge_row(const KivP &p, int qh, int s, float *sm)
 {
@@ -279,6 +423,14 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
     }
 }
 
+// the tail's partials beside kivi_fast (tail_part; no merge: combine_par follows). H200, Llama heads k2gD B = 32 N = 32K:
+// without the tail's launch (timing only) 887 -> 815 µs; kivi_generic alone there (ncu) issued on 49% of cycles for 70 MB
+__global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
+{
+    KVQ_DYN_SMEM(float4, sm4);
+    tail_part(p, blockIdx.x, blockIdx.y, blockIdx.z, (float *)sm4);
+}
+
 // the combine after kivi_fast and kivi_generic (kivi_attend; COMBINE_SMEM floats of dynamic shared memory, 128
 // threads): combine_one per (query head blockIdx.x, sequence blockIdx.y). Same call, H200, N = 32K, against the
 // per-thread slot loops of `combine`: SmolLM2 heads B = 1 47.5 -> 36.2 µs (k2g32), B = 8 -2..-5%, B = 32 -2..-3%;
@@ -287,6 +439,83 @@ __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     merge_row(p, blockIdx.x, blockIdx.y, (float *)sm4);
+}
+
+// combine_wide's block: CW_NT threads; its dynamic shared memory (floats): weights [CW_TS], reduction [32], warp sums
+// [CW_NT / 32][D] (D <= 256)
+constexpr int CW_NT = 512, CW_TS = 512;
+__host__ __device__ inline size_t combine_wide_smem(int D) { return (size_t)CW_TS + 32 + (size_t)(CW_NT / 32) * D; }
+// combine_par's choice: the wide block when there are fewer (query head, sequence) rows than 4 per SM, where one row's
+// merge latency is the cost. H200, Llama heads k2gD / k4gD, against combine_par (same call, alternated twice): B = 1
+// N = 32K 65.7 -> 58.8 µs, 128K 180.6 -> 143.5; B = 8 32K -2%, 128K -3%; B = 32 (1024 rows) +1% at 32K
+__host__ __device__ inline bool combine_use_wide(size_t rows, size_t n_sm) { return rows < 4 * n_sm; }
+// combine_one with the slots spread over warps: warp w takes slots w, w + 16, ... of each tile of CW_TS, lane l the
+// dims l, l + 32, ... (coalesced 128-byte rows), 4 slots' loads in flight per lane, then the 16 warps' sums added
+// through shared memory; the statistics as combine_one (all threads at once). The same sums in another order
+__device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *sm)
+{
+    constexpr int NW = CW_NT / 32, SU = 4; // warps, slots per batch
+    float *wt = sm, *red = sm + CW_TS, *ws = red + 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, KD = (D + 31) >> 5;
+    const size_t st = (size_t)D + 2;
+    float M = -INFINITY;
+    for (int i = tid; i < nuse; i += CW_NT) M = fmaxf(M, __ldcg(pp + i * st));
+    for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = red[0];
+    for (int w = 1; w < NW; w++) M = fmaxf(M, red[w]);
+    float L = 0.f, acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] = 0.f;
+    for (int i0 = 0; i0 < nuse; i0 += CW_TS) {
+        const int ni = min(CW_TS, nuse - i0);
+        __syncthreads(); // red read, the previous tile's weights used
+        for (int i = tid; i < ni; i += CW_NT) {
+            const float m = __ldcg(pp + (i0 + i) * st);
+            const float w = m == -INFINITY ? 0.f : expf(m - M);
+            wt[i] = w;
+            L = w != 0.f ? fmaf(w, __ldcg(pp + (i0 + i) * st + 1), L) : L;
+        }
+        __syncthreads();
+        for (int i = warp; i < ni; i += NW * SU) {
+            float x[SU][8];
+#pragma unroll
+            for (int u = 0; u < SU; u++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int j = i + u * NW, d = lane + 32 * k;
+                    x[u][k] = k < KD && j < ni && d < D ? __ldcg(pp + (i0 + j) * st + 2 + d) : 0.f;
+                }
+#pragma unroll
+            for (int u = 0; u < SU; u++) {
+                const int j = i + u * NW;
+                const float w = j < ni ? wt[j] : 0.f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[k] = w != 0.f ? fmaf(w, x[u][k], acc[k]) : acc[k];
+            }
+        }
+    }
+    for (int k = 16; k; k >>= 1) L += __shfl_xor_sync(0xffffffffu, L, k);
+    __syncthreads();
+    if (lane == 0) red[warp] = L;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (k < KD && lane + 32 * k < D) ws[warp * D + lane + 32 * k] = acc[k];
+    __syncthreads();
+    L = 0.f;
+    for (int w = 0; w < NW; w++) L += red[w];
+    for (int d = tid; d < D; d += CW_NT) {
+        float x = 0.f;
+        for (int w = 0; w < NW; w++) x += ws[w * D + d];
+        o[d] = M == -INFINITY ? 0.f : x / L;
+    }
+}
+__global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
+{
+    KVQ_DYN_SMEM(float4, sm4);
+    const size_t row = (size_t)blockIdx.y * p.n_heads + blockIdx.x;
+    combine_wide(p.part + row * p.nslots * (p.D + 2), p.out + row * p.D, p.D, p.nuse, (float *)sm4);
 }
 
 // ---- fast: post-RoPE keys, 2/4-bit codes, G in {16, 32, 64, 128} (G = 16 << LG), on the tensor cores.

@@ -159,6 +159,7 @@ inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
 inline int atomicMax(int *p, int v) { std::lock_guard<std::mutex> g(emu.atom); int o = *p; if (v > o) *p = v; return o; }
 inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
 inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline float atomicAdd(float *p, float v) { std::lock_guard<std::mutex> g(emu.atom); float o = *p; *p = o + v; return o; }
 inline int atomicAdd(int *p, int v) { std::lock_guard<std::mutex> g(emu.atom); int o = *p; *p = o + v; return o; }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }

@@ -261,8 +261,14 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.out = out.data();
             p.tick = fsplits ? nullptr : tick.data();
             p.nuse = combine_slots(nslots, v.n_exact);
-            emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
-            if (fsplits) emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(p); });
+            if (fsplits)
+                emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_tail(p); });
+            else
+                emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
+            if (fsplits && kv::combine_use_wide(B * nh, n_sm))
+                emu_launch({(unsigned)nh, (unsigned)B, 1}, kv::CW_NT, kv::combine_wide_smem((int)D) * 4, [&] { kv::combine_par_wide(p); });
+            else if (fsplits)
+                emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(p); });
             char what[96];
             snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
             for (int x : tick)
@@ -323,6 +329,8 @@ int main(int argc, char **argv)
     run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 2/2");
     /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
+    // one SM: 12 rows >= 4 per SM, so combine_par (the 128-thread merge) instead of combine_par_wide
+    run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, 2, 1, "kivi uneven 2/4 narrow combine", 45);
     /* tiny queries (1e-36, so max |q|·max s < 2^-114): the operands' power-of-two scale must stay finite (it overflowed to inf: NaN scores) */
     const size_t l5[] = {333};
     run_kivi(1, 1, 64, 1, 2, 2, 32, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries", 0, 1e-36f);
