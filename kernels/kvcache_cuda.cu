@@ -1319,8 +1319,9 @@ static kvq_status exact_and_combine(kvq_kvcache_cuda *c, const float *q, size_t 
 }
 
 // KIVI decode: kivi_fast on [0, qf) of each sequence when it applies (post-RoPE keys, 2/4-bit, G = 16..128, a power
-// of two), the exact region, kivi_generic on the rest (beside kivi_fast on the side stream, then combine_par after
-// the join), or on everything (then its last block per query head combines)
+// of two), the exact region, kivi_tail on the rest (beside kivi_fast on the side stream, then combine_par or, with
+// fewer than 4 rows per SM, combine_par_wide after the join), or kivi_generic on everything (then its last block per
+// query head combines)
 static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out, size_t max_splits, int sync,
                               kvq_err *err)
 {

@@ -3,9 +3,10 @@
 // kvq_h2pack); tests/gpu/emu/emu_kvcache_dec.cc compiles the same source on the host.
 //
 // Per sequence s the positions n_exact + q, q < nq, are split three ways: q < qf (qf = min(kq, vq) rounded
-// down to 16, only when the tensor-core kernel applies) by kivi_fast; qf <= q < nq by kivi_generic (keys
-// from the code words for q < kq, else the fp16 residual ring; values likewise with vq); the exact region by
-// exact_decode. Each writes split-K partials (m, l, acc) that combine merges.
+// down to 16, only when the tensor-core kernel applies) by kivi_fast; qf <= q < nq by kivi_tail beside it, or
+// by kivi_generic when kivi_fast does not apply (keys from the code words for q < kq, else the fp16 residual
+// ring; values likewise with vq); the exact region by exact_decode. Each writes split-K partials (m, l, acc)
+// that combine_par / combine_par_wide (or kivi_generic's last block per row) merge.
 #ifndef KVQ_KVCACHE_CUDA_KIVI_CUH
 #define KVQ_KVCACHE_CUDA_KIVI_CUH
 
