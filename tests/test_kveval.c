@@ -211,7 +211,7 @@ static kvq_status all_quantized(void *user, const kvq_layer_ctx *c, float *k, fl
     return KVQ_OK;
 }
 
-static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const char *spec, int *n_strict)
+static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const char *spec, int *n_within)
 {
     kvq_err e = {0};
     kvq_eval_scheme s;
@@ -308,8 +308,8 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
         ck_assert_msg(flips > 0 && dl <= 1e-3 && dl * 10 <= d_fp32 && (!kivi || dl * 10 <= d_naive),
                       "%s: batched loss %.9g vs decode %.9g (rel %.3e, %zu flipped cache elements)", s.name, loss_b, loss_d,
                       dl, flips);
-    else if (flips == 0)
-        *n_strict += 1;
+    else
+        *n_within += 1;
     if (flips == 0) ck_assert_msg(dlog <= 1e-4, "%s: logits rel L2 %.3e without flips", s.name, dlog);
     /* fp16's effect is tiny: then decode must at least agree far better than the effect */
     bool fp16 = s.s.q.kind == KVQ_SCHEME_FP16 || (s.s.q.kind == KVQ_SCHEME_GGML && s.s.variant == KVQ_GGML_Q8_0);
@@ -332,7 +332,7 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
     kvq_forward_free(&fw);
 }
 
-static void decode_model(const char *path, int strict[3])
+static void decode_model(const char *path, int within[3])
 {
     kvq_model m;
     kvq_err e = {0};
@@ -352,7 +352,7 @@ static void decode_model(const char *path, int strict[3])
         int n = 0;
         decode_case(&m, &set, specs[i], &n);
         for (int k = 0; k < 3; k++)
-            if (!strcmp(specs[i], (const char *[]){"int4", "kivi2-g4-r8", "nuq3-1%"}[k])) strict[k] += n;
+            if (!strcmp(specs[i], (const char *[]){"int4", "kivi2-g4-r8", "nuq3-1%"}[k])) within[k] += n;
     }
     kvq_artifact_set_free(&set);
     remove(paths[0]);
@@ -365,15 +365,18 @@ START_TEST(test_decode_equivalence)
     char buf[4096];
     const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
     KVQ_SKIP_IF(!p, "../shared/models/llama2c/stories260K.bin absent");
-    int strict[3] = {0, 0, 0};
-    decode_model(p, strict);
+    int within[3] = {0, 0, 0};
+    decode_model(p, within);
     p = kvq_test_shared(buf, sizeof buf, "models/llama2c/aidreams260K.bin");
     KVQ_SKIP_IF(!p, "../shared/models/llama2c/aidreams260K.bin absent");
-    decode_model(p, strict);
-    /* the three schemes meet the 1e-5 bound without flips on at least one model each */
+    decode_model(p, within);
+    /* the issue's three schemes meet the 1e-5 bound on at least one model each. (Not "without flips": whether the
+     * M = 48 and M = 1 GEMMs' last-bit differences move a cache element across a threshold depends on the BLAS's
+     * summation order; on an AMD EPYC nuq3-1% flipped 1 element of stories260K, still within 1e-5, and 397 of
+     * aidreams260K, then held by the cascade bound above.) */
     if (!getenv("KVQ_DECODE_SPEC"))
-        ck_assert_msg(strict[0] && strict[1] && strict[2], "strict (flip-free) agreement: int4 %d, kivi2 %d, nuq3-1%% %d",
-                      strict[0], strict[1], strict[2]);
+        ck_assert_msg(within[0] && within[1] && within[2], "agreement within 1e-5: int4 %d, kivi2 %d, nuq3-1%% %d", within[0],
+                      within[1], within[2]);
 }
 END_TEST
 
@@ -434,10 +437,10 @@ START_TEST(test_decode_equivalence_production)
     kvq_artifact_set set;
     ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
     const char *fspecs[] = {"fp8", "fp8-tensor", "fp8-head-p99", "e5m2", "fp8-tensor+sink2"};
-    int strict = 0;
+    int within = 0;
     for (size_t i = 0; i < sizeof fspecs / sizeof *fspecs; i++) {
         if (kvq_test_quick() && i >= 3) break;
-        decode_case(&m, &set, fspecs[i], &strict);
+        decode_case(&m, &set, fspecs[i], &within);
     }
     /* head_dim 16: every block format refuses, naming head_dim and llama.cpp */
     const char *blk[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
@@ -457,10 +460,10 @@ START_TEST(test_decode_equivalence_production)
     const char *bspecs[] = {"q4_0", "q8_0", "iq4_nl", "q4_1", "q5_0", "q5_1", "q4_0+sink1"};
     for (size_t i = 0; i < sizeof bspecs / sizeof *bspecs; i++) {
         if (kvq_test_quick() && i >= 3) break;
-        decode_case(&m, NULL, bspecs[i], &strict);
+        decode_case(&m, NULL, bspecs[i], &within);
     }
-    fprintf(stderr, "INFO production formats: %d flip-free decode cases\n", strict);
-    ck_assert_int_ge(strict, 3);
+    fprintf(stderr, "INFO production formats: %d decode cases within 1e-5\n", within);
+    ck_assert_int_ge(within, 3);
     kvq_model_free(&m);
     remove(hd32);
 }
