@@ -109,21 +109,43 @@ constexpr int NTG = 128, GPW = 4;
 // dynamic shared memory of kivi_generic and kivi_tail (floats): q [D], scores [gchunk], reduction [8], statistics [4],
 // P·V slice sums [nsl][D] (nsl·D <= NTG·VD <= 8·NTG; combine_one's COMBINE_SMEM there after them)
 __host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (8 * NTG > COMBINE_SMEM ? 8 * NTG : COMBINE_SMEM); }
+// a generic / tail partial's set-up: positions [*a, *b) of split `split` (from first, the range's start), its partial
+// slot *part; false (the empty partial written) when the range is empty, else the scaled query in qv[D] after a barrier
+__device__ bool part_begin(const KivP &p, int split, int qh, int s, int first, float *qv, int *a, int *b, float **part)
+{
+    const int D = p.D, nq = max(0, p.len[s] - p.n_exact);
+    *a = first + split * p.gchunk;
+    *b = min(*a + p.gchunk, nq);
+    *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
+    if (*a >= *b) {
+        empty_partials(*part, 0, 1, D);
+        return false;
+    }
+    for (int d = threadIdx.x; d < D; d += NTG) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
+    __syncthreads();
+    return true;
+}
+// ... and its write-out: the P·V slice sums pv[nsl][D] (complete: a barrier first) and the statistics (m, l)
+__device__ void part_end(float *part, const float *pv, int nsl, int D, const float *stat)
+{
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += NTG) {
+        float x = 0.f;
+        for (int q = 0; q < nsl; q++) x += pv[q * D + d];
+        part[2 + d] = x;
+    }
+    if (threadIdx.x == 0) { part[0] = stat[0]; part[1] = stat[1]; }
+}
 // one generic partial: split `split` of query head qh of sequence s (block size NTG); sm: generic_smem floats
 __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
 {
     float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8, *pv = stat + 4;
     const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, R = p.ring;
-    const int nq = max(0, p.len[s] - p.n_exact), kq = p.kq[s], vq = p.vq[s];
-    const int a = (p.use_qf ? p.qf[s] : 0) + split * p.gchunk, b = min(a + p.gchunk, nq);
-    float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
-    if (a >= b) {
-        empty_partials(part, 0, 1, D);
-        return;
-    }
+    const int kq = p.kq[s], vq = p.vq[s];
+    int a, b;
+    float *part;
+    if (!part_begin(p, split, qh, s, p.use_qf ? p.qf[s] : 0, qv, &a, &b, &part)) return;
     const int n = b - a;
-    for (int d = tid; d < D; d += NTG) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
-    __syncthreads();
     const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
     const uint16_t *kring = p.kring + (size_t)s * R * C + h * D, *vring = p.vring + (size_t)s * R * C + h * D;
     const int npair = (D + 1) >> 1, nj = (npair + 31) >> 5;
@@ -242,16 +264,10 @@ __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
             for (int k = 0; k < VD; k++)
                 if (d0 + k < D) pv[sl * D + d0 + k] = acc[k];
         }
-        __syncthreads();
-        for (int d = tid; d < D; d += NTG) {
-            float x = 0.f;
-            for (int q = 0; q < nsl; q++) x += pv[q * D + d];
-            part[2 + d] = x;
-        }
+        part_end(part, pv, nsl, D, stat);
     };
     if (D % 4 == 0) pv_slices(KI<4>{});
     else pv_slices(KI<2>{});
-    if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
 }
 
 // the 8 fp16 values of a 16-byte ring load, converted and dotted with / added into 8 floats
@@ -274,16 +290,11 @@ __device__ void tail_part(const KivP &p, int split, int qh, int s, float *sm)
     constexpr int PP = 4, U = 4; // positions per half-warp in the scores, per thread in P·V
     float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8, *pv = stat + 4;
     const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, R = p.ring;
-    const int nq = max(0, p.len[s] - p.n_exact), kq = p.kq[s], vq = p.vq[s], lgG = __ffs(p.G) - 1;
-    const int a = p.qf[s] + split * p.gchunk, b = min(a + p.gchunk, nq);
-    float *part = p.part + ((size_t)(s * p.n_heads + qh) * p.nslots + p.slot0 + split) * (D + 2);
-    if (a >= b) {
-        empty_partials(part, 0, 1, D);
-        return;
-    }
+    const int kq = p.kq[s], vq = p.vq[s], lgG = __ffs(p.G) - 1;
+    int a, b;
+    float *part;
+    if (!part_begin(p, split, qh, s, p.qf[s], qv, &a, &b, &part)) return;
     const int n = b - a;
-    for (int d = tid; d < D; d += NTG) qv[d] = p.q[((size_t)s * p.n_heads + qh) * D + d] * p.scale;
-    __syncthreads();
     const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
     const uint16_t *kring = p.kring + (size_t)s * R * C + h * D, *vring = p.vring + (size_t)s * R * C + h * D;
     {
@@ -382,13 +393,7 @@ __device__ void tail_part(const KivP &p, int split, int qh, int s, float *sm)
 #pragma unroll
         for (int e = 0; e < 8; e++) pv[sl * D + d0 + e] = acc[e];
     }
-    __syncthreads();
-    for (int d = tid; d < D; d += NTG) {
-        float x = 0.f;
-        for (int q = 0; q < nsl; q++) x += pv[q * D + d];
-        part[2 + d] = x;
-    }
-    if (tid == 0) { part[0] = stat[0]; part[1] = stat[1]; }
+    part_end(part, pv, nsl, D, stat);
 }
 
 // the p.nuse partial slots of (query head qh, sequence s) merged into p.out (combine_one; sm: COMBINE_SMEM floats)
