@@ -41,6 +41,14 @@ __device__ __forceinline__ void kvq_imma_uu(int (&c)[4], uint32_t a0, uint32_t a
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// c += a·b as mma.m16n8k16 on unsigned bytes (PTX ISA "Matrix fragments for mma.m16n8k16" with .u8): lane 4g + t holds
+// a0 = A[g][4t..4t+3], a1 = A[g+8][4t..4t+3], b0 = B[4t..4t+3][g]; c as kvq_mma16816
+__device__ __forceinline__ void kvq_imma16_uu(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
 #endif
 
 struct KivP {
@@ -545,10 +553,12 @@ __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
 // row and group; two, as one 8-byte load, at 4-bit G = 128), positions (2t, 2t+1) and (2t+8, 2t+9) merged
 // per register with one PRMT; B = p·s of the tile's 16 positions per group (hi, lo), built in shared memory
 // after the softmax.
-// The integer path (imma_path: 2-bit keys and values, G = head_dim = 128, GQ <= 2) runs both sums as mma.m16n8k32
-// on u8 codes (a field masked in place: code·4^f) and byte digits of the fixed-point q·s·4^-m and p·s, with exact
-// s32 sums (formats/KVCACHE.md "Decode attention (GPU)"; the IM branches below). Same call, H200, Llama heads
-// against the fp16 path: k2gD B = 32 N = 32K 1184 -> 952 µs, 128K 4333 -> 3425, B = 8 32K 334 -> 279.
+// The integer path (imma_path: 2-bit or 4-bit keys and values, G = head_dim = 128, GQ <= 2) runs both sums as
+// mma.m16n8k32 on u8 codes (a field masked in place: code·4^f; 4-bit: a nibble, code·16^f, and P·V as mma.m16n8k16 per
+// tile) and byte digits of the fixed-point q·s·4^-m (16^-m) and p·s, with exact s32 sums (formats/KVCACHE.md "Decode
+// attention (GPU)"; the IM branches below). Same call, H200, Llama heads against the fp16 path: k2gD B = 32 N = 32K
+// 1184 -> 952 µs, 128K 4333 -> 3425, B = 8 32K 334 -> 279; k4gD (session 13) B = 32 32K 1358 -> 1281, 128K 5145..5366
+// -> 4758..4760, B = 8 32K 371 -> 358, 128K 1315 -> 1237.
 // threads per block: 128 (4 warps) at G = 128, else 256 (8 warps). Same call, H200, Llama heads N = 32K, against 256
 // at every G: k2gD B = 32 1862 -> 1701 µs, k4gD 2019 -> 1907, B = 8 -2.4% / -1%, B = 1 -3%; at G = 32 (k2g32 2927 ->
 // 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256
@@ -593,9 +603,9 @@ template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j,
     }
 }
 
-// kivi_fast on the integer tensor cores (the IM path below): 2-bit keys and values, G = head_dim = 128, up to 2 query
-// heads per block; the fp16 tensor-core path otherwise
-__host__ __device__ constexpr bool imma_path(int bk, int bv, int G, int D, int gq) { return bk == 2 && bv == 2 && G == 128 && D == 128 && gq <= 2; }
+// kivi_fast on the integer tensor cores (the IM path below): 2-bit or 4-bit keys and values (equal widths), G = head_dim
+// = 128, up to 2 query heads per block; the fp16 tensor-core path otherwise
+__host__ __device__ constexpr bool imma_path(int bk, int bv, int G, int D, int gq) { return (bk == 2 || bk == 4) && bv == bk && G == 128 && D == 128 && gq <= 2; }
 
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
@@ -739,7 +749,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead. With
     // the rings primed before the operand builds (below), KPF 5 against 3, alternated twice: B = 32 901..918 -> 886..888,
     // 128K 3256 -> 3174, B = 8 128K 891 -> 861, B = 8 32K -1% (KPF 4: 905..915, KPF 6: 898..919; VPF 3 +7%)
-    constexpr int KPF = 5, VPF = 2;
+    // 4-bit (IM): a tile is 4 uint2 per lane, so 3 register sets; values by tiles of 16 positions (VPF4 sets, below)
+    constexpr int KPF = BK == 4 ? 3 : 5, VPF = 2, KX = BK == 4 ? 4 : 2;
     float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
     float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
@@ -757,12 +768,12 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // scores the contiguous tiles [tb, te)
     const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16;
     const int tb = warp * ((ntile + NWF - 1) / NWF), te = min(ntile, tb + (ntile + NWF - 1) / NWF);
-    [[maybe_unused]] const uint2 *kq2 = (const uint2 *)(kc + (size_t)t * 16 + 2 * g) + (size_t)tb * 64;
-    [[maybe_unused]] uint2 XK[KPF][2];
-    auto kload = [&](uint2 (&x)[2]) {
-        x[0] = __ldcs(kq2);
-        x[1] = __ldcs(kq2 + 32);
-        kq2 += 64;
+    [[maybe_unused]] const uint2 *kq2 = (const uint2 *)(kc + (size_t)t * 16 + 2 * g) + (size_t)tb * 32 * KX;
+    [[maybe_unused]] uint2 XK[KPF][KX];
+    auto kload = [&](uint2 (&x)[KX]) { // words t + 4k of positions 2g, 2g + 1 (word W of a tile at 16 W)
+#pragma unroll
+        for (int k = 0; k < KX; k++) x[k] = __ldcs(kq2 + 32 * k);
+        kq2 += 32 * KX;
     };
     if constexpr (IM) ring_prologue(XK, tb, te, kload);
     for (int i = tid; i < GQ * D; i += NTF) {
@@ -783,14 +794,17 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             const int t2 = tid + k * NTF;
             vz[k] = t2 < n ? __ldg(&vsb[t2]).y : 0.f;
         }
-        // integer key operands, a warp per group γ of the chunk: x = q_{j,c}·s_{γ,c}·4^-m as fixed-point integers
+        // integer key operands, a warp per group γ of the chunk: x = q_{j,c}·s_{γ,c}·e as fixed-point integers
         // X = rint(x·F_γ), F_γ = pow2_scale(max |q·s|, 30, 126) (1/F_γ in kinv), split into four signed bytes (balanced
-        // digits, X = Σ_d 256^d·digit_d), one B column each; Σ q·min per head (kbias). Lane = 8m + 2t + hf builds
-        // register hf (b0, b1) of k-step m for lane t: channels 16 (4 hf + t) + 4b + m, b = byte (the A bytes there
-        // are code·4^m: field m of byte b of word 4 hf + t, KVCACHE.md "Code words"). B fragments [γ][m][column][t]
+        // digits, X = Σ_d 256^d·digit_d), one B column each; Σ q·min per head (kbias). Lane = 8ks + 2t + hf builds
+        // register hf (b0, b1) of k-step ks for lane t, b = byte (KVCACHE.md "Code words"): 2-bit, field m = ks of
+        // byte b of word 4 hf + t, channel 16 (4 hf + t) + 4b + m, A bytes code·4^m, e = 4^-m; 4-bit, nibble
+        // m = ks & 1 of byte b of word 8 (ks >> 1) + 4 hf + t, channel 8 (8 (ks >> 1) + 4 hf + t) + 2b + m, A bytes
+        // code·16^m, e = 16^-m. B fragments [γ][ks][column][t]
         uint32_t *bw = (uint32_t *)bfr;
-        const int m = lane >> 3, tt = (lane >> 1) & 3, hf = lane & 1;
-        const float e4 = m == 0 ? 1.f : m == 1 ? 0.25f : m == 2 ? 0.0625f : 0.015625f;
+        const int ks = lane >> 3, tt = (lane >> 1) & 3, hf = lane & 1;
+        const int m = BK == 4 ? ks & 1 : ks, cw = BK == 4 ? 8 * (8 * (ks >> 1) + 4 * hf + tt) + m : 16 * (4 * hf + tt) + m;
+        const float e4 = BK == 4 ? (m ? 0.0625f : 1.f) : m == 0 ? 1.f : m == 1 ? 0.25f : m == 2 ? 0.0625f : 0.015625f;
         for (int gi = warp; gi < ngc; gi += NWF) {
             int ch[4];
             float2 z[4];
@@ -799,7 +813,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             for (int j = 0; j < GQ; j++) pb[j] = 0.f;
 #pragma unroll
             for (int b = 0; b < 4; b++) {
-                ch[b] = 16 * (4 * hf + tt) + 4 * b + m;
+                ch[b] = cw + (BK == 4 ? 2 : 4) * b;
                 z[b] = __ldg(&ksb[(size_t)gi * C + ch[b]]);
 #pragma unroll
                 for (int j = 0; j < GQ; j++) {
@@ -826,7 +840,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                     w[3] |= (uint32_t)(X & 0xff) << (8 * b); // |X| <= 65 now
                 }
 #pragma unroll
-                for (int d = 0; d < 4; d++) bw[(((gi * 4 + m) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
+                for (int d = 0; d < 4; d++) bw[(((gi * 4 + ks) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
                 for (int o = 16; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
                 if (lane == 0) kbias[gi * GQ + j] = pb[j];
             }
@@ -932,8 +946,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             const int gi = tile >> LG;
             if constexpr (IM) {
                 // 4 k-steps of 32 channels: A = field m of the lane's words t (a0, a1) and 4 + t (a2, a3) of positions
-                // 2g (row g) and 2g + 1 (row g + 8) as bytes code·4^m, one AND each; the group's B fragments (digits of
-                // q·s·4^-m) stay in bc (b0, b1 of k-step m in bc[m]) with the group's bias and 1/F_γ. Columns 2t, 2t + 1:
+                // 2g (row g) and 2g + 1 (row g + 8) as bytes code·4^m, one AND each (4-bit: nibble k & 1 of words
+                // 8 (k >> 1) + t and 8 (k >> 1) + 4 + t, code·16^(k & 1)); the group's B fragments (digits of q·s·e)
+                // stay in bc (b0, b1 of k-step k in bc[k]) with the group's bias and 1/F_γ. Columns 2t, 2t + 1:
                 // digits 0, 1 (t even) or 2, 3 (t odd) of head t / 2, combined in s32 as 256·c1 + c0 and then in fp32
                 if (gi != cgi) {
                     cgi = gi;
@@ -947,8 +962,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 int acc[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const uint32_t M = 0x03030303u << (2 * k);
-                    kvq_imma_us(acc, X[0].x & M, X[0].y & M, X[1].x & M, X[1].y & M, bc[k].x, bc[k].y);
+                    const int x0 = BK == 4 ? 2 * (k >> 1) : 0;
+                    const uint32_t M = BK == 4 ? 0x0F0F0F0Fu << (4 * (k & 1)) : 0x03030303u << (2 * k);
+                    kvq_imma_us(acc, X[x0].x & M, X[x0].y & M, X[x0 + 1].x & M, X[x0 + 1].y & M, bc[k].x, bc[k].y);
                 }
                 const int y0 = acc[1] * 256 + acc[0], y1 = acc[3] * 256 + acc[2]; // |.| < 2^30
                 const int u0 = __shfl_xor_sync(0xffffffffu, y0, 1), u1 = __shfl_xor_sync(0xffffffffu, y1, 1); // digits 2, 3
@@ -994,10 +1010,12 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             }
         };
         if constexpr (IM) {
-            // KPF register sets used in turn (KPF - 1 tiles ahead); head_dim 128 at 2 bits: kw = 8, so one pointer and
-            // compile-time offsets (words t and 4 + t of positions 2g, 2g + 1; 64 uint2 per tile)
-            auto kuse = [&](const uint2 (&x)[2], int i) {
-                const uint2 x4[XM] = {x[0], x[1]};
+            // KPF register sets used in turn (KPF - 1 tiles ahead); head_dim 128: kw = 8 (2-bit) or 16, so one pointer and
+            // compile-time offsets (words t + 4k of positions 2g, 2g + 1; 32·KX uint2 per tile)
+            auto kuse = [&](const uint2 (&x)[KX], int i) {
+                uint2 x4[XM];
+#pragma unroll
+                for (int k = 0; k < XM; k++) x4[k] = k < KX ? x[k] : make_uint2(0u, 0u);
                 score(x4, i);
             };
             ring_loop(XK, tb, te, kload, kuse);
@@ -1042,7 +1060,19 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         kl++;
     };
     [[maybe_unused]] uint32_t XV[VPF][8];
-    if constexpr (IM) ring_prologue(XV, vkb, vke, vload);
+    // 4-bit: tiles [vtb, vte) of 16 positions, lane 4g + t loading words 2g, 2g + 1 (one uint2) of positions 4r + t
+    // (each load's 32 lanes read 256 contiguous bytes); VPF4 register sets used in turn
+    constexpr int VPF4 = 3;
+    [[maybe_unused]] const int vtb = 2 * vkb, vte = min(ntile, 2 * vke);
+    [[maybe_unused]] const uint2 *lp4 = (const uint2 *)(p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 16 * vtb) * 16) + g;
+    auto vload4 = [&](uint2 (&w)[4]) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) w[r] = __ldcs(lp4 + 32 * r);
+        lp4 += 128;
+    };
+    [[maybe_unused]] uint2 XV4[VPF4][4];
+    if constexpr (IM && BV == 4) ring_prologue(XV4, vtb, vte, vload4);
+    else if constexpr (IM) ring_prologue(XV, vkb, vke, vload);
 
     // ---- value statistics per group: max s (the operands' scale fv = pow2_scale(max s), as p <= 1) and the bias
     // Σ p·min, warp sums then shared atomics (IM: max s before, Σ p·min with the operands below)
@@ -1174,8 +1204,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // transpose (8 PRMT) makes T_i = byte i of those 4 words, and field f of T_i (one AND) is the A register of
         // channel 16g + 4i + f over the 4 positions, as code·4^f: m-tile m, row g = channel 16g + 4(m/2) + 2(m%2), row
         // g + 8 the next channel. The s32 sums stay exact over the whole chunk (|Σ| <= 192·255·chunk/warps < 2^31
-        // for chunks up to 2^16), scaled once at the end: 256^-d for digit d (column 4j + d) into the stage, 4^-f
-        // and 1/F_v in the output loop
+        // for chunks up to 2^16; 4-bit: 240·255·chunk/warps), scaled once at the end: 256^-d for digit d (column
+        // 4j + d) into the stage, 4^-f (4-bit: 16^-f) and 1/F_v in the output loop
         // head_dim 128 at 2 bits: 8 words per position, so one pointer per lane and compile-time offsets; VPF register
         // sets used in turn (VPF - 1 k-steps ahead)
         int acc[8][4];
@@ -1201,13 +1231,32 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 kvq_imma_uu(acc[m], T[i] & M0, T[i] & M1, T[4 + i] & M0, T[4 + i] & M1, b.x, b.y);
             }
         };
-        ring_loop(XV, vkb, vke, vload, kstep);
+        // 4-bit: per tile of 16 positions, mma.m16n8k16 (b0 of the k-step's B fragment for its first tile, b1 for the
+        // second); the byte transpose of words 2g (hw 0) and 2g + 1 (hw 1) gives T_i = byte i over the 4 positions, and
+        // its low / high nibbles (one AND each) are the A registers of m-tile 4 hw + i: row g = channel 16g + 8hw + 2i
+        // (code), row g + 8 = the next channel (code·16)
+        auto tile4 = [&](const uint2 (&w)[4], int kt) {
+            const uint32_t b = g < NCV ? ((const uint32_t *)bfr)[(((kt >> 1) * NCV + g) * 4 + t) * 2 + (kt & 1)] : 0u;
+#pragma unroll
+            for (int hw = 0; hw < 2; hw++) {
+                const uint32_t x0 = hw ? w[0].y : w[0].x, x1 = hw ? w[1].y : w[1].x, x2 = hw ? w[2].y : w[2].x, x3 = hw ? w[3].y : w[3].x;
+                const uint32_t p01 = __byte_perm(x0, x1, 0x5140), q01 = __byte_perm(x0, x1, 0x7362);
+                const uint32_t p23 = __byte_perm(x2, x3, 0x5140), q23 = __byte_perm(x2, x3, 0x7362);
+                const uint32_t T[4] = {__byte_perm(p01, p23, 0x5410), __byte_perm(p01, p23, 0x7632), __byte_perm(q01, q23, 0x5410),
+                                       __byte_perm(q01, q23, 0x7632)};
+#pragma unroll
+                for (int i = 0; i < 4; i++) kvq_imma16_uu(acc[4 * hw + i], T[i] & 0x0F0F0F0Fu, T[i] & 0xF0F0F0F0u, b);
+            }
+        };
+        if constexpr (BV == 4) ring_loop(XV4, vtb, vte, vload4, tile4);
+        else ring_loop(XV, vkb, vke, vload, kstep);
         // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
 #pragma unroll
         for (int m = 0; m < 8; m++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int col = 2 * t + (c & 1), dg = col & 3, ch = 16 * g + 4 * (m >> 1) + 2 * (m & 1) + (c >> 1);
+                const int col = 2 * t + (c & 1), dg = col & 3;
+                const int ch = BV == 4 ? 16 * g + 2 * m + (c >> 1) : 16 * g + 4 * (m >> 1) + 2 * (m & 1) + (c >> 1);
                 if (col < NCV) stage[(warp * NCV + col) * D + ch] = (float)acc[m][c] * (dg == 0 ? 1.f : dg == 1 ? 0x1p-8f : dg == 2 ? 0x1p-16f : 0x1p-24f);
             }
     } else {
@@ -1336,15 +1385,16 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         const int j = i / (D + 2), d = i % (D + 2);
         float v;
         if (d < 2) v = stat[d * GQ + j];
-        else if (IM) { // channel d - 2: field (d - 2) % 4 of its byte, so the A operands were code·4^((d - 2) % 4)
+        else if (IM) { // channel d - 2: field (d - 2) % 4 of its byte, so the A operands were code·4^((d - 2) % 4) (4-bit:
+            // nibble (d - 2) % 2, code·16^((d - 2) % 2))
             const int ch = d - 2;
             float x = 0.f;
 #pragma unroll
             for (int w = 0; w < NWF; w++)
 #pragma unroll
                 for (int dg = 0; dg < 4; dg++) x += stage[(w * NCV + 4 * j + dg) * D + ch];
-            const int f = ch & 3;
-            v = fmaf(x, vinv[0] * (f == 0 ? 1.f : f == 1 ? 0.25f : f == 2 ? 0.0625f : 0.015625f), vbias[j]);
+            const int f = BV == 4 ? ch & 1 : ch & 3;
+            v = fmaf(x, vinv[0] * (BV == 4 ? (f ? 0.0625f : 1.f) : f == 0 ? 1.f : f == 1 ? 0.25f : f == 2 ? 0.0625f : 0.015625f), vbias[j]);
         } else {
             v = vbias[((d - 2) / G) * GQ + j];
             const int P = (d - 2) >> 1, rem = P % (G / 2), slot = P - rem + (rem % PPL) * 8 + rem / PPL; // the flush's slot

@@ -126,6 +126,20 @@ template <bool BS> inline void kvq_imma(int (&c)[4], uint32_t a0, uint32_t a1, u
 }
 inline void kvq_imma_us(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) { kvq_imma<true>(c, a0, a1, a2, a3, b0, b1); }
 inline void kvq_imma_uu(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) { kvq_imma<false>(c, a0, a1, a2, a3, b0, b1); }
+// mma.m16n8k16 s32 += u8·u8 (exact): A register i of lane 4g + t holds row g + 8 i, columns 4t + byte; B register 0 rows
+// 4t + byte of column g
+inline void kvq_imma16_uu(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    emu_mma(c, {a0, a1, 0u, 0u, b0, 0u}, [](int c0, int row, int col, const uint32_t *m) {
+        int64_t s = c0;
+        for (int k = 0; k < 16; k++) {
+            const int64_t a = (uint8_t)(m[((row & 7) * 4 + k / 4) * 6 + (row >> 3)] >> (8 * (k & 3)));
+            s += a * (int64_t)(uint8_t)(m[(col * 4 + k / 4) * 6 + 4] >> (8 * (k & 3)));
+        }
+        if (s > INT32_MAX || s < INT32_MIN) abort();
+        return (int)s;
+    });
+}
 inline int __shfl_xor_sync(unsigned, int v, int off)
 {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;

@@ -297,8 +297,8 @@ int main(int argc, char **argv)
     //       B  H  D   g  kb vb  G   R   post  sink NT
     run_kivi(2, 2, 128, 1, 2, 2, 32, 128, true, 0, 900, l3, quick ? 3 : 4, 132, "kivi llama-like 2/2 g32");
     run_kivi(1, 3, 64, 3, 4, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 132, "kivi smollm 4/4 gqa3");
-    /* the benchmark's k2gD / k4gD kernels: equal key and value bits at G = 128 (2/2 with one query head per block: the
-     * integer path; 4/4: fragments held in registers, 6 blocks per SM) */
+    /* the benchmark's k2gD / k4gD kernels: equal key and value bits at G = 128, one query head per block: the integer
+     * path (2/2: 2-bit fields, 7 blocks per SM; 4/4: nibbles, P·V in mma.m16n8k16 per tile, 6 blocks per SM) */
     run_kivi(1, 2, 128, 1, 2, 2, 128, 128, true, 0, 900, l3 + 2, 2, 132, "kivi llama-like 2/2 g128"); // lengths 333, 900:
     run_kivi(1, 2, 128, 1, 4, 4, 128, 128, true, 0, 900, l3 + 2, 2, 4, "kivi llama-like 4/4 g128");   // kivi_fast runs
     /* 2/2 at G = 128 on the fp16 path (4 query heads per block: past imma_path), where the 2-bit values' nibble lies 4
@@ -307,6 +307,9 @@ int main(int argc, char **argv)
     /* the integer tensor-core path (kv::imma_path: 2/2, G = head_dim = 128) with 2 query heads per block (8 key and 8
      * value B columns), a sink token and sequences 45 positions apart */
     run_kivi(3, 1, 128, 2, 2, 2, 128, 128, true, 1, 900, l3 + 2, 2, 8, "kivi 2/2 g128 gqa2 uneven", 45);
+    run_kivi(3, 1, 128, 2, 4, 4, 128, 128, true, 1, 900, l3 + 2, 2, 8, "kivi 4/4 g128 gqa2 uneven", 45);
+    /* 4/4 at G = 128 with 4 query heads per block: the fp16 path */
+    run_kivi(1, 1, 128, 4, 4, 4, 128, 128, true, 0, 900, l3 + 2, 2, 8, "kivi 4/4 g128 gqa4 fp16 path");
     run_kivi(1, 1, 128, 5, 2, 4, 128, 128, true, 0, 900, l3, quick ? 3 : 4, 4, "kivi g128 2/4 gqa5");
     run_kivi(1, 2, 48, 2, 4, 2, 16, 32, true, 2, 900, l3, quick ? 2 : 4, 4, "kivi d48 g16 4/2");
     run_kivi(1, 1, 256, 4, 4, 4, 64, 0, true, 0, 700, l3, quick ? 2 : 4, 4, "kivi d256 g64 r0 4/4");
@@ -322,11 +325,13 @@ int main(int argc, char **argv)
      * (the operands' power-of-two scaling; without it this case drifted to 2e-5..6e-5) */
     const size_t l4[] = {2625};
     run_kivi(1, 1, 64, 1, 4, 4, 32, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk 4/4");
-    /* more than 8 k-tiles per warp (the P·V flush blocks and the prefetch across them) at groups 128 and 16 */
-    run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 4/4");
+    /* more than 8 k-tiles per warp (the P·V flush blocks and the prefetch across them) at groups 128 (4 query heads per
+     * block: the fp16 path) and 16 */
+    run_kivi(1, 1, 128, 4, 4, 4, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 4/4 gqa4");
     if (!quick) run_kivi(1, 1, 32, 1, 2, 2, 16, 16, true, 0, 2700, l4, 1, 132, "kivi long chunk g16 2/2");
     /* ... and on the integer path: ~650 positions per warp, the s32 sums exact over all of them */
     run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 2/2");
+    run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 4/4");
     /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
     // one SM: 12 rows >= 4 per SM, so combine_par (the 128-thread merge) instead of combine_par_wide
@@ -335,6 +340,7 @@ int main(int argc, char **argv)
     const size_t l5[] = {333};
     run_kivi(1, 1, 64, 1, 2, 2, 32, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries", 0, 1e-36f);
     run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 400, l5, 1, 8, "kivi tiny queries g128 2/2", 0, 1e-36f); // imma_scale clamps
+    run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 400, l5, 1, 8, "kivi tiny queries g128 4/4", 0, 1e-36f);
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
     /* the summary line scripts/run_tests.sh reads (the format of Check's) */
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,
