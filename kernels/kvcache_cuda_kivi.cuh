@@ -692,6 +692,17 @@ __device__ __forceinline__ float pow2_scale(float m, int top = 14, int lim = 100
     return ldexpf(1.f, max(-lim, min(lim, top - e)));
 }
 
+// 4 x 4 byte transpose: byte r of t[i] = byte i of x[r] (8 PRMT)
+__device__ __forceinline__ void byte_transpose(const uint32_t *x, uint32_t (&t)[4])
+{
+    const uint32_t p01 = __byte_perm(x[0], x[1], 0x5140), q01 = __byte_perm(x[0], x[1], 0x7362);
+    const uint32_t p23 = __byte_perm(x[2], x[3], 0x5140), q23 = __byte_perm(x[2], x[3], 0x7362);
+    t[0] = __byte_perm(p01, p23, 0x5410);
+    t[1] = __byte_perm(p01, p23, 0x7632);
+    t[2] = __byte_perm(q01, q23, 0x5410);
+    t[3] = __byte_perm(q01, q23, 0x7632);
+}
+
 // steps [b, e) over NS register sets used in turn, no copies: set u % NS is loaded (load(set)) NS - 1 steps before
 // step u uses it (use(set, u)); loads and uses each in step order. ring_prologue loads the first NS - 1 sets (it may run
 // well before ring_loop, so those loads overlap other work), ring_loop the steps
@@ -827,18 +838,13 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             if (lane == 0) kinv[gi] = mx < INFINITY ? 1.f / F : NAN; // non-finite q·s: NaN scores, as on the fp16 path
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
-                uint32_t w[4] = {0u, 0u, 0u, 0u};
+                // channel b's balanced digits as the bytes of one word: X = Σ_d 256^d·s_d with s_0..s_2 in [-128, 128) and
+                // s_3 = the rest (|X| < 2^30: |s_3| <= 64); X + 0x808080 has bytes s_d + 128 (d < 3) and s_3, so the XOR
+                // leaves the bytes s_d mod 256. Then a 4 x 4 byte transpose: w[d] = digit d of channels b = 0..3
+                uint32_t u[4], w[4];
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    int X = __float2int_rn(qv[j * D + ch[b]] * z[b].y * Fm); // |X| < 2^30
-#pragma unroll
-                    for (int d = 0; d < 3; d++) {
-                        const int dg = (int)(signed char)(X & 0xff);
-                        w[d] |= (uint32_t)(dg & 0xff) << (8 * b);
-                        X = (X - dg) >> 8; // exact: X - dg is a multiple of 256
-                    }
-                    w[3] |= (uint32_t)(X & 0xff) << (8 * b); // |X| <= 65 now
-                }
+                for (int b = 0; b < 4; b++) u[b] = (uint32_t)(__float2int_rn(qv[j * D + ch[b]] * z[b].y * Fm) + 0x808080) ^ 0x808080u;
+                byte_transpose(u, w);
 #pragma unroll
                 for (int d = 0; d < 4; d++) bw[(((gi * 4 + ks) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
                 for (int o = 16; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
@@ -1118,7 +1124,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     __syncthreads();
     if constexpr (IM) {
         // integer value operands over the key fragments: x = p·s·F_v, F_v = pow2_scale(max s, 8, 126) (x < 256 as p <= 1 and
-        // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d, to 2^-25 absolute (three bytes, 2^-17, were
+        // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d (the bytes of rint(x·2^24)), to 2^-25 absolute (three bytes, 2^-17, were
         // not enough: Σ p·s·code and Σ p·min nearly cancel, and the emulator's Llama-like 2/2 checks reached 1.4e-5
         // relative against ~1e-6 on the fp16 path). A thread per (k-step kp of 32 positions, t): b0 = rows 4t..4t+3
         // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
@@ -1137,23 +1143,21 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             }
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
-                uint32_t w[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+                // x·2^24 rounded to an unsigned integer (x < 256: no overflow) has the digits as its bytes, the integer part
+                // (digit 0) in byte 3; a 4 x 4 byte transpose per tile gives w[.][3 - d] = digit d of the 4 positions
+                uint32_t u[8], w[2][4];
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
                     const float pp = pa < n ? expf(sc[j * p.chunk + pa] - mc[j]) : 0.f;
                     ls[j] += pp;
                     pz[j] = fmaf(pp, zs[k].x, pz[j]);
-                    float x = pp * (zs[k].y * Fv);
-#pragma unroll
-                    for (int d = 0; d < 4; d++) { // the byte, then the rest · 256 (exact)
-                        const int dg = d < 3 ? __float2int_rz(x) : min(255, __float2int_rn(x));
-                        w[k >> 2][d] |= (uint32_t)(dg & 0xff) << (8 * (k & 3));
-                        x = (x - (float)dg) * 256.f;
-                    }
+                    u[k] = __float2uint_rn(pp * (zs[k].y * Fv) * 16777216.f);
                 }
+                byte_transpose(u, w[0]);
+                byte_transpose(u + 4, w[1]);
 #pragma unroll
-                for (int d = 0; d < 4; d++) bfr[(kp * NCV + 4 * j + d) * 4 + tt] = make_uint2(w[0][d], w[1][d]);
+                for (int d = 0; d < 4; d++) bfr[(kp * NCV + 4 * j + d) * 4 + tt] = make_uint2(w[0][3 - d], w[1][3 - d]);
             }
         }
 #pragma unroll
@@ -1213,22 +1217,14 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         for (int m = 0; m < 8; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0;
         auto kstep = [&](const uint32_t (&w)[8], int kp) {
             const uint2 b = g < NCV ? bfr[(kp * NCV + g) * 4 + t] : make_uint2(0u, 0u);
-            uint32_t T[8]; // T[i] (first tile), T[4 + i] (second): byte r = byte i of position 4r + t's word
-#pragma unroll
-            for (int hb = 0; hb < 2; hb++) {
-                const uint32_t *x = w + 4 * hb;
-                const uint32_t p01 = __byte_perm(x[0], x[1], 0x5140), q01 = __byte_perm(x[0], x[1], 0x7362);
-                const uint32_t p23 = __byte_perm(x[2], x[3], 0x5140), q23 = __byte_perm(x[2], x[3], 0x7362);
-                T[4 * hb + 0] = __byte_perm(p01, p23, 0x5410);
-                T[4 * hb + 1] = __byte_perm(p01, p23, 0x7632);
-                T[4 * hb + 2] = __byte_perm(q01, q23, 0x5410);
-                T[4 * hb + 3] = __byte_perm(q01, q23, 0x7632);
-            }
+            uint32_t T[2][4]; // T[0][i] (first tile), T[1][i] (second): byte r = byte i of position 4r + t's word
+            byte_transpose(w, T[0]);
+            byte_transpose(w + 4, T[1]);
 #pragma unroll
             for (int m = 0; m < 8; m++) {
                 const int i = m >> 1, f = 2 * (m & 1);
                 const uint32_t M0 = 0x03030303u << (2 * f), M1 = M0 << 2;
-                kvq_imma_uu(acc[m], T[i] & M0, T[i] & M1, T[4 + i] & M0, T[4 + i] & M1, b.x, b.y);
+                kvq_imma_uu(acc[m], T[0][i] & M0, T[0][i] & M1, T[1][i] & M0, T[1][i] & M1, b.x, b.y);
             }
         };
         // 4-bit: per tile of 16 positions, mma.m16n8k16 (b0 of the k-step's B fragment for its first tile, b1 for the
@@ -1239,11 +1235,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             const uint32_t b = g < NCV ? ((const uint32_t *)bfr)[(((kt >> 1) * NCV + g) * 4 + t) * 2 + (kt & 1)] : 0u;
 #pragma unroll
             for (int hw = 0; hw < 2; hw++) {
-                const uint32_t x0 = hw ? w[0].y : w[0].x, x1 = hw ? w[1].y : w[1].x, x2 = hw ? w[2].y : w[2].x, x3 = hw ? w[3].y : w[3].x;
-                const uint32_t p01 = __byte_perm(x0, x1, 0x5140), q01 = __byte_perm(x0, x1, 0x7362);
-                const uint32_t p23 = __byte_perm(x2, x3, 0x5140), q23 = __byte_perm(x2, x3, 0x7362);
-                const uint32_t T[4] = {__byte_perm(p01, p23, 0x5410), __byte_perm(p01, p23, 0x7632), __byte_perm(q01, q23, 0x5410),
-                                       __byte_perm(q01, q23, 0x7632)};
+                const uint32_t x[4] = {hw ? w[0].y : w[0].x, hw ? w[1].y : w[1].x, hw ? w[2].y : w[2].x, hw ? w[3].y : w[3].x};
+                uint32_t T[4];
+                byte_transpose(x, T);
 #pragma unroll
                 for (int i = 0; i < 4; i++) kvq_imma16_uu(acc[4 * hw + i], T[i] & 0x0F0F0F0Fu, T[i] & 0xF0F0F0F0u, b);
             }

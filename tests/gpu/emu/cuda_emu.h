@@ -159,6 +159,13 @@ inline int emu_f2i(float x, bool rn)
 }
 inline int __float2int_rn(float x) { return emu_f2i(x, true); }
 inline int __float2int_rz(float x) { return emu_f2i(x, false); }
+// cvt.rni.u32.f32: round to nearest even, saturating to [0, 2^32 - 1], NaN -> 0
+inline unsigned __float2uint_rn(float x)
+{
+    if (x != x) return 0u;
+    const double r = std::nearbyint((double)x);
+    return r >= 4294967295.0 ? 0xffffffffu : r <= 0.0 ? 0u : (unsigned)r;
+}
 inline uint32_t kvq_andor(uint32_t x, uint32_t m, uint32_t c) { return (x & m) | c; }
 // fma.rn.f16x2: per half, a·b + c rounded once to fp16 (exact in double for fp16 inputs)
 inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
