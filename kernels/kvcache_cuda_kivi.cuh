@@ -1124,9 +1124,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     __syncthreads();
     if constexpr (IM) {
         // integer value operands over the key fragments: x = p·s·F_v, F_v = pow2_scale(max s, 8, 126) (x < 256 as p <= 1 and
-        // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d (the bytes of rint(x·2^24)), to 2^-25 absolute (three bytes, 2^-17, were
-        // not enough: Σ p·s·code and Σ p·min nearly cancel, and the emulator's Llama-like 2/2 checks reached 1.4e-5
-        // relative against ~1e-6 on the fp16 path). A thread per (k-step kp of 32 positions, t): b0 = rows 4t..4t+3
+        // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d (the bytes of rint(x·2^24)), to 2^-25
+        // absolute (three bytes, 2^-17, were not enough: Σ p·s·code and Σ p·min nearly cancel, and the emulator's
+        // Llama-like 2/2 checks reached 1.4e-5 relative against ~1e-6 on the fp16 path). A thread per (k-step kp of 32 positions, t): b0 = rows 4t..4t+3
         // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
         // Positions past n (the last k-step's second tile) get 0
         const float Fv = pow2_scale(__int_as_float(vmx[0]), 8, 126);
