@@ -161,13 +161,13 @@ __host__ __device__ inline int combine_slots(size_t nslots, size_t n_exact) { re
 // kernel. (Session 8: the per-thread-loop combine kernel took 14.6 µs for 19 slots at Llama heads B = 32 and 17.7 µs
 // for 32 at B = 1; H200.)
 constexpr int COMBINE_SMEM = 256 + 32 + 256;
-__device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
+// the statistics half of a combine (combine_one, kivi's combine_wide), all nt threads of the block: M = the largest
+// slot maximum m_i (through red[32]), then per tile of TS slots the weights e^{m_i − M} into wt[TS] (0 for empty
+// slots), L += w·l_i over the thread's slots, and accumulate(i0, ni) once the tile's weights are in place. Returns M
+template <int TS, class F>
+__device__ __forceinline__ float combine_tiles(const float *pp, int nuse, size_t st, int nt, float *wt, float *red, float &L, F &&accumulate)
 {
-    constexpr int TS = 256;
-    float *wt = sm, *red = sm + TS, *ss = red + 32; // weights [256], reduction [32], slice sums [nsl·D <= 256]
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nt + 31) >> 5;
-    const int nsl = 2 * D <= nt && D * (nt / D) <= 256 ? nt / D : 1, q = nsl > 1 ? tid / D : 0, d0 = nsl > 1 ? tid % D : tid;
-    const size_t st = (size_t)D + 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = (nt + 31) >> 5;
     float M = -INFINITY;
     for (int i = tid; i < nuse; i += nt) M = fmaxf(M, __ldcg(pp + i * st));
     for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
@@ -175,7 +175,6 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
     __syncthreads();
     M = red[0];
     for (int w = 1; w < nw; w++) M = fmaxf(M, red[w]);
-    float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int i0 = 0; i0 < nuse; i0 += TS) {
         const int ni = min(TS, nuse - i0);
         __syncthreads(); // red read, the previous tile's weights used
@@ -186,6 +185,19 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
             L = w != 0.f ? fmaf(w, __ldcg(pp + (i0 + i) * st + 1), L) : L;
         }
         __syncthreads();
+        accumulate(i0, ni);
+    }
+    return M;
+}
+__device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
+{
+    constexpr int TS = 256;
+    float *wt = sm, *red = sm + TS, *ss = red + 32; // weights [256], reduction [32], slice sums [nsl·D <= 256]
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nt + 31) >> 5;
+    const int nsl = 2 * D <= nt && D * (nt / D) <= 256 ? nt / D : 1, q = nsl > 1 ? tid / D : 0, d0 = nsl > 1 ? tid % D : tid;
+    const size_t st = (size_t)D + 2;
+    float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const float M = combine_tiles<TS>(pp, nuse, st, nt, wt, red, L, [&](int i0, int ni) {
         if (q < nsl) {
 #pragma unroll 8
             for (int i = q; i < ni; i += nsl) {
@@ -198,7 +210,7 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
                     }
             }
         }
-    }
+    });
     for (int k = 16; k; k >>= 1) L += __shfl_xor_sync(0xffffffffu, L, k);
     __syncthreads();
     if (lane == 0) red[warp] = L;

@@ -465,33 +465,17 @@ __host__ __device__ inline size_t combine_wide_smem(int D) { return (size_t)CW_T
 __host__ __device__ inline bool combine_use_wide(size_t rows, size_t n_sm) { return rows < 4 * n_sm; }
 // combine_one with the slots spread over warps: warp w takes slots w, w + 16, ... of each tile of CW_TS, lane l the
 // dims l, l + 32, ... (coalesced 128-byte rows), 4 slots' loads in flight per lane, then the 16 warps' sums added
-// through shared memory; the statistics as combine_one (all threads at once). The same sums in another order
+// through shared memory; the statistics by combine_tiles, as combine_one. The same sums in another order
 __device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *sm)
 {
     constexpr int NW = CW_NT / 32, SU = 4; // warps, slots per batch
     float *wt = sm, *red = sm + CW_TS, *ws = red + 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, KD = (D + 31) >> 5;
     const size_t st = (size_t)D + 2;
-    float M = -INFINITY;
-    for (int i = tid; i < nuse; i += CW_NT) M = fmaxf(M, __ldcg(pp + i * st));
-    for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
-    if (lane == 0) red[warp] = M;
-    __syncthreads();
-    M = red[0];
-    for (int w = 1; w < NW; w++) M = fmaxf(M, red[w]);
     float L = 0.f, acc[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) acc[k] = 0.f;
-    for (int i0 = 0; i0 < nuse; i0 += CW_TS) {
-        const int ni = min(CW_TS, nuse - i0);
-        __syncthreads(); // red read, the previous tile's weights used
-        for (int i = tid; i < ni; i += CW_NT) {
-            const float m = __ldcg(pp + (i0 + i) * st);
-            const float w = m == -INFINITY ? 0.f : expf(m - M);
-            wt[i] = w;
-            L = w != 0.f ? fmaf(w, __ldcg(pp + (i0 + i) * st + 1), L) : L;
-        }
-        __syncthreads();
+    const float M = combine_tiles<CW_TS>(pp, nuse, st, CW_NT, wt, red, L, [&](int i0, int ni) {
         for (int i = warp; i < ni; i += NW * SU) {
             float x[SU][8];
 #pragma unroll
@@ -509,7 +493,7 @@ __device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *
                 for (int k = 0; k < 8; k++) acc[k] = w != 0.f ? fmaf(w, x[u][k], acc[k]) : acc[k];
             }
         }
-    }
+    });
     for (int k = 16; k; k >>= 1) L += __shfl_xor_sync(0xffffffffu, L, k);
     __syncthreads();
     if (lane == 0) red[warp] = L;
