@@ -1337,17 +1337,24 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
         if (nq - qf > maxrest) maxrest = nq - qf;
     }
     int gq = 1, qgroups = gg;
-    size_t fchunk = 0, fsplits = 0;
+    size_t fchunk = 0, fsplits = 0, fslots = 0;
+    kv::FastPlan fp = {0, 0, 0, 0};
     if (fast && maxqf) {
         gq = choose_gq(gg, 4, 4);
         qgroups = (gg + gq - 1) / gq;
-        kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, g->k_bits, g->v_bits, SMEM_MAX, &fchunk, &fsplits);
+        kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, g->k_bits, g->v_bits, SMEM_MAX, &fchunk, &fsplits, &fslots);
+        fp = max_splits ? kv::fast_split(maxqf, fchunk, 0, 0) : kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots);
+        fsplits = fp.splits;
+        if (fsplits > 65535 || B > 65535)
+            return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: %zu sequences in %zu splits of %zu positions exceed a launch (65535 each)", B,
+                            fsplits, fchunk);
     }
     size_t gchunk, gsplits;
     kv::generic_plan(maxrest, B * n_heads, (size_t)c->n_sm, max_splits, &gchunk, &gsplits);
+    if (fsplits) kv::tail_plan(maxrest, B * H * qgroups * fsplits, fslots, (int)D, &gchunk, &gsplits);
     const size_t nslots = fsplits + gsplits + 1;
     KVQ_TRY(ensure_part(c, B * n_heads * nslots * (D + 2), err));
-    const bool side = fsplits != 0; // kivi_generic beside kivi_fast; the tick counters only without it
+    const bool side = fsplits != 0; // kivi_tail beside kivi_fast; the tick counters only without it
     if (!side) KVQ_TRY(ensure_tick(c, B * n_heads, err));
     KivP p;
     memset(&p, 0, sizeof p);
@@ -1364,10 +1371,10 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
         CK(cudaEventRecord(c->ev_fork, 0));
         CK(cudaStreamWaitEvent(c->side, c->ev_fork, 0));
     }
-    if (fsplits) {
-        p.chunk = (int)fchunk;
-        kv::fast_pick(g->k_bits, g->v_bits, gq, lg, kv::fast_nw((int)D))<<<dim3((unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B), kv::fast_threads((int)G),
-                                                       (size_t)kv::fast_smem(gq, (int)D, (int)G, g->k_bits, g->v_bits, (int)fchunk).total * 4>>>(p);
+    if (fsplits) { // grid (query-head groups, sequences, splits): see kivi_fast
+        p.chunk = (int)fp.chunk; p.nlong = (int)fp.nlong; p.chunk2 = (int)fp.chunk2;
+        kv::fast_pick(g->k_bits, g->v_bits, gq, lg, kv::fast_nw((int)D))<<<dim3((unsigned)(H * qgroups), (unsigned)B, (unsigned)fsplits), kv::fast_threads((int)G),
+                                                       (size_t)kv::fast_smem(gq, (int)D, (int)G, g->k_bits, g->v_bits, (int)fp.chunk).total * 4>>>(p);
         CKL();
     }
     exact_launch(c, q, n_heads, scale, nslots);

@@ -61,6 +61,7 @@ struct KivP {
     int *tick;                        // [B][n_heads] kivi_generic's finished splits (0 between decodes)
     const int *len, *kq, *vq, *qf;    // per sequence: positions, quantized key / value positions, kivi_fast's range
     int H, D, G, kb, vb, np, n_heads, g, qgroups, kw, vw, capq, ngk, n_exact, ring, nslots, slot0, chunk, post_rope, use_qf;
+    int nlong, chunk2; // kivi_fast's splits: [0, nlong) of chunk positions each, then splits of chunk2 <= chunk (kv::FastPlan)
     int gchunk; // kivi_generic's chunk
     int nuse;   // partial slots the combine reads (nslots, or nslots - 1 without an exact region)
     float scale;
@@ -622,10 +623,10 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int bk, int 
 // of dynamic shared memory; nq = the longest range [0, qf), per = blocks per split; chunks of at most 2048 positions
 // unless max_splits is set
 inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, int D, int G, int bk, int bv, size_t smem_max,
-                 size_t *chunk_out, size_t *splits_out)
+                 size_t *chunk_out, size_t *splits_out, size_t *slots_out = nullptr)
 {
     const size_t U = 128, nu = nq ? (nq + U - 1) / U : 1, smax = max_splits && max_splits < nu ? max_splits : nu;
-    size_t best = 0, bc = 0;
+    size_t best = 0, bc = 0, bb = 1;
     for (size_t sp = max_splits ? 1 : (nu + 15) / 16; sp <= smax; sp++) { // without max_splits: chunks of <= 16 tiles
         const size_t cu = (nu + sp - 1) / sp, chunk = cu * U, se = (nu + cu - 1) / cu;
         if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
@@ -639,7 +640,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
         const size_t bmax = G >= 32 && per >= 8 ? (size_t)fast_blocks(G, bk, bv) : (size_t)(512 / fast_threads(G));
         if (b > bmax) b = bmax;
         const size_t waves = (per * se + n_sm * b - 1) / (n_sm * b), cost = waves * (cu + 1);
-        if (!best || cost < bc) { best = chunk; bc = cost; }
+        if (!best || cost < bc) { best = chunk; bc = cost; bb = b; }
     }
     if (!best) { // nothing within max_splits fits: the largest chunk that does
         best = nu * U;
@@ -647,7 +648,40 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     }
     *chunk_out = best;
     *splits_out = nq ? (nq + best - 1) / best : 1;
+    if (slots_out) *slots_out = n_sm * bb; // resident blocks of the GPU the plan counted on
 }
+// kivi_fast's splits of [0, nq): nlong splits of chunk positions, then splits - nlong of chunk2 <= chunk (multiples of
+// 128; shared memory for chunk). The grid starts the splits in order, so the short ones start last
+struct FastPlan {
+    size_t chunk, nlong, chunk2, splits;
+};
+// the uniform splits of `chunk` positions with the range's last part cut into nshort splits of chunk2 positions (as far
+// as the range goes)
+inline FastPlan fast_split(size_t nq, size_t chunk, size_t chunk2, size_t nshort)
+{
+    FastPlan f = {chunk, 0, chunk, 0};
+    if (!nq || !chunk2 || chunk2 >= chunk || !nshort) {
+        f.nlong = f.splits = nq ? (nq + chunk - 1) / chunk : 1;
+        return f;
+    }
+    const size_t tail = nshort * chunk2 < nq ? nshort * chunk2 : nq;
+    f.nlong = (nq - tail + chunk - 1) / chunk;
+    f.chunk2 = chunk2;
+    const size_t rest = nq > f.nlong * chunk ? nq - f.nlong * chunk : 0;
+    f.splits = f.nlong + (rest + chunk2 - 1) / chunk2;
+    return f;
+}
+// kivi_fast's plan: kv::plan's chunk, and with more than one wave of blocks (per·splits > slots, plan's resident
+// blocks) the range's last chunk cut in two of half the length (rounded up to 128), started last so that the last
+// wave's blocks finish closer together. H200, k2gD against kv::plan's uniform chunks, same binary and call: Llama
+// heads B = 1 64K 88.5 -> 80.5 µs, B = 8 64K / 128K -1.5 / -0.6%, B = 32 within 0.1%, B = 8 32K and B = 1 128K +0.6%;
+// SmolLM2 heads B = 8 128K -2.8%, B = 32 -0.4..0% (with one wave, SmolLM2 B = 8 32K: +11%, so not there)
+inline FastPlan fast_plan(size_t nq, size_t per, size_t chunk, size_t splits, size_t slots)
+{
+    if (per * splits <= slots || chunk < 256) return fast_split(nq, chunk, 0, 0);
+    return fast_split(nq, chunk, (chunk / 128 + 1) / 2 * 128, 2);
+}
+
 // launch plan for kivi_generic over ranges of at most nq positions, `per` blocks per split: about 8 blocks per SM
 // (4 before session 8), chunks of at most 8192 positions (multiples of 32). With kivi_fast the range is the residual
 // tail (R..2R positions), whose time is mostly the latency of a block, so more, shorter blocks: Llama heads B = 32
@@ -662,6 +696,19 @@ inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, 
     if (chunk > 8192) chunk = 8192;
     *chunk_out = chunk;
     *splits_out = nq ? (nq + chunk - 1) / chunk : 1;
+}
+
+// kivi_tail's plan beside kivi_fast (fblocks blocks, fslots resident at a time): its blocks take SM slots that kivi_fast's
+// would use, so with at least 2 waves of kivi_fast blocks (which hide the tail's latency) and head_dim >= 128 the tail
+// (nq positions per row) in one split per row, else generic_plan's (left in *chunk, *splits). H200, k2gD, one split
+// against generic_plan's, same call: Llama heads B = 8 32K 238.9 -> 232.6 µs, B = 1 128K 137.1 -> 126.6, B = 32 within
+// 0.3%; where kivi_fast is one wave (Llama B = 1 32K, SmolLM2 B = 8 32K) +6% / +13%, SmolLM2 (head_dim 64) B = 32 32K
+// (3.9 waves) +1..+2%
+inline void tail_plan(size_t nq, size_t fblocks, size_t fslots, int D, size_t *chunk, size_t *splits)
+{
+    if (!nq || fblocks < 2 * fslots || D < 128) return;
+    *chunk = (nq + 31) / 32 * 32 < 8192 ? (nq + 31) / 32 * 32 : 8192;
+    *splits = (nq + *chunk - 1) / *chunk;
 }
 
 // 2^S with m·2^S in [2^(top-1), 2^top), S clamped to [-lim, lim] so the factor stays finite (m <= 0 or not finite: 1).
@@ -720,14 +767,19 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     KVQ_DYN_SMEM(float4, sm4);
     float *smf = (float *)sm4;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
+    // grid (H·qgroups, B, splits): blocks start in x-fastest order, so the splits start in order and the short last ones
+    // (kv::fast_plan) last; the blocks that start together read the same key-scale rows ([B][ngk][H·D]). The order's
+    // own effect was not isolated: edits like it move ptxas' schedule of this kernel by up to ±2% (H200;
+    // docs/BENCHMARKS.md, session 14)
+    const int split = blockIdx.z, s = blockIdx.y, h = blockIdx.x / p.qgroups, qg = blockIdx.x % p.qgroups;
     const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
     // NWG: 64-dim word groups per head; a compile-time constant for NW > 0 (fast_nw), which folds the score loop's
     // guards and the dead loads and pointers away. Same call, H200, N = 32K, k2g32 / k4g32 / k2gD / k4gD against the
     // run-time count: Llama B = 32 -8 / -6 / -11 / -5%, B = 1 -4 / -4 / -4 / -1%; SmolLM2 B = 32 -7 / -9 / -6 / -10%
     const int D = p.D, C = p.H * D, NWG = NW ? NW : (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
-    const int q0 = blockIdx.x * p.chunk, q1 = min(q0 + p.chunk, p.qf[s]);
-    float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
+    const int q0 = split < p.nlong ? split * p.chunk : p.nlong * p.chunk + (split - p.nlong) * p.chunk2;
+    const int q1 = min(q0 + (split < p.nlong ? p.chunk : p.chunk2), p.qf[s]);
+    float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + split) * (D + 2);
     const size_t pstride = (size_t)p.nslots * (D + 2);
     if (q0 >= q1) {
         empty_partials(part0, pstride, gn, D);

@@ -419,6 +419,43 @@ static void run_limit(void)
 }
 
 /* configurations the GPU cache must refuse with a clear error instead of corrupting memory or failing later */
+/* The decode's split schedule must not change its result. At Llama heads, B = 8, 9K positions kivi_fast runs more than
+ * two waves of blocks on an H200, so the plan cuts the range's last chunk into two shorter splits (kv::fast_plan) and
+ * takes the residual tail in one split per row (kv::tail_plan); with max_splits 3 both are off (uniform chunks,
+ * generic_plan's tail), the schedule the CPU comparisons above check. A cache of random codes (no CPU reference at this
+ * size), outputs poisoned before each run. */
+static void run_kivi_schedules(int bits)
+{
+    const size_t B = 8, H = 32, D = 128, N = 9000, nh = H, nq = B * nh * D;
+    kvq_kvcache_config g;
+    memset(&g, 0, sizeof g);
+    g.format = KVQ_KVCACHE_KIVI; g.n_seqs = B; g.n_kv_heads = H; g.head_dim = D; g.max_tokens = N;
+    g.k_bits = g.v_bits = bits; g.group = 128; g.residual = 128; g.post_rope = true;
+    g.rope.rope_dim = D; g.rope.rope_theta = 10000;
+    kvq_kvcache_cuda *c;
+    OK(kvq_kvcache_cuda_create(&c, &g, ERR));
+    OK(kvq_kvcache_cuda_fill_random(c, N, 0, 77 + bits, ERR));
+    float *q = malloc(nq * sizeof *q), *o0 = malloc(nq * sizeof *o0), *o3 = malloc(nq * sizeof *o3);
+    for (size_t i = 0; i < nq; i++) q[i] = (float)gauss();
+    float *dq = dmalloc(nq * sizeof *dq), *dout = dmalloc(nq * sizeof *dout);
+    CU(cudaMemcpy(dq, q, nq * sizeof *q, cudaMemcpyHostToDevice));
+    poison(dout, nq * sizeof *dout);
+    OK(kvq_kvcache_cuda_attend(c, dq, nh, 0, dout, 0, 1, ERR));
+    CU(cudaMemcpy(o0, dout, nq * sizeof *o0, cudaMemcpyDeviceToHost));
+    poison(dout, nq * sizeof *dout);
+    OK(kvq_kvcache_cuda_attend(c, dq, nh, 0, dout, 3, 1, ERR));
+    CU(cudaMemcpy(o3, dout, nq * sizeof *o3, cudaMemcpyDeviceToHost));
+    int nf0, nf3;
+    const double e = rel_l2(o0, o3, nq, &nf0);
+    rel_l2(o3, o0, nq, &nf3);
+    CHECK(nf0 == 0 && nf3 == 0 && e <= 1e-5, "kivi%d schedules (B=%zu H=%zu D=%zu len %zu): rel L2 %.3g between the plan's split schedule and "
+          "3 uniform splits (limit 1e-5), %d / %d non-finite", bits, B, H, D, N, e, nf0, nf3);
+    printf("  kivi%d schedules              B=%zu H=%zu D=%zu len %zu: rel L2 %.3g between plan and 3 splits\n", bits, B, H, D, N, e);
+    CU(cudaFree(dq)); CU(cudaFree(dout));
+    free(q); free(o0); free(o3);
+    kvq_kvcache_cuda_free(c);
+}
+
 static void run_refusals(void)
 {
     kvq_kvcache_config g;
@@ -496,6 +533,8 @@ int main(void)
                         "kivi2 g128 gqa2 uneven sink", "kivi2 g128 gqa4 fp16 path",
                         "kivi4 g128 gqa2 uneven sink", "kivi4 g128 gqa4 fp16 path", "kivi2 576 rows"};
     for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
+    run_kivi_schedules(2);
+    run_kivi_schedules(4);
     printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

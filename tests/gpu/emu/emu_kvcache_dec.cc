@@ -221,13 +221,17 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
         }
         for (size_t ms : {(size_t)0, (size_t)1, (size_t)3}) {
             int gq = 1, qgroups = (int)g;
-            size_t fchunk = 0, fsplits = 0, gchunk, gsplits;
+            size_t fchunk = 0, fsplits = 0, fslots = 0, gchunk, gsplits;
+            kv::FastPlan fp = {0, 0, 0, 0};
             if (fast && maxqf) {
                 gq = gq_of(g);
                 qgroups = (int)((g + gq - 1) / gq);
-                kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, kb, vb, 160 * 1024, &fchunk, &fsplits);
+                kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, kb, vb, 160 * 1024, &fchunk, &fsplits, &fslots);
+                fp = ms ? kv::fast_split(maxqf, fchunk, 0, 0) : kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots);
+                fsplits = fp.splits;
             }
             kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
+            if (fsplits) kv::tail_plan(maxrest, B * H * qgroups * fsplits, fslots, (int)D, &gchunk, &gsplits);
             const size_t nslots = fsplits + gsplits + 1;
             std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), q(B * nh * D);
             for (auto &x : q) x = (float)gauss() * qscale;
@@ -242,9 +246,9 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.gchunk = (int)gchunk;
             p.use_qf = fsplits ? 1 : 0;
             if (fsplits) {
-                p.chunk = (int)fchunk;
+                p.chunk = (int)fp.chunk; p.nlong = (int)fp.nlong; p.chunk2 = (int)fp.chunk2;
                 kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg, kv::fast_nw((int)D));
-                emu_launch({(unsigned)fsplits, (unsigned)(H * qgroups), (unsigned)B}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, kb, vb, (int)fchunk).total * 4,
+                emu_launch({(unsigned)(H * qgroups), (unsigned)B, (unsigned)fsplits}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, kb, vb, (int)fchunk).total * 4,
                            [&] { fn(p); });
             }
             // as kvcache_cuda.cu's kivi_attend: the exact region (when there is one), then kivi_generic; after kivi_fast
@@ -269,8 +273,9 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 emu_launch({(unsigned)nh, (unsigned)B, 1}, kv::CW_NT, kv::combine_wide_smem((int)D) * 4, [&] { kv::combine_par_wide(p); });
             else if (fsplits)
                 emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(p); });
-            char what[96];
-            snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu, generic %4zu x %2zu, gq %d", len, fchunk, fsplits, gchunk, gsplits, gq);
+            char what[128];
+            snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu (%zu of %zu last), generic %4zu x %2zu, gq %d", len, fchunk, fsplits,
+                     fp.splits - fp.nlong, fp.chunk2, gchunk, gsplits, gq);
             for (int x : tick)
                 if (x) { printf("FAIL %s %s: a tick counter left at %d\n", name, what, x); n_fail++; break; }
             // fp32 throughout (the tensor-core path splits its fp16 operands into high and low parts): 2e-5
@@ -280,6 +285,40 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
     kvq_kvcache_free(cpu);
 }
 
+// kv::fast_split / fast_plan: the splits tile [0, nq) in order, none empty, each at most its chunk long, the short ones
+// (chunk2 < chunk, at most nshort) last; plan-level: fast_plan cuts only with more blocks than resident slots
+static void check_fast_split()
+{
+    int bad = 0, n = 0;
+    for (size_t nq = 128; nq <= 40 * 128; nq += 128)
+        for (size_t cu = 1; cu <= 16; cu++)
+            for (size_t cu2 = 0; cu2 <= cu; cu2++)
+                for (size_t ns = 0; ns <= 3; ns++) {
+                    const kv::FastPlan f = kv::fast_split(nq, 128 * cu, 128 * cu2, ns);
+                    size_t q = 0;
+                    bool ok = f.chunk == 128 * cu && f.nlong <= f.splits && f.chunk2 <= f.chunk;
+                    for (size_t sp = 0; sp < f.splits && ok; sp++) {
+                        const size_t q0 = sp < f.nlong ? sp * f.chunk : f.nlong * f.chunk + (sp - f.nlong) * f.chunk2;
+                        const size_t len = sp < f.nlong ? f.chunk : f.chunk2;
+                        ok = q0 == q && q0 < nq; // in order, contiguous, not empty
+                        q = std::min(nq, q0 + len);
+                    }
+                    ok = ok && q == nq && (f.splits == f.nlong || (f.chunk2 < f.chunk && f.splits - f.nlong <= ns));
+                    if (!ok && bad++ < 3)
+                        printf("FAIL fast_split nq %zu chunk %zu chunk2 %zu nshort %zu: %zu long, %zu splits, chunk2 %zu\n", nq, 128 * cu, 128 * cu2, ns,
+                               f.nlong, f.splits, f.chunk2);
+                    n++;
+                }
+    // 40 units in chunks of 16: 3 splits; 10 blocks each against 32 slots: uniform; against 16: the last 8 units apart
+    const kv::FastPlan u = kv::fast_plan(40 * 128, 10, 2048, 3, 32), c = kv::fast_plan(40 * 128, 10, 2048, 3, 16);
+    if (u.splits != 3 || u.nlong != 3 || c.nlong != 2 || c.chunk2 != 1024 || c.splits != 3) {
+        printf("FAIL fast_plan: %zu/%zu splits, %zu/%zu long, chunk2 %zu\n", u.splits, c.splits, u.nlong, c.nlong, c.chunk2);
+        bad++;
+    }
+    printf("%s fast_split: %d plans\n", bad ? "FAIL" : "ok  ", n);
+    if (bad) n_fail++; else n_pass++;
+}
+
 int main(int argc, char **argv)
 {
     (void)argv;
@@ -287,6 +326,7 @@ int main(int argc, char **argv)
     const int quick = argc > 1 || (qe && *qe && strcmp(qe, "0") != 0);
     const size_t l1[] = {1, 2, 40, 300, 1100};
     const size_t l2[] = {5, 700, 2600};
+    check_fast_split();
     run(2, 2, 128, 1, 4, 4, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 4/4");
     run(2, 3, 64, 3, 2, 2, 3, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "smollm-like 2/2 gqa3");
     run(1, 2, 9, 12, 2, 4, 1, 1, 300, 0.0, l1, 4, 4, "d9 2/4 gqa12");
@@ -336,6 +376,11 @@ int main(int argc, char **argv)
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
     // one SM: 12 rows >= 4 per SM, so combine_par (the 128-thread merge) instead of combine_par_wide
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, 2, 1, "kivi uneven 2/4 narrow combine", 45);
+    /* more than one wave of kivi_fast blocks on one SM: the last chunk cut in two shorter splits (kv::fast_plan; the
+     * shorter sequences end before them), and the tail in one split per row at head_dim 128 (kv::tail_plan) */
+    const size_t l6[] = {1100, 1800};
+    run_kivi(3, 2, 128, 1, 2, 2, 128, 128, true, 0, 1800, l6, quick ? 1 : 2, 1, "kivi g128 2/2 waves", 200);
+    run_kivi(3, 2, 128, 2, 4, 4, 128, 128, true, 1, 1800, l6, 1, 1, "kivi g128 4/4 gqa2 waves", 300);
     /* tiny queries (1e-36, so max |q|·max s < 2^-114): the operands' power-of-two scale must stay finite (it overflowed to inf: NaN scores) */
     const size_t l5[] = {333};
     run_kivi(1, 1, 64, 1, 2, 2, 32, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries", 0, 1e-36f);
