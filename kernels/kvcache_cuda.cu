@@ -1343,7 +1343,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
         gq = choose_gq(gg, 4, 4);
         qgroups = (gg + gq - 1) / gq;
         kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, g->k_bits, g->v_bits, SMEM_MAX, &fchunk, &fsplits, &fslots);
-        fp = max_splits ? kv::fast_split(maxqf, fchunk, 0, 0) : kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots);
+        fp = kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots, max_splits);
         fsplits = fp.splits;
         if (fsplits > 65535 || B > 65535)
             return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: %zu sequences in %zu splits of %zu positions exceed a launch (65535 each)", B,

@@ -671,14 +671,15 @@ inline FastPlan fast_split(size_t nq, size_t chunk, size_t chunk2, size_t nshort
     f.splits = f.nlong + (rest + chunk2 - 1) / chunk2;
     return f;
 }
-// kivi_fast's plan: kv::plan's chunk, and with more than one wave of blocks (per·splits > slots, plan's resident
-// blocks) the range's last chunk cut in two of half the length (rounded up to 128), started last so that the last
+// kivi_fast's plan: kv::plan's chunk, and, unless max_splits is set (then uniform splits, as many as plan chose), with
+// more than one wave of blocks (per·splits > slots, plan's resident blocks) the range's last chunk cut in two of half
+// the length (rounded up to 128), started last so that the last
 // wave's blocks finish closer together. H200, k2gD against kv::plan's uniform chunks, same binary and call: Llama
 // heads B = 1 64K 88.5 -> 80.5 µs, B = 8 64K / 128K -1.5 / -0.6%, B = 32 within 0.1%, B = 8 32K and B = 1 128K +0.6%;
 // SmolLM2 heads B = 8 128K -2.8%, B = 32 -0.4..0% (with one wave, SmolLM2 B = 8 32K: +11%, so not there)
-inline FastPlan fast_plan(size_t nq, size_t per, size_t chunk, size_t splits, size_t slots)
+inline FastPlan fast_plan(size_t nq, size_t per, size_t chunk, size_t splits, size_t slots, size_t max_splits)
 {
-    if (per * splits <= slots || chunk < 256) return fast_split(nq, chunk, 0, 0);
+    if (max_splits || per * splits <= slots || chunk < 256) return fast_split(nq, chunk, 0, 0);
     return fast_split(nq, chunk, (chunk / 128 + 1) / 2 * 128, 2);
 }
 

@@ -418,7 +418,6 @@ static void run_limit(void)
     free(K); free(V);
 }
 
-/* configurations the GPU cache must refuse with a clear error instead of corrupting memory or failing later */
 /* The decode's split schedule must not change its result. At Llama heads, B = 8, 9K positions kivi_fast runs more than
  * two waves of blocks on an H200, so the plan cuts the range's last chunk into two shorter splits (kv::fast_plan) and
  * takes the residual tail in one split per row (kv::tail_plan); with max_splits 3 both are off (uniform chunks,
@@ -456,6 +455,7 @@ static void run_kivi_schedules(int bits)
     kvq_kvcache_cuda_free(c);
 }
 
+/* configurations the GPU cache must refuse with a clear error instead of corrupting memory or failing later */
 static void run_refusals(void)
 {
     kvq_kvcache_config g;

@@ -227,7 +227,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 gq = gq_of(g);
                 qgroups = (int)((g + gq - 1) / gq);
                 kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, kb, vb, 160 * 1024, &fchunk, &fsplits, &fslots);
-                fp = ms ? kv::fast_split(maxqf, fchunk, 0, 0) : kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots);
+                fp = kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots, ms);
                 fsplits = fp.splits;
             }
             kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
@@ -248,7 +248,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             if (fsplits) {
                 p.chunk = (int)fp.chunk; p.nlong = (int)fp.nlong; p.chunk2 = (int)fp.chunk2;
                 kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg, kv::fast_nw((int)D));
-                emu_launch({(unsigned)(H * qgroups), (unsigned)B, (unsigned)fsplits}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, kb, vb, (int)fchunk).total * 4,
+                emu_launch({(unsigned)(H * qgroups), (unsigned)B, (unsigned)fsplits}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, kb, vb, (int)fp.chunk).total * 4,
                            [&] { fn(p); });
             }
             // as kvcache_cuda.cu's kivi_attend: the exact region (when there is one), then kivi_generic; after kivi_fast
@@ -310,9 +310,12 @@ static void check_fast_split()
                     n++;
                 }
     // 40 units in chunks of 16: 3 splits; 10 blocks each against 32 slots: uniform; against 16: the last 8 units apart
-    const kv::FastPlan u = kv::fast_plan(40 * 128, 10, 2048, 3, 32), c = kv::fast_plan(40 * 128, 10, 2048, 3, 16);
-    if (u.splits != 3 || u.nlong != 3 || c.nlong != 2 || c.chunk2 != 1024 || c.splits != 3) {
-        printf("FAIL fast_plan: %zu/%zu splits, %zu/%zu long, chunk2 %zu\n", u.splits, c.splits, u.nlong, c.nlong, c.chunk2);
+    // (and uniform with max_splits set)
+    const kv::FastPlan u = kv::fast_plan(40 * 128, 10, 2048, 3, 32, 0), c = kv::fast_plan(40 * 128, 10, 2048, 3, 16, 0),
+                       m = kv::fast_plan(40 * 128, 10, 2048, 3, 16, 3);
+    if (u.splits != 3 || u.nlong != 3 || c.nlong != 2 || c.chunk2 != 1024 || c.splits != 3 || m.splits != 3 || m.nlong != 3) {
+        printf("FAIL fast_plan: %zu/%zu/%zu splits, %zu/%zu/%zu long, chunk2 %zu\n", u.splits, c.splits, m.splits, u.nlong, c.nlong, m.nlong,
+               c.chunk2);
         bad++;
     }
     printf("%s fast_split: %d plans\n", bad ? "FAIL" : "ok  ", n);
