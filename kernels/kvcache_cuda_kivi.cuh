@@ -517,6 +517,69 @@ __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
     combine_wide(p.part + row * p.nslots * (p.D + 2), p.out + row * p.D, p.D, p.nuse, (float *)sm4);
 }
 
+// the combine in one round trip to memory: every load of the row's partials (the nuse slots' statistics and P·V sums)
+// issued at once, then M, the weights and L from registers, then the weighted sums. Threads: NT, in ng = NT / D groups
+// of D (a group's thread d takes dim d of slots group, group + ng, ...: K = ceil(nuse / ng) <= KMAX loads each);
+// dynamic shared memory combine1_smem(D) floats: weights [64], reduction [32], group sums [ng][D]. For nuse <=
+// combine1_slots(NT, KMAX, D) only (else combine_par / combine_par_wide)
+__host__ __device__ inline int combine1_slots(int nt, int kmax, int D) { return (nt / D) * kmax < 64 ? (nt / D) * kmax : 64; }
+__host__ __device__ inline size_t combine1_smem(int D, int nt) { return (size_t)64 + 32 + (size_t)(nt / D) * D; }
+// the combine kernel after kivi_fast and kivi_tail: combine_row (512 threads with fewer rows than 4 per SM, else 128)
+// when it takes the row's nuse slots at head_dim <= 128, else combine_par_wide / combine_par (combine_use_wide). H200,
+// against those, same binary: Llama heads k2gD B = 8 32K 233.6 -> 231.6 µs, B = 32 32K 825.9 -> 819.0, k4gD -0.4 /
+// -0.5%, SmolLM2 heads B = 8 / 32 32K -2.7 / -1.9%, B = 1 and N = 128K within ±1%
+enum CombineKind { COMBINE_ROW512, COMBINE_ROW128, COMBINE_WIDE, COMBINE_PAR };
+__host__ __device__ inline CombineKind combine_pick(size_t rows, size_t n_sm, int nuse, int D)
+{
+    const bool wide = combine_use_wide(rows, n_sm);
+    if (D <= 128 && wide && nuse <= combine1_slots(512, 16, D)) return COMBINE_ROW512;
+    if (D <= 128 && !wide && nuse <= combine1_slots(128, 24, D)) return COMBINE_ROW128;
+    return wide ? COMBINE_WIDE : COMBINE_PAR;
+}
+template <int NT, int KMAX> __global__ void __launch_bounds__(NT) combine_row(KivP p)
+{
+    KVQ_DYN_SMEM(float4, sm4);
+    float *wt = (float *)sm4, *red = wt + 64, *gs = red + 32;
+    const int D = p.D, n = p.nuse, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, ng = NT / D, grp = tid / D, d = tid % D;
+    const size_t row = (size_t)blockIdx.y * p.n_heads + blockIdx.x, st = (size_t)D + 2;
+    const float *pp = p.part + row * p.nslots * st;
+    float x[KMAX], m = -INFINITY, l = 0.f;
+    if (tid < n) { m = __ldcg(pp + tid * st); l = __ldcg(pp + tid * st + 1); }
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int j = grp + k * ng;
+        x[k] = grp < ng && j < n ? __ldcg(pp + j * st + 2 + d) : 0.f;
+    }
+    float M = m;
+    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = red[0];
+    for (int w = 1; w < NT / 32; w++) M = fmaxf(M, red[w]);
+    const float w = m == -INFINITY ? 0.f : expf(m - M);
+    if (tid < n) wt[tid] = w;
+    float L = w * l;
+    for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    __syncthreads(); // red's maxima read
+    if (lane == 0) red[warp] = L;
+    __syncthreads();
+    float a = 0.f;
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int j = grp + k * ng;
+        if (grp < ng && j < n && wt[j] != 0.f) a = fmaf(wt[j], x[k], a);
+    }
+    if (grp < ng) gs[grp * D + d] = a;
+    L = 0.f;
+    for (int w2 = 0; w2 < NT / 32; w2++) L += red[w2];
+    __syncthreads();
+    if (tid < D) {
+        float y = 0.f;
+        for (int g2 = 0; g2 < ng; g2++) y += gs[g2 * D + tid];
+        p.out[row * D + tid] = M == -INFINITY ? 0.f : y / L;
+    }
+}
+
 // ---- fast: post-RoPE keys, 2/4-bit codes, G in {16, 32, 64, 128} (G = 16 << LG), on the tensor cores.
 //
 // KIVI dequantizes arithmetically: key x̂ = min_{γ,c} + s_{γ,c}·code (per channel c and G-token group γ), value
@@ -626,7 +689,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
                  size_t *chunk_out, size_t *splits_out, size_t *slots_out = nullptr)
 {
     const size_t U = 128, nu = nq ? (nq + U - 1) / U : 1, smax = max_splits && max_splits < nu ? max_splits : nu;
-    size_t best = 0, bc = 0, bb = 1;
+    size_t best = 0, bc = 0, bb = 1, bw = 0, lc = 0, lb = 0, lw = 0; // best: chunk, cost, blocks / SM, blocks; the longest chunk's
     for (size_t sp = max_splits ? 1 : (nu + 15) / 16; sp <= smax; sp++) { // without max_splits: chunks of <= 16 tiles
         const size_t cu = (nu + sp - 1) / sp, chunk = cu * U, se = (nu + cu - 1) / cu;
         if (chunk > 65536 - U || (chunk > 2048 && !max_splits)) continue;
@@ -640,8 +703,18 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
         const size_t bmax = G >= 32 && per >= 8 ? (size_t)fast_blocks(G, bk, bv) : (size_t)(512 / fast_threads(G));
         if (b > bmax) b = bmax;
         const size_t waves = (per * se + n_sm * b - 1) / (n_sm * b), cost = waves * (cu + 1);
-        if (!best || cost < bc) { best = chunk; bc = cost; bb = b; }
+        if (!lc) { lc = chunk; lb = b; lw = per * se; }
+        if (!best || cost < bc) { best = chunk; bc = cost; bb = b; bw = per * se; }
     }
+    // the cost above counts whole waves of blocks in lockstep. With at least 4 waves they are not (blocks start as others
+    // finish), and each block's fixed cost (set-up, the softmax between its passes, its partial) outweighs the last
+    // wave's fill: then the longest chunk, when it also makes >= 4 waves at as many blocks per SM. One query head per
+    // block only (gq = 1; where it was measured). H200, Llama heads, kv::plan's 1920 against 2048 positions, same
+    // binary: k2gD B = 8 32K 233.6 -> 230.9 µs, B = 32 32K 827.3 -> 813.5, k4gD B = 8 -1.1%, B = 32 -1.5%; shorter
+    // chunks were slower still (B = 8 32K: 1024 +5.3%, 1536 +3.8%), as were longer ones at fewer blocks per SM (3072:
+    // +6.1%); but 2048 at 2.2 waves (B = 1 128K, against 1536 at 2.98) +11.6%, and with three query heads per block
+    // (SmolLM2 heads, G = 32) +15..+20%
+    if (!max_splits && gq == 1 && lc && lc != best && lb == bb && bw >= 4 * n_sm * bb && lw >= 4 * n_sm * bb) best = lc;
     if (!best) { // nothing within max_splits fits: the largest chunk that does
         best = nu * U;
         while (best > U && (size_t)fast_smem(gq, D, G, bk, bv, (int)best).total * 4 > smem_max) best = (best / 2 + U - 1) / U * U;

@@ -269,10 +269,19 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_tail(p); });
             else
                 emu_launch({(unsigned)gsplits, (unsigned)nh, (unsigned)B}, kv::NTG, kv::generic_smem((int)D, (int)gchunk) * 4, [&] { kv::kivi_generic(p); });
-            if (fsplits && kv::combine_use_wide(B * nh, n_sm))
-                emu_launch({(unsigned)nh, (unsigned)B, 1}, kv::CW_NT, kv::combine_wide_smem((int)D) * 4, [&] { kv::combine_par_wide(p); });
-            else if (fsplits)
-                emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(p); });
+            // the combine kernel of kv::combine_pick's choice into out; below, every other one that takes these slots
+            auto run_combine = [&](kv::CombineKind kind, float *o) {
+                KivP pc = p;
+                pc.out = o;
+                switch (kind) {
+                case kv::COMBINE_ROW512: emu_launch({(unsigned)nh, (unsigned)B, 1}, 512, kv::combine1_smem((int)D, 512) * 4, [&] { kv::combine_row<512, 16>(pc); }); break;
+                case kv::COMBINE_ROW128: emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, kv::combine1_smem((int)D, 128) * 4, [&] { kv::combine_row<128, 24>(pc); }); break;
+                case kv::COMBINE_WIDE: emu_launch({(unsigned)nh, (unsigned)B, 1}, kv::CW_NT, kv::combine_wide_smem((int)D) * 4, [&] { kv::combine_par_wide(pc); }); break;
+                case kv::COMBINE_PAR: emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(pc); }); break;
+                }
+            };
+            const kv::CombineKind picked = kv::combine_pick(B * nh, n_sm, p.nuse, (int)D);
+            if (fsplits) run_combine(picked, out.data());
             char what[128];
             snprintf(what, sizeof what, "len %5zu fast %4zu x %2zu (%zu of %zu last), generic %4zu x %2zu, gq %d", len, fchunk, fsplits,
                      fp.splits - fp.nlong, fp.chunk2, gchunk, gsplits, gq);
@@ -280,6 +289,18 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 if (x) { printf("FAIL %s %s: a tick counter left at %d\n", name, what, x); n_fail++; break; }
             // fp32 throughout (the tensor-core path splits its fp16 operands into high and low parts): 2e-5
             check_out(cpu, out, q, nh, 2e-5, name, what);
+            // the other combine kernels on the same partials (poisoned outputs), each against the CPU reference
+            for (int k = 0; fsplits && k < 4; k++) {
+                const kv::CombineKind kind = (kv::CombineKind)k;
+                if (kind == picked || (k == kv::COMBINE_ROW512 && (D > 128 || p.nuse > kv::combine1_slots(512, 16, (int)D))) ||
+                    (k == kv::COMBINE_ROW128 && (D > 128 || p.nuse > kv::combine1_slots(128, 24, (int)D))))
+                    continue;
+                std::vector<float> o2(out.size(), NAN);
+                run_combine(kind, o2.data());
+                char w2[160];
+                snprintf(w2, sizeof w2, "%s, combine %d (picked %d)", what, k, (int)picked);
+                check_out(cpu, o2, q, nh, 2e-5, name, w2);
+            }
         }
     }
     kvq_kvcache_free(cpu);
