@@ -1393,8 +1393,8 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
         CK(cudaStreamWaitEvent(0, c->ev_join, 0));
         const dim3 cg((unsigned)n_heads, (unsigned)B);
         switch (kv::combine_pick(B * n_heads, (size_t)c->n_sm, p.nuse, (int)D)) {
-        case kv::COMBINE_ROW512: kv::combine_row<512, 16><<<cg, 512, kv::combine1_smem((int)D, 512) * sizeof(float)>>>(p); break;
-        case kv::COMBINE_ROW128: kv::combine_row<128, 24><<<cg, 128, kv::combine1_smem((int)D, 128) * sizeof(float)>>>(p); break;
+        case kv::COMBINE_ROW512: kv::combine_row<512, 16><<<cg, 512, kv::combine1_smem(512, (int)D) * sizeof(float)>>>(p); break;
+        case kv::COMBINE_ROW128: kv::combine_row<128, 24><<<cg, 128, kv::combine1_smem(128, (int)D) * sizeof(float)>>>(p); break;
         case kv::COMBINE_WIDE: kv::combine_par_wide<<<cg, kv::CW_NT, kv::combine_wide_smem((int)D) * sizeof(float)>>>(p); break;
         case kv::COMBINE_PAR: kv::combine_par<<<cg, 128, COMBINE_SMEM * sizeof(float)>>>(p); break;
         }

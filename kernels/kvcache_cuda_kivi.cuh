@@ -520,10 +520,11 @@ __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
 // the combine in one round trip to memory: every load of the row's partials (the nuse slots' statistics and P·V sums)
 // issued at once, then M, the weights and L from registers, then the weighted sums. Threads: NT, in ng = NT / D groups
 // of D (a group's thread d takes dim d of slots group, group + ng, ...: K = ceil(nuse / ng) <= KMAX loads each);
-// dynamic shared memory combine1_smem(D) floats: weights [64], reduction [32], group sums [ng][D]. For nuse <=
-// combine1_slots(NT, KMAX, D) only (else combine_par / combine_par_wide)
+// dynamic shared memory combine1_smem(NT, D) floats: weights [64], reduction [32], group sums [ng][D]. Only where
+// combine_row_takes(NT, KMAX, nuse, D) (else combine_par / combine_par_wide)
 __host__ __device__ inline int combine1_slots(int nt, int kmax, int D) { return (nt / D) * kmax < 64 ? (nt / D) * kmax : 64; }
-__host__ __device__ inline size_t combine1_smem(int D, int nt) { return (size_t)64 + 32 + (size_t)(nt / D) * D; }
+__host__ __device__ inline bool combine_row_takes(int nt, int kmax, int nuse, int D) { return D <= 128 && nuse <= combine1_slots(nt, kmax, D); }
+__host__ __device__ inline size_t combine1_smem(int nt, int D) { return (size_t)64 + 32 + (size_t)(nt / D) * D; }
 // the combine kernel after kivi_fast and kivi_tail: combine_row (512 threads with fewer rows than 4 per SM, else 128)
 // when it takes the row's nuse slots at head_dim <= 128, else combine_par_wide / combine_par (combine_use_wide). H200,
 // against those, same binary: Llama heads k2gD B = 8 32K 233.6 -> 231.6 µs, B = 32 32K 825.9 -> 819.0, k4gD -0.4 /
@@ -532,8 +533,8 @@ enum CombineKind { COMBINE_ROW512, COMBINE_ROW128, COMBINE_WIDE, COMBINE_PAR };
 __host__ __device__ inline CombineKind combine_pick(size_t rows, size_t n_sm, int nuse, int D)
 {
     const bool wide = combine_use_wide(rows, n_sm);
-    if (D <= 128 && wide && nuse <= combine1_slots(512, 16, D)) return COMBINE_ROW512;
-    if (D <= 128 && !wide && nuse <= combine1_slots(128, 24, D)) return COMBINE_ROW128;
+    if (wide && combine_row_takes(512, 16, nuse, D)) return COMBINE_ROW512;
+    if (!wide && combine_row_takes(128, 24, nuse, D)) return COMBINE_ROW128;
     return wide ? COMBINE_WIDE : COMBINE_PAR;
 }
 template <int NT, int KMAX> __global__ void __launch_bounds__(NT) combine_row(KivP p)
@@ -713,7 +714,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     // binary: k2gD B = 8 32K 233.6 -> 230.9 µs, B = 32 32K 827.3 -> 813.5, k4gD B = 8 -1.1%, B = 32 -1.5%; shorter
     // chunks were slower still (B = 8 32K: 1024 +5.3%, 1536 +3.8%), as were longer ones at fewer blocks per SM (3072:
     // +6.1%); but 2048 at 2.2 waves (B = 1 128K, against 1536 at 2.98) +11.6%, and with three query heads per block
-    // (SmolLM2 heads, G = 32) +15..+20%
+    // (SmolLM2 heads, G = 32) +14..+20%
     if (!max_splits && gq == 1 && lc && lc != best && lb == bb && bw >= 4 * n_sm * bb && lw >= 4 * n_sm * bb) best = lc;
     if (!best) { // nothing within max_splits fits: the largest chunk that does
         best = nu * U;

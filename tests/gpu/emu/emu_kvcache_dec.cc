@@ -274,8 +274,8 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
                 KivP pc = p;
                 pc.out = o;
                 switch (kind) {
-                case kv::COMBINE_ROW512: emu_launch({(unsigned)nh, (unsigned)B, 1}, 512, kv::combine1_smem((int)D, 512) * 4, [&] { kv::combine_row<512, 16>(pc); }); break;
-                case kv::COMBINE_ROW128: emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, kv::combine1_smem((int)D, 128) * 4, [&] { kv::combine_row<128, 24>(pc); }); break;
+                case kv::COMBINE_ROW512: emu_launch({(unsigned)nh, (unsigned)B, 1}, 512, kv::combine1_smem(512, (int)D) * 4, [&] { kv::combine_row<512, 16>(pc); }); break;
+                case kv::COMBINE_ROW128: emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, kv::combine1_smem(128, (int)D) * 4, [&] { kv::combine_row<128, 24>(pc); }); break;
                 case kv::COMBINE_WIDE: emu_launch({(unsigned)nh, (unsigned)B, 1}, kv::CW_NT, kv::combine_wide_smem((int)D) * 4, [&] { kv::combine_par_wide(pc); }); break;
                 case kv::COMBINE_PAR: emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, COMBINE_SMEM * 4, [&] { kv::combine_par(pc); }); break;
                 }
@@ -292,8 +292,8 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             // the other combine kernels on the same partials (poisoned outputs), each against the CPU reference
             for (int k = 0; fsplits && k < 4; k++) {
                 const kv::CombineKind kind = (kv::CombineKind)k;
-                if (kind == picked || (k == kv::COMBINE_ROW512 && (D > 128 || p.nuse > kv::combine1_slots(512, 16, (int)D))) ||
-                    (k == kv::COMBINE_ROW128 && (D > 128 || p.nuse > kv::combine1_slots(128, 24, (int)D))))
+                if (kind == picked || (k == kv::COMBINE_ROW512 && !kv::combine_row_takes(512, 16, p.nuse, (int)D)) ||
+                    (k == kv::COMBINE_ROW128 && !kv::combine_row_takes(128, 24, p.nuse, (int)D)))
                     continue;
                 std::vector<float> o2(out.size(), NAN);
                 run_combine(kind, o2.data());
