@@ -1337,21 +1337,17 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
         if (nq - qf > maxrest) maxrest = nq - qf;
     }
     int gq = 1, qgroups = gg;
-    size_t fchunk = 0, fsplits = 0, fslots = 0;
-    kv::FastPlan fp = {0, 0, 0, 0};
     if (fast && maxqf) {
         gq = choose_gq(gg, 4, 4);
         qgroups = (gg + gq - 1) / gq;
-        kv::plan(maxqf, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, (int)D, (int)G, g->k_bits, g->v_bits, SMEM_MAX, &fchunk, &fsplits, &fslots);
-        fp = kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots, max_splits);
-        fsplits = fp.splits;
-        if (fsplits > 65535 || B > 65535)
-            return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: %zu sequences in %zu splits of %zu positions exceed a launch (65535 each)", B,
-                            fsplits, fchunk);
     }
-    size_t gchunk, gsplits;
-    kv::generic_plan(maxrest, B * n_heads, (size_t)c->n_sm, max_splits, &gchunk, &gsplits);
-    if (fsplits) kv::tail_plan(maxrest, B * H * qgroups * fsplits, fslots, (int)D, &gchunk, &gsplits);
+    const kv::KiviSchedule ks = kv::kivi_schedule(maxqf, maxrest, B * H * qgroups, B * n_heads, (size_t)c->n_sm, max_splits, gq, (int)D,
+                                                  (int)G, g->k_bits, g->v_bits, SMEM_MAX);
+    const kv::FastPlan &fp = ks.fast;
+    const size_t fsplits = fp.splits, gchunk = ks.gchunk, gsplits = ks.gsplits;
+    if (fsplits > 65535 || (fsplits && B > 65535))
+        return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: %zu sequences in %zu splits of %zu positions exceed a launch (65535 each)", B, fsplits,
+                        ks.fchunk);
     const size_t nslots = fsplits + gsplits + 1;
     KVQ_TRY(ensure_part(c, B * n_heads * nslots * (D + 2), err));
     const bool side = fsplits != 0; // kivi_tail beside kivi_fast; the tick counters only without it

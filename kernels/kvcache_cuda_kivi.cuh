@@ -747,8 +747,7 @@ inline FastPlan fast_split(size_t nq, size_t chunk, size_t chunk2, size_t nshort
 }
 // kivi_fast's plan: kv::plan's chunk, and, unless max_splits is set (then uniform splits, as many as plan chose), with
 // more than one wave of blocks (per·splits > slots, plan's resident blocks) the range's last chunk cut in two of half
-// the length (rounded up to 128), started last so that the last
-// wave's blocks finish closer together. H200, k2gD against kv::plan's uniform chunks, same binary and call: Llama
+// the length (rounded up to 128), started last so that the last wave's blocks finish closer together. H200, k2gD against kv::plan's uniform chunks, same binary and call: Llama
 // heads B = 1 64K 88.5 -> 80.5 µs, B = 8 64K / 128K -1.5 / -0.6%, B = 32 within 0.1%, B = 8 32K and B = 1 128K +0.6%;
 // SmolLM2 heads B = 8 128K -2.8%, B = 32 -0.4..0% (with one wave, SmolLM2 B = 8 32K: +11%, so not there)
 inline FastPlan fast_plan(size_t nq, size_t per, size_t chunk, size_t splits, size_t slots, size_t max_splits)
@@ -761,16 +760,21 @@ inline FastPlan fast_plan(size_t nq, size_t per, size_t chunk, size_t splits, si
 // (4 before session 8), chunks of at most 8192 positions (multiples of 32). With kivi_fast the range is the residual
 // tail (R..2R positions), whose time is mostly the latency of a block, so more, shorter blocks: Llama heads B = 32
 // now take it in 2 splits of 128 positions, B = 1 in splits of 32
-inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, size_t *chunk_out, size_t *splits_out)
+// [0, nq) in about sp >= 1 splits: chunks of a multiple of 32 positions, at most 8192 (more splits where that caps them)
+inline void generic_cut(size_t nq, size_t sp, size_t *chunk_out, size_t *splits_out)
 {
-    size_t sp = (8 * n_sm + per - 1) / per;
-    if (max_splits && sp > max_splits) sp = max_splits;
-    if (sp < 1) sp = 1;
     size_t chunk = nq ? (nq + sp - 1) / sp : 32;
     chunk = (chunk + 31) / 32 * 32;
     if (chunk > 8192) chunk = 8192;
     *chunk_out = chunk;
     *splits_out = nq ? (nq + chunk - 1) / chunk : 1;
+}
+inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, size_t *chunk_out, size_t *splits_out)
+{
+    size_t sp = (8 * n_sm + per - 1) / per;
+    if (max_splits && sp > max_splits) sp = max_splits;
+    if (sp < 1) sp = 1;
+    generic_cut(nq, sp, chunk_out, splits_out);
 }
 
 // kivi_tail's plan beside kivi_fast (fblocks blocks, fslots resident at a time): its blocks take SM slots that kivi_fast's
@@ -782,8 +786,30 @@ inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, 
 inline void tail_plan(size_t nq, size_t fblocks, size_t fslots, int D, size_t *chunk, size_t *splits)
 {
     if (!nq || fblocks < 2 * fslots || D < 128) return;
-    *chunk = (nq + 31) / 32 * 32 < 8192 ? (nq + 31) / 32 * 32 : 8192;
-    *splits = (nq + *chunk - 1) / *chunk;
+    generic_cut(nq, 1, chunk, splits);
+}
+
+// the KIVI decode's whole split schedule (kivi_attend's, and the emulator's replay of it): kivi_fast's plan over
+// [0, maxqf) for fast_rows = B·H·qgroups blocks per split (plan, then fast_plan; none when maxqf is 0), and the
+// tail's / kivi_generic's over the rest (at most maxrest positions, rows = B·n_heads: generic_plan, then tail_plan
+// beside kivi_fast); smem_max as plan's
+struct KiviSchedule {
+    FastPlan fast;        // kivi_fast's splits (fast.splits = 0: kivi_fast does not run)
+    size_t fchunk, fslots; // plan's chunk and the resident blocks it counted on
+    size_t gchunk, gsplits;
+};
+inline KiviSchedule kivi_schedule(size_t maxqf, size_t maxrest, size_t fast_rows, size_t rows, size_t n_sm, size_t max_splits, int gq, int D,
+                                  int G, int bk, int bv, size_t smem_max)
+{
+    KiviSchedule k = {{0, 0, 0, 0}, 0, 0, 0, 0};
+    if (maxqf) {
+        size_t fsplits;
+        plan(maxqf, fast_rows, n_sm, max_splits, gq, D, G, bk, bv, smem_max, &k.fchunk, &fsplits, &k.fslots);
+        k.fast = fast_plan(maxqf, fast_rows, k.fchunk, fsplits, k.fslots, max_splits);
+    }
+    generic_plan(maxrest, rows, n_sm, max_splits, &k.gchunk, &k.gsplits);
+    if (k.fast.splits) tail_plan(maxrest, fast_rows * k.fast.splits, k.fslots, D, &k.gchunk, &k.gsplits);
+    return k;
 }
 
 // 2^S with m·2^S in [2^(top-1), 2^top), S clamped to [-lim, lim] so the factor stays finite (m <= 0 or not finite: 1).

@@ -221,17 +221,14 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
         }
         for (size_t ms : {(size_t)0, (size_t)1, (size_t)3}) {
             int gq = 1, qgroups = (int)g;
-            size_t fchunk = 0, fsplits = 0, fslots = 0, gchunk, gsplits;
-            kv::FastPlan fp = {0, 0, 0, 0};
             if (fast && maxqf) {
                 gq = gq_of(g);
                 qgroups = (int)((g + gq - 1) / gq);
-                kv::plan(maxqf, B * H * qgroups, n_sm, ms, gq, (int)D, (int)G, kb, vb, 160 * 1024, &fchunk, &fsplits, &fslots);
-                fp = kv::fast_plan(maxqf, B * H * qgroups, fchunk, fsplits, fslots, ms);
-                fsplits = fp.splits;
             }
-            kv::generic_plan(maxrest, B * nh, n_sm, ms, &gchunk, &gsplits);
-            if (fsplits) kv::tail_plan(maxrest, B * H * qgroups * fsplits, fslots, (int)D, &gchunk, &gsplits);
+            const kv::KiviSchedule ks = kv::kivi_schedule(maxqf, maxrest, B * H * qgroups, B * nh, n_sm, ms, gq, (int)D, (int)G, kb, vb,
+                                                          160 * 1024);
+            const kv::FastPlan &fp = ks.fast;
+            const size_t fchunk = ks.fchunk, fsplits = fp.splits, gchunk = ks.gchunk, gsplits = ks.gsplits;
             const size_t nslots = fsplits + gsplits + 1;
             std::vector<float> part(B * nh * nslots * (D + 2), NAN), out(B * nh * D, NAN), q(B * nh * D);
             for (auto &x : q) x = (float)gauss() * qscale;
