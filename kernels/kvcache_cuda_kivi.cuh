@@ -602,15 +602,21 @@ template <int NT, int KMAX> __global__ void __launch_bounds__(NT) combine_row(Ki
 // row and group; two, as one 8-byte load, at 4-bit G = 128), positions (2t, 2t+1) and (2t+8, 2t+9) merged
 // per register with one PRMT; B = p·s of the tile's 16 positions per group (hi, lo), built in shared memory
 // after the softmax.
-// The integer path (imma_path: 2-bit or 4-bit keys and values, G = head_dim = 128, GQ <= 2) runs both sums as
+// The integer path (imma_path: 2-bit or 4-bit keys and values, G = head_dim = 128 with GQ <= 2, or G = head_dim = 64
+// with GQ <= 4 in two n-tiles of B columns) runs both sums as
 // mma.m16n8k32 on u8 codes (a field masked in place: code·4^f; 4-bit: a nibble, code·16^f, and P·V as mma.m16n8k16 per
 // tile) and byte digits of the fixed-point q·s·4^-m (16^-m) and p·s, with exact s32 sums (formats/KVCACHE.md "Decode
 // attention (GPU)"; the IM branches below). Same call, H200, Llama heads against the fp16 path: k2gD B = 32 N = 32K
 // 1184 -> 952 µs, 128K 4333 -> 3425, B = 8 32K 334 -> 279; k4gD (session 13) B = 32 32K 1358 -> 1281, 128K 5145..5366
-// -> 4758..4760, B = 8 32K 371 -> 358, 128K 1315 -> 1237.
+// -> 4758..4760, B = 8 32K 371 -> 358, 128K 1315 -> 1237. SmolLM2 heads (head_dim 64, 3 query heads per block;
+// session 16, with the digits combined per warp below), same call against the fp16 path: k2gD B = 32 N = 32K 148.8 ->
+// 126.8 µs, 128K 514.2 -> 425.9, B = 8 128K 138.0 -> 120.6; k4gD B = 32 128K 535.5 -> 490.2, 32K -5.5%, B = 8 32K
+// +1.5%. The P·V digits combined per warp in registers (one stage value per head and channel instead of four):
+// Llama k2gD B = 8 32K 229.9 -> 219.9 µs, B = 32 -3.4%, k4gD -3.3%.
 // threads per block: 128 (4 warps) at G = 128, else 256 (8 warps). Same call, H200, Llama heads N = 32K, against 256
 // at every G: k2gD B = 32 1862 -> 1701 µs, k4gD 2019 -> 1907, B = 8 -2.4% / -1%, B = 1 -3%; at G = 32 (k2g32 2927 ->
-// 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256
+// 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256 (also on the integer
+// path at head_dim 64, session 16: 128 threads, 6 blocks, +0..+4%)
 __host__ __device__ constexpr int fast_threads(int G) { return G == 128 ? 128 : 256; }
 // resident blocks per SM the launch bounds allow: 768 threads (3 blocks of 256, 6 of 128) at G >= 32, else 512; 7 of 128
 // (72 registers) for 2-bit keys and values at G = 128. Same call, H200, Llama heads N = 32K, k2gD against 6: B = 32 1692 ->
@@ -653,13 +659,17 @@ template <int BK> __device__ __forceinline__ void key_dims(int wg, int t, int j,
 }
 
 // kivi_fast on the integer tensor cores (the IM path below): 2-bit or 4-bit keys and values (equal widths), G = head_dim
-// = 128, up to 2 query heads per block; the fp16 tensor-core path otherwise
-__host__ __device__ constexpr bool imma_path(int bk, int bv, int G, int D, int gq) { return (bk == 2 || bk == 4) && bv == bk && G == 128 && D == 128 && gq <= 2; }
+// = 128 with up to 2 query heads per block (one n-tile of 8 B columns), or G = head_dim = 64 with up to 4 (two n-tiles
+// at 3 or 4); the fp16 tensor-core path otherwise
+__host__ __device__ constexpr bool imma_path(int bk, int bv, int G, int D, int gq)
+{
+    return (bk == 2 || bk == 4) && bv == bk && G == D && ((D == 128 && gq <= 2) || (D == 64 && gq <= 4));
+}
 
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
     // kbias: [ngc][gq], then [ngc] (kinv); vbias: [NG][gq], then [NG] floats (vinv), [NG + 2] ints (max value
-    // scales, max |q|, spare); stage: [warps][gq][D] floats ([warps][4 gq][D] on the IM path); bfr: uint2 fragments
+    // scales, max |q|, spare); stage: [warps][gq][D] floats; bfr: uint2 fragments
     int qv, sc, red, stat, kbias, vbias, stage, bfr, total;
 };
 __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int bk, int bv, int chunk)
@@ -675,10 +685,10 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int bk, int 
     m.kbias = m.stat + up(4 * gq);
     m.vbias = m.kbias + up(ngc * gq + ngc);
     m.stage = m.vbias + up(NG * gq + 2 * NG + 2);
-    m.bfr = m.stage + up(fast_threads(G) / 32 * (im ? 4 : 1) * gq * D);
-    // uint2 fragments: fp16 keys [ngc][k-slice][2 gq][4], values [chunk/16][NG][2 gq][4]; IM keys [ngc][4][4 gq][4],
+    m.bfr = m.stage + up(fast_threads(G) / 32 * gq * D);
+    // uint2 fragments: fp16 keys [ngc][k-slice][2 gq][4], values [chunk/16][NG][2 gq][4]; IM keys [ngc][D/32][4 gq][4],
     // values [chunk/32][4 gq][4]
-    const int nk = im ? ngc * 4 * 4 * gq * 4 : ngc * ks4 * 2 * gq * 4, nv = im ? (chunk + 31) / 32 * 4 * gq * 4 : (chunk / 16) * NG * 2 * gq * 4;
+    const int nk = im ? ngc * (D / 32) * 4 * gq * 4 : ngc * ks4 * 2 * gq * 4, nv = im ? (chunk + 31) / 32 * 4 * gq * 4 : (chunk / 16) * NG * 2 * gq * 4;
     m.total = m.bfr + 2 * (nk > nv ? nk : nv);
     return m;
 }
@@ -888,17 +898,20 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     }
     const int n = q1 - q0, ntile = n >> 4, ngc = (n + G - 1) / G; // n is a multiple of 16
     const FastSmem L = fast_smem(GQ, D, G, BK, BV, p.chunk);
-    // the integer tensor-core path (NW == 2 and G = 128 make head_dim 128): key B columns 4j + d = digit d of query
-    // head j, value B columns likewise
-    constexpr bool IM = NW == 2 && imma_path(BK, BV, G, 128, GQ);
-    constexpr int NCK = 4 * GQ, NCV = 4 * GQ;
+    // the integer tensor-core path (G = 64·NW makes head_dim G: 128 at NW = 2, 64 at NW = 1): key B columns 4j + d =
+    // digit d of query head j, value B columns likewise, in NTI n-tiles of 8 columns; DI = head_dim, KSI key k-steps of
+    // 32 channels per tile, MTI value m-tiles of 16 channels
+    constexpr bool IM = (NW == 1 || NW == 2) && imma_path(BK, BV, G, 64 * NW, GQ);
+    constexpr int NCK = 4 * GQ, NCV = 4 * GQ, DI = IM ? 64 * NW : 128, KSI = DI / 32, NTI = (4 * GQ + 7) / 8, MTI = DI / 16;
     // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
     // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
     // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead. With
     // the rings primed before the operand builds (below), KPF 5 against 3, alternated twice: B = 32 901..918 -> 886..888,
     // 128K 3256 -> 3174, B = 8 128K 891 -> 861, B = 8 32K -1% (KPF 4: 905..915, KPF 6: 898..919; VPF 3 +7%)
     // 4-bit (IM): a tile is 4 uint2 per lane, so 3 register sets; values by tiles of 16 positions (VPF4 sets, below)
-    constexpr int KPF = BK == 4 ? 3 : 5, VPF = 2, KX = BK == 4 ? 4 : 2;
+    // KX uint2 per lane and tile: words t + 4k of positions 2g, 2g + 1, k < KX = kw / 4 (2-bit: 2 at head_dim 128, 1 at
+    // 64; 4-bit: 4, 2)
+    constexpr int KPF = BK == 4 ? 3 : 5, VPF = 2, KX = DI * BK / 128;
     float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
     float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
@@ -948,12 +961,18 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // register hf (b0, b1) of k-step ks for lane t, b = byte (KVCACHE.md "Code words"): 2-bit, field m = ks of
         // byte b of word 4 hf + t, channel 16 (4 hf + t) + 4b + m, A bytes code·4^m, e = 4^-m; 4-bit, nibble
         // m = ks & 1 of byte b of word 8 (ks >> 1) + 4 hf + t, channel 8 (8 (ks >> 1) + 4 hf + t) + 2b + m, A bytes
-        // code·16^m, e = 16^-m. B fragments [γ][ks][column][t]
+        // code·16^m, e = 16^-m. Head_dim 64 (KSI = 2 k-steps): a half-warp per group (lanes 16.. the next group), 2-bit
+        // field m = 2ks + hf of byte b of word t (a2, a3 hold the next field of the same words), channel 16t + 4b + m;
+        // 4-bit as at 128, ks < 2. B fragments [γ][ks][column][t]
         uint32_t *bw = (uint32_t *)bfr;
-        const int ks = lane >> 3, tt = (lane >> 1) & 3, hf = lane & 1;
-        const int m = BK == 4 ? ks & 1 : ks, cw = BK == 4 ? 8 * (8 * (ks >> 1) + 4 * hf + tt) + m : 16 * (4 * hf + tt) + m;
+        constexpr int LPG = 8 * KSI; // lanes per group: 32, or 16 at head_dim 64 (two groups per warp at a time)
+        const int kl = lane & (LPG - 1), ks = kl >> 3, tt = (kl >> 1) & 3, hf = kl & 1;
+        const int m = BK == 4 ? ks & 1 : DI == 64 ? 2 * ks + hf : ks;
+        const int cw = BK == 4 ? 8 * (8 * (ks >> 1) + 4 * hf + tt) + m : DI == 64 ? 16 * tt + m : 16 * (4 * hf + tt) + m;
         const float e4 = BK == 4 ? (m ? 0.0625f : 1.f) : m == 0 ? 1.f : m == 1 ? 0.25f : m == 2 ? 0.0625f : 0.015625f;
-        for (int gi = warp; gi < ngc; gi += NWF) {
+        for (int g0 = warp * (32 / LPG); g0 < ngc; g0 += NWF * (32 / LPG)) {
+            const int gi = g0 + lane / LPG;
+            const bool gact = gi < ngc; // (lanes past the last group take part in the shuffles only)
             int ch[4];
             float2 z[4];
             float mx = 0.f, pb[GQ];
@@ -962,7 +981,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
             for (int b = 0; b < 4; b++) {
                 ch[b] = cw + (BK == 4 ? 2 : 4) * b;
-                z[b] = __ldg(&ksb[(size_t)gi * C + ch[b]]);
+                z[b] = gact ? __ldg(&ksb[(size_t)gi * C + ch[b]]) : make_float2(0.f, 0.f);
 #pragma unroll
                 for (int j = 0; j < GQ; j++) {
                     const float qc = qv[j * D + ch[b]];
@@ -970,9 +989,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                     pb[j] = fmaf(qc, z[b].x, pb[j]);
                 }
             }
-            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            for (int o = LPG / 2; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float F = pow2_scale(mx, 30, 126), Fm = F * e4;
-            if (lane == 0) kinv[gi] = mx < INFINITY ? 1.f / F : NAN; // non-finite q·s: NaN scores, as on the fp16 path
+            if (kl == 0 && gact) kinv[gi] = mx < INFINITY ? 1.f / F : NAN; // non-finite q·s: NaN scores, as on the fp16 path
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
                 // channel b's balanced digits as the bytes of one word: X = Σ_d 256^d·s_d with s_0..s_2 in [-128, 128) and
@@ -983,9 +1002,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 for (int b = 0; b < 4; b++) u[b] = (uint32_t)(__float2int_rn(qv[j * D + ch[b]] * z[b].y * Fm) + 0x808080) ^ 0x808080u;
                 byte_transpose(u, w);
 #pragma unroll
-                for (int d = 0; d < 4; d++) bw[(((gi * 4 + ks) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
-                for (int o = 16; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
-                if (lane == 0) kbias[gi * GQ + j] = pb[j];
+                for (int d = 0; d < 4; d++)
+                    if (gact) bw[(((gi * KSI + ks) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
+                for (int o = LPG / 2; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
+                if (kl == 0 && gact) kbias[gi * GQ + j] = pb[j];
             }
         }
         float mv = 0.f;
@@ -1082,40 +1102,63 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // k4gD (with the compile-time word-group count; before it ptxas spilled ~300 bytes, +21%): Llama B = 32 1693 ->
         // 1656, B = 8 -0.8%, B = 1 +0.5%, SmolLM2 B = 32 -1.7%. At G = 32 (a group every 2 tiles) Llama k2g32 was +1.7%
         constexpr bool BC = BK == BV && LG >= 2;
-        uint2 bc[BC ? 8 : 1]; // 4 on the IM path
+        uint2 bc[BC ? 8 : 1]; // KSI·NTI (4) on the IM path: bc[nt·KSI + k]
         int cgi = -1;
         float ckb = 0.f, cik = 0.f, smx = -INFINITY; // the lane's largest score
+        [[maybe_unused]] float ckb1 = 0.f, smx1 = -INFINITY; // IM, second n-tile (query heads 2, 3)
         auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
             if constexpr (IM) {
-                // 4 k-steps of 32 channels: A = field m of the lane's words t (a0, a1) and 4 + t (a2, a3) of positions
+                // KSI k-steps of 32 channels: A = field m of the lane's words t (a0, a1) and 4 + t (a2, a3) of positions
                 // 2g (row g) and 2g + 1 (row g + 8) as bytes code·4^m, one AND each (4-bit: nibble k & 1 of words
-                // 8 (k >> 1) + t and 8 (k >> 1) + 4 + t, code·16^(k & 1)); the group's B fragments (digits of q·s·e)
-                // stay in bc (b0, b1 of k-step k in bc[k]) with the group's bias and 1/F_γ. Columns 2t, 2t + 1:
-                // digits 0, 1 (t even) or 2, 3 (t odd) of head t / 2, combined in s32 as 256·c1 + c0 and then in fp32
+                // 8 (k >> 1) + t and 8 (k >> 1) + 4 + t, code·16^(k & 1); 2-bit at head_dim 64: fields 2k (a0, a1) and
+                // 2k + 1 (a2, a3) of word t); the group's B fragments (digits of q·s·e) stay in bc (b0, b1 of k-step k,
+                // n-tile nt in bc[nt·KSI + k]) with the group's bias and 1/F_γ. Columns 8nt + 2t, 8nt + 2t + 1: digits 0, 1
+                // (t even) or 2, 3 (t odd) of head 2nt + t / 2, combined in s32 as 256·c1 + c0 and then in fp32
+                const int hj0 = t >> 1;
                 if (gi != cgi) {
                     cgi = gi;
 #pragma unroll
-                    for (int k = 0; k < 4; k++) bc[k] = g < NCK ? bfr[((gi * 4 + k) * NCK + g) * 4 + t] : make_uint2(0u, 0u);
-                    if ((t >> 1) < GQ) {
-                        ckb = kbias[gi * GQ + (t >> 1)];
+                    for (int nt = 0; nt < NTI; nt++)
+#pragma unroll
+                        for (int k = 0; k < KSI; k++)
+                            bc[nt * KSI + k] = 8 * nt + g < NCK ? bfr[((gi * KSI + k) * NCK + 8 * nt + g) * 4 + t] : make_uint2(0u, 0u);
+                    if (hj0 < GQ) {
+                        ckb = kbias[gi * GQ + hj0];
                         cik = kinv[gi];
                     }
+                    if (NTI > 1 && 2 + hj0 < GQ) ckb1 = kbias[gi * GQ + 2 + hj0];
                 }
-                int acc[4] = {0, 0, 0, 0};
+                int acc[NTI][4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int x0 = BK == 4 ? 2 * (k >> 1) : 0;
-                    const uint32_t M = BK == 4 ? 0x0F0F0F0Fu << (4 * (k & 1)) : 0x03030303u << (2 * k);
-                    kvq_imma_us(acc, X[x0].x & M, X[x0].y & M, X[x0 + 1].x & M, X[x0 + 1].y & M, bc[k].x, bc[k].y);
+                for (int nt = 0; nt < NTI; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+#pragma unroll
+                for (int k = 0; k < KSI; k++) {
+                    uint32_t a0, a1, a2, a3;
+                    if (BK == 2 && DI == 64) {
+                        const uint32_t M0 = 0x03030303u << (4 * k), M1 = M0 << 2;
+                        a0 = X[0].x & M0, a1 = X[0].y & M0, a2 = X[0].x & M1, a3 = X[0].y & M1;
+                    } else {
+                        const int x0 = BK == 4 ? 2 * (k >> 1) : 0;
+                        const uint32_t M = BK == 4 ? 0x0F0F0F0Fu << (4 * (k & 1)) : 0x03030303u << (2 * k);
+                        a0 = X[x0].x & M, a1 = X[x0].y & M, a2 = X[x0 + 1].x & M, a3 = X[x0 + 1].y & M;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NTI; nt++) kvq_imma_us(acc[nt], a0, a1, a2, a3, bc[nt * KSI + k].x, bc[nt * KSI + k].y);
                 }
-                const int y0 = acc[1] * 256 + acc[0], y1 = acc[3] * 256 + acc[2]; // |.| < 2^30
-                const int u0 = __shfl_xor_sync(0xffffffffu, y0, 1), u1 = __shfl_xor_sync(0xffffffffu, y1, 1); // digits 2, 3
-                if (!(t & 1) && (t >> 1) < GQ) {
-                    float *o = sc + (t >> 1) * p.chunk + tile * 16 + 2 * g;
-                    o[0] = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, ckb);
-                    o[1] = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, ckb);
-                    smx = fmaxf(smx, fmaxf(o[0], o[1]));
+#pragma unroll
+                for (int nt = 0; nt < NTI; nt++) {
+                    const int y0 = acc[nt][1] * 256 + acc[nt][0], y1 = acc[nt][3] * 256 + acc[nt][2]; // |.| < 2^30
+                    const int u0 = __shfl_xor_sync(0xffffffffu, y0, 1), u1 = __shfl_xor_sync(0xffffffffu, y1, 1); // digits 2, 3
+                    const int hj = 2 * nt + hj0;
+                    if (!(t & 1) && hj < GQ) {
+                        const float kb = nt ? ckb1 : ckb;
+                        float *o = sc + hj * p.chunk + tile * 16 + 2 * g;
+                        o[0] = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, kb);
+                        o[1] = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, kb);
+                        if (nt) smx1 = fmaxf(smx1, fmaxf(o[0], o[1]));
+                        else smx = fmaxf(smx, fmaxf(o[0], o[1]));
+                    }
                 }
                 return;
             }
@@ -1153,7 +1196,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             }
         };
         if constexpr (IM) {
-            // KPF register sets used in turn (KPF - 1 tiles ahead); head_dim 128: kw = 8 (2-bit) or 16, so one pointer and
+            // KPF register sets used in turn (KPF - 1 tiles ahead); kw = KX·4 words, so one pointer and
             // compile-time offsets (words t + 4k of positions 2g, 2g + 1; 32·KX uint2 per tile)
             auto kuse = [&](const uint2 (&x)[KX], int i) {
                 uint2 x4[XM];
@@ -1179,6 +1222,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
         const int hj = IM ? t >> 1 : t;
         if (g == 0 && (!IM || !(t & 1)) && hj < GQ) red[warp * GQ + hj] = smx;
+        if constexpr (IM && NTI > 1) { // the second n-tile's heads 2 + t / 2
+            for (int o = 4; o < 32; o <<= 1) smx1 = fmaxf(smx1, __shfl_xor_sync(0xffffffffu, smx1, o));
+            if (g == 0 && !(t & 1) && 2 + hj < GQ) red[warp * GQ + 2 + hj] = smx1;
+        }
     }
     __syncthreads();
     // no softmax pass: the chunk's maximum comes from the score loop (each warp's in red), and exp(s - m) and Σ p are
@@ -1190,28 +1237,34 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // IM: the P·V phase's value ring (VPF register sets, k-steps [vkb, vke) of 32 positions) is primed before the value
     // operands are built
     [[maybe_unused]] const int npair = (ntile + 1) >> 1, vper = (npair + NWF - 1) / NWF, vkb = warp * vper, vke = min(npair, vkb + vper);
-    [[maybe_unused]] const uint32_t *lp = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 32 * vkb) * 8 + g;
+    // 2-bit: VWI = vw words per position (8 at head_dim 128, 4 at 64); lane 4g + t loads word g (at 64: g & 3, lanes g
+    // and g + 4 the same word) of positions 4r + t
+    constexpr int VWI = DI * BV / 32;
+    [[maybe_unused]] const uint32_t *lp = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 32 * vkb) * VWI + (g & (VWI - 1));
     [[maybe_unused]] int kl = vkb; // the next k-step to load
     auto vload = [&](uint32_t (&w)[8]) {
         const bool two = 2 * kl + 1 < ntile; // the last k-step's second tile may lie past the chunk: zeros
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            w[r] = __ldcs(lp + 32 * r); // position 4r + t: the 4 lanes t of a load read 128 contiguous bytes
-            w[4 + r] = two ? __ldcs(lp + 128 + 32 * r) : 0u;
+            w[r] = __ldcs(lp + 4 * VWI * r); // position 4r + t: the 4 lanes t of a load read 4·VWI·4 contiguous bytes
+            w[4 + r] = two ? __ldcs(lp + 16 * VWI + 4 * VWI * r) : 0u;
         }
-        lp += 256;
+        lp += 32 * VWI;
         kl++;
     };
     [[maybe_unused]] uint32_t XV[VPF][8];
-    // 4-bit: tiles [vtb, vte) of 16 positions, lane 4g + t loading words 2g, 2g + 1 (one uint2) of positions 4r + t
-    // (each load's 32 lanes read 256 contiguous bytes); VPF4 register sets used in turn
+    // 4-bit: tiles [vtb, vte) of 16 positions, lane 4g + t loading words 2g, 2g + 1 (one uint2; at head_dim 64 word g,
+    // in .x) of positions 4r + t (each load's 32 lanes read 256 (128) contiguous bytes); VPF4 register sets used in turn
     constexpr int VPF4 = 3;
     [[maybe_unused]] const int vtb = 2 * vkb, vte = min(ntile, 2 * vke);
-    [[maybe_unused]] const uint2 *lp4 = (const uint2 *)(p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 16 * vtb) * 16) + g;
+    [[maybe_unused]] const uint32_t *lp4 = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 16 * vtb) * VWI + (DI == 128 ? 2 * g : g);
     auto vload4 = [&](uint2 (&w)[4]) {
 #pragma unroll
-        for (int r = 0; r < 4; r++) w[r] = __ldcs(lp4 + 32 * r);
-        lp4 += 128;
+        for (int r = 0; r < 4; r++) {
+            if (DI == 128) w[r] = __ldcs((const uint2 *)lp4 + 32 * r);
+            else w[r].x = __ldcs(lp4 + 32 * r);
+        }
+        lp4 += 16 * VWI;
     };
     [[maybe_unused]] uint2 XV4[VPF4][4];
     if constexpr (IM && BV == 4) ring_prologue(XV4, vtb, vte, vload4);
@@ -1349,46 +1402,74 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // 4j + d) into the stage, 4^-f (4-bit: 16^-f) and 1/F_v in the output loop
         // head_dim 128 at 2 bits: 8 words per position, so one pointer per lane and compile-time offsets; VPF register
         // sets used in turn (VPF - 1 k-steps ahead)
-        int acc[8][4];
+        // head_dim 64 (2-bit): lane 4g + t's word is g & 3, and its m-tile m (byte i = m of the transpose) takes fields
+        // 2(g >> 2) (row g) and the next (row g + 8): channels 16 (g & 3) + 4m + 2 (g >> 2) (+ 1). Query heads 2, 3 in
+        // the second n-tile (B columns 8 + g)
+        int acc[MTI][NTI][4];
 #pragma unroll
-        for (int m = 0; m < 8; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0;
+        for (int m = 0; m < MTI; m++)
+#pragma unroll
+            for (int nt = 0; nt < NTI; nt++) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0;
         auto kstep = [&](const uint32_t (&w)[8], int kp) {
-            const uint2 b = g < NCV ? bfr[(kp * NCV + g) * 4 + t] : make_uint2(0u, 0u);
+            uint2 b[NTI];
+#pragma unroll
+            for (int nt = 0; nt < NTI; nt++) b[nt] = 8 * nt + g < NCV ? bfr[(kp * NCV + 8 * nt + g) * 4 + t] : make_uint2(0u, 0u);
             uint32_t T[2][4]; // T[0][i] (first tile), T[1][i] (second): byte r = byte i of position 4r + t's word
             byte_transpose(w, T[0]);
             byte_transpose(w + 4, T[1]);
 #pragma unroll
-            for (int m = 0; m < 8; m++) {
-                const int i = m >> 1, f = 2 * (m & 1);
+            for (int m = 0; m < MTI; m++) {
+                const int i = DI == 128 ? m >> 1 : m, f = DI == 128 ? 2 * (m & 1) : 2 * (g >> 2);
                 const uint32_t M0 = 0x03030303u << (2 * f), M1 = M0 << 2;
-                kvq_imma_uu(acc[m], T[0][i] & M0, T[0][i] & M1, T[1][i] & M0, T[1][i] & M1, b.x, b.y);
+#pragma unroll
+                for (int nt = 0; nt < NTI; nt++) kvq_imma_uu(acc[m][nt], T[0][i] & M0, T[0][i] & M1, T[1][i] & M0, T[1][i] & M1, b[nt].x, b[nt].y);
             }
         };
         // 4-bit: per tile of 16 positions, mma.m16n8k16 (b0 of the k-step's B fragment for its first tile, b1 for the
         // second); the byte transpose of words 2g (hw 0) and 2g + 1 (hw 1) gives T_i = byte i over the 4 positions, and
         // its low / high nibbles (one AND each) are the A registers of m-tile 4 hw + i: row g = channel 16g + 8hw + 2i
-        // (code), row g + 8 = the next channel (code·16)
+        // (code), row g + 8 = the next channel (code·16); at head_dim 64 word g alone (hw 0): channel 8g + 2i
         auto tile4 = [&](const uint2 (&w)[4], int kt) {
-            const uint32_t b = g < NCV ? ((const uint32_t *)bfr)[(((kt >> 1) * NCV + g) * 4 + t) * 2 + (kt & 1)] : 0u;
+            uint32_t b[NTI];
 #pragma unroll
-            for (int hw = 0; hw < 2; hw++) {
+            for (int nt = 0; nt < NTI; nt++)
+                b[nt] = 8 * nt + g < NCV ? ((const uint32_t *)bfr)[(((kt >> 1) * NCV + 8 * nt + g) * 4 + t) * 2 + (kt & 1)] : 0u;
+#pragma unroll
+            for (int hw = 0; hw < DI / 64; hw++) {
                 const uint32_t x[4] = {hw ? w[0].y : w[0].x, hw ? w[1].y : w[1].x, hw ? w[2].y : w[2].x, hw ? w[3].y : w[3].x};
                 uint32_t T[4];
                 byte_transpose(x, T);
 #pragma unroll
-                for (int i = 0; i < 4; i++) kvq_imma16_uu(acc[4 * hw + i], T[i] & 0x0F0F0F0Fu, T[i] & 0xF0F0F0F0u, b);
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int nt = 0; nt < NTI; nt++) kvq_imma16_uu(acc[4 * hw + i][nt], T[i] & 0x0F0F0F0Fu, T[i] & 0xF0F0F0F0u, b[nt]);
             }
         };
         if constexpr (BV == 4) ring_loop(XV4, vtb, vte, vload4, tile4);
         else ring_loop(XV, vkb, vke, vload, kstep);
-        // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8
+        // c0, c1: row g, columns 8nt + 2t, 8nt + 2t + 1 (digits 2 (t & 1), 2 (t & 1) + 1 of head 2nt + t / 2); c2, c3: row
+        // g + 8. The four digits' sums Σ_d 256^-d·c_d in fp32 (lane t's pair, then its neighbour t ^ 1's by a shuffle)
+        // into the stage [warps][gq][D], one value per (head, channel)
 #pragma unroll
-        for (int m = 0; m < 8; m++)
+        for (int m = 0; m < MTI; m++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int col = 2 * t + (c & 1), dg = col & 3;
-                const int ch = BV == 4 ? 16 * g + 2 * m + (c >> 1) : 16 * g + 4 * (m >> 1) + 2 * (m & 1) + (c >> 1);
-                if (col < NCV) stage[(warp * NCV + col) * D + ch] = (float)acc[m][c] * (dg == 0 ? 1.f : dg == 1 ? 0x1p-8f : dg == 2 ? 0x1p-16f : 0x1p-24f);
+            for (int nt = 0; nt < NTI; nt++) {
+                const float sh = t & 1 ? 0x1p-16f : 1.f;
+                float x[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    x[r] = fmaf((float)acc[m][nt][2 * r + 1], 0x1p-8f, (float)acc[m][nt][2 * r]) * sh;
+                    x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
+                }
+                const int j = 2 * nt + (t >> 1);
+                if (!(t & 1) && j < GQ)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int ch = BV == 4 ? (DI / 8) * g + 2 * m + r
+                                       : DI == 128 ? 16 * g + 4 * (m >> 1) + 2 * (m & 1) + r
+                                                   : 16 * (g & 3) + 4 * m + 2 * (g >> 2) + r;
+                        stage[(warp * GQ + j) * D + ch] = x[r];
+                    }
             }
     } else {
         const uint32_t *vc = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0) * p.vw;
@@ -1521,9 +1602,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             const int ch = d - 2;
             float x = 0.f;
 #pragma unroll
-            for (int w = 0; w < NWF; w++)
-#pragma unroll
-                for (int dg = 0; dg < 4; dg++) x += stage[(w * NCV + 4 * j + dg) * D + ch];
+            for (int w = 0; w < NWF; w++) x += stage[(w * GQ + j) * D + ch];
             const int f = BV == 4 ? ch & 1 : ch & 3;
             v = fmaf(x, vinv[0] * (BV == 4 ? (f ? 0.0625f : 1.f) : f == 0 ? 1.f : f == 1 ? 0.25f : f == 2 ? 0.0625f : 0.015625f), vbias[j]);
         } else {

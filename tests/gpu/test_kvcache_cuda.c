@@ -526,12 +526,17 @@ int main(void)
         {3, 1, 128, 2, 4, 4, 128, 128, 1, 1, 1100, 0, 45}, /* k4gD's integer path with 2 query heads per block, a sink */
         {1, 1, 128, 4, 4, 4, 128, 128, 1, 0, 1100, 0, 0},  /* 4/4 at G 128 with 4 query heads per block: the fp16 path */
         {9, 32, 64, 2, 2, 2, 32, 64, 1, 0, 400, 0, 0},     /* 576 (query head, sequence) rows: combine_par, not the wide one */
+        {2, 3, 64, 3, 2, 2, 64, 64, 1, 1, 1300, 0, 45},    /* SmolLM2's k2gD: the integer path at head_dim 64, 3 query heads */
+        {2, 3, 64, 3, 4, 4, 64, 64, 1, 1, 1300, 0, 0},     /* SmolLM2's k4gD */
+        {1, 2, 64, 4, 2, 2, 64, 64, 1, 0, 1100, 0, 0},     /* head_dim 64, 4 query heads per block (two full n-tiles) */
+        {1, 2, 64, 2, 4, 4, 64, 64, 1, 0, 1100, 0, 0},     /* head_dim 64, 2 query heads per block (one n-tile) */
     };
     const char *kn[] = {"kivi2 g32 r128 llama-like", "kivi4 smollm-like gqa3", "kivi 2/4 g128 gqa5", "kivi 4/2 g16 d48",
                         "kivi4 d256 g64 r0", "kivi 3/2 pre-RoPE g8", "kivi4 long", "kivi2 prefix 5", "kivi 2/4 uneven lengths",
                         "kivi 2/4 pre-RoPE d18 g6", "kivi 4/3 d9 g3", "kivi2 g128 llama-like", "kivi4 g128 llama-like",
                         "kivi2 g128 gqa2 uneven sink", "kivi2 g128 gqa4 fp16 path",
-                        "kivi4 g128 gqa2 uneven sink", "kivi4 g128 gqa4 fp16 path", "kivi2 576 rows"};
+                        "kivi4 g128 gqa2 uneven sink", "kivi4 g128 gqa4 fp16 path", "kivi2 576 rows",
+                        "kivi2 g64 smollm-like gqa3", "kivi4 g64 smollm-like gqa3", "kivi2 g64 gqa4", "kivi4 g64 gqa2"};
     for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
     run_kivi_schedules(2);
     run_kivi_schedules(4);

@@ -369,6 +369,14 @@ int main(int argc, char **argv)
      * value B columns), a sink token and sequences 45 positions apart */
     run_kivi(3, 1, 128, 2, 2, 2, 128, 128, true, 1, 900, l3 + 2, 2, 8, "kivi 2/2 g128 gqa2 uneven", 45);
     run_kivi(3, 1, 128, 2, 4, 4, 128, 128, true, 1, 900, l3 + 2, 2, 8, "kivi 4/4 g128 gqa2 uneven", 45);
+    /* the integer path at head_dim = G = 64 (SmolLM2's heads: 3 query heads per block, two n-tiles of B columns; 2-bit
+     * keys take two fields of one word per k-step, 2-bit values' m-tiles two fields per lane group), and with 1, 2, 4 */
+    run_kivi(2, 3, 64, 3, 2, 2, 64, 64, true, 1, 900, l3 + 2, 2, 132, "kivi smollm-like 2/2 g64 gqa3 integer path", 45);
+    run_kivi(2, 3, 64, 3, 4, 4, 64, 64, true, 1, 900, l3 + 2, 2, 132, "kivi smollm-like 4/4 g64 gqa3 integer path", 45);
+    run_kivi(1, 2, 64, 4, 2, 2, 64, 64, true, 0, 900, l3 + 2, 2, 8, "kivi 2/2 g64 gqa4 integer path");
+    run_kivi(1, 2, 64, 4, 4, 4, 64, 64, true, 0, 900, l3 + 2, 2, 8, "kivi 4/4 g64 gqa4 integer path");
+    run_kivi(1, 2, 64, 2, 2, 2, 64, 64, true, 0, 900, l3 + 2, 2, 8, "kivi 2/2 g64 gqa2 integer path");
+    run_kivi(1, 2, 64, 1, 4, 4, 64, 64, true, 0, 900, l3 + 2, 2, 8, "kivi 4/4 g64 gqa1 integer path");
     /* 4/4 at G = 128 with 4 query heads per block: the fp16 path */
     run_kivi(1, 1, 128, 4, 4, 4, 128, 128, true, 0, 900, l3 + 2, 2, 8, "kivi 4/4 g128 gqa4 fp16 path");
     run_kivi(1, 1, 128, 5, 2, 4, 128, 128, true, 0, 900, l3, quick ? 3 : 4, 4, "kivi g128 2/4 gqa5");
@@ -393,6 +401,8 @@ int main(int argc, char **argv)
     /* ... and on the integer path: ~650 positions per warp, the s32 sums exact over all of them */
     run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 2/2");
     run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 2700, l4, 1, 132, "kivi long chunk g128 4/4");
+    run_kivi(1, 1, 64, 3, 2, 2, 64, 64, true, 0, 2700, l4, 1, 132, "kivi long chunk g64 2/2 gqa3");
+    run_kivi(1, 1, 64, 3, 4, 4, 64, 64, true, 0, 2700, l4, 1, 132, "kivi long chunk g64 4/4 gqa3");
     /* sequences of different lengths (45 positions apart): per-sequence fast / generic ranges and boundaries */
     run_kivi(3, 2, 64, 2, 2, 4, 32, 64, true, 1, 900, l3, quick ? 3 : 4, 8, "kivi uneven 2/4", 45);
     // one SM: 12 rows >= 4 per SM, so combine_par (the 128-thread merge) instead of combine_par_wide
@@ -407,6 +417,7 @@ int main(int argc, char **argv)
     run_kivi(1, 1, 64, 1, 2, 2, 32, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries", 0, 1e-36f);
     run_kivi(1, 1, 128, 1, 2, 2, 128, 128, true, 0, 400, l5, 1, 8, "kivi tiny queries g128 2/2", 0, 1e-36f); // imma_scale clamps
     run_kivi(1, 1, 128, 1, 4, 4, 128, 128, true, 0, 400, l5, 1, 8, "kivi tiny queries g128 4/4", 0, 1e-36f);
+    run_kivi(1, 1, 64, 3, 2, 2, 64, 64, true, 0, 400, l5, 1, 8, "kivi tiny queries g64 2/2 gqa3", 0, 1e-36f);
     printf("emu: %d passed, %d failed\n", n_pass, n_fail);
     /* the summary line scripts/run_tests.sh reads (the format of Check's) */
     printf("%d%%: Checks: %d, Failures: %d, Errors: 0\n", n_pass + n_fail ? 100 * n_pass / (n_pass + n_fail) : 0, n_pass + n_fail,
