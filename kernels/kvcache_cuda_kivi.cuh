@@ -1402,8 +1402,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // g + 8 the next channel. The s32 sums stay exact over the whole chunk (|Σ| <= 192·255·chunk/warps < 2^31
         // for chunks up to 2^16; 4-bit: 240·255·chunk/warps), scaled once at the end: 256^-d for digit d (column
         // 4j + d) into the stage, 4^-f (4-bit: 16^-f) and 1/F_v in the output loop
-        // head_dim 128 at 2 bits: 8 words per position, so one pointer per lane and compile-time offsets; VPF register
-        // sets used in turn (VPF - 1 k-steps ahead)
+        // 2 bits: VWI words per position (8 at head_dim 128, 4 at 64), so one pointer per lane and compile-time offsets;
+        // VPF register sets used in turn (VPF - 1 k-steps ahead)
         // head_dim 64 (2-bit): lane 4g + t's word is g & 3, and its m-tile m (byte i = m of the transpose) takes fields
         // 2(g >> 2) (row g) and the next (row g + 8): channels 16 (g & 3) + 4m + 2 (g >> 2) (+ 1). Query heads 2, 3 in
         // the second n-tile (B columns 8 + g)
