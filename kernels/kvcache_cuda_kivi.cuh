@@ -25,6 +25,13 @@ __device__ __forceinline__ uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// 2^x (ex2.approx.ftz: relative error ~2^-22, results below 2^-126 flushed to 0)
+__device__ __forceinline__ float kvq_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 // c += a·b on the integer tensor cores, mma.m16n8k32 (PTX ISA "Matrix fragments for mma.m16n8k32"), s32 accumulators
 // (exact): lane 4g + t holds a0 = A[g][4t..4t+3], a1 = A[g+8][4t..4t+3], a2 = A[g][16+4t..16+4t+3], a3 = A[g+8][16+4t..]
 // (byte i = column 4t + i), b0 = B[4t..4t+3][g], b1 = B[16+4t..16+4t+3][g]; c as kvq_mma16816. A unsigned bytes, B
@@ -666,11 +673,20 @@ __host__ __device__ constexpr bool imma_path(int bk, int bv, int G, int D, int g
     return (bk == 2 || bk == 4) && bv == bk && G == D && ((D == 128 && gq <= 2) || (D == 64 && gq <= 4));
 }
 
+// the integer path's B columns (digits d < 4 of query heads j < gq): 4 gq in one n-tile of 8 at gq <= 2, column 4j + d
+// (lane t's accumulators: digits 2 (t & 1), 2 (t & 1) + 1 of head t / 2); two n-tiles at 3 or 4 heads, column
+// 8 (d >> 1) + 2j + (d & 1), so lane t's accumulators of the two n-tiles hold all four digits of head t
+__host__ __device__ constexpr int imma_cols(int gq) { return gq <= 2 ? 4 * gq : 16; }
+__host__ __device__ constexpr int imma_col(int gq, int j, int d) { return gq <= 2 ? 4 * j + d : 8 * (d >> 1) + 2 * j + (d & 1); }
+// column c (of imma_cols(gq)) holds a digit
+__host__ __device__ constexpr bool imma_col_used(int gq, int c) { return gq <= 2 ? c < 4 * gq : ((c & 7) >> 1) < gq; }
+
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
     // kbias: [ngc][gq], then [ngc] (kinv); vbias: [NG][gq], then [NG] floats (vinv), [NG + 2] ints (max value
-    // scales, max |q|, spare); stage: [warps][gq][D] floats; bfr: uint2 fragments
-    int qv, sc, red, stat, kbias, vbias, stage, bfr, total;
+    // scales, max |q|, spare); wsum: IM, per warp [warps][2][gq] (Σ p·min, Σ p); stage: [warps][gq][D] floats; bfr: uint2
+    // fragments
+    int qv, sc, red, stat, wsum, kbias, vbias, stage, bfr, total;
 };
 __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int bk, int bv, int chunk)
 {
@@ -682,13 +698,15 @@ __host__ __device__ inline FastSmem fast_smem(int gq, int D, int G, int bk, int 
     m.sc = m.qv + up(gq * D);
     m.red = m.sc + up(gq * chunk);
     m.stat = m.red + up(8 * gq);
-    m.kbias = m.stat + up(4 * gq);
+    m.wsum = m.stat + up(4 * gq);
+    m.kbias = m.wsum + up(2 * (fast_threads(G) / 32) * gq);
     m.vbias = m.kbias + up(ngc * gq + ngc);
     m.stage = m.vbias + up(NG * gq + 2 * NG + 2);
     m.bfr = m.stage + up(fast_threads(G) / 32 * gq * D);
-    // uint2 fragments: fp16 keys [ngc][k-slice][2 gq][4], values [chunk/16][NG][2 gq][4]; IM keys [ngc][D/32][4 gq][4],
-    // values [chunk/32][4 gq][4]
-    const int nk = im ? ngc * (D / 32) * 4 * gq * 4 : ngc * ks4 * 2 * gq * 4, nv = im ? (chunk + 31) / 32 * 4 * gq * 4 : (chunk / 16) * NG * 2 * gq * 4;
+    // uint2 fragments: fp16 keys [ngc][k-slice][2 gq][4], values [chunk/16][NG][2 gq][4]; IM keys [ngc][D/32][nci][4],
+    // values [chunk/32][nci][4], nci = imma_cols(gq) B columns
+    const int nci = imma_cols(gq);
+    const int nk = im ? ngc * (D / 32) * nci * 4 : ngc * ks4 * 2 * gq * 4, nv = im ? (chunk + 31) / 32 * nci * 4 : (chunk / 16) * NG * 2 * gq * 4;
     m.total = m.bfr + 2 * (nk > nv ? nk : nv);
     return m;
 }
@@ -887,7 +905,11 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // NWG: 64-dim word groups per head; a compile-time constant for NW > 0 (fast_nw), which folds the score loop's
     // guards and the dead loads and pointers away. Same call, H200, N = 32K, k2g32 / k4g32 / k2gD / k4gD against the
     // run-time count: Llama B = 32 -8 / -6 / -11 / -5%, B = 1 -4 / -4 / -4 / -1%; SmolLM2 B = 32 -7 / -9 / -6 / -10%
-    const int D = p.D, C = p.H * D, NWG = NW ? NW : (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
+    // the integer path (below) runs only at head_dim = 64·NW (kv::imma_path); at 64 head_dim is then a compile-time
+    // constant. H200, SmolLM2 heads, same call: k2gD B = 32 128K 382.8 -> 361.9 µs, B = 8 128K -5.1%, k4gD B = 32
+    // 437.6 -> 422.9; at 128 (Llama heads) ptxas spilled more and k2gD was 3.5..5.4% slower, so not there
+    constexpr bool IM = (NW == 1 || NW == 2) && imma_path(BK, BV, G, 64 * NW, GQ);
+    const int D = IM && NW == 1 ? 64 : p.D, C = p.H * D, NWG = NW ? NW : (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
     const int q0 = split < p.nlong ? split * p.chunk : p.nlong * p.chunk + (split - p.nlong) * p.chunk2;
     const int q1 = min(q0 + (split < p.nlong ? p.chunk : p.chunk2), p.qf[s]);
     float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + split) * (D + 2);
@@ -901,8 +923,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // the integer tensor-core path (G = 64·NW makes head_dim G: 128 at NW = 2, 64 at NW = 1): key B columns 4j + d =
     // digit d of query head j, value B columns likewise, in NTI n-tiles of 8 columns; DI = head_dim, KSI key k-steps of
     // 32 channels per tile, MTI value m-tiles of 16 channels
-    constexpr bool IM = (NW == 1 || NW == 2) && imma_path(BK, BV, G, 64 * NW, GQ);
-    constexpr int NCK = 4 * GQ, NCV = 4 * GQ, DI = IM ? 64 * NW : 128, KSI = DI / 32, NTI = (4 * GQ + 7) / 8, MTI = DI / 16;
+    constexpr int NCK = imma_cols(GQ), NCV = NCK, DI = IM ? 64 * NW : 128, KSI = DI / 32, NTI = (4 * GQ + 7) / 8, MTI = DI / 16;
     // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
     // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
     // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead. With
@@ -914,7 +935,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // 2-bit at head_dim 64 (one uint2 per tile): 8 sets. H200, SmolLM2 heads k2gD, same call against 5: B = 32 128K
     // 427.3 -> 419.8 µs, the other B = 1..32 rows at 32K / 128K -0.6..-3.1%; VPF 3 there -2.9..+1.2%
     constexpr int KPF = BK == 4 ? 3 : DI == 64 ? 8 : 5, VPF = 2, KX = DI * BK / 128;
-    float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *kbias = smf + L.kbias,
+    float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *wsum = smf + L.wsum, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
     float *kinv = kbias + ngc * GQ;                // [ngc] 1 / (the key operands' scale) per key group
     float *vinv = vbias + NG * GQ;                 // [NG] 1 / (the value operands' scale) per value group
@@ -939,6 +960,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         kq2 += 32 * KX;
     };
     if constexpr (IM) ring_prologue(XK, tb, te, kload);
+    // IM: the P·V phase's k-steps [vkb, vke) of 32 positions per warp (below)
+    [[maybe_unused]] const int npair = (ntile + 1) >> 1, vper = (npair + NWF - 1) / NWF, vkb = warp * vper, vke = min(npair, vkb + vper);
     for (int i = tid; i < GQ * D; i += NTF) {
         const int j = i / D, d = i % D;
         qv[i] = j < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + j) * D + d] * p.scale : 0.f;
@@ -952,11 +975,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // loaded here and reduced after the key operands, so their latency hides behind those
         constexpr int VZ = 16;
         float vz[VZ];
+        const float *vzp = (const float *)(vsb + tid) + 1; // the scales (.y) of positions tid + k·NTF: one pointer,
+        const int nr = n - tid;                            // compile-time offsets
 #pragma unroll
-        for (int k = 0; k < VZ; k++) {
-            const int t2 = tid + k * NTF;
-            vz[k] = t2 < n ? __ldg(&vsb[t2]).y : 0.f;
-        }
+        for (int k = 0; k < VZ; k++) vz[k] = k * NTF < nr ? __ldg(vzp + 2 * k * NTF) : 0.f;
         // integer key operands, a warp per group γ of the chunk: x = q_{j,c}·s_{γ,c}·e as fixed-point integers
         // X = rint(x·F_γ), F_γ = pow2_scale(max |q·s|, 30, 126) (1/F_γ in kinv), split into four signed bytes (balanced
         // digits, X = Σ_d 256^d·digit_d), one B column each; Σ q·min per head (kbias). Lane = 8ks + 2t + hf builds
@@ -975,25 +997,25 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         for (int g0 = warp * (32 / LPG); g0 < ngc; g0 += NWF * (32 / LPG)) {
             const int gi = g0 + lane / LPG;
             const bool gact = gi < ngc; // (lanes past the last group take part in the shuffles only)
-            int ch[4];
-            float2 z[4];
-            float mx = 0.f, pb[GQ];
+            float mx = 0.f, pb[GQ], qs[GQ][4]; // q·s of channel b, head j
 #pragma unroll
             for (int j = 0; j < GQ; j++) pb[j] = 0.f;
 #pragma unroll
             for (int b = 0; b < 4; b++) {
-                ch[b] = cw + (BK == 4 ? 2 : 4) * b;
-                z[b] = gact ? __ldg(&ksb[(size_t)gi * C + ch[b]]) : make_float2(0.f, 0.f);
+                const int ch = cw + (BK == 4 ? 2 : 4) * b;
+                const float2 z = gact ? __ldg(&ksb[(size_t)gi * C + ch]) : make_float2(0.f, 0.f);
 #pragma unroll
                 for (int j = 0; j < GQ; j++) {
-                    const float qc = qv[j * D + ch[b]];
-                    mx = fmaxf(mx, fabsf(qc * z[b].y));
-                    pb[j] = fmaf(qc, z[b].x, pb[j]);
+                    const float qc = qv[j * D + ch];
+                    qs[j][b] = qc * z.y;
+                    mx = fmaxf(mx, fabsf(qs[j][b]));
+                    pb[j] = fmaf(qc, z.x, pb[j]);
                 }
             }
             for (int o = LPG / 2; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float F = pow2_scale(mx, 30, 126), Fm = F * e4;
-            if (kl == 0 && gact) kinv[gi] = mx < INFINITY ? 1.f / F : NAN; // non-finite q·s: NaN scores, as on the fp16 path
+            // (log2 units: the softmax takes 2^(s - m)) non-finite q·s: NaN scores, as on the fp16 path
+            if (kl == 0 && gact) kinv[gi] = mx < INFINITY ? 1.4426950408889634f / F : NAN;
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
                 // channel b's balanced digits as the bytes of one word: X = Σ_d 256^d·s_d with s_0..s_2 in [-128, 128) and
@@ -1001,13 +1023,13 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 // leaves the bytes s_d mod 256. Then a 4 x 4 byte transpose: w[d] = digit d of channels b = 0..3
                 uint32_t u[4], w[4];
 #pragma unroll
-                for (int b = 0; b < 4; b++) u[b] = (uint32_t)(__float2int_rn(qv[j * D + ch[b]] * z[b].y * Fm) + 0x808080) ^ 0x808080u;
+                for (int b = 0; b < 4; b++) u[b] = (uint32_t)(__float2int_rn(qs[j][b] * Fm) + 0x808080) ^ 0x808080u;
                 byte_transpose(u, w);
 #pragma unroll
                 for (int d = 0; d < 4; d++)
-                    if (gact) bw[(((gi * KSI + ks) * NCK + 4 * j + d) * 4 + tt) * 2 + hf] = w[d];
+                    if (gact) bw[(((gi * KSI + ks) * NCK + imma_col(GQ, j, d)) * 4 + tt) * 2 + hf] = w[d];
                 for (int o = LPG / 2; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
-                if (kl == 0 && gact) kbias[gi * GQ + j] = pb[j];
+                if (kl == 0 && gact) kbias[gi * GQ + j] = pb[j] * 1.4426950408889634f;
             }
         }
         float mv = 0.f;
@@ -1107,7 +1129,6 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         uint2 bc[BC ? 8 : 1]; // KSI·NTI (4) on the IM path: bc[nt·KSI + k]
         int cgi = -1;
         float ckb = 0.f, cik = 0.f, smx = -INFINITY; // the lane's largest score
-        [[maybe_unused]] float ckb1 = 0.f, smx1 = -INFINITY; // IM, second n-tile (query heads 2, 3)
         auto score = [&](const uint2 (&X)[XM], int tile) {
             const int gi = tile >> LG;
             if constexpr (IM) {
@@ -1117,19 +1138,17 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
                 // 2k + 1 (a2, a3) of word t); the group's B fragments (digits of q·s·e) stay in bc (b0, b1 of k-step k,
                 // n-tile nt in bc[nt·KSI + k]) with the group's bias and 1/F_γ. Columns 8nt + 2t, 8nt + 2t + 1: digits 0, 1
                 // (t even) or 2, 3 (t odd) of head 2nt + t / 2, combined in s32 as 256·c1 + c0 and then in fp32
-                const int hj0 = t >> 1;
+                // (two n-tiles: lane t holds all four digits of head t, imma_col)
+                const int hj0 = NTI > 1 ? t : t >> 1;
                 if (gi != cgi) {
                     cgi = gi;
 #pragma unroll
                     for (int nt = 0; nt < NTI; nt++)
 #pragma unroll
                         for (int k = 0; k < KSI; k++)
-                            bc[nt * KSI + k] = 8 * nt + g < NCK ? bfr[((gi * KSI + k) * NCK + 8 * nt + g) * 4 + t] : make_uint2(0u, 0u);
-                    if (hj0 < GQ) {
-                        ckb = kbias[gi * GQ + hj0];
-                        cik = kinv[gi];
-                    }
-                    if (NTI > 1 && 2 + hj0 < GQ) ckb1 = kbias[gi * GQ + 2 + hj0];
+                            bc[nt * KSI + k] = imma_col_used(GQ, 8 * nt + g) ? bfr[((gi * KSI + k) * NCK + 8 * nt + g) * 4 + t] : make_uint2(0u, 0u);
+                    cik = kinv[gi];
+                    if (hj0 < GQ) ckb = kbias[gi * GQ + hj0];
                 }
                 int acc[NTI][4];
 #pragma unroll
@@ -1148,18 +1167,20 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
                     for (int nt = 0; nt < NTI; nt++) kvq_imma_us(acc[nt], a0, a1, a2, a3, bc[nt * KSI + k].x, bc[nt * KSI + k].y);
                 }
-#pragma unroll
-                for (int nt = 0; nt < NTI; nt++) {
-                    const int y0 = acc[nt][1] * 256 + acc[nt][0], y1 = acc[nt][3] * 256 + acc[nt][2]; // |.| < 2^30
+                if constexpr (NTI > 1) { // digits 0, 1 in n-tile 0, 2, 3 in n-tile 1: no shuffle, lanes t < GQ write
+                    const int y0 = acc[0][1] * 256 + acc[0][0], y1 = acc[0][3] * 256 + acc[0][2]; // |.| < 2^30
+                    const int u0 = acc[1][1] * 256 + acc[1][0], u1 = acc[1][3] * 256 + acc[1][2];
+                    const float s0 = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, ckb), s1 = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, ckb);
+                    smx = fmaxf(smx, fmaxf(s0, s1)); // (lanes t >= GQ: not read)
+                    if (t < GQ) *(float2 *)(sc + t * p.chunk + tile * 16 + 2 * g) = make_float2(s0, s1);
+                } else {
+                    const int y0 = acc[0][1] * 256 + acc[0][0], y1 = acc[0][3] * 256 + acc[0][2]; // |.| < 2^30
                     const int u0 = __shfl_xor_sync(0xffffffffu, y0, 1), u1 = __shfl_xor_sync(0xffffffffu, y1, 1); // digits 2, 3
-                    const int hj = 2 * nt + hj0;
-                    if (!(t & 1) && hj < GQ) {
-                        const float kb = nt ? ckb1 : ckb;
-                        float *o = sc + hj * p.chunk + tile * 16 + 2 * g;
-                        o[0] = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, kb);
-                        o[1] = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, kb);
-                        if (nt) smx1 = fmaxf(smx1, fmaxf(o[0], o[1]));
-                        else smx = fmaxf(smx, fmaxf(o[0], o[1]));
+                    if (!(t & 1) && hj0 < GQ) {
+                        float *o = sc + hj0 * p.chunk + tile * 16 + 2 * g;
+                        o[0] = fmaf(fmaf((float)u0, 65536.f, (float)y0), cik, ckb);
+                        o[1] = fmaf(fmaf((float)u1, 65536.f, (float)y1), cik, ckb);
+                        smx = fmaxf(smx, fmaxf(o[0], o[1]));
                     }
                 }
                 return;
@@ -1220,14 +1241,11 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             }
         }
         // the warp's largest score per head j into red[warp][j] (the softmax's maximum without a pass): lanes g = 0 with
-        // t = 2j on the IM path (odd t hold none), t = j on the fp16 path
+        // t = 2j on the IM path with one n-tile (odd t hold none), t = j with two and on the fp16 path
         for (int o = 4; o < 32; o <<= 1) smx = fmaxf(smx, __shfl_xor_sync(0xffffffffu, smx, o));
-        const int hj = IM ? t >> 1 : t;
-        if (g == 0 && (!IM || !(t & 1)) && hj < GQ) red[warp * GQ + hj] = smx;
-        if constexpr (IM && NTI > 1) { // the second n-tile's heads 2 + t / 2
-            for (int o = 4; o < 32; o <<= 1) smx1 = fmaxf(smx1, __shfl_xor_sync(0xffffffffu, smx1, o));
-            if (g == 0 && !(t & 1) && 2 + hj < GQ) red[warp * GQ + 2 + hj] = smx1;
-        }
+        const bool one = IM && NTI == 1;
+        const int hj = one ? t >> 1 : t;
+        if (g == 0 && (!one || !(t & 1)) && hj < GQ) red[warp * GQ + hj] = smx;
     }
     __syncthreads();
     // no softmax pass: the chunk's maximum comes from the score loop (each warp's in red), and exp(s - m) and Σ p are
@@ -1238,7 +1256,6 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 
     // IM: the P·V phase's value ring (VPF register sets, k-steps [vkb, vke) of 32 positions) is primed before the value
     // operands are built
-    [[maybe_unused]] const int npair = (ntile + 1) >> 1, vper = (npair + NWF - 1) / NWF, vkb = warp * vper, vke = min(npair, vkb + vper);
     // 2-bit: VWI = vw words per position (8 at head_dim 128, 4 at 64); lane 4g + t loads word g (at 64: g & 3, lanes g
     // and g + 4 the same word) of positions 4r + t
     constexpr int VWI = DI * BV / 32;
@@ -1274,13 +1291,25 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 
     // ---- value statistics per group: max s (the operands' scale fv = pow2_scale(max s), as p <= 1) and the bias
     // Σ p·min, warp sums then shared atomics (IM: max s before, Σ p·min with the operands below)
-    float mc[GQ]; // the chunk's largest score per head (softmax maximum)
+    float mc[GQ]; // the chunk's largest score per head (softmax maximum; IM: in log2 units, as its scores)
+    if constexpr (IM) {
+        // thread j < GQ takes head j's over the warps into red[j] (its own column of red), read by all after the barrier
+        // below; the partial's statistic in natural-log units
+        if (tid < GQ) {
+            float m = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < GQ; j++) {
-        mc[j] = -INFINITY;
+            for (int w = 0; w < NWF; w++) m = fmaxf(m, red[w * GQ + tid]);
+            red[tid] = m;
+            stat[tid] = m * 0.693147180559945309f;
+        }
+    } else {
 #pragma unroll
-        for (int w = 0; w < NWF; w++) mc[j] = fmaxf(mc[j], red[w * GQ + j]);
-        if (tid == 0) stat[j] = mc[j];
+        for (int j = 0; j < GQ; j++) {
+            mc[j] = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < NWF; w++) mc[j] = fmaxf(mc[j], red[w * GQ + j]);
+            if (tid == 0) stat[j] = mc[j];
+        }
     }
     for (int ga = 0; ga < (IM ? 0 : NG); ga++) {
         float mv = 0.f, pz[GQ], ls[GQ];
@@ -1324,14 +1353,22 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         const float Fv = pow2_scale(__int_as_float(vmx[0]), 8, 126);
         float pz[GQ], ls[GQ]; // Σ p·min, Σ p
 #pragma unroll
-        for (int j = 0; j < GQ; j++) pz[j] = ls[j] = 0.f;
+        for (int j = 0; j < GQ; j++) {
+            pz[j] = ls[j] = 0.f;
+            mc[j] = red[j];
+        }
         for (int i = tid; i < ((ntile + 1) >> 1) * 4; i += NTF) {
             const int tt = i & 3, kp = i >> 2;
+            // (the scores are in log2 units: p = 2^(s - m). Positions past n, in the last k-step's second tile, read the
+            // scores' buffer past the chunk's scores (within its capacity) and get p = 0)
             float2 zs[8];
+            float sv[8]; // s·F_v·2^24
+            const float *sp = sc + kp * 32 + tt;
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
                 zs[k] = pa < n ? __ldg(&vsb[pa]) : make_float2(0.f, 0.f);
+                sv[k] = zs[k].y * Fv * 16777216.f; // (in this order: F_v·2^24 may overflow)
             }
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
@@ -1341,24 +1378,32 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     const int pa = kp * 32 + 16 * (k >> 2) + 4 * (k & 3) + tt;
-                    const float pp = pa < n ? expf(sc[j * p.chunk + pa] - mc[j]) : 0.f;
+                    const float e = kvq_ex2(sp[j * p.chunk + 16 * (k >> 2) + 4 * (k & 3)] - mc[j]), pp = pa < n ? e : 0.f;
                     ls[j] += pp;
                     pz[j] = fmaf(pp, zs[k].x, pz[j]);
-                    u[k] = __float2uint_rn(pp * (zs[k].y * Fv) * 16777216.f);
+                    u[k] = __float2uint_rn(pp * sv[k]);
                 }
                 byte_transpose(u, w[0]);
                 byte_transpose(u + 4, w[1]);
 #pragma unroll
-                for (int d = 0; d < 4; d++) bfr[(kp * NCV + 4 * j + d) * 4 + tt] = make_uint2(w[0][3 - d], w[1][3 - d]);
+                for (int d = 0; d < 4; d++) bfr[(kp * NCV + imma_col(GQ, j, d)) * 4 + tt] = make_uint2(w[0][3 - d], w[1][3 - d]);
             }
         }
+        // the warp's sums into wsum[warp] (the output loop adds the warps': no shared atomics, which are compare-and-swap
+        // loops on floats)
 #pragma unroll
-        for (int j = 0; j < GQ; j++) {
-            for (int o = 16; o; o >>= 1) pz[j] += __shfl_xor_sync(0xffffffffu, pz[j], o);
-            if (lane == 0) atomicAdd(&vbias[j], pz[j]);
-            for (int o = 16; o; o >>= 1) ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], o);
-            if (lane == 0) atomicAdd(&stat[GQ + j], ls[j]);
-        }
+        for (int o = 16; o; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < GQ; j++) {
+                pz[j] += __shfl_xor_sync(0xffffffffu, pz[j], o);
+                ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], o);
+            }
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < GQ; j++) {
+                wsum[2 * warp * GQ + j] = pz[j];
+                wsum[(2 * warp + 1) * GQ + j] = ls[j];
+            }
         if (tid == 0) vinv[0] = __int_as_float(vmx[0]) < INFINITY ? 1.f / Fv : NAN;
     } else {
     // value B fragments p·s·fv per (tile, group) (hi, lo) over the key fragments: a thread per (tile, group, t) loads
@@ -1415,7 +1460,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         auto kstep = [&](const uint32_t (&w)[8], int kp) {
             uint2 b[NTI];
 #pragma unroll
-            for (int nt = 0; nt < NTI; nt++) b[nt] = 8 * nt + g < NCV ? bfr[(kp * NCV + 8 * nt + g) * 4 + t] : make_uint2(0u, 0u);
+            for (int nt = 0; nt < NTI; nt++) b[nt] = imma_col_used(GQ, 8 * nt + g) ? bfr[(kp * NCV + 8 * nt + g) * 4 + t] : make_uint2(0u, 0u);
             uint32_t T[2][4]; // T[0][i] (first tile), T[1][i] (second): byte r = byte i of position 4r + t's word
             byte_transpose(w, T[0]);
             byte_transpose(w + 4, T[1]);
@@ -1435,7 +1480,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             uint32_t b[NTI];
 #pragma unroll
             for (int nt = 0; nt < NTI; nt++)
-                b[nt] = 8 * nt + g < NCV ? ((const uint32_t *)bfr)[(((kt >> 1) * NCV + 8 * nt + g) * 4 + t) * 2 + (kt & 1)] : 0u;
+                b[nt] = imma_col_used(GQ, 8 * nt + g) ? ((const uint32_t *)bfr)[(((kt >> 1) * NCV + 8 * nt + g) * 4 + t) * 2 + (kt & 1)] : 0u;
 #pragma unroll
             for (int hw = 0; hw < DI / 64; hw++) {
                 const uint32_t x[4] = {hw ? w[0].y : w[0].x, hw ? w[1].y : w[1].x, hw ? w[2].y : w[2].x, hw ? w[3].y : w[3].x};
@@ -1449,22 +1494,27 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         };
         if constexpr (BV == 4) ring_loop(XV4, vtb, vte, vload4, tile4);
         else ring_loop(XV, vkb, vke, vload, kstep);
-        // c0, c1: row g, columns 8nt + 2t, 8nt + 2t + 1 (digits 2 (t & 1), 2 (t & 1) + 1 of head 2nt + t / 2); c2, c3: row
-        // g + 8. The four digits' sums Σ_d 256^-d·c_d in fp32 (lane t's pair, then its neighbour t ^ 1's by a shuffle)
-        // into the stage [warps][gq][D], one value per (head, channel)
+        // One n-tile: c0, c1: row g, columns 2t, 2t + 1 (digits 2 (t & 1), 2 (t & 1) + 1 of head t / 2); c2, c3: row
+        // g + 8. Two (imma_col): n-tile 0's c0, c1 digits 0, 1 of head t, n-tile 1's digits 2, 3. The four digits' sums
+        // Σ_d 256^-d·c_d in fp32 (lane t's pair, then the other pair: its neighbour t ^ 1's by a shuffle, or its own second
+        // n-tile's) into the stage [warps][gq][D], one value per (head, channel)
 #pragma unroll
         for (int m = 0; m < MTI; m++)
 #pragma unroll
-            for (int nt = 0; nt < NTI; nt++) {
-                const float sh = t & 1 ? 0x1p-16f : 1.f;
+            for (int nt = 0; nt < (NTI > 1 ? 1 : NTI); nt++) {
                 float x[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    x[r] = fmaf((float)acc[m][nt][2 * r + 1], 0x1p-8f, (float)acc[m][nt][2 * r]) * sh;
-                    x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
+                    if constexpr (NTI > 1) {
+                        x[r] = fmaf((float)acc[m][0][2 * r + 1], 0x1p-8f, (float)acc[m][0][2 * r]) +
+                               fmaf((float)acc[m][NTI - 1][2 * r + 1], 0x1p-8f, (float)acc[m][NTI - 1][2 * r]) * 0x1p-16f;
+                    } else {
+                        x[r] = fmaf((float)acc[m][nt][2 * r + 1], 0x1p-8f, (float)acc[m][nt][2 * r]) * (t & 1 ? 0x1p-16f : 1.f);
+                        x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
+                    }
                 }
-                const int j = 2 * nt + (t >> 1);
-                if (!(t & 1) && j < GQ)
+                const int j = NTI > 1 ? t : t >> 1;
+                if ((NTI > 1 || !(t & 1)) && j < GQ)
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
                         const int ch = BV == 4 ? (DI / 8) * g + 2 * m + r
@@ -1598,16 +1648,22 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     for (int i = tid; i < gn * (D + 2); i += NTF) {
         const int j = i / (D + 2), d = i % (D + 2);
         float v;
-        if (d < 2) v = stat[d * GQ + j];
-        else if (IM) { // channel d - 2: field (d - 2) % 4 of its byte, so the A operands were code·4^((d - 2) % 4) (4-bit:
-            // nibble (d - 2) % 2, code·16^((d - 2) % 2))
-            const int ch = d - 2;
-            float x = 0.f;
+        if (IM && d) { // Σ p (d = 1), Σ p·min (the bias) over the warps' sums
+            float b = 0.f;
 #pragma unroll
-            for (int w = 0; w < NWF; w++) x += stage[(w * GQ + j) * D + ch];
-            const int f = BV == 4 ? ch & 1 : ch & 3;
-            v = fmaf(x, vinv[0] * (BV == 4 ? (f ? 0.0625f : 1.f) : f == 0 ? 1.f : f == 1 ? 0.25f : f == 2 ? 0.0625f : 0.015625f), vbias[j]);
-        } else {
+            for (int w = 0; w < NWF; w++) b += wsum[(2 * w + (d == 1)) * GQ + j];
+            v = b;
+            if (d > 1) { // channel d - 2: field (d - 2) % 4 of its byte, so the A operands were code·4^((d - 2) % 4) (4-bit:
+                // nibble (d - 2) % 2, code·16^((d - 2) % 2))
+                const int ch = d - 2;
+                float x = 0.f;
+#pragma unroll
+                for (int w = 0; w < NWF; w++) x += stage[(w * GQ + j) * D + ch];
+                const int f = BV == 4 ? ch & 1 : ch & 3;
+                v = fmaf(x, vinv[0] * (BV == 4 ? (f ? 0.0625f : 1.f) : f == 0 ? 1.f : f == 1 ? 0.25f : f == 2 ? 0.0625f : 0.015625f), b);
+            }
+        } else if (d < 2) v = stat[d * GQ + j];
+        else {
             v = vbias[((d - 2) / G) * GQ + j];
             const int P = (d - 2) >> 1, rem = P % (G / 2), slot = P - rem + (rem % PPL) * 8 + rem / PPL; // the flush's slot
 #pragma unroll

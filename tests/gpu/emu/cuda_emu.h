@@ -167,6 +167,12 @@ inline unsigned __float2uint_rn(float x)
     return r >= 4294967295.0 ? 0xffffffffu : r <= 0.0 ? 0u : (unsigned)r;
 }
 inline uint32_t kvq_andor(uint32_t x, uint32_t m, uint32_t c) { return (x & m) | c; }
+// ex2.approx.ftz.f32: 2^x (the hardware's ~2^-22 relative error not modelled), results below 2^-126 flushed to 0
+inline float kvq_ex2(float x)
+{
+    const float y = std::exp2(x);
+    return y < 0x1p-126f ? 0.f : y;
+}
 // fma.rn.f16x2: per half, a·b + c rounded once to fp16 (exact in double for fp16 inputs)
 inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
 {
