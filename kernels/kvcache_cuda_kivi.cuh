@@ -962,6 +962,31 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     if constexpr (IM) ring_prologue(XK, tb, te, kload);
     // IM: the P·V phase's k-steps [vkb, vke) of 32 positions per warp (below)
     [[maybe_unused]] const int npair = (ntile + 1) >> 1, vper = (npair + NWF - 1) / NWF, vkb = warp * vper, vke = min(npair, vkb + vper);
+    // IM: the key operand build's lane mapping (see there): LPG lanes per group, lane kbl of its group, its byte 0's
+    // channel kcw. Its first group's key scales (kz) and the chunk's value scales (vz, for the largest: F_v's, without a
+    // pass after the softmax) are loaded before the query fill, so their latency hides behind it and its barrier; vz is
+    // reduced after the key operands. VZ·NTF covers chunks up to 2048 positions (longer ones: a loop after). With each
+    // step of the build loading the next step's key scales and the heads' bias sums interleaved (below), same call,
+    // H200, against loading the scales where used: SmolLM2 k2gD B = 32 128K 370.4 -> 358.1 µs, B = 8 -2..-3.6%; Llama
+    // k2gD B = 8 / 32 at 128K -2.3 / -2.6%, k4gD -1.2..-1.5%
+    constexpr int LPG = 8 * KSI, KGS = NWF * (32 / LPG), VZ = 2048 / NTF; // lanes per group, groups per step of the block
+    [[maybe_unused]] const int kbl = lane & (LPG - 1), kbs = kbl >> 3, kbt = (kbl >> 1) & 3, kbh = kbl & 1;
+    [[maybe_unused]] const int kbm = BK == 4 ? kbs & 1 : DI == 64 ? 2 * kbs + kbh : kbs;
+    [[maybe_unused]] const int kcw = BK == 4 ? 8 * (8 * (kbs >> 1) + 4 * kbh + kbt) + kbm : DI == 64 ? 16 * kbt + kbm : 16 * (4 * kbh + kbt) + kbm;
+    [[maybe_unused]] float vz[VZ];
+    [[maybe_unused]] float2 kz[4];
+    [[maybe_unused]] auto kzload = [&](int g0) { // the key scales of channels kcw + (4 or 2)·b of group g0 + lane / LPG
+        const int gi = g0 + lane / LPG;
+#pragma unroll
+        for (int b = 0; b < 4; b++) kz[b] = gi < ngc ? __ldg(&ksb[(size_t)gi * C + kcw + (BK == 4 ? 2 : 4) * b]) : make_float2(0.f, 0.f);
+    };
+    if constexpr (IM) {
+        const float *vzp = (const float *)(vsb + tid) + 1; // the scales (.y) of positions tid + k·NTF: one pointer,
+        const int nr = n - tid;                            // compile-time offsets
+#pragma unroll
+        for (int k = 0; k < VZ; k++) vz[k] = k * NTF < nr ? __ldg(vzp + 2 * k * NTF) : 0.f;
+        kzload(warp * (32 / LPG));
+    }
     for (int i = tid; i < GQ * D; i += NTF) {
         const int j = i / D, d = i % D;
         qv[i] = j < gn ? p.q[((size_t)s * p.n_heads + h * p.g + gq0 + j) * D + d] * p.scale : 0.f;
@@ -971,14 +996,6 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     for (int i = tid; i < GQ; i += NTF) stat[GQ + i] = 0.f; // Σ p, by shared atomics in the pass after the scores
     __syncthreads();
     if constexpr (IM) {
-        // the chunk's largest value scale (F_v's) without a pass after the softmax: the first VZ scales per thread are
-        // loaded here and reduced after the key operands, so their latency hides behind those
-        constexpr int VZ = 16;
-        float vz[VZ];
-        const float *vzp = (const float *)(vsb + tid) + 1; // the scales (.y) of positions tid + k·NTF: one pointer,
-        const int nr = n - tid;                            // compile-time offsets
-#pragma unroll
-        for (int k = 0; k < VZ; k++) vz[k] = k * NTF < nr ? __ldg(vzp + 2 * k * NTF) : 0.f;
         // integer key operands, a warp per group γ of the chunk: x = q_{j,c}·s_{γ,c}·e as fixed-point integers
         // X = rint(x·F_γ), F_γ = pow2_scale(max |q·s|, 30, 126) (1/F_γ in kinv), split into four signed bytes (balanced
         // digits, X = Σ_d 256^d·digit_d), one B column each; Σ q·min per head (kbias). Lane = 8ks + 2t + hf builds
@@ -988,22 +1005,25 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // code·16^m, e = 16^-m. Head_dim 64 (KSI = 2 k-steps): a half-warp per group (lanes 16.. the next group), 2-bit
         // field m = 2ks + hf of byte b of word t (a2, a3 hold the next field of the same words), channel 16t + 4b + m;
         // 4-bit as at 128, ks < 2. B fragments [γ][ks][column][t]
+        // (LPG lanes per group: 32, or 16 at head_dim 64, two groups per warp at a time.) Each step loads the next
+        // step's key scales (kz) before it uses its own
         uint32_t *bw = (uint32_t *)bfr;
-        constexpr int LPG = 8 * KSI; // lanes per group: 32, or 16 at head_dim 64 (two groups per warp at a time)
-        const int kl = lane & (LPG - 1), ks = kl >> 3, tt = (kl >> 1) & 3, hf = kl & 1;
-        const int m = BK == 4 ? ks & 1 : DI == 64 ? 2 * ks + hf : ks;
-        const int cw = BK == 4 ? 8 * (8 * (ks >> 1) + 4 * hf + tt) + m : DI == 64 ? 16 * tt + m : 16 * (4 * hf + tt) + m;
+        const int kl = kbl, ks = kbs, tt = kbt, hf = kbh, m = kbm, cw = kcw;
         const float e4 = BK == 4 ? (m ? 0.0625f : 1.f) : m == 0 ? 1.f : m == 1 ? 0.25f : m == 2 ? 0.0625f : 0.015625f;
-        for (int g0 = warp * (32 / LPG); g0 < ngc; g0 += NWF * (32 / LPG)) {
+        for (int g0 = warp * (32 / LPG); g0 < ngc; g0 += KGS) {
             const int gi = g0 + lane / LPG;
             const bool gact = gi < ngc; // (lanes past the last group take part in the shuffles only)
+            float2 zc[4];
+#pragma unroll
+            for (int b = 0; b < 4; b++) zc[b] = kz[b];
+            if (g0 + KGS < ngc) kzload(g0 + KGS);
             float mx = 0.f, pb[GQ], qs[GQ][4]; // q·s of channel b, head j
 #pragma unroll
             for (int j = 0; j < GQ; j++) pb[j] = 0.f;
 #pragma unroll
             for (int b = 0; b < 4; b++) {
                 const int ch = cw + (BK == 4 ? 2 : 4) * b;
-                const float2 z = gact ? __ldg(&ksb[(size_t)gi * C + ch]) : make_float2(0.f, 0.f);
+                const float2 z = zc[b];
 #pragma unroll
                 for (int j = 0; j < GQ; j++) {
                     const float qc = qv[j * D + ch];
@@ -1015,7 +1035,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             for (int o = LPG / 2; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float F = pow2_scale(mx, 30, 126), Fm = F * e4;
             // (log2 units: the softmax takes 2^(s - m)) non-finite q·s: NaN scores, as on the fp16 path
-            if (kl == 0 && gact) kinv[gi] = mx < INFINITY ? 1.4426950408889634f / F : NAN;
+            if (kl == 0 && gact) kinv[gi] = mx < INFINITY ? 1.4426950408889634f * __frcp_rn(F) : NAN; // (1/F exact)
 #pragma unroll
             for (int j = 0; j < GQ; j++) {
                 // channel b's balanced digits as the bytes of one word: X = Σ_d 256^d·s_d with s_0..s_2 in [-128, 128) and
@@ -1028,14 +1048,19 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
 #pragma unroll
                 for (int d = 0; d < 4; d++)
                     if (gact) bw[(((gi * KSI + ks) * NCK + imma_col(GQ, j, d)) * 4 + tt) * 2 + hf] = w[d];
-                for (int o = LPG / 2; o; o >>= 1) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
-                if (kl == 0 && gact) kbias[gi * GQ + j] = pb[j] * 1.4426950408889634f;
             }
+#pragma unroll
+            for (int o = LPG / 2; o; o >>= 1) // the heads' sums interleaved (independent shuffle chains)
+#pragma unroll
+                for (int j = 0; j < GQ; j++) pb[j] += __shfl_xor_sync(0xffffffffu, pb[j], o);
+            if (kl == 0 && gact)
+#pragma unroll
+                for (int j = 0; j < GQ; j++) kbias[gi * GQ + j] = pb[j] * 1.4426950408889634f;
         }
         float mv = 0.f;
 #pragma unroll
         for (int k = 0; k < VZ; k++) mv = fmaxf(mv, fabsf(vz[k]));
-        for (int t2 = tid + VZ * NTF; t2 < n; t2 += NTF) mv = fmaxf(mv, fabsf(__ldg(&vsb[t2]).y)); // chunks past 16·NTF
+        for (int t2 = tid + VZ * NTF; t2 < n; t2 += NTF) mv = fmaxf(mv, fabsf(__ldg(&vsb[t2]).y)); // chunks past VZ·NTF
         for (int o = 16; o; o >>= 1) mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
         if (lane == 0) atomicMax(&vmx[0], __float_as_int(mv));
     } else {
@@ -1274,7 +1299,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     [[maybe_unused]] uint32_t XV[VPF][8];
     // 4-bit: tiles [vtb, vte) of 16 positions, lane 4g + t loading words 2g, 2g + 1 (one uint2; at head_dim 64 word g,
     // in .x) of positions 4r + t (each load's 32 lanes read 256 (128) contiguous bytes); VPF4 register sets used in turn
-    constexpr int VPF4 = 3;
+    // (5 at head_dim 64, where a set is 4 registers. H200, SmolLM2 heads k4gD, same call against 3: B = 32 128K 428.0 ->
+    // 422.6 µs, 32K -1.6%, B = 8 -0.2..-0.8%; 2-bit values with 3 sets of k-steps instead of 2: +1.1..+1.7%)
+    constexpr int VPF4 = DI == 64 ? 5 : 3;
     [[maybe_unused]] const int vtb = 2 * vkb, vte = min(ntile, 2 * vke);
     [[maybe_unused]] const uint32_t *lp4 = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 16 * vtb) * VWI + (DI == 128 ? 2 * g : g);
     auto vload4 = [&](uint2 (&w)[4]) {

@@ -167,6 +167,7 @@ inline unsigned __float2uint_rn(float x)
     return r >= 4294967295.0 ? 0xffffffffu : r <= 0.0 ? 0u : (unsigned)r;
 }
 inline uint32_t kvq_andor(uint32_t x, uint32_t m, uint32_t c) { return (x & m) | c; }
+inline float __frcp_rn(float x) { return 1.f / x; }
 // ex2.approx.ftz.f32: 2^x (the hardware's ~2^-22 relative error not modelled), results below 2^-126 flushed to 0
 inline float kvq_ex2(float x)
 {
