@@ -906,8 +906,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // guards and the dead loads and pointers away. Same call, H200, N = 32K, k2g32 / k4g32 / k2gD / k4gD against the
     // run-time count: Llama B = 32 -8 / -6 / -11 / -5%, B = 1 -4 / -4 / -4 / -1%; SmolLM2 B = 32 -7 / -9 / -6 / -10%
     // the integer path (below) runs only at head_dim = 64·NW (kv::imma_path); at 64 head_dim is then a compile-time
-    // constant. H200, SmolLM2 heads, same call: k2gD B = 32 128K 382.8 -> 361.9 µs, B = 8 128K -5.1%, k4gD B = 32
-    // 437.6 -> 422.9; at 128 (Llama heads) ptxas spilled more and k2gD was 3.5..5.4% slower, so not there
+    // constant. H200, SmolLM2 heads, same call: k2gD B = 32 128K 390.5 -> 369.0 µs, B = 8 128K 113.2 -> 107.3, k4gD
+    // B = 32 128K 449.9 -> 435.1; at 128 (Llama heads) ptxas spilled more and k2gD was 3.6..5.7% slower, so not there
     constexpr bool IM = (NW == 1 || NW == 2) && imma_path(BK, BV, G, 64 * NW, GQ);
     const int D = IM && NW == 1 ? 64 : p.D, C = p.H * D, NWG = NW ? NW : (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
     const int q0 = split < p.nlong ? split * p.chunk : p.nlong * p.chunk + (split - p.nlong) * p.chunk2;
@@ -920,9 +920,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     }
     const int n = q1 - q0, ntile = n >> 4, ngc = (n + G - 1) / G; // n is a multiple of 16
     const FastSmem L = fast_smem(GQ, D, G, BK, BV, p.chunk);
-    // the integer tensor-core path (G = 64·NW makes head_dim G: 128 at NW = 2, 64 at NW = 1): key B columns 4j + d =
-    // digit d of query head j, value B columns likewise, in NTI n-tiles of 8 columns; DI = head_dim, KSI key k-steps of
-    // 32 channels per tile, MTI value m-tiles of 16 channels
+    // the integer tensor-core path (G = 64·NW makes head_dim G: 128 at NW = 2, 64 at NW = 1): key B column
+    // imma_col(GQ, j, d) = digit d of query head j, value B columns likewise, in NTI n-tiles of 8 columns; DI = head_dim,
+    // KSI key k-steps of 32 channels per tile, MTI value m-tiles of 16 channels
     constexpr int NCK = imma_cols(GQ), NCV = NCK, DI = IM ? 64 * NW : 128, KSI = DI / 32, NTI = (4 * GQ + 7) / 8, MTI = DI / 16;
     // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
     // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
@@ -1375,7 +1375,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // s >= 0: KIVI's scales), as four unsigned bytes, x ≈ Σ_d 256^-d·d_d (the bytes of rint(x·2^24)), to 2^-25
         // absolute (three bytes, 2^-17, were not enough: Σ p·s·code and Σ p·min nearly cancel, and the emulator's
         // Llama-like 2/2 checks reached 1.4e-5 relative against ~1e-6 on the fp16 path). A thread per (k-step kp of 32 positions, t): b0 = rows 4t..4t+3
-        // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column 4j + d; [kp][column][t].
+        // (positions 32 kp + 4i + t), b1 = rows 16 + 4t.. (positions 32 kp + 16 + 4i + t), column imma_col(GQ, j, d); [kp][column][t].
         // Positions past n (the last k-step's second tile) get 0
         const float Fv = pow2_scale(__int_as_float(vmx[0]), 8, 126);
         float pz[GQ], ls[GQ]; // Σ p·min, Σ p
@@ -1473,7 +1473,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // channel 16g + 4i + f over the 4 positions, as code·4^f: m-tile m, row g = channel 16g + 4(m/2) + 2(m%2), row
         // g + 8 the next channel. The s32 sums stay exact over the whole chunk (|Σ| <= 192·255·chunk/warps < 2^31
         // for chunks up to 2^16; 4-bit: 240·255·chunk/warps), scaled once at the end: 256^-d for digit d (column
-        // 4j + d) into the stage, 4^-f (4-bit: 16^-f) and 1/F_v in the output loop
+        // imma_col) into the stage, 4^-f (4-bit: 16^-f) and 1/F_v in the output loop
         // 2 bits: VWI words per position (8 at head_dim 128, 4 at 64), so one pointer per lane and compile-time offsets;
         // VPF register sets used in turn (VPF - 1 k-steps ahead)
         // head_dim 64 (2-bit): lane 4g + t's word is g & 3, and its m-tile m (byte i = m of the transpose) takes fields
