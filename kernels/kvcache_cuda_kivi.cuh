@@ -1477,8 +1477,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // 2 bits: VWI words per position (8 at head_dim 128, 4 at 64), so one pointer per lane and compile-time offsets;
         // VPF register sets used in turn (VPF - 1 k-steps ahead)
         // head_dim 64 (2-bit): lane 4g + t's word is g & 3, and its m-tile m (byte i = m of the transpose) takes fields
-        // 2(g >> 2) (row g) and the next (row g + 8): channels 16 (g & 3) + 4m + 2 (g >> 2) (+ 1). Query heads 2, 3 in
-        // the second n-tile (B columns 8 + g)
+        // 2(g >> 2) (row g) and the next (row g + 8): channels 16 (g & 3) + 4m + 2 (g >> 2) (+ 1). With 3 or 4 query
+        // heads, digits 2, 3 in the second n-tile (imma_col)
         int acc[MTI][NTI][4];
 #pragma unroll
         for (int m = 0; m < MTI; m++)
