@@ -680,6 +680,16 @@ __host__ __device__ constexpr int imma_cols(int gq) { return gq <= 2 ? 4 * gq : 
 __host__ __device__ constexpr int imma_col(int gq, int j, int d) { return gq <= 2 ? 4 * j + d : 8 * (d >> 1) + 2 * j + (d & 1); }
 // column c (of imma_cols(gq)) holds a digit
 __host__ __device__ constexpr bool imma_col_used(int gq, int c) { return gq <= 2 ? c < 4 * gq : ((c & 7) >> 1) < gq; }
+// the integer P·V's A rows (2-bit values, head_dim DI = 128 or 64): lane 4g + t's m-tile m takes byte pv_byte(m) of the
+// byte-transposed value words, field pv_field(g, m) (row g) and the next field (row g + 8), i.e. channels
+// pv_channel(g, m) and pv_channel(g, m) + 1 (word 16·w + byte 4·i + field f; w = g, or g & 3 at 64 where lanes g and
+// g + 4 read the same word). 4-bit values (tile4): channels (DI / 8)·g + 2m and the next (low and high nibble)
+template <int DI> __host__ __device__ constexpr int pv_byte(int m) { return DI == 128 ? m >> 1 : m; }
+template <int DI> __host__ __device__ constexpr int pv_field(int g, int m) { return DI == 128 ? 2 * (m & 1) : 2 * (g >> 2); }
+template <int BV, int DI> __host__ __device__ constexpr int pv_channel(int g, int m)
+{
+    return BV == 4 ? (DI / 8) * g + 2 * m : 16 * (DI == 128 ? g : g & 3) + 4 * pv_byte<DI>(m) + pv_field<DI>(g, m);
+}
 
 // shared memory layout (offsets in floats, each region 16-byte aligned)
 struct FastSmem {
@@ -1493,7 +1503,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             byte_transpose(w + 4, T[1]);
 #pragma unroll
             for (int m = 0; m < MTI; m++) {
-                const int i = DI == 128 ? m >> 1 : m, f = DI == 128 ? 2 * (m & 1) : 2 * (g >> 2);
+                const int i = pv_byte<DI>(m), f = pv_field<DI>(g, m);
                 const uint32_t M0 = 0x03030303u << (2 * f), M1 = M0 << 2;
 #pragma unroll
                 for (int nt = 0; nt < NTI; nt++) kvq_imma_uu(acc[m][nt], T[0][i] & M0, T[0][i] & M1, T[1][i] & M0, T[1][i] & M1, b[nt].x, b[nt].y);
@@ -1526,30 +1536,23 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         // Σ_d 256^-d·c_d in fp32 (lane t's pair, then the other pair: its neighbour t ^ 1's by a shuffle, or its own second
         // n-tile's) into the stage [warps][gq][D], one value per (head, channel)
 #pragma unroll
-        for (int m = 0; m < MTI; m++)
+        for (int m = 0; m < MTI; m++) {
+            float x[2];
 #pragma unroll
-            for (int nt = 0; nt < (NTI > 1 ? 1 : NTI); nt++) {
-                float x[2];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    if constexpr (NTI > 1) {
-                        x[r] = fmaf((float)acc[m][0][2 * r + 1], 0x1p-8f, (float)acc[m][0][2 * r]) +
-                               fmaf((float)acc[m][NTI - 1][2 * r + 1], 0x1p-8f, (float)acc[m][NTI - 1][2 * r]) * 0x1p-16f;
-                    } else {
-                        x[r] = fmaf((float)acc[m][nt][2 * r + 1], 0x1p-8f, (float)acc[m][nt][2 * r]) * (t & 1 ? 0x1p-16f : 1.f);
-                        x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
-                    }
+            for (int r = 0; r < 2; r++) {
+                if constexpr (NTI > 1) {
+                    x[r] = fmaf((float)acc[m][0][2 * r + 1], 0x1p-8f, (float)acc[m][0][2 * r]) +
+                           fmaf((float)acc[m][NTI - 1][2 * r + 1], 0x1p-8f, (float)acc[m][NTI - 1][2 * r]) * 0x1p-16f;
+                } else {
+                    x[r] = fmaf((float)acc[m][0][2 * r + 1], 0x1p-8f, (float)acc[m][0][2 * r]) * (t & 1 ? 0x1p-16f : 1.f);
+                    x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
                 }
-                const int j = NTI > 1 ? t : t >> 1;
-                if ((NTI > 1 || !(t & 1)) && j < GQ)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const int ch = BV == 4 ? (DI / 8) * g + 2 * m + r
-                                       : DI == 128 ? 16 * g + 4 * (m >> 1) + 2 * (m & 1) + r
-                                                   : 16 * (g & 3) + 4 * m + 2 * (g >> 2) + r;
-                        stage[(warp * GQ + j) * D + ch] = x[r];
-                    }
             }
+            const int j = NTI > 1 ? t : t >> 1;
+            if ((NTI > 1 || !(t & 1)) && j < GQ)
+#pragma unroll
+                for (int r = 0; r < 2; r++) stage[(warp * GQ + j) * D + pv_channel<BV, DI>(g, m) + r] = x[r];
+        }
     } else {
         const uint32_t *vc = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0) * p.vw;
         const int per = (ntile + NWF - 1) / NWF, kb = warp * per, ke = min(ntile, kb + per);
