@@ -202,6 +202,16 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
     return KVQ_OK;
 }
 
+/* y = x W^T for T rows: one GEMM, or one per row under KVQ_FWD_ROW_INVARIANT */
+static void linear(const kvq_forward *fw, float *y, const float *x, const float *w, int T, int in, int out, float beta)
+{
+    if (!(fw->flags & KVQ_FWD_ROW_INVARIANT)) {
+        kvq_linear(y, x, w, T, in, out, beta);
+        return;
+    }
+    for (int t = 0; t < T; t++) kvq_linear(y + (size_t)t * out, x + (size_t)t * in, w, 1, in, out, beta);
+}
+
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
     const kvq_model *m = fw->m;
@@ -235,21 +245,21 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         const kvq_layer_weights *w = &m->layers[l];
         if (fw->saved) memcpy(fw->saved + (size_t)l * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
         kvq_rmsnorm(fw->xn, fw->x, w->attn_norm, T, dim, hp->norm_eps);
-        kvq_linear(fw->q, fw->xn, w->wq, T, dim, qd, 0);
-        kvq_linear(fw->k_pre, fw->xn, w->wk, T, dim, kvd, 0);
-        kvq_linear(fw->v, fw->xn, w->wv, T, dim, kvd, 0);
+        linear(fw, fw->q, fw->xn, w->wq, T, dim, qd, 0);
+        linear(fw, fw->k_pre, fw->xn, w->wk, T, dim, kvd, 0);
+        linear(fw, fw->v, fw->xn, w->wv, T, dim, kvd, 0);
         KVQ_TRY(layer_attention(fw, io, l, err));
-        kvq_linear(fw->x, fw->att, w->wo, T, qd, dim, 1.0f);
+        linear(fw, fw->x, fw->att, w->wo, T, qd, dim, 1.0f);
         kvq_rmsnorm(fw->xn, fw->x, w->ffn_norm, T, dim, hp->norm_eps);
-        kvq_linear(fw->gate, fw->xn, w->w_gate, T, dim, hid, 0);
-        kvq_linear(fw->up, fw->xn, w->w_up, T, dim, hid, 0);
+        linear(fw, fw->gate, fw->xn, w->w_gate, T, dim, hid, 0);
+        linear(fw, fw->up, fw->xn, w->w_up, T, dim, hid, 0);
         if (fw->acts) {
             memcpy(act_slot(fw, l, ACT_XMID), fw->x, (size_t)T * dim * sizeof(float));
             memcpy(act_slot(fw, l, ACT_GATE), fw->gate, (size_t)T * hid * sizeof(float));
             memcpy(act_slot(fw, l, ACT_UP), fw->up, (size_t)T * hid * sizeof(float));
         }
         kvq_swiglu(fw->gate, fw->gate, fw->up, (size_t)T * hid);
-        kvq_linear(fw->x, fw->gate, w->w_down, T, hid, dim, 1.0f);
+        linear(fw, fw->x, fw->gate, w->w_down, T, hid, dim, 1.0f);
     }
     if (fw->saved) memcpy(fw->saved + (size_t)hp->n_layers * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
     fw->T_last = T;
@@ -267,7 +277,7 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
     /* LM head and NLL (log-sum-exp in double) */
     double *nll = fw->row_sum; /* reused as the per-row NLL once the sums are done */
     if (io->logits) {
-        kvq_linear(io->logits, fw->xn, m->output, T, dim, V, 0);
+        linear(fw, io->logits, fw->xn, m->output, T, dim, V, 0);
 #pragma omp parallel for schedule(static) num_threads(fw->n_threads)
         for (int t = 0; t < T; t++) nll[t] = tg[t] >= 0 ? kvq_token_nll(io->logits + (size_t)t * V, V, tg[t]) : NAN;
     } else {
@@ -279,7 +289,7 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         }
         for (int v0 = 0; v0 < V; v0 += vc) {
             int nv = V - v0 < vc ? V - v0 : vc;
-            kvq_linear(fw->logit_blk, fw->xn, m->output + (size_t)v0 * dim, T, dim, nv, 0);
+            linear(fw, fw->logit_blk, fw->xn, m->output + (size_t)v0 * dim, T, dim, nv, 0);
 #pragma omp parallel for schedule(static) num_threads(fw->n_threads)
             for (int t = 0; t < T; t++) {
                 if (tg[t] < 0) continue;

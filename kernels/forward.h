@@ -140,7 +140,15 @@ enum {
      * backward pass need not recompute them: ~(2 q_dim + 4 kv_dim + dim +
      * 2 hidden_dim + n_heads) * 4 B per token and layer (1.37 GB for
      * SmolLM2-135M at T = 2048). Implies KVQ_FWD_SAVE_LAYER_INPUTS. */
-    KVQ_FWD_SAVE_ACTIVATIONS = 1u << 1
+    KVQ_FWD_SAVE_ACTIVATIONS = 1u << 1,
+    /* Batch invariance: every linear layer (and the LM head) as one M = 1
+     * GEMM per token row, so that a token's activations are the same bits
+     * however many tokens share the call (a window of 48 or a decode step of
+     * 1). OpenBLAS's sgemm may round a row differently at M = 48 than at
+     * M = 1 (kernel choice, remainder paths); attention, norms and the NLL are
+     * per row already. For exact decode-equivalence checks (tests/test_kveval.c);
+     * slower (every weight is read once per row). */
+    KVQ_FWD_ROW_INVARIANT = 1u << 2
 };
 
 /* One call's inputs and outputs. */
