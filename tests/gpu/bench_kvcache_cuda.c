@@ -7,7 +7,12 @@
  * flushed (256 MB memset) before every timed run so small caches are not served from
  * L2, warm-up first, median of R runs. Data: pseudo-random codes / fp16 values (never
  * zeros), 1 sparse outlier per (token, KV head) row for K and for V (0.8% of elements
- * at head_dim 128, 1.6% at 64), 1 fp16 sink token. */
+ * at head_dim 128, 1.6% at 64), 1 fp16 sink token.
+ *
+ * Size-matched copy (KIVI gD rows): a device-to-device copy moving the same number of bytes
+ * as the pass reads (bytes / 2 read + bytes / 2 written), timed the same way, as a share of
+ * the 4 GiB copy bandwidth: what the launch, the L2 flush's aftermath and the DRAM ramp leave
+ * of the bandwidth at that size, i.e. the %copy no pass of that size reaches past. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,6 +69,18 @@ static int run_copy(void *p)
     return e != cudaSuccess;
 }
 
+/* the size-matched copy (see the header): % of the 4 GiB copy bandwidth, its time in *us;
+ * 0 (not measured) when bytes / 2 exceeds the 4 GiB buffers */
+static double matched_copy_pct(timer *tm, cp_ctx *big, double bytes, double bw_copy, double *us)
+{
+    cp_ctx c = *big;
+    *us = 0;
+    if (bytes / 2 > (double)big->n) return 0;
+    c.n = (size_t)(bytes / 2) & ~(size_t)15;
+    *us = time_us(tm, run_copy, &c);
+    return 100.0 * (2.0 * c.n / (*us * 1e-6) / 1e9) / bw_copy;
+}
+
 int main(int argc, char **argv)
 {
     FILE *csv = argc > 1 ? fopen(argv[1], "w") : NULL;
@@ -84,8 +101,6 @@ int main(int argc, char **argv)
     double tcopy = time_us(&tm, run_copy, &cp);
     double bw_copy = 2.0 * cp.n / (tcopy * 1e-6) / 1e9;
     printf("copy bandwidth: %.0f GB/s (4 GiB D2D, read + write, median of %d)\n", bw_copy, R);
-    CU(cudaFree(cp.a));
-    CU(cudaFree(cp.b));
     if (csv) fprintf(csv, "copy_GBps,%.1f\nmodel,B,N,kernel,us,bytes,GBps,frac_copy,speedup_vs_fp16\n", bw_copy);
     kvq_cublas *cb = NULL;
     kvq_err cerr;
@@ -188,7 +203,7 @@ int main(int argc, char **argv)
                            100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy, tq[3], 100 * bwq[3] / bw_copy);
                 /* KIVI (post-RoPE keys as in KIVI; residual 128, no sink): 2 and 4 bits at group 32 (KIVI's default) and
                  * 128 (head_dim 64: 64) */
-                double tk[4], bwk[4];
+                double tk[4], bwk[4], mpct[4] = {0}, mus[4] = {0};
                 for (int k = 0; k < 4 && !nuq_only; k++) {
                     const int kb = (k & 1) ? 4 : 2;
                     const size_t G = k < 2 ? 32 : D < 128 ? D : 128;
@@ -207,17 +222,31 @@ int main(int argc, char **argv)
                     bwk[k] = by / (tk[k] * 1e-6) / 1e9;
                     if (csv) fprintf(csv, "%s,%zu,%zu,kivi%d-g%zu,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, kb, G, tk[k], by, bwk[k],
                                      bwk[k] / bw_copy, t16 / tk[k]);
+                    if (k >= 2) {
+                        mpct[k] = matched_copy_pct(&tm, &cp, by, bw_copy, &mus[k]);
+                        if (csv && mus[k] > 0) fprintf(csv, "%s,%zu,%zu,copy-matched-kivi%d-g%zu,%.2f,%.0f,%.1f,%.3f,0\n", models[mi].name, B, N, kb, G,
+                                         mus[k], by, by / (mus[k] * 1e-6) / 1e9, mpct[k] / 100);
+                    }
                     kvq_kvcache_cuda_free(nc.c);
                 }
                 if (!nuq_only)
                     printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f\n",
                            models[mi].name, B, N, t16, tcb, tk[0], t16 / tk[0], 100 * bwk[0] / bw_copy, tk[1], t16 / tk[1], 100 * bwk[1] / bw_copy,
                            tk[2], t16 / tk[2], 100 * bwk[2] / bw_copy, tk[3], t16 / tk[3], 100 * bwk[3] / bw_copy);
+                if (!nuq_only && (mus[2] > 0 || mus[3] > 0)) {
+                    printf("%-13s %3zu %7zu | size-matched copy:", models[mi].name, B, N);
+                    for (int k = 2; k < 4; k++)
+                        if (mus[k] > 0) printf(" k%dgD bytes %.1f us (%.0f%% of copy)", k == 2 ? 2 : 4, mus[k], mpct[k]);
+                        else printf(" k%dgD bytes over 8 GiB (not measured)", k == 2 ? 2 : 4);
+                    printf("\n");
+                }
                 CU(cudaFree(fc.q));
                 CU(cudaFree(fc.out));
                 fflush(stdout);
                 if (csv) fflush(csv);
             }
+    CU(cudaFree(cp.a));
+    CU(cudaFree(cp.b));
     if (cb) kvq_cublas_free(cb);
     if (csv) fclose(csv);
     return 0;
