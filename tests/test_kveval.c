@@ -325,8 +325,10 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
                   "%s: batched loss %.12g vs decode %.12g (rel %.3e), %zu logits differ, first NLL difference at %d", s.name,
                   loss_b, loss_d, dl, logit_diff, first_div);
     /* One GEMM per call rounds differently only in the last bits, which may cascade through code boundaries
-     * (seen: 1.1e-5 for fp16 under OPENBLAS_CORETYPE=Prescott, 2e-4 for nuq3-1% on aidreams260K). */
-    ck_assert_msg(d_blas <= 1e-3, "%s: one-GEMM batched pass %.3e from the row-invariant one", s.name, d_blas);
+     * (seen: 1.1e-5 for fp16 under OPENBLAS_CORETYPE=Prescott, 2e-4 for nuq3-1% on aidreams260K): bounded by
+     * float noise plus half the scheme's own effect. A row-invariant pass computing other math would be O(1) off. */
+    ck_assert_msg(d_blas <= 1e-4 + 0.5 * d_fp32, "%s: one-GEMM batched pass %.3e from the row-invariant one (scheme effect %.3e)",
+                  s.name, d_blas, d_fp32);
     /* teeth: the scheme must change the loss by more than the exactness above would hide */
     if (s.s.q.kind != KVQ_SCHEME_FP32)
         ck_assert_msg(d_fp32 > 1e-6, "%s barely changes the loss (%.2e): the test would not notice a missing transform", s.name,
