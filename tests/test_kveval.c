@@ -187,16 +187,24 @@ static kvq_status bc_observe(void *user, const kvq_layer_ctx *c, const kvq_layer
     return KVQ_OK;
 }
 
-/* elements of tokens [t0, t1) of every layer whose bits differ */
-static size_t count_diff(const float *a, const float *b, int L, int N, int t0, int t1, int kvd, size_t *n_el)
+/* how many of n floats differ in their bits */
+static size_t n_bits_differ(const float *a, const float *b, size_t n)
 {
     size_t f = 0;
-    for (int l = 0; l < L; l++)
-        for (size_t i = (size_t)t0 * kvd; i < (size_t)t1 * kvd; i++) {
-            size_t o = (size_t)l * N * kvd + i;
-            f += memcmp(&a[o], &b[o], sizeof(float)) != 0;
-            ++*n_el;
-        }
+    for (size_t i = 0; i < n; i++) f += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return f;
+}
+
+/* elements of tokens [t0, t1) of every layer ([L][N][kvd]) whose bits differ */
+static size_t count_diff(const float *a, const float *b, int L, int N, int t0, int t1, int kvd, size_t *n_el)
+{
+    if (t1 <= t0) return 0;
+    size_t f = 0, n = (size_t)(t1 - t0) * kvd;
+    for (int l = 0; l < L; l++) {
+        size_t o = ((size_t)l * N + t0) * kvd;
+        f += n_bits_differ(a + o, b + o, n);
+        *n_el += n;
+    }
     return f;
 }
 
@@ -292,8 +300,7 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
     for (int t = 0; t + 1 < N && first_div < 0; t++)
         if (memcmp(&nll_b[t], &nll_d[t], sizeof(double))) first_div = t;
     double dl = fabs(loss_b - loss_d) / loss_d, dlog = kvq_test_rel_l2_f(lb, ld, (size_t)N * V);
-    size_t logit_diff = 0;
-    for (size_t i = 0; i < (size_t)N * V; i++) logit_diff += memcmp(&lb[i], &ld[i], sizeof(float)) != 0;
+    size_t logit_diff = n_bits_differ(lb, ld, (size_t)N * V);
 
     /* the same batched pass with one GEMM per call (as kveval runs it): float noise only */
     kvq_scheme_run run_blas;
@@ -329,10 +336,11 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
      * float noise plus half the scheme's own effect. A row-invariant pass computing other math would be O(1) off. */
     ck_assert_msg(d_blas <= 1e-4 + 0.5 * d_fp32, "%s: one-GEMM batched pass %.3e from the row-invariant one (scheme effect %.3e)",
                   s.name, d_blas, d_fp32);
-    /* teeth: the scheme must change the loss by more than the exactness above would hide */
+    /* teeth: the scheme changes the loss (fp16's effect is tiny: 7e-6 on aidreams260K) */
+    bool fp16 = s.s.q.kind == KVQ_SCHEME_FP16 || (s.s.q.kind == KVQ_SCHEME_GGML && s.s.variant == KVQ_GGML_Q8_0);
     if (s.s.q.kind != KVQ_SCHEME_FP32)
-        ck_assert_msg(d_fp32 > 1e-6, "%s barely changes the loss (%.2e): the test would not notice a missing transform", s.name,
-                      d_fp32);
+        ck_assert_msg(fp16 ? d_fp32 > 1e-6 : d_fp32 > 1e-4,
+                      "%s barely changes the loss (%.2e): the test would not notice a missing transform", s.name, d_fp32);
     if (kivi) ck_assert_msg(d_naive > 1e-4, "%s: the naive all-quantized pass matches decode too (%.2e)", s.name, d_naive);
     free(pk);
     free(pv);
