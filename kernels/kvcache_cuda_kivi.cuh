@@ -71,6 +71,7 @@ struct KivP {
     int nlong, chunk2; // kivi_fast's splits: [0, nlong) of chunk positions each, then splits of chunk2 <= chunk (kv::FastPlan)
     int gchunk; // kivi_generic's chunk
     int nuse;   // partial slots the combine reads (nslots, or nslots - 1 without an exact region)
+    int vpref;  // kivi_fast: prefetch the value codes ahead (at least two waves of its blocks)
     float scale;
 };
 
@@ -1296,7 +1297,27 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     constexpr int VWI = DI * BV / 32;
     [[maybe_unused]] const uint32_t *lp = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 32 * vkb) * VWI + (g & (VWI - 1));
     [[maybe_unused]] int kl = vkb; // the next k-step to load
+    // value-code prefetch into L1, VPD steps ahead of the ring's loads (k-steps of 32 positions at 2 bits; tiles of 16 at
+    // 4, twice as many steps: the same positions), where it helped and only with at least two waves of blocks (p.vpref):
+    // lane l < VNL asks for 128-byte line l of step k (positions VSP·k + l·32 / VWI..). The largest stall of the P·V loop
+    // (SmolLM2 heads k2gD B = 32 128K, ncu: 46% of its warp samples) was its value loads, one k-step ahead in registers
+    // (more sets spill). H200, same call, 3 runs, against no prefetch: SmolLM2 k4gD B = 8 128K 123.8 -> 115.3 µs, B = 32
+    // 32K / 128K -6.4 / -4.2%, B = 8 32K -2.5%, k2gD -1.2..-1.7% (B = 8 32K +0.7%); Llama k4gD B = 8 / 32 32K -2.9 /
+    // -1.0%, B = 1 128K -2.3%. Not at Llama k2gD (B = 32 32K +0.8%) nor in one wave (Llama B = 1 32K k4gD +4.3%, SmolLM2
+    // B = 1 +1.6..+4%); into L2 the same, 4 k-steps ahead slower (docs/BENCHMARKS.md, session 20)
+    constexpr bool VPX = IM && (DI == 64 || BV == 4);
+    constexpr int VPD = BV == 4 ? 4 : 2, VSP = BV == 4 ? 16 : 32, VNL = VWI * VSP / 32;
+    const bool vpx = VPX && p.vpref && lane < VNL;
+    [[maybe_unused]] const uint32_t *vpf = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0) * VWI + 32 * lane;
+    [[maybe_unused]] auto vpref = [&](int k, int kend) {
+        if (vpx && k < kend && VSP * k + lane * 32 / VWI < n) {
+#ifndef KVQ_EMU
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(vpf + (size_t)k * VSP * VWI));
+#endif
+        }
+    };
     auto vload = [&](uint32_t (&w)[8]) {
+        vpref(kl + VPD, vke);
         const bool two = 2 * kl + 1 < ntile; // the last k-step's second tile may lie past the chunk: zeros
 #pragma unroll
         for (int r = 0; r < 4; r++) {
@@ -1314,7 +1335,10 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     constexpr int VPF4 = DI == 64 ? 5 : 3;
     [[maybe_unused]] const int vtb = 2 * vkb, vte = min(ntile, 2 * vke);
     [[maybe_unused]] const uint32_t *lp4 = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 16 * vtb) * VWI + (DI == 128 ? 2 * g : g);
+    [[maybe_unused]] int kl4 = vtb; // the next tile to load (4-bit)
     auto vload4 = [&](uint2 (&w)[4]) {
+        vpref(kl4 + VPD, vte);
+        kl4++;
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             if (DI == 128) w[r] = __ldcs((const uint2 *)lp4 + 32 * r);
@@ -1323,6 +1347,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
         lp4 += 16 * VWI;
     };
     [[maybe_unused]] uint2 XV4[VPF4][4];
+    if constexpr (VPX) // the steps up to VPD ahead of the prologue's (whose loads prefetch the next ones)
+        for (int k = 1; k < VPD; k++) BV == 4 ? vpref(vtb + k, vte) : vpref(vkb + k, vke);
     if constexpr (IM && BV == 4) ring_prologue(XV4, vtb, vte, vload4);
     else if constexpr (IM) ring_prologue(XV, vkb, vke, vload);
 

@@ -419,17 +419,19 @@ static void run_limit(void)
 }
 
 /* The decode's split schedule must not change its result. At Llama heads, B = 8, 9K positions kivi_fast runs more than
- * two waves of blocks on an H200, so the plan cuts the range's last chunk into two shorter splits (kv::fast_plan) and
- * takes the residual tail in one split per row (kv::tail_plan); with max_splits 3 both are off (uniform chunks,
- * generic_plan's tail), the schedule the CPU comparisons above check. A cache of random codes (no CPU reference at this
- * size), outputs poisoned before each run. */
-static void run_kivi_schedules(int bits)
+ * two waves of blocks on an H200, so the plan cuts the range's last chunk into two shorter splits (kv::fast_plan),
+ * takes the residual tail in one split per row (kv::tail_plan) and prefetches the value codes (4-bit; kivi_fast's
+ * vpref); with max_splits 3 all three are off (uniform chunks, generic_plan's tail, one wave), the schedule the CPU
+ * comparisons above check. SmolLM2-like heads (3 KV heads × 64, 3 query heads each), B = 32, 20K positions: more than two
+ * waves with the value prefetch at both widths. A cache of random codes (no CPU reference at this size), outputs
+ * poisoned before each run. */
+static void run_kivi_schedules(int bits, size_t B, size_t H, size_t gq, size_t D, size_t N)
 {
-    const size_t B = 8, H = 32, D = 128, N = 9000, nh = H, nq = B * nh * D;
+    const size_t nh = H * gq, nq = B * nh * D;
     kvq_kvcache_config g;
     memset(&g, 0, sizeof g);
     g.format = KVQ_KVCACHE_KIVI; g.n_seqs = B; g.n_kv_heads = H; g.head_dim = D; g.max_tokens = N;
-    g.k_bits = g.v_bits = bits; g.group = 128; g.residual = 128; g.post_rope = true;
+    g.k_bits = g.v_bits = bits; g.group = D < 128 ? D : 128; g.residual = 128; g.post_rope = true;
     g.rope.rope_dim = D; g.rope.rope_theta = 10000;
     kvq_kvcache_cuda *c;
     OK(kvq_kvcache_cuda_create(&c, &g, ERR));
@@ -447,9 +449,9 @@ static void run_kivi_schedules(int bits)
     int nf0, nf3;
     const double e = rel_l2(o0, o3, nq, &nf0);
     rel_l2(o3, o0, nq, &nf3);
-    CHECK(nf0 == 0 && nf3 == 0 && e <= 1e-5, "kivi%d schedules (B=%zu H=%zu D=%zu len %zu): rel L2 %.3g between the plan's split schedule and "
-          "3 uniform splits (limit 1e-5), %d / %d non-finite", bits, B, H, D, N, e, nf0, nf3);
-    printf("  kivi%d schedules              B=%zu H=%zu D=%zu len %zu: rel L2 %.3g between plan and 3 splits\n", bits, B, H, D, N, e);
+    CHECK(nf0 == 0 && nf3 == 0 && e <= 1e-5, "kivi%d schedules (B=%zu H=%zu g=%zu D=%zu len %zu): rel L2 %.3g between the plan's split schedule and "
+          "3 uniform splits (limit 1e-5), %d / %d non-finite", bits, B, H, gq, D, N, e, nf0, nf3);
+    printf("  kivi%d schedules              B=%zu H=%zu g=%zu D=%zu len %zu: rel L2 %.3g between plan and 3 splits\n", bits, B, H, gq, D, N, e);
     CU(cudaFree(dq)); CU(cudaFree(dout));
     free(q); free(o0); free(o3);
     kvq_kvcache_cuda_free(c);
@@ -538,8 +540,10 @@ int main(void)
                         "kivi4 g128 gqa2 uneven sink", "kivi4 g128 gqa4 fp16 path", "kivi2 576 rows",
                         "kivi2 g64 smollm-like gqa3", "kivi4 g64 smollm-like gqa3", "kivi2 g64 gqa4", "kivi4 g64 gqa2"};
     for (size_t i = 0; i < sizeof kc / sizeof kc[0]; i++) run_kivi(&kc[i], kn[i]);
-    run_kivi_schedules(2);
-    run_kivi_schedules(4);
+    run_kivi_schedules(2, 8, 32, 1, 128, 9000);
+    run_kivi_schedules(4, 8, 32, 1, 128, 9000);
+    run_kivi_schedules(2, 32, 3, 3, 64, 20000);
+    run_kivi_schedules(4, 32, 3, 3, 64, 20000);
     printf("test_kvcache_cuda: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
