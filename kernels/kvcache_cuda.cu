@@ -1738,8 +1738,15 @@ static void f16_plan(const kvq_fp16_cache *f, size_t n_heads, size_t max_splits,
     if (sp < 1) sp = 1;
     size_t ch = f->len ? (f->len + sp - 1) / sp : NT;
     ch = (ch + NT - 1) / NT * NT;
+    // chunks of at most 1024 positions (4096 before session 20): the scores' shared memory then allows more blocks per
+    // SM, so more loads in flight, and more splits at B = 1. H200 (docs/BENCHMARKS.md, session 20), 4096 -> 2048 (same
+    // call): Llama heads B = 8 32K 1347.6 -> 991.0 µs (75 -> 101% of copy), B = 32 32K 4382.9 -> 3837.5, SmolLM2 heads
+    // B = 32 32K 699.2 -> 408.3, B = 32 128K 2102.0 -> 1273.0, B = 8 128K 711.3 -> 429.2, B = 1 unchanged; 2048 -> 1024
+    // (another call): Llama B = 1 32K 297.4 -> 192.1, SmolLM2 B = 8 32K 160.3 -> 127.0, B = 32 32K 405.3 -> 361.3, B = 8
+    // and 32 at Llama heads +0.8..+1.1%; 512 slower except at Llama B = 1 32K (1024 -> 512 in a third call: B = 1 128K
+    // 566.5 -> 630.1, SmolLM2 B = 8 32K 127.5 -> 163.3); 8 loads in flight per lane instead of 4 changed nothing
     size_t maxch = 16384 / *gq / NT * NT;
-    if (maxch > 4096) maxch = 4096;
+    if (maxch > 1024) maxch = 1024;
     if (ch > maxch) ch = maxch;
     *chunk = ch;
     *splits = f->len ? (f->len + ch - 1) / ch : 1;
