@@ -1369,7 +1369,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     }
     if (fsplits) { // grid (query-head groups, sequences, splits): see kivi_fast
         p.chunk = (int)fp.chunk; p.nlong = (int)fp.nlong; p.chunk2 = (int)fp.chunk2;
-        p.vpref = B * H * qgroups * fsplits >= 2 * ks.fslots; // (see kivi_fast's vpref)
+        p.vpref = ks.vpref;
         kv::fast_pick(g->k_bits, g->v_bits, gq, lg, kv::fast_nw((int)D))<<<dim3((unsigned)(H * qgroups), (unsigned)B, (unsigned)fsplits), kv::fast_threads((int)G),
                                                        (size_t)kv::fast_smem(gq, (int)D, (int)G, g->k_bits, g->v_bits, (int)fp.chunk).total * 4>>>(p);
         CKL();

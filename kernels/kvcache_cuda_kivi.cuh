@@ -836,11 +836,12 @@ struct KiviSchedule {
     FastPlan fast;        // kivi_fast's splits (fast.splits = 0: kivi_fast does not run)
     size_t fchunk, fslots; // plan's chunk and the resident blocks it counted on
     size_t gchunk, gsplits;
+    bool vpref; // kivi_fast prefetches its value codes (KivP::vpref): at least two waves of its blocks, as tail_plan's test
 };
 inline KiviSchedule kivi_schedule(size_t maxqf, size_t maxrest, size_t fast_rows, size_t rows, size_t n_sm, size_t max_splits, int gq, int D,
                                   int G, int bk, int bv, size_t smem_max)
 {
-    KiviSchedule k = {{0, 0, 0, 0}, 0, 0, 0, 0};
+    KiviSchedule k = {{0, 0, 0, 0}, 0, 0, 0, 0, false};
     if (maxqf) {
         size_t fsplits;
         plan(maxqf, fast_rows, n_sm, max_splits, gq, D, G, bk, bv, smem_max, &k.fchunk, &fsplits, &k.fslots);
@@ -848,6 +849,7 @@ inline KiviSchedule kivi_schedule(size_t maxqf, size_t maxrest, size_t fast_rows
     }
     generic_plan(maxrest, rows, n_sm, max_splits, &k.gchunk, &k.gsplits);
     if (k.fast.splits) tail_plan(maxrest, fast_rows * k.fast.splits, k.fslots, D, &k.gchunk, &k.gsplits);
+    k.vpref = k.fast.splits && fast_rows * k.fast.splits >= 2 * k.fslots;
     return k;
 }
 

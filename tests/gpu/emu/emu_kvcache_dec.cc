@@ -243,7 +243,7 @@ static void run_kivi(size_t B, size_t H, size_t D, size_t g, int kb, int vb, siz
             p.gchunk = (int)gchunk;
             p.use_qf = fsplits ? 1 : 0;
             if (fsplits) {
-                p.chunk = (int)fp.chunk; p.nlong = (int)fp.nlong; p.chunk2 = (int)fp.chunk2;
+                p.chunk = (int)fp.chunk; p.nlong = (int)fp.nlong; p.chunk2 = (int)fp.chunk2; p.vpref = ks.vpref;
                 kv::FastFn fn = kv::fast_pick(kb, vb, gq, lg, kv::fast_nw((int)D));
                 emu_launch({(unsigned)(H * qgroups), (unsigned)B, (unsigned)fsplits}, kv::fast_threads((int)G), (size_t)kv::fast_smem(gq, (int)D, (int)G, kb, vb, (int)fp.chunk).total * 4,
                            [&] { fn(p); });
