@@ -28,6 +28,12 @@ kvq_status kvq_ppl_plan_make(const kvq_windows *win, kvq_ppl_protocol protocol, 
     out->n_windows = max_windows && max_windows < win->n_windows ? max_windows : win->n_windows;
     out->first_scored = protocol == KVQ_PPL_LLAMACPP ? win->ctx / 2 : 0;
     out->scored_per_window = win->ctx - 1 - out->first_scored;
+    if (out->scored_per_window == 0) { /* (llamacpp at ctx 2) the perplexity would be 0/0 */
+        kvq_ppl_protocol p = protocol;
+        memset(out, 0, sizeof *out);
+        return kvq_fail(err, KVQ_EINVAL, "perplexity: ctx = %zu scores no token under the %s protocol (it scores positions ctx/2 .. ctx - 2); expected ctx >= 3",
+                        win->ctx, p == KVQ_PPL_LLAMACPP ? "llamacpp" : "kvquant");
+    }
     return KVQ_OK;
 }
 

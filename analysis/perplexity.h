@@ -51,7 +51,8 @@ typedef struct {
 
 /* Plan for windows `win` (ctx, n_windows from it); max_windows 0 = all.
  * Errors: KVQ_EINVAL when the text holds no complete window ("text of N
- * tokens is shorter than one window of ctx tokens") or ctx < 2. */
+ * tokens is shorter than one window of ctx tokens"), ctx < 2, or a protocol
+ * that would score no token per window (llamacpp at ctx 2). */
 kvq_status kvq_ppl_plan_make(const kvq_windows *win, kvq_ppl_protocol protocol, size_t max_windows,
                              kvq_ppl_plan *out, kvq_err *err);
 

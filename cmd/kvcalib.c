@@ -426,6 +426,11 @@ static int cmd_intactkv(int argc, char **argv)
         fprintf(stderr, "%s intactkv: --lr and --eps must be > 0, --clip >= 0, betas in [0, 1)\n", PROG);
         return EXIT_USAGE;
     }
+    {
+        const kvq_cli_file outs[2] = {{"--out", a.out}, {"--loss-csv", a.loss_csv}},
+                           ins[4] = {{"--model", a.model}, {"--tokenizer", a.tokenizer}, {"--base", a.base}, {"--text", a.text}};
+        if (kvq_cli_check_outputs(outs, 2, ins, 4, &e)) return ikv_fail(&e, EXIT_USAGE);
+    }
     if (!a.force && access(a.out, F_OK) == 0) {
         fprintf(stderr, "%s intactkv: %s: already exists; not overwritten (use --force to replace it)\n", PROG, a.out);
         return 1;
@@ -530,6 +535,13 @@ static int cmd_export_vllm(int argc, char **argv)
         fprintf(stderr, "%s export-vllm: expected one ARTIFACT file, found %d arguments\n", PROG, pos.n);
         return EXIT_USAGE;
     }
+    {
+        const kvq_cli_file outs[1] = {{"--out", out}}, ins[1] = {{"ARTIFACT", pos.v[0]}};
+        if (kvq_cli_check_outputs(outs, 1, ins, 1, &e)) {
+            fprintf(stderr, "%s export-vllm: %s\n", PROG, e.msg);
+            return EXIT_USAGE;
+        }
+    }
     kvq_artifact a;
     if (kvq_artifact_read(pos.v[0], &a, &e)) {
         fprintf(stderr, "%s export-vllm: %s\n", PROG, e.msg);
@@ -597,6 +609,13 @@ static int cmd_calibrate(int argc, char **argv)
     }
     if (!a.bits) { fprintf(stderr, "%s: missing required option --bits B (see --help)\n", PROG); return EXIT_USAGE; }
     if (!a.out) { fprintf(stderr, "%s: missing required option --out FILE (see --help)\n", PROG); return EXIT_USAGE; }
+    { /* outputs writable, replacing no input, not each other (-o DUMP -f used to replace the dump) */
+        const kvq_cli_file outs[2] = {{"--out", a.out}, {"--export-vllm", a.export_vllm}}, ins[1] = {{"DUMP", pos.v[0]}};
+        if (kvq_cli_check_outputs(outs, 2, ins, 1, &e)) {
+            fprintf(stderr, "%s: %s\n", PROG, e.msg);
+            return EXIT_USAGE;
+        }
+    }
     kvq_method m;
     if (!parse_method(a.method, &m)) { /* the option table already restricts it; kept for safety */
         fprintf(stderr, "%s: --method: unknown method '%s'\n", PROG, a.method);

@@ -76,6 +76,13 @@ int main(int argc, char **argv)
         printf("kvdump (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
         return 0;
     }
+    { /* the dump must be writable and replace no input (with --force it could replace --text) */
+        const kvq_cli_file outs[1] = {{"--out", out}}, ins[3] = {{"--model", model}, {"--text", text}, {"--tokenizer", tokenizer}};
+        if (kvq_cli_check_outputs(outs, 1, ins, 3, &e)) {
+            fprintf(stderr, "kvdump: %s\n", e.msg);
+            return 2;
+        }
+    }
     o.model_path = model;
     o.text_path = text;
     o.out_path = out;

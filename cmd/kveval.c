@@ -100,6 +100,12 @@ int main(int argc, char **argv)
         }
     if (kvq_cli_parse("kveval", SUMMARY, tab, n_tab, argc, argv, NULL, &help, &e)) return fail(NULL, &e, 2);
     if (help) return 0;
+    { /* the JSON output must be writable and replace no input (it used to overwrite --text or --tokenizer) */
+        kvq_cli_file outs[1] = {{"--json", o.json}}, ins[2 + KVQ_STRLIST_MAX] = {{"--model", o.model}, {"--text", o.text}, {"--tokenizer", o.tokenizer}};
+        int n_in = 3;
+        for (int i = 0; i < o.artifacts.n && n_in < 2 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
+        if (kvq_cli_check_outputs(outs, 1, ins, n_in, &e)) return fail(NULL, &e, 2);
+    }
 
     /* schemes first: a typo fails before anything heavy is loaded */
     size_t n_spec = (size_t)o.schemes.n;

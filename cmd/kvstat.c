@@ -290,6 +290,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstat: expected one dump file, found %d arguments (see --help)\n", pos.n);
         return 2;
     }
+    { /* outputs writable, replacing no input (-j/-m used to overwrite the dump or the artifact) */
+        const kvq_cli_file outs[2] = {{"--json", a.json}, {"--markdown", a.markdown}}, ins[2] = {{"DUMP", pos.v[0]}, {"--artifact", a.artifact}};
+        if (kvq_cli_check_outputs(outs, 2, ins, 2, &err)) {
+            fprintf(stderr, "kvstat: %s\n", err.msg);
+            return 2;
+        }
+    }
     int rc = run(&a, pos.v[0]);
     kvq_plot_cleanup();
     return rc;

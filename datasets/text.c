@@ -53,6 +53,9 @@ static kvq_status read_text(const char *path, kvq_text_format fmt, kvq_eol_mode 
     t->format = fmt;
     FILE *f = fopen(path, "rb");
     if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    /* a directory, device, FIFO or socket would fail late ("read error") or never end (/dev/zero) */
+    kvq_status rs = kvq_require_regular(f, path, "a text file", err);
+    if (rs) { fclose(f); return rs; }
     size_t cap = 1 << 16, n = 0;
     char *d = malloc(cap);
     if (!d) { fclose(f); return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path); }

@@ -453,6 +453,8 @@ static kvq_status slurp(const char *path, char **data, size_t *n, kvq_err *err)
     *n = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    kvq_status rs = kvq_require_regular(f, path, "a tokenizer file", err);
+    if (rs) { fclose(f); return rs; }
     bvec b = {0};
     char buf[1 << 16];
     size_t got;
@@ -818,6 +820,8 @@ kvq_status kvq_tokenizer_load(const char *path, kvq_tokenizer **out, kvq_err *er
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    kvq_status rs = kvq_require_regular(f, path, "a tokenizer file", err);
+    if (rs) { fclose(f); return rs; }
     unsigned char h[64];
     size_t got = fread(h, 1, sizeof h, f);
     fclose(f);

@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
+#include <sys/stat.h>
 
 bool kvq_parse_long(const char *s, long *out)
 {
@@ -135,6 +137,9 @@ kvq_status kvq_cli_parse_given(const char *prog, const char *summary, const kvq_
         KVQ_TRY(set_value(o, val, err));
         seen[idx] = true;
     }
+    /* --version, like --help, needs none of the required options (kvdump --version asked for --model) */
+    for (int k = 0; k < n_opts; k++)
+        if (seen[k] && opts[k].type == KVQ_OPT_FLAG && !strcmp(opts[k].name, "version") && *(bool *)opts[k].target) return KVQ_OK;
     for (int k = 0; k < n_opts; k++)
         if (opts[k].required && !seen[k])
             return kvq_fail(err, KVQ_EINVAL, "missing required option --%s %s (see %s --help)", opts[k].name,
@@ -165,4 +170,59 @@ void kvq_cli_usage(FILE *f, const char *prog, const char *summary, const kvq_opt
         fputc('\n', f);
     }
     fprintf(f, "  %-30s %s\n", "-h, --help", "show this help and exit");
+}
+
+/* the canonical form of a path that may not exist yet: realpath of the whole, else of its
+ * directory + "/" + its last component, else the path as written */
+static void canon_path(const char *p, char *out, size_t cap)
+{
+    char buf[PATH_MAX];
+    if (realpath(p, buf)) { snprintf(out, cap, "%s", buf); return; }
+    const char *slash = strrchr(p, '/');
+    char dir[PATH_MAX];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == p) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - p), p);
+    if (realpath(dir, buf)) snprintf(out, cap, "%s/%s", buf, slash ? slash + 1 : p);
+    else snprintf(out, cap, "%s", p);
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    const bool ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ea != eb) return false;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    canon_path(a, ca, sizeof ca);
+    canon_path(b, cb, sizeof cb);
+    return strcmp(ca, cb) == 0;
+}
+
+kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq_cli_file *ins, int n_ins, kvq_err *err)
+{
+    for (int i = 0; i < n_outs; i++) {
+        const char *p = outs[i].path;
+        if (!p || !strcmp(p, "-")) continue;
+        if (!*p) return kvq_fail(err, KVQ_EINVAL, "%s: empty file name", outs[i].opt);
+        struct stat st;
+        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            return kvq_fail(err, KVQ_EINVAL, "%s %s: is a directory (expected a file name)", outs[i].opt, p);
+        const char *slash = strrchr(p, '/');
+        if (slash && slash != p) {
+            char dir[PATH_MAX];
+            snprintf(dir, sizeof dir, "%.*s", (int)(slash - p), p);
+            if (stat(dir, &st) != 0)
+                return kvq_fail(err, KVQ_EINVAL, "%s %s: directory '%s' does not exist", outs[i].opt, p, dir);
+            if (!S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EINVAL, "%s %s: '%s' is not a directory", outs[i].opt, p, dir);
+        }
+        for (int j = 0; j < n_ins; j++)
+            if (ins[j].path && same_file(p, ins[j].path))
+                return kvq_fail(err, KVQ_EINVAL, "%s %s: the same file as %s %s (the output would replace the input)", outs[i].opt, p,
+                                ins[j].opt, ins[j].path);
+        for (int j = 0; j < i; j++)
+            if (outs[j].path && strcmp(outs[j].path, "-") && same_file(p, outs[j].path))
+                return kvq_fail(err, KVQ_EINVAL, "%s %s: the same file as %s %s (two outputs)", outs[i].opt, p, outs[j].opt, outs[j].path);
+    }
+    return KVQ_OK;
 }

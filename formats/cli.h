@@ -45,8 +45,9 @@ typedef struct {
 
 /* Parse argv[1..]. "-h/--help" prints usage to stdout and sets *help = true
  * (the caller then exits 0). Positional words are stored in `pos` (may be
- * NULL if none are accepted). Errors name the option, what was expected and
- * what was found, and return KVQ_EINVAL. */
+ * NULL if none are accepted). A flag option named "version", when given,
+ * waives the required options (as --help does). Errors name the option, what
+ * was expected and what was found, and return KVQ_EINVAL. */
 kvq_status kvq_cli_parse(const char *prog, const char *summary, const kvq_opt *opts, int n_opts,
                          int argc, char **argv, kvq_strlist *pos, bool *help, kvq_err *err);
 
@@ -58,6 +59,23 @@ kvq_status kvq_cli_parse_given(const char *prog, const char *summary, const kvq_
 
 /* Print the generated usage text. */
 void kvq_cli_usage(FILE *f, const char *prog, const char *summary, const kvq_opt *opts, int n_opts);
+
+/* A file named on the command line: the option that named it ("--json", or "DUMP" for a
+ * positional word) and its path (NULL: not given). */
+typedef struct {
+    const char *opt;
+    const char *path;
+} kvq_cli_file;
+
+/* Check, before any work, that the outputs can be written and replace no input:
+ * each output (path NULL or "-" = stdout: skipped) must not be an existing
+ * directory, its directory must exist, and it must not be the same file as any
+ * input (same device and inode; for a path that does not exist yet, the same
+ * canonical path) nor as another output. Errors (KVQ_EINVAL), e.g.
+ * "--json tok.bin: the same file as --tokenizer tok.bin (the output would replace
+ * the input)", "--json nodir/x.json: directory 'nodir' does not exist",
+ * "--out d: is a directory (expected a file name)". */
+kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq_cli_file *ins, int n_ins, kvq_err *err);
 
 /* Parse a whole string as a number (no trailing garbage); false on failure. */
 bool kvq_parse_long(const char *s, long *out);

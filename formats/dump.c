@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -962,6 +963,33 @@ static bool file_exists(const char *p)
     return lstat(p, &st) == 0;
 }
 
+/* --force on an existing <path>.partial: remove it, but only if no process has it open for
+ * writing. HDF5 (1.10+, file locking on) holds an exclusive flock() on a file it writes
+ * until it closes it, so a running kvdump's partial refuses our non-blocking lock; truncating
+ * it instead (H5F_ACC_TRUNC) would corrupt that run's dump, which would still finish with
+ * status 0. Absent: nothing to do. */
+static kvq_status remove_stale_partial(const char *fname, kvq_err *err)
+{
+    int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        if (errno == ENOENT) return KVQ_OK;
+        if (errno == ELOOP && unlink(fname) == 0) return KVQ_OK; /* a symlink: remove the link itself */
+        return kvq_fail(err, KVQ_EIO, "%s: cannot open it to replace it: %s", fname, strerror(errno));
+    }
+    kvq_status s = KVQ_OK;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK)
+            s = kvq_fail(err, KVQ_EIO, "%s: in use by another process (it holds the file's lock): not replaced; let that run finish or stop it first",
+                         fname);
+        else
+            s = kvq_fail(err, KVQ_EIO, "%s: cannot lock it to replace it: %s", fname, strerror(errno));
+    } else if (unlink(fname) != 0 && errno != ENOENT) {
+        s = kvq_fail(err, KVQ_EIO, "%s: cannot remove it to replace it: %s", fname, strerror(errno));
+    }
+    close(fd); /* (releases the lock) */
+    return s;
+}
+
 /* Lay out the chunks of one layer's datasets and their buffers (deflate > 0).
  * Chunk geometry is chunk_dims(), as in create_datasets(). */
 static kvq_status jobs_alloc(kvq_dump_writer *w, kvq_err *err)
@@ -1091,6 +1119,8 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
         s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
     } else if (!w->opts.force && file_exists(w->d.fname)) {
         s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there (use --resume to continue it or --force to start over)", w->d.fname);
+    } else if (w->opts.force && (s = remove_stale_partial(w->d.fname, err)) != KVQ_OK) {
+        /* (the error is set; nothing was touched) */
     } else {
         hid_t fapl = make_fapl();
         if (fapl < 0) {
@@ -1101,7 +1131,7 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
             if (fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0) {
                 s = h5_fail(err, KVQ_EIO, "%s: cannot set up file creation", w->d.fname);
             } else {
-                w->d.file = H5Fcreate(w->d.fname, w->opts.force ? H5F_ACC_TRUNC : H5F_ACC_EXCL, fcpl, fapl);
+                w->d.file = H5Fcreate(w->d.fname, H5F_ACC_EXCL, fcpl, fapl); /* (a stale partial was removed above) */
                 if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
             }
             if (fcpl >= 0) H5Pclose(fcpl);

@@ -178,7 +178,9 @@ kvq_status kvq_dump_check_values(const kvq_dump_meta *m, kvq_dump_ds ds, const f
  * shape, chunked: one chunk never exceeds one sample x one layer tensor, nor
  * 1 MiB; shuffle+deflate when opts->deflate_level > 0). Refuses (KVQ_EIO,
  * nothing written) if <path> exists and !force, or if <path>.partial exists
- * and !force ("use --resume or --force"). Errors: KVQ_EINVAL (meta), KVQ_EIO
+ * and !force ("use --resume or --force"); with force an existing <path>.partial
+ * is removed first, unless another process holds it open for writing (HDF5's
+ * file lock: KVQ_EIO "in use by another process", the file untouched). Errors: KVQ_EINVAL (meta), KVQ_EIO
  * (cannot create: the message quotes the OS error), KVQ_ENOMEM. */
 kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
                            kvq_dump_writer **out, kvq_err *err);

@@ -1,8 +1,10 @@
 #include "status.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 kvq_status kvq_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
 {
@@ -61,4 +63,14 @@ int kvq_add_size(size_t a, size_t b, size_t *out)
     if (b > (size_t)-1 - a) return 1;
     *out = a + b;
     return 0;
+}
+
+kvq_status kvq_require_regular(FILE *f, const char *path, const char *what, kvq_err *err)
+{
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    if (S_ISREG(st.st_mode)) return KVQ_OK;
+    if (S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EIO, "%s: is a directory (expected %s)", path, what);
+    const char *kind = S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device" : S_ISFIFO(st.st_mode) ? "a pipe" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
+    return kvq_fail(err, KVQ_EIO, "%s: not a regular file (%s; expected %s)", path, kind, what);
 }

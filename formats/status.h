@@ -13,6 +13,7 @@
 #define KVQ_STATUS_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef enum {
     KVQ_OK = 0,
@@ -46,6 +47,13 @@ const char *kvq_status_name(kvq_status s);
 /* Overflow-checked size arithmetic: return 0 and set *out on success, 1 on overflow. */
 int kvq_mul_size(size_t a, size_t b, size_t *out);
 int kvq_add_size(size_t a, size_t b, size_t *out);
+
+/* Check that the open stream f (opened from path) is a regular file, so that a directory,
+ * device (/dev/zero), FIFO or socket is refused at once instead of failing late or reading
+ * forever. `what` names the expected input ("a text file"). Errors: KVQ_EIO, e.g.
+ * "d: is a directory (expected a text file)", "/dev/zero: not a regular file (a character
+ * device; expected a text file)", or the fstat error. f is not closed. */
+kvq_status kvq_require_regular(FILE *f, const char *path, const char *what, kvq_err *err);
 
 /* Propagate a non-OK status. */
 #define KVQ_TRY(expr) do { kvq_status kvq_try_s_ = (expr); if (kvq_try_s_ != KVQ_OK) return kvq_try_s_; } while (0)

@@ -2,11 +2,14 @@
 #include "cli.h"
 #include "kvq_test.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 typedef struct {
     long n;
     double f;
     const char *s, *c;
-    bool flag;
+    bool flag, version;
     kvq_strlist list;
 } opts_t;
 
@@ -19,6 +22,7 @@ static int table(opts_t *o, kvq_opt *t)
         {"dtype", 0, KVQ_OPT_CHOICE, &o->c, "T", "dtype", "f16|f32", 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &o->flag, NULL, "quiet", NULL, 0, 0, false},
         {"scheme", 0, KVQ_OPT_LIST, &o->list, "SPEC", "scheme", NULL, 0, 0, false},
+        {"version", 0, KVQ_OPT_FLAG, &o->version, NULL, "version", NULL, 0, 0, false},
     };
     memcpy(t, tab, sizeof tab);
     return (int)(sizeof tab / sizeof *tab);
@@ -63,6 +67,9 @@ START_TEST(test_parse_errors)
         {4, {"prog", "-m", "x", "--dtype=bf16"}, "expected one of f16|f32, found 'bf16'"},
         {3, {"prog", "-m", "x", }, NULL},
         {2, {"prog", "--quiet"}, "missing required option --model"},
+        {2, {"prog", "--version"}, NULL}, /* waives the required options (kvdump --version failed) */
+        {3, {"prog", "--version", "--bogus"}, "unknown option '--bogus'"},
+        {3, {"prog", "--version", "--samples=0"}, "expected 1..100, found 0"},
         {3, {"prog", "-m", "x"}, NULL},
         {4, {"prog", "-m", "x", "--frac"}, "found the end of the command line"},
         {4, {"prog", "-m", "x", "--frac=nan"}, "expected a finite number"},
@@ -122,6 +129,66 @@ START_TEST(test_usage_shows_defaults)
 }
 END_TEST
 
+
+/* kvq_cli_check_outputs: an output never replaces an input (same inode, or the same canonical
+ * path when it does not exist yet), nor another output; its directory must exist and it must
+ * not be a directory. kveval --json TOKENIZER used to overwrite the tokenizer, kvstat -j DUMP the
+ * dump, kvcalib -o DUMP -f the dump; kveval --json nodir/x failed only after the whole run */
+START_TEST(test_check_outputs)
+{
+    char dir[] = "/tmp/kvq_test_cli_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char in[300], hard[300], rel[300], sub[300], fresh[300], missing[300];
+    snprintf(in, sizeof in, "%s/in.bin", dir);
+    snprintf(hard, sizeof hard, "%s/hard.bin", dir);
+    snprintf(rel, sizeof rel, "%s/./in.bin", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(fresh, sizeof fresh, "%s/new.json", dir);
+    snprintf(missing, sizeof missing, "%s/nodir/x.json", dir);
+    FILE *f = fopen(in, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input", f);
+    fclose(f);
+    ck_assert_int_eq(link(in, hard), 0);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    kvq_err e = {0};
+    const kvq_cli_file ins[3] = {{"--text", "/nonexistent/t"}, {"--tokenizer", in}, {"--model", NULL}};
+    struct { const char *out, *out2, *needle; } cases[] = {
+        {fresh, NULL, NULL},                 /* a new file in an existing directory */
+        {"-", NULL, NULL},                   /* stdout */
+        {NULL, NULL, NULL},                  /* not given */
+        {in, NULL, "the same file as --tokenizer"},
+        {rel, NULL, "the same file as --tokenizer"},  /* another spelling */
+        {hard, NULL, "the same file as --tokenizer"}, /* a hard link */
+        {sub, NULL, "is a directory"},
+        {missing, NULL, "does not exist"},
+        {"", NULL, "empty file name"},
+        {fresh, fresh, "(two outputs)"},     /* neither exists yet: canonical paths */
+        {fresh, rel, "the same file as --tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const kvq_cli_file outs[2] = {{"--json", cases[i].out}, {"--export", cases[i].out2}};
+        memset(&e, 0, sizeof e);
+        const kvq_status st = kvq_cli_check_outputs(outs, 2, ins, 3, &e);
+        if (!cases[i].needle) { ck_assert_msg(st == KVQ_OK, "case %zu: %s", i, e.msg); continue; }
+        ck_assert_msg(st == KVQ_EINVAL, "case %zu accepted", i);
+        ck_assert_msg(strstr(e.msg, cases[i].needle), "case %zu: '%s' lacks '%s'", i, e.msg, cases[i].needle);
+    }
+    /* the check writes nothing */
+    f = fopen(in, "r");
+    char buf[16] = {0};
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fread(buf, 1, sizeof buf - 1, f), 5);
+    fclose(f);
+    ck_assert_str_eq(buf, "input");
+    ck_assert_int_ne(access(fresh, F_OK), 0);
+    unlink(hard);
+    unlink(in);
+    rmdir(sub);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cli");
@@ -130,6 +197,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_parse_errors);
     tcase_add_test(tc, test_given_at);
     tcase_add_test(tc, test_usage_shows_defaults);
+    tcase_add_test(tc, test_check_outputs);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -477,6 +478,42 @@ START_TEST(test_partial_and_force)
     ck_assert(exists(partial) && !exists(path));
     ck_assert_int_eq(kvq_dump_create(path, &m, &o, &w, &e), KVQ_EIO);
     ck_assert_ptr_nonnull(strstr(e.msg, "--resume"));
+    /* with force, a .partial that another process holds locked (as HDF5 does while a kvdump
+     * writes it) is refused and left as it was: H5F_ACC_TRUNC used to truncate it before the
+     * lock refused, corrupting the other run's dump, which still finished with status 0 */
+    {
+        struct stat st0, st1;
+        ck_assert_int_eq(stat(partial, &st0), 0);
+        int pfd[2];
+        ck_assert_int_eq(pipe(pfd), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) { /* the other process: lock, tell the parent, wait to be killed */
+            int fd = open(partial, O_RDONLY);
+            char c = (fd >= 0 && flock(fd, LOCK_EX) == 0) ? 'y' : 'n';
+            if (write(pfd[1], &c, 1) != 1) _exit(1);
+            pause();
+            _exit(0);
+        }
+        char c = 0;
+        ck_assert_int_eq(read(pfd[0], &c, 1), 1);
+        ck_assert_int_eq(c, 'y');
+        o.force = true;
+        kvq_status st = kvq_dump_create(path, &m, &o, &w, &e);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(pfd[0]);
+        close(pfd[1]);
+        ck_assert_int_eq(st, KVQ_EIO);
+        ck_assert_ptr_null(w);
+        ck_assert_msg(strstr(e.msg, partial) && strstr(e.msg, "in use by another process"), "%s", e.msg);
+        ck_assert_int_eq(stat(partial, &st1), 0);
+        ck_assert(st0.st_ino == st1.st_ino && st0.st_size == st1.st_size && st0.st_mtime == st1.st_mtime);
+        /* once the lock is gone, force replaces it */
+        ck_assert_msg(kvq_dump_create(path, &m, &o, &w, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_int_eq(kvq_dump_abort(w, &e), KVQ_OK);
+        o.force = false;
+    }
     /* finish of an incomplete dump fails, keeps the .partial, makes no final file */
     o.force = true;
     ck_assert_msg(kvq_dump_create(path, &m, &o, &w, &e) == KVQ_OK, "%s", e.msg);

@@ -995,6 +995,23 @@ START_TEST(test_cli)
             ck_assert_msg(strstr(buf, cases[i].needles[j]), "'%s': output lacks '%s':\n%s", cmd, cases[i].needles[j], buf);
         if (i == 2) ck_assert_msg(buf[0] == 0, "--quiet printed:\n%s", buf);
     }
+    /* an output that is the dump, or both outputs one file, is refused before any work, the dump
+     * intact (-o DUMP -f used to replace the dump with the artifact; --export-vllm = --out left the
+     * vLLM file where the artifact should be, exit 0) */
+    {
+        size_t n0 = 0, n1 = 0;
+        char *before = kvq_test_slurp(dump, &n0);
+        snprintf(cmd, sizeof cmd, "%s %s --method nuq --bits 3 --out %s --force", bin, dump, dump);
+        int rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == 2 && strstr(buf, "the same file as DUMP"), "'%s': exit %d: %s", cmd, rc, buf);
+        snprintf(cmd, sizeof cmd, "%s %s --method fp8 --out %s --export-vllm %s --force", bin, dump, out, out);
+        rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == 2 && strstr(buf, "(two outputs)"), "'%s': exit %d: %s", cmd, rc, buf);
+        char *after = kvq_test_slurp(dump, &n1);
+        ck_assert(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
+        free(before);
+        free(after);
+    }
     /* missing Fisher: exit 1 with the hint; --no-fisher works; nothing written on failure */
     char out2[256];
     tmp(out2, sizeof out2, "cli2.st");

@@ -187,6 +187,23 @@ START_TEST(test_bad_input)
     fclose(f);
     snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 64", g_model, g_tok, small);
     expect_fail(args, out, small);
+    /* -o the text (or a directory), even with --force: refused before any work, the text intact (a
+     * directory used to fail only after the whole dump, leaving DIR.partial) */
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 16 --force", g_model, g_tok, small);
+    expect_fail(args, small, "the same file as --text");
+    {
+        char *t = kvq_test_slurp(small, NULL);
+        ck_assert_msg(t && !strcmp(t, "Once upon a time there was a cat.\n"), "the text was modified");
+        free(t);
+    }
+    char dirout[160], partial[200];
+    snprintf(dirout, sizeof dirout, "/tmp/kvq_test_kvdump_%d_dir", (int)getpid());
+    snprintf(partial, sizeof partial, "%s.partial", dirout);
+    ck_assert_int_eq(mkdir(dirout, 0755), 0);
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32 --force", g_model, g_tok, g_text);
+    expect_fail(args, dirout, "is a directory");
+    ck_assert(access(partial, F_OK) != 0);
+    rmdir(dirout);
     unlink(small);
     ck_assert(access(out, F_OK) != 0);
     /* output directory not writable / absent */

@@ -628,6 +628,24 @@ START_TEST(test_protocol_counts)
         kvq_windows_free(&w);
     }
     ck_assert_msg(strstr(e.msg, "window"), "%s", e.msg);
+    /* every (protocol, ctx) the plan accepts scores at least one token per window: llamacpp at ctx 2
+     * scored none and kveval printed PPL nan with exit 0 */
+    for (int pr = 0; pr < 2; pr++)
+        for (size_t c = 2; c <= 5; c++) {
+            const kvq_ppl_protocol proto = pr ? KVQ_PPL_LLAMACPP : KVQ_PPL_KVQUANT;
+            ck_assert_msg(kvq_ppl_windows(&env.txt, env.tok, proto, c, KVQ_BOS_MODEL, &w, &e) == KVQ_OK, "%s", e.msg);
+            kvq_ppl_plan plan;
+            const kvq_status st = kvq_ppl_plan_make(&w, proto, 0, &plan, &e);
+            if (pr && c == 2) {
+                ck_assert_int_eq(st, KVQ_EINVAL);
+                ck_assert_msg(strstr(e.msg, "ctx = 2 scores no token under the llamacpp protocol") && strstr(e.msg, "ctx >= 3"), "%s", e.msg);
+            } else {
+                ck_assert_msg(st == KVQ_OK, "%s", e.msg);
+                ck_assert_uint_ge(plan.scored_per_window, 1);
+                ck_assert_uint_eq(plan.scored_per_window, pr ? c - 1 - c / 2 : c - 1);
+            }
+            kvq_windows_free(&w);
+        }
     env_close(&env);
 }
 END_TEST

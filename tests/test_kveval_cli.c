@@ -273,6 +273,45 @@ START_TEST(test_cli_errors)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "ls %s | grep -q tmp", e.dir);
     ck_assert(system(cmd) != 0);
+    /* an output that would replace an input, or cannot be written, is refused before any work:
+     * --json TOKENIZER used to overwrite the tokenizer with JSON (exit 0), --json nodir/x.json failed
+     * after the whole run; llamacpp at ctx 2 scored nothing and printed PPL nan (exit 0) */
+    {
+        char tokc[600], missing[600];
+        snprintf(tokc, sizeof tokc, "%s/tokc.bin", e.dir);
+        snprintf(missing, sizeof missing, "%s/nodir/x.json", e.dir);
+        char *orig = slurp(e.tok);
+        FILE *tf = fopen(e.tok, "rb");
+        fseek(tf, 0, SEEK_END);
+        const long tn = ftell(tf);
+        fclose(tf);
+        tf = fopen(tokc, "wb");
+        ck_assert(fwrite(orig, 1, (size_t)tn, tf) == (size_t)tn);
+        fclose(tf);
+        struct { const char *what, *fmt, *needle; int rc; } oc[] = {
+            {"json = tokenizer", "--model %s --tokenizer %s %s --scheme int4 --ctx 64 --max-windows 1 -q --json %s", "the same file as --tokenizer", 2},
+            {"json = text", "--model %s --tokenizer %s %s --scheme int4 --ctx 64 --max-windows 1 -q --json %s", "the same file as --text", 2},
+            {"json dir missing", "--model %s --tokenizer %s %s --scheme int4 --ctx 64 --max-windows 1 -q --json %s", "does not exist", 2},
+            {"llamacpp ctx 2", "--model %s --tokenizer %s %s --scheme int4 --ctx 2 --max-windows 1 -q --protocol llamacpp --json %s",
+             "scores no token under the llamacpp protocol", 1},
+        };
+        const char *jsons[] = {tokc, small, missing, jp}, *texts[] = {tx, sm, tx, tx}; /* (a copy as the text: never ../shared) */
+        for (size_t i = 0; i < sizeof oc / sizeof *oc; i++) {
+            snprintf(args, sizeof args, oc[i].fmt, e.model, tokc, texts[i], jsons[i]);
+            const int orc = run(&e, args, out, sizeof out, err, sizeof err);
+            ck_assert_msg(orc == oc[i].rc && strstr(err, oc[i].needle), "%s: exit %d (expected %d): %s", oc[i].what, orc, oc[i].rc, err);
+            ck_assert_msg(out[0] == 0, "%s: printed a table: %s", oc[i].what, out);
+        }
+        char *now = slurp(tokc);
+        ck_assert_msg(memcmp(now, orig, (size_t)tn) == 0, "the tokenizer was modified");
+        char *sn = slurp(small);
+        ck_assert_msg(sn && !strcmp(sn, " = Tiny = \n\n hello world \n"), "the text was modified");
+        free(sn);
+        ck_assert(access(jp, F_OK) != 0);
+        free(now);
+        free(orig);
+        unlink(tokc);
+    }
     /* the matching artifact works, and the artifact is named in the notes */
     snprintf(args, sizeof args, "%s %s %s --scheme nuq3-1%% --scheme int3-pc-1%%", base, tx, ak);
     int rc = run(&e, args, out, sizeof out, err, sizeof err);

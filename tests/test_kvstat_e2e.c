@@ -205,6 +205,24 @@ START_TEST(test_cli_end_to_end)
     ck_assert(kvq_artifact_write(art2, &a, &e) == KVQ_OK);
     kvq_artifact_free(&a);
 
+    /* an output that is an input is refused before any work, both intact (-j DUMP, -m ARTIFACT used
+     * to replace them, exit 0) */
+    {
+        size_t nd0 = 0, nd1 = 0, na0 = 0, na1 = 0;
+        char *d0 = kvq_test_slurp(dump, &nd0), *a0 = kvq_test_slurp(art, &na0);
+        snprintf(cmd, sizeof cmd, "%s '%s' -j '%s' -q", kvstat, dump, dump);
+        int orc = run_cmd(cmd, out, sizeof out);
+        ck_assert_msg(orc == 2 && strstr(out, "--json") && strstr(out, "the same file as DUMP"), "rc %d: %s", orc, out);
+        snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' -m '%s/./a.safetensors' -q", kvstat, dump, art, dir);
+        orc = run_cmd(cmd, out, sizeof out);
+        ck_assert_msg(orc == 2 && strstr(out, "the same file as --artifact"), "rc %d: %s", orc, out);
+        char *d1 = kvq_test_slurp(dump, &nd1), *a1 = kvq_test_slurp(art, &na1);
+        ck_assert(d0 && d1 && nd0 == nd1 && !memcmp(d0, d1, nd0) && a0 && a1 && na0 == na1 && !memcmp(a0, a1, na0));
+        free(d0);
+        free(d1);
+        free(a0);
+        free(a1);
+    }
     /* full run */
     snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' --layer 2 --head 1 --sample 2 --html '%s/site' --json '%s/s.json' -q",
              kvstat, dump, art, dir, dir);

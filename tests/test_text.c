@@ -202,6 +202,22 @@ START_TEST(test_small_corpora_and_bad_input)
     unlink(path);
     /* missing file */
     ck_assert(kvq_text_read("/nonexistent/kvq.txt", KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_EIO);
+    /* not a regular file: refused at once with its kind (/dev/zero used to be read until memory ran out,
+     * a directory failed as "read error after 0 bytes") */
+    ck_assert(kvq_text_read("/dev/zero", KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "/dev/zero: not a regular file (a character device; expected a text file)"), "%s", e.msg);
+    ck_assert(kvq_text_read("/tmp", KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "/tmp: is a directory (expected a text file)"), "%s", e.msg);
+    {
+        int pfd[2];
+        ck_assert_int_eq(pipe(pfd), 0);
+        char fifo[64];
+        snprintf(fifo, sizeof fifo, "/dev/fd/%d", pfd[0]);
+        ck_assert(kvq_text_read(fifo, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_EIO); /* would block forever */
+        ck_assert_msg(strstr(e.msg, "not a regular file (a pipe;"), "%s", e.msg);
+        close(pfd[0]);
+        close(pfd[1]);
+    }
     /* NUL bytes, lone CR and invalid UTF-8 are kept and tokenised; shorter than a window → error */
     const char odd[] = "a\0b\r\xff\xfe\r\nc";
     write_tmp("odd.txt", odd, sizeof odd - 1, path, sizeof path);

@@ -375,6 +375,14 @@ START_TEST(test_bad_vocab)
     const char *unigram = "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}";
     tmpfile_with("unigram.json", unigram, strlen(unigram), path, sizeof path);
     ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EUNSUPPORTED);
+    /* not a regular file: refused at once (every loader: kvq_tokenizer_load sniffs the first bytes first) */
+    ck_assert(kvq_tokenizer_load("/dev/zero", &tok, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "/dev/zero: not a regular file (a character device; expected a tokenizer file)"), "%s", e.msg);
+    ck_assert(kvq_tokenizer_from_hf_json("/dev/zero", &tok, &e) == KVQ_EIO);
+    ck_assert(kvq_tokenizer_from_llama2c("/dev/zero", 0, &tok, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "not a regular file"), "%s", e.msg);
+    ck_assert(kvq_tokenizer_load("/tmp", &tok, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "/tmp: is a directory"), "%s", e.msg);
     tmpfile_with("broken.json", "{\"model\": {", 11, path, sizeof path);
     ck_assert(kvq_tokenizer_load(path, &tok, &e) == KVQ_EFORMAT);
     ck_assert_ptr_nonnull(strstr(e.msg, "invalid JSON"));
