@@ -285,6 +285,11 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     }
     /* --tokenizer FILE, else the GGUF itself or the HF checkpoint's tokenizer.json; llama2.c: error */
     if ((s = kvq_tokenizer_for_model(o->model_path, o->tokenizer_path, &tok, err))) goto done;
+    if (kvq_tokenizer_n_vocab(tok) > m.hp.vocab_size) { /* (as kveval: else the first sample fails on an id) */
+        s = kvq_fail(err, KVQ_EMISMATCH, "%s: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?",
+                     o->tokenizer_path ? o->tokenizer_path : o->model_path, kvq_tokenizer_n_vocab(tok), m.hp.vocab_size);
+        goto done;
+    }
     if ((s = kvq_text_read(o->text_path, o->format, KVQ_EOL_TO_LF, &txt, err))) goto done;
     if ((s = kvq_calib_windows(&txt, tok, (size_t)o->samples, (size_t)seq_len, o->seed, KVQ_BOS_MODEL, &win, err))) goto done;
 
@@ -443,6 +448,10 @@ done:
             char partial[KVQ_DUMP_PATH_MAX + 16];
             snprintf(partial, sizeof partial, "%s.partial", o->out_path);
             unlink(partial);
+            /* the interruption's "(resume with --resume)" would point at the file just removed */
+            if (stopped(o))
+                s = kvq_fail(err, KVQ_EIO, "interrupted before the first of %lld samples was complete: nothing kept, nothing to resume (run again)",
+                             (long long)o->samples);
         }
     }
     free(bufs[0].arena);

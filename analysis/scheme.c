@@ -532,18 +532,25 @@ kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err
             p += 4;
             if (!scan_uint(&p, 1u << 24, &n) || *p)
                 return kvq_fail(err, KVQ_EINVAL, "scheme '%s': modifier '+%s': expected +sink<N> with N >= 0", spec, m);
+            if (out->sink_set) /* (the last one silently won) */
+                return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +sink given twice (+sink%zu, then +%s)", spec, out->q.n_sink, m);
             out->q.n_sink = n;
             out->sink_set = true;
         } else if (!strcmp(m, "pre-rope") || !strcmp(m, "post-rope")) {
+            if (out->stage_set)
+                return kvq_fail(err, KVQ_EINVAL, "scheme '%s': the key stage given twice (+%s after +%s)", spec, m,
+                                out->key_stage == KVQ_KEYS_PRE_ROPE ? "pre-rope" : "post-rope");
             out->key_stage = m[1] == 'r' ? KVQ_KEYS_PRE_ROPE : KVQ_KEYS_POST_ROPE;
             out->stage_set = true;
         } else if (!strcmp(m, "intactkv")) {
+            if (out->intactkv) return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +intactkv given twice", spec);
             out->intactkv = true;
         } else if (starts(m, "artifact")) {
             p += 8;
             if (!scan_uint(&p, 4096, &n) || *p || n == 0)
                 return kvq_fail(err, KVQ_EINVAL, "scheme '%s': modifier '+%s': expected +artifact<N> with N >= 1 (the N-th --artifact)",
                                 spec, m);
+            if (out->artifact_index) return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +artifact given twice", spec);
             out->artifact_index = (int)n;
         } else {
             return kvq_fail(err, KVQ_EINVAL,

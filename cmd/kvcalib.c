@@ -64,7 +64,7 @@ static int option_table(cli_args *a, kvq_opt *t)
 {
     const kvq_opt tab[] = {
         {"method", 'm', KVQ_OPT_CHOICE, &a->method, "M", "quantization scheme", "nuq|int|int-pc|kivi|fp8", 0, 0, false},
-        {"bits", 'b', KVQ_OPT_INT, &a->bits, "B", "code bits of keys and values, 1..8 (required to calibrate)", NULL, 0, 0,
+        {"bits", 'b', KVQ_OPT_INT, &a->bits, "B", "code bits of keys and values, 1..8 (required to calibrate)", NULL, 1, 8,
          false},
         {"outliers", 0, KVQ_OPT_FLOAT, &a->outliers, "F",
          "dense-and-sparse outlier fraction in [0, 0.5), both tails (-1: method default)", NULL, 0, 0, false},
@@ -515,7 +515,7 @@ static int cmd_export_vllm(int argc, char **argv)
     const char *out = NULL;
     bool force = false, quiet = false;
     kvq_opt tab[] = {
-        {"out", 'o', KVQ_OPT_STRING, &out, "FILE", "safetensors file to write (required)", NULL, 0, 0, true},
+        {"out", 'o', KVQ_OPT_STRING, &out, "FILE", "safetensors file to write", NULL, 0, 0, true},
         {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "replace an existing --out file", NULL, 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no summary", NULL, 0, 0, false},
     };
@@ -664,9 +664,12 @@ static int cmd_calibrate(int argc, char **argv)
     o.on_table = on_table;
     o.on_table_ctx = &pc;
     int threads = o.n_threads > 0 ? o.n_threads : omp_get_max_threads();
-    if (!a.quiet)
-        fprintf(stderr, "%s: %s -> %s: %s%d, %d thread%s\n", PROG, pos.v[0], a.out, a.method, o.k_bits, threads,
-                threads == 1 ? "" : "s");
+    if (!a.quiet) {
+        char label[48]; /* nuq3, int4, kivi2; fp8 alone (it printed "fp88") */
+        if (fp8) snprintf(label, sizeof label, "%s", a.method);
+        else snprintf(label, sizeof label, "%s%d", a.method, o.k_bits);
+        fprintf(stderr, "%s: %s -> %s: %s, %d thread%s\n", PROG, pos.v[0], a.out, label, threads, threads == 1 ? "" : "s");
+    }
     kvq_artifact art;
     kvq_status s = kvq_calibrate_file(pos.v[0], a.out, a.force, &o, &art, &e);
     if (s) {

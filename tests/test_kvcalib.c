@@ -626,6 +626,17 @@ START_TEST(test_model_chain)
     co.command_line = "test_kvcalib";
     kvq_capture_report rep;
     kvq_err e = {0};
+    { /* interrupted before the first sample: no file, and the message does not offer --resume (the
+       * empty .partial is removed, so --resume then found nothing) */
+        volatile sig_atomic_t stop = 1;
+        kvq_capture_opts c2 = co;
+        c2.stop = &stop;
+        ck_assert_int_eq(kvq_capture_run(&c2, &rep, &e), KVQ_EIO);
+        ck_assert_msg(strstr(e.msg, "before the first of 2 samples") && !strstr(e.msg, "--resume"), "%s", e.msg);
+        char partial[300];
+        snprintf(partial, sizeof partial, "%s.partial", dump);
+        ck_assert(!exists(partial) && !exists(dump));
+    }
     ck_assert_msg(kvq_capture_run(&co, &rep, &e) == KVQ_OK, "%s", e.msg);
     kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
     o.k_bits = o.v_bits = 3;
@@ -986,6 +997,7 @@ START_TEST(test_cli)
         {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi|fp8, found 'foo'"}},
         {"%s %s --bits 3 --out %s", 2, {"missing required option --method"}},
         {"%s %s --method int --bits 3 --outliers 0.01 --out %s", 2, {"outlier fraction", "method int"}},
+        {"%s %s --method nuq --bits 0 --out %s", 2, {"--bits: expected 1..8, found 0"}}, /* was "missing required option" */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(cmd, sizeof cmd, cases[i].args, bin, dump, out);
@@ -1007,6 +1019,12 @@ START_TEST(test_cli)
         snprintf(cmd, sizeof cmd, "%s %s --method fp8 --out %s --export-vllm %s --force", bin, dump, out, out);
         rc = run_cmd(cmd, buf, sizeof buf);
         ck_assert_msg(rc == 2 && strstr(buf, "(two outputs)"), "'%s': exit %d: %s", cmd, rc, buf);
+        char fp8out[256];
+        tmp(fp8out, sizeof fp8out, "cli_fp8.st");
+        snprintf(cmd, sizeof cmd, "%s %s --method fp8 --out %s --force", bin, dump, fp8out);
+        rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == 0 && strstr(buf, ": fp8, "), "'%s': exit %d: %s", cmd, rc, buf); /* the label was "fp88" */
+        unlink(fp8out);
         char *after = kvq_test_slurp(dump, &n1);
         ck_assert(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
         free(before);

@@ -179,6 +179,15 @@ START_TEST(test_bad_input)
     expect_fail(args, out, "--layers");
     snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 0", g_model, g_tok, g_text);
     expect_fail(args, out, "--samples");
+    /* a tokenizer larger than the model's vocabulary fails at load, naming both sizes (it used to
+     * fail at sample 0 on an out-of-range id) */
+    {
+        char big[4096];
+        if (kvq_test_shared(big, sizeof big, "tokenizer-conformance/ggml-vocab-starcoder.gguf")) {
+            snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32", g_model, big, g_text);
+            expect_fail(args, out, "tokenizer has 49152 tokens, the model's vocabulary only 512");
+        }
+    }
     /* corpus shorter than one window */
     char small[128];
     snprintf(small, sizeof small, "/tmp/kvq_test_kvdump_%d_small.txt", (int)getpid());

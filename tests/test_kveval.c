@@ -798,6 +798,10 @@ START_TEST(test_parse_names_bits)
         {"fp8-tensor", "method fp8 with E4M3FN per-tensor scales"}, {"e5m2-head-p99.9", "E5M2 per-KV-head scales (percentile) 99.9"},
         {"fp8-chan", "expected fp8, e5m2"}, {"fp8-tensor-p0", "percentile"}, {"fp8-head-p101", "percentile"},
         {"fp8-tensor-pX", "percentile"}, {"q3_0", "unknown scheme"},
+        /* a modifier given twice (the last one silently won: fp8+pre-rope+post-rope ran post-RoPE) */
+        {"int4+sink1+sink5", "+sink given twice (+sink1, then +sink5)"}, {"int4+pre-rope+post-rope", "key stage given twice"},
+        {"int4+post-rope+post-rope", "key stage given twice"}, {"nuq3-1%+intactkv+intactkv", "+intactkv given twice"},
+        {"int4+artifact1+artifact2", "+artifact given twice"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         e.msg[0] = 0;
