@@ -514,6 +514,27 @@ static kvq_status meta_copy(const kvq_safetensors *st, const char *key, char *ds
     return KVQ_OK;
 }
 
+/* "[s0]" or "[s0, s1]" (want: nd and s0, s1), or a found tensor's whole shape */
+static const char *shape_text(char *buf, size_t cap, uint32_t nd, const uint64_t *dims)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t d = 0; d < nd && k < cap; d++) k += (size_t)snprintf(buf + k, cap - k, d ? ", %llu" : "%llu", (unsigned long long)dims[d]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+    return buf;
+}
+
+/* dtype/shape mismatch of tensor `name` (the 1-D case printed "[80]" for [8]: a 0 after the size) */
+static kvq_status shape_fail(const kvq_safetensors *st, const char *name, kvq_st_dtype dt, uint32_t nd, uint64_t s0, uint64_t s1,
+                             const kvq_st_tensor *t, const char *why, kvq_err *err)
+{
+    char want[64], found[160];
+    const uint64_t wd[2] = {s0, s1};
+    shape_text(want, sizeof want, nd, wd);
+    shape_text(found, sizeof found, t->n_dims <= KVQ_ST_MAX_DIMS ? t->n_dims : KVQ_ST_MAX_DIMS, t->shape);
+    return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected %s %s%s, found %s %s", st->path, name, kvq_st_dtype_name(dt), want, why,
+                    kvq_st_dtype_name(t->dtype), found);
+}
+
 /* Find tensor `layers.<i>.<kv>.<suffix>` with dtype and shape; copy its bytes into a new buffer. */
 static kvq_status get_tensor(const kvq_safetensors *st, size_t layer, char kv, const char *suffix, kvq_st_dtype dt,
                              uint32_t nd, uint64_t s0, uint64_t s1, void **out, kvq_err *err)
@@ -523,10 +544,7 @@ static kvq_status get_tensor(const kvq_safetensors *st, size_t layer, char kv, c
     const kvq_st_tensor *t = kvq_safetensors_find(st, name);
     if (!t) return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s' missing", st->path, name);
     if (t->dtype != dt || t->n_dims != nd || t->shape[0] != s0 || (nd == 2 && t->shape[1] != s1))
-        return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected %s %s[%llu%s%llu], found %s with %u dims [%llu, ...]",
-                        st->path, name, kvq_st_dtype_name(dt), "", (unsigned long long)s0, nd == 2 ? ", " : "",
-                        nd == 2 ? (unsigned long long)s1 : 0ull, kvq_st_dtype_name(t->dtype), t->n_dims,
-                        t->n_dims ? (unsigned long long)t->shape[0] : 0ull);
+        return shape_fail(st, name, dt, nd, s0, s1, t, "", err);
     *out = malloc(t->n_bytes ? t->n_bytes : 1);
     if (!*out) return kvq_fail(err, KVQ_ENOMEM, "%s: tensor '%s': out of memory", st->path, name);
     memcpy(*out, t->data, t->n_bytes);
@@ -629,11 +647,7 @@ static kvq_status read_named(const kvq_safetensors *st, const char *name, kvq_st
     const kvq_st_tensor *t = kvq_safetensors_find(st, name);
     if (!t) return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s' missing (an IntactKV prefix needs it)", st->path, name);
     if (t->dtype != dt || t->n_dims != nd || t->shape[0] != s0 || (nd == 2 && t->shape[1] != s1))
-        return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected %s [%llu%s%llu], found %s with %u dims [%llu, %llu]",
-                        st->path, name, kvq_st_dtype_name(dt), (unsigned long long)s0, nd == 2 ? ", " : "",
-                        nd == 2 ? (unsigned long long)s1 : 0ull, kvq_st_dtype_name(t->dtype), t->n_dims,
-                        t->n_dims ? (unsigned long long)t->shape[0] : 0ull,
-                        t->n_dims > 1 ? (unsigned long long)t->shape[1] : 0ull);
+        return shape_fail(st, name, dt, nd, s0, s1, t, " (an IntactKV prefix)", err);
     memcpy(dst, t->data, t->n_bytes);
     return KVQ_OK;
 }

@@ -300,7 +300,8 @@ START_TEST(test_read_rejects)
     ck_assert_ptr_nonnull(strstr(e.msg, "tensor 'layers.1.v.levels' missing"));
     rewrite(p, q, "kvq.k_bits", "2", NULL); /* levels tensor has 8 entries, 2 bits needs 4 */
     ck_assert_int_eq(kvq_artifact_read(q, &r, &e), KVQ_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(e.msg, "layers.0.k.levels"));
+    /* both shapes exactly (a 1-D want printed as "[40]", a trailing 0 after the size) */
+    ck_assert_msg(strstr(e.msg, "tensor 'layers.0.k.levels': expected F32 [4], found F32 [8]"), "%s", e.msg);
     ck_assert_int_eq(kvq_artifact_read("/nonexistent.safetensors", &r, &e), KVQ_EIO);
     kvq_artifact_free(&a);
 }
