@@ -285,11 +285,8 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     }
     /* --tokenizer FILE, else the GGUF itself or the HF checkpoint's tokenizer.json; llama2.c: error */
     if ((s = kvq_tokenizer_for_model(o->model_path, o->tokenizer_path, &tok, err))) goto done;
-    if (kvq_tokenizer_n_vocab(tok) > m.hp.vocab_size) { /* (as kveval: else the first sample fails on an id) */
-        s = kvq_fail(err, KVQ_EMISMATCH, "%s: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?",
-                     o->tokenizer_path ? o->tokenizer_path : o->model_path, kvq_tokenizer_n_vocab(tok), m.hp.vocab_size);
-        goto done;
-    }
+    /* (as kveval: else the first sample fails on an out-of-range id) */
+    if ((s = kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o->tokenizer_path ? o->tokenizer_path : o->model_path, err))) goto done;
     if ((s = kvq_text_read(o->text_path, o->format, KVQ_EOL_TO_LF, &txt, err))) goto done;
     if ((s = kvq_calib_windows(&txt, tok, (size_t)o->samples, (size_t)seq_len, o->seed, KVQ_BOS_MODEL, &win, err))) goto done;
 

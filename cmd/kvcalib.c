@@ -622,10 +622,6 @@ static int cmd_calibrate(int argc, char **argv)
         return EXIT_USAGE;
     }
     kvq_calibrate_opts o = kvq_calibrate_defaults(m);
-    if (a.bits < 1 || a.bits > 8) {
-        fprintf(stderr, "%s: --bits: expected 1..8, found %ld\n", PROG, a.bits);
-        return EXIT_USAGE;
-    }
     o.k_bits = o.v_bits = (int)a.bits;
     if (a.outliers != -1) o.outlier_frac = a.outliers;
     if (a.sink >= 0) o.n_sink = (size_t)a.sink;

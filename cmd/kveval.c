@@ -206,11 +206,7 @@ int main(int argc, char **argv)
     }
 
     if (load_tokenizer(&o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }
-    if (kvq_tokenizer_n_vocab(tok) > m.hp.vocab_size) {
-        fprintf(stderr, "kveval: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?\n",
-                kvq_tokenizer_n_vocab(tok), m.hp.vocab_size);
-        goto out;
-    }
+    if (kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o.tokenizer ? o.tokenizer : o.model, &e)) { fail(NULL, &e, 1); goto out; }
     kvq_text_format fmt = !o.format ? kvq_text_format_from_path(o.text)
                           : !strcmp(o.format, "jsonl") ? KVQ_TEXT_JSONL
                           : !strcmp(o.format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS

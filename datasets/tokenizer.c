@@ -1175,6 +1175,12 @@ kvq_status kvq_tokenizer_decode(const kvq_tokenizer *t, const int32_t *ids, size
 
 int32_t kvq_tokenizer_byte_token(const kvq_tokenizer *t, uint8_t b) { return t->byte_tok[b]; }
 int32_t kvq_tokenizer_n_vocab(const kvq_tokenizer *t) { return t->n_vocab; }
+kvq_status kvq_tokenizer_check_vocab(const kvq_tokenizer *t, int32_t model_vocab, const char *what, kvq_err *err)
+{
+    if (t->n_vocab <= model_vocab) return KVQ_OK;
+    return kvq_fail(err, KVQ_EMISMATCH, "%s: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?", what, t->n_vocab,
+                    model_vocab);
+}
 int32_t kvq_tokenizer_bos(const kvq_tokenizer *t) { return t->bos; }
 int32_t kvq_tokenizer_eos(const kvq_tokenizer *t) { return t->eos; }
 bool kvq_tokenizer_add_bos_default(const kvq_tokenizer *t) { return t->add_bos; }

@@ -133,6 +133,10 @@ kvq_status kvq_tokenizer_decode(const kvq_tokenizer *tok, const int32_t *ids, si
                                 char **text, size_t *len, kvq_err *err);
 
 int32_t kvq_tokenizer_n_vocab(const kvq_tokenizer *tok);
+/* The tokenizer's ids must index the model's embedding: n_vocab <= model_vocab (a
+ * model may have more rows than tokens). Else KVQ_EMISMATCH, "<what>: tokenizer has N
+ * tokens, the model's vocabulary only M: wrong --tokenizer?" (what: the tokenizer's file). */
+kvq_status kvq_tokenizer_check_vocab(const kvq_tokenizer *tok, int32_t model_vocab, const char *what, kvq_err *err);
 int32_t kvq_tokenizer_bos(const kvq_tokenizer *tok); /* -1 when the vocabulary has none */
 int32_t kvq_tokenizer_eos(const kvq_tokenizer *tok); /* -1 when none */
 bool kvq_tokenizer_add_bos_default(const kvq_tokenizer *tok);

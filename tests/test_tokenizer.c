@@ -256,6 +256,11 @@ START_TEST(test_llama2c_aidreams)
     ck_assert_str_eq(kvq_tokenizer_describe(tok), "llama2c spm vocab 512");
     ck_assert_int_eq(kvq_tokenizer_bos(tok), 1);
     ck_assert_int_eq(kvq_tokenizer_eos(tok), 2);
+    /* vocabulary against the model's embedding rows: equal or more rows pass, fewer are a mismatch */
+    ck_assert_int_eq(kvq_tokenizer_check_vocab(tok, 512, p, &e), KVQ_OK);
+    ck_assert_int_eq(kvq_tokenizer_check_vocab(tok, 1024, p, &e), KVQ_OK);
+    ck_assert_int_eq(kvq_tokenizer_check_vocab(tok, 511, p, &e), KVQ_EMISMATCH);
+    ck_assert_msg(strstr(e.msg, p) && strstr(e.msg, "tokenizer has 512 tokens, the model's vocabulary only 511: wrong --tokenizer?"), "%s", e.msg);
     int32_t *ids;
     size_t n;
     const char *s = "Once upon a time";
