@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "outfile.h"
+
 kvq_plot_style kvq_plot_style_default(void)
 {
     kvq_plot_style s = {.model = "", .width = 0, .height = 0, .font_px = 13, .png = true, .svg = true};
@@ -338,34 +340,46 @@ static kvq_status render(const char *path, const kvq_plot_style *st, int dw, int
                          kvq_err *err)
 {
     int w = st->width > 0 ? st->width : dw, h = st->height > 0 ? st->height : dh;
-    char file[4200];
+    char file[4200], tmp[4300];
     if (strlen(path) > 4096) return kvq_fail(err, KVQ_EINVAL, "plot: path too long");
     if (st->png) {
         snprintf(file, sizeof file, "%s.png", path);
+        KVQ_TRY(kvq_outfile_tmpname(file, tmp, sizeof tmp, err));
         cairo_surface_t *s = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, w, h);
         kvq_status r = draw_on(s, st, w, h, fn, arg, err);
         if (r == KVQ_OK) {
-            cairo_status_t cs = cairo_surface_write_to_png(s, file);
-            if (cs != CAIRO_STATUS_SUCCESS) r = kvq_fail(err, KVQ_EIO, "%s: cannot write PNG: %s", file, cairo_status_to_string(cs));
+            cairo_status_t cs = cairo_surface_write_to_png(s, tmp);
+            if (cs != CAIRO_STATUS_SUCCESS) {
+                remove(tmp);
+                r = kvq_fail(err, KVQ_EIO, "%s: cannot write PNG: %s", tmp, cairo_status_to_string(cs));
+            }
         }
         cairo_surface_destroy(s);
         KVQ_TRY(r);
+        KVQ_TRY(kvq_outfile_rename(tmp, file, err));
     }
     if (st->svg) {
         snprintf(file, sizeof file, "%s.svg", path);
-        cairo_surface_t *s = cairo_svg_surface_create(file, w, h);
+        KVQ_TRY(kvq_outfile_tmpname(file, tmp, sizeof tmp, err));
+        cairo_surface_t *s = cairo_svg_surface_create(tmp, w, h);
         if (cairo_surface_status(s) != CAIRO_STATUS_SUCCESS) {
-            kvq_status r = kvq_fail(err, KVQ_EIO, "%s: cannot create SVG: %s", file,
+            kvq_status r = kvq_fail(err, KVQ_EIO, "%s: cannot create SVG: %s", tmp,
                                     cairo_status_to_string(cairo_surface_status(s)));
             cairo_surface_destroy(s);
+            remove(tmp);
             return r;
         }
         kvq_status r = draw_on(s, st, w, h, fn, arg, err);
         cairo_surface_finish(s);
         cairo_status_t cs = cairo_surface_status(s);
         cairo_surface_destroy(s);
-        KVQ_TRY(r);
-        if (cs != CAIRO_STATUS_SUCCESS) return kvq_fail(err, KVQ_EIO, "%s: cannot write SVG: %s", file, cairo_status_to_string(cs));
+        if (r == KVQ_OK && cs != CAIRO_STATUS_SUCCESS)
+            r = kvq_fail(err, KVQ_EIO, "%s: cannot write SVG: %s", tmp, cairo_status_to_string(cs));
+        if (r != KVQ_OK) {
+            remove(tmp);
+            return r;
+        }
+        KVQ_TRY(kvq_outfile_rename(tmp, file, err));
     }
     return KVQ_OK;
 }

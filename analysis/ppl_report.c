@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "outfile.h"
 #include "perplexity.h"
 
 static const char *stage_name(kvq_key_stage s) { return s == KVQ_KEYS_PRE_ROPE ? "pre-rope" : "post-rope"; }
@@ -269,26 +270,7 @@ kvq_status kvq_ppl_report_json(const char *path, const kvq_ppl_report *r, kvq_er
         return st;
     }
     if (!text) return kvq_fail(err, KVQ_ENOMEM, "%s: cannot build the JSON report", path);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        free(text);
-        return kvq_fail(err, KVQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    }
-    size_t n = strlen(text);
-    bool ok = fwrite(text, 1, n, f) == n && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
+    st = kvq_outfile_write_text(path, text, err);
     free(text);
-    if (!ok) {
-        int e = errno;
-        remove(tmp);
-        return kvq_fail(err, KVQ_EIO, "%s: write failed: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return kvq_fail(err, KVQ_EIO, "%s: cannot rename %s over it: %s", path, tmp, strerror(e));
-    }
-    return KVQ_OK;
+    return st;
 }

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "outfile.h"
+
 /* ---- tables ------------------------------------------------------------------------- */
 
 #define CELL_MAX 256
@@ -554,21 +556,9 @@ kvq_status kvq_report_json(const char *path, const kvq_report *r, kvq_err *err)
     char *txt = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (!txt) return kvq_fail(err, KVQ_ENOMEM, "report: out of memory building JSON");
-    bool std = !strcmp(path, "-");
-    FILE *f = std ? stdout : fopen(path, "w");
-    if (!f) {
-        kvq_status st = kvq_fail(err, KVQ_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
-        free(txt);
-        return st;
-    }
-    fputs(txt, f);
-    fputc('\n', f);
+    kvq_status st = kvq_outfile_write_text(path, txt, err);
     free(txt);
-    int bad = ferror(f);
-    if (!std) bad |= fclose(f) != 0;
-    else fflush(f);
-    if (bad) return kvq_fail(err, KVQ_EIO, "%s: write failed: %s", path, strerror(errno));
-    return KVQ_OK;
+    return st;
 }
 
 /* ---- HTML ----------------------------------------------------------------------------------- */
@@ -634,11 +624,13 @@ kvq_status kvq_report_html(const char *dir, const kvq_report *r, kvq_err *err)
     KVQ_TRY(build_tables(r, &T, err));
     char path[4200];
     snprintf(path, sizeof path, "%s/index.html", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) {
+    kvq_outfile of;
+    kvq_status os = kvq_outfile_open(&of, path, err);
+    if (os != KVQ_OK) {
         tables_free(&T);
-        return kvq_fail(err, KVQ_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
+        return os;
     }
+    FILE *f = of.f;
     const kvq_kvstats *s = r->s;
     fputs("<!doctype html>\n<html lang=en><head><meta charset=utf-8>\n<title>kvstat: ", f);
     html_esc(f, s->model);
@@ -675,9 +667,9 @@ kvq_status kvq_report_html(const char *dir, const kvq_report *r, kvq_err *err)
     for (int i = 1; i < T.n; i++) html_table(f, &T.t[i]);
     fputs("</body></html>\n", f);
     tables_free(&T);
-    int bad = ferror(f);
-    bad |= fclose(f) != 0;
-    if (st != KVQ_OK) return st;
-    if (bad) return kvq_fail(err, KVQ_EIO, "%s: write failed: %s", path, strerror(errno));
-    return KVQ_OK;
+    if (st != KVQ_OK) {
+        kvq_outfile_abort(&of);
+        return st;
+    }
+    return kvq_outfile_commit(&of, err);
 }

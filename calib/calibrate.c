@@ -119,6 +119,25 @@ static kvq_status check_against_dump(const kvq_dump_meta *m, int64_t done, const
     return KVQ_OK;
 }
 
+/* A nuq table set none of whose datatypes had a point to fit (every head fell back to
+ * uniform levels) is a calibration-set problem, not a property of the layer: too many
+ * sink tokens for the sample length, outliers taking every element, or zero Fisher
+ * information on every remaining position (a sample's last position gets no gradient of
+ * the LM loss). An error instead of an artifact of placeholder datatypes. */
+static kvq_status check_fitted(const kvq_kv_table *t, size_t n_tokens, const kvq_calib_opts *co, bool fisher, kvq_err *err)
+{
+    for (size_t h = 0; h < t->n_tables; h++)
+        if (t->chosen[h] != KVQ_FIT_CHOSEN_NONE) return KVQ_OK;
+    size_t per = co->sample_len ? co->sample_len : n_tokens, ns = co->n_sink < per ? co->n_sink : per;
+    size_t used = n_tokens / per * (per - ns);
+    return kvq_fail(err, KVQ_EINVAL,
+                    "no calibration points to fit the nuq%d datatype%s: the %zu tokens left after excluding %zu sink tokens "
+                    "per sample of %zu are all outliers, constant%s; use fewer --sink tokens, more or longer samples%s",
+                    co->bits, t->n_tables > 1 ? "s" : "", used, ns, per,
+                    fisher ? " or carry zero Fisher information (a sample's last position gets no gradient)" : "",
+                    fisher ? ", or --no-fisher" : "");
+}
+
 /* One (layer, K|V) work item. */
 typedef struct {
     int layer;
@@ -244,6 +263,7 @@ static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *
         else if (o->method == KVQ_METHOD_INT_PC) s = kvq_calib_int_pc_keys(x, c->n_tokens, &co, out, err);
         else if (w->kv == 'k') s = kvq_calib_keys(x, f, c->n_tokens, &co, out, err);
         else s = kvq_calib_values(x, f, c->n_tokens, &co, out, err);
+        if (!s && o->method == KVQ_METHOD_NUQ) s = check_fitted(out, c->n_tokens, &co, f != NULL, err);
         if (s) kvq_err_prefix(err, "%s: layer %d (%s%s%s)", c->name, w->layer, kvq_dump_ds_name(w->ds), f ? " weighted by " : "",
                               f ? kvq_dump_ds_name(w->fds) : "");
     }

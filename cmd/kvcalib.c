@@ -12,6 +12,7 @@
  * Exit status: 0 success, 1 the calibration or I/O failed (message on
  * stderr, nothing written), 2 bad command line. */
 #include <errno.h>
+#include <inttypes.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,7 +95,7 @@ static int option_table(cli_args *a, kvq_opt *t)
          "fp8: also write model.layers.<i>.self_attn.k_scale/v_scale (safetensors) for vLLM", NULL, 0, 0, false},
         {"bits-ctx", 0, KVQ_OPT_INT, &a->bits_ctx, "N", "context length of the bits accounting (0: the dump's seq_len)",
          NULL, 0, 1e9, false},
-        {"seed", 0, KVQ_OPT_INT, &a->seed, "S", "k-means++ seed", NULL, 0, 9e15, false},
+        {"seed", 0, KVQ_OPT_INT, &a->seed, "S", "nuq: k-means++ seed", NULL, 0, 9e15, false},
         {"threads", 'j', KVQ_OPT_INT, &a->threads, "N", "worker threads (0: OpenMP default)", NULL, 0, 4096, false},
         {"out", 'o', KVQ_OPT_STRING, &a->out, "FILE", "artifact to write (required to calibrate)", NULL, 0, 0, false},
         {"force", 'f', KVQ_OPT_FLAG, &a->force, NULL, "replace an existing --out file", NULL, 0, 0, false},
@@ -165,6 +166,27 @@ static void print_summary(FILE *f, const char *out, const kvq_artifact *a, doubl
         fprintf(f, "; exact chosen for %zu\n", exact);
     }
     fprintf(f, "%s: calibration time %.2f s (%d thread%s)\n", PROG, seconds, threads, threads == 1 ? "" : "s");
+}
+
+/* The dense-and-sparse key thresholds are per-channel percentiles over the calibration
+ * tokens: with too few of them each channel's extremes fall outside its thresholds
+ * whatever the fraction (4 tokens at --outliers 0.01 made 50% of the keys outliers). */
+static void warn_outlier_share(const kvq_artifact *a)
+{
+    const kvq_artifact_params *p = &a->p;
+    if (p->method == KVQ_METHOD_FP8 || !(p->outlier_frac > 0) || !a->k) return;
+    uint64_t n = 0, e = 0;
+    for (size_t i = 0; i < p->n_layers; i++) {
+        n += a->k[i].n_outliers;
+        e += a->k[i].n_elems;
+    }
+    const size_t kv_dim = p->n_kv_heads * p->head_dim;
+    if (!e || !kv_dim || (double)n <= 2.0 * p->outlier_frac * (double)e) return;
+    fprintf(stderr,
+            "%s: warning: key outliers realised %.4g%% of calibration elements against --outliers %.4g%%: %" PRIu64
+            " calibration tokens per channel are too few for that fraction (each channel's extremes fall outside its "
+            "percentile thresholds); calibrate on more tokens (kvdump -n, -L)\n",
+            PROG, 100.0 * (double)n / (double)e, 100.0 * p->outlier_frac, e / p->n_layers / kv_dim);
 }
 
 /* ---- subcommands ---------------------------------------------------------------- */
@@ -572,7 +594,8 @@ static int cmd_calibrate(int argc, char **argv)
     kvq_strlist pos = {0};
     bool help = false;
     kvq_err e = {0};
-    if (kvq_cli_parse(PROG, SUMMARY, tab, n, argc, argv, &pos, &help, &e)) {
+    int given[32] = {0};
+    if (kvq_cli_parse_given(PROG, SUMMARY, tab, n, argc, argv, &pos, &help, given, &e)) {
         fprintf(stderr, "%s: %s\n", PROG, e.msg);
         return EXIT_USAGE;
     }
@@ -620,6 +643,14 @@ static int cmd_calibrate(int argc, char **argv)
     if (!parse_method(a.method, &m)) { /* the option table already restricts it; kept for safety */
         fprintf(stderr, "%s: --method: unknown method '%s'\n", PROG, a.method);
         return EXIT_USAGE;
+    }
+    if (m != KVQ_METHOD_NUQ) { /* the nuq datatype fit's options would be silently ignored */
+        for (int i = 0; i < n; i++)
+            if (given[i] && (!strcmp(tab[i].name, "no-fisher") || !strcmp(tab[i].name, "fit") || !strcmp(tab[i].name, "seed"))) {
+                fprintf(stderr, "%s: --%s: applies to --method nuq only (the datatype fit), method is %s\n", PROG, tab[i].name,
+                        a.method);
+                return EXIT_USAGE;
+            }
     }
     kvq_calibrate_opts o = kvq_calibrate_defaults(m);
     o.k_bits = o.v_bits = (int)a.bits;
@@ -674,6 +705,7 @@ static int cmd_calibrate(int argc, char **argv)
     }
     double dt = kvq_now() - pc.t0;
     if (!a.quiet) print_summary(stdout, a.out, &art, dt, threads);
+    warn_outlier_share(&art);
     if (fp8 && !a.quiet) {
         for (size_t i = 0; i < art.p.n_layers; i++) {
             printf("%s: layer %2zu fp8 scale K", PROG, i);

@@ -70,8 +70,8 @@ int main(int argc, char **argv)
          NULL, 0, 0, false},
         {"scheme", 's', KVQ_OPT_LIST, &o.schemes, "SPEC", "KV-cache scheme (repeatable); fp32 baseline always included", NULL,
          0, 0, true},
-        {"json", 'j', KVQ_OPT_STRING, &o.json, "FILE", "also write the results and protocol details as JSON", NULL, 0, 0,
-         false},
+        {"json", 'j', KVQ_OPT_STRING, &o.json, "FILE",
+         "also write the results and protocol details as JSON ('-' = stdout; the table then goes to stderr)", NULL, 0, 0, false},
         {"tokenizer", 0, KVQ_OPT_STRING, &o.tokenizer, "FILE", "tokenizer (default: the model's own)", NULL, 0, 0, false},
         {"bos", 0, KVQ_OPT_CHOICE, &o.bos, "POLICY", "BOS: as the model's tokenizer says, always or never", "model|always|never",
          0, 0, false},
@@ -239,8 +239,12 @@ int main(int argc, char **argv)
                           .schemes = sch, .results = res, .n_schemes = n_sch, .baseline = baseline,
                           .skipped = (const char *const *)skip, .n_skipped = n_skip, .exec = &exec};
     if (o.json && kvq_ppl_report_json(o.json, &rep, &e)) { fail("--json", &e, 1); goto out; }
-    if (kvq_ppl_report_table(stdout, &rep, &e)) { fail(NULL, &e, 1); goto out; }
-    fflush(stdout);
+    { /* with --json - stdout carries the JSON alone: the table goes to stderr (not with --quiet) */
+        const bool json_stdout = o.json && !strcmp(o.json, "-");
+        FILE *tf = json_stdout ? stderr : stdout;
+        if ((!json_stdout || !o.quiet) && kvq_ppl_report_table(tf, &rep, &e)) { fail(NULL, &e, 1); goto out; }
+        fflush(tf);
+    }
     rc = 0;
 out:
     if (res) kvq_ppl_results_free(res, n_sch);

@@ -2,7 +2,8 @@
  *
  * kvstat DUMP [--artifact FILE] [--layer N] [--head H] [--sample S] [--outlier-mult X]
  *        [--json FILE] [--html DIR] [--plots DIR] [--quiet] ...
- * Markdown tables go to stdout (or --markdown FILE); progress to stderr.
+ * Markdown tables go to stdout (or --markdown FILE; with --json - the JSON alone does); progress to stderr.
+ * Every output file is written under a temporary name and renamed when complete.
  * Exit status: 0 success, 1 failure (message on stderr), 2 bad command line. */
 #include <errno.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "cuda_info.h"
 #include "kvsrc.h"
 #include "kvstats.h"
+#include "outfile.h"
 #include "plot.h"
 #include "report.h"
 
@@ -59,6 +61,31 @@ static kvq_status mkdir_p(const char *dir, kvq_err *err)
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return kvq_fail(err, KVQ_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EIO, "%s: not a directory", dir);
+    return KVQ_OK;
+}
+
+/* An output directory (--html, --plots): a directory, or a name to create in an existing one;
+ * checked before any work (a regular file there failed late with cairo's "error while writing
+ * to output stream" for a figure inside it) */
+static kvq_status check_out_dir(const char *opt, const char *dir, kvq_err *err)
+{
+    if (!dir) return KVQ_OK;
+    if (!*dir) return kvq_fail(err, KVQ_EINVAL, "%s: empty directory name", opt);
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return kvq_fail(err, KVQ_EINVAL, "%s %s: exists and is not a directory (expected a directory for the %s)", opt, dir,
+                            !strcmp(opt, "--html") ? "page and its figures" : "figures");
+        return KVQ_OK;
+    }
+    char parent[4096];
+    const char *slash = strrchr(dir, '/');
+    if (!slash) return KVQ_OK;
+    snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+    if (stat(parent, &st) != 0) return kvq_fail(err, KVQ_EINVAL, "%s %s: directory '%s' does not exist", opt, dir, parent);
+    if (!S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EINVAL, "%s %s: '%s' is not a directory", opt, dir, parent);
     return KVQ_OK;
 }
 
@@ -215,13 +242,15 @@ static int run(const args_t *a, const char *dump_path)
     kvq_report r = {.s = s, .q = have_q ? &q : NULL, .dump_path = dump_path, .artifact_path = a->artifact,
                     .detail_layer = layer, .top_n = (int)a->top, .n_images = im.n, .image_paths = im.pp,
                     .image_captions = im.cp};
-    FILE *mf = stdout;
-    if (a->markdown && strcmp(a->markdown, "-")) {
-        mf = fopen(a->markdown, "w");
-        if (!mf) { fprintf(stderr, "kvstat: %s: cannot open for writing: %s\n", a->markdown, strerror(errno)); goto out; }
+    if (a->markdown) { /* NULL when the JSON takes stdout */
+        kvq_outfile mf;
+        st = kvq_outfile_open(&mf, a->markdown, &err);
+        if (st == KVQ_OK) {
+            st = kvq_report_markdown(mf.f, &r, &err);
+            if (st == KVQ_OK) st = kvq_outfile_commit(&mf, &err);
+            else kvq_outfile_abort(&mf);
+        }
     }
-    st = kvq_report_markdown(mf, &r, &err);
-    if (mf != stdout && fclose(mf) != 0 && st == KVQ_OK) st = kvq_fail(&err, KVQ_EIO, "%s: write failed", a->markdown);
     if (st == KVQ_OK && a->json) st = kvq_report_json(a->json, &r, &err);
     if (st == KVQ_OK && a->html) st = kvq_report_html(a->html, &r, &err);
     if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
@@ -249,7 +278,7 @@ int main(int argc, char **argv)
         {"outlier-stat", 0, KVQ_OPT_CHOICE, &a.outlier_stat, "S", "channel statistic for outliers", "mean|absmax|p99", 0, 0, false},
         {"sink-share", 0, KVQ_OPT_FLOAT, &a.sink_share, "X", "sink: mean attention probability from the queries that see the position >= X", NULL, 1e-6, 1, false},
         {"top", 0, KVQ_OPT_INT, &a.top, "N", "outlier channels / sinks listed per layer in the tables", NULL, 1, 1000, false},
-        {"json", 'j', KVQ_OPT_STRING, &a.json, "FILE", "write every number as JSON ('-' = stdout)", NULL, 0, 0, false},
+        {"json", 'j', KVQ_OPT_STRING, &a.json, "FILE", "write every number as JSON ('-' = stdout, instead of the markdown)", NULL, 0, 0, false},
         {"html", 0, KVQ_OPT_STRING, &a.html, "DIR", "write DIR/index.html, one self-contained page (plots embedded)", NULL, 0, 0, false},
         {"plots", 'p', KVQ_OPT_STRING, &a.plots, "DIR", "write the figures into DIR (default with --html: the html DIR)", NULL, 0, 0, false},
         {"plot", 0, KVQ_OPT_LIST, &a.plot, "NAME", "only these figures (repeatable): " PLOT_NAMES, NULL, 0, 0, false},
@@ -267,7 +296,8 @@ int main(int argc, char **argv)
     kvq_strlist pos = {.n = 0};
     bool help = false;
     kvq_err err = {0};
-    if (kvq_cli_parse("kvstat", summary, opts, n_opts, argc, argv, &pos, &help, &err) != KVQ_OK) {
+    int given[sizeof opts / sizeof *opts] = {0};
+    if (kvq_cli_parse_given("kvstat", summary, opts, n_opts, argc, argv, &pos, &help, given, &err) != KVQ_OK) {
         fprintf(stderr, "kvstat: %s (see --help)\n", err.msg);
         return 2;
     }
@@ -290,9 +320,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstat: expected one dump file, found %d arguments (see --help)\n", pos.n);
         return 2;
     }
+    if (a.json && !strcmp(a.json, "-")) { /* stdout carries the JSON alone */
+        bool md_given = false;
+        for (int i = 0; i < n_opts; i++) md_given = md_given || (given[i] && !strcmp(opts[i].name, "markdown"));
+        if (md_given && !strcmp(a.markdown, "-")) {
+            fprintf(stderr, "kvstat: --json - and --markdown -: both on stdout; write one of them to a FILE\n");
+            return 2;
+        }
+        if (!md_given) a.markdown = NULL;
+    }
     { /* outputs writable, replacing no input (-j/-m used to overwrite the dump or the artifact) */
         const kvq_cli_file outs[2] = {{"--json", a.json}, {"--markdown", a.markdown}}, ins[2] = {{"DUMP", pos.v[0]}, {"--artifact", a.artifact}};
-        if (kvq_cli_check_outputs(outs, 2, ins, 2, &err)) {
+        if (kvq_cli_check_outputs(outs, 2, ins, 2, &err) || check_out_dir("--html", a.html, &err) ||
+            check_out_dir("--plots", a.plots, &err)) {
             fprintf(stderr, "kvstat: %s\n", err.msg);
             return 2;
         }

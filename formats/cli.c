@@ -51,7 +51,7 @@ static kvq_status set_value(const kvq_opt *o, const char *v, kvq_err *err)
         if (!kvq_parse_long(v, &x))
             return kvq_fail(err, KVQ_EINVAL, "--%s: expected an integer, found '%s'", o->name, v);
         if (o->min < o->max && (x < o->min || x > o->max))
-            return kvq_fail(err, KVQ_EINVAL, "--%s: expected %g..%g, found %ld", o->name, o->min, o->max, x);
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected %.0f..%.0f, found %ld", o->name, o->min, o->max, x);
         *(long *)o->target = x;
         return KVQ_OK;
     }
@@ -60,7 +60,7 @@ static kvq_status set_value(const kvq_opt *o, const char *v, kvq_err *err)
         if (!kvq_parse_double(v, &x))
             return kvq_fail(err, KVQ_EINVAL, "--%s: expected a finite number, found '%s'", o->name, v);
         if (o->min < o->max && (x < o->min || x > o->max))
-            return kvq_fail(err, KVQ_EINVAL, "--%s: expected %g..%g, found %g", o->name, o->min, o->max, x);
+            return kvq_fail(err, KVQ_EINVAL, "--%s: expected %.10g..%.10g, found %.10g", o->name, o->min, o->max, x);
         *(double *)o->target = x;
         return KVQ_OK;
     }

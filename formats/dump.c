@@ -342,10 +342,16 @@ static void h5_capture(h5_errtext *t)
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, t);
 }
 
+/* HDF5's own lock (1.10+, file locking on): another process has the file open for writing,
+ * reported as "errno = 11, error message = 'Resource temporarily unavailable'" */
+static const char IN_USE[] = "in use by another process (it holds the file's lock: a running kvdump?); let that run finish or stop it first";
+
 static kvq_status h5_vfail(kvq_err *err, kvq_status code, const h5_errtext *t, const char *fmt, va_list ap)
 {
     char msg[KVQ_ERR_MSG_MAX];
     vsnprintf(msg, sizeof msg, fmt, ap);
+    int en = 0;
+    if (t->os[0] && sscanf(t->os, "errno = %d", &en) == 1 && en == EWOULDBLOCK) return kvq_fail(err, code, "%s: %s", msg, IN_USE);
     if (t->os[0]) return kvq_fail(err, code, "%s (%s)", msg, t->os);
     if (t->inner[0]) return kvq_fail(err, code, "%s (HDF5: %s)", msg, t->inner);
     return kvq_fail(err, code, "%s", msg);
@@ -963,6 +969,16 @@ static bool file_exists(const char *p)
     return lstat(p, &st) == 0;
 }
 
+/* Whether another process holds the file's lock (HDF5 writing it); false when it cannot tell. */
+static bool locked_by_another(const char *fname)
+{
+    int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return false;
+    bool busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return busy;
+}
+
 /* --force on an existing <path>.partial: remove it, but only if no process has it open for
  * writing. HDF5 (1.10+, file locking on) holds an exclusive flock() on a file it writes
  * until it closes it, so a running kvdump's partial refuses our non-blocking lock; truncating
@@ -979,8 +995,7 @@ static kvq_status remove_stale_partial(const char *fname, kvq_err *err)
     kvq_status s = KVQ_OK;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EWOULDBLOCK)
-            s = kvq_fail(err, KVQ_EIO, "%s: in use by another process (it holds the file's lock): not replaced; let that run finish or stop it first",
-                         fname);
+            s = kvq_fail(err, KVQ_EIO, "%s: not replaced: %s", fname, IN_USE);
         else
             s = kvq_fail(err, KVQ_EIO, "%s: cannot lock it to replace it: %s", fname, strerror(errno));
     } else if (unlink(fname) != 0 && errno != ENOENT) {
@@ -1118,7 +1133,8 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
     if (!w->opts.force && file_exists(path)) {
         s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
     } else if (!w->opts.force && file_exists(w->d.fname)) {
-        s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there (use --resume to continue it or --force to start over)", w->d.fname);
+        if (locked_by_another(w->d.fname)) s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there, %s", w->d.fname, IN_USE);
+        else s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there (use --resume to continue it or --force to start over)", w->d.fname);
     } else if (w->opts.force && (s = remove_stale_partial(w->d.fname, err)) != KVQ_OK) {
         /* (the error is set; nothing was touched) */
     } else {

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 typedef struct {
-    long n;
-    double f;
+    long n, big;
+    double f, g;
     const char *s, *c;
     bool flag, version;
     kvq_strlist list;
@@ -23,6 +23,8 @@ static int table(opts_t *o, kvq_opt *t)
         {"quiet", 'q', KVQ_OPT_FLAG, &o->flag, NULL, "quiet", NULL, 0, 0, false},
         {"scheme", 0, KVQ_OPT_LIST, &o->list, "SPEC", "scheme", NULL, 0, 0, false},
         {"version", 0, KVQ_OPT_FLAG, &o->version, NULL, "version", NULL, 0, 0, false},
+        {"big", 0, KVQ_OPT_INT, &o->big, "N", "a wide integer range", NULL, -1, 1e9, false},
+        {"gain", 0, KVQ_OPT_FLOAT, &o->g, "X", "a wide float range", NULL, 1e-6, 1e6, false},
     };
     memcpy(t, tab, sizeof tab);
     return (int)(sizeof tab / sizeof *tab);
@@ -73,6 +75,10 @@ START_TEST(test_parse_errors)
         {3, {"prog", "-m", "x"}, NULL},
         {4, {"prog", "-m", "x", "--frac"}, "found the end of the command line"},
         {4, {"prog", "-m", "x", "--frac=nan"}, "expected a finite number"},
+        /* ranges in full, not %g's "expected -1..1e+09" */
+        {4, {"prog", "-m", "x", "--big=2000000000"}, "--big: expected -1..1000000000, found 2000000000"},
+        {4, {"prog", "-m", "x", "--gain=2e6"}, "--gain: expected 1e-06..1000000, found 2000000"},
+        {4, {"prog", "-m", "x", "--big=1000000000"}, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         memset(&e, 0, sizeof e);

@@ -905,6 +905,41 @@ START_TEST(test_errors)
     b = o;
     b.n_sink = SL;
     expect_fail(dump, &b, KVQ_EINVAL, (const char *const[]){"sink", "seq_len 64", NULL});
+    /* every token left after the sink tokens carries zero Fisher information (as a real dump's last
+     * position of each sample does: it gets no gradient of the LM loss): an error naming the layer
+     * and the counts, not an artifact of uniform placeholder datatypes with exit 0 (kvcalib --sink 63
+     * on samples of 64 used to write one) */
+    {
+        synth z = d;
+        float *fz[NL][2];
+        for (int l = 0; l < NL; l++)
+            for (int j = 0; j < 2; j++) {
+                fz[l][j] = malloc(NTOK * KVD * sizeof(float));
+                memcpy(fz[l][j], d.x[l][D_FK + j], NTOK * KVD * sizeof(float));
+                for (int s = 0; s < NS; s++) memset(fz[l][j] + ((size_t)s * SL + SL - 1) * KVD, 0, KVD * sizeof(float));
+                z.x[l][D_FK + j] = fz[l][j];
+            }
+        write_dump(dump, &z, &(dump_spec){0});
+        b = o;
+        b.n_sink = SL - 1;
+        expect_fail(dump, &b, KVQ_EINVAL,
+                    (const char *const[]){"layer 0 (k_pre_rope weighted by fisher_k_pre_rope)", "no calibration points to fit the nuq3 datatype",
+                                          "the 3 tokens left after excluding 63 sink tokens per sample of 64", "zero Fisher information",
+                                          "--no-fisher", NULL});
+        b.fisher = false; /* unweighted, the same tokens fit */
+        char out[256];
+        tmp(out, sizeof out, "zf.st");
+        kvq_err e = {0};
+        ck_assert_msg(kvq_calibrate_file(dump, out, true, &b, NULL, &e) == KVQ_OK, "%s", e.msg);
+        unlink(out);
+        b = o;
+        b.n_sink = SL - 2; /* two tokens per sample, one with Fisher information: fits */
+        ck_assert_msg(kvq_calibrate_file(dump, out, true, &b, NULL, &e) == KVQ_OK, "%s", e.msg);
+        unlink(out);
+        for (int l = 0; l < NL; l++)
+            for (int j = 0; j < 2; j++) free(fz[l][j]);
+        write_dump(dump, &d, &(dump_spec){0});
+    }
     /* NaN in k_pre_rope, Inf in v, negative Fisher */
     poke(dump, "/layers/1/k_pre_rope", 1, 5, 1, 3, NAN);
     expect_fail(dump, &o, KVQ_ENUMERIC,
@@ -998,6 +1033,15 @@ START_TEST(test_cli)
         {"%s %s --bits 3 --out %s", 2, {"missing required option --method"}},
         {"%s %s --method int --bits 3 --outliers 0.01 --out %s", 2, {"outlier fraction", "method int"}},
         {"%s %s --method nuq --bits 0 --out %s", 2, {"--bits: expected 1..8, found 0"}}, /* was "missing required option" */
+        /* the nuq fit's options with another method were silently ignored */
+        {"%s %s --method int --bits 4 --no-fisher --out %s --force", 2, {"--no-fisher: applies to --method nuq only", "method is int"}},
+        {"%s %s --method fp8 --fit exact --out %s --force", 2, {"--fit: applies to --method nuq only", "method is fp8"}},
+        {"%s %s --method kivi --bits 2 --group 8 --seed 3 --out %s --force", 2, {"--seed: applies to --method nuq only", "method is kivi"}},
+        /* 3 samples x (64 - 56) tokens: percentile thresholds at 1% make 1 per side of 24 outliers (8.3%) */
+        {"%s %s --method nuq --bits 3 --sink 56 --out %s --force", 0,
+         {"warning: key outliers realised 8.333% of calibration elements against --outliers 1%",
+          "24 calibration tokens per channel are too few"}},
+        {"%s %s --method nuq --bits 3 --sink 56 --out %s --force --quiet", 0, {"warning: key outliers realised 8.333%"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(cmd, sizeof cmd, cases[i].args, bin, dump, out);
@@ -1006,6 +1050,7 @@ START_TEST(test_cli)
         for (int j = 0; j < 4 && cases[i].needles[j]; j++)
             ck_assert_msg(strstr(buf, cases[i].needles[j]), "'%s': output lacks '%s':\n%s", cmd, cases[i].needles[j], buf);
         if (i == 2) ck_assert_msg(buf[0] == 0, "--quiet printed:\n%s", buf);
+        if (i == 0) ck_assert_msg(!strstr(buf, "warning"), "189 tokens per channel at 2%%: no warning expected:\n%s", buf);
     }
     /* an output that is the dump, or both outputs one file, is refused before any work, the dump
      * intact (-o DUMP -f used to replace the dump with the artifact; --export-vllm = --out left the

@@ -145,6 +145,24 @@ START_TEST(test_cli_success)
              e.model, e.tok, e.text);
     ck_assert(run(&e, args, out2, sizeof out2, err, sizeof err) == 0);
     ck_assert_str_eq(out, out2);
+    /* --json - : stdout is the JSON alone (it used to write a file named "-"), the table on stderr,
+     * nothing at all on stderr with --quiet */
+    for (int quiet = 1; quiet >= 0; quiet--) {
+        snprintf(args, sizeof args,
+                 "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 3 --scheme fp16 --scheme int4 --scheme kivi2-g4-r8 "
+                 "--json -%s",
+                 e.model, e.tok, e.text, quiet ? " -q" : "");
+        ck_assert(run(&e, args, out2, sizeof out2, err, sizeof err) == 0);
+        cJSON *r2 = cJSON_Parse(out2);
+        ck_assert_msg(r2, "stdout is not JSON: %.300s", out2);
+        ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(r2, "schemes")), 4);
+        cJSON_Delete(r2);
+        if (quiet) ck_assert_msg(err[0] == 0, "--quiet printed: %s", err);
+        else ck_assert_msg(strstr(err, out), "stderr lacks the table:\n%s", err); /* the same table as on stdout above */
+        char dash[600];
+        snprintf(dash, sizeof dash, "%s/-", e.dir);
+        ck_assert_msg(access(dash, F_OK) != 0 && access("-", F_OK) != 0, "a file named '-' was written");
+    }
 
     /* llamacpp: second half scored */
     snprintf(args, sizeof args, "--model %s --tokenizer %s --text %s --ctx 64 --max-windows 2 --protocol llamacpp --scheme fp16 -q",

@@ -7,6 +7,7 @@
  * version, bad option). The CLI part skips if bin/kvstat is not built. */
 #include <hdf5.h>
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "artifact.h"
@@ -261,6 +262,38 @@ START_TEST(test_cli_end_to_end)
         ck_assert_msg(fabs(fr - cal) < 0.01, "realised %g vs calibrated %g", fr, cal); /* same data: nearly equal */
     }
     cJSON_Delete(root);
+    /* every output written under a temporary name and renamed: none left in the page's folder */
+    {
+        snprintf(p, sizeof p, "%s/site", dir);
+        DIR *dd = opendir(p);
+        ck_assert(dd != NULL);
+        int files = 0;
+        for (struct dirent *de; (de = readdir(dd));) {
+            ck_assert_msg(!strstr(de->d_name, ".tmp"), "left behind: %s", de->d_name);
+            files += de->d_name[0] != '.';
+        }
+        closedir(dd);
+        ck_assert_int_gt(files, 8);
+    }
+    /* --json - : stdout is the JSON alone (the markdown used to come first: no parser took it);
+     * --markdown FILE beside it; both on stdout refused */
+    snprintf(cmd, sizeof cmd, "%s '%s' --json - -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 0 && out[0] == '{', "rc %d: %.200s", rc, out);
+    root = cJSON_Parse(out);
+    ck_assert_msg(root != NULL, "stdout is not JSON: %.300s", out);
+    ck_assert(cJSON_IsArray(cJSON_GetObjectItem(root, "layers")) && cJSON_IsString(cJSON_GetObjectItem(root, "tool")));
+    cJSON_Delete(root);
+    snprintf(cmd, sizeof cmd, "%s '%s' --json - -m '%s/t.md' -q", kvstat, dump, dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 0 && out[0] == '{', "rc %d: %.200s", rc, out);
+    snprintf(p, sizeof p, "%s/t.md", dir);
+    char *md = kvq_test_slurp(p, NULL);
+    ck_assert_msg(md && strstr(md, "###"), "%s", md ? md : "(no markdown file)");
+    free(md);
+    snprintf(cmd, sizeof cmd, "%s '%s' --json - --markdown - -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 2 && strstr(out, "both on stdout"), "rc %d: %s", rc, out);
 
     /* bad input */
     struct { const char *args; int rc; const char *needle; } cases[] = {
@@ -271,6 +304,11 @@ START_TEST(test_cli_end_to_end)
         {"'%s' --plot bogus", 2, "--plot: expected one of"},
         {"'%s' --plot qerr", 1, "need --artifact"},
         {"'%s' extra.h5", 2, "expected one dump file"},
+        /* an output directory that is a file or has no parent: refused before any work (a file failed
+         * late with cairo's "error while writing to output stream") */
+        {"'%1$s' --html '%1$s'", 2, "exists and is not a directory (expected a directory for the page and its figures)"},
+        {"'%1$s' --plots '%1$s'", 2, "exists and is not a directory (expected a directory for the figures)"},
+        {"'%s' --html /nonexistent/kvq/site", 2, "directory '/nonexistent/kvq' does not exist"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];

@@ -1,0 +1,90 @@
+/* outfile.c — see outfile.h. */
+#include "outfile.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+kvq_status kvq_outfile_tmpname(const char *path, char *buf, size_t n, kvq_err *err)
+{
+    int k = snprintf(buf, n, "%s.tmp%ld", path, (long)getpid());
+    if (k < 0 || (size_t)k >= n) return kvq_fail(err, KVQ_EINVAL, "%s: path too long for its temporary name %s.tmp<pid>", path, path);
+    return KVQ_OK;
+}
+
+kvq_status kvq_outfile_open(kvq_outfile *o, const char *path, kvq_err *err)
+{
+    memset(o, 0, sizeof *o);
+    if (!path || !*path) return kvq_fail(err, KVQ_EINVAL, "output: empty file name");
+    o->path = path;
+    if (!strcmp(path, "-")) {
+        o->f = stdout;
+        return KVQ_OK;
+    }
+    size_t n = strlen(path) + 32;
+    o->tmp = malloc(n);
+    if (!o->tmp) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+    kvq_status s = kvq_outfile_tmpname(path, o->tmp, n, err);
+    if (s == KVQ_OK) {
+        o->f = fopen(o->tmp, "wb");
+        if (!o->f) s = kvq_fail(err, KVQ_EIO, "%s: cannot create: %s", o->tmp, strerror(errno));
+    }
+    if (s != KVQ_OK) {
+        free(o->tmp);
+        o->tmp = NULL;
+    }
+    return s;
+}
+
+kvq_status kvq_outfile_rename(const char *tmp, const char *path, kvq_err *err)
+{
+    if (rename(tmp, path) == 0) return KVQ_OK;
+    int e = errno;
+    remove(tmp);
+    return kvq_fail(err, KVQ_EIO, "%s: cannot rename %s over it: %s", path, tmp, strerror(e));
+}
+
+kvq_status kvq_outfile_commit(kvq_outfile *o, kvq_err *err)
+{
+    if (!o->f) return kvq_fail(err, KVQ_EINVAL, "output: not open");
+    kvq_status s = KVQ_OK;
+    if (!o->tmp) { /* stdout */
+        if (fflush(o->f) != 0 || ferror(o->f)) s = kvq_fail(err, KVQ_EIO, "stdout: write failed: %s", strerror(errno));
+        o->f = NULL;
+        return s;
+    }
+    int bad = ferror(o->f), e = errno;
+    if (fclose(o->f) != 0 && !bad) { bad = 1; e = errno; }
+    o->f = NULL;
+    if (bad) {
+        remove(o->tmp);
+        s = kvq_fail(err, KVQ_EIO, "%s: write failed: %s", o->tmp, strerror(e ? e : EIO));
+    } else {
+        s = kvq_outfile_rename(o->tmp, o->path, err);
+    }
+    free(o->tmp);
+    o->tmp = NULL;
+    return s;
+}
+
+void kvq_outfile_abort(kvq_outfile *o)
+{
+    if (!o->f) return;
+    if (o->tmp) {
+        fclose(o->f);
+        remove(o->tmp);
+        free(o->tmp);
+        o->tmp = NULL;
+    }
+    o->f = NULL;
+}
+
+kvq_status kvq_outfile_write_text(const char *path, const char *text, kvq_err *err)
+{
+    kvq_outfile o;
+    KVQ_TRY(kvq_outfile_open(&o, path, err));
+    fputs(text, o.f);
+    fputc('\n', o.f);
+    return kvq_outfile_commit(&o, err);
+}

@@ -1,0 +1,137 @@
+/* test_outfile.c — report outputs written whole or not at all (formats/outfile.h): the previous
+ * file survives every failure (a write error, a failed rename, an abort), no temporary file is
+ * left behind, and success replaces the file in one rename. */
+#include "outfile.h"
+#include "kvq_test.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+static void tmpdir(char *d, size_t n)
+{
+    snprintf(d, n, "/tmp/kvq_test_outfile_%ld_XXXXXX", (long)getpid());
+    ck_assert_ptr_nonnull(mkdtemp(d));
+}
+
+static void put(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* the entries of dir other than . and .. */
+static int n_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static void expect_text(const char *path, const char *want)
+{
+    char *got = kvq_test_slurp(path, NULL);
+    ck_assert_msg(got && !strcmp(got, want), "%s: '%s', expected '%s'", path, got ? got : "(unreadable)", want);
+    free(got);
+}
+
+START_TEST(test_replace_and_abort)
+{
+    char d[128], p[256];
+    tmpdir(d, sizeof d);
+    snprintf(p, sizeof p, "%s/r.json", d);
+    put(p, "old\n");
+    kvq_err e = {0};
+    ck_assert_msg(kvq_outfile_write_text(p, "{\"a\": 1}", &e) == KVQ_OK, "%s", e.msg);
+    expect_text(p, "{\"a\": 1}\n");
+    ck_assert_int_eq(n_entries(d), 1);
+    /* abort mid-write: the file as it was, the temporary file gone */
+    kvq_outfile o;
+    ck_assert(kvq_outfile_open(&o, p, &e) == KVQ_OK);
+    fputs("half a rep", o.f);
+    ck_assert_int_eq(n_entries(d), 2); /* the temporary file beside it while open */
+    kvq_outfile_abort(&o);
+    expect_text(p, "{\"a\": 1}\n");
+    ck_assert_int_eq(n_entries(d), 1);
+    /* a new file */
+    char q[256];
+    snprintf(q, sizeof q, "%s/new.md", d);
+    ck_assert(kvq_outfile_open(&o, q, &e) == KVQ_OK);
+    fprintf(o.f, "# t\n");
+    ck_assert(kvq_outfile_commit(&o, &e) == KVQ_OK);
+    expect_text(q, "# t\n");
+    ck_assert_int_eq(n_entries(d), 2);
+    unlink(q);
+    unlink(p);
+    rmdir(d);
+}
+END_TEST
+
+START_TEST(test_failures_keep_the_old_file)
+{
+    char d[128], p[400], sub[256];
+    tmpdir(d, sizeof d);
+    kvq_err e = {0};
+    /* the rename fails (the target is a non-empty directory): an error naming it, nothing left */
+    snprintf(sub, sizeof sub, "%s/dir", d);
+    ck_assert_int_eq(mkdir(sub, 0777), 0);
+    snprintf(p, sizeof p, "%s/keep", sub);
+    put(p, "keep");
+    ck_assert(kvq_outfile_write_text(sub, "x", &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, sub) && strstr(e.msg, "cannot rename"), "%s", e.msg);
+    expect_text(p, "keep");
+    ck_assert_int_eq(n_entries(d), 1);
+    /* the temporary file cannot be created (no such directory) */
+    char miss[256];
+    snprintf(miss, sizeof miss, "%s/nodir/r.json", d);
+    ck_assert(kvq_outfile_write_text(miss, "x", &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "nodir/r.json.tmp") && strstr(e.msg, "cannot create"), "%s", e.msg);
+    ck_assert(kvq_outfile_write_text("", "x", &e) == KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "empty file name"), "%s", e.msg);
+    /* a write error (the file-size limit, as a full disk would): the old file intact, an error
+     * naming the temporary file, which is removed (the old writers truncated the report first) */
+    char r[256];
+    snprintf(r, sizeof r, "%s/r.json", d);
+    put(r, "old\n");
+    struct rlimit old;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {4096, old.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    size_t big = 1 << 20;
+    char *text = malloc(big + 1);
+    memset(text, 'x', big);
+    text[big] = 0;
+    kvq_status s = kvq_outfile_write_text(r, text, &e);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    free(text);
+    ck_assert_int_eq(s, KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "r.json.tmp") && strstr(e.msg, "write failed"), "%s", e.msg);
+    expect_text(r, "old\n");
+    ck_assert_int_eq(n_entries(d), 2); /* dir and r.json */
+    unlink(r);
+    unlink(p);
+    rmdir(sub);
+    rmdir(d);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("outfile");
+    TCase *tc = tcase_create("outfile");
+    tcase_add_test(tc, test_replace_and_abort);
+    tcase_add_test(tc, test_failures_keep_the_old_file);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KVQ_TEST_MAIN(suite)
