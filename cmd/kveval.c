@@ -63,7 +63,8 @@ int main(int argc, char **argv)
         {"protocol", 0, KVQ_OPT_CHOICE, &o.protocol, "P",
          "kvquant: windows of ctx, all but the first position scored; llamacpp: BOS first, second half scored",
          "kvquant|llamacpp", 0, 0, false},
-        {"ctx", 'c', KVQ_OPT_INT, &o.ctx, "N", "window length in tokens (0 = min(2048, model context))", NULL, 0, 1 << 24, false},
+        {"ctx", 'c', KVQ_OPT_INT, &o.ctx, "N", "window length in tokens (0 = min(2048, model context - the longest IntactKV prefix))",
+         NULL, 0, 1 << 24, false},
         {"max-windows", 'w', KVQ_OPT_INT, &o.max_windows, "W", "evaluate at most the first W windows (0 = all)", NULL, 0,
          1 << 30, false},
         {"artifact", 'a', KVQ_OPT_LIST, &o.artifacts, "FILE", "kvcalib artifact (repeatable; +artifact<N> picks the N-th)",
@@ -159,13 +160,12 @@ int main(int argc, char **argv)
     bool have_fp = false;
 
     if (kvq_model_load(o.model, &m, &e)) { fail("model", &e, 1); goto out; }
-    size_t ctx = o.ctx ? (size_t)o.ctx : (m.hp.ctx_len < 2048 ? (size_t)m.hp.ctx_len : 2048);
-    if (ctx > (size_t)m.hp.ctx_len) {
-        fprintf(stderr, "kveval: --ctx %zu exceeds the context length of %s (%d tokens)\n", ctx, o.model, m.hp.ctx_len);
+    if (o.ctx > m.hp.ctx_len) {
+        fprintf(stderr, "kveval: --ctx %ld exceeds the context length of %s (%d tokens)\n", o.ctx, o.model, m.hp.ctx_len);
         goto out;
     }
-    if (ctx < 2) {
-        fprintf(stderr, "kveval: --ctx %zu: expected >= 2\n", ctx);
+    if (o.ctx == 1) {
+        fprintf(stderr, "kveval: --ctx 1: expected >= 2\n");
         goto out;
     }
     if (o.artifacts.n > 0) {
@@ -203,6 +203,30 @@ int main(int argc, char **argv)
             b = 0;
         }
         baseline = (size_t)b;
+    }
+    /* the window length: an IntactKV prefix of P tokens sits before every window, so P + ctx must fit
+     * the model's context; the default leaves room for the longest prefix (it was min(2048, context),
+     * which failed on a 128-token model with any prefix) */
+    size_t ctx;
+    {
+        int max_p = 0;
+        const char *pname = NULL;
+        for (size_t i = 0; i < n_sch; i++)
+            if (sch[i].prefix && sch[i].prefix->P > max_p) { max_p = sch[i].prefix->P; pname = sch[i].name; }
+        const size_t room = max_p < m.hp.ctx_len ? (size_t)(m.hp.ctx_len - max_p) : 0;
+        if (o.ctx && (size_t)o.ctx > room) {
+            fprintf(stderr, "kveval: --ctx %ld: scheme %s puts an IntactKV prefix of %d tokens before each window, and %d + %ld exceeds "
+                            "the context length of %s (%d tokens); use --ctx <= %zu\n",
+                    o.ctx, pname, max_p, max_p, o.ctx, o.model, m.hp.ctx_len, room);
+            goto out;
+        }
+        ctx = o.ctx ? (size_t)o.ctx : room < 2048 ? room : 2048;
+        if (ctx < 2) {
+            fprintf(stderr, "kveval: scheme %s: its IntactKV prefix of %d tokens leaves %zu of the context length of %s (%d tokens) "
+                            "for a window (expected >= 2)\n",
+                    pname, max_p, room, o.model, m.hp.ctx_len);
+            goto out;
+        }
     }
 
     if (load_tokenizer(&o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }

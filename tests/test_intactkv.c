@@ -608,7 +608,27 @@ START_TEST(test_cli)
     ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 1);
     ck_assert_msg(strstr(buf, "more than the") && strstr(buf, "context"), "%s", buf);
     ck_assert_msg(kvq_artifact_read(out, &r, &e) == KVQ_OK && r.prefix && !strcmp(r.prefix->text, "Once upon a time"), "%s", e.msg);
+    const int P = r.prefix->P;
     kvq_artifact_free(&r);
+    /* kveval with that prefix: the default window leaves room for it (it was min(2048, context):
+     * "prefix of P + ctx 128 exceeds the model's context length 128" on the tiny models), an explicit
+     * --ctx that does not is refused up front with the largest that fits */
+    char kveval[512], txv[4096];
+    if (kvq_test_bin(kveval, sizeof kveval, "kveval") && kvq_test_shared(txv, sizeof txv, "datasets/wikitext-2/wiki.valid.tokens")) {
+        ck_assert(P > 1 && P < m.hp.ctx_len);
+        snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s --artifact %s --scheme kivi2-g8-r16+intactkv --max-windows 1 -q --json -",
+                 kveval, m0, tp, txv, out);
+        int rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == 0, "'%s': exit %d\n%s", cmd, rc, buf);
+        char want[64];
+        snprintf(want, sizeof want, "\"ctx\":\t%d,", m.hp.ctx_len - P);
+        ck_assert_msg(strstr(buf, want), "'%s': output lacks '%s':\n%.2000s", cmd, want, buf);
+        snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s --artifact %s --scheme kivi2-g8-r16+intactkv --max-windows 1 -q --ctx %d",
+                 kveval, m0, tp, txv, out, m.hp.ctx_len);
+        rc = run_cmd(cmd, buf, sizeof buf);
+        snprintf(want, sizeof want, "use --ctx <= %d", m.hp.ctx_len - P);
+        ck_assert_msg(rc == 1 && strstr(buf, want) && strstr(buf, "IntactKV prefix of"), "'%s': exit %d\n%s", cmd, rc, buf);
+    }
     /* --train on the tiny model: a few steps, loss CSV, trained metadata */
     char csv[512], txp[4096];
     tmp_path(csv, sizeof csv, "cli_loss.csv");
