@@ -961,6 +961,7 @@ struct kvq_dump_writer {
     chunk_job *jobs;           /* [n_jobs] the chunks of one layer (same for every layer); NULL when no dataset is filtered */
     size_t n_jobs;
     unsigned char *arena;      /* the jobs' shuf and zbuf buffers */
+    int lock_fd;               /* our own flock on the .partial while HDF5's file locking is off, else -1 */
 };
 
 static bool file_exists(const char *p)
@@ -969,7 +970,8 @@ static bool file_exists(const char *p)
     return lstat(p, &st) == 0;
 }
 
-/* Whether another process holds the file's lock (HDF5 writing it); false when it cannot tell. */
+/* Whether another writer holds the file's lock (HDF5's own, or hold_lock's when HDF5's file locking is
+ * off); false when it cannot tell. */
 static bool locked_by_another(const char *fname)
 {
     int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -1063,6 +1065,7 @@ static kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, cons
     if (!w) return kvq_fail(err, KVQ_ENOMEM, "dump: out of memory");
     dump_init(&w->d);
     w->opts = o;
+    w->lock_fd = -1;
     snprintf(w->d.path, sizeof w->d.path, "%s", path);
     snprintf(w->d.fname, sizeof w->d.fname, "%s.partial", path);
     kvq_status s = dump_set_meta(&w->d, meta, err);
@@ -1081,9 +1084,24 @@ static kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, cons
     return KVQ_OK;
 }
 
+/* After HDF5 opened the .partial for writing: make sure some lock marks it as being written, so
+ * that another kvdump's --force or --resume refuses it (locked_by_another). HDF5 (1.10+) holds an
+ * exclusive flock() on its own descriptor unless its file locking is off (HDF5_USE_FILE_LOCKING=FALSE,
+ * common on cluster file systems); then our lock on a second descriptor fails, and we close it. With
+ * HDF5's locking off ours succeeds and is held until the writer is freed. Best effort: a file system
+ * without flock() gets neither. */
+static void hold_lock(kvq_dump_writer *w)
+{
+    int fd = open(w->d.fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) w->lock_fd = fd;
+    else close(fd);
+}
+
 static void writer_free(kvq_dump_writer *w)
 {
     dump_close_file(&w->d);
+    if (w->lock_fd >= 0) close(w->lock_fd); /* (after HDF5's close: releases our lock) */
     dump_free(&w->d);
     free(w->layer_done);
     free(w->zlevel);
@@ -1149,6 +1167,7 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
             } else {
                 w->d.file = H5Fcreate(w->d.fname, H5F_ACC_EXCL, fcpl, fapl); /* (a stale partial was removed above) */
                 if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
+                else hold_lock(w);
             }
             if (fcpl >= 0) H5Pclose(fcpl);
             H5Pclose(fapl);
@@ -1192,10 +1211,15 @@ kvq_status kvq_dump_resume(const char *path, const kvq_dump_meta *meta, const kv
         s = kvq_fail(err, KVQ_EIO, "%s: no unfinished dump to resume", w->d.fname);
         goto done;
     }
+    if (locked_by_another(w->d.fname)) { /* (before our own open, whose lock would answer the probe) */
+        s = kvq_fail(err, KVQ_EIO, "%s: cannot open for resuming: %s", w->d.fname, IN_USE);
+        goto done;
+    }
     hid_t fapl = make_fapl();
     if (fapl >= 0) {
         w->d.file = H5Fopen(w->d.fname, H5F_ACC_RDWR, fapl);
         if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot open for resuming", w->d.fname);
+        else hold_lock(w);
         H5Pclose(fapl);
     } else {
         s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);

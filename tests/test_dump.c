@@ -562,6 +562,61 @@ START_TEST(test_partial_and_force)
 }
 END_TEST
 
+/* With HDF5's file locking off (HDF5_USE_FILE_LOCKING=FALSE, common on cluster file systems) HDF5
+ * takes no lock of its own: a writer's .partial must still be refused by --force and --resume (force
+ * used to remove the running dump's file, whose finish would then have renamed the new run's). The
+ * variable is set before this test's first HDF5 call (Check runs each test in a fresh process; HDF5
+ * reads it once); the lock must be there (/proc/locks) or the check proves nothing. */
+START_TEST(test_lock_without_hdf5_locking)
+{
+    KVQ_SKIP_IF(getenv("CK_FORK") && !strcmp(getenv("CK_FORK"), "no"), "needs a fresh process per test (CK_FORK=no)");
+    setenv("HDF5_USE_FILE_LOCKING", "FALSE", 1);
+    char path[256], partial[300];
+    tmp_path(path, sizeof path, "nolock");
+    snprintf(partial, sizeof partial, "%s.partial", path);
+    rm_dump(path);
+    kvq_dump_meta m;
+    small_meta(&m, KVQ_DUMP_F16);
+    kvq_err e = {0}, e5 = {0}, e6 = {0};
+    kvq_dump_opts o = kvq_dump_opts_default();
+    kvq_dump_writer *wa = NULL, *wb = NULL;
+    ck_assert_msg(kvq_dump_create(path, &m, &o, &wa, &e) == KVQ_OK, "%s", e.msg);
+    struct stat sa, sb;
+    ck_assert_int_eq(stat(partial, &sa), 0);
+    /* exactly one flock on the file: ours (HDF5's locking is off) */
+    FILE *pl = fopen("/proc/locks", "r");
+    int n_locks = 0;
+    if (pl) {
+        char line[256], key[64];
+        snprintf(key, sizeof key, ":%lu ", (unsigned long)sa.st_ino);
+        while (fgets(line, sizeof line, pl)) n_locks += strstr(line, "FLOCK") && strstr(line, key);
+        fclose(pl);
+        ck_assert_int_eq(n_locks, 1);
+    }
+    o.force = true;
+    kvq_status s5 = kvq_dump_create(path, &m, &o, &wb, &e5);
+    if (wb) kvq_dump_abort(wb, NULL);
+    wb = NULL;
+    o.force = false;
+    kvq_status s6 = kvq_dump_resume(path, &m, &o, &wb, &e6);
+    if (wb) kvq_dump_abort(wb, NULL);
+    ck_assert_int_eq(stat(partial, &sb), 0);
+    ck_assert_int_eq(kvq_dump_abort(wa, &e), KVQ_OK);
+    ck_assert_int_eq(s5, KVQ_EIO);
+    ck_assert_msg(strstr(e5.msg, partial) && strstr(e5.msg, "in use by another process"), "%s", e5.msg);
+    ck_assert_int_eq(s6, KVQ_EIO);
+    ck_assert_msg(strstr(e6.msg, partial) && strstr(e6.msg, "in use by another process"), "%s", e6.msg);
+    ck_assert(sa.st_ino == sb.st_ino);
+    /* once the writer is gone, both work again */
+    ck_assert_msg(kvq_dump_resume(path, &m, &o, &wb, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(kvq_dump_abort(wb, &e), KVQ_OK);
+    o.force = true;
+    ck_assert_msg(kvq_dump_create(path, &m, &o, &wb, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(kvq_dump_abort(wb, &e), KVQ_OK);
+    rm_dump(path);
+}
+END_TEST
+
 START_TEST(test_order_and_interrupt)
 {
     char path[256];
@@ -1011,6 +1066,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_attributes_roundtrip);
     tcase_add_test(tc, test_partial_and_force);
+    tcase_add_test(tc, test_lock_without_hdf5_locking);
     tcase_add_test(tc, test_order_and_interrupt);
     tcase_add_test(tc, test_resume);
     tcase_add_test(tc, test_file_size_limit);
