@@ -467,6 +467,7 @@ static int cmd_intactkv(int argc, char **argv)
     char fp[65];
     if (kvq_model_load(a.model, &m, &e)) goto out;
     if (kvq_tokenizer_for_model(a.model, a.tokenizer, &tok, &e)) goto out;
+    if (kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, a.tokenizer ? a.tokenizer : a.model, &e)) goto out;
     if (kvq_artifact_read(a.base, &art, &e)) {
         kvq_err_prefix(&e, "--base %s", a.base);
         goto out;

@@ -1177,9 +1177,20 @@ int32_t kvq_tokenizer_byte_token(const kvq_tokenizer *t, uint8_t b) { return t->
 int32_t kvq_tokenizer_n_vocab(const kvq_tokenizer *t) { return t->n_vocab; }
 kvq_status kvq_tokenizer_check_vocab(const kvq_tokenizer *t, int32_t model_vocab, const char *what, kvq_err *err)
 {
-    if (t->n_vocab <= model_vocab) return KVQ_OK;
-    return kvq_fail(err, KVQ_EMISMATCH, "%s: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?", what, t->n_vocab,
-                    model_vocab);
+    if (t->n_vocab > model_vocab)
+        return kvq_fail(err, KVQ_EMISMATCH, "%s: tokenizer has %d tokens, the model's vocabulary only %d: wrong --tokenizer?", what,
+                        t->n_vocab, model_vocab);
+    if (!strncmp(t->desc, "llama2c ", 8) && t->n_vocab != model_vocab) /* run.c reads exactly vocab_size records */
+        return kvq_fail(err, KVQ_EMISMATCH,
+                        "%s: llama2.c tokenizer has %d token records, the model's vocab_size is %d (a llama2.c tokenizer has exactly "
+                        "one per id): truncated, or another model's --tokenizer?",
+                        what, t->n_vocab, model_vocab);
+    if ((int64_t)t->n_vocab * 10 < (int64_t)model_vocab * 9)
+        return kvq_fail(err, KVQ_EMISMATCH,
+                        "%s: tokenizer has %d tokens, the model's vocabulary %d (a model pads its vocabulary by a few rows at most): "
+                        "another model's --tokenizer?",
+                        what, t->n_vocab, model_vocab);
+    return KVQ_OK;
 }
 int32_t kvq_tokenizer_bos(const kvq_tokenizer *t) { return t->bos; }
 int32_t kvq_tokenizer_eos(const kvq_tokenizer *t) { return t->eos; }

@@ -133,9 +133,12 @@ kvq_status kvq_tokenizer_decode(const kvq_tokenizer *tok, const int32_t *ids, si
                                 char **text, size_t *len, kvq_err *err);
 
 int32_t kvq_tokenizer_n_vocab(const kvq_tokenizer *tok);
-/* The tokenizer's ids must index the model's embedding: n_vocab <= model_vocab (a
- * model may have more rows than tokens). Else KVQ_EMISMATCH, "<what>: tokenizer has N
- * tokens, the model's vocabulary only M: wrong --tokenizer?" (what: the tokenizer's file). */
+/* The tokenizer must belong to the model: its ids index the embedding (n_vocab <=
+ * model_vocab: "<what>: tokenizer has N tokens, the model's vocabulary only M: wrong
+ * --tokenizer?"), a llama2.c tokenizer has exactly model_vocab records (run.c reads that
+ * many), and any other covers at least 90% of the rows (a model pads its vocabulary by a
+ * few rows at most; a 512-token tokenizer on a 49152-row model used to run, exit 0).
+ * Errors: KVQ_EMISMATCH naming both sizes (what: the tokenizer's file). */
 kvq_status kvq_tokenizer_check_vocab(const kvq_tokenizer *tok, int32_t model_vocab, const char *what, kvq_err *err);
 int32_t kvq_tokenizer_bos(const kvq_tokenizer *tok); /* -1 when the vocabulary has none */
 int32_t kvq_tokenizer_eos(const kvq_tokenizer *tok); /* -1 when none */
