@@ -258,6 +258,13 @@ static void base_spec(const kvq_artifact_params *p, char *buf, size_t n)
         if (p->group_size) snprintf(buf, n, "int%d-g%zu", p->k_bits, p->group_size);
         else snprintf(buf, n, "int%d", p->k_bits);
         break;
+    case KVQ_METHOD_FP8: { /* (it fell into the kivi case: "kivi8-g0-r0", an invalid scheme) */
+        char pct[40] = "";
+        if (p->fp8_percentile < 100) snprintf(pct, sizeof pct, "-p%.15g", p->fp8_percentile);
+        snprintf(buf, n, "%s-%s%s", p->fp8_e5m2 ? "e5m2" : "fp8", p->per_head ? "head" : "tensor", pct);
+        break;
+    }
+    case KVQ_METHOD_KIVI:
     default:
         snprintf(buf, n, "kivi%d-g%zu-r%zu", p->k_bits, p->group_size, p->residual_length);
         break;
@@ -660,6 +667,13 @@ static int cmd_calibrate(int argc, char **argv)
     if (a.group >= 0) o.group_size = (size_t)a.group;
     if (a.residual >= 0) o.residual_length = (size_t)a.residual;
     if (a.keys) o.post_rope = !strcmp(a.keys, "post-rope");
+    if (!o.post_rope && (m == KVQ_METHOD_INT || m == KVQ_METHOD_KIVI)) {
+        /* kvstat and the IntactKV trainer read int/kivi artifacts as post-RoPE (kvq's int and KIVI
+         * quantize the cached post-RoPE keys): the label would be wrong (it was accepted) */
+        fprintf(stderr, "%s: --keys pre-rope: method %s quantizes post-RoPE keys; pre-RoPE keys are for nuq and int-pc\n", PROG,
+                a.method);
+        return EXIT_USAGE;
+    }
     o.fisher = m == KVQ_METHOD_NUQ && !a.no_fisher;
     o.per_head = a.per_head;
     if (fp8) {

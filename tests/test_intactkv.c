@@ -662,6 +662,27 @@ START_TEST(test_cli)
                       r.prefix->loss_curve[0]);
         kvq_artifact_free(&r);
         unlink(csv);
+        /* the training scheme derived from an fp8 base (the derivation had no fp8 case: "scheme
+         * 'kivi8-g0-r0': group size ...", exit 1): a real fp8 artifact of this model, per head at
+         * the 99.9th percentile */
+        char kvdump[512], dump[512], fp8[512];
+        if (kvq_test_bin(kvdump, sizeof kvdump, "kvdump")) {
+            tmp_path(dump, sizeof dump, "cli_fp8.h5");
+            tmp_path(fp8, sizeof fp8, "cli_fp8.st");
+            snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s -n 2 -L 32 -o %s --force --quiet && %s %s --method fp8 --scale head "
+                                      "--percentile 99.9 -o %s --force --quiet",
+                     kvdump, m0, tp, txp, dump, bin, dump, fp8);
+            ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0, "'%s': %s", cmd, buf);
+            snprintf(cmd, sizeof cmd,
+                     "%s intactkv --model %s --tokenizer %s --base %s --out %s --force --prefix bos --train --text %s --samples 2 "
+                     "--seq-len 16 --steps 1",
+                     bin, m0, tp, fp8, out, txp);
+            int frc = run_cmd(cmd, buf, sizeof buf);
+            ck_assert_msg(frc == 0 && strstr(buf, "against fp8-head-p99.9") && strstr(buf, "trained prefix of 1 token"), "'%s': exit %d\n%s",
+                          cmd, frc, buf);
+            unlink(dump);
+            unlink(fp8);
+        }
         /* a training scheme must not itself carry +intactkv; a bad scheme is named */
         snprintf(cmd, sizeof cmd,
                  "%s intactkv --model %s --tokenizer %s --base %s --out %s --force --prefix bos --train --text %s --samples 2 "

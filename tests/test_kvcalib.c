@@ -1037,11 +1037,15 @@ START_TEST(test_cli)
         {"%s %s --method int --bits 4 --no-fisher --out %s --force", 2, {"--no-fisher: applies to --method nuq only", "method is int"}},
         {"%s %s --method fp8 --fit exact --out %s --force", 2, {"--fit: applies to --method nuq only", "method is fp8"}},
         {"%s %s --method kivi --bits 2 --group 8 --seed 3 --out %s --force", 2, {"--seed: applies to --method nuq only", "method is kivi"}},
+        {"%s %s --method int-pc --bits 4 --keys pre-rope --out %s --force --quiet", 0, {NULL}},  /* (pre-RoPE keys are int-pc's own) */
         /* 3 samples x (64 - 56) tokens: percentile thresholds at 1% make 1 per side of 24 outliers (8.3%) */
         {"%s %s --method nuq --bits 3 --sink 56 --out %s --force", 0,
          {"warning: key outliers realised 8.333% of calibration elements against --outliers 1%",
           "24 calibration tokens per channel are too few"}},
         {"%s %s --method nuq --bits 3 --sink 56 --out %s --force --quiet", 0, {"warning: key outliers realised 8.333%"}},
+        /* int and kivi artifacts are read as post-RoPE: a pre-RoPE label was accepted and then ignored */
+        {"%s %s --method kivi --bits 2 --group 8 --keys pre-rope --out %s --force", 2, {"--keys pre-rope: method kivi quantizes post-RoPE keys"}},
+        {"%s %s --method int --bits 4 --keys pre-rope --out %s --force", 2, {"--keys pre-rope: method int quantizes post-RoPE keys"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(cmd, sizeof cmd, cases[i].args, bin, dump, out);
