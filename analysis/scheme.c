@@ -775,6 +775,10 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         out->art_path = set->path[pick];
         if (!spec->stage_set) out->s.key_stage = out->art->p.post_rope ? KVQ_KEYS_POST_ROPE : KVQ_KEYS_PRE_ROPE;
         if (!spec->sink_set) out->s.q.n_sink = out->art->p.n_sink;
+        /* int-pc: the values' per-token group size is the artifact's (kvcalib --group; kvstat and the
+         * bits accounting used it, the quantizer here did not); a nuq artifact lending its key
+         * thresholds has none */
+        if (spec->q.kind == KVQ_SCHEME_INT_PC) out->s.q.group = out->art->p.method == KVQ_METHOD_INT_PC ? out->art->p.group_size : 0;
         /* tables present for this use */
         for (size_t l = 0; l < out->art->p.n_layers; l++) {
             const kvq_kv_table *kt = out->art->k ? &out->art->k[l] : NULL;

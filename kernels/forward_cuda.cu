@@ -363,7 +363,7 @@ kvq_status native_transform(kvq_forward_cuda *g, int l, int T, kvq_cu_attn *a, k
     case KVQ_SCHEME_INT_PC:
         CU(kvq_cu_q_int_channel(g->k_att, T, kvd, g->d_klo + l * kvd, g->d_kup + l * kvd, q->k_bits, q->outlier_frac > 0, ns,
                                 g->cnt, g->st));
-        CU(kvq_cu_q_int_token(g->v_att, g->v_att, T, kvd, 0, q->v_bits, ns, g->st));
+        CU(kvq_cu_q_int_token(g->v_att, g->v_att, T, kvd, q->group, q->v_bits, ns, g->st)); /* values: per-token groups */
         break;
     case KVQ_SCHEME_NUQ: {
         size_t kn = g->k_tables << q->k_bits, vn = g->v_tables << q->v_bits;

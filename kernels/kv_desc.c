@@ -34,8 +34,9 @@ kvq_status kvq_kv_desc_validate(const kvq_kv_desc *d, const kvq_hparams *hp, kvq
         return kvq_fail(err, KVQ_EINVAL, "kv descriptor: key stage: unknown value %d", (int)d->key_stage);
     size_t kvd = (size_t)kvq_kv_dim(hp);
     const kvq_scheme *q = &d->q;
-    if (q->kind == KVQ_SCHEME_INT && q->group && kvd % q->group)
-        return kvq_fail(err, KVQ_EINVAL, "kv descriptor: int group size %zu does not divide kv_dim %zu", q->group, kvd);
+    if ((q->kind == KVQ_SCHEME_INT || q->kind == KVQ_SCHEME_INT_PC) && q->group && kvd % q->group)
+        return kvq_fail(err, KVQ_EINVAL, "kv descriptor: int%s group size %zu does not divide kv_dim %zu",
+                        q->kind == KVQ_SCHEME_INT_PC ? "-pc value" : "", q->group, kvd);
     if (q->kind == KVQ_SCHEME_KIVI && (size_t)hp->head_dim % q->group)
         return kvq_fail(err, KVQ_EINVAL, "kv descriptor: kivi group size %zu does not divide head_dim %d", q->group, hp->head_dim);
     if (q->kind == KVQ_SCHEME_INT_PC || q->kind == KVQ_SCHEME_NUQ) {
@@ -108,7 +109,7 @@ kvq_status kvq_kv_desc_transform(void *user, const kvq_layer_ctx *c, float *k, f
         const kvq_kv_layer_tables *t = &d->layers[c->layer];
         KVQ_TRY(kvq_quant_int_channel(k, k, T, kvd, t->k_lower, t->k_upper, q->k_bits, q->outlier_frac > 0, q->n_sink,
                                       &run->k_counts, err));
-        return kvq_quant_int_token(v, v, T, kvd, 0, q->v_bits, q->n_sink, &run->v_counts, err);
+        return kvq_quant_int_token(v, v, T, kvd, q->group, q->v_bits, q->n_sink, &run->v_counts, err); /* values: per-token groups */
     }
     case KVQ_SCHEME_NUQ: {
         const kvq_kv_layer_tables *t = &d->layers[c->layer];

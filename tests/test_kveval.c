@@ -843,6 +843,7 @@ START_TEST(test_bind_artifacts)
     ck_assert_int_eq(s.art_index, 0);
     ck_assert(kvq_eval_scheme_make("int3-pc+artifact2", &set, &m.hp, &s, &e) == KVQ_OK);
     ck_assert_int_eq(s.art_index, 1);
+    ck_assert_uint_eq(s.s.q.group, 0); /* a nuq artifact's thresholds: values per token, no groups */
     ck_assert(kvq_eval_scheme_make("nuq3-1%", &set, &m.hp, &s, &e) == KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "none of the 2") && strstr(e.msg, paths[0]), "%s", e.msg);
     ck_assert(kvq_eval_scheme_make("nuq2-1%+post-rope", &set, &m.hp, &s, &e) == KVQ_EINVAL);
@@ -850,6 +851,55 @@ START_TEST(test_bind_artifacts)
     ck_assert(kvq_eval_scheme_make("nuq2-1%+intactkv", &set, &m.hp, &s, &e) == KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "IntactKV prefix"), "%s", e.msg);
     kvq_artifact_set_free(&set);
+
+    /* an int-pc artifact with value groups (kvcalib --method int-pc --group 4): the values are
+     * quantized per token in groups of 4 channels, as kvstat and the bits accounting assume (the
+     * quantizer used whole tokens: identical PPL to the artifact without groups) */
+    {
+        kvq_artifact a;
+        ck_assert_msg(kvq_artifact_read(paths[1], &a, &e) == KVQ_OK, "%s", e.msg);
+        a.p.method = KVQ_METHOD_INT_PC;
+        a.p.group_size = 4;
+        for (size_t l = 0; l < a.p.n_layers; l++) { /* int-pc keeps the key thresholds only */
+            free(a.k[l].levels);
+            a.k[l].levels = NULL;
+            a.k[l].n_tables = 0;
+            kvq_kv_table_free(&a.v[l]);
+        }
+        free(a.v);
+        a.v = NULL;
+        char ip[256];
+        tmp_path(ip, sizeof ip, "int_pc_g4.safetensors");
+        ck_assert_msg(kvq_artifact_write(ip, &a, &e) == KVQ_OK, "%s", e.msg);
+        kvq_artifact_free(&a);
+        const char *ipp[1] = {ip};
+        ck_assert_msg(kvq_artifact_set_load(&set, ipp, 1, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_msg(kvq_eval_scheme_make("int3-pc", &set, &m.hp, &s, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_uint_eq(s.s.q.group, 4);
+        ck_assert_uint_eq(s.desc.q.group, 4);
+        /* the transform's values = kvq_quant_int_token with groups of 4, not whole tokens */
+        const int T = 6, kvd = m.hp.n_kv_heads * m.hp.head_dim;
+        float *k = malloc((size_t)T * kvd * sizeof(float)), *v = malloc((size_t)T * kvd * sizeof(float));
+        float *want = malloc((size_t)T * kvd * sizeof(float)), *whole = malloc((size_t)T * kvd * sizeof(float));
+        for (int i = 0; i < T * kvd; i++) {
+            k[i] = 0.01f * (float)(i % 17);
+            v[i] = (float)((i * 37) % 23) * ((i / 4) % 3 == 0 ? 10.0f : 0.1f); /* group scales differ by 100x */
+        }
+        ck_assert(kvq_quant_int_token(want, v, T, kvd, 4, 3, s.s.q.n_sink, NULL, &e) == KVQ_OK);
+        ck_assert(kvq_quant_int_token(whole, v, T, kvd, 0, 3, s.s.q.n_sink, NULL, &e) == KVQ_OK);
+        kvq_kv_desc_run run = {.d = &s.desc};
+        kvq_layer_ctx c = {.layer = 0, .T = T, .pos0 = 0, .P = 0, .n_heads = m.hp.n_heads, .n_kv_heads = m.hp.n_kv_heads,
+                           .head_dim = m.hp.head_dim, .tokens = NULL};
+        ck_assert_msg(kvq_kv_desc_transform(&run, &c, k, v, NULL, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert(memcmp(v, want, (size_t)T * kvd * sizeof(float)) == 0);
+        ck_assert(memcmp(want, whole, (size_t)T * kvd * sizeof(float)) != 0); /* the groups matter for this data */
+        free(k);
+        free(v);
+        free(want);
+        free(whole);
+        kvq_artifact_set_free(&set);
+        remove(ip);
+    }
 
     /* another model's fingerprint */
     char other[65];
