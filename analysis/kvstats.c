@@ -741,7 +741,17 @@ void kvq_qerr_free(kvq_qerr *q)
 static kvq_status read_sample(const kvq_kvsrc *src, int layer, kvq_kvt t, int64_t smp, float *out, kvq_err *err)
 {
     kvq_status st = src->read_rows(src->ctx, layer, t, smp, 0, src->seq_len, out, err);
-    if (st != KVQ_OK) kvq_err_prefix(err, "layer %d %s sample %lld", layer, kvq_kvt_name(t), (long long)smp);
+    if (st != KVQ_OK) return kvq_err_prefix(err, "layer %d %s sample %lld", layer, kvq_kvt_name(t), (long long)smp);
+    if (t == KVQ_KVT_FISHER_K_PRE_ROPE || t == KVQ_KVT_FISHER_V) { /* weights: finite and >= 0, as kvcalib requires */
+        const size_t kvd = (size_t)src->n_kv_heads * (size_t)src->head_dim, hd = (size_t)src->head_dim;
+        for (size_t i = 0, n = (size_t)src->seq_len * kvd; i < n; i++)
+            if (!isfinite(out[i]) || out[i] < 0)
+                return kvq_fail(err, KVQ_ENUMERIC,
+                                "layer %d %s: sample %lld, position %zu, head %zu, channel %zu: value %g is %s (squared gradients "
+                                "are finite and >= 0)",
+                                layer, kvq_kvt_name(t), (long long)smp, i / kvd, (i % kvd) / hd, i % hd, (double)out[i],
+                                isfinite(out[i]) ? "negative" : "not finite");
+    }
     return st;
 }
 

@@ -14,6 +14,7 @@
 #include "model.h"
 #include "perplexity.h"
 #include "progress.h"
+#include "quant.h"
 #include "scheme.h"
 #include "text.h"
 #include "tokenizer.h"
@@ -166,6 +167,7 @@ int main(int argc, char **argv)
     }
     if (o.ctx == 1) {
         fprintf(stderr, "kveval: --ctx 1: expected >= 2\n");
+        rc = 2;
         goto out;
     }
     if (o.artifacts.n > 0) {
@@ -225,6 +227,26 @@ int main(int argc, char **argv)
             fprintf(stderr, "kveval: scheme %s: its IntactKV prefix of %d tokens leaves %zu of the context length of %s (%d tokens) "
                             "for a window (expected >= 2)\n",
                     pname, max_p, room, o.model, m.hp.ctx_len);
+            goto out;
+        }
+    }
+    /* a scheme that would quantize nothing in a window of ctx tokens (sink tokens covering it, or
+     * KIVI's fp16 residual holding every key and value) reported "+0.0000" as if it were lossless */
+    for (size_t i = 0; i < n_sch; i++) {
+        const kvq_scheme *q = &sch[i].s.q;
+        if (kvq_eval_scheme_is_identity(&sch[i])) continue;
+        const size_t ns = q->n_sink, last = ctx - 1;
+        char why[160] = "";
+        if (ns >= ctx)
+            snprintf(why, sizeof why, "its %zu attention-sink tokens cover the window of %zu", ns, ctx);
+        else if (q->kind == KVQ_SCHEME_KIVI && kvq_kivi_key_boundary(last, q->group, q->residual, ns) <= ns &&
+                 kvq_kivi_value_boundary(last, q->residual, ns) <= ns)
+            snprintf(why, sizeof why, "residual length %zu%s keeps every key and value of the window of %zu in fp16", q->residual,
+                     ns ? " after its sink tokens" : "", ctx);
+        if (*why) {
+            fprintf(stderr, "kveval: scheme %s quantizes nothing at ctx %zu: %s; use a longer --ctx or a smaller sink/residual\n",
+                    sch[i].name, ctx, why);
+            rc = 2;
             goto out;
         }
     }

@@ -422,7 +422,10 @@ kvq_status kvq_scheme_bits(const kvq_scheme *s, size_t ctx, size_t kv_dim, kvq_b
     case KVQ_SCHEME_KIVI: {
         size_t rest = ctx > ns ? ctx - ns : 0;
         size_t n16 = ns + (s->residual < rest ? s->residual : rest);
-        k = mix16(s->k_bits + per_vec / (double)s->group, ctx, n16);
+        /* without a residual (R = 0) keys are still flushed in whole groups of G tokens: the last
+         * rest mod G stay fp16 (all of them when ctx - n_sink < G, which was counted as quantized) */
+        size_t n16k = s->residual == 0 && s->group ? ns + rest % s->group : n16;
+        k = mix16(s->k_bits + per_vec / (double)s->group, ctx, n16k);
         v = mix16(s->v_bits + per_vec / (double)s->group, ctx, n16);
         break;
     }

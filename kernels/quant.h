@@ -214,8 +214,9 @@ kvq_status kvq_scheme_validate(const kvq_scheme *s, kvq_err *err);
  *    token: f*32 + 32/kv_dim (the paper's "+0.32 bits" for 1%);
  *  - sink tokens (n_sink) and KIVI's fp16 residual at 16 bits per element;
  *    KIVI residual counted as min(R, ctx - n_sink) tokens for K and for V
- *    (the resting cache between steps; R fp16 values and up to R keys), the
- *    quantized part as b + 32/G (notes trap 16: "2-bit" KIVI ≈ 3 bits).
+ *    (the resting cache between steps; R fp16 values and up to R keys; with
+ *    R = 0 the keys of the last partial group, (ctx - n_sink) mod G, stay
+ *    fp16), the quantized part as b + 32/G (notes trap 16: "2-bit" KIVI ≈ 3 bits).
  * Token fractions are ctx-weighted: bits = ((ctx - n16) * dense + n16 * 16) / ctx.
  * fp32 → 32, fp16 → 16. Requires ctx > 0, kv_dim > 0. FP8 and GGML depend
  * on the scale count / block format, which kvq_scheme does not carry:

@@ -273,8 +273,13 @@ START_TEST(test_cli_errors)
         {"intactkv without prefix", tx, "--scheme nuq3-1%+intactkv", "IntactKV prefix", 1},
         {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "/nonexistent/x.txt", 1},
         {"bad option value", tx, "--scheme int4 --ctx 12x", "--ctx: expected an integer", 2},
+        /* schemes that quantize nothing in the window reported "+0.0000" as if lossless (exit 0) */
+        {"sink covers the window", tx, "--scheme int4 --scheme int3+sink64",
+         "scheme int3+sink64 quantizes nothing at ctx 64: its 64 attention-sink tokens cover the window of 64", 2},
+        {"kivi residual covers it", tx, "--scheme kivi2-g4", "residual length 128 keeps every key and value of the window of 64 in fp16", 2},
+        {"ctx 1", tx, "--scheme int4 --ctx 1", "--ctx 1: expected >= 2", 2},
     };
-    const char *extra[] = {"", "", "", "", "", ak, ao, an, "", "", ak, "", ""};
+    const char *extra[] = {"", "", "", "", "", ak, ao, an, "", "", ak, "", "", "", "", ""};
     static char out[65536], err[65536];
     char args[40000], jp[512];
     snprintf(jp, sizeof jp, "%s/fail.json", e.dir);

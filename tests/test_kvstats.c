@@ -360,6 +360,20 @@ START_TEST(test_qerr_plain_schemes)
         ck_assert(r.outl_k[j] == 0);
     }
     free(out);
+    /* Fisher weights that are NaN or negative: an error naming the place, as kvcalib gives (the
+     * weighted columns silently became "-" or another number, exit 0) */
+    for (int bad = 0; bad < 2; bad++) {
+        float *f = y.t[bad ? KVQ_KVT_FISHER_K_PRE_ROPE : KVQ_KVT_FISHER_V][1];
+        const size_t at = ((size_t)2 * SY_L + 5) * SY_KV + SY_D + 3; /* sample 2, position 5, head 1, channel 3 */
+        const float keep = f[at];
+        f[at] = bad ? -1.0f : NAN;
+        kvq_qerr r2;
+        ck_assert(kvq_qerr_compute(&y.src, q, 3, true, &r2, &e) == KVQ_ENUMERIC);
+        ck_assert_msg(strstr(e.msg, bad ? "layer 1 fisher_k_pre_rope: sample 2, position 5, head 1, channel 3: value -1 is negative"
+                                        : "layer 1 fisher_v: sample 2, position 5, head 1, channel 3: value nan is not finite"),
+                      "%s", e.msg);
+        f[at] = keep;
+    }
     kvq_qerr_free(&r);
     for (int i = 0; i < 3; i++) kvq_qscheme_state_free(&st[i]);
     synth_free(&y);

@@ -425,6 +425,18 @@ START_TEST(test_scheme_bits)
     kvq_scheme kivi2 = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 32, .residual = 128};
     ck_assert(kvq_scheme_bits(&kivi2, 4096, 4096, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.k, (3968.0 * 3 + 128 * 16) / 4096, 1e-12); /* 3 bits dense + fp16 residual */
+    /* no residual: keys still go in whole groups, the last partial group stays fp16 (a window shorter
+     * than G kept every key exact but was counted as 4 bits); values are quantized at once */
+    kvq_scheme kivi_r0 = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 16, .residual = 0};
+    ck_assert(kvq_scheme_bits(&kivi_r0, 8, 64, &b, &e) == KVQ_OK);
+    ck_assert_double_eq_tol(b.k, 16, 1e-12);
+    ck_assert_double_eq_tol(b.v, 2 + 32.0 / 16, 1e-12);
+    ck_assert(kvq_scheme_bits(&kivi_r0, 70, 64, &b, &e) == KVQ_OK); /* 4 groups + 6 fp16 keys */
+    ck_assert_double_eq_tol(b.k, (64.0 * 4 + 6 * 16) / 70, 1e-12);
+    kivi_r0.n_sink = 2;
+    ck_assert(kvq_scheme_bits(&kivi_r0, 70, 64, &b, &e) == KVQ_OK); /* 2 sink + 4 groups + 4 fp16 keys */
+    ck_assert_double_eq_tol(b.k, (64.0 * 4 + 6 * 16) / 70, 1e-12);
+    ck_assert_double_eq_tol(b.v, (68.0 * 4 + 2 * 16) / 70, 1e-12);
     kvq_scheme sink = {.kind = KVQ_SCHEME_INT, .k_bits = 2, .v_bits = 2, .n_sink = 1, .group = 64};
     ck_assert(kvq_scheme_bits(&sink, 2048, 192, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.v, (2047.0 * 2.5 + 16) / 2048, 1e-12);
