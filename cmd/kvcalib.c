@@ -50,8 +50,8 @@ static const char SUMMARY[] =
     "per-channel keys; kivi = KIVI (bits, group size, residual length only); fp8 = FP8 KV-cache scales\n"
     "(vLLM k_scale / v_scale = absmax or a percentile of |x| over post-RoPE keys / values, / 448 for E4M3;\n"
     "per tensor or per KV head; --bits is 8 and may be omitted; docs/fp8-vllm.md).\n"
-    "Method defaults (option value -1): --outliers 0.01 for nuq, 0 otherwise; --sink 0 for kivi,\n"
-    "1 otherwise; --group 32 for kivi, 0 (whole token) for int/int-pc; --residual 128 for kivi;\n"
+    "Method defaults (option value -1): --outliers 0.01 for nuq, 0 otherwise; --sink 0 for kivi and\n"
+    "fp8, 1 otherwise; --group 32 for kivi, 0 (whole token) for int/int-pc; --residual 128 for kivi;\n"
     "keys pre-RoPE for nuq, post-RoPE otherwise (as the papers' baselines and KIVI).";
 
 typedef struct {

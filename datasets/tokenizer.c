@@ -397,15 +397,18 @@ static kvq_status from_gguf(const kvq_gguf *g, kvq_tokenizer **out, kvq_err *err
     int64_t v;
     bool b;
     kvq_status s = KVQ_OK;
-    v = kind == KVQ_TOK_SPM ? 1 : -1;
-    if ((s = kvq_gguf_get_int(g, "tokenizer.ggml.bos_token_id", false, &v, err))) goto fail;
-    t->bos = v < 0 || v >= n ? (v < 0 ? -1 : (int32_t)n) : (int32_t)v;
-    v = kind == KVQ_TOK_SPM ? 2 : -1;
-    if ((s = kvq_gguf_get_int(g, "tokenizer.ggml.eos_token_id", false, &v, err))) goto fail;
-    t->eos = v < 0 || v >= n ? (v < 0 ? -1 : (int32_t)n) : (int32_t)v;
-    v = kind == KVQ_TOK_SPM ? 0 : -1;
-    if ((s = kvq_gguf_get_int(g, "tokenizer.ggml.unknown_token_id", false, &v, err))) goto fail;
-    t->unk = v < 0 || v >= n ? (v < 0 ? -1 : (int32_t)n) : (int32_t)v;
+    static const char *const id_keys[3] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                           "tokenizer.ggml.unknown_token_id"};
+    int32_t *ids[3] = {&t->bos, &t->eos, &t->unk};
+    for (int k = 0; k < 3; k++) {
+        v = kind == KVQ_TOK_SPM ? (k == 0 ? 1 : k == 1 ? 2 : 0) : -1;
+        if ((s = kvq_gguf_get_int(g, id_keys[k], false, &v, err))) goto fail;
+        if (v >= n) { /* named with the value the file holds (it was clamped to n before the message) */
+            s = kvq_fail(err, KVQ_EFORMAT, "%s: %s %lld: id out of range [0, %lld)", src, id_keys[k], (long long)v, (long long)n);
+            goto fail;
+        }
+        *ids[k] = v < 0 ? -1 : (int32_t)v;
+    }
     b = kind == KVQ_TOK_SPM;
     if ((s = kvq_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", false, &b, err))) goto fail;
     t->add_bos = b;

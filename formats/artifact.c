@@ -759,7 +759,7 @@ kvq_status kvq_artifact_check_model(const kvq_artifact_params *p, const char *mo
     char msg[KVQ_ERR_MSG_MAX];
     snprintf(msg, sizeof msg, "artifact model fingerprint \"%.200s\" does not match the model's \"%.200s\"",
              *have ? have : "(none recorded)", *want ? want : "(none)");
-    if (!allow_mismatch) return kvq_fail(err, KVQ_EMISMATCH, "%s (override to load anyway)", msg);
+    if (!allow_mismatch) return kvq_fail(err, KVQ_EMISMATCH, "%s (--allow-model-mismatch loads it anyway)", msg);
     if (warn) fprintf(warn, "warning: %s; loading anyway as requested\n", msg);
     return KVQ_OK;
 }

@@ -245,6 +245,38 @@ END_TEST
 /* llama2.c aidreams tokenizer: "Once upon a time" with BOS. The expected ids
  * follow run.c encode(): BOS, then the dummy-prefix " Once upon a time" merged
  * by best score (this small vocabulary has no "▁Once", so it stays in pieces). */
+/* A GGUF vocabulary whose BOS id is out of range: the error names the key and the value the file
+ * holds (it printed the vocabulary size, the value clamped before the message) */
+START_TEST(test_gguf_special_id_range)
+{
+    char b[4096];
+    const char *p = kvq_test_shared(b, sizeof b, "tokenizer-conformance/ggml-vocab-llama-spm.gguf");
+    KVQ_SKIP_IF(!p, "../shared/tokenizer-conformance absent");
+    size_t n = 0;
+    unsigned char *d = kvq_test_slurp(p, &n);
+    ck_assert_ptr_nonnull(d);
+    static const char key[] = "tokenizer.ggml.bos_token_id";
+    unsigned char *at = memmem(d, n, key, sizeof key - 1);
+    ck_assert_ptr_nonnull(at);
+    uint32_t type, bad = 99999999u;
+    memcpy(&type, at + sizeof key - 1, 4);
+    ck_assert_uint_eq(type, 4); /* GGUF_TYPE_UINT32, then the value */
+    memcpy(at + sizeof key - 1 + 4, &bad, 4);
+    char tp[128];
+    snprintf(tp, sizeof tp, "/tmp/kvq_test_tok_bos_%ld.gguf", (long)getpid());
+    FILE *f = fopen(tp, "wb");
+    ck_assert(f && fwrite(d, 1, n, f) == n);
+    fclose(f);
+    free(d);
+    kvq_tokenizer *tok = NULL;
+    kvq_err e = {0};
+    ck_assert_int_eq(kvq_tokenizer_from_gguf(tp, &tok, &e), KVQ_EFORMAT);
+    ck_assert_msg(strstr(e.msg, tp) && strstr(e.msg, "tokenizer.ggml.bos_token_id 99999999: id out of range [0, 32000)"), "%s", e.msg);
+    ck_assert_ptr_null(tok);
+    unlink(tp);
+}
+END_TEST
+
 START_TEST(test_llama2c_aidreams)
 {
     char b[4096];
@@ -502,6 +534,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_smollm2_fixture);
     tcase_add_test(tc, test_hf_json_mini);
     tcase_add_test(tc, test_llama2c_aidreams);
+    tcase_add_test(tc, test_gguf_special_id_range);
     tcase_add_test(tc, test_bad_text);
     tcase_add_test(tc, test_bad_vocab);
     tcase_add_test(tc, test_fuzz_regressions);
