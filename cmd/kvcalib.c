@@ -28,6 +28,7 @@
 #include "text.h"
 #include "tokenizer.h"
 #include "cli.h"
+#include "outfile.h"
 #include "cuda_info.h"
 #include "device.h"
 #include "progress.h"
@@ -285,6 +286,7 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
     kvq_windows win = {0};
     double *curve = NULL;
     FILE *csv = NULL;
+    kvq_outfile csv_out = {0};
     kvq_eval_scheme sch;
     kvq_scheme_spec sp;
     kvq_status s = kvq_scheme_parse(spec, &sp, e);
@@ -324,12 +326,12 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
         s = kvq_fail(e, KVQ_ENOMEM, "out of memory");
         goto done;
     }
-    if (a->loss_csv) {
-        csv = fopen(a->loss_csv, "w");
-        if (!csv) {
-            s = kvq_fail(e, KVQ_EIO, "--loss-csv %s: cannot open: %s", a->loss_csv, strerror(errno));
+    if (a->loss_csv) { /* under a temporary name until training ends (it was truncated in place) */
+        if ((s = kvq_outfile_open(&csv_out, a->loss_csv, e))) {
+            kvq_err_prefix(e, "--loss-csv");
             goto done;
         }
+        csv = csv_out.f;
         fprintf(csv, "step,loss,grad_norm,seconds\n");
         sc->csv = csv;
     }
@@ -368,7 +370,8 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
         fprintf(stderr, "%s intactkv: training loss over all %zu windows %.6g -> %.6g (%+.1f%%), %.1f s (%.2f s per step)\n", PROG,
                 win.n_windows, lb, la, lb > 0 ? 100 * (la - lb) / lb : 0, tr->seconds, tr->seconds / (double)o.steps);
 done:
-    if (csv && fclose(csv) != 0 && !s) s = kvq_fail(e, KVQ_EIO, "--loss-csv %s: write failed", a->loss_csv);
+    if (csv && !s && (s = kvq_outfile_commit(&csv_out, e))) kvq_err_prefix(e, "--loss-csv");
+    else if (csv && s) kvq_outfile_abort(&csv_out);
     sc->csv = NULL;
     free(curve);
     kvq_windows_free(&win);
@@ -458,7 +461,7 @@ static int cmd_intactkv(int argc, char **argv)
     {
         const kvq_cli_file outs[2] = {{"--out", a.out}, {"--loss-csv", a.loss_csv}},
                            ins[4] = {{"--model", a.model}, {"--tokenizer", a.tokenizer}, {"--base", a.base}, {"--text", a.text}};
-        if (kvq_cli_check_outputs(outs, 2, ins, 4, &e)) return ikv_fail(&e, EXIT_USAGE);
+        if (kvq_cli_check_outputs(outs, 2, ins, 4, &e) || kvq_cli_check_renamed_outputs(outs, 1, &e)) return ikv_fail(&e, EXIT_USAGE);
     }
     if (!a.force && access(a.out, F_OK) == 0) {
         fprintf(stderr, "%s intactkv: %s: already exists; not overwritten (use --force to replace it)\n", PROG, a.out);
@@ -567,7 +570,7 @@ static int cmd_export_vllm(int argc, char **argv)
     }
     {
         const kvq_cli_file outs[1] = {{"--out", out}}, ins[1] = {{"ARTIFACT", pos.v[0]}};
-        if (kvq_cli_check_outputs(outs, 1, ins, 1, &e)) {
+        if (kvq_cli_check_outputs(outs, 1, ins, 1, &e) || kvq_cli_check_renamed_outputs(outs, 1, &e)) {
             fprintf(stderr, "%s export-vllm: %s\n", PROG, e.msg);
             return EXIT_USAGE;
         }
@@ -642,7 +645,7 @@ static int cmd_calibrate(int argc, char **argv)
     if (!a.out) { fprintf(stderr, "%s: missing required option --out FILE (see --help)\n", PROG); return EXIT_USAGE; }
     { /* outputs writable, replacing no input, not each other (-o DUMP -f used to replace the dump) */
         const kvq_cli_file outs[2] = {{"--out", a.out}, {"--export-vllm", a.export_vllm}}, ins[1] = {{"DUMP", pos.v[0]}};
-        if (kvq_cli_check_outputs(outs, 2, ins, 1, &e)) {
+        if (kvq_cli_check_outputs(outs, 2, ins, 1, &e) || kvq_cli_check_renamed_outputs(outs, 2, &e)) {
             fprintf(stderr, "%s: %s\n", PROG, e.msg);
             return EXIT_USAGE;
         }

@@ -77,8 +77,9 @@ int main(int argc, char **argv)
         return 0;
     }
     { /* the dump must be writable and replace no input (with --force it could replace --text) */
-        const kvq_cli_file outs[1] = {{"--out", out}}, ins[3] = {{"--model", model}, {"--text", text}, {"--tokenizer", tokenizer}};
-        if (kvq_cli_check_outputs(outs, 1, ins, 3, &e)) {
+        const kvq_cli_file outs[1] = {{"--out", out}},
+                           ins[3] = {{"--model", model}, {"--text", text}, {"--tokenizer", tokenizer}};
+        if (kvq_cli_check_outputs(outs, 1, ins, 3, &e) || kvq_cli_check_renamed_outputs(outs, 1, &e)) {
             fprintf(stderr, "kvdump: %s\n", e.msg);
             return 2;
         }

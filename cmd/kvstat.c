@@ -133,6 +133,10 @@ static int run(const args_t *a, const char *dump_path)
     int n_qs = 0;
     int rc = 1;
     /* validate the detail selection before the long pass */
+    const size_t pl = strlen(dump_path);
+    if (!a->quiet && pl > 8 && !strcmp(dump_path + pl - 8, ".partial"))
+        fprintf(stderr, "kvstat: note: %s is an unfinished dump: statistics over its %lld complete samples\n", dump_path,
+                (long long)src.n_samples);
     int layer = a->layer >= 0 ? (int)a->layer : (src.layer_first + src.layer_last) / 2;
     if (layer < src.layer_first || layer > src.layer_last) {
         fprintf(stderr, "kvstat: --layer %d: the dump has layers %d..%d\n", layer, src.layer_first, src.layer_last);
@@ -282,7 +286,8 @@ int main(int argc, char **argv)
         {"html", 0, KVQ_OPT_STRING, &a.html, "DIR", "write DIR/index.html, one self-contained page (plots embedded)", NULL, 0, 0, false},
         {"plots", 'p', KVQ_OPT_STRING, &a.plots, "DIR", "write the figures into DIR (default with --html: the html DIR)", NULL, 0, 0, false},
         {"plot", 0, KVQ_OPT_LIST, &a.plot, "NAME", "only these figures (repeatable): " PLOT_NAMES, NULL, 0, 0, false},
-        {"format", 0, KVQ_OPT_CHOICE, &a.format, "F", "figure files", "png|svg|both", 0, 0, false},
+        {"format", 0, KVQ_OPT_CHOICE, &a.format, "F", "figure files (--html also writes the PNGs it embeds)", "png|svg|both", 0, 0,
+         false},
         {"attn-scale", 0, KVQ_OPT_CHOICE, &a.attn_scale, "S", "y axis of the attention-by-position plot", "log|linear", 0, 0, false},
         {"markdown", 'm', KVQ_OPT_STRING, &a.markdown, "FILE", "markdown tables ('-' = stdout)", NULL, 0, 0, false},
         {"chunk", 0, KVQ_OPT_INT, &a.chunk, "N", "positions read per slab (memory vs HDF5 calls)", NULL, 1, 1 << 20, false},
@@ -319,6 +324,13 @@ int main(int argc, char **argv)
     if (pos.n != 1) {
         fprintf(stderr, "kvstat: expected one dump file, found %d arguments (see --help)\n", pos.n);
         return 2;
+    }
+    if (!a.plots && !a.html) { /* figure options without a place for figures did nothing (exit 0) */
+        for (int i = 0; i < n_opts; i++)
+            if (given[i] && (!strcmp(opts[i].name, "plot") || !strcmp(opts[i].name, "format") || !strcmp(opts[i].name, "attn-scale"))) {
+                fprintf(stderr, "kvstat: --%s: selects figures, which only --plots DIR or --html DIR write\n", opts[i].name);
+                return 2;
+            }
     }
     if (a.json && !strcmp(a.json, "-")) { /* stdout carries the JSON alone */
         bool md_given = false;

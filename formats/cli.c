@@ -199,6 +199,20 @@ static bool same_file(const char *a, const char *b)
     return strcmp(ca, cb) == 0;
 }
 
+kvq_status kvq_cli_check_renamed_outputs(const kvq_cli_file *outs, int n_outs, kvq_err *err)
+{
+    for (int i = 0; i < n_outs; i++) {
+        struct stat st;
+        const char *p = outs[i].path;
+        if (!p || stat(p, &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) continue; /* (directories: check_outputs) */
+        return kvq_fail(err, KVQ_EINVAL, "%s %s: not a regular file (%s); the output is written under a temporary name and renamed into place",
+                        outs[i].opt, p,
+                        S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+                        : S_ISFIFO(st.st_mode) ? "a FIFO" : "a socket or other special file");
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq_cli_file *ins, int n_ins, kvq_err *err)
 {
     for (int i = 0; i < n_outs; i++) {
@@ -208,6 +222,7 @@ kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq
         struct stat st;
         if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
             return kvq_fail(err, KVQ_EINVAL, "%s %s: is a directory (expected a file name)", outs[i].opt, p);
+
         const char *slash = strrchr(p, '/');
         if (slash && slash != p) {
             char dir[PATH_MAX];

@@ -77,6 +77,12 @@ typedef struct {
  * "--out d: is a directory (expected a file name)". */
 kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq_cli_file *ins, int n_ins, kvq_err *err);
 
+/* For outputs written under a temporary name and renamed into place (dumps, artifacts): one
+ * that exists must be a regular file (a rename over /dev/null replaced the device node with a
+ * regular file). NULL paths are skipped. Errors (KVQ_EINVAL): "--out /dev/null: not a regular
+ * file (a character device); the output is written under a temporary name and renamed into place". */
+kvq_status kvq_cli_check_renamed_outputs(const kvq_cli_file *outs, int n_outs, kvq_err *err);
+
 /* Parse a whole string as a number (no trailing garbage); false on failure. */
 bool kvq_parse_long(const char *s, long *out);
 bool kvq_parse_double(const char *s, double *out);

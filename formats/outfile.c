@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 kvq_status kvq_outfile_tmpname(const char *path, char *buf, size_t n, kvq_err *err)
@@ -22,23 +23,45 @@ kvq_status kvq_outfile_open(kvq_outfile *o, const char *path, kvq_err *err)
         o->f = stdout;
         return KVQ_OK;
     }
-    size_t n = strlen(path) + 32;
+    /* not a regular file (/dev/null, /dev/stdout, a FIFO): written in place, never renamed over
+     * (a rename would replace the device node with a regular file) */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EINVAL, "%s: is a directory (expected a file name)", path);
+        o->f = fopen(path, "wb");
+        if (!o->f) return kvq_fail(err, KVQ_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
+        o->direct = true;
+        return KVQ_OK;
+    }
+    /* a symbolic link: the file it names is replaced, the link stays */
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        o->real = realpath(path, NULL);
+        if (!o->real) return kvq_fail(err, KVQ_EIO, "%s: cannot resolve the symbolic link: %s", path, strerror(errno));
+        o->path = o->real;
+    }
+    size_t n = strlen(o->path) + 32;
     o->tmp = malloc(n);
     if (!o->tmp) return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
-    kvq_status s = kvq_outfile_tmpname(path, o->tmp, n, err);
+    kvq_status s = kvq_outfile_tmpname(o->path, o->tmp, n, err);
     if (s == KVQ_OK) {
         o->f = fopen(o->tmp, "wb");
         if (!o->f) s = kvq_fail(err, KVQ_EIO, "%s: cannot create: %s", o->tmp, strerror(errno));
     }
     if (s != KVQ_OK) {
         free(o->tmp);
-        o->tmp = NULL;
+        free(o->real);
+        o->tmp = o->real = NULL;
     }
     return s;
 }
 
 kvq_status kvq_outfile_rename(const char *tmp, const char *path, kvq_err *err)
 {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) { /* never replace a device node, FIFO or directory */
+        remove(tmp);
+        return kvq_fail(err, KVQ_EIO, "%s: not replaced: it exists and is not a regular file", path);
+    }
     if (rename(tmp, path) == 0) return KVQ_OK;
     int e = errno;
     remove(tmp);
@@ -49,9 +72,12 @@ kvq_status kvq_outfile_commit(kvq_outfile *o, kvq_err *err)
 {
     if (!o->f) return kvq_fail(err, KVQ_EINVAL, "output: not open");
     kvq_status s = KVQ_OK;
-    if (!o->tmp) { /* stdout */
-        if (fflush(o->f) != 0 || ferror(o->f)) s = kvq_fail(err, KVQ_EIO, "stdout: write failed: %s", strerror(errno));
+    if (!o->tmp) { /* stdout, or a device / FIFO written in place */
+        int bad = fflush(o->f) != 0 || ferror(o->f), e = errno;
+        if (o->direct && fclose(o->f) != 0 && !bad) { bad = 1; e = errno; }
+        if (bad) s = kvq_fail(err, KVQ_EIO, "%s: write failed: %s", o->direct ? o->path : "stdout", strerror(e ? e : EIO));
         o->f = NULL;
+        o->direct = false;
         return s;
     }
     int bad = ferror(o->f), e = errno;
@@ -64,7 +90,8 @@ kvq_status kvq_outfile_commit(kvq_outfile *o, kvq_err *err)
         s = kvq_outfile_rename(o->tmp, o->path, err);
     }
     free(o->tmp);
-    o->tmp = NULL;
+    free(o->real);
+    o->tmp = o->real = NULL;
     return s;
 }
 
@@ -76,8 +103,13 @@ void kvq_outfile_abort(kvq_outfile *o)
         remove(o->tmp);
         free(o->tmp);
         o->tmp = NULL;
+    } else if (o->direct) {
+        fclose(o->f);
     }
+    free(o->real);
+    o->real = NULL;
     o->f = NULL;
+    o->direct = false;
 }
 
 kvq_status kvq_outfile_write_text(const char *path, const char *text, kvq_err *err)

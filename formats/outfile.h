@@ -4,7 +4,10 @@
  * --html and its figures) are written under a temporary name in the target's
  * directory, `<path>.tmp<pid>`, and renamed over <path> only when complete, so
  * an interrupted or failed write never leaves a truncated report and never
- * destroys the previous one. "-" names stdout (written directly, flushed).
+ * destroys the previous one. "-" names stdout (written directly, flushed); an
+ * existing path that is not a regular file (/dev/null, /dev/stdout, a FIFO) is
+ * written in place too (renaming over it would replace the device node with a
+ * regular file); a symbolic link's target is replaced and the link kept.
  *
  *   kvq_outfile o;
  *   KVQ_TRY(kvq_outfile_open(&o, path, err));   // o.f is the stream to write
@@ -21,8 +24,10 @@
 
 typedef struct {
     FILE *f;          /* the stream to write (stdout for "-") */
-    const char *path; /* the final name (not copied: must outlive the outfile) */
-    char *tmp;        /* the temporary name, NULL for stdout */
+    const char *path; /* the final name (not copied: must outlive the outfile), or real */
+    char *tmp;        /* the temporary name, NULL for stdout and direct writes */
+    char *real;       /* a symbolic link's target (realpath), replaced instead of the link */
+    bool direct;      /* a device or FIFO (/dev/null, /dev/stdout): written in place, not renamed */
 } kvq_outfile;
 
 /* "<path>.tmp<pid>" into buf[n] (the temporary name kvq_outfile uses, also for files
@@ -48,7 +53,8 @@ void kvq_outfile_abort(kvq_outfile *o);
 kvq_status kvq_outfile_write_text(const char *path, const char *text, kvq_err *err);
 
 /* Rename a finished temporary file `tmp` over `path`; on failure remove tmp. Errors:
- * KVQ_EIO "PATH: cannot rename TMP over it: ERRNO". */
+ * KVQ_EIO "PATH: cannot rename TMP over it: ERRNO", or "PATH: not replaced: it exists and is
+ * not a regular file" (a device node, FIFO or directory is never renamed over). */
 kvq_status kvq_outfile_rename(const char *tmp, const char *path, kvq_err *err);
 
 #endif

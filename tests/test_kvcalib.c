@@ -1079,6 +1079,20 @@ START_TEST(test_cli)
         free(before);
         free(after);
     }
+    /* an output that is not a regular file is refused before any work: the artifact is renamed into
+     * place, which replaced a device node (-o /dev/null --force as root) with a regular file */
+    {
+        char fifo[300];
+        snprintf(fifo, sizeof fifo, "%s.fifo", out);
+        unlink(fifo);
+        ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+        snprintf(cmd, sizeof cmd, "%s %s --method nuq --bits 3 --out %s --force", bin, dump, fifo);
+        int rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc == 2 && strstr(buf, "not a regular file (a FIFO)"), "'%s': exit %d: %s", cmd, rc, buf);
+        struct stat fst;
+        ck_assert(lstat(fifo, &fst) == 0 && S_ISFIFO(fst.st_mode));
+        unlink(fifo);
+    }
     /* missing Fisher: exit 1 with the hint; --no-fisher works; nothing written on failure */
     char out2[256];
     tmp(out2, sizeof out2, "cli2.st");

@@ -294,6 +294,12 @@ START_TEST(test_cli_end_to_end)
     snprintf(cmd, sizeof cmd, "%s '%s' --json - --markdown - -q", kvstat, dump);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 2 && strstr(out, "both on stdout"), "rc %d: %s", rc, out);
+    /* an unfinished dump (kvdump's .partial) is reported with a note saying so (kvcalib refuses one) */
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s.partial' && %s '%s.partial' -m '%s/partial.md'", dump, dump, kvstat, dump, dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "is an unfinished dump: statistics over its 3 complete samples"), "rc %d: %s", rc, out);
+    snprintf(p, sizeof p, "%s.partial", dump);
+    unlink(p);
 
     /* bad input */
     struct { const char *args; int rc; const char *needle; } cases[] = {
@@ -302,7 +308,11 @@ START_TEST(test_cli_end_to_end)
         {"'%s' --sample 3", 1, "the dump has 3 samples"},
         {"'%s' --outlier-mult 0.5", 2, "--outlier-mult"},
         {"'%s' --plot bogus", 2, "--plot: expected one of"},
-        {"'%s' --plot qerr", 1, "need --artifact"},
+        {"'%1$s' --plot qerr --plots '%1$s.figs'", 1, "need --artifact"},
+        /* figure options without --plots / --html did nothing, exit 0 */
+        {"'%s' --plot heatmap", 2, "--plot: selects figures, which only --plots DIR or --html DIR write"},
+        {"'%s' --format svg", 2, "--format: selects figures"},
+        {"'%s' --attn-scale linear", 2, "--attn-scale: selects figures"},
         {"'%s' extra.h5", 2, "expected one dump file"},
         /* an output directory that is a file or has no parent: refused before any work (a file failed
          * late with cairo's "error while writing to output stream") */

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -79,13 +80,21 @@ START_TEST(test_failures_keep_the_old_file)
     char d[128], p[400], sub[256];
     tmpdir(d, sizeof d);
     kvq_err e = {0};
-    /* the rename fails (the target is a non-empty directory): an error naming it, nothing left */
+    /* a directory: refused at open; one that appears meanwhile makes the rename fail: an error
+     * naming it, the directory's content intact, no temporary file left */
     snprintf(sub, sizeof sub, "%s/dir", d);
+    ck_assert_int_eq(mkdir(sub, 0777), 0);
+    ck_assert(kvq_outfile_write_text(sub, "x", &e) == KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, sub) && strstr(e.msg, "is a directory"), "%s", e.msg);
+    rmdir(sub);
+    kvq_outfile o;
+    ck_assert(kvq_outfile_open(&o, sub, &e) == KVQ_OK);
+    fputs("x", o.f);
     ck_assert_int_eq(mkdir(sub, 0777), 0);
     snprintf(p, sizeof p, "%s/keep", sub);
     put(p, "keep");
-    ck_assert(kvq_outfile_write_text(sub, "x", &e) == KVQ_EIO);
-    ck_assert_msg(strstr(e.msg, sub) && strstr(e.msg, "cannot rename"), "%s", e.msg);
+    ck_assert(kvq_outfile_commit(&o, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, sub) && strstr(e.msg, "not replaced: it exists and is not a regular file"), "%s", e.msg);
     expect_text(p, "keep");
     ck_assert_int_eq(n_entries(d), 1);
     /* the temporary file cannot be created (no such directory) */
@@ -124,12 +133,48 @@ START_TEST(test_failures_keep_the_old_file)
 }
 END_TEST
 
+/* Special files are written in place, never renamed over (a rename replaced /dev/null with a
+ * regular file when kvstat -m /dev/null ran as root); a symbolic link's target is replaced and the
+ * link kept (a rename would have replaced the link itself) */
+START_TEST(test_fifo_and_symlink)
+{
+    char d[128], fifo[256], link[256], target[256];
+    tmpdir(d, sizeof d);
+    snprintf(fifo, sizeof fifo, "%s/fifo", d);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    int rfd = open(fifo, O_RDWR | O_NONBLOCK); /* a reader, so that the writer's open does not block */
+    ck_assert_int_ge(rfd, 0);
+    kvq_err e = {0};
+    ck_assert_msg(kvq_outfile_write_text(fifo, "{\"x\": 2}", &e) == KVQ_OK, "%s", e.msg);
+    char got[64] = {0};
+    ck_assert_int_eq(read(rfd, got, sizeof got - 1), 9);
+    ck_assert_str_eq(got, "{\"x\": 2}\n");
+    close(rfd);
+    struct stat st;
+    ck_assert(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+    ck_assert_int_eq(n_entries(d), 1); /* no temporary file beside it */
+    snprintf(target, sizeof target, "%s/real.json", d);
+    snprintf(link, sizeof link, "%s/link.json", d);
+    put(target, "old\n");
+    ck_assert_int_eq(symlink("real.json", link), 0);
+    ck_assert_msg(kvq_outfile_write_text(link, "new", &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+    expect_text(target, "new\n");
+    ck_assert_int_eq(n_entries(d), 3);
+    unlink(link);
+    unlink(target);
+    unlink(fifo);
+    rmdir(d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("outfile");
     TCase *tc = tcase_create("outfile");
     tcase_add_test(tc, test_replace_and_abort);
     tcase_add_test(tc, test_failures_keep_the_old_file);
+    tcase_add_test(tc, test_fifo_and_symlink);
     suite_add_tcase(s, tc);
     return s;
 }
