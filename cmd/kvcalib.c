@@ -182,12 +182,24 @@ static void warn_outlier_share(const kvq_artifact *a)
         e += a->k[i].n_elems;
     }
     const size_t kv_dim = p->n_kv_heads * p->head_dim;
-    if (!e || !kv_dim || (double)n <= 2.0 * p->outlier_frac * (double)e) return;
-    fprintf(stderr,
-            "%s: warning: key outliers realised %.4g%% of calibration elements against --outliers %.4g%%: %" PRIu64
-            " calibration tokens per channel are too few for that fraction (each channel's extremes fall outside its "
-            "percentile thresholds); calibrate on more tokens (kvdump -n, -L)\n",
-            PROG, 100.0 * (double)n / (double)e, 100.0 * p->outlier_frac, e / p->n_layers / kv_dim);
+    if (e && kv_dim && (double)n > 2.0 * p->outlier_frac * (double)e)
+        fprintf(stderr,
+                "%s: warning: key outliers realised %.4g%% of calibration elements against --outliers %.4g%%: %" PRIu64
+                " calibration tokens per channel are too few for that fraction (each channel's extremes fall outside its "
+                "percentile thresholds); calibrate on more tokens (kvdump -n, -L)\n",
+                PROG, 100.0 * (double)n / (double)e, 100.0 * p->outlier_frac, e / p->n_layers / kv_dim);
+    /* values: outliers per token, at least one per side of each token's kv_dim values (16-dim heads: 2/64) */
+    if (!a->v || !kv_dim) return;
+    n = e = 0;
+    for (size_t i = 0; i < p->n_layers; i++) {
+        n += a->v[i].n_outliers;
+        e += a->v[i].n_elems;
+    }
+    if (e && (double)n > 2.0 * p->outlier_frac * (double)e)
+        fprintf(stderr,
+                "%s: warning: value outliers realised %.4g%% of calibration elements against --outliers %.4g%%: each token "
+                "keeps at least one outlier per side of its %zu values (kv_dim), %.4g%% at the least\n",
+                PROG, 100.0 * (double)n / (double)e, 100.0 * p->outlier_frac, kv_dim, 200.0 / (double)kv_dim);
 }
 
 /* ---- subcommands ---------------------------------------------------------------- */
@@ -723,7 +735,7 @@ static int cmd_calibrate(int argc, char **argv)
     }
     double dt = kvq_now() - pc.t0;
     if (!a.quiet) print_summary(stdout, a.out, &art, dt, threads);
-    warn_outlier_share(&art);
+    if (!a.quiet) warn_outlier_share(&art); /* (--quiet: errors only) */
     if (fp8 && !a.quiet) {
         for (size_t i = 0; i < art.p.n_layers; i++) {
             printf("%s: layer %2zu fp8 scale K", PROG, i);

@@ -110,7 +110,17 @@ static kvq_status read_text(const char *path, kvq_text_format fmt, kvq_eol_mode 
         if (k < e) {
             if (memchr(d + a, 0, e - a))
                 return kvq_fail(err, KVQ_EFORMAT, "%s: line %zu: NUL byte inside a JSON line", path, line);
-            cJSON *o = cJSON_ParseWithLength(d + a, e - a);
+            const char *end = NULL;
+            cJSON *o = cJSON_ParseWithLengthOpts(d + a, e - a, &end, 0);
+            if (o) { /* one JSON value per line: only whitespace after it ({"text":"a"} junk was accepted) */
+                const char *q = end, *stop = d + e;
+                while (q < stop && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+                if (q < stop) {
+                    cJSON_Delete(o);
+                    return kvq_fail(err, KVQ_EFORMAT, "%s: line %zu, column %zu: trailing characters after the JSON value", path,
+                                    line, (size_t)(q - (d + a)) + 1);
+                }
+            }
             const cJSON *tx = o ? cJSON_GetObjectItemCaseSensitive(o, "text") : NULL;
             if (!cJSON_IsString(tx)) {
                 cJSON_Delete(o);

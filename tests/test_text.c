@@ -195,6 +195,12 @@ START_TEST(test_small_corpora_and_bad_input)
     ck_assert(kvq_text_read(path, KVQ_TEXT_JSONL, KVQ_EOL_TO_LF, &t, &e) == KVQ_EFORMAT);
     ck_assert_ptr_nonnull(strstr(e.msg, "line 2"));
     unlink(path);
+    /* one JSON value per line: trailing characters are an error (accepted before), whitespace is not */
+    const char trail[] = "{\"text\": \"ok\"}  \r\n{\"text\": \"abc\"} trailing\n";
+    write_tmp("trail.jsonl", trail, sizeof trail - 1, path, sizeof path);
+    ck_assert(kvq_text_read(path, KVQ_TEXT_JSONL, KVQ_EOL_TO_LF, &t, &e) == KVQ_EFORMAT);
+    ck_assert_msg(strstr(e.msg, "line 2, column 17: trailing characters after the JSON value"), "%s", e.msg);
+    unlink(path);
     /* empty file */
     write_tmp("empty.txt", "", 0, path, sizeof path);
     ck_assert(kvq_text_read(path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_EFORMAT);
