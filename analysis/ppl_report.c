@@ -61,7 +61,8 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
             fprintf(f, " tables from `%s` (method %s, %s keys, sink %zu)", s->art_path, kvq_method_name(s->art->p.method),
                     s->art->p.post_rope ? "post-RoPE" : "pre-RoPE", s->art->p.n_sink);
         if (s->prefix) {
-            fprintf(f, "%s IntactKV prefix of %d entries from `%s`", s->art ? ";" : "", s->prefix->P, r->arts->path[s->prefix_index]);
+            fprintf(f, "%s IntactKV prefix of %d entr%s from `%s`", s->art ? ";" : "", s->prefix->P, s->prefix->P == 1 ? "y" : "ies",
+                    r->arts->path[s->prefix_index]);
             const kvq_artifact_prefix *px = r->arts->a[s->prefix_index].prefix;
             if (px && px->trained)
                 fprintf(f, " (\"%.60s\", trained against %s: %zu steps x %zu windows of %zu tokens, lr %g, loss %.4g -> %.4g)",

@@ -429,8 +429,8 @@ static int cmd_intactkv(int argc, char **argv)
         {"lr", 0, KVQ_OPT_FLOAT, &a.lr, "LR", "--train: Adam learning rate (reference: 2e-4)", NULL, 0, 0, false},
         {"clip", 0, KVQ_OPT_FLOAT, &a.clip, "C", "--train: global gradient-norm clipping, 0 = off (reference: 0.3)", NULL, 0, 0,
          false},
-        {"beta1", 0, KVQ_OPT_FLOAT, &a.beta1, "B", "--train: Adam beta1", NULL, 0, 1, false},
-        {"beta2", 0, KVQ_OPT_FLOAT, &a.beta2, "B", "--train: Adam beta2", NULL, 0, 1, false},
+        {"beta1", 0, KVQ_OPT_FLOAT, &a.beta1, "B", "--train: Adam beta1, in [0, 1)", NULL, 0, 0, false},
+        {"beta2", 0, KVQ_OPT_FLOAT, &a.beta2, "B", "--train: Adam beta2, in [0, 1)", NULL, 0, 0, false},
         {"eps", 0, KVQ_OPT_FLOAT, &a.eps, "E", "--train: Adam epsilon", NULL, 0, 0, false},
         {"seed", 0, KVQ_OPT_INT, &a.seed, "S", "--train: window sampling and shuffling seed (reference data seed: 42)", NULL, 0,
          2147483647.0, false},
@@ -466,8 +466,20 @@ static int cmd_intactkv(int argc, char **argv)
         kvq_device dv;
         if (kvq_device_parse(a.device, &dv, NULL, &e)) return ikv_fail(&e, e.code == KVQ_EINVAL ? EXIT_USAGE : 1);
     }
-    if (!(a.lr > 0) || !(a.clip >= 0) || !(a.eps > 0) || a.beta1 >= 1 || a.beta2 >= 1) {
-        fprintf(stderr, "%s intactkv: --lr and --eps must be > 0, --clip >= 0, betas in [0, 1)\n", PROG);
+    { /* each named with its value (one message listed every rule) */
+        const struct { const char *opt, *want; double v; bool ok; } chk[] = {
+            {"--lr", "> 0", a.lr, a.lr > 0},          {"--eps", "> 0", a.eps, a.eps > 0},
+            {"--clip", ">= 0", a.clip, a.clip >= 0},  {"--beta1", "in [0, 1)", a.beta1, a.beta1 >= 0 && a.beta1 < 1},
+            {"--beta2", "in [0, 1)", a.beta2, a.beta2 >= 0 && a.beta2 < 1},
+        };
+        for (size_t k = 0; k < sizeof chk / sizeof *chk; k++)
+            if (!chk[k].ok) {
+                fprintf(stderr, "%s intactkv: %s: expected %s, found %g\n", PROG, chk[k].opt, chk[k].want, chk[k].v);
+                return EXIT_USAGE;
+            }
+    }
+    if (a.add_bos && !strcmp(a.prefix, "bos")) { /* the prefix is the BOS token already: the flag did nothing */
+        fprintf(stderr, "%s intactkv: --add-bos: --prefix bos is the BOS token alone already\n", PROG);
         return EXIT_USAGE;
     }
     {
@@ -503,8 +515,9 @@ static int cmd_intactkv(int argc, char **argv)
     }
     if (kvq_intactkv_tokenize(tok, a.prefix, a.special, a.add_bos, m.hp.vocab_size, max_P, &ids, &P, &e)) goto out;
     if (art.prefix) {
-        if (!a.quiet) fprintf(stderr, "%s intactkv: --base %s already holds a prefix of %zu tokens; replacing it\n", PROG, a.base,
-                              art.prefix->P);
+        if (!a.quiet)
+            fprintf(stderr, "%s intactkv: --base %s already holds a prefix of %zu token%s; replacing it\n", PROG, a.base, art.prefix->P,
+                    art.prefix->P == 1 ? "" : "s");
         kvq_artifact_prefix_free(art.prefix);
         free(art.prefix);
         art.prefix = NULL;

@@ -52,7 +52,7 @@ int main(int argc, char **argv)
         {"dtype", 0, KVQ_OPT_CHOICE, &dtype, "T", "storage type of K/V/Q (Fisher is always f32)", "f16|f32", 0, 0, false},
         {"deflate", 0, KVQ_OPT_INT, &deflate, "N", "zlib level with byte shuffle (0 = uncompressed)", NULL, 0, 9, false},
         {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
-        {"force", 0, KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
+        {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
         {"device", 0, KVQ_OPT_STRING, &device, "DEV",
          "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present)", NULL, 0,
          0, false},

@@ -509,7 +509,7 @@ START_TEST(test_kveval_prefix)
     ck_assert_msg(kvq_ppl_report_table(rf, &rep, &e) == KVQ_OK, "%s", e.msg);
     fclose(rf);
     char want[128];
-    snprintf(want, sizeof want, "IntactKV prefix of %zu entries", P);
+    snprintf(want, sizeof want, "IntactKV prefix of %zu entr%s", P, P == 1 ? "y" : "ies");
     ck_assert_msg(strstr(rb, want) && strstr(rb, "(\"Once upon a time\", untrained)"), "%s", rb);
     free(rb);
     kvq_forward_free(&fw);
@@ -586,6 +586,12 @@ START_TEST(test_cli)
         {m0, "--prefix bos --lr=0.1 --force", 2, {"--lr applies to --train only"}},
         {m0, "--prefix bos -L 64 --force", 2, {"-L applies to --train only"}},
         {m0, "--prefix bos --train --text x --device tpu --force", 2, {"--device", "tpu"}},
+        /* each training option named with its value (one message listed every rule; --beta2 1.5 said
+         * "expected 0..1", then 1 was refused too); --add-bos with --prefix bos did nothing */
+        {m0, "--prefix bos --train --text x --beta2 1.5 --force", 2, {"--beta2: expected in [0, 1), found 1.5"}},
+        {m0, "--prefix bos --train --text x --beta1 1 --force", 2, {"--beta1: expected in [0, 1), found 1"}},
+        {m0, "--prefix bos --train --text x --eps 0 --force", 2, {"--eps: expected > 0, found 0"}},
+        {m0, "--prefix bos --add-bos --force", 2, {"--add-bos: --prefix bos is the BOS token alone already"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(cmd, sizeof cmd, "%s intactkv --model %s --tokenizer %s --base %s --out %s %s", bin, cases[i].model, tp, bp, out,
