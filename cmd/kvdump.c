@@ -50,7 +50,8 @@ int main(int argc, char **argv)
         {"q", 0, KVQ_OPT_FLAG, &q, NULL, "store post-RoPE queries", NULL, 0, 0, false},
         {"layers", 0, KVQ_OPT_STRING, &layers, "A-B", "dump only layers A..B (0-based, inclusive; default all)", NULL, 0, 0, false},
         {"dtype", 0, KVQ_OPT_CHOICE, &dtype, "T", "storage type of K/V/Q (Fisher is always f32)", "f16|f32", 0, 0, false},
-        {"deflate", 0, KVQ_OPT_INT, &deflate, "N", "zlib level with byte shuffle (0 = uncompressed)", NULL, 0, 9, false},
+        {"deflate", 0, KVQ_OPT_INT, &deflate, "N", "zlib level with byte shuffle (0 = uncompressed; --resume keeps the dump's own)", NULL,
+         0, 9, false},
         {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
         {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
         {"device", 0, KVQ_OPT_STRING, &device, "DEV",
@@ -67,11 +68,15 @@ int main(int argc, char **argv)
     };
     kvq_err e = {0};
     bool help = false;
-    if (kvq_cli_parse("kvdump", summary, opts, (int)(sizeof opts / sizeof *opts), argc, argv, NULL, &help, &e)) {
+    int given[sizeof opts / sizeof *opts] = {0};
+    if (kvq_cli_parse_given("kvdump", summary, opts, (int)(sizeof opts / sizeof *opts), argc, argv, NULL, &help, given, &e)) {
         fprintf(stderr, "kvdump: %s\n", e.msg);
         return 2;
     }
     if (help) return 0;
+    for (size_t i = 0; i < sizeof opts / sizeof *opts && resume && !quiet; i++) /* (it was silently kept) */
+        if (given[i] && !strcmp(opts[i].name, "deflate"))
+            fprintf(stderr, "kvdump: note: --deflate applies when a dump is created; the resumed dump keeps the filters it records\n");
     if (version) {
         printf("kvdump (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
         return 0;

@@ -112,7 +112,7 @@ typedef struct {
 #define ATTR(f, k, c) { #f, k, offsetof(kvq_dump_meta, f), sizeof(((kvq_dump_meta *)0)->f), c }
 static const attr_desc ATTRS[] = {
     ATTR(kvq_version, AK_STR, true),
-    ATTR(model_path, AK_STR, true),
+    ATTR(model_path, AK_STR, false), /* (a path may be spelt another way: the sha256 decides) */
     ATTR(model_sha256, AK_STR, true),
     ATTR(model_arch, AK_STR, true),
     ATTR(n_layers, AK_INT, true),
@@ -132,7 +132,7 @@ static const attr_desc ATTRS[] = {
     ATTR(rope_high_freq_factor, AK_F64, true),
     ATTR(rope_orig_ctx, AK_INT, true),
     ATTR(tokenizer, AK_STR, true),
-    ATTR(corpus_path, AK_STR, true),
+    ATTR(corpus_path, AK_STR, false), /* (likewise) */
     ATTR(corpus_sha256, AK_STR, true),
     ATTR(corpus_format, AK_STR, true),
     ATTR(bos_policy, AK_STR, true),

@@ -712,6 +712,18 @@ START_TEST(test_resume)
         ck_assert_msg(strstr(e.msg, want), "case %s: %s", cases[i], e.msg);
     }
     ck_assert_ptr_nonnull(strstr(e.msg, "file has \"exact\", request has \"bf16\""));
+    /* the same model and text under other spellings of their paths (./x, another working directory):
+     * the sha256s decide (resume was refused on the path strings); the file keeps its first paths */
+    {
+        kvq_dump_meta x = m;
+        snprintf(x.model_path, sizeof x.model_path, "./elsewhere/../%.200s", m.model_path);
+        snprintf(x.corpus_path, sizeof x.corpus_path, "/abs/%.200s", m.corpus_path);
+        ck_assert_msg(kvq_dump_resume(path, &x, &o, &w, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_int_eq(kvq_dump_abort(w, &e), KVQ_OK);
+        snprintf(x.model_sha256, sizeof x.model_sha256, "%064d", 5); /* another model: refused */
+        ck_assert_int_eq(kvq_dump_resume(path, &x, &o, &w, &e), KVQ_EMISMATCH);
+        ck_assert_msg(strstr(e.msg, "'model_sha256' differs"), "%s", e.msg);
+    }
     /* the matching request (a different command line and device are fine) continues at sample 2 */
     snprintf(m.command_line, sizeof m.command_line, "kvdump --resume ...");
     snprintf(m.compute_device, sizeof m.compute_device, "GPU (test)");

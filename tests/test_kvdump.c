@@ -290,10 +290,13 @@ START_TEST(test_file_size_limit_then_resume)
              g_bin, g_model, g_tok, g_text, out);
     ck_assert(run(cmd, msg, sizeof msg) != 0);
     ck_assert_msg(strstr(msg, "seed") || strstr(msg, "sample_offsets"), "mismatch not named: %s", msg);
-    /* the same request resumes and completes */
-    snprintf(cmd, sizeof cmd, "%s -q -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 0 --resume -o %s",
+    /* the same request resumes and completes; --deflate there is noted, not silently ignored (the
+     * resumed dump keeps the filters it records) */
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s -n 3 -L 128 --dtype f32 --deflate 5 --resume -o %s",
              g_bin, g_model, g_tok, g_text, out);
     ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "resume failed: %s", msg);
+    ck_assert_msg(strstr(msg, "note: --deflate applies when a dump is created; the resumed dump keeps the filters it records"), "%s",
+                  msg);
     kvq_dump_reader *r;
     kvq_err e = {0};
     ck_assert_msg(kvq_dump_open(out, &r, &e) == KVQ_OK, "%s", e.msg);
