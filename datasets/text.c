@@ -283,7 +283,7 @@ kvq_status kvq_ppl_windows(const kvq_text *txt, const kvq_tokenizer *tok, kvq_pp
     size_t n = 0;
     kvq_status s = tokenise_stream(txt, tok, join, bos, w, &ids, &n, err);
     if (!s && n < ctx)
-        s = kvq_fail(err, KVQ_EINVAL, "%s: %zu tokens with %s, fewer than one window of ctx = %zu", txt->path, n, w->tokenizer, ctx);
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: %zu tokens with %s, fewer than one window of ctx = %zu", txt->path, n, w->tokenizer, ctx);
     if (!s) {
         w->n_windows = n / ctx;
         w->dropped_tail = n - w->n_windows * ctx;
@@ -314,7 +314,7 @@ kvq_status kvq_calib_windows(const kvq_text *txt, const kvq_tokenizer *tok, size
     size_t n = 0;
     kvq_status s = tokenise_stream(txt, tok, 1, bos, w, &ids, &n, err);
     if (!s && (n <= len || n - len - 1 > UINT32_MAX))
-        s = kvq_fail(err, KVQ_EINVAL, "%s: %zu tokens: calibration windows of %zu tokens need at least %zu (and fewer than 2^32 + len)",
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: %zu tokens: calibration windows of %zu tokens need at least %zu (and fewer than 2^32 + len)",
                      txt->path, n, len, len + 1);
     if (!s) s = alloc_windows(w, txt->path, err);
     if (!s) {

@@ -96,6 +96,9 @@ typedef struct {
                                (llamacpp: element 0 is BOS when bos) */
 } kvq_windows;
 
+/* A text too short for one window (ppl: fewer than ctx tokens; calib: len + 1) is KVQ_EFORMAT
+ * naming the file and both counts (a property of the file, like an empty one; kvdump exited 2 for
+ * it and kveval 1); bad sizes (0 windows or tokens) are KVQ_EINVAL. */
 kvq_status kvq_ppl_windows(const kvq_text *txt, const kvq_tokenizer *tok, kvq_ppl_protocol proto, size_t ctx,
                            kvq_bos_policy bos, kvq_windows *out, kvq_err *err);
 kvq_status kvq_calib_windows(const kvq_text *txt, const kvq_tokenizer *tok, size_t n_windows, size_t len, uint64_t seed,

@@ -588,6 +588,10 @@ static kvq_status read_table(const kvq_safetensors *st, const kvq_artifact_param
     t->n_outliers = c[1];
     t->n_points = c[2];
     free(c);
+    if (t->n_outliers > t->n_elems || t->n_points > t->n_elems) /* (--inspect printed "outliers 100.000% (2^63/...)") */
+        return kvq_fail(err, KVQ_EFORMAT,
+                        "%s: layers.%zu.%c.calib_counts: outliers %llu and points %llu expected <= elements %llu", st->path, i, kv,
+                        (unsigned long long)t->n_outliers, (unsigned long long)t->n_points, (unsigned long long)t->n_elems);
     return KVQ_OK;
 }
 

@@ -303,6 +303,13 @@ START_TEST(test_read_rejects)
     /* both shapes exactly (a 1-D want printed as "[40]", a trailing 0 after the size) */
     ck_assert_msg(strstr(e.msg, "tensor 'layers.0.k.levels': expected F32 [4], found F32 [8]"), "%s", e.msg);
     ck_assert_int_eq(kvq_artifact_read("/nonexistent.safetensors", &r, &e), KVQ_EIO);
+    /* calibration counts that cannot be (more outliers than elements: --inspect printed "outliers
+     * 100.000% (9223372036854775808/...)") */
+    a.k[1].n_outliers = a.k[1].n_elems + 1;
+    ck_assert_msg(kvq_artifact_write(q, &a, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(kvq_artifact_read(q, &r, &e), KVQ_EFORMAT);
+    ck_assert_msg(strstr(e.msg, q) && strstr(e.msg, "layers.1.k.calib_counts: outliers") && strstr(e.msg, "expected <= elements"), "%s",
+                  e.msg);
     kvq_artifact_free(&a);
 }
 END_TEST

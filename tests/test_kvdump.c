@@ -150,7 +150,7 @@ START_TEST(test_dump_values)
 }
 END_TEST
 
-static void expect_fail(const char *args, const char *out, const char *needle)
+static int expect_fail(const char *args, const char *out, const char *needle)
 {
     char cmd[20000], msg[8192];
     snprintf(cmd, sizeof cmd, "%s -q %s -o %s", g_bin, args, out);
@@ -158,6 +158,7 @@ static void expect_fail(const char *args, const char *out, const char *needle)
     ck_assert_msg(rc != 0, "accepted: %s", cmd);
     ck_assert_msg(strstr(msg, needle), "'%s' not in: %s (cmd %s)", needle, msg, cmd);
     ck_assert_msg(!strstr(msg, "Sanitizer") && !strstr(msg, "HDF5-DIAG"), "noise: %s", msg);
+    return rc;
 }
 
 START_TEST(test_bad_input)
@@ -178,7 +179,7 @@ START_TEST(test_bad_input)
     snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32 --layers x", g_model, g_tok, g_text);
     expect_fail(args, out, "--layers");
     snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 0", g_model, g_tok, g_text);
-    expect_fail(args, out, "--samples");
+    ck_assert_int_eq(expect_fail(args, out, "--samples"), 2); /* the command line */
     /* a tokenizer larger than the model's vocabulary fails at load, naming both sizes (it used to
      * fail at sample 0 on an out-of-range id) */
     {
@@ -195,7 +196,7 @@ START_TEST(test_bad_input)
     fputs("Once upon a time there was a cat.\n", f);
     fclose(f);
     snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 64", g_model, g_tok, small);
-    expect_fail(args, out, small);
+    ck_assert_int_eq(expect_fail(args, out, small), 1); /* the text's content: exit 1 as kveval (it was 2) */
     /* -o the text (or a directory), even with --force: refused before any work, the text intact (a
      * directory used to fail only after the whole dump, leaving DIR.partial) */
     snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 16 --force", g_model, g_tok, small);

@@ -140,7 +140,7 @@ START_TEST(test_smollm2_protocols)
     kvq_windows_free(&w);
 
     /* a window longer than the corpus: clear error */
-    ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_KVQUANT, 1000000, KVQ_BOS_MODEL, &w, &e) == KVQ_EINVAL);
+    ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_KVQUANT, 1000000, KVQ_BOS_MODEL, &w, &e) == KVQ_EFORMAT);
     ck_assert_ptr_nonnull(strstr(e.msg, "fewer than one window"));
     kvq_text_free(&t);
     kvq_tokenizer_free(tok);
@@ -182,7 +182,7 @@ START_TEST(test_small_corpora_and_bad_input)
     ck_assert_int_eq(w.tokens[3], 50256);
     kvq_windows_free(&w);
     /* calibration needs more than len tokens */
-    ck_assert(kvq_calib_windows(&t, tok, 4, 7, 0, KVQ_BOS_NEVER, &w, &e) == KVQ_EINVAL);
+    ck_assert(kvq_calib_windows(&t, tok, 4, 7, 0, KVQ_BOS_NEVER, &w, &e) == KVQ_EFORMAT);
     ck_assert(kvq_calib_windows(&t, tok, 4, 6, 0, KVQ_BOS_NEVER, &w, &e) == KVQ_OK);
     for (int i = 0; i < 4; i++) ck_assert_uint_eq(w.offsets[i], 0); /* randint(0, 0) */
     kvq_windows_free(&w);
@@ -231,7 +231,7 @@ START_TEST(test_small_corpora_and_bad_input)
     ck_assert_uint_eq(t.crlf_replaced, 1);
     ck_assert_uint_eq(t.len, sizeof odd - 2);
     ck_assert_uint_eq(t.n_rows, 2);
-    ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_KVQUANT, 4096, KVQ_BOS_NEVER, &w, &e) == KVQ_EINVAL);
+    ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_KVQUANT, 4096, KVQ_BOS_NEVER, &w, &e) == KVQ_EFORMAT);
     ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_LLAMACPP, 2, KVQ_BOS_NEVER, &w, &e) == KVQ_OK);
     kvq_windows_free(&w);
     kvq_text_free(&t);
