@@ -970,6 +970,12 @@ static bool file_exists(const char *p)
     return lstat(p, &st) == 0;
 }
 
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 /* Whether another writer holds the file's lock (HDF5's own, or hold_lock's when HDF5's file locking is
  * off); false when it cannot tell. */
 static bool locked_by_another(const char *fname)
@@ -1150,6 +1156,8 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
     if (s) goto done;
     if (!w->opts.force && file_exists(path)) {
         s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
+    } else if (is_dir(w->d.fname)) { /* (it read "an unfinished dump is there (use --resume ...)") */
+        s = kvq_fail(err, KVQ_EIO, "%s: is a directory, not an unfinished dump; move it away first", w->d.fname);
     } else if (!w->opts.force && file_exists(w->d.fname)) {
         if (locked_by_another(w->d.fname)) s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there, %s", w->d.fname, IN_USE);
         else s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there (use --resume to continue it or --force to start over)", w->d.fname);

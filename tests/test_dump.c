@@ -478,6 +478,22 @@ START_TEST(test_partial_and_force)
     ck_assert(exists(partial) && !exists(path));
     ck_assert_int_eq(kvq_dump_create(path, &m, &o, &w, &e), KVQ_EIO);
     ck_assert_ptr_nonnull(strstr(e.msg, "--resume"));
+    /* a directory in the .partial's place is named as such, with or without force, and left alone
+     * (it read "an unfinished dump is there (use --resume ...)") */
+    {
+        char moved[400];
+        snprintf(moved, sizeof moved, "%s.moved", partial);
+        ck_assert_int_eq(rename(partial, moved), 0);
+        ck_assert_int_eq(mkdir(partial, 0755), 0);
+        for (int f = 0; f < 2; f++) {
+            o.force = f;
+            ck_assert_int_eq(kvq_dump_create(path, &m, &o, &w, &e), KVQ_EIO);
+            ck_assert_msg(strstr(e.msg, partial) && strstr(e.msg, "is a directory, not an unfinished dump"), "%s", e.msg);
+        }
+        o.force = false;
+        ck_assert_int_eq(rmdir(partial), 0);
+        ck_assert_int_eq(rename(moved, partial), 0);
+    }
     /* with force, a .partial that another process holds locked (as HDF5 does while a kvdump
      * writes it) is refused and left as it was: H5F_ACC_TRUNC used to truncate it before the
      * lock refused, corrupting the other run's dump, which still finished with status 0 */
