@@ -172,15 +172,22 @@ static void print_summary(FILE *f, const char *out, const kvq_artifact *a, doubl
 /* The dense-and-sparse key thresholds are per-channel percentiles over the calibration
  * tokens: with too few of them each channel's extremes fall outside its thresholds
  * whatever the fraction (4 tokens at --outliers 0.01 made 50% of the keys outliers). */
+/* outliers and elements of n_layers tables, summed */
+static void sum_counts(const kvq_kv_table *t, size_t n_layers, uint64_t *n, uint64_t *e)
+{
+    *n = *e = 0;
+    for (size_t i = 0; i < n_layers; i++) {
+        *n += t[i].n_outliers;
+        *e += t[i].n_elems;
+    }
+}
+
 static void warn_outlier_share(const kvq_artifact *a)
 {
     const kvq_artifact_params *p = &a->p;
     if (p->method == KVQ_METHOD_FP8 || !(p->outlier_frac > 0) || !a->k) return;
-    uint64_t n = 0, e = 0;
-    for (size_t i = 0; i < p->n_layers; i++) {
-        n += a->k[i].n_outliers;
-        e += a->k[i].n_elems;
-    }
+    uint64_t n, e;
+    sum_counts(a->k, p->n_layers, &n, &e);
     const size_t kv_dim = p->n_kv_heads * p->head_dim;
     if (e && kv_dim && (double)n > 2.0 * p->outlier_frac * (double)e)
         fprintf(stderr,
@@ -190,11 +197,7 @@ static void warn_outlier_share(const kvq_artifact *a)
                 PROG, 100.0 * (double)n / (double)e, 100.0 * p->outlier_frac, e / p->n_layers / kv_dim);
     /* values: outliers per token, at least one per side of each token's kv_dim values (16-dim heads: 2/64) */
     if (!a->v || !kv_dim) return;
-    n = e = 0;
-    for (size_t i = 0; i < p->n_layers; i++) {
-        n += a->v[i].n_outliers;
-        e += a->v[i].n_elems;
-    }
+    sum_counts(a->v, p->n_layers, &n, &e);
     if (e && (double)n > 2.0 * p->outlier_frac * (double)e)
         fprintf(stderr,
                 "%s: warning: value outliers realised %.4g%% of calibration elements against --outliers %.4g%%: each token "
@@ -681,10 +684,10 @@ static int cmd_calibrate(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (m != KVQ_METHOD_NUQ) { /* the nuq datatype fit's options would be silently ignored */
-        for (int i = 0; i < n; i++)
-            if (given[i] && (!strcmp(tab[i].name, "no-fisher") || !strcmp(tab[i].name, "fit") || !strcmp(tab[i].name, "seed"))) {
-                fprintf(stderr, "%s: --%s: applies to --method nuq only (the datatype fit), method is %s\n", PROG, tab[i].name,
-                        a.method);
+        static const char *const fit_opts[] = {"no-fisher", "fit", "seed"};
+        for (size_t i = 0; i < sizeof fit_opts / sizeof *fit_opts; i++)
+            if (kvq_cli_given(tab, n, given, fit_opts[i])) {
+                fprintf(stderr, "%s: --%s: applies to --method nuq only (the datatype fit), method is %s\n", PROG, fit_opts[i], a.method);
                 return EXIT_USAGE;
             }
     }

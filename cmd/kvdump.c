@@ -74,9 +74,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (help) return 0;
-    for (size_t i = 0; i < sizeof opts / sizeof *opts && resume && !quiet; i++) /* (it was silently kept) */
-        if (given[i] && !strcmp(opts[i].name, "deflate"))
-            fprintf(stderr, "kvdump: note: --deflate applies when a dump is created; the resumed dump keeps the filters it records\n");
+    if (resume && !quiet && kvq_cli_given(opts, (int)(sizeof opts / sizeof *opts), given, "deflate")) /* (it was silently kept) */
+        fprintf(stderr, "kvdump: note: --deflate applies when a dump is created; the resumed dump keeps the filters it records\n");
     if (version) {
         printf("kvdump (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
         return 0;

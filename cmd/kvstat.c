@@ -66,29 +66,6 @@ static kvq_status mkdir_p(const char *dir, kvq_err *err)
     return KVQ_OK;
 }
 
-/* An output directory (--html, --plots): a directory, or a name to create in an existing one;
- * checked before any work (a regular file there failed late with cairo's "error while writing
- * to output stream" for a figure inside it) */
-static kvq_status check_out_dir(const char *opt, const char *dir, kvq_err *err)
-{
-    if (!dir) return KVQ_OK;
-    if (!*dir) return kvq_fail(err, KVQ_EINVAL, "%s: empty directory name", opt);
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode))
-            return kvq_fail(err, KVQ_EINVAL, "%s %s: exists and is not a directory (expected a directory for the %s)", opt, dir,
-                            !strcmp(opt, "--html") ? "page and its figures" : "figures");
-        return KVQ_OK;
-    }
-    char parent[4096];
-    const char *slash = strrchr(dir, '/');
-    if (!slash) return KVQ_OK;
-    snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
-    if (stat(parent, &st) != 0) return kvq_fail(err, KVQ_EINVAL, "%s %s: directory '%s' does not exist", opt, dir, parent);
-    if (!S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EINVAL, "%s %s: '%s' is not a directory", opt, dir, parent);
-    return KVQ_OK;
-}
-
 /* Histograms of normalised keys/values of the detail layer with the artifact's nuq levels. */
 static kvq_status plot_hists(const args_t *a, const kvq_kvsrc *src, const kvq_artifact *art, int layer,
                              const char *dir, const kvq_plot_style *st, images_t *im, kvq_err *err)
@@ -326,15 +303,15 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!a.plots && !a.html) { /* figure options without a place for figures did nothing (exit 0) */
-        for (int i = 0; i < n_opts; i++)
-            if (given[i] && (!strcmp(opts[i].name, "plot") || !strcmp(opts[i].name, "format") || !strcmp(opts[i].name, "attn-scale"))) {
-                fprintf(stderr, "kvstat: --%s: selects figures, which only --plots DIR or --html DIR write\n", opts[i].name);
+        static const char *const fig[] = {"plot", "format", "attn-scale"};
+        for (size_t i = 0; i < sizeof fig / sizeof *fig; i++)
+            if (kvq_cli_given(opts, n_opts, given, fig[i])) {
+                fprintf(stderr, "kvstat: --%s: selects figures, which only --plots DIR or --html DIR write\n", fig[i]);
                 return 2;
             }
     }
     if (a.json && !strcmp(a.json, "-")) { /* stdout carries the JSON alone */
-        bool md_given = false;
-        for (int i = 0; i < n_opts; i++) md_given = md_given || (given[i] && !strcmp(opts[i].name, "markdown"));
+        const bool md_given = kvq_cli_given(opts, n_opts, given, "markdown");
         if (md_given && !strcmp(a.markdown, "-")) {
             fprintf(stderr, "kvstat: --json - and --markdown -: both on stdout; write one of them to a FILE\n");
             return 2;
@@ -343,8 +320,9 @@ int main(int argc, char **argv)
     }
     { /* outputs writable, replacing no input (-j/-m used to overwrite the dump or the artifact) */
         const kvq_cli_file outs[2] = {{"--json", a.json}, {"--markdown", a.markdown}}, ins[2] = {{"DUMP", pos.v[0]}, {"--artifact", a.artifact}};
-        if (kvq_cli_check_outputs(outs, 2, ins, 2, &err) || check_out_dir("--html", a.html, &err) ||
-            check_out_dir("--plots", a.plots, &err)) {
+        /* (an --html / --plots file failed late, with cairo's "error while writing to output stream") */
+        if (kvq_cli_check_outputs(outs, 2, ins, 2, &err) || kvq_cli_check_out_dir("--html", a.html, "page and its figures", &err) ||
+            kvq_cli_check_out_dir("--plots", a.plots, "figures", &err)) {
             fprintf(stderr, "kvstat: %s\n", err.msg);
             return 2;
         }

@@ -199,6 +199,39 @@ static bool same_file(const char *a, const char *b)
     return strcmp(ca, cb) == 0;
 }
 
+/* The directory that holds p (if p names one) exists and is a directory. */
+static kvq_status check_parent(const char *opt, const char *p, kvq_err *err)
+{
+    const char *slash = strrchr(p, '/');
+    if (!slash || slash == p) return KVQ_OK;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - p), p);
+    struct stat st;
+    if (stat(dir, &st) != 0) return kvq_fail(err, KVQ_EINVAL, "%s %s: directory '%s' does not exist", opt, p, dir);
+    if (!S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EINVAL, "%s %s: '%s' is not a directory", opt, p, dir);
+    return KVQ_OK;
+}
+
+kvq_status kvq_cli_check_out_dir(const char *opt, const char *dir, const char *what, kvq_err *err)
+{
+    if (!dir) return KVQ_OK;
+    if (!*dir) return kvq_fail(err, KVQ_EINVAL, "%s: empty directory name", opt);
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return kvq_fail(err, KVQ_EINVAL, "%s %s: exists and is not a directory (expected a directory for the %s)", opt, dir, what);
+        return KVQ_OK;
+    }
+    return check_parent(opt, dir, err);
+}
+
+bool kvq_cli_given(const kvq_opt *opts, int n_opts, const int *given_at, const char *name)
+{
+    for (int i = 0; i < n_opts; i++)
+        if (given_at[i] && !strcmp(opts[i].name, name)) return true;
+    return false;
+}
+
 kvq_status kvq_cli_check_renamed_outputs(const kvq_cli_file *outs, int n_outs, kvq_err *err)
 {
     for (int i = 0; i < n_outs; i++) {
@@ -222,15 +255,7 @@ kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq
         struct stat st;
         if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
             return kvq_fail(err, KVQ_EINVAL, "%s %s: is a directory (expected a file name)", outs[i].opt, p);
-
-        const char *slash = strrchr(p, '/');
-        if (slash && slash != p) {
-            char dir[PATH_MAX];
-            snprintf(dir, sizeof dir, "%.*s", (int)(slash - p), p);
-            if (stat(dir, &st) != 0)
-                return kvq_fail(err, KVQ_EINVAL, "%s %s: directory '%s' does not exist", outs[i].opt, p, dir);
-            if (!S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EINVAL, "%s %s: '%s' is not a directory", outs[i].opt, p, dir);
-        }
+        KVQ_TRY(check_parent(outs[i].opt, p, err));
         for (int j = 0; j < n_ins; j++)
             if (ins[j].path && same_file(p, ins[j].path))
                 return kvq_fail(err, KVQ_EINVAL, "%s %s: the same file as %s %s (the output would replace the input)", outs[i].opt, p,

@@ -57,6 +57,9 @@ kvq_status kvq_cli_parse(const char *prog, const char *summary, const kvq_opt *o
 kvq_status kvq_cli_parse_given(const char *prog, const char *summary, const kvq_opt *opts, int n_opts, int argc, char **argv,
                                kvq_strlist *pos, bool *help, int *given_at, kvq_err *err);
 
+/* Whether the command line gave option `name` (given_at from kvq_cli_parse_given). */
+bool kvq_cli_given(const kvq_opt *opts, int n_opts, const int *given_at, const char *name);
+
 /* Print the generated usage text. */
 void kvq_cli_usage(FILE *f, const char *prog, const char *summary, const kvq_opt *opts, int n_opts);
 
@@ -82,6 +85,12 @@ kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq
  * regular file). NULL paths are skipped. Errors (KVQ_EINVAL): "--out /dev/null: not a regular
  * file (a character device); the output is written under a temporary name and renamed into place". */
 kvq_status kvq_cli_check_renamed_outputs(const kvq_cli_file *outs, int n_outs, kvq_err *err);
+
+/* An output directory (NULL: skipped): an existing directory, or a name to create inside an
+ * existing one; checked before any work. `what` says what goes there. Errors (KVQ_EINVAL): "--html
+ * f: exists and is not a directory (expected a directory for the WHAT)", and the parent errors of
+ * kvq_cli_check_outputs ("directory 'x' does not exist", "'x' is not a directory"). */
+kvq_status kvq_cli_check_out_dir(const char *opt, const char *dir, const char *what, kvq_err *err);
 
 /* Parse a whole string as a number (no trailing garbage); false on failure. */
 bool kvq_parse_long(const char *s, long *out);

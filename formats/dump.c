@@ -978,13 +978,23 @@ static bool is_dir(const char *p)
 
 /* Whether another writer holds the file's lock (HDF5's own, or hold_lock's when HDF5's file locking is
  * off); false when it cannot tell. */
-static bool locked_by_another(const char *fname)
+/* A new descriptor of fname holding an exclusive flock(), or -1 (errno EWOULDBLOCK: another
+ * descriptor holds one). */
+static int try_lock(const char *fname)
 {
     int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return false;
-    bool busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    int e = errno;
     close(fd);
-    return busy;
+    errno = e;
+    return -1;
+}
+
+static bool locked_by_another(const char *fname)
+{
+    int fd = try_lock(fname);
+    if (fd >= 0) close(fd);
+    return fd < 0 && errno == EWOULDBLOCK;
 }
 
 /* --force on an existing <path>.partial: remove it, but only if no process has it open for
@@ -1096,13 +1106,7 @@ static kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, cons
  * common on cluster file systems); then our lock on a second descriptor fails, and we close it. With
  * HDF5's locking off ours succeeds and is held until the writer is freed. Best effort: a file system
  * without flock() gets neither. */
-static void hold_lock(kvq_dump_writer *w)
-{
-    int fd = open(w->d.fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return;
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) w->lock_fd = fd;
-    else close(fd);
-}
+static void hold_lock(kvq_dump_writer *w) { w->lock_fd = try_lock(w->d.fname); }
 
 static void writer_free(kvq_dump_writer *w)
 {
