@@ -517,6 +517,16 @@ static int cmd_intactkv(int argc, char **argv)
         goto out;
     }
     if (kvq_intactkv_tokenize(tok, a.prefix, a.special, a.add_bos, m.hp.vocab_size, max_P, &ids, &P, &e)) goto out;
+    if (a.special && !a.quiet) { /* --special that matched nothing is named, not silently ignored */
+        int32_t *plain = NULL;
+        size_t Pp = 0;
+        kvq_err e2 = {0};
+        if (kvq_intactkv_tokenize(tok, a.prefix, false, a.add_bos, m.hp.vocab_size, max_P, &plain, &Pp, &e2) == KVQ_OK &&
+            Pp == P && !memcmp(plain, ids, P * sizeof *ids))
+            fprintf(stderr, "%s intactkv: warning: --special changed nothing: the prefix text holds none of the tokenizer's "
+                            "special tokens\n", PROG);
+        free(plain);
+    }
     if (art.prefix) {
         if (!a.quiet)
             fprintf(stderr, "%s intactkv: --base %s already holds a prefix of %zu token%s; replacing it\n", PROG, a.base, art.prefix->P,
@@ -612,7 +622,7 @@ static int cmd_export_vllm(int argc, char **argv)
     if (s) fprintf(stderr, "%s export-vllm: %s: %s\n", PROG, pos.v[0], e.msg);
     else if (!quiet)
         printf("%s: wrote %s: %zu layers, k_scale/v_scale %s\n", PROG, out, a.p.n_layers,
-               a.p.per_head ? "[n_kv_heads] per KV head" : "[] per tensor");
+               a.p.per_head ? "[n_kv_heads] per KV head" : "one scalar (shape []) per layer");
     kvq_artifact_free(&a);
     return s ? 1 : 0;
 }

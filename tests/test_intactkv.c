@@ -575,6 +575,9 @@ START_TEST(test_cli)
     } cases[] = {
         {m0, "--prefix bos", 0, {"wrote", "untrained prefix of 1 token", "1 '\\n<s>\\n'"}},
         {m0, "--prefix bos", 1, {"already exists", "--force"}},
+        /* --special that matches no special token is named (it silently did nothing) */
+        {m0, "--prefix 'Once upon a time' --special --force", 0, {"wrote", "warning: --special changed nothing"}},
+        {m0, "--prefix 'Once upon a time' --special --force --quiet", 0, {NULL}},
         {m0, "--prefix 'Once upon a time' --force --quiet", 0, {NULL}},
         {m1, "--prefix bos --force", 1, {"calibrated for another model", fp}},
         {m0, "--prefix '' --force", 2, {"--prefix: expected a non-empty value"}},
@@ -600,8 +603,13 @@ START_TEST(test_cli)
         ck_assert_msg(rc == cases[i].rc, "'%s': exit %d, expected %d; output:\n%s", cmd, rc, cases[i].rc, buf);
         for (int j = 0; j < 3 && cases[i].needles[j]; j++)
             ck_assert_msg(strstr(buf, cases[i].needles[j]), "'%s': output lacks '%s':\n%s", cmd, cases[i].needles[j], buf);
-        if (i == 2) ck_assert_msg(buf[0] == 0, "--quiet printed:\n%s", buf);
+        if (strstr(cases[i].extra, "--quiet")) ck_assert_msg(buf[0] == 0, "--quiet printed:\n%s", buf);
     }
+    /* --special that matches a control token (llama2.c's EOS text "\n</s>\n") gets no warning */
+    snprintf(cmd, sizeof cmd, "%s intactkv --model %s --tokenizer %s --base %s --out %s.special --force --special --prefix \"$(printf "
+             "'Once\\n</s>\\n upon')\"", bin, m0, tp, bp, out);
+    ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0, "%s", buf);
+    ck_assert_msg(strstr(buf, "wrote") && !strstr(buf, "--special changed nothing"), "%s", buf);
     /* the 'Once upon a time' artifact holds that text's tokens and the base's scheme */
     kvq_artifact r;
     ck_assert_msg(kvq_artifact_read(out, &r, &e) == KVQ_OK, "%s", e.msg);
