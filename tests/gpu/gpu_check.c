@@ -182,6 +182,8 @@ static void default_schemes(scheme_list *L, const synth_tables *st, int hd, int 
     else /* synthetic: the pre-RoPE and sink paths too */
         add_scheme(L, KVQ_SCHEME_KIVI, 2, 32 <= hd ? 32 : (size_t)hd, kivi2_r, 0, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, "+pre-rope");
     add_scheme(L, KVQ_SCHEME_INT_PC, 4, 0, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    /* values in per-token groups of 16 channels (kvcalib --method int-pc --group 16) */
+    add_scheme(L, KVQ_SCHEME_INT_PC, 4, 16, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " value groups of 16 (synthetic tables)");
     add_scheme(L, KVQ_SCHEME_NUQ, 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
     add_scheme(L, KVQ_SCHEME_NUQ, 3, 0, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
 }
