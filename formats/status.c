@@ -20,7 +20,9 @@ kvq_status kvq_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
 
 kvq_status kvq_err_prefix(kvq_err *err, const char *fmt, ...)
 {
-    if (!err) return KVQ_OK;
+    /* only called on failure: never KVQ_OK, so `return kvq_err_prefix(err, ...)` cannot turn an
+     * error into success where err is NULL or the callee left no code */
+    if (!err) return KVQ_EINVAL;
     char pre[KVQ_ERR_MSG_MAX], old[KVQ_ERR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
@@ -33,6 +35,7 @@ kvq_status kvq_err_prefix(kvq_err *err, const char *fmt, ...)
     for (const char *sep = ": "; *sep && k < cap; sep++) err->msg[k++] = *sep;
     for (size_t i = 0; i < no && k < cap; i++) err->msg[k++] = old[i];
     err->msg[k] = 0;
+    if (err->code == KVQ_OK) err->code = KVQ_EINVAL;
     return err->code;
 }
 

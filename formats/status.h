@@ -37,7 +37,9 @@ typedef struct {
 kvq_status kvq_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Prefix err->msg with "prefix: " (used to add context while unwinding); returns err->code. */
+/* Prefix err->msg with "prefix: " (used to add context while unwinding); returns err->code.
+ * For failures only: never returns KVQ_OK — KVQ_EINVAL when err is NULL or holds no code — so
+ * `return kvq_err_prefix(err, ...)` cannot turn a failure into success. */
 kvq_status kvq_err_prefix(kvq_err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

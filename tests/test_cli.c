@@ -41,6 +41,21 @@ static kvq_status run(opts_t *o, int argc, char **argv, kvq_err *e)
     return kvq_cli_parse("prog", "summary", t, n, argc, argv, NULL, &help, e);
 }
 
+/* kvq_err_prefix is for failures: it never returns KVQ_OK, so `return kvq_err_prefix(err, ...)`
+ * cannot turn an error into success (with err NULL it returned KVQ_OK) */
+START_TEST(test_err_prefix)
+{
+    kvq_err e = {0};
+    ck_assert_int_eq(kvq_fail(&e, KVQ_EFORMAT, "x.bin: offset %d: bad", 4), KVQ_EFORMAT);
+    ck_assert_int_eq(kvq_err_prefix(&e, "layer %d", 3), KVQ_EFORMAT);
+    ck_assert_str_eq(e.msg, "layer 3: x.bin: offset 4: bad");
+    ck_assert_int_ne(kvq_err_prefix(NULL, "layer %d", 3), KVQ_OK);
+    kvq_err nocode = {0};
+    ck_assert_int_eq(kvq_err_prefix(&nocode, "ctx"), KVQ_EINVAL);
+    ck_assert_int_eq(nocode.code, KVQ_EINVAL);
+}
+END_TEST
+
 START_TEST(test_parse_ok)
 {
     opts_t o;
@@ -199,6 +214,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("parse");
+    tcase_add_test(tc, test_err_prefix);
     tcase_add_test(tc, test_parse_ok);
     tcase_add_test(tc, test_parse_errors);
     tcase_add_test(tc, test_given_at);
