@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "loaders.h"
 #include "model.h"
 
 enum { PRE_NONE = 0, PRE_GPT2 = 1, PRE_STARCODER = 2 };
@@ -474,6 +475,21 @@ static kvq_status slurp(const char *path, char **data, size_t *n, kvq_err *err)
 
 /* ---------- llama2.c ---------- */
 
+/* Files that are recognisably something else than a llama2.c tokenizer (whose own header, a bare
+ * uint32, has no magic): named instead of a record-length message about their bytes. */
+static const char *foreign_file(const char *d, size_t n)
+{
+    if (n >= 8 && !memcmp(d, "\x89HDF\r\n\x1a\n", 8)) return "an HDF5 file (a kvdump dump?)";
+    if (n >= 4 && !memcmp(d, "GGUF", 4)) return "a GGUF file (load it as a GGUF tokenizer)";
+    if (n >= 9) {
+        uint64_t hl;
+        memcpy(&hl, d, 8);
+        if (hl >= 2 && hl <= n - 8 && d[8] == '{') return "a safetensors file (weights or a kvcalib artifact)";
+    }
+    if (kvq_llama2c_is_checkpoint(d, n, n)) return "a llama2.c model checkpoint (pass its tokenizer.bin)";
+    return NULL;
+}
+
 kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_tokenizer **out, kvq_err *err)
 {
     *out = NULL;
@@ -482,9 +498,19 @@ kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_
     KVQ_TRY(slurp(path, &d, &n, err));
     kvq_status s = KVQ_OK;
     kvq_tokenizer *t = NULL;
+    const char *other = foreign_file(d, n);
+    if (other) {
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: %s, not a tokenizer (expected a llama2.c tokenizer.bin, a GGUF file or an HF tokenizer.json)",
+                     path, other);
+        goto done;
+    }
     if (n < 4) { s = kvq_fail(err, KVQ_EFORMAT, "%s: %zu bytes: too short for the uint32 max_token_length header", path, n); goto done; }
     uint32_t maxlen;
     memcpy(&maxlen, d, 4);
+    if (maxlen > 65536) {
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: offset 0: max_token_length %u (expected at most 65536): not a llama2.c tokenizer", path, maxlen);
+        goto done;
+    }
     /* pass 1: count records and text bytes (with ' ' -> U+2581 growing 1 byte to 3) */
     size_t at = 4, blob = 0;
     int32_t cnt = 0;
@@ -703,6 +729,13 @@ static kvq_status from_hf(const cJSON *root, const char *path, const cJSON *tcfg
         blob += strlen(c->valuestring);
     }
     if (maxid < 0) return kvq_fail(err, KVQ_EFORMAT, "%s: model.vocab is empty", path);
+    /* ids index arrays of maxid + 1 entries: a vocabulary with more holes than tokens (id 10^9 among
+     * 12 entries asked for 1.6 GB) is refused, so memory stays bounded by the file's size */
+    const int64_t n_entries = (int64_t)nv + cJSON_GetArraySize(added);
+    if (maxid >= 2 * n_entries + 1024)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: model.vocab / added_tokens: id %lld for %lld entries (expected ids below %lld: "
+                        "a vocabulary numbered 0..n-1, with few holes)", path, (long long)maxid, (long long)n_entries,
+                        (long long)(2 * n_entries + 1024));
     int32_t n = (int32_t)maxid + 1;
     kvq_tokenizer *t = tok_alloc(n, blob);
     if (!t) return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate %d tokens", path, n);

@@ -18,6 +18,46 @@
 
 #include "loaders.h"
 
+/* Hyperparameters of a llama2.c header and the file size they imply (bytes). */
+static kvq_status llama2c_header(const int32_t h[7], const char *path, kvq_hparams *out, size_t *expect, kvq_err *err)
+{
+    kvq_hparams hp = {0};
+    hp.dim = h[0];
+    hp.hidden_dim = h[1];
+    hp.n_layers = h[2];
+    hp.n_heads = h[3];
+    hp.n_kv_heads = h[4];
+    hp.tied_embeddings = h[5] > 0;
+    hp.vocab_size = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]);
+    hp.ctx_len = h[6];
+    hp.head_dim = hp.n_heads > 0 && hp.dim % hp.n_heads == 0 ? hp.dim / hp.n_heads : 0;
+    hp.rope_dim = hp.head_dim;
+    hp.rope_theta = 10000.0f;
+    hp.rope_scaling = KVQ_ROPE_SCALING_NONE;
+    hp.rope_scale_factor = 1.0f;
+    hp.norm_eps = 1e-5f;
+    if (hp.n_heads > 0 && hp.dim % hp.n_heads)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: header: dim %d is not a multiple of n_heads %d", path, hp.dim, hp.n_heads);
+    if (kvq_hparams_validate(&hp, path, err)) return kvq_err_prefix(err, "not a GGUF file, read as llama2.c checkpoint");
+    size_t dim = hp.dim, hid = hp.hidden_dim, L = hp.n_layers, V = hp.vocab_size, qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
+    size_t freq = (size_t)hp.ctx_len * hp.head_dim / 2;
+    size_t n = V * dim + L * (dim + qd * dim + 2 * kvd * dim + dim * qd + dim + 3 * hid * dim) + dim + 2 * freq + (hp.tied_embeddings ? 0 : V * dim);
+    *expect = 7 * sizeof(int32_t) + n * sizeof(float);
+    *out = hp;
+    return KVQ_OK;
+}
+
+bool kvq_llama2c_is_checkpoint(const void *head, size_t head_len, size_t file_size)
+{
+    if (head_len < 7 * sizeof(int32_t)) return false;
+    int32_t h[7];
+    memcpy(h, head, sizeof h);
+    kvq_hparams hp;
+    size_t expect;
+    kvq_err e;
+    return llama2c_header(h, "", &hp, &expect, &e) == KVQ_OK && expect == file_size;
+}
+
 kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -34,34 +74,13 @@ kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err
         fclose(f);
         return kvq_fail(err, KVQ_EFORMAT, "%s: llama2.c header: expected 28 bytes (7 int32), file has %zu", path, fsize);
     }
-    kvq_hparams hp = {0};
-    hp.dim = h[0];
-    hp.hidden_dim = h[1];
-    hp.n_layers = h[2];
-    hp.n_heads = h[3];
-    hp.n_kv_heads = h[4];
-    hp.tied_embeddings = h[5] > 0;
-    hp.vocab_size = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]);
-    hp.ctx_len = h[6];
-    hp.head_dim = hp.n_heads > 0 && hp.dim % hp.n_heads == 0 ? hp.dim / hp.n_heads : 0;
-    hp.rope_dim = hp.head_dim;
-    hp.rope_theta = 10000.0f;
-    hp.rope_scaling = KVQ_ROPE_SCALING_NONE;
-    hp.rope_scale_factor = 1.0f;
-    hp.norm_eps = 1e-5f;
-    if (hp.n_heads > 0 && hp.dim % hp.n_heads) {
-        fclose(f);
-        return kvq_fail(err, KVQ_EFORMAT, "%s: header: dim %d is not a multiple of n_heads %d", path, hp.dim, hp.n_heads);
-    }
-    kvq_status s = kvq_hparams_validate(&hp, path, err);
+    kvq_hparams hp;
+    size_t expect;
+    kvq_status s = llama2c_header(h, path, &hp, &expect, err);
     if (s) {
         fclose(f);
-        return kvq_err_prefix(err, "not a GGUF file, read as llama2.c checkpoint");
+        return s;
     }
-    size_t dim = hp.dim, hid = hp.hidden_dim, L = hp.n_layers, V = hp.vocab_size, qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
-    size_t freq = (size_t)hp.ctx_len * hp.head_dim / 2;
-    size_t n = V * dim + L * (dim + qd * dim + 2 * kvd * dim + dim * qd + dim + 3 * hid * dim) + dim + 2 * freq + (hp.tied_embeddings ? 0 : V * dim);
-    size_t expect = sizeof h + n * sizeof(float);
     if (expect != fsize) {
         fclose(f);
         return kvq_fail(err, KVQ_EFORMAT, "%s: llama2.c checkpoint size: header (dim %d, hidden %d, layers %d, heads %d, kv heads %d, vocab %d, seq_len %d) implies %zu bytes, file has %zu",
@@ -72,6 +91,8 @@ kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err
         return s;
     }
     out->source = KVQ_SRC_LLAMA2C;
+    const size_t dim = hp.dim, hid = hp.hidden_dim, L = hp.n_layers, V = hp.vocab_size, qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
+    const size_t freq = (size_t)hp.ctx_len * hp.head_dim / 2;
     /* read helper: the array of n floats at the current offset */
 #define RD(dst, cnt, what) do { \
         if (fread((dst), sizeof(float), (cnt), f) != (cnt)) { \

@@ -13,6 +13,11 @@ kvq_status kvq_model_load_gguf(const char *path, kvq_model *out, kvq_err *err);
  * n_kv_heads, vocab_size, seq_len; vocab_size < 0 = untied classifier), fp32
  * weights in run.c order (formats/llama2c.c). Source: karpathy/llama2.c run.c. */
 kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err);
+/* Whether a file whose first head_len bytes are `head` and whose size is
+ * file_size is a llama2.c checkpoint: a valid 7-int32 header whose implied
+ * size (as kvq_model_load_llama2c computes it) equals file_size. Used to
+ * name a checkpoint given where its tokenizer belongs. */
+bool kvq_llama2c_is_checkpoint(const void *head, size_t head_len, size_t file_size);
 /* HF (transformers) Llama checkpoint: config.json plus model.safetensors or
  * model.safetensors.index.json shards; F32/F16/BF16; q/k rows un-permuted
  * from rotate-half to interleaved RoPE pairs (formats/model_safetensors.c,

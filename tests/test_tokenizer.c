@@ -430,6 +430,50 @@ START_TEST(test_bad_vocab)
     tmpfile_with("badmerge.json", badmerge, strlen(badmerge), path, sizeof path);
     ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EFORMAT);
     ck_assert_msg(strstr(e.msg, "model.merges[1]") && strstr(e.msg, "right part"), "%s", e.msg);
+    /* ids far beyond the entries (fuzzer: id 2e8 among a few entries allocated 1.6 GB): refused, in
+     * model.vocab and in added_tokens; a few holes stay allowed */
+    const char *sparse[2] = {
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 200000000}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"},"
+        " \"added_tokens\": [{\"id\": 1030, \"content\": \"<x>\"}]}"};
+    for (int i = 0; i < 2; i++) {
+        tmpfile_with("sparse.json", sparse[i], strlen(sparse[i]), path, sizeof path);
+        ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EFORMAT);
+        ck_assert_msg(strstr(e.msg, path) && strstr(e.msg, i ? "id 1030 for 3 entries" : "id 200000000 for 2 entries") &&
+                          strstr(e.msg, i ? "below 1030" : "below 1028"),
+                      "%s", e.msg);
+    }
+    const char *holes = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"},"
+                        " \"added_tokens\": [{\"id\": 1026, \"content\": \"<x>\"}]}";
+    tmpfile_with("holes.json", holes, strlen(holes), path, sizeof path);
+    ck_assert_msg(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(kvq_tokenizer_n_vocab(tok), 1027);
+    kvq_tokenizer_free(tok);
+    /* files of other kinds given as a tokenizer are named (they got a record-length message about their
+     * bytes: "token 0: length 526338 (expected 1..1178880137 ...)" for a dump) */
+    struct {
+        const char *file, *needle;
+    } foreign[] = {
+        {"tests/fixtures/dump_small.h5", "an HDF5 file (a kvdump dump?), not a tokenizer"},
+        {"tests/fixtures/st_fixture.safetensors", "a safetensors file (weights or a kvcalib artifact), not a tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof foreign / sizeof *foreign; i++) {
+        ck_assert(kvq_tokenizer_load(foreign[i].file, &tok, &e) == KVQ_EFORMAT);
+        ck_assert_msg(strstr(e.msg, foreign[i].file) && strstr(e.msg, foreign[i].needle), "%s", e.msg);
+        ck_assert(kvq_tokenizer_from_llama2c(foreign[i].file, 0, &tok, &e) == KVQ_EFORMAT);
+        ck_assert_msg(strstr(e.msg, foreign[i].needle), "%s", e.msg);
+    }
+    ck_assert(kvq_tokenizer_from_llama2c("tests/fixtures/tiny_llama.gguf", 0, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_msg(strstr(e.msg, "a GGUF file"), "%s", e.msg);
+    const unsigned char hugemax[16] = {0x70, 0x11, 0x01, 0, 0, 0, 0, 0, 1, 0, 0, 0, 'a', 'b', 'c', 'd'}; /* 70000 */
+    tmpfile_with("hugemax.bin", (const char *)hugemax, sizeof hugemax, path, sizeof path);
+    ck_assert(kvq_tokenizer_from_llama2c(path, 0, &tok, &e) == KVQ_EFORMAT);
+    ck_assert_msg(strstr(e.msg, "max_token_length 70000 (expected at most 65536)"), "%s", e.msg);
+    char ck[4096];
+    if (kvq_test_shared(ck, sizeof ck, "models/llama2c/aidreams260K.bin")) {
+        ck_assert(kvq_tokenizer_load(ck, &tok, &e) == KVQ_EFORMAT);
+        ck_assert_msg(strstr(e.msg, "a llama2.c model checkpoint (pass its tokenizer.bin), not a tokenizer"), "%s", e.msg);
+    }
     const char *unigram = "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}";
     tmpfile_with("unigram.json", unigram, strlen(unigram), path, sizeof path);
     ck_assert(kvq_tokenizer_from_hf_json(path, &tok, &e) == KVQ_EUNSUPPORTED);
