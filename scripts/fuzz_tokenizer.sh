@@ -10,9 +10,10 @@ CC=${FUZZ_CC:-clang}
 command -v "$CC" >/dev/null || { echo "fuzz: $CC not found (apt-get install -y clang libclang-rt-14-dev)"; exit 1; }
 out=build-fuzz
 mkdir -p "$out/corpus" tests/fixtures/fuzz
+# the tokenizer reaches into formats/ (model paths, GGUF, llama2.c sniffing): link both layers whole
 "$CC" -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. -Iformats -Idatasets \
-  $(pkg-config --cflags libpcre2-8 libcjson) tests/fuzz/fuzz_tokenizer.c datasets/tokenizer.c formats/gguf.c formats/status.c \
-  $(pkg-config --libs libpcre2-8 libcjson) -lm -o "$out/fuzz_tokenizer"
+  $(pkg-config --cflags hdf5 libpcre2-8 libcjson libcrypto) tests/fuzz/fuzz_tokenizer.c datasets/*.c formats/*.c \
+  $(pkg-config --libs hdf5 libpcre2-8 libcjson libcrypto) -lz -lm -o "$out/fuzz_tokenizer"
 shared=${KVQ_SHARED:-../shared}
 if [ -d "$shared/tokenizer-conformance" ]; then
   python3 - "$shared/tokenizer-conformance" "$out/corpus" <<'PY'
