@@ -93,7 +93,9 @@ kvq_status kvq_tokenizer_from_gguf(const char *path, kvq_tokenizer **out, kvq_er
 /* Load a llama2.c tokenizer.bin: uint32 max_token_length, then vocab_size records
  * {float32 score, int32 len, len bytes}; ' ' in token texts is the word-start
  * marker. Ids 0/1/2 are <unk>/BOS/EOS as llama2.c defines them; "<0xNN>" texts
- * are byte tokens. add_bos default true, add_space_prefix true (run.c encode()). */
+ * are byte tokens. add_bos default true, add_space_prefix true (run.c encode()).
+ * max_token_length must be at most 65536; an HDF5, GGUF or safetensors file or a
+ * llama2.c model checkpoint is named as such (KVQ_EFORMAT, "... not a tokenizer"). */
 kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_tokenizer **out, kvq_err *err);
 /* Load an HF tokenizer.json whose "model" is {"type": "BPE"} (vocab + merges;
  * added_tokens; pre_tokenizer ByteLevel / Split+ByteLevel / Digits+ByteLevel
@@ -108,7 +110,9 @@ kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_
  * KVQ_TOK_ADD_BOS_DEFAULT / _EOS_DEFAULT add them, as transformers'
  * LlamaTokenizerFast does. A token text not in the vocabulary, a non-boolean
  * flag, a flag set without its token, or invalid JSON → KVQ_EFORMAT naming
- * tokenizer_config.json and the key. */
+ * tokenizer_config.json and the key. Ids index arrays of (largest id + 1)
+ * entries: an id of 2 × (vocab + added tokens) + 1024 or more is refused
+ * (KVQ_EFORMAT), so memory stays bounded by the file's size. */
 kvq_status kvq_tokenizer_from_hf_json(const char *path, kvq_tokenizer **out, kvq_err *err);
 /* Choose by content: "GGUF" magic → gguf; first non-space byte '{' → HF json;
  * otherwise llama2.c with the vocab size inferred by reading records to EOF. */
