@@ -15,20 +15,6 @@
 #include "kvq_test.h"
 #include "fuzz/fuzz_formats.h"
 
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *d = malloc(sz > 0 ? (size_t)sz : 1);
-    if (d && sz > 0 && fread(d, 1, (size_t)sz, f) != (size_t)sz) { free(d); d = NULL; }
-    fclose(f);
-    *n = sz > 0 ? (size_t)sz : 0;
-    return d;
-}
-
 static void rm_dir(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -57,7 +43,7 @@ START_TEST(test_fuzz_formats_regressions)
         char p[PATH_MAX];
         snprintf(p, sizeof p, "tests/fixtures/fuzz-formats/%s", de->d_name);
         size_t n;
-        char *data = read_all(p, &n);
+        char *data = kvq_test_slurp(p, &n);
         ck_assert_ptr_nonnull(data);
         const char *bad = kvq_fuzz_formats_one(dir, (const uint8_t *)data, n);
         ck_assert_msg(bad == NULL, "%s: %s", p, bad);

@@ -16,22 +16,6 @@
 #include "tokenizer.h"
 #include "fuzz/fuzz_common.h"
 
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *d = malloc((size_t)sz + 1);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_uint_eq(fread(d, 1, (size_t)sz, f), (size_t)sz);
-    d[sz] = 0;
-    fclose(f);
-    *n = (size_t)sz;
-    return d;
-}
-
 /* Parse whitespace-separated ints of one line into ids; returns count. */
 static size_t parse_ids(const char *line, size_t len, int32_t *ids, size_t cap)
 {
@@ -90,7 +74,7 @@ static void run_conformance(const char *name, const char *expect_desc)
     ck_assert_msg(kvq_tokenizer_from_gguf(g, &tok, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_str_eq(kvq_tokenizer_describe(tok), expect_desc);
     size_t ni, no;
-    char *in = read_all(inp, &ni), *out = read_all(outp, &no);
+    char *in = kvq_test_slurp(inp, &ni), *out = kvq_test_slurp(outp, &no);
     static const char sep[] = "\n__ggml_vocab_test__\n";
     const char *p = in, *q = out;
     int cases = 0;
@@ -125,7 +109,7 @@ END_TEST
 static int run_fixture(const kvq_tokenizer *tok, const char *fixture)
 {
     size_t n;
-    char *d = read_all(fixture, &n);
+    char *d = kvq_test_slurp(fixture, &n);
     ck_assert_msg(d != NULL, "fixture %s missing", fixture);
     int cases = 0;
     char *save = NULL;
@@ -554,7 +538,7 @@ START_TEST(test_fuzz_regressions)
         char p[1024];
         snprintf(p, sizeof p, "tests/fixtures/fuzz/%s", de->d_name);
         size_t n;
-        char *data = read_all(p, &n);
+        char *data = kvq_test_slurp(p, &n);
         ck_assert_ptr_nonnull(data);
         const char *bad = kvq_fuzz_one(toks, 3, (const uint8_t *)data, n);
         ck_assert_msg(bad == NULL, "%s: %s", p, bad);
