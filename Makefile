@@ -34,8 +34,13 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
 CC ?= cc
 OPT ?= -O2
+# The library's folders and their subfolders (kernels/model, kernels/cuda, kernels/quant,
+# kernels/schemes, kernels/kvcache, analysis/kvdump, analysis/kveval, analysis/kvstat): headers are
+# included by bare name, so every folder is on the include path.
+LIB_DIRS := $(sort $(shell find formats datasets kernels calib analysis -type d))
+INC_FLAGS := -I. $(LIB_DIRS:%=-I%)
 CFLAGS := -std=c17 $(OPT) -g -Wall -Wextra -Werror -fopenmp -D_GNU_SOURCE \
-          -I. -Iformats -Idatasets -Ikernels -Icalib -Ianalysis $(PKG_CFLAGS) -MMD -MP
+          $(INC_FLAGS) $(PKG_CFLAGS) -MMD -MP
 LDLIBS := $(PKG_LIBS) -lz -lm -fopenmp -lpthread
 ifeq ($(SAN),1)
 EMU_SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -43,13 +48,12 @@ CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-rec
 LDLIBS += -fsanitize=address,undefined
 endif
 
-LIB_DIRS := formats datasets kernels calib analysis
 LIB_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 CU_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
-NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. -Iformats -Ikernels
+NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror $(INC_FLAGS)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 else
@@ -97,7 +101,7 @@ $(BUILD)/%.cu.o: %.cu
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # nvcc writes no dependency files: every CUDA object depends on every internal .cuh header
-$(CU_SRC:%.cu=$(BUILD)/%.cu.o): $(wildcard kernels/*.cuh)
+$(CU_SRC:%.cu=$(BUILD)/%.cu.o): $(wildcard kernels/*/*.cuh)
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -114,12 +118,12 @@ $(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
 
-$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvcache_synth.h kernels/kvcache_cuda_dec.cuh kernels/kvcache_cuda_kivi.cuh $(LIB)
+$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvcache_synth.h kernels/kvcache/kvcache_cuda_dec.cuh kernels/kvcache/kvcache_cuda_kivi.cuh $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  CXX   $@',true)
 	$(Q)$(CXX) -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \
 	  $(EMU_SANFLAGS) \
-	  -I. -Iformats -Ikernels -Itests/gpu/emu $< $(LIB) $(LDLIBS) -o $@
+	  $(INC_FLAGS) -Itests/gpu/emu $< $(LIB) $(LDLIBS) -o $@
 
 $(BUILD)/bench/%: tests/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)

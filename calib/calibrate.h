@@ -14,7 +14,7 @@
  *           with --keys pre-rope) and values /layers/i/v, no weights:
  *           scale = absmax (or the percentile) of |x| / fmt_max per layer,
  *           per tensor or per KV head (kvq_fp8_calib_tensor / _heads of
- *           kernels/quant_fp8.h over the rows left after dropping each
+ *           kernels/quant/quant_fp8.h over the rows left after dropping each
  *           sample's first n_sink tokens)
  *   int, kivi  nothing (no fitted tables; the artifact is metadata only)
  * One work item is one (layer, K|V) tensor with its weights: at most

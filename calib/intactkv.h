@@ -8,7 +8,7 @@
  *
  * Shapes (kv_dim = n_kv_heads * head_dim, channel c = h * head_dim + d):
  * prefix K/V are [n_layers][P][kv_dim] row-major float32, positions 0..P-1;
- * keys post-RoPE (what attention reads, kvq_prefix of kernels/forward.h) and
+ * keys post-RoPE (what attention reads, kvq_prefix of kernels/model/forward.h) and
  * pre-RoPE (the projection output; for a trained prefix RoPE^-1 of the
  * trained post-RoPE keys). Stored in the calibration artifact
  * (formats/artifact.h kvq_artifact_prefix, ARTIFACT.md "IntactKV prefix").
@@ -21,7 +21,7 @@
  * over the T×dim entries (the reference's per-layer MSE; this scale is what
  * its clipping threshold 0.3 refers to). The window K/V are quantized by the
  * caller's transform hook (the base scheme, decode-equivalent), differentiated
- * with the straight-through estimator (kernels/backward.h); the prefix is
+ * with the straight-through estimator (kernels/model/backward.h); the prefix is
  * never quantized. Trainable: the post-RoPE keys and values of the prefix in
  * every layer (the reference's per-layer K/V parameter). Adam (Kingma & Ba
  * 2015) with bias correction, no weight decay, constant learning rate, global
@@ -97,7 +97,7 @@ typedef struct {
     size_t target_cache_mib; /* cache the full-precision targets of all windows when they fit (0: recompute each time) */
     kvq_intactkv_step_fn on_step;
     void *on_step_ctx;
-    /* Where the forward/backward passes run (kernels/device.h): "cpu", "cuda",
+    /* Where the forward/backward passes run (kernels/model/device.h): "cpu", "cuda",
      * "cuda:N" or "auto"; NULL = "cpu". On a GPU: exactness mode (fp32, TF32
      * off); a quant hook's transform runs on the host (forward_cuda.h). */
     const char *device;

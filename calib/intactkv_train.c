@@ -1,6 +1,6 @@
 /* intactkv_train.c — IntactKV prefix calibration (IntactKV_[P] + Cal): Adam on
  * the prefix K/V against the layer-output loss of intactkv.h, gradients from
- * the backward pass (kernels/backward.h: upstream gradient on each layer's
+ * the backward pass (kernels/model/backward.h: upstream gradient on each layer's
  * output, straight-through quantizer, dL/d(prefix K, V)). */
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* kveval — perplexity with the KV cache quantized by each scheme, side by side
  * with the unquantized (fp32) baseline of the same run. Thin main over
- * analysis/scheme.h and analysis/perplexity.h. Exit status: 0 success, 1 a
+ * analysis/kveval/scheme.h and analysis/kveval/perplexity.h. Exit status: 0 success, 1 a
  * failure while running (bad input files, mismatched artifacts, numerics), 2
  * a bad command line (unknown option or scheme). */
 #include <stdio.h>

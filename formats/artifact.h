@@ -17,7 +17,7 @@
  *   v.levels         as k.levels with v_bits                          (nuq)
  *   k.fp8_scale, v.fp8_scale  float32 [1] (per tensor) or [n_kv_heads]
  *                    (per KV head): vLLM's k_scale / v_scale, stored =
- *                    fp8(x / scale) (kernels/quant_fp8.h)                (fp8)
+ *                    fp8(x / scale) (kernels/quant/quant_fp8.h)                (fp8)
  *   fit reports and calibration counts (see kvq_kv_table).
  */
 #ifndef KVQ_ARTIFACT_H

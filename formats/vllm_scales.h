@@ -9,7 +9,7 @@
  * v_scale and what vLLM's loader remaps onto its attention layers
  * (self_attn.attn.k_scale). Convention (vLLM quant_utils): stored FP8 =
  * Quantize(x / scale), read back as FP8 * scale; a calibrated scale is
- * typically absmax / 448 for E4M3FN (kernels/quant_fp8.h calibration).
+ * typically absmax / 448 for E4M3FN (kernels/quant/quant_fp8.h calibration).
  * Per-head scales are [n_kv_heads] (vLLM docs: k/v_scale = [num_kv_heads],
  * Flash Attention backend only). How to use the file: docs/fp8-vllm.md.
  *

@@ -1,4 +1,4 @@
-/* test_backward.c — whole-model gradients (kernels/backward.h) on the tiny
+/* test_backward.c — whole-model gradients (kernels/model/backward.h) on the tiny
  * llama2.c models (stories260K: GQA 8/4 heads; aidreams260K) and the default
  * model:
  *  - directional derivatives of the loss along random directions in every

@@ -1,5 +1,5 @@
-/* test_backward_ops.c — per-op gradient checks (kernels/ops_backward.h,
- * kernels/attention_backward.h). For every op: the float64 build of the
+/* test_backward_ops.c — per-op gradient checks (kernels/model/ops_backward.h,
+ * kernels/model/attention_backward.h). For every op: the float64 build of the
  * backward against central finite differences of an independent float64
  * forward written here (relative L2 ≤ 1e-6 over the whole gradient), then the
  * fp32 build against the float64 gradient (relative L2 ≤ 1e-3). Loss of an op

@@ -1,4 +1,4 @@
-/* test_engine.c — the CPU/GPU engine's device choice (kernels/device.h):
+/* test_engine.c — the CPU/GPU engine's device choice (kernels/model/device.h):
  * kvq_device_parse, the math-mode names, and kvq_engine_init_fallback, which
  * turns an "auto" GPU that cannot run the model (no GPU here, a CPU-only build,
  * or a head_dim the CUDA attention lacks) into a CPU engine with a note, while

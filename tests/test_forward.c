@@ -1,4 +1,4 @@
-/* test_forward.c — the batched forward (kernels/forward.h) against the
+/* test_forward.c — the batched forward (kernels/model/forward.h) against the
  * float64 numpy reference (tests/scripts/ref_forward.py → tests/fixtures/
  * fwd_*.bin), and the hook contracts: observe (K_post = RoPE(K_pre), attention
  * statistics), transform (identity is bit-exact, zeroing V matters), prefix

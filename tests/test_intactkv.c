@@ -4,7 +4,7 @@
  *    they start a longer sequence (observe hook; pre-RoPE = RoPE^-1(post));
  *  - a window after the prefix gives the same NLL as prefix+window run as one
  *    sequence with the prefix positions unscored;
- *  - kveval's +intactkv (analysis/perplexity.h) with an untrained prefix
+ *  - kveval's +intactkv (analysis/kveval/perplexity.h) with an untrained prefix
  *    equals prefix+window as one sequence, prefix positions unscored (fp32);
  *  - artifact round trip (bit-exact, byte-identical rewrite), inspect text;
  *  - bad input: prefix longer than the context, tokens outside the model's

@@ -1,6 +1,6 @@
-/* test_kv_desc.c — the plain-data KV transform descriptor (kernels/kv_desc.h)
+/* test_kv_desc.c — the plain-data KV transform descriptor (kernels/schemes/kv_desc.h)
  * that the CUDA forward executes natively, its CPU reference hook, the KIVI
- * boundary clamp, the CPU/GPU engine (kernels/device.h) on the CPU, device
+ * boundary clamp, the CPU/GPU engine (kernels/model/device.h) on the CPU, device
  * selection, and the CUDA entry points' behaviour on machines without a GPU
  * (CI). The GPU itself is checked by tests/gpu/gpu_check.c
  * (scripts/gpu_check_bench.sh), which compares every native GPU transform bit

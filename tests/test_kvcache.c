@@ -1,5 +1,5 @@
-/* test_kvcache.c — the packed KV cache (kernels/kvcache.h) against an
- * independent reference built here from kernels/quant.h: the "kveval
+/* test_kvcache.c — the packed KV cache (kernels/kvcache/kvcache.h) against an
+ * independent reference built here from kernels/quant/quant.h: the "kveval
  * simulation" (kvq_quant_nuq_keys / kvq_quant_nuq_values, kvq_kivi_keys /
  * kvq_kivi_values with the decode boundaries), RoPE after quantization, fp16
  * rows where the cache holds 16 bits, then attention in float64 written out

@@ -1,4 +1,4 @@
-/* test_kveval.c — kveval's library (analysis/scheme.h, analysis/perplexity.h):
+/* test_kveval.c — kveval's library (analysis/kveval/scheme.h, analysis/kveval/perplexity.h):
  *  - decode equivalence: the batched, scheme-transformed window equals an
  *    explicit token-by-token decode loop over a real quantized cache
  *    (tokens quantized once when appended; KIVI's key flushes and value

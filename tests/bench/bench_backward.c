@@ -1,5 +1,5 @@
 /* bench_backward.c — forward+backward time of one window of the default
- * model (kernels/backward.h: cross-entropy gradients w.r.t. every layer's
+ * model (kernels/model/backward.h: cross-entropy gradients w.r.t. every layer's
  * K_pre / V, consumed by a Fisher-style callback that squares and sums them,
  * as kvdump --fisher does) as a ratio to the forward-only time (a plain
  * kvq_forward workspace: no checkpoints, no activation store) in the same

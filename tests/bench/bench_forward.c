@@ -1,4 +1,4 @@
-/* bench_forward.c — prefill throughput of the CPU forward (kernels/forward.h)
+/* bench_forward.c — prefill throughput of the CPU forward (kernels/model/forward.h)
  * and, in the same run, the sgemm rate of this machine at the model's GEMM
  * shapes; prints achieved forward FLOP/s as a fraction of the sgemm rate.
  *

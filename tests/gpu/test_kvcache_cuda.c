@@ -1,4 +1,4 @@
-/* test_kvcache_cuda.c — CUDA packed KV cache vs the CPU reference (kernels/kvcache.h).
+/* test_kvcache_cuda.c — CUDA packed KV cache vs the CPU reference (kernels/kvcache/kvcache.h).
  * Built only when CUDA=1 and run only by scripts/gpu_kvcache_bench.sh (CI has no GPU).
  * Plain C with its own checks (no Check framework: the device image lacks it).
  *

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """ref_grad_jax.py — independent float64 autograd reference for the backward
-pass (kernels/backward.h), writing tests/fixtures/grad_smollm2.bin for
+pass (kernels/model/backward.h), writing tests/fixtures/grad_smollm2.bin for
 tests/test_backward.c.
 
 Independent of kvq's C code: the GGUF is read with the `gguf` PyPI package

@@ -1,4 +1,4 @@
-// cuda_emu.h — just enough of CUDA to run kernels/kvcache_cuda_dec.cuh and kvcache_cuda_kivi.cuh on the host: one std::thread per
+// cuda_emu.h — just enough of CUDA to run kernels/kvcache/kvcache_cuda_dec.cuh and kvcache_cuda_kivi.cuh on the host: one std::thread per
 // CUDA thread, blocks one after another, __syncthreads / warp shuffles with std::barrier, shared memory
 // in one arena (so 32-bit shared addresses and their alignment behave as on the device). For checking
 // the kernels' index arithmetic against the CPU reference on a machine without a GPU; not a simulator
@@ -97,7 +97,7 @@ template <class T, class Dot> inline void emu_mma(T (&c)[4], const uint32_t (&in
     emu.warp_bar[w]->arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
-// mma.m16n8k16 f32 += f16·f16 (fragment layout as kernels/kvcache_cuda_dec.cuh documents): products exact in
+// mma.m16n8k16 f32 += f16·f16 (fragment layout as kernels/kvcache/kvcache_cuda_dec.cuh documents): products exact in
 // fp32, sums in fp32 in k order (the device's order and internal precision may differ in the last bits)
 inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
 {
@@ -108,7 +108,7 @@ inline void kvq_mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, u
         return s;
     });
 }
-// mma.m16n8k32 s32 += u8·s8 (BS) or u8·u8 on the integer tensor cores (exact; fragment layout as kernels/kvcache_cuda_kivi.cuh
+// mma.m16n8k32 s32 += u8·s8 (BS) or u8·u8 on the integer tensor cores (exact; fragment layout as kernels/kvcache/kvcache_cuda_kivi.cuh
 // documents): A register i of lane 4g + t holds row g + 8 (i & 1), columns 16 (i >> 1) + 4t + byte; B register i holds
 // rows 16 i + 4t + byte of column g; accumulators as kvq_mma16816
 template <bool BS> inline void kvq_imma(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)

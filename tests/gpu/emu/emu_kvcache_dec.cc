@@ -1,4 +1,4 @@
-// emu_kvcache_dec.cc — runs the v4 decode kernels (kernels/kvcache_cuda_dec.cuh) on the host through
+// emu_kvcache_dec.cc — runs the v4 decode kernels (kernels/kvcache/kvcache_cuda_dec.cuh) on the host through
 // cuda_emu.h and compares with kvq_kvcache_attend (the CPU reference), as tests/gpu/test_kvcache_cuda.c
 // does on a GPU. Built by `make tests` as build*/tests/test_kvcache_emu and run by `make test` (CI has no
 // GPU: this is the CPU check of the v4 kernels' index arithmetic, packing and RoPE stepping); it prints a

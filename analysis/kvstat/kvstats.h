@@ -292,7 +292,7 @@ void kvq_qerr_free(kvq_qerr *q);
  *    from the calibrated thresholds;
  *  - values (lower = upper = NULL): per token over kv_dim channels, [lo, hi] =
  *    the (k+1)-th smallest / largest value with k = kvq_outliers_per_side(kv_dim,
- *    v_outlier_frac) (kvq_token_range, kernels/quant.h).
+ *    v_outlier_frac) (kvq_token_range, kernels/quant/quant.h).
  * counts [n_bins] over [lo_x, hi_x] are incremented (+=); values outside go
  * to *under / *over. Channels/tokens with r == 0 are skipped. */
 kvq_status kvq_normhist_layer(const kvq_kvsrc *src, int layer, kvq_kvt t, const float *lower,

@@ -1,9 +1,9 @@
 /* kv_desc.h — a built-in KV-cache quantize→dequantize transform described as
  * plain data, so that the CPU forward (through a kvq_hooks.transform
- * callback) and the CUDA forward (natively, kernels/forward_cuda.h) run the
+ * callback) and the CUDA forward (natively, kernels/cuda/forward_cuda.h) run the
  * SAME transform from one description.
  *
- * A descriptor is a kvq_scheme (kernels/quant.h: kind, bits, group size,
+ * A descriptor is a kvq_scheme (kernels/quant/quant.h: kind, bits, group size,
  * residual length, outlier fraction, n_sink), the key stage the scheme
  * quantizes (pre- or post-RoPE keys), and, for the schemes with offline
  * tables, per-layer tables. Per layer and window, on the window's rows
@@ -21,7 +21,7 @@
  *           kvq_kivi_key_boundary / kvq_kivi_value_boundary (decode equivalence)
  *
  * This is the one implementation of these schemes: kveval's built-in
- * families (analysis/scheme.h) build a descriptor from a bound scheme (kind
+ * families (analysis/kveval/scheme.h) build a descriptor from a bound scheme (kind
  * and parameters from its kvq_scheme, tables from its artifact's per-layer
  * kvq_kv_table) and run kvq_kv_desc_transform on the CPU; the CUDA forward
  * runs the same descriptor natively, bit-exact with it. Sources: see quant.h

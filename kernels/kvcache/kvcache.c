@@ -365,7 +365,7 @@ kvq_status kvq_kvcache_set_prefix(kvq_kvcache *c, size_t seq, const float *k_pos
     return KVQ_OK;
 }
 
-/* nuq code of one value, the rule of kernels/quant.c nuq_one */
+/* nuq code of one value, the rule of kernels/quant/quant.c nuq_one */
 static inline uint8_t nuq_code(float x, double zp, double r, const float *lv, size_t nl)
 {
     if (r == 0) return 0;

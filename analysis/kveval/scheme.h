@@ -22,7 +22,7 @@
  *   nuq<b>[-<f>%]             KVQuant nuqX (arXiv 2401.18079 §3): tables from a
  *                             kvcalib artifact of method nuq with k_bits = v_bits =
  *                             b and outlier fraction f/100 (nuq3-1% = 3 bits, 1%)
- *   fp8, e5m2                 vLLM's FP8 cache, E4M3FN / E5M2 (kernels/quant_fp8.h:
+ *   fp8, e5m2                 vLLM's FP8 cache, E4M3FN / E5M2 (kernels/quant/quant_fp8.h:
  *                             round to nearest even, saturating), scale 1.0 (the
  *                             engine default without calibrated scales); post-RoPE
  *   fp8-tensor[-p<P>], fp8-head[-p<P>], e5m2-tensor[-p<P>], e5m2-head[-p<P>]
@@ -32,7 +32,7 @@
  *                             absmax; keys as the artifact, post-RoPE by default)
  *   q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl
  *                             llama.cpp's KV block formats (-ctk/-ctv;
- *                             kernels/quant_ggml.h), 32-value blocks along
+ *                             kernels/quant/quant_ggml.h), 32-value blocks along
  *                             head_dim, post-RoPE keys. A head_dim that is not a
  *                             multiple of 32: binding fails with KVQ_EUNSUPPORTED
  *                             (llama.cpp refuses such caches; kveval skips the
@@ -53,7 +53,7 @@
  * Unknown names → KVQ_EINVAL listing the valid forms (kvq_scheme_syntax).
  *
  * One implementation. The built-in families (fp16, int, int-pc, kivi, nuq)
- * are "native": a bound scheme carries a kvq_kv_desc (kernels/kv_desc.h:
+ * are "native": a bound scheme carries a kvq_kv_desc (kernels/schemes/kv_desc.h:
  * kind and parameters from its kvq_scheme, per-layer tables from its
  * artifact) and its transform IS kvq_kv_desc_transform — the same
  * description the CUDA forward runs natively (kvq_eval_scheme_kv_desc).
@@ -102,7 +102,7 @@ typedef struct kvq_scheme_family kvq_scheme_family;
 typedef struct {
     char spec[KVQ_SPEC_MAX];       /* the string as given */
     const kvq_scheme_family *fam;  /* registry entry */
-    kvq_scheme q;                  /* quantizer parameters (kernels/quant.h) */
+    kvq_scheme q;                  /* quantizer parameters (kernels/quant/quant.h) */
     int variant;                   /* family-specific sub-format: fp8 families KVQ_FP8_* (+ 2 for per-head
                                       scales); llama.cpp formats the kvq_ggml_type; 0 otherwise */
     double percentile;             /* fp8-tensor / fp8-head: the artifact's percentile (100 = absmax); 0 otherwise */

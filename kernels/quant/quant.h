@@ -185,8 +185,8 @@ typedef enum {
     KVQ_SCHEME_INT_PC,   /* uniform, per-channel K (offline thresholds), per-token V */
     KVQ_SCHEME_NUQ,      /* KVQuant nuqX, per-channel K (offline), per-token V (online) */
     KVQ_SCHEME_KIVI,     /* KIVI, group G, residual R */
-    KVQ_SCHEME_FP8,      /* FP8 cache (kernels/quant_fp8.h): per-tensor / per-head scales, no groups */
-    KVQ_SCHEME_GGML      /* llama.cpp KV block format (kernels/quant_ggml.h), 32-value blocks */
+    KVQ_SCHEME_FP8,      /* FP8 cache (kernels/quant/quant_fp8.h): per-tensor / per-head scales, no groups */
+    KVQ_SCHEME_GGML      /* llama.cpp KV block format (kernels/quant/quant_ggml.h), 32-value blocks */
 } kvq_scheme_kind;
 
 typedef struct {
@@ -220,7 +220,7 @@ kvq_status kvq_scheme_validate(const kvq_scheme *s, kvq_err *err);
  * Token fractions are ctx-weighted: bits = ((ctx - n16) * dense + n16 * 16) / ctx.
  * fp32 → 32, fp16 → 16. Requires ctx > 0, kv_dim > 0. FP8 and GGML depend
  * on the scale count / block format, which kvq_scheme does not carry:
- * KVQ_EINVAL (kveval's scheme registry accounts them, analysis/scheme.c). */
+ * KVQ_EINVAL (kveval's scheme registry accounts them, analysis/kveval/scheme.c). */
 typedef struct {
     double k, v;  /* effective bits per element */
     double mean;  /* (k + v) / 2 */

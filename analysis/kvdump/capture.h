@@ -45,7 +45,7 @@ typedef struct {
     const char *out_path;
     const char *command_line;     /* provenance, stored in the dump */
     const volatile sig_atomic_t *stop; /* optional: set by a signal handler; the run then closes the dump cleanly */
-    /* Where the forward runs (kernels/device.h): "cpu", "cuda", "cuda:N" or
+    /* Where the forward runs (kernels/model/device.h): "cpu", "cuda", "cuda:N" or
      * "auto" (a GPU when present); NULL = "cpu". Forward, attention
      * statistics and the backward pass (Fisher information) run on the chosen
      * device (the GPU in the mode `math` selects, exactness by default: fp32,

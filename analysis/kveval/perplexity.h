@@ -20,7 +20,7 @@
  * Every window is run once per scheme (fp32 without hooks); numbers are
  * deterministic for a fixed thread count (forward.h).
  *
- * Devices (kernels/device.h): on the CPU windows run window-major (window w
+ * Devices (kernels/model/device.h): on the CPU windows run window-major (window w
  * for every scheme, then w+1) with each scheme's transform as a hook; on a
  * GPU scheme-major (every window of scheme 0, then scheme 1: one descriptor
  * upload per scheme), a scheme with a descriptor (kvq_eval_scheme_kv_desc)

@@ -19,7 +19,7 @@
  * Semantics (what the tests prove, tests/test_kvcache.c): after appending
  * tokens 0..t of a sequence, kvq_kvcache_attend's output for that sequence
  * equals attention (scaled dot product, softmax, weighted sum, fp32/float64)
- * of the query over the keys/values that kernels/quant.h simulates for the
+ * of the query over the keys/values that kernels/quant/quant.h simulates for the
  * same tokens (kvq_quant_nuq_keys / kvq_quant_nuq_values with n_sink =
  * n_exact; KIVI: kvq_kivi_keys / kvq_kivi_values with the decode boundaries
  * kvq_kivi_key_boundary / kvq_kivi_value_boundary for query t), with RoPE

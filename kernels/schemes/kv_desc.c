@@ -29,7 +29,7 @@ kvq_status kvq_kv_desc_validate(const kvq_kv_desc *d, const kvq_hparams *hp, kvq
     KVQ_TRY(kvq_scheme_validate(&d->q, err));
     if (d->q.kind == KVQ_SCHEME_FP8 || d->q.kind == KVQ_SCHEME_GGML)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "kv descriptor: %s is not a built-in descriptor (kveval's CPU scheme registry, "
-                        "analysis/scheme.c, evaluates it)", d->q.kind == KVQ_SCHEME_FP8 ? "fp8" : "a llama.cpp block format");
+                        "analysis/kveval/scheme.c, evaluates it)", d->q.kind == KVQ_SCHEME_FP8 ? "fp8" : "a llama.cpp block format");
     if (d->key_stage != KVQ_KEYS_PRE_ROPE && d->key_stage != KVQ_KEYS_POST_ROPE)
         return kvq_fail(err, KVQ_EINVAL, "kv descriptor: key stage: unknown value %d", (int)d->key_stage);
     size_t kvd = (size_t)kvq_kv_dim(hp);

@@ -366,7 +366,7 @@ static void fmt_nuq(const kvq_scheme_spec *sp, char *b, size_t n)
 
 /* ---- families: transforms ------------------------------------------------------
  * The built-in families have no apply function: their transform is
- * kvq_kv_desc_transform on the descriptor built at bind (kernels/kv_desc.h). */
+ * kvq_kv_desc_transform on the descriptor built at bind (kernels/schemes/kv_desc.h). */
 
 /* fp8: per token, offline scales (1.0, or the artifact's per layer); the
  * first n_sink tokens exact. */

@@ -75,7 +75,7 @@ kvq_status kvq_attn_check_bounds(const int *b, int T, const char *what, kvq_err 
 
 /* Up to KVQ_ATT_QB query heads of one GQA group are processed together for
  * one query position: they share the key range, the boundary and every K/V
- * load. Hot loops use kernels/simd.h (ISA clones, same fp32 operations on
+ * load. Hot loops use kernels/model/simd.h (ISA clones, same fp32 operations on
  * every clone, so results are bit-identical whatever the CPU). */
 
 /* Keys of one kv head are stored in tiles of 16 keys: element (key j, channel

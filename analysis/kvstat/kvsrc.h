@@ -2,7 +2,7 @@
  *  - a kvq_kvsrc over a kvdump HDF5 file (formats/dump.h, schema DUMP.md);
  *  - quantize→dequantize schemes (kvq_qscheme) built from a calibration
  *    artifact (formats/artifact.h, ARTIFACT.md) or from plain parameters
- *    (uniform per-token intX, KIVI), applied with kernels/quant.h.
+ *    (uniform per-token intX, KIVI), applied with kernels/quant/quant.h.
  */
 #ifndef KVQ_KVSRC_H
 #define KVQ_KVSRC_H

@@ -47,7 +47,7 @@ void kvq_rope_apply(float *x, int T, int n_heads, int head_dim, int rope_dim,
                     const float *cos_t, const float *sin_t, int inverse);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)), exp by the
- * Cephes polynomial of kernels/simd.h (~1 ulp). out may equal gate. */
+ * Cephes polynomial of kernels/model/simd.h (~1 ulp). out may equal gate. */
 void kvq_swiglu(float *out, const float *gate, const float *up, size_t n);
 
 /* Numerically stable in-place softmax of one row (max subtracted, fp32). */

@@ -22,7 +22,7 @@
  * work, OMP_WAIT_POLICY=passive keeps idle OpenMP workers from spinning against
  * OpenBLAS's threads. Results do not depend on the OpenMP thread count (each
  * output row is computed by one thread in a fixed order); kvq's own kernels
- * give the same bits on every vector ISA (kernels/simd.h), OpenBLAS's sgemm
+ * give the same bits on every vector ISA (kernels/model/simd.h), OpenBLAS's sgemm
  * may round differently on different CPUs.
  *
  * Memory: one workspace per kvq_forward, allocated by kvq_forward_init for at
