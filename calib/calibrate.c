@@ -13,81 +13,75 @@
 
 #include "identity.h" /* defines: kvq_identity_model_from_dump, kvq_identity_dump */
 #include "progress.h" /* defines: kvq_now */
-#include "quant_fp8.h" /* defines: kvq_fp8_calib_tensor, kvq_fp8_calib_heads, kvq_fp8_max */
 #include "vllm_scales.h" /* defines: kvq_vllm_scales_write */
-#include "tables.h"   /* defines: kvq_calib_keys, kvq_calib_values, kvq_calib_int_pc_keys, kvq_calib_fill_bits */
+#include "tables.h"   /* defines: kvq_calib_opts */
 
-kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m)
+kvq_calibrate_opts kvq_calibrate_defaults(const kvq_family *m)
 {
     kvq_calibrate_opts o;
     memset(&o, 0, sizeof o);
     o.method = m;
-    o.k_bits = o.v_bits = 4;
     o.fit.method = KVQ_FIT_AUTO;
-    o.n_sink = 1;
-    o.post_rope = true;
-    switch (m) {
-    case KVQ_METHOD_NUQ:
-        o.outlier_frac = 0.01;
-        o.fisher = true;
-        o.post_rope = false;
-        break;
-    case KVQ_METHOD_KIVI:
-        o.k_bits = o.v_bits = 2;
-        o.group_size = 32;
-        o.residual_length = 128;
-        o.n_sink = 0;
-        break;
-    case KVQ_METHOD_FP8:
-        o.k_bits = o.v_bits = 8;
-        o.n_sink = 0;
-        o.fp8_percentile = 100;
-        break;
-    default: break;
-    }
+    if (!m || !m->calib) return o;
+    const kvq_family_calib *c = m->calib;
+    o.k_bits = o.v_bits = c->bits;
+    o.outlier_frac = c->outliers;
+    o.n_sink = c->sink;
+    o.post_rope = c->post_rope;
+    o.fisher = c->fisher;
+    o.group_size = c->group;
+    o.residual_length = c->residual;
+    o.fp8_percentile = c->fp8_percentile;
     return o;
 }
+
+/* "nuq and int-pc": the methods whose calib part has the option at `off` */
+static const char *who(size_t off, char *buf, size_t n) { return kvq_family_list_calib_flag(off, buf, n); }
 
 kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
 {
     if (!o) return kvq_fail(err, KVQ_EINVAL, "calibration options: NULL");
-    if (!kvq_method_name(o->method)) return kvq_fail(err, KVQ_EINVAL, "method: unknown value %d", (int)o->method);
-    const char *mn = kvq_method_name(o->method);
+    char ms[160], w[160];
+    if (!o->method || !o->method->calib)
+        return kvq_fail(err, KVQ_EINVAL, "method: %s; expected one of %s", o->method ? o->method->name : "none",
+                        kvq_family_methods(", ", ms, sizeof ms));
+    const char *mn = o->method->name;
+    const kvq_family_calib *c = o->method->calib;
+    const kvq_family_artifact *ly = o->method->artifact;
     if (o->k_bits < 1 || o->k_bits > 8) return kvq_fail(err, KVQ_EINVAL, "bits (keys): expected 1..8, found %d", o->k_bits);
     if (o->v_bits < 1 || o->v_bits > 8) return kvq_fail(err, KVQ_EINVAL, "bits (values): expected 1..8, found %d", o->v_bits);
     if (!(o->outlier_frac >= 0 && o->outlier_frac < 0.5))
         return kvq_fail(err, KVQ_EINVAL, "outlier fraction: expected [0, 0.5), found %g", o->outlier_frac);
-    if (o->outlier_frac > 0 && o->method != KVQ_METHOD_NUQ && o->method != KVQ_METHOD_INT_PC)
-        return kvq_fail(err, KVQ_EINVAL, "outlier fraction: method %s keeps no outliers (nuq and int-pc do), found %g", mn,
-                        o->outlier_frac);
-    bool fp8 = o->method == KVQ_METHOD_FP8;
-    if (o->per_head && o->method != KVQ_METHOD_NUQ && !fp8)
-        return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes exist for nuq (and per-head scales for fp8) only, method is %s", mn);
-    if (fp8 && (o->k_bits != 8 || o->v_bits != 8))
-        return kvq_fail(err, KVQ_EINVAL, "bits: fp8 stores 8-bit codes, found %d / %d", o->k_bits, o->v_bits);
-    if (fp8 && !(o->fp8_percentile > 0 && o->fp8_percentile <= 100))
+    if (o->outlier_frac > 0 && !ly->outliers)
+        return kvq_fail(err, KVQ_EINVAL, "outlier fraction: method %s keeps no outliers (%s do), found %g", mn,
+                        kvq_family_list_artifact_flag(offsetof(kvq_family_artifact, outliers), w, sizeof w), o->outlier_frac);
+    if (o->per_head && !ly->per_head)
+        return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes or scales per KV head exist for %s only, method is %s",
+                        kvq_family_list_artifact_flag(offsetof(kvq_family_artifact, per_head), w, sizeof w), mn);
+    if (c->fp8_opt && (o->k_bits != 8 || o->v_bits != 8))
+        return kvq_fail(err, KVQ_EINVAL, "bits: %s stores 8-bit codes, found %d / %d", mn, o->k_bits, o->v_bits);
+    if (c->fp8_opt && !(o->fp8_percentile > 0 && o->fp8_percentile <= 100))
         return kvq_fail(err, KVQ_EINVAL, "percentile: expected (0, 100] (100 = absmax), found %g", o->fp8_percentile);
-    if (!fp8 && (o->fp8_e5m2 || (o->fp8_percentile != 0 && o->fp8_percentile != 100)))
-        return kvq_fail(err, KVQ_EINVAL, "percentile / fp8 format: fp8 scale options, method is %s", mn);
-    if (o->fisher && o->method != KVQ_METHOD_NUQ)
-        return kvq_fail(err, KVQ_EINVAL, "fisher: only nuq fits datatypes, method is %s", mn);
+    if (!c->fp8_opt && (o->fp8_e5m2 || (o->fp8_percentile != 0 && o->fp8_percentile != 100)))
+        return kvq_fail(err, KVQ_EINVAL, "percentile / fp8 format: fp8 scale options (%s), method is %s",
+                        who(offsetof(kvq_family_calib, fp8_opt), w, sizeof w), mn);
+    if (o->fisher && !c->fisher_opt)
+        return kvq_fail(err, KVQ_EINVAL, "fisher: only %s fits datatypes, method is %s",
+                        who(offsetof(kvq_family_calib, fisher_opt), w, sizeof w), mn);
     if ((unsigned)o->fit.method > KVQ_FIT_EXACT)
         return kvq_fail(err, KVQ_EINVAL, "fit: unknown value %d", (int)o->fit.method);
-    if (o->method == KVQ_METHOD_KIVI) {
-        if (o->group_size == 0) return kvq_fail(err, KVQ_EINVAL, "group size: kivi needs G >= 1, found 0");
+    if (c->residual_opt) {
+        if (o->group_size == 0) return kvq_fail(err, KVQ_EINVAL, "group size: %s needs G >= 1, found 0", mn);
         if (o->residual_length % o->group_size)
             return kvq_fail(err, KVQ_EINVAL, "residual length: expected a multiple of the group size %zu, found %zu",
                             o->group_size, o->residual_length);
     } else if (o->residual_length) {
-        return kvq_fail(err, KVQ_EINVAL, "residual length: only kivi has one, method is %s, found %zu", mn,
-                        o->residual_length);
+        return kvq_fail(err, KVQ_EINVAL, "residual length: only %s has one, method is %s, found %zu",
+                        who(offsetof(kvq_family_calib, residual_opt), w, sizeof w), mn, o->residual_length);
     }
-    if (fp8 && o->group_size)
-        return kvq_fail(err, KVQ_EINVAL, "group size: fp8 has none (one scale per tensor or KV head), found %zu",
-                        o->group_size);
-    if (o->method == KVQ_METHOD_NUQ && o->group_size)
-        return kvq_fail(err, KVQ_EINVAL, "group size: nuq has none (per-channel keys, per-token values), found %zu",
-                        o->group_size);
+    if (!c->group_opt && o->group_size)
+        return kvq_fail(err, KVQ_EINVAL, "group size: %s has none (%s), found %zu", mn,
+                        c->fp8_opt ? "one scale per tensor or KV head" : "per-channel keys, per-token values", o->group_size);
     if (o->n_threads < 0) return kvq_fail(err, KVQ_EINVAL, "threads: expected >= 0, found %d", o->n_threads);
     return KVQ_OK;
 }
@@ -102,40 +96,21 @@ static kvq_status check_against_dump(const kvq_dump_meta *m, int64_t done, const
                         "); finish it with kvdump --resume",
                         name, done, m->n_samples);
     size_t hd = (size_t)m->head_dim, kv_dim = (size_t)m->n_kv_heads * hd;
-    if (o->method == KVQ_METHOD_KIVI && hd % o->group_size)
-        return kvq_fail(err, KVQ_EINVAL, "group size: kivi needs G dividing head_dim %zu (from %s), found %zu", hd, name,
-                        o->group_size);
-    if ((o->method == KVQ_METHOD_INT || o->method == KVQ_METHOD_INT_PC) && o->group_size && kv_dim % o->group_size)
+    if (o->method->calib->residual_opt && hd % o->group_size)
+        return kvq_fail(err, KVQ_EINVAL, "group size: %s needs G dividing head_dim %zu (from %s), found %zu", o->method->name, hd,
+                        name, o->group_size);
+    if (o->method->calib->group_opt && !o->method->calib->residual_opt && o->group_size && kv_dim % o->group_size)
         return kvq_fail(err, KVQ_EINVAL, "group size: expected 0 or a divisor of kv_dim %zu (from %s), found %zu", kv_dim,
                         name, o->group_size);
     if (!needs_data) return KVQ_OK;
     if (m->layer_first != 0 || m->layer_last != m->n_layers - 1)
         return kvq_fail(err, KVQ_EINVAL,
                         "%s: layers %d..%d dumped, but method %s needs every layer 0..%d (rerun kvdump without a layer range)",
-                        name, m->layer_first, m->layer_last, kvq_method_name(o->method), m->n_layers - 1);
+                        name, m->layer_first, m->layer_last, o->method->name, m->n_layers - 1);
     if ((int64_t)o->n_sink >= m->seq_len)
         return kvq_fail(err, KVQ_EINVAL, "sink: %zu sink tokens leave nothing to calibrate in samples of seq_len %" PRId64 " (%s)",
                         o->n_sink, m->seq_len, name);
     return KVQ_OK;
-}
-
-/* A nuq table set none of whose datatypes had a point to fit (every head fell back to
- * uniform levels) is a calibration-set problem, not a property of the layer: too many
- * sink tokens for the sample length, outliers taking every element, or zero Fisher
- * information on every remaining position (a sample's last position gets no gradient of
- * the LM loss). An error instead of an artifact of placeholder datatypes. */
-static kvq_status check_fitted(const kvq_kv_table *t, size_t n_tokens, const kvq_calib_opts *co, bool fisher, kvq_err *err)
-{
-    for (size_t h = 0; h < t->n_tables; h++)
-        if (t->chosen[h] != KVQ_FIT_CHOSEN_NONE) return KVQ_OK;
-    size_t per = co->sample_len ? co->sample_len : n_tokens, ns = co->n_sink < per ? co->n_sink : per;
-    size_t used = n_tokens / per * (per - ns);
-    return kvq_fail(err, KVQ_EINVAL,
-                    "no calibration points to fit the nuq%d datatype%s: the %zu tokens left after excluding %zu sink tokens "
-                    "per sample of %zu are all outliers, constant%s; use fewer --sink tokens, more or longer samples%s",
-                    co->bits, t->n_tables > 1 ? "s" : "", used, ns, per,
-                    fisher ? " or carry zero Fisher information (a sample's last position gets no gradient)" : "",
-                    fisher ? ", or --no-fisher" : "");
 }
 
 /* One (layer, K|V) work item. */
@@ -193,46 +168,6 @@ static void fisher_pair_mean(float *f, size_t n_rows, size_t n_heads, size_t hd,
         }
 }
 
-/* fp8: drop each sample's first n_sink rows (in place), take the scales, count saturation. */
-static kvq_status fp8_item(const work_ctx *c, const work_item *w, float *x, kvq_kv_table *out, kvq_err *err)
-{
-    const kvq_calibrate_opts *o = c->o;
-    const kvq_dump_meta *m = c->m;
-    size_t H = (size_t)m->n_kv_heads, D = (size_t)m->head_dim, kvd = H * D, L = (size_t)m->seq_len;
-    size_t ns = o->n_sink < L ? o->n_sink : L, rows = 0;
-    for (size_t t = 0; t < c->n_tokens; t++)
-        if (t % L >= ns) {
-            if (rows != t) memmove(x + rows * kvd, x + t * kvd, kvd * sizeof *x);
-            rows++;
-        }
-    kvq_fp8_format f = o->fp8_e5m2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3FN;
-    size_t n_sc = o->per_head ? H : 1;
-    memset(out, 0, sizeof *out);
-    out->bits = 8;
-    out->kv_dim = kvd;
-    out->n_fp8_scales = n_sc;
-    out->fp8_scale = malloc(n_sc * sizeof *out->fp8_scale);
-    if (!out->fp8_scale) return kvq_fail(err, KVQ_ENOMEM, "%s: layer %d: out of memory", c->name, w->layer);
-    kvq_status s = o->per_head ? kvq_fp8_calib_heads(f, x, rows, H, D, o->fp8_percentile, out->fp8_scale, err)
-                               : kvq_fp8_calib_tensor(f, x, rows, H, D, o->fp8_percentile, out->fp8_scale, err);
-    if (s) {
-        kvq_kv_table_free(out);
-        return s;
-    }
-    /* clipped by saturation: |x / s| at or beyond the rounding midpoint above the largest finite
-     * value (448 + 32/2 for E4M3FN, 57344 + 8192/2 for E5M2); below it round-to-nearest gives the
-     * max anyway (absmax scales can land a hair above 448 in float32) */
-    float edge = kvq_fp8_max(f) * (f == KVQ_FP8_E4M3FN ? 464.0f / 448.0f : 61440.0f / 57344.0f);
-    uint64_t sat = 0;
-    for (size_t i = 0; i < rows * kvd; i++) {
-        float sc = out->fp8_scale[o->per_head ? (i % kvd) / D : 0];
-        if (fabsf(x[i] / sc) >= edge) sat++;
-    }
-    out->n_elems = out->n_points = (uint64_t)rows * kvd;
-    out->n_outliers = sat;
-    return KVQ_OK;
-}
-
 static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *out, kvq_err *err)
 {
     const kvq_calibrate_opts *o = c->o;
@@ -251,19 +186,13 @@ static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *
     if (!s && f && w->kv == 'k' && o->post_rope)
         fisher_pair_mean(f, c->n_tokens, (size_t)m->n_kv_heads, (size_t)m->head_dim, (size_t)m->rope_dim);
     if (!s) {
-        kvq_calib_opts co = {.bits = w->kv == 'k' ? o->k_bits : o->v_bits,
-                             .outlier_frac = o->outlier_frac,
-                             .n_sink = o->n_sink,
-                             .sample_len = (size_t)m->seq_len,
-                             .n_kv_heads = (size_t)m->n_kv_heads,
-                             .head_dim = (size_t)m->head_dim,
-                             .per_head = o->per_head,
-                             .fit = o->fit};
-        if (o->method == KVQ_METHOD_FP8) s = fp8_item(c, w, x, out, err);
-        else if (o->method == KVQ_METHOD_INT_PC) s = kvq_calib_int_pc_keys(x, c->n_tokens, &co, out, err);
-        else if (w->kv == 'k') s = kvq_calib_keys(x, f, c->n_tokens, &co, out, err);
-        else s = kvq_calib_values(x, f, c->n_tokens, &co, out, err);
-        if (!s && o->method == KVQ_METHOD_NUQ) s = check_fitted(out, c->n_tokens, &co, f != NULL, err);
+        kvq_artifact_params p = {.method = o->method, .k_bits = o->k_bits, .v_bits = o->v_bits, .outlier_frac = o->outlier_frac,
+                                 .n_sink = o->n_sink, .post_rope = o->post_rope, .per_head = o->per_head,
+                                 .group_size = o->group_size, .residual_length = o->residual_length,
+                                 .fisher = o->fisher, .fp8_e5m2 = o->fp8_e5m2, .fp8_percentile = o->fp8_percentile};
+        kvq_fit_input in = {.x = x, .fisher = f, .n_tokens = c->n_tokens, .sample_len = (size_t)m->seq_len,
+                            .n_kv_heads = (size_t)m->n_kv_heads, .head_dim = (size_t)m->head_dim, .fit = o->fit};
+        s = o->method->calib->fit(&p, w->kv, &in, out, err);
         if (s) kvq_err_prefix(err, "%s: layer %d (%s%s%s)", c->name, w->layer, kvq_dump_ds_name(w->ds), f ? " weighted by " : "",
                               f ? kvq_dump_ds_name(w->fds) : "");
     }
@@ -280,8 +209,8 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     if (!r) return kvq_fail(err, KVQ_EINVAL, "dump: NULL reader");
     const char *name = dump_name ? dump_name : "dump";
     const kvq_dump_meta *m = kvq_dump_reader_meta(r);
-    bool nuq = o->method == KVQ_METHOD_NUQ, fp8 = o->method == KVQ_METHOD_FP8,
-         needs_data = nuq || fp8 || o->method == KVQ_METHOD_INT_PC;
+    const kvq_family_calib *fc = o->method->calib;
+    bool fit_k = fc->fit_k && fc->fit, fit_v = fc->fit_v && fc->fit, needs_data = fit_k || fit_v;
     KVQ_TRY(check_against_dump(m, kvq_dump_reader_samples_done(r), name, o, needs_data, err));
 
     kvq_artifact a;
@@ -296,10 +225,10 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     p->per_head = o->per_head;
     p->group_size = o->group_size;
     p->residual_length = o->residual_length;
-    p->fisher = nuq && o->fisher;
-    p->fp8_e5m2 = fp8 && o->fp8_e5m2;
-    p->fp8_percentile = fp8 ? o->fp8_percentile : 0;
-    snprintf(p->fit, sizeof p->fit, "%s", nuq ? kvq_fit_method_name(o->fit.method) : "");
+    p->fisher = fc->fisher_opt && o->fisher;
+    p->fp8_e5m2 = fc->fp8_opt && o->fp8_e5m2;
+    p->fp8_percentile = fc->fp8_opt ? o->fp8_percentile : 0;
+    snprintf(p->fit, sizeof p->fit, "%s", fc->fit_opt ? kvq_fit_method_name(o->fit.method) : "");
     p->n_layers = (size_t)m->n_layers;
     p->n_kv_heads = (size_t)m->n_kv_heads;
     p->head_dim = (size_t)m->head_dim;
@@ -316,7 +245,7 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
         return KVQ_OK;
     }
 
-    /* work items: (layer, K) and, for nuq and fp8, (layer, V) */
+    /* work items: (layer, K) and / or (layer, V), as the family fits them */
     kvq_dump_ds kds = o->post_rope ? KVQ_DUMP_K : KVQ_DUMP_K_PRE_ROPE;
     bool fisher = p->fisher;
     for (int l = 0; fisher && l < m->n_layers; l++)
@@ -334,13 +263,13 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
         kvq_mul_size((size_t)m->seq_len, kv_dim, &c.per_sample) || kvq_mul_size(c.n_tokens, kv_dim, &tot) ||
         kvq_mul_size(tot, sizeof(float), &tot))
         return kvq_fail(err, KVQ_ENOMEM, "%s: n_samples x seq_len x kv_dim overflows", name);
-    int per_layer = nuq || fp8 ? 2 : 1, n_items = m->n_layers * per_layer;
+    int per_layer = (fit_k ? 1 : 0) + (fit_v ? 1 : 0), n_items = m->n_layers * per_layer;
     work_item *items = calloc((size_t)n_items, sizeof *items);
     kvq_status *st = calloc((size_t)n_items, sizeof *st);
     kvq_err *errs = calloc((size_t)n_items, sizeof *errs);
-    a.k = calloc(p->n_layers, sizeof *a.k);
-    a.v = nuq || fp8 ? calloc(p->n_layers, sizeof *a.v) : NULL;
-    if (!items || !st || !errs || !a.k || ((nuq || fp8) && !a.v)) {
+    a.k = fit_k ? calloc(p->n_layers, sizeof *a.k) : NULL;
+    a.v = fit_v ? calloc(p->n_layers, sizeof *a.v) : NULL;
+    if (!items || !st || !errs || (fit_k && !a.k) || (fit_v && !a.v)) {
         free(items);
         free(st);
         free(errs);
@@ -350,10 +279,11 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     for (int l = 0; l < m->n_layers; l++)
         for (int j = 0; j < per_layer; j++) {
             work_item *w = &items[l * per_layer + j];
+            bool v = !fit_k || j == 1;
             w->layer = l;
-            w->kv = j ? 'v' : 'k';
-            w->ds = j ? KVQ_DUMP_V : kds;
-            w->fds = !fisher ? KVQ_DUMP_N_DS : j ? KVQ_DUMP_FISHER_V : KVQ_DUMP_FISHER_K_PRE_ROPE;
+            w->kv = v ? 'v' : 'k';
+            w->ds = v ? KVQ_DUMP_V : kds;
+            w->fds = !fisher ? KVQ_DUMP_N_DS : v ? KVQ_DUMP_FISHER_V : KVQ_DUMP_FISHER_K_PRE_ROPE;
         }
     int nt = o->n_threads > 0 ? o->n_threads : omp_get_max_threads();
     if (nt > n_items) nt = n_items;
@@ -422,9 +352,9 @@ kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path
 {
     if (!a || !out_path) return kvq_fail(err, KVQ_EINVAL, "export-vllm: NULL argument");
     const kvq_artifact_params *p = &a->p;
-    if (p->method != KVQ_METHOD_FP8)
+    if (!p->method || !p->method->artifact || !p->method->artifact->fp8_scales)
         return kvq_fail(err, KVQ_EINVAL, "export-vllm: the artifact is method %s; only fp8 artifacts hold k/v scales "
-                        "(kvcalib DUMP --method fp8 ...)", kvq_method_name(p->method) ? kvq_method_name(p->method) : "?");
+                        "(kvcalib DUMP --method fp8 ...)", p->method ? p->method->name : "?");
     if (!p->post_rope)
         return kvq_fail(err, KVQ_EINVAL, "export-vllm: the scales were fitted on pre-RoPE keys; vLLM caches post-RoPE "
                         "keys (recalibrate with --keys post-rope, the fp8 default)");

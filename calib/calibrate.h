@@ -1,7 +1,7 @@
 /* calibrate.h — kvcalib's library entry point: read a kvdump HDF5 file
  * (formats/DUMP.md) layer by layer, build the tables of one scheme with
- * calib/tables.h, fill the bits accounting and fingerprints, and write the
- * calibration artifact (formats/ARTIFACT.md).
+ * kernels/quant/tables.h, fill the bits accounting and fingerprints, and write the
+ * calibration artifact (kernels/schemes/ARTIFACT.md).
  *
  * What is read, per layer i, as float32 [N*L][kv_dim] (samples concatenated,
  * kv_dim = n_kv_heads*head_dim, channel c = h*head_dim + d, exactly the
@@ -51,6 +51,7 @@
 
 #include "artifact.h"
 #include "dump.h"
+#include "family.h"
 #include "kmeans.h"
 #include "status.h"
 
@@ -62,7 +63,7 @@ typedef void (*kvq_calib_table_fn)(void *ctx, int done, int total, int layer, ch
                                    double seconds);
 
 typedef struct {
-    kvq_method method;
+    const kvq_family *method; /* a family with a calib part (family.h; kvq_family_method("nuq"), ...) */
     int k_bits, v_bits;       /* 1..8 */
     double outlier_frac;      /* [0, 0.5): nuq and int-pc; must be 0 for int and kivi */
     size_t n_sink;            /* first tokens of every sample excluded from calibration, kept exact at run time */
@@ -80,7 +81,7 @@ typedef struct {
     void *on_table_ctx;
 } kvq_calibrate_opts;
 
-/* Defaults per method (the papers' settings):
+/* Defaults per method (the family's calib part, the papers' settings):
  *   nuq:    4 bit, outliers 0.01, sink 1, pre-RoPE keys, Fisher, per-layer, fit auto
  *   int:    4 bit, whole-token groups (group 0), sink 1, post-RoPE keys, no outliers
  *           (KVQuant's baselines: post-RoPE per-token keys, App.P; 1 fp16 sink token, Table 18)
@@ -90,7 +91,7 @@ typedef struct {
  *           KIVI-2 of the notes)
  *   fp8:    8 bit E4M3FN, per-tensor absmax scales (percentile 100), no sink,
  *           post-RoPE keys (vLLM's cache with llm-compressor's amax / 448) */
-kvq_calibrate_opts kvq_calibrate_defaults(kvq_method m);
+kvq_calibrate_opts kvq_calibrate_defaults(const kvq_family *m);
 
 /* Check options that do not depend on the dump; errors name the field. */
 kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err);

@@ -11,7 +11,7 @@
  * keys post-RoPE (what attention reads, kvq_prefix of kernels/model/forward.h) and
  * pre-RoPE (the projection output; for a trained prefix RoPE^-1 of the
  * trained post-RoPE keys). Stored in the calibration artifact
- * (formats/artifact.h kvq_artifact_prefix, ARTIFACT.md "IntactKV prefix").
+ * (kernels/schemes/artifact.h kvq_artifact_prefix, ARTIFACT.md "IntactKV prefix").
  *
  * Training objective (notes §2.4; IntactKV train_model.py): for a calibration
  * window x of T tokens placed after the prefix (positions P..P+T-1),

@@ -1,6 +1,6 @@
 /* kvcalib — turn a kvdump file into quantization tables (nuqX datatypes,
  * per-channel pre-RoPE key thresholds, outlier thresholds; int / int-pc /
- * KIVI settings) in one calibration artifact (formats/ARTIFACT.md).
+ * KIVI settings) in one calibration artifact (kernels/schemes/ARTIFACT.md).
  *
  *   kvcalib DUMP --method M --bits B --out FILE [options]   calibrate (calib/calibrate.h)
  *   kvcalib DUMP --method fp8 --out FILE [--scale tensor|head] [--percentile P]
@@ -12,6 +12,7 @@
  * Exit status: 0 success, 1 the calibration or I/O failed (message on
  * stderr, nothing written), 2 bad command line. */
 #include <errno.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <omp.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 
 #include "artifact.h"
 #include "calibrate.h"
+#include "family.h"
 #include "identity.h"
 #include "intactkv.h"
 #include "model.h"
@@ -36,24 +38,40 @@
 #define PROG "kvcalib"
 #define EXIT_USAGE 2
 
-static const char SUMMARY[] =
+static const char SUMMARY_HEAD[] =
     "Turn a kvdump HDF5 file into the tables a quantized KV cache needs, written as one\n"
-    "calibration artifact (safetensors; formats/ARTIFACT.md).\n"
+    "calibration artifact (safetensors; kernels/schemes/ARTIFACT.md).\n"
     "\n"
-    "  kvcalib DUMP --method nuq|int|int-pc|kivi --bits B --out FILE [options]\n"
+    "  kvcalib DUMP --method M --bits B --out FILE [options]\n"
     "  kvcalib DUMP --method fp8 --out FILE [--scale tensor|head] [--percentile P] [--export-vllm FILE]\n"
     "  kvcalib export-vllm ARTIFACT --out FILE [--force]   k/v_scale tensors for a vLLM checkpoint\n"
     "  kvcalib --inspect FILE         print an artifact's summary\n"
     "  kvcalib intactkv ...           IntactKV prefix of a base artifact (kvcalib intactkv --help)\n"
     "\n"
-    "Methods: nuq = KVQuant nuqX (per-channel pre-RoPE keys with offline thresholds, per-token\n"
-    "values, Fisher-weighted datatypes); int = uniform per-token K and V; int-pc = uniform with\n"
-    "per-channel keys; kivi = KIVI (bits, group size, residual length only); fp8 = FP8 KV-cache scales\n"
-    "(vLLM k_scale / v_scale = absmax or a percentile of |x| over post-RoPE keys / values, / 448 for E4M3;\n"
-    "per tensor or per KV head; --bits is 8 and may be omitted; docs/fp8-vllm.md).\n"
-    "Method defaults (option value -1): --outliers 0.01 for nuq, 0 otherwise; --sink 0 for kivi and\n"
-    "fp8, 1 otherwise; --group 32 for kivi, 0 (whole token) for int/int-pc; --residual 128 for kivi;\n"
-    "keys pre-RoPE for nuq, post-RoPE otherwise (as the papers' baselines and KIVI).";
+    "Methods (option defaults where -1 is given; docs/fp8-vllm.md for fp8):\n";
+
+/* The --help summary: the head above, then one line per method of the registry (family.h) with its
+ * defaults, so that the list and the defaults cannot drift from the code. */
+static const char *summary_text(char *buf, size_t n)
+{
+    size_t len = (size_t)snprintf(buf, n, "%s", SUMMARY_HEAD), nf;
+    const kvq_family *const *f = kvq_families(&nf);
+    for (size_t i = 0; i < nf && len < n; i++) {
+        const kvq_family_calib *c = f[i]->calib;
+        if (!c) continue;
+        char extra[160] = "";
+        size_t el = 0;
+        if (c->group_opt) el += (size_t)snprintf(extra + el, sizeof extra - el, " --group %zu", c->group);
+        if (c->residual_opt) el += (size_t)snprintf(extra + el, sizeof extra - el, " --residual %zu", c->residual);
+        if (c->fp8_opt) el += (size_t)snprintf(extra + el, sizeof extra - el, " --percentile %g", c->fp8_percentile);
+        if (c->fisher_opt && el < sizeof extra)
+            el += (size_t)snprintf(extra + el, sizeof extra - el, " %s", c->fisher ? "Fisher-weighted" : "unweighted");
+        len += (size_t)snprintf(buf + len, n - len, "  %-7s %s\n          defaults: --bits %d --outliers %g --sink %zu --keys %s%s\n",
+                                f[i]->name, f[i]->summary, c->bits, c->outliers, c->sink, c->post_rope ? "post-rope" : "pre-rope",
+                                extra);
+    }
+    return buf;
+}
 
 typedef struct {
     const char *method, *keys, *fit, *out, *inspect, *scale, *fp8_format, *export_vllm;
@@ -62,10 +80,10 @@ typedef struct {
     bool no_fisher, per_head, force, quiet, version;
 } cli_args;
 
-static int option_table(cli_args *a, kvq_opt *t)
+static int option_table(cli_args *a, kvq_opt *t, const char *methods)
 {
     const kvq_opt tab[] = {
-        {"method", 'm', KVQ_OPT_CHOICE, &a->method, "M", "quantization scheme", "nuq|int|int-pc|kivi|fp8", 0, 0, false},
+        {"method", 'm', KVQ_OPT_CHOICE, &a->method, "M", "quantization scheme (the methods below)", methods, 0, 0, false},
         {"bits", 'b', KVQ_OPT_INT, &a->bits, "B", "code bits of keys and values, 1..8 (required to calibrate)", NULL, 1, 8,
          false},
         {"outliers", 0, KVQ_OPT_FLOAT, &a->outliers, "F",
@@ -139,7 +157,7 @@ static void on_table(void *vctx, int done, int total, int layer, char kv, const 
 static void print_summary(FILE *f, const char *out, const kvq_artifact *a, double seconds, int threads)
 {
     const kvq_artifact_params *p = &a->p;
-    fprintf(f, "%s: wrote %s: %s K%d/V%d", PROG, out, kvq_method_name(p->method), p->k_bits, p->v_bits);
+    fprintf(f, "%s: wrote %s: %s K%d/V%d", PROG, out, p->method->name, p->k_bits, p->v_bits);
     if (p->outlier_frac > 0) fprintf(f, ", outliers %.4g%%", 100 * p->outlier_frac);
     fprintf(f, ", sink %zu, %s keys; %.4f / %.4f bits per K / V element at ctx %zu\n", p->n_sink,
             p->post_rope ? "post-RoPE" : "pre-RoPE", p->bits_k, p->bits_v, p->bits_ctx);
@@ -185,7 +203,7 @@ static void sum_counts(const kvq_kv_table *t, size_t n_layers, uint64_t *n, uint
 static void warn_outlier_share(const kvq_artifact *a)
 {
     const kvq_artifact_params *p = &a->p;
-    if (p->method == KVQ_METHOD_FP8 || !(p->outlier_frac > 0) || !a->k) return;
+    if (!p->method->artifact->k_thresholds || !(p->outlier_frac > 0) || !a->k) return;
     uint64_t n, e;
     sum_counts(a->k, p->n_layers, &n, &e);
     const size_t kv_dim = p->n_kv_heads * p->head_dim;
@@ -212,7 +230,7 @@ static void warn_outlier_share(const kvq_artifact *a)
 static const char IKV_SUMMARY[] =
     "Compute an IntactKV prefix (the K/V cache of the first tokens, from the unquantized model;\n"
     "Liu et al. 2024) and write a new artifact = the base artifact's tables + the prefix\n"
-    "(formats/ARTIFACT.md, \"IntactKV prefix\"). kveval uses it with the +intactkv modifier.\n"
+    "(kernels/schemes/ARTIFACT.md, \"IntactKV prefix\"). kveval uses it with the +intactkv modifier.\n"
     "\n"
     "  kvcalib intactkv --model M --base ARTIFACT --prefix bos|TEXT [--special] --out FILE\n"
     "  kvcalib intactkv ... --train --text FILE [--samples N --seq-len L --steps S|--epochs E ...]\n"
@@ -258,34 +276,8 @@ static void on_step(void *vctx, size_t step, size_t steps, double loss, double g
 }
 
 /* The kveval spec string of the base artifact's scheme (what --train quantizes
- * the window with when --scheme is not given). */
-static void base_spec(const kvq_artifact_params *p, char *buf, size_t n)
-{
-    switch (p->method) {
-    case KVQ_METHOD_NUQ:
-        if (p->outlier_frac > 0) snprintf(buf, n, "nuq%d-%g%%", p->k_bits, p->outlier_frac * 100);
-        else snprintf(buf, n, "nuq%d", p->k_bits);
-        break;
-    case KVQ_METHOD_INT_PC:
-        if (p->outlier_frac > 0) snprintf(buf, n, "int%d-pc-%g%%", p->k_bits, p->outlier_frac * 100);
-        else snprintf(buf, n, "int%d-pc", p->k_bits);
-        break;
-    case KVQ_METHOD_INT:
-        if (p->group_size) snprintf(buf, n, "int%d-g%zu", p->k_bits, p->group_size);
-        else snprintf(buf, n, "int%d", p->k_bits);
-        break;
-    case KVQ_METHOD_FP8: { /* (it fell into the kivi case: "kivi8-g0-r0", an invalid scheme) */
-        char pct[40] = "";
-        if (p->fp8_percentile < 100) snprintf(pct, sizeof pct, "-p%.15g", p->fp8_percentile);
-        snprintf(buf, n, "%s-%s%s", p->fp8_e5m2 ? "e5m2" : "fp8", p->per_head ? "head" : "tensor", pct);
-        break;
-    }
-    case KVQ_METHOD_KIVI:
-    default:
-        snprintf(buf, n, "kivi%d-g%zu-r%zu", p->k_bits, p->group_size, p->residual_length);
-        break;
-    }
-}
+ * the window with when --scheme is not given): the family's canonical name. */
+static void base_spec(const kvq_artifact_params *p, char *buf, size_t n) { kvq_artifact_scheme_spec(p, buf, n); }
 
 /* --train: windows from --text, the base scheme's transform, Adam (calib/intactkv.h). */
 static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_tokenizer *tok, kvq_artifact *art,
@@ -563,7 +555,7 @@ static int cmd_intactkv(int argc, char **argv)
     }
     if (kvq_intactkv_write(a.out, a.force, &art, &e)) goto out;
     if (!a.quiet) {
-        printf("%s intactkv: wrote %s: %s base (%s) + %s prefix of %zu token%s", PROG, a.out, kvq_method_name(art.p.method), a.base,
+        printf("%s intactkv: wrote %s: %s base (%s) + %s prefix of %zu token%s", PROG, a.out, art.p.method->name, a.base,
                art.prefix->trained ? "trained" : "untrained", P, P == 1 ? "" : "s");
         if (art.prefix->trained)
             printf("; training loss %.6g -> %.6g in %.1f s", art.prefix->train.loss_before, art.prefix->train.loss_after,
@@ -627,24 +619,18 @@ static int cmd_export_vllm(int argc, char **argv)
     return s ? 1 : 0;
 }
 
-static bool parse_method(const char *s, kvq_method *m)
-{
-    for (int i = 0; i < KVQ_METHOD_COUNT; i++)
-        if (!strcmp(s, kvq_method_name((kvq_method)i))) { *m = (kvq_method)i; return true; }
-    return false;
-}
-
 static int cmd_calibrate(int argc, char **argv)
 {
     cli_args a = {.keys = NULL, .fit = "auto", .bits = 0, .sink = -1, .group = -1, .residual = -1,
                   .outliers = -1, .percentile = -1};
     kvq_opt tab[32];
-    int n = option_table(&a, tab);
+    char methods[160], summary[4096];
+    int n = option_table(&a, tab, kvq_family_methods("|", methods, sizeof methods));
     kvq_strlist pos = {0};
     bool help = false;
     kvq_err e = {0};
     int given[32] = {0};
-    if (kvq_cli_parse_given(PROG, SUMMARY, tab, n, argc, argv, &pos, &help, given, &e)) {
+    if (kvq_cli_parse_given(PROG, summary_text(summary, sizeof summary), tab, n, argc, argv, &pos, &help, given, &e)) {
         fprintf(stderr, "%s: %s\n", PROG, e.msg);
         return EXIT_USAGE;
     }
@@ -669,7 +655,12 @@ static int cmd_calibrate(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (!a.method) { fprintf(stderr, "%s: missing required option --method M (see --help)\n", PROG); return EXIT_USAGE; }
-    bool fp8 = !strcmp(a.method, "fp8");
+    const kvq_family *m = kvq_family_method(a.method);
+    if (!m || !m->calib) { /* the option table already restricts it; kept for safety */
+        fprintf(stderr, "%s: --method: unknown method '%s'\n", PROG, a.method);
+        return EXIT_USAGE;
+    }
+    bool fp8 = m->calib->fp8_opt;
     if (fp8 && !a.bits) a.bits = 8;
     if (fp8 && a.bits != 8) {
         fprintf(stderr, "%s: --bits: fp8 stores 8-bit codes, found %ld (omit --bits)\n", PROG, a.bits);
@@ -688,16 +679,13 @@ static int cmd_calibrate(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    kvq_method m;
-    if (!parse_method(a.method, &m)) { /* the option table already restricts it; kept for safety */
-        fprintf(stderr, "%s: --method: unknown method '%s'\n", PROG, a.method);
-        return EXIT_USAGE;
-    }
-    if (m != KVQ_METHOD_NUQ) { /* the nuq datatype fit's options would be silently ignored */
+    if (!m->calib->fit_opt) { /* the datatype fit's options would be silently ignored */
         static const char *const fit_opts[] = {"no-fisher", "fit", "seed"};
         for (size_t i = 0; i < sizeof fit_opts / sizeof *fit_opts; i++)
             if (kvq_cli_given(tab, n, given, fit_opts[i])) {
-                fprintf(stderr, "%s: --%s: applies to --method nuq only (the datatype fit), method is %s\n", PROG, fit_opts[i], a.method);
+                char who[128];
+                fprintf(stderr, "%s: --%s: applies to --method %s only (the datatype fit), method is %s\n", PROG, fit_opts[i],
+                        kvq_family_list_calib_flag(offsetof(kvq_family_calib, fit_opt), who, sizeof who), a.method);
                 return EXIT_USAGE;
             }
     }
@@ -708,14 +696,15 @@ static int cmd_calibrate(int argc, char **argv)
     if (a.group >= 0) o.group_size = (size_t)a.group;
     if (a.residual >= 0) o.residual_length = (size_t)a.residual;
     if (a.keys) o.post_rope = !strcmp(a.keys, "post-rope");
-    if (!o.post_rope && (m == KVQ_METHOD_INT || m == KVQ_METHOD_KIVI)) {
+    if (!o.post_rope && !m->calib->pre_rope_ok) {
         /* kvstat and the IntactKV trainer read int/kivi artifacts as post-RoPE (kvq's int and KIVI
          * quantize the cached post-RoPE keys): the label would be wrong (it was accepted) */
-        fprintf(stderr, "%s: --keys pre-rope: method %s quantizes post-RoPE keys; pre-RoPE keys are for nuq and int-pc\n", PROG,
-                a.method);
+        char who[128];
+        fprintf(stderr, "%s: --keys pre-rope: method %s quantizes post-RoPE keys; pre-RoPE keys are for %s\n", PROG, a.method,
+                kvq_family_list_calib_flag(offsetof(kvq_family_calib, pre_rope_ok), who, sizeof who));
         return EXIT_USAGE;
     }
-    o.fisher = m == KVQ_METHOD_NUQ && !a.no_fisher;
+    o.fisher = m->calib->fisher_opt && m->calib->fisher && !a.no_fisher;
     o.per_head = a.per_head;
     if (fp8) {
         if (a.per_head) {

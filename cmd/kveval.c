@@ -1,6 +1,6 @@
 /* kveval — perplexity with the KV cache quantized by each scheme, side by side
  * with the unquantized (fp32) baseline of the same run. Thin main over
- * analysis/kveval/scheme.h and analysis/kveval/perplexity.h. Exit status: 0 success, 1 a
+ * kernels/schemes/scheme.h and analysis/kveval/perplexity.h. Exit status: 0 success, 1 a
  * failure while running (bad input files, mismatched artifacts, numerics), 2
  * a bad command line (unknown option or scheme). */
 #include <stdio.h>
@@ -19,14 +19,19 @@
 #include "text.h"
 #include "tokenizer.h"
 
-#define SUMMARY                                                                                                          \
-    "measure perplexity with the KV cache quantized by each scheme, next to the fp32 baseline of the same run\n"        \
-    "(same tokens, same windows). Schemes: fp32, fp16, int<b>[-g<G>], int<b>-pc[-<f>%], kivi<b>[-g<G>][-r<R>]\n"        \
-    "(G=32, R=128 by default), nuq<b>[-<f>%], fp8, e5m2, {fp8,e5m2}-{tensor,head}[-p<P>] (vLLM FP8 cache),\n"     \
-    "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (llama.cpp); modifiers +sink<N>, +pre-rope, +post-rope, +intactkv,\n"       \
-    "+artifact<N>. nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped\n"       \
-    "with a message for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"      \
-    "Table on stdout, progress on stderr."
+/* --help: the scheme forms come from the registry (kernels/schemes/family.h) */
+static const char *summary_text(char *buf, size_t n)
+{
+    char syn[KVQ_SCHEME_SYNTAX_MAX];
+    snprintf(buf, n,
+             "measure perplexity with the KV cache quantized by each scheme, next to the fp32 baseline of the same run\n"
+             "(same tokens, same windows). Schemes: %s.\n"
+             "nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped with a message\n"
+             "for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"
+             "Table on stdout, progress on stderr.",
+             kvq_scheme_syntax(syn, sizeof syn));
+    return buf;
+}
 
 typedef struct {
     const char *model, *text, *format, *protocol, *json, *tokenizer, *bos, *device, *math;
@@ -100,7 +105,9 @@ int main(int argc, char **argv)
             printf("kveval (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
             return 0;
         }
-    if (kvq_cli_parse("kveval", SUMMARY, tab, n_tab, argc, argv, NULL, &help, &e)) return fail(NULL, &e, 2);
+    char summary[2048];
+    if (kvq_cli_parse("kveval", summary_text(summary, sizeof summary), tab, n_tab, argc, argv, NULL, &help, &e))
+        return fail(NULL, &e, 2);
     if (help) return 0;
     { /* the JSON output must be writable and replace no input (it used to overwrite --text or --tokenizer) */
         kvq_cli_file outs[1] = {{"--json", o.json}}, ins[2 + KVQ_STRLIST_MAX] = {{"--model", o.model}, {"--text", o.text}, {"--tokenizer", o.tokenizer}};
@@ -239,10 +246,18 @@ int main(int argc, char **argv)
         char why[160] = "";
         if (ns >= ctx)
             snprintf(why, sizeof why, "its %zu attention-sink tokens cover the window of %zu", ns, ctx);
-        else if (q->kind == KVQ_SCHEME_KIVI && kvq_kivi_key_boundary(last, q->group, q->residual, ns) <= ns &&
-                 kvq_kivi_value_boundary(last, q->residual, ns) <= ns)
-            snprintf(why, sizeof why, "residual length %zu%s keeps every key and value of the window of %zu in fp16", q->residual,
-                     ns ? " after its sink tokens" : "", ctx);
+        else if (sch[i].desc.q.fam->alt_bounds) { /* a window the family's alternative never reaches (KIVI's residual) */
+            int *kb = malloc(2 * ctx * sizeof *kb);
+            if (!kb) {
+                fprintf(stderr, "kveval: out of memory\n");
+                goto out;
+            }
+            kvq_kv_desc_alt_bounds(&sch[i].desc, ctx, kb, kb + ctx);
+            if (kb[last] <= (int)ns && kb[ctx + last] <= (int)ns)
+                snprintf(why, sizeof why, "residual length %zu%s keeps every key and value of the window of %zu in fp16", q->residual,
+                         ns ? " after its sink tokens" : "", ctx);
+            free(kb);
+        }
         if (*why) {
             fprintf(stderr, "kveval: scheme %s quantizes nothing at ctx %zu: %s; use a longer --ctx or a smaller sink/residual\n",
                     sch[i].name, ctx, why);

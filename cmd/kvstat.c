@@ -70,9 +70,10 @@ static kvq_status mkdir_p(const char *dir, kvq_err *err)
 static kvq_status plot_hists(const args_t *a, const kvq_kvsrc *src, const kvq_artifact *art, int layer,
                              const char *dir, const kvq_plot_style *st, images_t *im, kvq_err *err)
 {
-    if (art->p.method != KVQ_METHOD_NUQ || !art->k || !art->v) {
+    if (!art->p.method->artifact->k_levels || !art->p.method->artifact->v_levels || !art->k || !art->v) {
         if (explicitly(a, "hist"))
-            return kvq_fail(err, KVQ_EINVAL, "--plot hist needs a nuq artifact (this one is %s)", kvq_method_name(art->p.method));
+            return kvq_fail(err, KVQ_EINVAL, "--plot hist needs an artifact with nuq datatypes (this one is %s)",
+                            art->p.method->name);
         return KVQ_OK;
     }
     enum { NB = 240 };
@@ -156,10 +157,13 @@ static int run(const args_t *a, const char *dump_path)
         kvq_qscheme sch[3];
         if (kvq_qscheme_from_artifact(&art, &qs[0], &sch[0], &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
         n_qs = 1;
-        kvq_scheme base = {.kind = KVQ_SCHEME_INT, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink};
-        if (art.p.method != KVQ_METHOD_INT && kvq_qscheme_plain(&base, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
-        kvq_scheme kivi = {.kind = KVQ_SCHEME_KIVI, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink, .group = 32};
-        if (art.p.method != KVQ_METHOD_KIVI && src.head_dim % 32 == 0 &&
+        /* baselines at the artifact's bits: uniform per-token intX, KIVI with its default group size */
+        const kvq_family *fi = kvq_family_find("int"), *fk = kvq_family_find("kivi");
+        kvq_scheme base = {.fam = fi, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink};
+        if (art.p.method != fi && kvq_qscheme_plain(&base, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
+        kvq_scheme kivi = {.fam = fk, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink,
+                           .group = fk->calib->group, .residual = fk->calib->residual};
+        if (art.p.method != fk && src.head_dim % (int)fk->calib->group == 0 &&
             kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
         if (kvq_qerr_compute(&src, sch, n_qs, a->quiet, &q, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
         have_q = true;

@@ -1,4 +1,4 @@
-/* identity.h — the fingerprints a calibration artifact records (formats/ARTIFACT.md,
+/* identity.h — the fingerprints a calibration artifact records (kernels/schemes/ARTIFACT.md,
  * "Fingerprints"): which model and which dump the tables were fitted on.
  *
  * Artifact model fingerprint. A dump does not record every hyperparameter

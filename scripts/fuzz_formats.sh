@@ -15,10 +15,16 @@ CC=${FUZZ_CC:-clang}
 command -v "$CC" >/dev/null || { echo "fuzz: $CC not found (apt-get install -y clang libclang-rt-14-dev)"; exit 1; }
 out=build-fuzz
 mkdir -p "$out/corpus-formats" tests/fixtures/fuzz-formats
-"$CC" -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE \
-  -I. -Iformats -Idatasets $(pkg-config --cflags hdf5 libcjson libpcre2-8 libcrypto) \
-  tests/fuzz/fuzz_formats.c formats/*.c datasets/*.c \
-  $(pkg-config --libs hdf5 libcjson libpcre2-8 libcrypto) -lz -lm -o "$out/fuzz_formats"
+# the artifact reader lives with the scheme registry (kernels/schemes), which reaches the rest of the
+# CPU library: compile every C source of it (no CUDA) with the fuzzer's instrumentation
+dirs=$(find formats datasets kernels calib analysis -type d)
+srcs=$(find formats datasets kernels calib analysis -name '*.c')
+pkgs="hdf5 libcjson libpcre2-8 libcrypto cairo fontconfig openblas"
+# shellcheck disable=SC2046,SC2086
+"$CC" -std=c17 -g -O1 -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE \
+  -I. $(printf -- '-I%s ' $dirs) $(pkg-config --cflags $pkgs) \
+  tests/fuzz/fuzz_formats.c $srcs \
+  $(pkg-config --libs $pkgs) -lz -lm -o "$out/fuzz_formats"
 shared=${KVQ_SHARED:-../shared}
 # calibration artifacts of every method (and an IntactKV prefix) from a tiny dump of the
 # llama2.c model, when a CPU build and ../shared are there

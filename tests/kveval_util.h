@@ -1,7 +1,7 @@
 /* kveval_util.h — in-process calibration for kveval's tests and benchmark:
  * run the model over token windows, capture every layer's keys (pre- or
  * post-RoPE) and values with the forward's observe hook, fit nuqX tables
- * with calib/tables.h and write a kvcalib-style artifact (formats/artifact.h).
+ * with kernels/quant/tables.h and write a kvcalib-style artifact (kernels/schemes/artifact.h).
  * A stand-in for `kvdump | kvcalib` where those are not available; the
  * tables are the same functions kvcalib calls (no Fisher weights). */
 #ifndef KVQ_KVEVAL_UTIL_H
@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "artifact.h"
+#include "family.h"
 #include "forward.h"
 #include "model.h"
 #include "quant_fp8.h"
@@ -76,7 +77,7 @@ static kvq_status kvq_util_fit_nuq(const kvq_model *m, const kvq_util_capture *c
     a.v = (kvq_kv_table *)calloc(L, sizeof *a.v);
     kvq_status s = KVQ_OK;
     if (!a.k || !a.v) s = kvq_fail(err, KVQ_ENOMEM, "calibration: out of memory");
-    a.p.method = KVQ_METHOD_NUQ;
+    a.p.method = KVQ_FAM("nuq");
     a.p.k_bits = a.p.v_bits = bits;
     a.p.outlier_frac = frac;
     a.p.n_sink = n_sink;
@@ -132,7 +133,7 @@ static inline kvq_status kvq_util_make_fp8_artifact(const kvq_model *m, const in
     kvq_status s = kvq_util_capture_kv(m, tokens, n_samples, sample_len, true, &cap, err);
     kvq_artifact a;
     memset(&a, 0, sizeof a);
-    a.p.method = KVQ_METHOD_FP8;
+    a.p.method = KVQ_FAM("fp8");
     a.p.k_bits = a.p.v_bits = 8;
     a.p.post_rope = true;
     a.p.per_head = per_head;

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "artifact.h"
+#include "family.h"
 #include "kvq_test.h"
 #include "safetensors.h"
 #include "tables.h"
@@ -39,7 +40,7 @@ static void build_nuq(kvq_artifact *a, bool per_head)
 {
     memset(a, 0, sizeof *a);
     kvq_artifact_params *p = &a->p;
-    p->method = KVQ_METHOD_NUQ;
+    p->method = KVQ_FAM("nuq");
     p->k_bits = p->v_bits = 3;
     p->outlier_frac = 0.01;
     p->n_sink = 1;
@@ -156,7 +157,7 @@ START_TEST(test_other_methods)
     tmp_path(p, sizeof p, "m.safetensors");
     /* KIVI: no tables, parameters only */
     kvq_artifact a = {0}, r;
-    a.p = (kvq_artifact_params){.method = KVQ_METHOD_KIVI, .k_bits = 2, .v_bits = 2, .group_size = 4,
+    a.p = (kvq_artifact_params){.method = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group_size = 4,
                                 .residual_length = 8, .n_layers = 3, .n_kv_heads = H, .head_dim = HD, .post_rope = true};
     ck_assert(kvq_calib_fill_bits(&a.p, 64, &e) == KVQ_OK);
     ck_assert_double_eq_tol(a.p.bits_k, (56.0 * (2 + 32.0 / 4) + 8 * 16) / 64, 1e-12);
@@ -166,13 +167,13 @@ START_TEST(test_other_methods)
     ck_assert(!r.k && !r.v);
     kvq_artifact_free(&r);
     /* int per-token */
-    a.p = (kvq_artifact_params){.method = KVQ_METHOD_INT, .k_bits = 4, .v_bits = 4, .n_layers = 3, .n_kv_heads = H,
+    a.p = (kvq_artifact_params){.method = KVQ_FAM("int"), .k_bits = 4, .v_bits = 4, .n_layers = 3, .n_kv_heads = H,
                                 .head_dim = HD};
     ck_assert(kvq_artifact_write(p, &a, &e) == KVQ_OK);
-    ck_assert(kvq_artifact_read(p, &r, &e) == KVQ_OK && r.p.method == KVQ_METHOD_INT);
+    ck_assert(kvq_artifact_read(p, &r, &e) == KVQ_OK && r.p.method == KVQ_FAM("int"));
     kvq_artifact_free(&r);
     /* int with per-channel keys: thresholds only */
-    a.p = (kvq_artifact_params){.method = KVQ_METHOD_INT_PC, .k_bits = 3, .v_bits = 3, .outlier_frac = 0.01,
+    a.p = (kvq_artifact_params){.method = KVQ_FAM("int-pc"), .k_bits = 3, .v_bits = 3, .outlier_frac = 0.01,
                                 .n_layers = 1, .n_kv_heads = H, .head_dim = HD};
     a.k = calloc(1, sizeof *a.k);
     float k[64 * D];
@@ -222,7 +223,7 @@ START_TEST(test_bad_params)
     a.k[0].channel_lower[5] = -1;
     EXPECT_BAD(a.p.per_head = true, "layers.0.k: 1 datatypes, expected 2 (per-head)");
     kvq_artifact kv = {0};
-    kv.p = (kvq_artifact_params){.method = KVQ_METHOD_KIVI, .k_bits = 2, .v_bits = 2, .group_size = 4,
+    kv.p = (kvq_artifact_params){.method = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group_size = 4,
                                  .residual_length = 6, .n_layers = 1, .n_kv_heads = H, .head_dim = HD};
     ck_assert_int_eq(kvq_artifact_write(p, &kv, &e), KVQ_EINVAL);
     ck_assert_ptr_nonnull(strstr(e.msg, "residual_length"));

@@ -428,7 +428,7 @@ START_TEST(test_engine_backward_matches)
     kvq_prefix px = {.P = P, .k = pk, .v = pv};
     kvq_err e = {0};
     /* KIVI-2: alternative keys/values with boundaries (the decode-equivalent path) */
-    kvq_kv_desc d = {.q = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 8, .residual = 16},
+    kvq_kv_desc d = {.q = {.fam = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group = 8, .residual = 16},
                      .key_stage = KVQ_KEYS_POST_ROPE};
     kvq_engine eng;
     ck_assert_msg(kvq_engine_init(&eng, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, P, KVQ_ENGINE_BACKWARD, &e) == KVQ_OK, "%s", e.msg);

@@ -198,7 +198,7 @@ static void make_base(kvq_artifact *a, const kvq_model *m, const char *fp)
 {
     memset(a, 0, sizeof *a);
     kvq_artifact_params *p = &a->p;
-    p->method = KVQ_METHOD_KIVI;
+    p->method = KVQ_FAM("kivi");
     p->k_bits = p->v_bits = 2;
     p->post_rope = true;
     p->group_size = 8;
@@ -251,7 +251,7 @@ START_TEST(test_artifact_roundtrip)
     ck_assert_msg(kvq_artifact_read(out, &b, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_ptr_nonnull(b.prefix);
     assert_prefix_equal(a.prefix, b.prefix, n);
-    ck_assert_int_eq(b.p.method, KVQ_METHOD_KIVI);
+    ck_assert_ptr_eq(b.p.method, KVQ_FAM("kivi"));
     ck_assert_str_eq(b.p.model_fingerprint, fp);
     /* the reserved tensor names kveval reads (ARTIFACT.md): [P, kv_dim] per layer */
     kvq_safetensors st;
@@ -613,7 +613,7 @@ START_TEST(test_cli)
     /* the 'Once upon a time' artifact holds that text's tokens and the base's scheme */
     kvq_artifact r;
     ck_assert_msg(kvq_artifact_read(out, &r, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert(r.prefix && r.p.method == KVQ_METHOD_KIVI && r.p.group_size == 8);
+    ck_assert(r.prefix && r.p.method == KVQ_FAM("kivi") && r.p.group_size == 8);
     ck_assert_str_eq(r.prefix->text, "Once upon a time");
     kvq_artifact_free(&r);
     /* prefix longer than the context: error, the existing file untouched */

@@ -102,12 +102,12 @@ START_TEST(hook_matches_primitives)
     kvq_kv_layer_tables lt4[NL];
     memcpy(lt4, g_lt, sizeof lt4);
     struct { kvq_scheme q; } cases[] = {
-        {{.kind = KVQ_SCHEME_FP16, .n_sink = 2}},
-        {{.kind = KVQ_SCHEME_INT, .k_bits = 4, .v_bits = 3, .group = 0, .n_sink = 1}},
-        {{.kind = KVQ_SCHEME_INT, .k_bits = 2, .v_bits = 2, .group = HD}},
-        {{.kind = KVQ_SCHEME_INT_PC, .k_bits = 4, .v_bits = 4, .outlier_frac = 0.01, .n_sink = 1}},
-        {{.kind = KVQ_SCHEME_NUQ, .k_bits = 4, .v_bits = 4, .outlier_frac = 0.1, .n_sink = 3}},
-        {{.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 4, .group = 8, .residual = 16, .n_sink = 2}},
+        {{.fam = KVQ_FAM("fp16"), .n_sink = 2}},
+        {{.fam = KVQ_FAM("int"), .k_bits = 4, .v_bits = 3, .group = 0, .n_sink = 1}},
+        {{.fam = KVQ_FAM("int"), .k_bits = 2, .v_bits = 2, .group = HD}},
+        {{.fam = KVQ_FAM("int-pc"), .k_bits = 4, .v_bits = 4, .outlier_frac = 0.01, .n_sink = 1}},
+        {{.fam = KVQ_FAM("nuq"), .k_bits = 4, .v_bits = 4, .outlier_frac = 0.1, .n_sink = 3}},
+        {{.fam = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 4, .group = 8, .residual = 16, .n_sink = 2}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         kvq_kv_desc d = {.q = cases[i].q, .key_stage = KVQ_KEYS_PRE_ROPE, .layers = lt4, .n_layers = NL};
@@ -118,25 +118,25 @@ START_TEST(hook_matches_primitives)
         memcpy(ke, k0, sizeof k);
         memcpy(ve, v0, sizeof v);
         kvq_kv_desc_run run = {.d = &d};
-        kvq_kv_alt alt = {ka, kb, false, va, vb, false};
+        kvq_kv_alt alt = {ka, kb, false, va, vb, false, NULL};
         kvq_layer_ctx c = ctx_for(1, tokens);
         ck_assert_msg(kvq_kv_desc_transform(&run, &c, k, v, &alt, &e) == KVQ_OK, "case %zu: %s", i, e.msg);
         const kvq_scheme *q = &d.q;
         size_t ns = q->n_sink;
-        switch (q->kind) {
-        case KVQ_SCHEME_FP16:
+        switch (kvq_test_fam(q->fam)) {
+        case KVQ_TEST_FP16:
             kvq_quant_fp16(ke + ns * KVD, ke + ns * KVD, (T - ns) * KVD, NULL);
             kvq_quant_fp16(ve + ns * KVD, ve + ns * KVD, (T - ns) * KVD, NULL);
             ck_assert(bits_equal(k, ke, T * KVD) && bits_equal(v, ve, T * KVD));
             ck_assert(bits_equal(k, k0, ns * KVD)); /* sink rows exact */
             ck_assert(!bits_equal(k + ns * KVD, k0 + ns * KVD, (T - ns) * KVD));
             break;
-        case KVQ_SCHEME_INT:
+        case KVQ_TEST_INT:
             kvq_quant_int_token(ke, ke, T, KVD, q->group, q->k_bits, ns, NULL, &e);
             kvq_quant_int_token(ve, ve, T, KVD, q->group, q->v_bits, ns, NULL, &e);
             ck_assert(bits_equal(k, ke, T * KVD) && bits_equal(v, ve, T * KVD));
             break;
-        case KVQ_SCHEME_INT_PC:
+        case KVQ_TEST_INT_PC:
             kvq_quant_int_channel(ke, ke, T, KVD, g_lo[1], g_up[1], q->k_bits, true, ns, NULL, &e);
             kvq_quant_int_token(ve, ve, T, KVD, 0, q->v_bits, ns, NULL, &e);
             ck_assert(bits_equal(k, ke, T * KVD) && bits_equal(v, ve, T * KVD));
@@ -149,14 +149,14 @@ START_TEST(hook_matches_primitives)
                 ck_assert_uint_eq(run.k_counts.n_outliers, want);
             }
             break;
-        case KVQ_SCHEME_NUQ:
+        case KVQ_TEST_NUQ:
             kvq_quant_nuq_keys(ke, ke, T, KVD, &lt4[1].k_lut, g_lo[1], g_up[1], true, ns, NULL, &e);
             kvq_quant_nuq_values(ve, ve, T, KVD, &lt4[1].v_lut, q->outlier_frac, ns, NULL, &e);
             ck_assert(bits_equal(k, ke, T * KVD) && bits_equal(v, ve, T * KVD));
             /* 2 outliers per side of 32 values at 10%: kvq_outliers_per_side(32, 0.1) */
             ck_assert_uint_eq(run.v_counts.n_outliers, (T - ns) * 2 * kvq_outliers_per_side(KVD, 0.1));
             break;
-        case KVQ_SCHEME_KIVI: {
+        case KVQ_TEST_KIVI: {
             ck_assert(alt.use_k && alt.use_v);
             ck_assert(bits_equal(k, k0, T * KVD) && bits_equal(v, v0, T * KVD)); /* primary stays exact */
             float kq[T * KVD], vq[T * KVD];
@@ -189,7 +189,7 @@ START_TEST(validate_errors)
     make_tables(4);
     kvq_hparams hp = {.n_layers = NL, .n_kv_heads = NKV, .head_dim = HD, .n_heads = NH};
     kvq_err e = {0};
-    kvq_kv_desc d = {.q = {.kind = KVQ_SCHEME_NUQ, .k_bits = 3, .v_bits = 3}, .layers = g_lt, .n_layers = NL};
+    kvq_kv_desc d = {.q = {.fam = KVQ_FAM("nuq"), .k_bits = 3, .v_bits = 3}, .layers = g_lt, .n_layers = NL};
     ck_assert_int_eq(kvq_kv_desc_validate(&d, &hp, &e), KVQ_EINVAL); /* 4-bit tables for a 3-bit scheme */
     ck_assert_msg(strstr(e.msg, "expected 3 bits, found 4"), "%s", e.msg);
     d.q.k_bits = d.q.v_bits = 4;
@@ -207,11 +207,11 @@ START_TEST(validate_errors)
     d.layers = lt;
     ck_assert_int_eq(kvq_kv_desc_validate(&d, &hp, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "layer 1: channel 5"), "%s", e.msg);
-    kvq_kv_desc k = {.q = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 12, .residual = 24}};
+    kvq_kv_desc k = {.q = {.fam = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group = 12, .residual = 24}};
     ck_assert_int_eq(kvq_kv_desc_validate(&k, &hp, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "does not divide head_dim 16"), "%s", e.msg);
     char name[64];
-    kvq_kv_desc n = {.q = {.kind = KVQ_SCHEME_NUQ, .k_bits = 3, .v_bits = 3, .outlier_frac = 0.01, .n_sink = 1}};
+    kvq_kv_desc n = {.q = {.fam = KVQ_FAM("nuq"), .k_bits = 3, .v_bits = 3, .outlier_frac = 0.01, .n_sink = 1}};
     kvq_kv_desc_name(&n, name, sizeof name);
     ck_assert_str_eq(name, "nuq3-1%+sink1");
     kvq_kv_desc_name(&k, name, sizeof name);
@@ -238,7 +238,7 @@ START_TEST(engine_cpu_matches_hooks)
     int tokens[T];
     uint64_t s = 3;
     for (int t = 0; t < T; t++) tokens[t] = (int)(rng(&s) % VOC);
-    kvq_kv_desc d = {.q = {.kind = KVQ_SCHEME_NUQ, .k_bits = 3, .v_bits = 3, .outlier_frac = 0.05, .n_sink = 1},
+    kvq_kv_desc d = {.q = {.fam = KVQ_FAM("nuq"), .k_bits = 3, .v_bits = 3, .outlier_frac = 0.05, .n_sink = 1},
                      .key_stage = KVQ_KEYS_PRE_ROPE, .layers = g_lt, .n_layers = NL};
     kvq_forward fw;
     ck_assert_msg(kvq_forward_init(&fw, &m, T, 0, 0, &e) == KVQ_OK, "%s", e.msg);
@@ -272,7 +272,7 @@ START_TEST(engine_cpu_matches_hooks)
     io.hooks = &both;
     ck_assert_int_eq(kvq_engine_run(&en, &io, &rb, &e), KVQ_EINVAL);
     /* FP32 descriptor = no transform */
-    kvq_kv_desc f = {.q = {.kind = KVQ_SCHEME_FP32}};
+    kvq_kv_desc f = {.q = {.fam = KVQ_FAM("fp32")}};
     ck_assert(kvq_engine_set_kv(&en, &f, &e) == KVQ_OK);
     io.hooks = NULL;
     io.nll = nll_b;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kvcache.h"
+#include "family.h"
 #include "kvq_test.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -436,7 +437,7 @@ START_TEST(test_from_artifact)
     kvq_kv_table kt = {0}, vt = {0};
     kt.bits = 2; kt.n_tables = 2; kt.kv_dim = 8; kt.levels = kl; kt.channel_lower = lo; kt.channel_upper = hi;
     vt.bits = 2; vt.n_tables = 1; vt.kv_dim = 8; vt.levels = vl;
-    a.p.method = KVQ_METHOD_NUQ; a.p.k_bits = 2; a.p.v_bits = 2; a.p.outlier_frac = 0.01; a.p.n_sink = 1;
+    a.p.method = KVQ_FAM("nuq"); a.p.k_bits = 2; a.p.v_bits = 2; a.p.outlier_frac = 0.01; a.p.n_sink = 1;
     a.p.n_layers = 1; a.p.n_kv_heads = 2; a.p.head_dim = 4; a.p.per_head = true;
     a.k = &kt; a.v = &vt;
     kvq_kvcache_config g;
@@ -454,9 +455,9 @@ START_TEST(test_from_artifact)
     ck_assert_msg(kvq_kvcache_create(&c, &g, &err) == KVQ_OK, "%s", err.msg);
     kvq_kvcache_free(c);
     ck_assert_int_eq(kvq_kvcache_config_from_artifact(&g, &a, 1, &err), KVQ_EINVAL);
-    a.p.method = KVQ_METHOD_INT;
+    a.p.method = KVQ_FAM("int");
     ck_assert_int_eq(kvq_kvcache_config_from_artifact(&g, &a, 0, &err), KVQ_EUNSUPPORTED);
-    a.p.method = KVQ_METHOD_KIVI; a.p.group_size = 2; a.p.residual_length = 4;
+    a.p.method = KVQ_FAM("kivi"); a.p.group_size = 2; a.p.residual_length = 4;
     ck_assert_int_eq(kvq_kvcache_config_from_artifact(&g, &a, 0, &err), KVQ_OK);
     ck_assert_int_eq(g.format, KVQ_KVCACHE_KIVI);
     ck_assert_uint_eq(g.group, 2);

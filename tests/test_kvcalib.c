@@ -301,7 +301,7 @@ static void check_nuq(double f, int bits)
     tmp(dump, sizeof dump, "nuq.h5");
     tmp(out, sizeof out, "nuq.safetensors");
     write_dump(dump, &d, &(dump_spec){0});
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("nuq"));
     o.k_bits = o.v_bits = bits;
     o.outlier_frac = f;
     kvq_err e = {0};
@@ -309,7 +309,7 @@ static void check_nuq(double f, int bits)
     ck_assert_msg(kvq_calibrate_file(dump, out, false, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
     kvq_artifact a;
     ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert_int_eq(a.p.method, KVQ_METHOD_NUQ);
+    ck_assert_ptr_eq(a.p.method, KVQ_FAM("nuq"));
     ck_assert_int_eq(a.p.k_bits, bits);
     ck_assert_uint_eq(a.p.n_sink, 1);
     ck_assert(a.p.fisher && !a.p.post_rope && !a.p.per_head);
@@ -384,7 +384,7 @@ START_TEST(test_post_rope_and_per_head)
     kvq_dump_reader *r;
     kvq_err e = {0};
     ck_assert_msg(kvq_dump_open(dump, &r, &e) == KVQ_OK, "%s", e.msg);
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("nuq"));
     o.k_bits = o.v_bits = 3;
     o.post_rope = true;
     kvq_artifact a;
@@ -446,13 +446,13 @@ START_TEST(test_baselines)
     kvq_err e = {0};
     kvq_artifact a;
     /* int-pc: thresholds only, no Fisher needed */
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_INT_PC);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("int-pc"));
     o.k_bits = o.v_bits = 3;
     o.outlier_frac = 0.02;
     unlink(out);
     ck_assert_msg(kvq_calibrate_file(dump, out, false, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert_int_eq(a.p.method, KVQ_METHOD_INT_PC);
+    ck_assert_ptr_eq(a.p.method, KVQ_FAM("int-pc"));
     ck_assert(a.p.post_rope);
     ck_assert_uint_eq(a.p.n_sink, 1);
     ck_assert_ptr_nonnull(a.k);
@@ -465,22 +465,22 @@ START_TEST(test_baselines)
     }
     kvq_artifact_free(&a);
     /* int and kivi: metadata only; bits accounting filled */
-    const struct { kvq_method m; int bits; double bk; } cases[] = {
-        {KVQ_METHOD_INT, 4, ((SL - 1) * (4 + 32.0 / KVD) + 16) / SL}, /* whole-token group b + 32/kv_dim; 1 sink token at 16 */
-        {KVQ_METHOD_KIVI, 2, -1},
+    const struct { const kvq_family *m; int bits; double bk; } cases[] = {
+        {KVQ_FAM("int"), 4, ((SL - 1) * (4 + 32.0 / KVD) + 16) / SL}, /* whole-token group b + 32/kv_dim; 1 sink token at 16 */
+        {KVQ_FAM("kivi"), 2, -1},
     };
     for (size_t i = 0; i < 2; i++) {
         o = kvq_calibrate_defaults(cases[i].m);
         o.k_bits = o.v_bits = cases[i].bits;
-        if (cases[i].m == KVQ_METHOD_KIVI) { o.group_size = 4; o.residual_length = 8; }
+        if (cases[i].m == KVQ_FAM("kivi")) { o.group_size = 4; o.residual_length = 8; }
         ck_assert_msg(kvq_calibrate_file(dump, out, true, &o, &a, &e) == KVQ_OK, "%s", e.msg);
         ck_assert_ptr_null(a.k);
         ck_assert_ptr_null(a.v);
         if (cases[i].bk > 0) ck_assert_double_eq_tol(a.p.bits_k, cases[i].bk, 1e-12);
         kvq_artifact_free(&a);
         ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
-        ck_assert_int_eq(a.p.method, cases[i].m);
-        if (cases[i].m == KVQ_METHOD_KIVI) {
+        ck_assert_ptr_eq(a.p.method, cases[i].m);
+        if (cases[i].m == KVQ_FAM("kivi")) {
             ck_assert_uint_eq(a.p.group_size, 4);
             ck_assert_uint_eq(a.p.residual_length, 8);
             ck_assert_int_eq(a.p.k_bits, 2);
@@ -488,7 +488,7 @@ START_TEST(test_baselines)
         kvq_artifact_free(&a);
     }
     /* kivi: G must divide head_dim (dump-dependent check) */
-    o = kvq_calibrate_defaults(KVQ_METHOD_KIVI);
+    o = kvq_calibrate_defaults(KVQ_FAM("kivi"));
     o.group_size = 16;
     o.residual_length = 32;
     ck_assert_int_eq(kvq_calibrate_file(dump, out, true, &o, NULL, &e), KVQ_EINVAL);
@@ -509,7 +509,7 @@ START_TEST(test_deterministic)
     tmp(o2, sizeof o2, "det2.st");
     tmp(o3, sizeof o3, "det3.st");
     write_dump(dump, &d, &(dump_spec){0});
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("nuq"));
     o.k_bits = o.v_bits = 3;
     kvq_err e = {0};
     unlink(o1);
@@ -575,7 +575,7 @@ START_TEST(test_fingerprints)
     ck_assert_int_eq(kvq_identity_model_hp("abc", &hp, got2, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "model_sha256"), "%s", e.msg);
     /* the artifact records it; check_model accepts the model's and rejects another */
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_INT);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("int"));
     kvq_artifact a;
     ck_assert_msg(kvq_calibrate_file(dump, out, true, &o, &a, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_str_eq(a.p.model_fingerprint, want);
@@ -638,7 +638,7 @@ START_TEST(test_model_chain)
         ck_assert(!exists(partial) && !exists(dump));
     }
     ck_assert_msg(kvq_capture_run(&co, &rep, &e) == KVQ_OK, "%s", e.msg);
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("nuq"));
     o.k_bits = o.v_bits = 3;
     o.fisher = false;
     kvq_artifact a;
@@ -694,7 +694,7 @@ START_TEST(test_fp8_scales)
     } cases[] = {{false, false, 100, 0}, {true, false, 100, 0}, {true, false, 90, 0}, {false, true, 100, 0},
                  {true, false, 100, 1}};
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-        kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+        kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
         ck_assert(o.post_rope && o.n_sink == 0 && o.k_bits == 8 && o.fp8_percentile == 100);
         o.per_head = cases[ci].head;
         o.fp8_e5m2 = cases[ci].e5m2;
@@ -703,7 +703,7 @@ START_TEST(test_fp8_scales)
         kvq_artifact a;
         ck_assert_msg(kvq_calibrate_file(dump, out, true, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
         ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
-        ck_assert_int_eq(a.p.method, KVQ_METHOD_FP8);
+        ck_assert_ptr_eq(a.p.method, KVQ_FAM("fp8"));
         ck_assert(a.p.per_head == cases[ci].head && a.p.fp8_e5m2 == cases[ci].e5m2 && a.p.post_rope);
         ck_assert_double_eq(a.p.fp8_percentile, cases[ci].pct);
         size_t nsc = cases[ci].head ? HKV : 1;
@@ -795,12 +795,12 @@ START_TEST(test_fp8_scales)
     }
     /* export of a non-fp8 artifact, pre-RoPE fp8 scales */
     kvq_artifact a;
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_INT);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("int"));
     ck_assert(kvq_calibrate_file(dump, out, true, &o, &a, &e) == KVQ_OK);
     ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, true, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "method int") && strstr(e.msg, "fp8"), "%s", e.msg);
     kvq_artifact_free(&a);
-    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
     o.post_rope = false;
     ck_assert(kvq_calibrate_file(dump, out, true, &o, &a, &e) == KVQ_OK);
     size_t rows;
@@ -812,21 +812,21 @@ START_TEST(test_fp8_scales)
     ck_assert_msg(strstr(e.msg, "pre-RoPE"), "%s", e.msg);
     kvq_artifact_free(&a);
     /* option errors */
-    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
     o.k_bits = o.v_bits = 4;
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"bits", "fp8 stores 8-bit codes", NULL});
-    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
     o.fp8_percentile = 0;
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "(0, 100]", "found 0", NULL});
     o.fp8_percentile = 100.5;
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "found 100.5", NULL});
-    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
     o.outlier_frac = 0.01;
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"outlier fraction", "method fp8", NULL});
-    o = kvq_calibrate_defaults(KVQ_METHOD_INT);
+    o = kvq_calibrate_defaults(KVQ_FAM("int"));
     o.fp8_percentile = 99;
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "method is int", NULL});
-    o = kvq_calibrate_defaults(KVQ_METHOD_FP8);
+    o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
     write_dump(dump, &d, &(dump_spec){.no_fisher = true, .layer_first = 1, .layer_last = 1});
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"layers 1..1", "method fp8", NULL});
     synth_free(&d);
@@ -882,7 +882,7 @@ START_TEST(test_errors)
     synth_make(&d, 13);
     char dump[256];
     tmp(dump, sizeof dump, "err.h5");
-    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("nuq"));
     o.k_bits = o.v_bits = 3;
     /* options */
     kvq_calibrate_opts b = o;
@@ -897,9 +897,9 @@ START_TEST(test_errors)
     b.outlier_frac = -0.01;
     expect_fail(dump, &b, KVQ_EINVAL, (const char *const[]){"outlier fraction", "found -0.01", NULL});
     b = o;
-    b.method = (kvq_method)7;
-    expect_fail(dump, &b, KVQ_EINVAL, (const char *const[]){"method", "unknown value 7", NULL});
-    b = kvq_calibrate_defaults(KVQ_METHOD_INT);
+    b.method = KVQ_FAM("fp16"); /* a family kvcalib cannot calibrate */
+    expect_fail(dump, &b, KVQ_EINVAL, (const char *const[]){"method", "fp16", NULL});
+    b = kvq_calibrate_defaults(KVQ_FAM("int"));
     b.outlier_frac = 0.01;
     expect_fail(dump, &b, KVQ_EINVAL, (const char *const[]){"outlier fraction", "method int", NULL});
     b = o;

@@ -1,4 +1,4 @@
-/* test_kveval.c — kveval's library (analysis/kveval/scheme.h, analysis/kveval/perplexity.h):
+/* test_kveval.c — kveval's library (kernels/schemes/scheme.h, analysis/kveval/perplexity.h):
  *  - decode equivalence: the batched, scheme-transformed window equals an
  *    explicit token-by-token decode loop over a real quantized cache
  *    (tokens quantized once when appended; KIVI's key flushes and value
@@ -80,37 +80,37 @@ static kvq_status ref_quant_row(dec_state *d, int layer, int pos, float *k, floa
     const kvq_eval_scheme *s = d->s;
     const kvq_scheme *q = &s->s.q;
     size_t ns = (size_t)pos < q->n_sink ? 1 : 0, kvd = (size_t)d->kvd;
-    switch (q->kind) {
-    case KVQ_SCHEME_FP32: return KVQ_OK;
-    case KVQ_SCHEME_FP16:
+    switch (kvq_test_fam(q->fam)) {
+    case KVQ_TEST_FP32: return KVQ_OK;
+    case KVQ_TEST_FP16:
         if (!ns) {
             kvq_quant_fp16(k, k, kvd, NULL);
             kvq_quant_fp16(v, v, kvd, NULL);
         }
         return KVQ_OK;
-    case KVQ_SCHEME_INT:
+    case KVQ_TEST_INT:
         KVQ_TRY(kvq_quant_int_token(k, k, 1, kvd, q->group, q->k_bits, ns, NULL, e));
         return kvq_quant_int_token(v, v, 1, kvd, q->group, q->v_bits, ns, NULL, e);
-    case KVQ_SCHEME_NUQ: {
+    case KVQ_TEST_NUQ: {
         const kvq_kv_table *kt = &s->art->k[layer], *vt = &s->art->v[layer];
         kvq_nuq_lut lk = {.bits = kt->bits, .n_tables = kt->n_tables, .head_dim = s->head_dim, .levels = kt->levels};
         kvq_nuq_lut lv = {.bits = vt->bits, .n_tables = vt->n_tables, .head_dim = s->head_dim, .levels = vt->levels};
         KVQ_TRY(kvq_quant_nuq_keys(k, k, 1, kvd, &lk, kt->channel_lower, kt->channel_upper, q->outlier_frac > 0, ns, NULL, e));
         return kvq_quant_nuq_values(v, v, 1, kvd, &lv, q->outlier_frac, ns, NULL, e);
     }
-    case KVQ_SCHEME_FP8: {
+    case KVQ_TEST_FP8: {
         if (ns) return KVQ_OK;
         size_t H = kvd / s->head_dim;
         const float one = 1.0f;
         const kvq_kv_table *kt = s->art ? &s->art->k[layer] : NULL, *vt = s->art ? &s->art->v[layer] : NULL;
-        kvq_fp8_format f = (kvq_fp8_format)(s->s.variant & 1);
+        kvq_fp8_format f = (kvq_fp8_format)(s->s.q.variant & 1);
         KVQ_TRY(kvq_fp8_kv_roundtrip(f, k, k, 1, H, s->head_dim, kt ? kt->fp8_scale : &one, kt ? kt->n_fp8_scales : 1, e));
         return kvq_fp8_kv_roundtrip(f, v, v, 1, H, s->head_dim, vt ? vt->fp8_scale : &one, vt ? vt->n_fp8_scales : 1, e);
     }
-    case KVQ_SCHEME_GGML:
+    case KVQ_TEST_GGML:
         if (ns) return KVQ_OK;
-        KVQ_TRY(kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.variant, k, k, 1, kvd / s->head_dim, s->head_dim, e));
-        return kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.variant, v, v, 1, kvd / s->head_dim, s->head_dim, e);
+        KVQ_TRY(kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, k, k, 1, kvd / s->head_dim, s->head_dim, e));
+        return kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, v, v, 1, kvd / s->head_dim, s->head_dim, e);
     default: return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
     }
 }
@@ -121,7 +121,7 @@ static kvq_status dec_transform(void *user, const kvq_layer_ctx *c, float *k, fl
     dec_state *d = user;
     ck_assert_int_eq(c->T, 1);
     ck_assert_int_eq(c->pos0, d->step);
-    if (d->s->s.q.kind == KVQ_SCHEME_KIVI) return KVQ_OK; /* the new token enters the fp16 buffer */
+    if (d->s->s.q.fam == KVQ_FAM("kivi")) return KVQ_OK; /* the new token enters the fp16 buffer */
     return ref_quant_row(d, c->layer, d->step, k, v, e);
 }
 
@@ -268,7 +268,7 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
     d.qv = calloc(cn, sizeof(float));
     float *pk = malloc(cn * sizeof(float)), *pv = malloc(cn * sizeof(float));
     kvq_hooks hd = {.user = &d, .transform = dec_transform, .observe = dec_observe, .key_stage = s.s.key_stage};
-    bool kivi = s.s.q.kind == KVQ_SCHEME_KIVI;
+    bool kivi = s.s.q.fam == KVQ_FAM("kivi");
     double loss_d = 0;
     for (int t = 0; t < N; t++) {
         for (int l = 0; l < L; l++)
@@ -337,8 +337,8 @@ static void decode_case(const kvq_model *m, const kvq_artifact_set *set, const c
     ck_assert_msg(d_blas <= 1e-4 + 0.5 * d_fp32, "%s: one-GEMM batched pass %.3e from the row-invariant one (scheme effect %.3e)",
                   s.name, d_blas, d_fp32);
     /* teeth: the scheme changes the loss (fp16's effect is tiny: 7e-6 on aidreams260K) */
-    bool fp16 = s.s.q.kind == KVQ_SCHEME_FP16 || (s.s.q.kind == KVQ_SCHEME_GGML && s.s.variant == KVQ_GGML_Q8_0);
-    if (s.s.q.kind != KVQ_SCHEME_FP32)
+    bool fp16 = s.s.q.fam == KVQ_FAM("fp16") || (s.s.q.fam == KVQ_FAM("llama.cpp") && s.s.q.variant == KVQ_GGML_Q8_0);
+    if (s.s.q.fam != KVQ_FAM("fp32"))
         ck_assert_msg(fp16 ? d_fp32 > 1e-6 : d_fp32 > 1e-4,
                       "%s barely changes the loss (%.2e): the test would not notice a missing transform", s.name, d_fp32);
     if (kivi) ck_assert_msg(d_naive > 1e-4, "%s: the naive all-quantized pass matches decode too (%.2e)", s.name, d_naive);
@@ -686,7 +686,7 @@ END_TEST
 
 /* A scheme family defined outside the registry (the extension point) that
  * poisons one value: the run must fail naming scheme, window and position. */
-static kvq_status apply_nan(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
+static kvq_status apply_nan(kvq_kv_desc_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
 {
     (void)run, (void)k, (void)alt, (void)e;
     if (c->layer == 0) v[5 * c->n_kv_heads * c->head_dim] = NAN; /* token 5 */
@@ -705,10 +705,11 @@ START_TEST(test_nan_reported)
     kvq_eval_scheme s[2];
     ck_assert(kvq_eval_scheme_make("fp16", NULL, &env.m.hp, &s[0], &e) == KVQ_OK);
     s[1] = s[0];
-    kvq_scheme_family fam = *s[0].s.fam;
+    kvq_family fam = *s[0].s.q.fam;
     fam.name = "nan";
-    fam.apply = apply_nan;
-    s[1].s.fam = &fam;
+    fam.transform = apply_nan;
+    s[1].s.q.fam = &fam;
+    s[1].desc.q.fam = &fam;
     snprintf(s[1].name, sizeof s[1].name, "nan-test");
     kvq_ppl_result res[2];
     ck_assert(kvq_ppl_run(&env.m, &w, &plan, s, 2, NULL, res, &e) == KVQ_ENUMERIC);
@@ -858,7 +859,7 @@ START_TEST(test_bind_artifacts)
     {
         kvq_artifact a;
         ck_assert_msg(kvq_artifact_read(paths[1], &a, &e) == KVQ_OK, "%s", e.msg);
-        a.p.method = KVQ_METHOD_INT_PC;
+        a.p.method = KVQ_FAM("int-pc");
         a.p.group_size = 4;
         for (size_t l = 0; l < a.p.n_layers; l++) { /* int-pc keeps the key thresholds only */
             free(a.k[l].levels);
@@ -968,9 +969,9 @@ START_TEST(test_device_paths)
     for (int i = 0; i < NS; i++) ck_assert(kvq_eval_scheme_make(specs[i], NULL, &env.m.hp, &sc[i], &e) == KVQ_OK);
     ck_assert_ptr_null(kvq_eval_scheme_kv_desc(&sc[0]));
     const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(&sc[2]);
-    ck_assert(d && d->q.kind == KVQ_SCHEME_INT && d->q.k_bits == 4 && d->key_stage == KVQ_KEYS_POST_ROPE);
+    ck_assert(d && d->q.fam == KVQ_FAM("int") && d->q.k_bits == 4 && d->key_stage == KVQ_KEYS_POST_ROPE);
     d = kvq_eval_scheme_kv_desc(&sc[3]);
-    ck_assert(d && d->q.kind == KVQ_SCHEME_KIVI && d->q.n_sink == 2 && d->q.group == 4 && d->q.residual == 8);
+    ck_assert(d && d->q.fam == KVQ_FAM("kivi") && d->q.n_sink == 2 && d->q.group == 4 && d->q.residual == 8);
 
     kvq_ppl_result a[NS], b[NS];
     ck_assert(kvq_ppl_run(&env.m, &w, &plan, sc, NS, NULL, a, &e) == KVQ_OK);
@@ -1010,12 +1011,12 @@ START_TEST(test_device_paths)
     kvq_forward_free(&fw);
     kvq_engine_free(&en);
 
-    /* a scheme with its own apply (host transform) exposes no descriptor */
-    kvq_scheme_family fam = *sc[2].s.fam;
-    fam.apply = NULL;
-    fam.native = false;
+    /* an identity family exposes no descriptor (and no transform) */
+    kvq_family fam = *sc[2].s.q.fam;
+    fam.identity = true;
     kvq_eval_scheme plain = sc[2];
-    plain.s.fam = &fam;
+    plain.s.q.fam = &fam;
+    plain.desc.q.fam = &fam;
     ck_assert_ptr_null(kvq_eval_scheme_kv_desc(&plain));
     ck_assert(kvq_eval_scheme_is_identity(&plain));
 

@@ -1,7 +1,7 @@
 /* test_kvstat_e2e.c — kvstat end to end: the synthetic data of
  * kvstat_synth.h written as a real kvdump file (formats/dump.h), read back
  * through the dump source (same statistics as from memory, bit for bit), an
- * nuq artifact fitted on it with calib/tables.h, and bin/kvstat run on both:
+ * nuq artifact fitted on it with kernels/quant/tables.h, and bin/kvstat run on both:
  * JSON/HTML outputs, and the bad-input exits (layer out of range, attention
  * plot without attn_received, artifact for another model, another schema
  * version, bad option). The CLI part skips if bin/kvstat is not built. */
@@ -136,7 +136,7 @@ static void build_artifact(const synth_t *y, int n_layers, kvq_artifact *a)
 {
     memset(a, 0, sizeof *a);
     kvq_artifact_params *p = &a->p;
-    p->method = KVQ_METHOD_NUQ;
+    p->method = KVQ_FAM("nuq");
     p->k_bits = p->v_bits = 3;
     p->outlier_frac = 0.02;
     p->n_sink = 1;

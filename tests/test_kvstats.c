@@ -329,9 +329,9 @@ START_TEST(test_qerr_plain_schemes)
     synth_t y;
     ck_assert(synth_init(&y, 0, 1) == 0);
     kvq_err e = {0};
-    kvq_scheme sc[3] = {{.kind = KVQ_SCHEME_INT, .k_bits = 2, .v_bits = 2},
-                        {.kind = KVQ_SCHEME_INT, .k_bits = 4, .v_bits = 4},
-                        {.kind = KVQ_SCHEME_INT, .k_bits = 8, .v_bits = 8}};
+    kvq_scheme sc[3] = {{.fam = KVQ_FAM("int"), .k_bits = 2, .v_bits = 2},
+                        {.fam = KVQ_FAM("int"), .k_bits = 4, .v_bits = 4},
+                        {.fam = KVQ_FAM("int"), .k_bits = 8, .v_bits = 8}};
     kvq_qscheme_state st[3];
     kvq_qscheme q[3];
     for (int i = 0; i < 3; i++) ck_assert_msg(kvq_qscheme_plain(&sc[i], SY_D, &st[i], &q[i], &e) == KVQ_OK, "%s", e.msg);

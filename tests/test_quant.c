@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvq_test.h"
+#include "family.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "half.h"
@@ -412,22 +413,22 @@ START_TEST(test_scheme_bits)
     kvq_bits b;
     kvq_err e = {0};
     /* LLaMA-7B-like: kv_dim 4096, ctx 2048 (KVQuant Table 1 "avg bits" column) */
-    kvq_scheme nuq3 = {.kind = KVQ_SCHEME_NUQ, .k_bits = 3, .v_bits = 3, .outlier_frac = 0.01};
+    kvq_scheme nuq3 = {.fam = KVQ_FAM("nuq"), .k_bits = 3, .v_bits = 3, .outlier_frac = 0.01};
     ck_assert(kvq_scheme_bits(&nuq3, 2048, 4096, &b, &e) == KVQ_OK);
     double kref = 3 + 32.0 / 2048 + 16.0 * 8 / (2048.0 * 4096) + 0.32 + 32.0 / 4096;
     double vref = 3 + 32.0 / 4096 + 16.0 * 8 / (2048.0 * 4096) + 42.0 / 4096 * 32 + 32.0 / 4096;
     ck_assert_double_eq_tol(b.k, kref, 1e-12);
     ck_assert_double_eq_tol(b.v, vref, 1e-12);
     ck_assert(b.mean > 3.32 && b.mean < 3.35); /* paper: nuq3-1% 3.32-3.35 */
-    kvq_scheme int4 = {.kind = KVQ_SCHEME_INT, .k_bits = 4, .v_bits = 4};
+    kvq_scheme int4 = {.fam = KVQ_FAM("int"), .k_bits = 4, .v_bits = 4};
     ck_assert(kvq_scheme_bits(&int4, 2048, 4096, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.k, 4 + 32.0 / 4096, 1e-12); /* paper: 4.00-4.02 */
-    kvq_scheme kivi2 = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 32, .residual = 128};
+    kvq_scheme kivi2 = {.fam = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group = 32, .residual = 128};
     ck_assert(kvq_scheme_bits(&kivi2, 4096, 4096, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.k, (3968.0 * 3 + 128 * 16) / 4096, 1e-12); /* 3 bits dense + fp16 residual */
     /* no residual: keys still go in whole groups, the last partial group stays fp16 (a window shorter
      * than G kept every key exact but was counted as 4 bits); values are quantized at once */
-    kvq_scheme kivi_r0 = {.kind = KVQ_SCHEME_KIVI, .k_bits = 2, .v_bits = 2, .group = 16, .residual = 0};
+    kvq_scheme kivi_r0 = {.fam = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group = 16, .residual = 0};
     ck_assert(kvq_scheme_bits(&kivi_r0, 8, 64, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.k, 16, 1e-12);
     ck_assert_double_eq_tol(b.v, 2 + 32.0 / 16, 1e-12);
@@ -437,10 +438,10 @@ START_TEST(test_scheme_bits)
     ck_assert(kvq_scheme_bits(&kivi_r0, 70, 64, &b, &e) == KVQ_OK); /* 2 sink + 4 groups + 4 fp16 keys */
     ck_assert_double_eq_tol(b.k, (64.0 * 4 + 6 * 16) / 70, 1e-12);
     ck_assert_double_eq_tol(b.v, (68.0 * 4 + 2 * 16) / 70, 1e-12);
-    kvq_scheme sink = {.kind = KVQ_SCHEME_INT, .k_bits = 2, .v_bits = 2, .n_sink = 1, .group = 64};
+    kvq_scheme sink = {.fam = KVQ_FAM("int"), .k_bits = 2, .v_bits = 2, .n_sink = 1, .group = 64};
     ck_assert(kvq_scheme_bits(&sink, 2048, 192, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.v, (2047.0 * 2.5 + 16) / 2048, 1e-12);
-    kvq_scheme fp16 = {.kind = KVQ_SCHEME_FP16};
+    kvq_scheme fp16 = {.fam = KVQ_FAM("fp16")};
     ck_assert(kvq_scheme_bits(&fp16, 10, 10, &b, &e) == KVQ_OK && b.k == 16 && b.v == 16);
     /* validation names the field */
     kvq_scheme bad = nuq3;

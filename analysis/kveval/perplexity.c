@@ -88,6 +88,7 @@ static kvq_status run_window(kvq_engine *e, const kvq_model *m, const kvq_window
     double t0 = kvq_now();
     kvq_status st = kvq_engine_run(e, &io, &r, err);
     res->seconds += kvq_now() - t0;
+    kvq_scheme_run_free(&run);
     if (st) return kvq_err_prefix(err, "scheme %s, window %zu (stream offset %zu)", sc->name, w, win->offsets[w]);
     if (r.n_scored != (int)plan->scored_per_window)
         return kvq_fail(err, KVQ_EINVAL, "perplexity: scheme %s, window %zu: %d positions scored, expected %zu", sc->name, w,
@@ -171,7 +172,9 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
             }
     } else {
         for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++) {
+            /* natively on the GPU when the family has a CUDA part, else the hook on the host */
             const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(&schemes[s]);
+            if (d && !d->q.fam->cuda) d = NULL;
             st = kvq_engine_set_kv(&e, d, err);
             if (st) {
                 kvq_err_prefix(err, "scheme %s", schemes[s].name);

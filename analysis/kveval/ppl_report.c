@@ -10,6 +10,10 @@
 #include "outfile.h"
 #include "perplexity.h"
 
+/* a family's parameters into the scheme's JSON object (kvq_param_sink) */
+static void json_num(void *ctx, const char *key, double v) { cJSON_AddNumberToObject(ctx, key, v); }
+static void json_str(void *ctx, const char *key, const char *v) { cJSON_AddStringToObject(ctx, key, v); }
+
 static const char *stage_name(kvq_key_stage s) { return s == KVQ_KEYS_PRE_ROPE ? "pre-rope" : "post-rope"; }
 
 static uint64_t scored_total(const kvq_ppl_report *r) { return (uint64_t)r->plan->n_windows * r->plan->scored_per_window; }
@@ -40,8 +44,8 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
     double base = r->results[r->baseline].ppl;
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
-        kvq_bits b;
-        KVQ_TRY(kvq_eval_scheme_bits(s, pl->ctx, &r->m->hp, &b, err));
+        kvq_bits b; /* from the counts the run realised (outliers, high-precision tokens) */
+        KVQ_TRY(kvq_eval_scheme_bits_run(s, pl->ctx, &r->m->hp, &r->results[i].k_counts, &r->results[i].v_counts, &b, err));
         double mib = kvq_eval_scheme_cache_mib(s, &b, pl->ctx, &r->m->hp);
         double ppl = r->results[i].ppl;
         char delta[32];
@@ -58,7 +62,7 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         notes = true;
         fprintf(f, "- %s:", s->name);
         if (s->art)
-            fprintf(f, " tables from `%s` (method %s, %s keys, sink %zu)", s->art_path, kvq_method_name(s->art->p.method),
+            fprintf(f, " tables from `%s` (method %s, %s keys, sink %zu)", s->art_path, s->art->p.method->name,
                     s->art->p.post_rope ? "post-RoPE" : "pre-RoPE", s->art->p.n_sink);
         if (s->prefix) {
             fprintf(f, "%s IntactKV prefix of %d entr%s from `%s`", s->art ? ";" : "", s->prefix->P, s->prefix->P == 1 ? "y" : "ies",
@@ -157,7 +161,7 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         const kvq_artifact_params *ap = &r->arts->a[i].p;
         cJSON *a = cJSON_CreateObject();
         cJSON_AddStringToObject(a, "path", r->arts->path[i]);
-        cJSON_AddStringToObject(a, "method", kvq_method_name(ap->method));
+        cJSON_AddStringToObject(a, "method", ap->method->name);
         cJSON_AddNumberToObject(a, "k_bits", ap->k_bits);
         cJSON_AddNumberToObject(a, "v_bits", ap->v_bits);
         cJSON_AddNumberToObject(a, "outlier_fraction", ap->outlier_frac);
@@ -175,12 +179,12 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
         const kvq_ppl_result *res = &r->results[i];
-        kvq_bits b;
-        if ((*st = kvq_eval_scheme_bits(s, pl->ctx, hp, &b, err)) != KVQ_OK) break;
+        kvq_bits b; /* realised, as the table */
+        if ((*st = kvq_eval_scheme_bits_run(s, pl->ctx, hp, &res->k_counts, &res->v_counts, &b, err)) != KVQ_OK) break;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", s->name);
         cJSON_AddStringToObject(o, "spec", s->s.spec);
-        cJSON_AddStringToObject(o, "family", s->s.fam->name);
+        cJSON_AddStringToObject(o, "family", s->s.q.fam->name);
         cJSON_AddBoolToObject(o, "baseline", i == r->baseline);
         cJSON_AddNumberToObject(o, "k_code_bits", kvq_eval_scheme_code_bits(s, 'k'));
         cJSON_AddNumberToObject(o, "v_code_bits", kvq_eval_scheme_code_bits(s, 'v'));
@@ -188,8 +192,8 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
         cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
         cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
-        /* the same accounting at longer contexts, for this model and for a
-         * Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
+        /* the nominal accounting (from the parameters) at longer contexts, for this model and
+         * for a Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
         {
             static const size_t ctxs[] = {2048, 32768, 131072};
             kvq_hparams l7 = *hp;
@@ -215,18 +219,11 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         }
         cJSON_AddStringToObject(o, "key_stage", stage_name(s->s.key_stage));
         cJSON_AddNumberToObject(o, "n_sink", (double)s->s.q.n_sink);
-        if (s->s.q.kind == KVQ_SCHEME_INT) cJSON_AddNumberToObject(o, "group_size", (double)s->s.q.group);
-        if (s->s.q.kind == KVQ_SCHEME_KIVI) {
-            cJSON_AddNumberToObject(o, "group_size", (double)s->s.q.group);
-            cJSON_AddNumberToObject(o, "residual_length", (double)s->s.q.residual);
-        }
         if (s->s.q.outlier_frac > 0) cJSON_AddNumberToObject(o, "outlier_fraction", s->s.q.outlier_frac);
-        if (s->s.q.kind == KVQ_SCHEME_FP8) {
-            cJSON_AddStringToObject(o, "fp8_format", (s->s.variant & 1) ? "e5m2" : "e4m3fn");
-            cJSON_AddStringToObject(o, "fp8_scales", !s->art ? "unit" : s->s.variant >= 2 ? "per-kv-head" : "per-tensor");
-            if (s->art) cJSON_AddNumberToObject(o, "fp8_percentile", s->s.percentile);
+        if (s->s.q.fam->describe) {
+            kvq_param_sink ps = {.ctx = o, .num = json_num, .str = json_str};
+            s->s.q.fam->describe(&s->s.q, s->art != NULL, &ps);
         }
-        if (s->s.q.kind == KVQ_SCHEME_GGML) cJSON_AddNumberToObject(o, "block_size", 32);
         if (s->art_path) cJSON_AddStringToObject(o, "artifact", s->art_path);
         if (s->prefix) {
             cJSON_AddStringToObject(o, "intactkv_artifact", r->arts->path[s->prefix_index]);

@@ -101,52 +101,19 @@ static kvq_status scheme_quantize(void *ctx, int layer, bool is_value, const flo
                                   float *out, uint64_t *n_outliers, uint64_t *n_elems, kvq_err *err)
 {
     const kvq_qscheme_state *st = ctx;
-    const kvq_scheme *s = &st->scheme;
     kvq_quant_counts c = {0};
-    kvq_status r = KVQ_OK;
-    int bits = is_value ? s->v_bits : s->k_bits;
-    switch (s->kind) {
-    case KVQ_SCHEME_FP32:
-        memcpy(out, in, n_tokens * kv_dim * sizeof(float));
-        c.n_elems = n_tokens * kv_dim;
-        break;
-    case KVQ_SCHEME_FP16: kvq_quant_fp16(out, in, n_tokens * kv_dim, &c); break;
-    case KVQ_SCHEME_INT:
-        r = kvq_quant_int_token(out, in, n_tokens, kv_dim, s->group, bits, s->n_sink, &c, err);
-        break;
-    case KVQ_SCHEME_INT_PC: {
-        if (is_value) { r = kvq_quant_int_token(out, in, n_tokens, kv_dim, s->group, bits, s->n_sink, &c, err); break; }
-        const kvq_kv_table *t = &st->art->k[layer];
-        r = kvq_quant_int_channel(out, in, n_tokens, kv_dim, t->channel_lower, t->channel_upper, bits,
-                                  s->outlier_frac > 0, s->n_sink, &c, err);
-        break;
-    }
-    case KVQ_SCHEME_NUQ: {
-        const kvq_kv_table *t = is_value ? &st->art->v[layer] : &st->art->k[layer];
-        kvq_nuq_lut lut = {t->bits, t->n_tables, st->head_dim, t->levels};
-        if (is_value) r = kvq_quant_nuq_values(out, in, n_tokens, kv_dim, &lut, s->outlier_frac, s->n_sink, &c, err);
-        else
-            r = kvq_quant_nuq_keys(out, in, n_tokens, kv_dim, &lut, t->channel_lower, t->channel_upper,
-                                   s->outlier_frac > 0, s->n_sink, &c, err);
-        break;
-    }
-    case KVQ_SCHEME_KIVI:
-        r = is_value ? kvq_kivi_values(out, in, n_tokens, kv_dim, st->head_dim, s->group, bits, s->n_sink, &c, err)
-                     : kvq_kivi_keys(out, in, n_tokens, kv_dim, s->group, bits, s->n_sink, &c, err);
-        break;
-    default: r = kvq_fail(err, KVQ_EUNSUPPORTED, "kvstat: scheme kind %d is evaluated by kveval only", (int)s->kind); break;
-    }
+    kvq_status r = kvq_kv_desc_quantize(&st->desc, layer, is_value ? 'v' : 'k', out, in, n_tokens, kv_dim, st->head_dim, &c, err);
     *n_outliers += c.n_outliers;
     *n_elems += c.n_elems;
     return r;
 }
 
-static void fill_qscheme(kvq_qscheme_state *st, kvq_qscheme *q, bool post_rope)
+static void fill_qscheme(kvq_qscheme_state *st, kvq_qscheme *q)
 {
     memset(q, 0, sizeof *q);
     q->name = st->name;
     q->ctx = st;
-    q->keys_post_rope = post_rope;
+    q->keys_post_rope = st->desc.key_stage == KVQ_KEYS_POST_ROPE;
     q->quantize = scheme_quantize;
     q->calib_outlier_frac_k = st->calib_k;
     q->calib_outlier_frac_v = st->calib_v;
@@ -156,28 +123,17 @@ kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *s
 {
     memset(st, 0, sizeof *st);
     const kvq_artifact_params *p = &a->p;
-    kvq_scheme s = {.k_bits = p->k_bits, .v_bits = p->v_bits, .outlier_frac = p->outlier_frac, .n_sink = p->n_sink,
-                    .group = p->group_size, .residual = p->residual_length};
-    switch (p->method) {
-    case KVQ_METHOD_NUQ: s.kind = KVQ_SCHEME_NUQ; break;
-    case KVQ_METHOD_INT: s.kind = KVQ_SCHEME_INT; break;
-    case KVQ_METHOD_INT_PC: s.kind = KVQ_SCHEME_INT_PC; break;
-    case KVQ_METHOD_KIVI: s.kind = KVQ_SCHEME_KIVI; break;
-    case KVQ_METHOD_FP8:
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method fp8 (FP8 cache scales) is evaluated by kveval "
-                        "(--scheme fp8-tensor / fp8-head); kvstat takes nuq, int, int-pc and kivi artifacts");
-    default: return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method %d unknown", (int)p->method);
+    KVQ_TRY(kvq_kv_desc_from_artifact(a, &st->desc, &st->tables, err));
+    kvq_status s = kvq_scheme_validate(&st->desc.q, err);
+    if (s) {
+        kvq_qscheme_state_free(st);
+        return s;
     }
-    if ((s.kind == KVQ_SCHEME_NUQ || s.kind == KVQ_SCHEME_INT_PC) && (!a->k || (s.kind == KVQ_SCHEME_NUQ && !a->v)))
-        return kvq_fail(err, KVQ_EFORMAT, "artifact: method %s without tables", kvq_method_name(p->method));
-    KVQ_TRY(kvq_scheme_validate(&s, err));
-    st->scheme = s;
-    st->art = a;
     st->head_dim = p->head_dim;
     char frac[32] = "";
     if (p->outlier_frac > 0) snprintf(frac, sizeof frac, "-%g%%", p->outlier_frac * 100);
-    snprintf(st->name, sizeof st->name, "%s%d/%d%s%s (artifact)", kvq_method_name(p->method), p->k_bits, p->v_bits,
-             frac, p->post_rope ? " post-RoPE" : "");
+    snprintf(st->name, sizeof st->name, "%s%d/%d%s%s (artifact)", p->method->name, p->k_bits, p->v_bits, frac,
+             p->post_rope ? " post-RoPE" : "");
     if (a->k && a->v) {
         st->calib_k = calloc(p->n_layers, sizeof(double));
         st->calib_v = calloc(p->n_layers, sizeof(double));
@@ -187,7 +143,7 @@ kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *s
             st->calib_v[i] = a->v[i].n_elems ? (double)a->v[i].n_outliers / (double)a->v[i].n_elems : NAN;
         }
     }
-    fill_qscheme(st, out, p->post_rope || s.kind == KVQ_SCHEME_INT || s.kind == KVQ_SCHEME_KIVI);
+    fill_qscheme(st, out);
     return KVQ_OK;
 }
 
@@ -195,29 +151,30 @@ kvq_status kvq_qscheme_plain(const kvq_scheme *sc, size_t head_dim, kvq_qscheme_
                              kvq_err *err)
 {
     memset(st, 0, sizeof *st);
-    if (sc->kind != KVQ_SCHEME_FP16 && sc->kind != KVQ_SCHEME_INT && sc->kind != KVQ_SCHEME_KIVI &&
-        sc->kind != KVQ_SCHEME_FP32)
-        return kvq_fail(err, KVQ_EINVAL, "plain scheme: nuq and int-pc need an artifact's tables");
+    if (!sc->fam || (sc->fam->needs_artifact && sc->fam->needs_artifact(sc)))
+        return kvq_fail(err, KVQ_EINVAL, "plain scheme: %s needs an artifact's tables", sc->fam ? sc->fam->name : "(none)");
     KVQ_TRY(kvq_scheme_validate(sc, err));
-    st->scheme = *sc;
+    st->desc = (kvq_kv_desc){.q = *sc, .key_stage = KVQ_KEYS_POST_ROPE};
     st->head_dim = head_dim;
-    switch (sc->kind) {
-    case KVQ_SCHEME_FP16: snprintf(st->name, sizeof st->name, "fp16"); break;
-    case KVQ_SCHEME_FP32: snprintf(st->name, sizeof st->name, "fp32"); break;
-    case KVQ_SCHEME_INT:
+    const char *fn = sc->fam->name;
+    if (!strcmp(fn, "int")) {
         if (sc->group) snprintf(st->name, sizeof st->name, "int%d/%d per-token g%zu", sc->k_bits, sc->v_bits, sc->group);
         else snprintf(st->name, sizeof st->name, "int%d/%d per-token", sc->k_bits, sc->v_bits);
-        break;
-    default: snprintf(st->name, sizeof st->name, "kivi%d/%d G%zu", sc->k_bits, sc->v_bits, sc->group); break;
+    } else if (!strcmp(fn, "kivi")) {
+        snprintf(st->name, sizeof st->name, "kivi%d/%d G%zu", sc->k_bits, sc->v_bits, sc->group);
+    } else {
+        sc->fam->format(sc, st->name, sizeof st->name);
     }
-    fill_qscheme(st, out, true);
+    fill_qscheme(st, out);
     return KVQ_OK;
 }
 
 void kvq_qscheme_state_free(kvq_qscheme_state *st)
 {
     if (!st) return;
+    free(st->tables);
     free(st->calib_k);
     free(st->calib_v);
+    st->tables = NULL;
     st->calib_k = st->calib_v = NULL;
 }

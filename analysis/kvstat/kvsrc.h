@@ -1,7 +1,7 @@
 /* kvsrc.h — kvstat's sources and schemes over the other modules:
  *  - a kvq_kvsrc over a kvdump HDF5 file (formats/dump.h, schema DUMP.md);
  *  - quantize→dequantize schemes (kvq_qscheme) built from a calibration
- *    artifact (formats/artifact.h, ARTIFACT.md) or from plain parameters
+ *    artifact (kernels/schemes/artifact.h, ARTIFACT.md) or from plain parameters
  *    (uniform per-token intX, KIVI), applied with kernels/quant/quant.h.
  */
 #ifndef KVQ_KVSRC_H
@@ -9,6 +9,7 @@
 
 #include "artifact.h"
 #include "dump.h"
+#include "kv_desc.h"
 #include "kvstats.h"
 #include "quant.h"
 
@@ -30,19 +31,19 @@ kvq_status kvq_artifact_check_source(const kvq_artifact *a, const kvq_kvsrc *src
 
 /* State of one scheme (the kvq_qscheme's ctx points here; keep it alive). */
 typedef struct {
-    kvq_scheme scheme;              /* kind, bits, outlier fraction, sink, group, residual */
-    const kvq_artifact *art;        /* tables (nuq, int-pc) or NULL */
+    kvq_kv_desc desc;               /* family, parameters, tables */
+    kvq_kv_layer_tables *tables;    /* owned views of the artifact's tables, or NULL */
     size_t head_dim;
     char name[64];
     double *calib_k, *calib_v;      /* [n_layers] calibrated outlier fraction, or NULL */
 } kvq_qscheme_state;
 
-/* The artifact's own scheme: name like "nuq4/4-1% (artifact)". Keys are
- * quantized pre- or post-RoPE as the artifact says. Allocates calib_* (free
- * with kvq_qscheme_state_free). */
+/* The artifact's own scheme (kvq_kv_desc_from_artifact): name like
+ * "nuq4/4-1% (artifact)". Keys are quantized pre- or post-RoPE as the
+ * artifact says. Allocates (free with kvq_qscheme_state_free). */
 kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *st, kvq_qscheme *out, kvq_err *err);
-/* A table-free scheme: KVQ_SCHEME_FP16, KVQ_SCHEME_INT (post-RoPE keys, per-token,
- * the KVQuant baseline) or KVQ_SCHEME_KIVI (post-RoPE keys, as KIVI caches them). */
+/* A table-free scheme (a family that needs no artifact: fp16, int, kivi,
+ * ...), post-RoPE keys. */
 kvq_status kvq_qscheme_plain(const kvq_scheme *sc, size_t head_dim, kvq_qscheme_state *st, kvq_qscheme *out,
                              kvq_err *err);
 void kvq_qscheme_state_free(kvq_qscheme_state *st);

@@ -28,10 +28,7 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFree(g->wbuf);
     cudaFree(g->abuf);
     cudaFree(g->logits);
-    cudaFree(g->d_klo);
-    cudaFree(g->d_kup);
-    cudaFree(g->d_klv);
-    cudaFree(g->d_vlv);
+    if (g->has_desc && g->kv_state && g->desc.q.fam->cuda->release) g->desc.q.fam->cuda->release(g->kv_state);
     cudaFreeHost(g->hbuf);
     cudaFree(g->sbuf);
     cudaFree(g->bbuf);
@@ -288,58 +285,38 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
 extern "C" kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kvq_err *err)
 {
     const kvq_hparams *hp = &g->m->hp;
+    if (g->has_desc && g->kv_state && g->desc.q.fam->cuda->release) g->desc.q.fam->cuda->release(g->kv_state);
+    g->kv_state = NULL;
     g->has_desc = false;
     if (!d || kvq_kv_desc_is_identity(d)) return KVQ_OK;
     KVQ_TRY(kvq_kv_desc_validate(d, hp, err));
+    const kvq_family_cuda *fc = d->q.fam->cuda;
+    if (!fc)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: the %s family has no native CUDA transform (run it as a host "
+                        "transform hook)", d->q.fam->name);
     CU(cudaSetDevice(g->dev));
-    if (d->q.kind == KVQ_SCHEME_NUQ || d->q.kind == KVQ_SCHEME_INT_PC) {
-        const size_t NL = hp->n_layers, kvd = kvq_kv_dim(hp);
-        cudaFree(g->d_klo);
-        cudaFree(g->d_kup);
-        cudaFree(g->d_klv);
-        cudaFree(g->d_vlv);
-        g->d_klo = g->d_kup = g->d_klv = g->d_vlv = NULL;
-        KVQ_TRY(dev_alloc(g, (void **)&g->d_klo, NL * kvd * sizeof(float), "key channel thresholds", err));
-        KVQ_TRY(dev_alloc(g, (void **)&g->d_kup, NL * kvd * sizeof(float), "key channel thresholds", err));
-        for (size_t l = 0; l < NL; l++) {
-            CU(cudaMemcpy(g->d_klo + l * kvd, d->layers[l].k_lower, kvd * sizeof(float), cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(g->d_kup + l * kvd, d->layers[l].k_upper, kvd * sizeof(float), cudaMemcpyHostToDevice));
-        }
-        if (d->q.kind == KVQ_SCHEME_NUQ) {
-            g->k_tables = d->layers[0].k_lut.n_tables;
-            g->v_tables = d->layers[0].v_lut.n_tables;
-            size_t kn = g->k_tables << d->q.k_bits, vn = g->v_tables << d->q.v_bits;
-            for (size_t l = 1; l < NL; l++)
-                if (d->layers[l].k_lut.n_tables != g->k_tables || d->layers[l].v_lut.n_tables != g->v_tables)
-                    return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: nuq tables: layer %zu has a different table count than layer 0", l);
-            KVQ_TRY(dev_alloc(g, (void **)&g->d_klv, NL * kn * sizeof(float), "nuq key levels", err));
-            KVQ_TRY(dev_alloc(g, (void **)&g->d_vlv, NL * vn * sizeof(float), "nuq value levels", err));
-            for (size_t l = 0; l < NL; l++) {
-                CU(cudaMemcpy(g->d_klv + l * kn, d->layers[l].k_lut.levels, kn * sizeof(float), cudaMemcpyHostToDevice));
-                CU(cudaMemcpy(g->d_vlv + l * vn, d->layers[l].v_lut.levels, vn * sizeof(float), cudaMemcpyHostToDevice));
-            }
-        }
-    }
+    if (fc->upload) KVQ_TRY(fc->upload(d, hp, &g->kv_state, err));
     g->desc = *d;
     g->desc.layers = NULL; // tables live on the device now
+    g->desc.art = NULL;
     g->has_desc = true;
     return KVQ_OK;
 }
 
 namespace {
 
-// Native transform of one layer: fills the attention arguments' K/V (and alt).
+// Native transform of one layer (the family's CUDA part): fills the attention arguments' K/V (and alt).
 kvq_status native_transform(kvq_forward_cuda *g, int l, int T, kvq_cu_attn *a, kvq_err *err)
 {
     const kvq_hparams *hp = &g->m->hp;
-    const kvq_scheme *q = &g->desc.q;
-    const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd, ns = q->n_sink;
+    const kvq_family_cuda *fc = g->desc.q.fam->cuda;
+    const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd;
     const bool pre = g->desc.key_stage == KVQ_KEYS_PRE_ROPE;
     const float *ksrc = pre ? g->k_pre : g->k_post;
     const int nkv = hp->n_kv_heads, hd = hp->head_dim;
-    if (q->kind == KVQ_SCHEME_KIVI) {
-        CU(kvq_cu_q_kivi_keys(g->k_alt, ksrc, T, kvd, q->group, q->k_bits, ns, g->st));
-        CU(kvq_cu_q_int_token(g->v_alt, g->v, T, kvd, q->group, q->v_bits, ns, g->st));
+    kvq_cu_kv_args ka = {l, T, nkv, hd, kvd, ksrc, g->v, g->k_att, g->v_att, g->k_alt, g->v_alt, g->cnt, (void *)g->st};
+    if (fc->alt) {
+        KVQ_TRY(fc->transform(&g->desc, g->kv_state, &ka, err));
         if (pre) CU(kvq_cu_rope(g->k_alt, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
         a->k = g->k_post;
         a->v = g->v;
@@ -351,30 +328,7 @@ kvq_status native_transform(kvq_forward_cuda *g, int l, int T, kvq_cu_attn *a, k
     }
     CU(cudaMemcpyAsync(g->k_att, ksrc, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
     CU(cudaMemcpyAsync(g->v_att, g->v, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
-    switch (q->kind) {
-    case KVQ_SCHEME_FP16:
-        CU(kvq_cu_q_fp16(g->k_att, T, kvd, ns, g->st));
-        CU(kvq_cu_q_fp16(g->v_att, T, kvd, ns, g->st));
-        break;
-    case KVQ_SCHEME_INT:
-        CU(kvq_cu_q_int_token(g->k_att, g->k_att, T, kvd, q->group, q->k_bits, ns, g->st));
-        CU(kvq_cu_q_int_token(g->v_att, g->v_att, T, kvd, q->group, q->v_bits, ns, g->st));
-        break;
-    case KVQ_SCHEME_INT_PC:
-        CU(kvq_cu_q_int_channel(g->k_att, T, kvd, g->d_klo + l * kvd, g->d_kup + l * kvd, q->k_bits, q->outlier_frac > 0, ns,
-                                g->cnt, g->st));
-        CU(kvq_cu_q_int_token(g->v_att, g->v_att, T, kvd, q->group, q->v_bits, ns, g->st)); /* values: per-token groups */
-        break;
-    case KVQ_SCHEME_NUQ: {
-        size_t kn = g->k_tables << q->k_bits, vn = g->v_tables << q->v_bits;
-        CU(kvq_cu_q_nuq_keys(g->k_att, T, kvd, g->d_klv + l * kn, q->k_bits, g->k_tables, hd, g->d_klo + l * kvd,
-                             g->d_kup + l * kvd, q->outlier_frac > 0, ns, g->cnt, g->st));
-        CU(kvq_cu_q_nuq_values(g->v_att, T, kvd, g->d_vlv + l * vn, q->v_bits, g->v_tables, hd,
-                               kvq_outliers_per_side(kvd, q->outlier_frac), ns, g->cnt + 1, g->st));
-        break;
-    }
-    default: return kvq_fail(err, KVQ_EINVAL, "CUDA forward: kv descriptor kind %d has no native transform", (int)q->kind);
-    }
+    KVQ_TRY(fc->transform(&g->desc, g->kv_state, &ka, err));
     if (pre) CU(kvq_cu_rope(g->k_att, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
     a->k = g->k_att;
     a->v = g->v_att;
@@ -382,18 +336,68 @@ kvq_status native_transform(kvq_forward_cuda *g, int l, int T, kvq_cu_attn *a, k
 }
 
 // Generic transform callback on the host (copies down and up).
-kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_cu_attn *a,
-                          kvq_err *err)
+// A per-key schedule (forward.h kvq_kv_sched) runs its attention on the host (kvq_attention_sched:
+// query rows in order, with the family's step decisions): q down, the attention output up.
+kvq_status host_sched_attention(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_kv_sched *sc,
+                                const kvq_prefix *px, kvq_err *err)
 {
+    const kvq_hparams *hp = &g->m->hp;
+    const int nkv = hp->n_kv_heads, hd = hp->head_dim, l = ctx->layer, P = ctx->P;
+    const size_t qn = (size_t)T * kvq_q_dim(hp), kvd = kvq_kv_dim(hp);
+    if (g->s_q || g->xs)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: a scheme with a per-key schedule of representations has no backward "
+                        "pass; use it for evaluation only", l);
+    if (hk->observe) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: observe hooks with a per-key schedule run on the CPU", l);
+    if (hk->key_stage == KVQ_KEYS_PRE_ROPE)
+        for (int r = 0; r < sc->n_k; r++) {
+            bool seen = false;
+            for (int r2 = 0; r2 < r; r2++) seen |= sc->k[r2] == sc->k[r];
+            if (!seen) kvq_rope_apply(sc->k[r], T, nkv, hd, hp->rope_dim, g->h_cos, g->h_sin, 0);
+        }
+    KVQ_TRY(d2h(g, g->h_q, g->q, qn, err));
+    CU(cudaStreamSynchronize(g->st));
+    if (g->h_att.size() < qn) g->h_att.resize(qn);
+    kvq_attn_args ha = {};
+    ha.T = T;
+    ha.P = P;
+    ha.n_heads = hp->n_heads;
+    ha.n_kv_heads = nkv;
+    ha.head_dim = hd;
+    ha.q = g->h_q;
+    ha.out = g->h_att.data();
+    if (P > 0) {
+        ha.pk = px->k + (size_t)l * P * kvd;
+        ha.pv = px->v + (size_t)l * P * kvd;
+    }
+    int nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    kvq_status s = kvq_attention_sched(&ha, sc, l, nt, err);
+    if (s) return kvq_err_prefix(err, "layer %d", l);
+    CU(cudaMemcpyAsync(g->att, g->h_att.data(), qn * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    CU(cudaStreamSynchronize(g->st)); // h_att is reused by the next layer
+    return KVQ_OK;
+}
+
+kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_cu_attn *a,
+                          const kvq_prefix *px, bool *attended, kvq_err *err)
+{
+    *attended = false;
     const kvq_hparams *hp = &g->m->hp;
     const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd;
     const bool pre = hk->key_stage == KVQ_KEYS_PRE_ROPE;
     KVQ_TRY(d2h(g, g->h_katt, pre ? g->k_pre : g->k_post, n, err));
     KVQ_TRY(d2h(g, g->h_vatt, g->v, n, err));
     CU(cudaStreamSynchronize(g->st));
-    kvq_kv_alt alt = {g->h_kalt, g->h_kb, false, g->h_valt, g->h_vb, false};
+    kvq_kv_alt alt = {g->h_kalt, g->h_kb, false, g->h_valt, g->h_vb, false, NULL};
     kvq_status s = hk->transform(hk->user, ctx, g->h_katt, g->h_vatt, &alt, err);
     if (s) return kvq_err_prefix(err, "layer %d: KV transform", ctx->layer);
+    if (alt.sched) {
+        KVQ_TRY(host_sched_attention(g, hk, ctx, T, alt.sched, px, err));
+        *attended = true;
+        return KVQ_OK;
+    }
     if (alt.use_k) KVQ_TRY(kvq_attn_check_bounds(g->h_kb, T, "k_bound", err));
     if (alt.use_v) KVQ_TRY(kvq_attn_check_bounds(g->h_vb, T, "v_bound", err));
     KVQ_TRY(h2d(g, g->k_att, g->h_katt, n, err));
@@ -512,10 +516,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         CU(cudaMemcpyAsync(g->pk, px->k, pn * sizeof(float), cudaMemcpyHostToDevice, g->st));
         CU(cudaMemcpyAsync(g->pv, px->v, pn * sizeof(float), cudaMemcpyHostToDevice, g->st));
     }
-    const bool kivi = g->has_desc && g->desc.q.kind == KVQ_SCHEME_KIVI;
-    if (kivi) {
-        const kvq_scheme *q = &g->desc.q;
-        kvq_kv_desc_kivi_bounds(q, (size_t)T, g->h_kb, g->h_vb);
+    if (g->has_desc && kvq_kv_desc_alt_bounds(&g->desc, (size_t)T, g->h_kb, g->h_vb)) {
         CU(cudaMemcpyAsync(g->kb, g->h_kb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
         CU(cudaMemcpyAsync(g->vb, g->h_vb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
     }
@@ -555,14 +556,15 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
             a.pv = g->pv + (size_t)l * P * kvd;
         }
         kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens};
+        bool attended = false;
         if (g->has_desc) {
             KVQ_TRY(native_transform(g, l, T, &a, err));
             g->stats.native_transforms++;
         } else if (hk && hk->transform) {
-            KVQ_TRY(host_transform(g, hk, &ctx, T, &a, err));
+            KVQ_TRY(host_transform(g, hk, &ctx, T, &a, px, &attended, err));
             g->stats.host_transforms++;
         }
-        CU(kvq_cu_attention(&a, g->st));
+        if (!attended) CU(kvq_cu_attention(&a, g->st));
         if (acts) {
             const size_t kvo = l * mT * kvd, qo = l * mT * qd;
             CU(keep(g->s_q + qo, g->q, Tn * qd));

@@ -88,8 +88,8 @@ struct kvq_forward_cuda {
     // native transform
     bool has_desc;
     kvq_kv_desc desc;
-    float *d_klo, *d_kup, *d_klv, *d_vlv; // [n_layers][kv_dim] x2, [n_layers][k_tables][2^k_bits], [..v..]
-    size_t k_tables, v_tables;
+    void *kv_state;                        // the family's uploaded tables (kvq_family_cuda.upload), or NULL
+    std::vector<float> h_att;              // host attention output for a per-key schedule ([max_T][q_dim])
     kvq_cuda_stats stats;
     // KVQ_CUDA_BF16: GEMM weights (and tok_embd / output) hold bf16 bits behind their float* type;
     // xb = bf16 copy of a GEMM's activation input ([max_T][max(dim, q_dim, hidden_dim, v_chunk)])

@@ -155,43 +155,6 @@ kvq_status kvq_kvcache_config_validate(const kvq_kvcache_config *c, kvq_err *err
     return KVQ_OK;
 }
 
-kvq_status kvq_kvcache_config_from_artifact(kvq_kvcache_config *cfg, const kvq_artifact *a,
-                                            size_t layer, kvq_err *err)
-{
-    if (!cfg || !a) return kvq_fail(err, KVQ_EINVAL, "kvcache config from artifact: NULL argument");
-    const kvq_artifact_params *p = &a->p;
-    if (layer >= p->n_layers)
-        return kvq_fail(err, KVQ_EINVAL, "artifact: layer %zu: expected < n_layers %zu", layer, p->n_layers);
-    cfg->n_kv_heads = p->n_kv_heads;
-    cfg->head_dim = p->head_dim;
-    cfg->k_bits = p->k_bits;
-    cfg->v_bits = p->v_bits;
-    cfg->n_sink = p->n_sink;
-    cfg->post_rope = p->post_rope;
-    if (p->method == KVQ_METHOD_NUQ) {
-        if (!a->k || !a->v || !a->k[layer].levels || !a->v[layer].levels || !a->k[layer].channel_lower ||
-            !a->k[layer].channel_upper)
-            return kvq_fail(err, KVQ_EFORMAT, "artifact: layers.%zu: nuq tables missing", layer);
-        cfg->format = KVQ_KVCACHE_NUQ;
-        cfg->outlier_frac = p->outlier_frac;
-        cfg->k_tables = a->k[layer].n_tables;
-        cfg->v_tables = a->v[layer].n_tables;
-        cfg->k_levels = a->k[layer].levels;
-        cfg->v_levels = a->v[layer].levels;
-        cfg->k_lower = a->k[layer].channel_lower;
-        cfg->k_upper = a->k[layer].channel_upper;
-    } else if (p->method == KVQ_METHOD_KIVI) {
-        cfg->format = KVQ_KVCACHE_KIVI;
-        cfg->group = p->group_size;
-        cfg->residual = p->residual_length;
-    } else {
-        /* (no kvq_method_name here: keeps kvcache.o free of the artifact reader for GPU builds) */
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method %d (%s): the packed cache supports nuq and kivi",
-                        (int)p->method, p->method == KVQ_METHOD_INT ? "int" : p->method == KVQ_METHOD_INT_PC ? "int-pc" : "?");
-    }
-    return KVQ_OK;
-}
-
 /* ---- create / free ------------------------------------------------------------- */
 
 void kvq_kvcache_free(kvq_kvcache *c)

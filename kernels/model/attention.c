@@ -320,3 +320,168 @@ kvq_status kvq_attention(const kvq_attn_args *a, kvq_attn_ws *ws, kvq_err *err)
     }
     return KVQ_OK;
 }
+
+/* ---- per-key schedules ------------------------------------------------------------------- */
+
+#include "forward.h" /* kvq_kv_sched, kvq_sched_rep */
+
+/* Per KV head: the current representation of every window key in the tiled layout (prefix keys
+ * first, as kvq_attention's ws->kt), the current values [T][hd], and which representation each
+ * key / value holds now (-1 = not yet inserted). */
+typedef struct {
+    float *kt;          /* tiled keys: ceil((P+T)/16)*16*hd */
+    float *cv;          /* [T][hd] */
+    signed char *rk, *rv; /* [T] */
+    float *s;           /* [QB][P+T] scores / exp */
+    float *pr;          /* [gs][P+T] probabilities for the step */
+    double *acc;        /* [gs][P+T] mass (stats) */
+} sched_head;
+
+static kvq_status sched_check(const kvq_kv_sched *s, int T, int nkv, kvq_err *err)
+{
+    if (s->n_k < 1 || s->n_k > KVQ_KV_MAX_REPS || s->n_v < 1 || s->n_v > KVQ_KV_MAX_REPS)
+        return kvq_fail(err, KVQ_EINVAL, "attention schedule: %d key / %d value representations, expected 1..%d", s->n_k,
+                        s->n_v, KVQ_KV_MAX_REPS);
+    for (int r = 0; r < s->n_k; r++)
+        if (!s->k[r]) return kvq_fail(err, KVQ_EINVAL, "attention schedule: key representation %d missing", r);
+    for (int r = 0; r < s->n_v; r++)
+        if (!s->v[r]) return kvq_fail(err, KVQ_EINVAL, "attention schedule: value representation %d missing", r);
+    if ((s->n_k > 1 && !s->k_from) || (s->n_v > 1 && !s->v_from))
+        return kvq_fail(err, KVQ_EINVAL, "attention schedule: switch times missing");
+    for (int w = 0; w < 2; w++) {
+        const int *from = w ? s->v_from : s->k_from, n = w ? s->n_v : s->n_k;
+        for (int r = 2; r < n; r++)
+            for (size_t x = 0; x < (size_t)nkv * T; x++)
+                if (from[(size_t)(r - 1) * nkv * T + x] < from[(size_t)(r - 2) * nkv * T + x])
+                    return kvq_fail(err, KVQ_EINVAL,
+                                    "attention schedule: %s of KV head %zu, token %zu switches to representation %d (step %d) "
+                                    "before %d (step %d)", w ? "value" : "key", x / T, x % T, r,
+                                    from[(size_t)(r - 1) * nkv * T + x], r - 1, from[(size_t)(r - 2) * nkv * T + x]);
+    }
+    return KVQ_OK;
+}
+
+/* KV head h: every query row in order. */
+static kvq_status sched_head_run(const kvq_attn_args *a, kvq_kv_sched *sc, int layer, int h, sched_head *w, kvq_err *err)
+{
+    const int T = a->T, P = a->P, hd = a->head_dim, nkv = a->n_kv_heads, gs = a->n_heads / nkv;
+    const size_t ld = (size_t)P + T, stride = (size_t)nkv * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int stats = a->mass || a->entropy;
+    for (int j = 0; j < P; j++)
+        for (int d = 0; d < hd; d++) KT_TILE(w->kt, hd, j)[d * KVQ_ATT_JT] = a->pk[j * stride + (size_t)h * hd + d];
+    memset(w->rk, -1, (size_t)T);
+    memset(w->rv, -1, (size_t)T);
+    if (stats) memset(w->acc, 0, (size_t)gs * ld * sizeof *w->acc);
+    float qs[KVQ_ATT_QB * 512], o[KVQ_ATT_QB * 512], sums[KVQ_ATT_QB];
+    for (int i = 0; i < T; i++) {
+        /* the representation every key <= i holds at step i */
+        for (int j = 0; j <= i; j++) {
+            int rk = sc->n_k > 1 ? kvq_sched_rep(sc->k_from, sc->n_k, nkv, T, h, j, i) : 0;
+            int rv = sc->n_v > 1 ? kvq_sched_rep(sc->v_from, sc->n_v, nkv, T, h, j, i) : 0;
+            if (rk != w->rk[j]) {
+                const float *src = sc->k[rk] + j * stride + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) KT_TILE(w->kt, hd, P + j)[d * KVQ_ATT_JT] = src[d];
+                w->rk[j] = (signed char)rk;
+            }
+            if (rv != w->rv[j]) {
+                memcpy(w->cv + (size_t)j * hd, sc->v[rv] + j * stride + (size_t)h * hd, (size_t)hd * sizeof(float));
+                w->rv[j] = (signed char)rv;
+            }
+        }
+        const int n = P + i + 1;
+        for (int c0 = 0; c0 < gs; c0 += KVQ_ATT_QB) {
+            const int nq = gs - c0 < KVQ_ATT_QB ? gs - c0 : KVQ_ATT_QB, h0 = h * gs + c0;
+            for (int q = 0; q < nq; q++) {
+                const float *qi = a->q + ((size_t)i * a->n_heads + h0 + q) * hd;
+                for (int d = 0; d < hd; d++) qs[q * hd + d] = qi[d] * scale;
+            }
+            score_range(nq, w->s, ld, qs, hd, w->kt, 0, n);
+            for (int q = 0; q < nq; q++) {
+                float mx;
+                sums[q] = row_softmax_unnorm(w->s + q * ld, n, &mx);
+            }
+            memset(o, 0, (size_t)nq * hd * sizeof *o);
+            if (P > 0) pv_range(nq, o, w->s, ld, a->pv + (size_t)h * hd, stride, hd, 0, P);
+            pv_range(nq, o, w->s + P, ld, w->cv, (size_t)hd, hd, 0, i + 1);
+            for (int q = 0; q < nq; q++) {
+                float inv = 1.0f / sums[q];
+                float *out = a->out + ((size_t)i * a->n_heads + h0 + q) * hd;
+                for (int d = 0; d < hd; d++) out[d] = o[q * hd + d] * inv;
+                double dinv = 1.0 / sums[q], hsum = 0;
+                float *pr = w->pr + (size_t)(c0 + q) * ld;
+                for (int j = 0; j < n; j++) {
+                    double p = w->s[q * ld + j] * dinv;
+                    pr[j] = (float)p;
+                    if (stats) {
+                        w->acc[(size_t)(c0 + q) * ld + j] += p;
+                        if (p > 0) hsum -= p * log(p);
+                    }
+                }
+                if (a->entropy) a->entropy[(size_t)(h0 + q) * T + i] = (float)hsum;
+            }
+        }
+        if (sc->step) {
+            /* the step reads [n_q][P+i+1] rows: compact the probabilities */
+            for (int q = 1; q < gs; q++) memmove(w->pr + (size_t)q * n, w->pr + (size_t)q * ld, (size_t)n * sizeof(float));
+            kvq_sched_step st = {.layer = layer, .i = i, .kv_head = h, .T = T, .P = P, .n_q = gs, .probs = w->pr};
+            kvq_status s = sc->step(sc->user, &st, sc, err);
+            if (s) return kvq_err_prefix(err, "attention schedule step (KV head %d, query %d)", h, i);
+        }
+    }
+    if (a->mass)
+        for (int q = 0; q < gs; q++)
+            for (size_t j = 0; j < ld; j++) a->mass[(size_t)(h * gs + q) * ld + j] = (float)w->acc[(size_t)q * ld + j];
+    return KVQ_OK;
+}
+
+kvq_status kvq_attention_sched(const kvq_attn_args *a, kvq_kv_sched *sched, int layer, int n_threads, kvq_err *err)
+{
+    const int T = a->T, P = a->P, hd = a->head_dim, nkv = a->n_kv_heads, nh = a->n_heads;
+    if (T <= 0 || P < 0 || hd <= 0 || hd > 512 || nkv <= 0 || nh <= 0 || nh % nkv)
+        return kvq_fail(err, KVQ_EINVAL, "attention schedule: T %d, P %d, heads %d/%d, head_dim %d (<= 512)", T, P, nh, nkv, hd);
+    if (a->k || a->v || a->kq || a->vq || a->kb || a->vb || a->lse)
+        return kvq_fail(err, KVQ_EINVAL, "attention schedule: window K/V, alternatives and lse must not be given");
+    if (P > 0 && (!a->pk || !a->pv)) return kvq_fail(err, KVQ_EINVAL, "attention schedule: P = %d prefix entries but no prefix K/V", P);
+    KVQ_TRY(sched_check(sched, T, nkv, err));
+    const int gs = nh / nkv;
+    const size_t ld = (size_t)P + T, ntile = (ld + KVQ_ATT_JT - 1) / KVQ_ATT_JT * KVQ_ATT_JT;
+    sched_head *w = calloc((size_t)nkv, sizeof *w);
+    kvq_status *st = calloc((size_t)nkv, sizeof *st);
+    kvq_err *errs = calloc((size_t)nkv, sizeof *errs);
+    bool ok = w && st && errs;
+    for (int h = 0; ok && h < nkv; h++) {
+        w[h].kt = calloc(ntile * (size_t)hd, sizeof(float));
+        w[h].cv = malloc((size_t)T * hd * sizeof(float));
+        w[h].rk = malloc((size_t)T);
+        w[h].rv = malloc((size_t)T);
+        w[h].s = malloc((size_t)KVQ_ATT_QB * ld * sizeof(float));
+        w[h].pr = malloc((size_t)gs * ld * sizeof(float));
+        w[h].acc = a->mass || a->entropy ? malloc((size_t)gs * ld * sizeof(double)) : NULL;
+        ok = w[h].kt && w[h].cv && w[h].rk && w[h].rv && w[h].s && w[h].pr && (w[h].acc || !(a->mass || a->entropy));
+    }
+    kvq_status s = KVQ_OK;
+    if (!ok) s = kvq_fail(err, KVQ_ENOMEM, "attention schedule: cannot allocate scratch for %d KV heads x %zu keys", nkv, ld);
+    if (!s) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads > 0 ? n_threads : 1)
+        for (int h = 0; h < nkv; h++) st[h] = sched_head_run(a, sched, layer, h, &w[h], &errs[h]);
+        for (int h = 0; h < nkv && !s; h++)
+            if (st[h]) {
+                s = st[h];
+                if (err) *err = errs[h];
+            }
+    }
+    for (int h = 0; w && h < nkv; h++) {
+        free(w[h].kt);
+        free(w[h].cv);
+        free(w[h].rk);
+        free(w[h].rv);
+        free(w[h].s);
+        free(w[h].pr);
+        free(w[h].acc);
+    }
+    free(w);
+    free(st);
+    free(errs);
+    return s;
+}

@@ -65,4 +65,22 @@ kvq_status kvq_attn_check_bounds(const int *b, int T, const char *what, kvq_err 
  * thread count. */
 kvq_status kvq_attention(const kvq_attn_args *a, kvq_attn_ws *ws, kvq_err *err);
 
+/* Attention over a per-key schedule of representations (forward.h,
+ * kvq_kv_sched): query i reads window key j of KV head h (and its value) as
+ * the representation the schedule gives for step i; prefix entries are
+ * always the full-precision a->pk / a->pv. Query rows are attended in order
+ * within a KV head (sched->step, when set, runs after each row and may change
+ * later switch times), KV heads in parallel. a->k / a->v and the boundary
+ * fields must be NULL; a->lse is not supported (no backward). Numerics are
+ * kvq_attention's exactly: for the same keys a row gets the same scores,
+ * probabilities, outputs and statistics bit for bit (scores over the tiled
+ * key layout in d order, the same softmax, P.V in key order, prefix first),
+ * so a schedule is decode-equivalent with the plain attention of a
+ * token-by-token cache. Allocates its scratch (per call; O((P+T) head_dim)
+ * floats per KV head). `layer` is passed to the step. Errors: KVQ_EINVAL
+ * (sizes, a malformed schedule), KVQ_ENOMEM, any status a step returns. */
+struct kvq_kv_sched;
+kvq_status kvq_attention_sched(const kvq_attn_args *a, struct kvq_kv_sched *sched, int layer, int n_threads,
+                               kvq_err *err);
+
 #endif

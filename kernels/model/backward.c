@@ -124,6 +124,9 @@ static kvq_status layer_recompute(kvq_backward *bw, const kvq_fwd_io *io, int l,
         kvq_kv_alt alt = {.k = bw->k_alt, .k_bound = bw->k_bound, .v = bw->v_alt, .v_bound = bw->v_bound};
         kvq_status s = hk->transform(hk->user, &ctx, bw->k_att, bw->v_att, &alt, err);
         if (s) return kvq_err_prefix(err, "backward: layer %d: KV transform", l);
+        if (alt.sched)
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "backward: layer %d: a scheme with a per-key schedule of representations "
+                            "has no backward pass (its decisions are not differentiable)", l);
         if (alt.use_k) {
             if (pre) kvq_rope_apply(bw->k_alt, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
             a->kq = bw->k_alt;

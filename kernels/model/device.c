@@ -94,6 +94,7 @@ kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, co
 
 void kvq_engine_free(kvq_engine *e)
 {
+    kvq_kv_desc_run_free(&e->run);
     if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
     else if (e->has_bw) kvq_backward_free(&e->bw);
     else kvq_forward_free(&e->cpu);
@@ -107,9 +108,11 @@ kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
     } else if (d) {
         KVQ_TRY(kvq_kv_desc_validate(d, &cpu_fw(e)->m->hp, err));
     }
+    kvq_kv_desc_run_free(&e->run);
     e->has_desc = d && !kvq_kv_desc_is_identity(d);
     if (e->has_desc) e->desc = *d;
     memset(&e->run, 0, sizeof e->run);
+    e->run.d = &e->desc;
     return KVQ_OK;
 }
 

@@ -124,6 +124,43 @@ double kvq_forward_flops(const kvq_hparams *hp, int T, int P)
     return 2 * params * T + 4.0 * hp->n_heads * hp->head_dim * keys * hp->n_layers;
 }
 
+/* A transform that gave a per-key schedule (forward.h, kvq_kv_sched): RoPE the
+ * pre-RoPE key representations (each distinct buffer once), attend row by row
+ * (kvq_attention_sched), observe. No backward pass: a workspace that keeps
+ * activations refuses it. */
+static kvq_status sched_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, const kvq_layer_ctx *ctx, kvq_attn_args *a,
+                                  kvq_kv_sched *sc, bool pre, kvq_err *err)
+{
+    const kvq_hparams *hp = &fw->m->hp;
+    const int T = io->T, nkv = hp->n_kv_heads, hd = hp->head_dim;
+    const kvq_hooks *hk = io->hooks;
+    if (fw->acts)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: a scheme with a per-key schedule of representations has no backward "
+                        "pass (its decisions are not differentiable); use it for evaluation only", l);
+    if (pre)
+        for (int r = 0; r < sc->n_k && r < KVQ_KV_MAX_REPS; r++) {
+            bool seen = false;
+            for (int r2 = 0; r2 < r; r2++) seen |= sc->k[r2] == sc->k[r];
+            if (!seen && sc->k[r]) kvq_rope_apply(sc->k[r], T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
+        }
+    a->k = a->v = NULL;
+    bool stats = hk->observe && hk->attn_stats;
+    if (stats) {
+        a->mass = fw->mass;
+        a->entropy = fw->entropy;
+    }
+    kvq_status s = kvq_attention_sched(a, sc, l, fw->n_threads, err);
+    if (s) return kvq_err_prefix(err, "layer %d", l);
+    if (hk->observe) {
+        kvq_layer_obs obs = {.q = fw->q, .k_pre = fw->k_pre, .k_post = fw->k_post, .v = fw->v, .k_att = sc->k[0],
+                             .v_att = sc->v[0], .sched = sc, .attn_mass = stats ? fw->mass : NULL,
+                             .attn_entropy = stats ? fw->entropy : NULL};
+        s = hk->observe(hk->user, ctx, &obs, err);
+        if (s) return kvq_err_prefix(err, "layer %d: observe hook", l);
+    }
+    return KVQ_OK;
+}
+
 /* Transform + attention + observe for one layer; q, k_pre, v are filled. */
 static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, kvq_err *err)
 {
@@ -154,6 +191,7 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
         kvq_kv_alt alt = {.k = fw->k_alt, .k_bound = fw->k_bound, .v = fw->v_alt, .v_bound = fw->v_bound};
         kvq_status s = hk->transform(hk->user, &ctx, fw->k_att, fw->v_att, &alt, err);
         if (s) return kvq_err_prefix(err, "layer %d: KV transform", l);
+        if (alt.sched) return sched_attention(fw, io, l, &ctx, &a, alt.sched, pre, err);
         if (pre) kvq_rope_apply(fw->k_att, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
         if (alt.use_k) {
             if (pre) kvq_rope_apply(fw->k_alt, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);

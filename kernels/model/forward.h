@@ -86,11 +86,57 @@ typedef struct {
      * boundaries, when it supplied one (kvq_kv_alt), else NULL: */
     const float *k_alt, *v_alt; /* [T][n_kv_heads][head_dim] */
     const int *k_bound, *v_bound; /* [T] */
+    const struct kvq_kv_sched *sched; /* the transform's per-key schedule (post-RoPE keys), else NULL */
     /* Only when kvq_hooks.attn_stats is set, else NULL: */
     const float *attn_mass;    /* [n_heads][P+T]: sum over the window's queries of the attention probability each key
                                   (prefix keys first, then window keys) receives */
     const float *attn_entropy; /* [n_heads][T]: entropy of each query's attention distribution, nats */
 } kvq_layer_obs;
+
+/* A per-key schedule of representations (the general form of decode
+ * equivalence, kernels/schemes/family.h "cache-simulation contract" 3): key j
+ * of KV head h is read by query i as representation
+ *     r = #{ r' in 1..n-1 : from[(r'-1)][h][j] <= i }
+ * (0 before its first switch), so every (KV head, token) changes
+ * representation at query steps of its own, never back (from[] non-decreasing
+ * in r'). Values likewise with v_from. Representation buffers are
+ * [T][n_kv_heads][head_dim] in the hook's key stage; pre-RoPE keys get RoPE
+ * applied by the forward (in place, once per distinct buffer). The arrays
+ * belong to the transform (its run state) and must stay valid until the
+ * layer's attention returns.
+ * step (optional): called after query row i of KV head h has been attended
+ * (all query heads of its GQA group), with the attention probabilities the
+ * simulated cache produced; it may change from[][h][j] for j <= i to values
+ * > i (decisions take effect at later queries only). Calls for different KV
+ * heads may run concurrently: a step must touch only head h's state. */
+#define KVQ_KV_MAX_REPS 4
+
+typedef struct {
+    int layer;
+    int i;             /* window query row just attended */
+    int kv_head;       /* h */
+    int T, P;          /* window tokens, prefix entries */
+    int n_q;           /* query heads of the group (h * n_q .. h * n_q + n_q - 1) */
+    const float *probs;/* [n_q][P + i + 1]: probabilities (prefix keys first), each (float)(exp / sum) in double */
+} kvq_sched_step;
+
+typedef struct kvq_kv_sched {
+    int n_k, n_v;                  /* representations of keys / values, 1..KVQ_KV_MAX_REPS */
+    float *k[KVQ_KV_MAX_REPS];     /* [T][n_kv_heads][head_dim] each */
+    float *v[KVQ_KV_MAX_REPS];
+    int *k_from, *v_from;          /* [n - 1][n_kv_heads][T] (NULL when n == 1); may be the same array */
+    kvq_status (*step)(void *user, const kvq_sched_step *st, struct kvq_kv_sched *sched, kvq_err *err);
+    void *user;
+} kvq_kv_sched;
+
+/* The representation index query i reads for key j of head h (n reps, from as above). */
+static inline int kvq_sched_rep(const int *from, int n, int n_kv_heads, int T, int h, int j, int i)
+{
+    int r = 0;
+    for (int s = 1; s < n; s++)
+        if (from[((size_t)(s - 1) * n_kv_heads + h) * T + j] <= i) r = s;
+    return r;
+}
 
 /* Decode-equivalence support: a second (quantized) representation of the
  * window's K and/or V, and per-query boundaries. Query i uses the alternative
@@ -98,7 +144,9 @@ typedef struct {
  * (full-precision) K/V for k_bound[i] <= j <= i. Bounds must be non-decreasing
  * with 0 <= b[i] <= i+1. The buffers are owned by the forward workspace: the
  * transform fills them and sets use_k / use_v. Alternative keys are in the same
- * stage (pre-/post-RoPE) as the hook's keys; pre-RoPE ones get RoPE applied. */
+ * stage (pre-/post-RoPE) as the hook's keys; pre-RoPE ones get RoPE applied.
+ * Or, for the general form, the transform points sched at its own schedule
+ * (then k, v and use_k / use_v are ignored; no backward pass). */
 typedef struct {
     float *k;     /* [T][n_kv_heads][head_dim] */
     int *k_bound; /* [T] */
@@ -106,6 +154,7 @@ typedef struct {
     float *v;     /* [T][n_kv_heads][head_dim] */
     int *v_bound; /* [T] */
     bool use_v;
+    kvq_kv_sched *sched; /* a per-key schedule (NULL: in place or the boundaries above) */
 } kvq_kv_alt;
 
 /* Per-layer hooks. Any callback may be NULL. No global state: everything the

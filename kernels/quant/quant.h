@@ -44,7 +44,8 @@ typedef struct {
     uint64_t n_elems;    /* elements passed through a quantizer call */
     uint64_t n_outliers; /* kept exact as sparse outliers (dense-and-sparse) */
     uint64_t n_sink;     /* kept exact because the token is an attention-sink token */
-    uint64_t n_exact;    /* kept exact for other reasons (KIVI incomplete group / residual) */
+    uint64_t n_exact;    /* kept exact for other reasons (KIVI incomplete group / residual, a recent window) */
+    uint64_t n_high;     /* kept at a mixed-precision scheme's high precision (heavy hitters) */
 } kvq_quant_counts;
 
 /* ---- fp16 ----------------------------------------------------------------
@@ -177,55 +178,7 @@ size_t kvq_kivi_key_boundary(size_t t, size_t group, size_t residual, size_t n_s
  * keys: never above t + 1). */
 size_t kvq_kivi_value_boundary(size_t t, size_t residual, size_t n_sink);
 
-/* ---- schemes and bits accounting --------------------------------------- */
-typedef enum {
-    KVQ_SCHEME_FP32 = 0, /* no quantization */
-    KVQ_SCHEME_FP16,     /* K/V rounded to half */
-    KVQ_SCHEME_INT,      /* uniform, per-token K and V (groups of `group` channels, 0 = token) */
-    KVQ_SCHEME_INT_PC,   /* uniform, per-channel K (offline thresholds), per-token V */
-    KVQ_SCHEME_NUQ,      /* KVQuant nuqX, per-channel K (offline), per-token V (online) */
-    KVQ_SCHEME_KIVI,     /* KIVI, group G, residual R */
-    KVQ_SCHEME_FP8,      /* FP8 cache (kernels/quant/quant_fp8.h): per-tensor / per-head scales, no groups */
-    KVQ_SCHEME_GGML      /* llama.cpp KV block format (kernels/quant/quant_ggml.h), 32-value blocks */
-} kvq_scheme_kind;
-
-typedef struct {
-    kvq_scheme_kind kind;
-    int k_bits, v_bits;  /* 1..8 (ignored for FP32/FP16; FP8: 8; GGML: the format's code bits) */
-    double outlier_frac; /* [0, 0.5): total fraction of sparse outliers (NUQ, INT_PC) */
-    size_t n_sink;       /* tokens kept at full precision at the start of each sequence */
-    size_t group;        /* INT: channels per group (0 = whole token); KIVI: G */
-    size_t residual;     /* KIVI: R */
-} kvq_scheme;
-
-/* Check a scheme's parameters; the error names the field
- * ("k_bits: expected 1..8, found 9"). */
-kvq_status kvq_scheme_validate(const kvq_scheme *s, kvq_err *err);
-
-/* Effective bits per element in a cache of ctx tokens, kv_dim channels per
- * token, for K and V separately. Accounting (KVQuant App.M, KIVI §4):
- *  - codes: b bits per dense element;
- *  - per-vector scale + zero point: 16 + 16 bits per vector (fp16 each):
- *    per-token vectors of `group` channels → 32/group; per-channel key
- *    vectors (INT_PC, NUQ keys) span the ctx tokens → 32/ctx;
- *  - nuq LUT: 2^b fp16 levels per tensor, amortised over ctx*kv_dim;
- *  - sparse outliers (dense-and-sparse, KVQuant App.M): per outlier a 16-bit
- *    value + a 16-bit within-vector index, plus a 32-bit row pointer per
- *    token: f*32 + 32/kv_dim (the paper's "+0.32 bits" for 1%);
- *  - sink tokens (n_sink) and KIVI's fp16 residual at 16 bits per element;
- *    KIVI residual counted as min(R, ctx - n_sink) tokens for K and for V
- *    (the resting cache between steps; R fp16 values and up to R keys; with
- *    R = 0 the keys of the last partial group, (ctx - n_sink) mod G, stay
- *    fp16), the quantized part as b + 32/G (notes trap 16: "2-bit" KIVI ≈ 3 bits).
- * Token fractions are ctx-weighted: bits = ((ctx - n16) * dense + n16 * 16) / ctx.
- * fp32 → 32, fp16 → 16. Requires ctx > 0, kv_dim > 0. FP8 and GGML depend
- * on the scale count / block format, which kvq_scheme does not carry:
- * KVQ_EINVAL (kveval's scheme registry accounts them, analysis/kveval/scheme.c). */
-typedef struct {
-    double k, v;  /* effective bits per element */
-    double mean;  /* (k + v) / 2 */
-} kvq_bits;
-kvq_status kvq_scheme_bits(const kvq_scheme *s, size_t ctx, size_t kv_dim, kvq_bits *out,
-                           kvq_err *err);
+/* Schemes (a family and its parameters), their validation and bits
+ * accounting: kernels/schemes/family.h. */
 
 #endif

@@ -116,7 +116,7 @@ int main(int argc, char **argv)
     printf("synthetic dump: %d layers x %d KV heads x %d, N=%lld, L=%lld, f16 + Fisher, deflate %d: written in %.1f s\n",
            n_layers, H, D, (long long)N, (long long)L, deflate, t_dump);
 
-    kvq_calibrate_opts co = kvq_calibrate_defaults(KVQ_METHOD_NUQ);
+    kvq_calibrate_opts co = kvq_calibrate_defaults(KVQ_FAM("nuq"));
     co.k_bits = co.v_bits = 3;
     co.outlier_frac = 0.01;
     co.n_threads = threads;

@@ -153,14 +153,15 @@ typedef struct {
     int n;
 } scheme_list;
 
-static void add_scheme(scheme_list *L, kvq_scheme_kind kind, int bits, size_t group, size_t residual, double f, size_t sink,
+static void add_scheme(scheme_list *L, const char *family, int bits, size_t group, size_t residual, double f, size_t sink,
                        kvq_key_stage stage, const synth_tables *st, const char *suffix)
 {
     kvq_kv_desc *d = &L->d[L->n];
-    *d = (kvq_kv_desc){.q = {.kind = kind, .k_bits = bits, .v_bits = bits, .outlier_frac = f, .n_sink = sink, .group = group,
+    const kvq_family *fam = KVQ_FAM(family);
+    *d = (kvq_kv_desc){.q = {.fam = fam, .k_bits = bits, .v_bits = bits, .outlier_frac = f, .n_sink = sink, .group = group,
                              .residual = residual},
                        .key_stage = stage};
-    if (kind == KVQ_SCHEME_INT_PC || kind == KVQ_SCHEME_NUQ) {
+    if (fam == KVQ_FAM("int-pc") || fam == KVQ_FAM("nuq")) {
         d->layers = st->lt;
         d->n_layers = st->n_layers;
     }
@@ -172,27 +173,27 @@ static void add_scheme(scheme_list *L, kvq_scheme_kind kind, int bits, size_t gr
 static void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, size_t kivi2_r)
 {
     L->n = 0;
-    add_scheme(L, KVQ_SCHEME_FP32, 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
-    add_scheme(L, KVQ_SCHEME_FP16, 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
-    add_scheme(L, KVQ_SCHEME_INT, 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
-    add_scheme(L, KVQ_SCHEME_INT, 2, (size_t)hd, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, NULL);
-    add_scheme(L, KVQ_SCHEME_KIVI, 4, 32 <= hd ? 32 : (size_t)hd, 128, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "fp32", 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "fp16", 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "int", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "int", 2, (size_t)hd, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "kivi", 4, 32 <= hd ? 32 : (size_t)hd, 128, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
     if (kivi2_r == 128) /* the model run: KIVI as published (post-RoPE keys, no sink) */
-        add_scheme(L, KVQ_SCHEME_KIVI, 2, 32, 128, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+        add_scheme(L, "kivi", 2, 32, 128, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
     else /* synthetic: the pre-RoPE and sink paths too */
-        add_scheme(L, KVQ_SCHEME_KIVI, 2, 32 <= hd ? 32 : (size_t)hd, kivi2_r, 0, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, "+pre-rope");
-    add_scheme(L, KVQ_SCHEME_INT_PC, 4, 0, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+        add_scheme(L, "kivi", 2, 32 <= hd ? 32 : (size_t)hd, kivi2_r, 0, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, "+pre-rope");
+    add_scheme(L, "int-pc", 4, 0, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
     /* values in per-token groups of 16 channels (kvcalib --method int-pc --group 16) */
-    add_scheme(L, KVQ_SCHEME_INT_PC, 4, 16, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " value groups of 16 (synthetic tables)");
-    add_scheme(L, KVQ_SCHEME_NUQ, 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
-    add_scheme(L, KVQ_SCHEME_NUQ, 3, 0, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    add_scheme(L, "int-pc", 4, 16, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " value groups of 16 (synthetic tables)");
+    add_scheme(L, "nuq", 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    add_scheme(L, "nuq", 3, 0, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
 }
 
 /* the 3-bit nuq row needs 3-bit levels: a second table set */
 static void fix_bits(scheme_list *L, synth_tables *st3)
 {
     for (int i = 0; i < L->n; i++)
-        if (L->d[i].q.kind == KVQ_SCHEME_NUQ && L->d[i].q.k_bits == 3) L->d[i].layers = st3->lt;
+        if (L->d[i].q.fam == KVQ_FAM("nuq") && L->d[i].q.k_bits == 3) L->d[i].layers = st3->lt;
 }
 
 /* ---- comparison ------------------------------------------------------------- */
@@ -298,7 +299,7 @@ static int bitexact_all(kvq_engine *gpu, const kvq_hparams *hp, const scheme_lis
     printf("\nnative GPU transforms vs the CPU reference on the GPU's own K/V (every layer, bit for bit):\n\n");
     printf("| scheme | elements compared | mismatches | max abs diff | result |\n|---|---|---|---|---|\n");
     for (int i = 0; i < L->n; i++) {
-        if (L->d[i].q.kind == KVQ_SCHEME_FP32) continue;
+        if (L->d[i].q.fam == KVQ_FAM("fp32")) continue;
         u.d = &L->d[i];
         u.compared = u.mismatches = 0;
         u.max_abs = 0;
@@ -356,6 +357,7 @@ static cmp_row compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_kv_desc *d, c
         nll_g += rg.loss * rg.n_scored;
         n_sc += rc.n_scored;
     }
+    kvq_kv_desc_run_free(&hrun);
     r.logit_rel = sqrt(num / den);
     r.ppl_cpu = exp(nll_c / n_sc);
     r.ppl_gpu = exp(nll_g / n_sc);
@@ -382,7 +384,7 @@ static void header(void)
     printf("|---|---|---|---|---|---|---|---|---|\n");
 }
 
-static int is_exact_scheme(const kvq_kv_desc *d) { return d->q.kind == KVQ_SCHEME_FP32; }
+static int is_exact_scheme(const kvq_kv_desc *d) { return d->q.fam == KVQ_FAM("fp32"); }
 
 /* ---- synthetic models ------------------------------------------------------------ */
 
@@ -489,9 +491,24 @@ static int run_synthetic(kvq_device gdev)
             all_ok &= report_row(L.name[i], "native", r, is_exact_scheme(&L.d[i]));
         }
         for (int i = 0; i < L.n; i++) {
-            if (L.d[i].q.kind != KVQ_SCHEME_KIVI && L.d[i].q.kind != KVQ_SCHEME_NUQ) continue;
+            if (L.d[i].q.fam != KVQ_FAM("kivi") && L.d[i].q.fam != KVQ_FAM("nuq")) continue;
             cmp_row r = compare(&cpu, &gpu, &L.d[i], tokens, nw, T, P ? &px : NULL, 1, lc, lg);
             all_ok &= report_row(L.name[i], "host hook", r, is_exact_scheme(&L.d[i]));
+        }
+        /* heavy hitters: a per-key schedule decided by attention (kernels/schemes/hh.c); no CUDA part, so the GPU
+         * forward runs that layer's attention on the host from the GPU's q and K/V. Decisions at near-ties may flip
+         * between the two float paths: a loose check (PPL within 1%) that the plumbing holds, the semantics being
+         * the CPU's, checked bit for bit against a token-by-token cache in tests/test_hh.c */
+        {
+            kvq_kv_desc hh = {.q = {.fam = KVQ_FAM("hh"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 16}},
+                              .key_stage = KVQ_KEYS_POST_ROPE};
+            cmp_row r = compare(&cpu, &gpu, &hh, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            report_row("hh2-25%-w8", "host sched", r, 0);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+            printf("hh on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+                   ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
         }
         /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
         {
@@ -626,7 +643,7 @@ static int stats_check(kvq_engine *cpu, kvq_engine *gpu, const kvq_hparams *hp, 
     double msum = 0;
     for (size_t i = 0; i < nm; i++) msum += rg.mass[i];
     double want = (double)hp->n_heads * T;
-    int exact = d->q.kind == KVQ_SCHEME_FP32;
+    int exact = d->q.fam == KVQ_FAM("fp32");
     int ok = rc.got && rg.got && fabs(msum - want) <= 1e-3 * want && (!exact || (em <= 1e-4 && ee <= 1e-4));
     printf("| %s | layer %d | %.2e | %.2e | %.6f | %s |\n", name, layer, em, ee, msum / want, ok ? "PASS" : "FAIL");
     free(rc.mass), free(rc.ent), free(rg.mass), free(rg.ent);
@@ -749,10 +766,10 @@ static int run_backward_synthetic(kvq_device gdev)
         TRYE(kvq_engine_run(&cpu, &cio, &cr, &err));
         scheme_list L;
         L.n = 0;
-        add_scheme(&L, KVQ_SCHEME_FP32, 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, &st4, NULL);
-        add_scheme(&L, KVQ_SCHEME_KIVI, 2, 32 <= hp->head_dim ? 32 : (size_t)hp->head_dim, 32, 0, 0, KVQ_KEYS_PRE_ROPE, &st4,
+        add_scheme(&L, "fp32", 0, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, &st4, NULL);
+        add_scheme(&L, "kivi", 2, 32 <= hp->head_dim ? 32 : (size_t)hp->head_dim, 32, 0, 0, KVQ_KEYS_PRE_ROPE, &st4,
                    "+pre-rope");
-        add_scheme(&L, KVQ_SCHEME_NUQ, 4, 0, 0, 0.01, 2, KVQ_KEYS_PRE_ROPE, &st4, " (synthetic tables)");
+        add_scheme(&L, "nuq", 4, 0, 0, 0.01, 2, KVQ_KEYS_PRE_ROPE, &st4, " (synthetic tables)");
         const kvq_prefix *pp = P ? &px : NULL;
         bwd_header();
         /* exact (fp32): every gradient within 1e-4; quantized: for information (a code flip moves a gradient) */
@@ -860,7 +877,7 @@ static int run_fisher_model(const char *model_path, const char *text_path, int c
     }
     printf("\nattention statistics on the model, CPU vs GPU (window 0)\n\n");
     printf("| scheme | layer | mass | entropy | sum(mass)/(heads*T) | |\n|---|---|---|---|---|---|\n");
-    kvq_kv_desc fp = {.q = {.kind = KVQ_SCHEME_FP32}};
+    kvq_kv_desc fp = {.q = {.fam = KVQ_FAM("fp32")}};
     for (int l = 0; l < hp->n_layers; l += hp->n_layers - 1) ok &= stats_check(&cpu, &gpu, hp, &fp, "fp32", win.tokens, ctx, NULL, l);
     grad_rec_free(&gc);
     grad_rec_free(&gg);

@@ -10,14 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "family.h"
 #include "safetensors.h"
-
-static const char *const method_names[KVQ_METHOD_COUNT] = {"nuq", "int", "int-pc", "kivi", "fp8"};
-
-const char *kvq_method_name(kvq_method m)
-{
-    return (unsigned)m < KVQ_METHOD_COUNT ? method_names[m] : NULL;
-}
 
 void kvq_kv_table_free(kvq_kv_table *t)
 {
@@ -77,9 +71,13 @@ void kvq_artifact_prefix_free(kvq_artifact_prefix *px)
     memset(px, 0, sizeof *px);
 }
 
-static bool has_levels(kvq_method m) { return m == KVQ_METHOD_NUQ; }
-static bool has_k_thresholds(kvq_method m) { return m == KVQ_METHOD_NUQ || m == KVQ_METHOD_INT_PC; }
-static bool has_fp8(kvq_method m) { return m == KVQ_METHOD_FP8; }
+/* the method's artifact layout (family.h); methods come from the registry, so never NULL for a valid method */
+static const kvq_family_artifact *layout(const kvq_family *m) { return m ? m->artifact : NULL; }
+static bool has_levels(const kvq_family *m) { return layout(m) && layout(m)->k_levels; }
+static bool has_v_levels(const kvq_family *m) { return layout(m) && layout(m)->v_levels; }
+static bool has_k_thresholds(const kvq_family *m) { return layout(m) && layout(m)->k_thresholds; }
+static bool has_fp8(const kvq_family *m) { return layout(m) && layout(m)->fp8_scales; }
+static const char *mname(const kvq_family *m) { return m ? m->name : "?"; }
 
 static kvq_status check_fp8_table(const kvq_artifact_params *p, const kvq_kv_table *t, size_t layer, char kv,
                                   kvq_err *err)
@@ -142,47 +140,30 @@ static kvq_status check_table(const kvq_artifact_params *p, const kvq_kv_table *
 
 static kvq_status validate_params(const kvq_artifact_params *p, kvq_err *err)
 {
-    if ((unsigned)p->method >= KVQ_METHOD_COUNT)
-        return kvq_fail(err, KVQ_EINVAL, "method: unknown value %d", (int)p->method);
+    if (!layout(p->method)) return kvq_fail(err, KVQ_EINVAL, "method: %s", p->method ? "has no artifact layout" : "none");
+    const kvq_family_artifact *ly = layout(p->method);
     if (p->k_bits < 1 || p->k_bits > 8) return kvq_fail(err, KVQ_EINVAL, "k_bits: expected 1..8, found %d", p->k_bits);
     if (p->v_bits < 1 || p->v_bits > 8) return kvq_fail(err, KVQ_EINVAL, "v_bits: expected 1..8, found %d", p->v_bits);
     if (!(p->outlier_frac >= 0 && p->outlier_frac < 0.5))
         return kvq_fail(err, KVQ_EINVAL, "outlier_fraction: expected [0, 0.5), found %g", p->outlier_frac);
-    if (p->outlier_frac > 0 && !has_k_thresholds(p->method))
-        return kvq_fail(err, KVQ_EINVAL, "outlier_fraction: method %s keeps no outliers, found %g",
-                        kvq_method_name(p->method), p->outlier_frac);
+    if (p->outlier_frac > 0 && !ly->outliers)
+        return kvq_fail(err, KVQ_EINVAL, "outlier_fraction: method %s keeps no outliers, found %g", mname(p->method),
+                        p->outlier_frac);
     if (p->n_layers == 0 || p->n_layers > 4096)
         return kvq_fail(err, KVQ_EINVAL, "n_layers: expected 1..4096, found %zu", p->n_layers);
     if (p->n_kv_heads == 0 || p->head_dim == 0 || p->n_kv_heads > 65536 || p->head_dim > 65536)
         return kvq_fail(err, KVQ_EINVAL, "n_kv_heads, head_dim: expected 1..65536, found %zu, %zu", p->n_kv_heads,
                         p->head_dim);
-    size_t kv_dim = p->n_kv_heads * p->head_dim;
-    if (p->method == KVQ_METHOD_KIVI) {
-        if (p->group_size == 0 || p->head_dim % p->group_size)
-            return kvq_fail(err, KVQ_EINVAL, "group_size: expected a divisor of head_dim %zu, found %zu", p->head_dim,
-                            p->group_size);
-        if (p->residual_length % p->group_size)
-            return kvq_fail(err, KVQ_EINVAL, "residual_length: expected a multiple of group_size %zu, found %zu",
-                            p->group_size, p->residual_length);
-    } else if (p->method == KVQ_METHOD_INT || p->method == KVQ_METHOD_INT_PC) {
-        if (p->group_size && kv_dim % p->group_size)
-            return kvq_fail(err, KVQ_EINVAL, "group_size: expected 0 or a divisor of kv_dim %zu, found %zu", kv_dim,
-                            p->group_size);
-    }
-    if (p->per_head && p->method != KVQ_METHOD_NUQ && p->method != KVQ_METHOD_FP8)
-        return kvq_fail(err, KVQ_EINVAL, "granularity: per-head datatypes apply to nuq (and per-head scales to fp8) only, method is %s",
-                        kvq_method_name(p->method));
-    if (p->method == KVQ_METHOD_FP8) {
-        if (p->k_bits != 8 || p->v_bits != 8)
-            return kvq_fail(err, KVQ_EINVAL, "k_bits, v_bits: fp8 stores 8-bit codes, found %d / %d", p->k_bits, p->v_bits);
-        if (p->group_size || p->residual_length)
-            return kvq_fail(err, KVQ_EINVAL, "group_size, residual_length: fp8 has neither, found %zu / %zu", p->group_size,
-                            p->residual_length);
-        if (!(p->fp8_percentile > 0 && p->fp8_percentile <= 100))
-            return kvq_fail(err, KVQ_EINVAL, "fp8_percentile: expected (0, 100], found %g", p->fp8_percentile);
+    if (ly->check_params) KVQ_TRY(ly->check_params(p, err));
+    if (p->per_head && !ly->per_head) {
+        char who[128];
+        return kvq_fail(err, KVQ_EINVAL, "granularity: per-head datatypes or scales apply to %s only, method is %s",
+                        kvq_family_list_artifact_flag(offsetof(kvq_family_artifact, per_head), who, sizeof who),
+                        mname(p->method));
     }
     if (strnlen(p->fit, sizeof p->fit) == sizeof p->fit) return kvq_fail(err, KVQ_EINVAL, "fit: not terminated");
-    if (has_levels(p->method) && strcmp(p->fit, "auto") && strcmp(p->fit, "lloyd") && strcmp(p->fit, "exact"))
+    if ((has_levels(p->method) || has_v_levels(p->method)) && strcmp(p->fit, "auto") && strcmp(p->fit, "lloyd") &&
+        strcmp(p->fit, "exact"))
         return kvq_fail(err, KVQ_EINVAL, "fit: expected auto, lloyd or exact, found \"%s\"", p->fit);
     if (strnlen(p->model_fingerprint, KVQ_FINGERPRINT_MAX) == KVQ_FINGERPRINT_MAX)
         return kvq_fail(err, KVQ_EINVAL, "model_fingerprint: longer than %d bytes", KVQ_FINGERPRINT_MAX - 1);
@@ -233,9 +214,9 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
 {
     const kvq_artifact_params *p = &a->p;
     KVQ_TRY(validate_params(p, err));
-    bool lv = has_levels(p->method), thr = has_k_thresholds(p->method);
-    if ((lv || thr) && !a->k) return kvq_fail(err, KVQ_EINVAL, "method %s: key tables missing", kvq_method_name(p->method));
-    if (lv && !a->v) return kvq_fail(err, KVQ_EINVAL, "method %s: value tables missing", kvq_method_name(p->method));
+    bool lv = has_levels(p->method), vlv = has_v_levels(p->method), thr = has_k_thresholds(p->method);
+    if ((lv || thr) && !a->k) return kvq_fail(err, KVQ_EINVAL, "method %s: key tables missing", mname(p->method));
+    if (vlv && !a->v) return kvq_fail(err, KVQ_EINVAL, "method %s: value tables missing", mname(p->method));
     if (has_fp8(p->method)) {
         if (!a->k || !a->v) return kvq_fail(err, KVQ_EINVAL, "method fp8: key/value scales missing");
         for (size_t i = 0; i < p->n_layers; i++) {
@@ -246,10 +227,36 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
     }
     for (size_t i = 0; i < p->n_layers; i++) {
         if (a->k && (lv || thr)) KVQ_TRY(check_table(p, &a->k[i], i, 'k', lv, thr, err));
-        if (a->v && lv) KVQ_TRY(check_table(p, &a->v[i], i, 'v', true, false, err));
+        if (a->v && vlv) KVQ_TRY(check_table(p, &a->v[i], i, 'v', true, false, err));
     }
     if (a->prefix) KVQ_TRY(check_prefix(p, a->prefix, err));
     return KVQ_OK;
+}
+
+kvq_status kvq_calib_fill_bits(kvq_artifact_params *p, size_t ctx, kvq_err *err)
+{
+    if (!p->method || !p->method->from_params) return kvq_fail(err, KVQ_EINVAL, "method: %s", p->method ? p->method->name : "none");
+    if (ctx == 0) return kvq_fail(err, KVQ_EINVAL, "bits ctx: expected > 0, found 0");
+    kvq_scheme q = {.fam = p->method};
+    p->method->from_params(p, &q);
+    kvq_bits_in in = {.ctx = ctx, .kv_dim = p->n_kv_heads * p->head_dim, .head_dim = p->head_dim};
+    kvq_bits b;
+    KVQ_TRY(kvq_scheme_bits_ex(&q, &in, &b, err));
+    p->bits_k = b.k;
+    p->bits_v = b.v;
+    p->bits_ctx = ctx;
+    return KVQ_OK;
+}
+
+const char *kvq_artifact_scheme_spec(const kvq_artifact_params *p, char *buf, size_t n)
+{
+    if (!n) return buf;
+    buf[0] = 0;
+    if (!p->method || !p->method->from_params) return buf;
+    kvq_scheme q = {.fam = p->method};
+    p->method->from_params(p, &q);
+    p->method->format(&q, buf, n);
+    return buf;
 }
 
 /* ---- write ------------------------------------------------------------------------ */
@@ -274,33 +281,6 @@ static void meta_add(meta_list *m, const char *key, const char *fmt, ...)
     m->n++;
 }
 
-static const char *k_axis(kvq_method m)
-{
-    return m == KVQ_METHOD_INT ? "per-token" : m == KVQ_METHOD_FP8 ? "per-element" : "per-channel";
-}
-
-static const char *k_scaling(kvq_method m)
-{
-    switch (m) {
-    case KVQ_METHOD_NUQ: return "nuq-offline-per-channel-thresholds";
-    case KVQ_METHOD_INT: return "uniform-online-per-token-minmax";
-    case KVQ_METHOD_INT_PC: return "uniform-offline-per-channel-thresholds";
-    case KVQ_METHOD_KIVI: return "uniform-online-per-channel-token-groups";
-    case KVQ_METHOD_FP8: return "fp8-offline-scale";
-    default: return "?";
-    }
-}
-
-static const char *v_scaling(kvq_method m)
-{
-    switch (m) {
-    case KVQ_METHOD_NUQ: return "nuq-online-per-token-thresholds";
-    case KVQ_METHOD_KIVI: return "uniform-online-per-token-channel-groups";
-    case KVQ_METHOD_FP8: return "fp8-offline-scale";
-    default: return "uniform-online-per-token-minmax";
-    }
-}
-
 typedef struct {
     char name[96];
 } tname;
@@ -312,7 +292,7 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     meta_list m = {0};
     meta_add(&m, "kvq.schema", "%s", KVQ_ARTIFACT_SCHEMA);
     meta_add(&m, "kvq.schema_version", "%d", KVQ_ARTIFACT_VERSION);
-    meta_add(&m, "kvq.method", "%s", kvq_method_name(p->method));
+    meta_add(&m, "kvq.method", "%s", mname(p->method));
     meta_add(&m, "kvq.k_bits", "%d", p->k_bits);
     meta_add(&m, "kvq.v_bits", "%d", p->v_bits);
     meta_add(&m, "kvq.outlier_fraction", "%.17g", p->outlier_frac);
@@ -321,10 +301,10 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     meta_add(&m, "kvq.granularity", "%s", p->per_head ? "per-head" : "per-layer");
     meta_add(&m, "kvq.group_size", "%zu", p->group_size);
     meta_add(&m, "kvq.residual_length", "%zu", p->residual_length);
-    meta_add(&m, "kvq.k_axis", "%s", k_axis(p->method));
-    meta_add(&m, "kvq.v_axis", "%s", p->method == KVQ_METHOD_FP8 ? "per-element" : "per-token");
-    meta_add(&m, "kvq.k_scaling", "%s", k_scaling(p->method));
-    meta_add(&m, "kvq.v_scaling", "%s", v_scaling(p->method));
+    meta_add(&m, "kvq.k_axis", "%s", layout(p->method)->k_axis);
+    meta_add(&m, "kvq.v_axis", "%s", layout(p->method)->v_axis);
+    meta_add(&m, "kvq.k_scaling", "%s", layout(p->method)->k_scaling);
+    meta_add(&m, "kvq.v_scaling", "%s", layout(p->method)->v_scaling);
     meta_add(&m, "kvq.fisher", "%s", p->fisher ? "true" : "false");
     meta_add(&m, "kvq.fit", "%s", p->fit);
     meta_add(&m, "kvq.n_layers", "%zu", p->n_layers);
@@ -372,10 +352,10 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
         }
     }
 
-    bool lv = has_levels(p->method), thr = has_k_thresholds(p->method), f8 = has_fp8(p->method);
+    bool lv = has_levels(p->method), vlv = has_v_levels(p->method), thr = has_k_thresholds(p->method), f8 = has_fp8(p->method);
     size_t per_layer = 0;
     if (a->k && (lv || thr)) per_layer += (lv ? 3 : 0) + (thr ? 2 : 0) + 1;
-    if (a->v && lv) per_layer += 4;
+    if (a->v && vlv) per_layer += 4;
     if (f8) per_layer = 4;
     if (px) per_layer += 3;
     size_t n_t = per_layer * p->n_layers + 3, nt = 0;
@@ -390,7 +370,7 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
         for (int which = 0; which < 2; which++) {
             const kvq_kv_table *t = which == 0 ? (a->k ? &a->k[i] : NULL) : (a->v ? &a->v[i] : NULL);
             char kv = which == 0 ? 'k' : 'v';
-            bool want_lv = lv, want_thr = which == 0 && thr;
+            bool want_lv = which == 0 ? lv : vlv, want_thr = which == 0 && thr;
             if (!t || (!want_lv && !want_thr && !f8)) continue;
             size_t nl = (size_t)1 << t->bits;
 #define ADD(suffix, dt, nd, s0, s1, ptr)                                                        \
@@ -610,11 +590,12 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
                         st->path, ver, KVQ_ARTIFACT_VERSION);
     if (ver < 1) return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.schema_version': invalid %zu", st->path, ver);
     KVQ_TRY(meta_str(st, "kvq.method", &v, err));
-    p->method = KVQ_METHOD_COUNT;
-    for (int i = 0; i < KVQ_METHOD_COUNT; i++)
-        if (strcmp(v, method_names[i]) == 0) p->method = (kvq_method)i;
-    if (p->method == KVQ_METHOD_COUNT)
-        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.method': unknown method \"%s\"", st->path, v);
+    p->method = kvq_family_method(v);
+    if (!p->method) {
+        char known[160];
+        return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.method': unknown method \"%s\" (known: %s)", st->path, v,
+                        kvq_family_methods(", ", known, sizeof known));
+    }
     KVQ_TRY(meta_int(st, "kvq.k_bits", &p->k_bits, err));
     KVQ_TRY(meta_int(st, "kvq.v_bits", &p->v_bits, err));
     KVQ_TRY(meta_double(st, "kvq.outlier_fraction", &p->outlier_frac, err));
@@ -633,7 +614,7 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
     KVQ_TRY(meta_size(st, "kvq.bits_ctx", &p->bits_ctx, err));
     KVQ_TRY(meta_copy(st, "kvq.model_fingerprint", p->model_fingerprint, sizeof p->model_fingerprint, err));
     KVQ_TRY(meta_copy(st, "kvq.dump_fingerprint", p->dump_fingerprint, sizeof p->dump_fingerprint, err));
-    if (p->method == KVQ_METHOD_FP8) {
+    if (has_fp8(p->method)) {
         bool e4;
         KVQ_TRY(meta_choice(st, "kvq.fp8_format", "e4m3fn", "e5m2", &e4, err));
         p->fp8_e5m2 = !e4;
@@ -725,14 +706,16 @@ kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
     kvq_safetensors st;
     KVQ_TRY(kvq_safetensors_open(path, &st, err));
     kvq_status s = read_params(&st, &a->p, err);
-    bool lv = has_levels(a->p.method), thr = has_k_thresholds(a->p.method), f8 = has_fp8(a->p.method);
-    if (s == KVQ_OK && (lv || thr || f8)) {
-        a->k = calloc(a->p.n_layers, sizeof *a->k);
-        if (lv || f8) a->v = calloc(a->p.n_layers, sizeof *a->v);
-        if (!a->k || ((lv || f8) && !a->v)) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+    bool lv = s == KVQ_OK && has_levels(a->p.method), vlv = s == KVQ_OK && has_v_levels(a->p.method),
+         thr = s == KVQ_OK && has_k_thresholds(a->p.method), f8 = s == KVQ_OK && has_fp8(a->p.method);
+    if (s == KVQ_OK && (lv || vlv || thr || f8)) {
+        bool kt = lv || thr || f8, vt = vlv || f8;
+        if (kt) a->k = calloc(a->p.n_layers, sizeof *a->k);
+        if (vt) a->v = calloc(a->p.n_layers, sizeof *a->v);
+        if ((kt && !a->k) || (vt && !a->v)) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
         for (size_t i = 0; s == KVQ_OK && i < a->p.n_layers; i++) {
-            s = read_table(&st, &a->p, i, 'k', lv, thr, &a->k[i], err);
-            if (s == KVQ_OK && (lv || f8)) s = read_table(&st, &a->p, i, 'v', lv, false, &a->v[i], err);
+            if (kt) s = read_table(&st, &a->p, i, 'k', lv, thr, &a->k[i], err);
+            if (s == KVQ_OK && vt) s = read_table(&st, &a->p, i, 'v', vlv, false, &a->v[i], err);
         }
     }
     if (s == KVQ_OK && kvq_safetensors_find(&st, "intactkv.token_ids")) {
@@ -817,23 +800,14 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
     KVQ_TRY(kvq_artifact_read(path, &a, err));
     const kvq_artifact_params *p = &a.p;
     fprintf(f, "%s: %s v%d\n", path, KVQ_ARTIFACT_SCHEMA, KVQ_ARTIFACT_VERSION);
-    fprintf(f, "method        %s  K %d bit, V %d bit", kvq_method_name(p->method), p->k_bits, p->v_bits);
+    const kvq_family_artifact *ly = layout(p->method);
+    fprintf(f, "method        %s  K %d bit, V %d bit", mname(p->method), p->k_bits, p->v_bits);
     if (p->outlier_frac > 0) fprintf(f, ", outliers %.4g%%", 100 * p->outlier_frac);
     fprintf(f, "\n");
-    fprintf(f, "keys          %s, %s, %s\n", p->post_rope ? "post-RoPE" : "pre-RoPE", k_axis(p->method), k_scaling(p->method));
-    fprintf(f, "values        per-token, %s\n", v_scaling(p->method));
+    fprintf(f, "keys          %s, %s, %s\n", p->post_rope ? "post-RoPE" : "pre-RoPE", ly->k_axis, ly->k_scaling);
+    fprintf(f, "values        %s, %s\n", ly->v_axis, ly->v_scaling);
     fprintf(f, "sink tokens   %zu (full precision)\n", p->n_sink);
-    if (p->method == KVQ_METHOD_KIVI)
-        fprintf(f, "kivi          group size %zu, residual length %zu\n", p->group_size, p->residual_length);
-    if (p->method == KVQ_METHOD_INT || p->method == KVQ_METHOD_INT_PC)
-        fprintf(f, "group size    %zu%s\n", p->group_size, p->group_size ? " channels" : " (whole token)");
-    if (p->method == KVQ_METHOD_FP8)
-        fprintf(f, "fp8           %s, %s scales, %s\n", p->fp8_e5m2 ? "E5M2" : "E4M3FN",
-                p->per_head ? "per-KV-head" : "per-tensor", p->fp8_percentile < 100 ? "percentile of |x|" : "absmax");
-    if (p->method == KVQ_METHOD_FP8 && p->fp8_percentile < 100) fprintf(f, "percentile    %.6g\n", p->fp8_percentile);
-    if (p->method == KVQ_METHOD_NUQ)
-        fprintf(f, "datatypes     %s, fit %s, %s\n", p->per_head ? "per-head" : "per-layer", p->fit,
-                p->fisher ? "Fisher-weighted" : "unweighted");
+    if (ly->inspect) ly->inspect(f, p);
     fprintf(f, "model         %zu layers x %zu KV heads x head_dim %zu\n", p->n_layers, p->n_kv_heads, p->head_dim);
     fprintf(f, "bits/element  K %.4f, V %.4f (ctx %zu; scales, zero points, outliers, sink and residual included)\n",
             p->bits_k, p->bits_v, p->bits_ctx);

@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"  /* defines: kvq_outliers_per_side, kvq_token_range, kvq_scheme_bits */
-#include "quant_fp8.h" /* defines: kvq_fp8_bits_per_element */
+#include "quant.h"  /* defines: kvq_outliers_per_side, kvq_token_range */
 #include "select.h" /* defines: kvq_percentile_pair_f32 */
 
 kvq_status kvq_calib_opts_validate(const kvq_calib_opts *o, kvq_err *err)
@@ -288,37 +287,5 @@ kvq_status kvq_calib_int_pc_keys(const float *k, size_t n_tokens, const kvq_cali
                                             &t.n_elems, err);
     if (s != KVQ_OK) { kvq_kv_table_free(&t); return s; }
     *out = t;
-    return KVQ_OK;
-}
-
-kvq_status kvq_calib_fill_bits(kvq_artifact_params *p, size_t ctx, kvq_err *err)
-{
-    kvq_scheme s = {.k_bits = p->k_bits, .v_bits = p->v_bits, .outlier_frac = p->outlier_frac, .n_sink = p->n_sink};
-    switch (p->method) {
-    case KVQ_METHOD_NUQ: s.kind = KVQ_SCHEME_NUQ; break;
-    case KVQ_METHOD_INT: s.kind = KVQ_SCHEME_INT; s.group = p->group_size; break;
-    case KVQ_METHOD_INT_PC: s.kind = KVQ_SCHEME_INT_PC; s.group = p->group_size; break;
-    case KVQ_METHOD_KIVI:
-        s.kind = KVQ_SCHEME_KIVI;
-        s.group = p->group_size;
-        s.residual = p->residual_length;
-        break;
-    case KVQ_METHOD_FP8: {
-        /* vLLM's cache: 8-bit codes + float32 scales per layer (1 or n_kv_heads for K and for V),
-         * amortised over the cache of ctx tokens; sink tokens at 16 bits */
-        if (ctx == 0) return kvq_fail(err, KVQ_EINVAL, "bits ctx: expected > 0, found 0");
-        double dense = kvq_fp8_bits_per_element(p->per_head ? p->n_kv_heads : 1, ctx, p->n_kv_heads, p->head_dim);
-        size_t ns = p->n_sink < ctx ? p->n_sink : ctx;
-        p->bits_k = p->bits_v = ((double)(ctx - ns) * dense + (double)ns * 16.0) / (double)ctx;
-        p->bits_ctx = ctx;
-        return KVQ_OK;
-    }
-    default: return kvq_fail(err, KVQ_EINVAL, "method: unknown value %d", (int)p->method);
-    }
-    kvq_bits b;
-    KVQ_TRY(kvq_scheme_bits(&s, ctx, p->n_kv_heads * p->head_dim, &b, err));
-    p->bits_k = b.k;
-    p->bits_v = b.v;
-    p->bits_ctx = ctx;
     return KVQ_OK;
 }

@@ -73,8 +73,6 @@ kvq_status kvq_calib_values(const float *v, const float *fisher, size_t n_tokens
 kvq_status kvq_calib_int_pc_keys(const float *k, size_t n_tokens, const kvq_calib_opts *o, kvq_kv_table *out,
                                  kvq_err *err);
 
-/* Fill p->bits_k / bits_v / bits_ctx from the artifact parameters with
- * kvq_scheme_bits (KVQuant App.M accounting) at context length ctx. */
-kvq_status kvq_calib_fill_bits(kvq_artifact_params *p, size_t ctx, kvq_err *err);
+/* (kvq_calib_fill_bits, the bits accounting of an artifact's parameters: artifact.h) */
 
 #endif

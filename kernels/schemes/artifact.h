@@ -2,12 +2,14 @@
  * tables a quantized KV cache needs (nuqX levels, per-channel key
  * thresholds) plus every parameter of the scheme, its bits accounting and
  * the fingerprints of the model and dump it was fitted on. Schema:
- * formats/ARTIFACT.md (versioned; this build writes and reads version
+ * kernels/schemes/ARTIFACT.md (versioned; this build writes and reads version
  * KVQ_ARTIFACT_VERSION and rejects newer ones).
  *
- * One loader serves every scheme: nuqX (KVQuant), intX per-token, intX with
- * per-channel keys, KIVI (no tables; bits, group size, residual length
- * and axes only), and FP8 caches with calibrated scales (issue 13).
+ * One loader serves every family with an artifact part (family.h): nuqX
+ * (KVQuant), intX per-token, intX with per-channel keys, KIVI (no tables;
+ * bits, group size, residual length and axes only), FP8 caches with
+ * calibrated scales. Which tables a method stores, its parameter rules and
+ * its --inspect lines are the family's (kernels/schemes/<family>.c).
  *
  * Layout of the tables, per layer i (kv_dim = n_kv_heads * head_dim):
  *   k.levels         float32 [2^k_bits] (per-layer) or [n_kv_heads][2^k_bits]
@@ -34,17 +36,11 @@
 #define KVQ_ARTIFACT_VERSION 1
 #define KVQ_FINGERPRINT_MAX 256
 
-typedef enum {
-    KVQ_METHOD_NUQ = 0, /* KVQuant nuqX: per-channel keys (offline), per-token values (online) */
-    KVQ_METHOD_INT,     /* uniform intX per-token for K and V */
-    KVQ_METHOD_INT_PC,  /* uniform intX, per-channel keys (offline thresholds), per-token values */
-    KVQ_METHOD_KIVI,    /* KIVI: keys per-channel in G-token groups, values per-token in G-channel groups */
-    KVQ_METHOD_FP8,     /* FP8 (E4M3FN / E5M2) cache with offline per-tensor or per-KV-head scales (vLLM) */
-    KVQ_METHOD_COUNT
-} kvq_method;
-
-/* "nuq", "int", "int-pc", "kivi", "fp8"; NULL if invalid. */
-const char *kvq_method_name(kvq_method m);
+/* The method is a family of the scheme registry (family.h; one with an
+ * artifact part): its name is kvq.method, and the family says which tables
+ * the artifact holds, how its parameters are checked and what --inspect
+ * prints. */
+struct kvq_family;
 
 /* Fit choice codes stored per table. */
 enum { KVQ_FIT_CHOSEN_NONE = 0, KVQ_FIT_CHOSEN_LLOYD = 1, KVQ_FIT_CHOSEN_EXACT = 2 };
@@ -70,8 +66,8 @@ typedef struct {
 
 void kvq_kv_table_free(kvq_kv_table *t);
 
-typedef struct {
-    kvq_method method;
+typedef struct kvq_artifact_params {
+    const struct kvq_family *method; /* the family ("nuq", "int", "int-pc", "kivi", "fp8", ...) */
     int k_bits, v_bits;        /* 1..8 */
     double outlier_frac;       /* [0, 0.5): total, both tails (nuq, int-pc) */
     size_t n_sink;             /* first n tokens of each sequence at full precision */
@@ -135,7 +131,7 @@ void kvq_artifact_prefix_free(kvq_artifact_prefix *px);
 kvq_status kvq_artifact_prefix_alloc(kvq_artifact_prefix *px, size_t P, size_t n_layers, size_t kv_dim, const char *what,
                                      kvq_err *err);
 
-typedef struct {
+typedef struct kvq_artifact {
     kvq_artifact_params p;
     kvq_kv_table *k, *v;       /* [n_layers] each; NULL for int and kivi */
     kvq_artifact_prefix *prefix; /* IntactKV prefix, or NULL (owned; freed by kvq_artifact_free) */
@@ -170,6 +166,14 @@ kvq_status kvq_artifact_write_new(const char *path, const kvq_artifact *a, bool 
  * Free with kvq_artifact_free. */
 kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err);
 void kvq_artifact_free(kvq_artifact *a);
+
+/* Fill p->bits_k / bits_v / bits_ctx from the artifact parameters with the
+ * family's accounting (kvq_scheme_bits_ex, nominal) at context length ctx. */
+kvq_status kvq_calib_fill_bits(kvq_artifact_params *p, size_t ctx, kvq_err *err);
+
+/* The artifact's own scheme as a kveval spec ("nuq3-1%", "kivi2-g32-r128",
+ * "fp8-tensor"; the family's canonical name). Returns buf. */
+const char *kvq_artifact_scheme_spec(const kvq_artifact_params *p, char *buf, size_t n);
 
 /* Print a readable summary of the artifact at path to f (kvcalib --inspect). */
 kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err);
