@@ -76,6 +76,23 @@ static inline void *kvq_test_slurp(const char *path, size_t *n)
     return p;
 }
 
+/* Run an independent Python reader (a script of tests/scripts: h5py on a dump, safetensors on an
+ * artifact or vLLM scales) with its arguments; the test fails with the script's output unless it
+ * exits 0. python3 and its packages (numpy, h5py, safetensors) are installed by scripts/setup.sh:
+ * a missing one is a failure, not a skip. */
+static inline void kvq_test_python(const char *script, const char *args)
+{
+    char cmd[4096], out[8192];
+    snprintf(cmd, sizeof cmd, "%s tests/scripts/%s %s 2>&1", getenv("PYTHON") ? getenv("PYTHON") : "python3", script, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_msg(p != NULL, "cannot run %s", cmd);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    ck_assert_msg(rc == 0, "%s: exit status %d:\n%s", cmd, rc, out);
+    fprintf(stderr, "INFO %s: ok (%zu bytes of output)\n", script, n);
+}
+
 /* Quick mode (ASan runs): tests may shrink their workloads. */
 static inline int kvq_test_quick(void) { const char *q = getenv("KVQ_TEST_QUICK"); return q && *q == '1'; }
 

@@ -124,6 +124,7 @@ START_TEST(test_determinism_and_round_trip)
         ck_assert_msg(n1 == n3 && memcmp(x1, x3, n1) == 0, "re-fit of the same inputs is not byte-identical");
         free(x1); free(x2); free(x3);
         ck_assert_msg(kvq_artifact_read(p1, &r, &e) == KVQ_OK, "%s", e.msg);
+        kvq_test_python("check_artifact.py", p1); /* an independent reader: Python safetensors against ARTIFACT.md */
         assert_same_params(&r.p, &a.p);
         for (int l = 0; l < L; l++) {
             assert_same_table(&r.k[l], &a.k[l]);
@@ -165,6 +166,7 @@ START_TEST(test_other_methods)
     ck_assert_msg(kvq_artifact_read(p, &r, &e) == KVQ_OK, "%s", e.msg);
     assert_same_params(&r.p, &a.p);
     ck_assert(!r.k && !r.v);
+    kvq_test_python("check_artifact.py", p);
     kvq_artifact_free(&r);
     /* int per-token */
     a.p = (kvq_artifact_params){.method = KVQ_FAM("int"), .k_bits = 4, .v_bits = 4, .n_layers = 3, .n_kv_heads = H,
@@ -186,6 +188,7 @@ START_TEST(test_other_methods)
     ck_assert_ptr_nonnull(r.k);
     ck_assert_ptr_null(r.v);
     assert_same_table(&r.k[0], &a.k[0]);
+    kvq_test_python("check_artifact.py", p);
     kvq_artifact_free(&r);
     kvq_artifact_free(&a);
 }

@@ -309,6 +309,10 @@ static void roundtrip(kvq_dump_dtype dtype, const char *keep)
     snprintf(partial, sizeof partial, "%s.partial", path);
     ck_assert(!exists(partial));
     check_contents(path, dtype);
+    /* an independent reader: h5py on the same file, every value recomputed in numpy */
+    char args[400];
+    snprintf(args, sizeof args, "'%s' --synthetic", path);
+    kvq_test_python("check_dump_h5py.py", args);
     if (!keep) rm_dump(path);
 }
 

@@ -252,6 +252,7 @@ START_TEST(test_artifact_roundtrip)
     ck_assert_ptr_nonnull(b.prefix);
     assert_prefix_equal(a.prefix, b.prefix, n);
     ck_assert_ptr_eq(b.p.method, KVQ_FAM("kivi"));
+    kvq_test_python("check_artifact.py", out); /* the prefix tensors, read with Python safetensors */
     ck_assert_str_eq(b.p.model_fingerprint, fp);
     /* the reserved tensor names kveval reads (ARTIFACT.md): [P, kv_dim] per layer */
     kvq_safetensors st;

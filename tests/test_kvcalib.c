@@ -704,6 +704,7 @@ START_TEST(test_fp8_scales)
         ck_assert_msg(kvq_calibrate_file(dump, out, true, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
         ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
         ck_assert_ptr_eq(a.p.method, KVQ_FAM("fp8"));
+        kvq_test_python("check_artifact.py", out);
         ck_assert(a.p.per_head == cases[ci].head && a.p.fp8_e5m2 == cases[ci].e5m2 && a.p.post_rope);
         ck_assert_double_eq(a.p.fp8_percentile, cases[ci].pct);
         size_t nsc = cases[ci].head ? HKV : 1;

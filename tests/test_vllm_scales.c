@@ -81,6 +81,8 @@ START_TEST(test_write_read_back)
     ck_assert_msg(kvq_vllm_scales_write(tmp_path(p, sizeof p, "head.safetensors"), &sh, mh, 1, &e) == KVQ_OK, "%s",
                   e.msg);
     check_file(p, 1);
+    /* the reader vLLM and transformers use: Python safetensors on both files */
+    kvq_test_python("check_vllm_scales.py", "build/tmp/test_vllm_scales");
     char name[64];
     ck_assert_str_eq(kvq_vllm_scale_name(name, sizeof name, 17, 1), "model.layers.17.self_attn.v_scale");
 }

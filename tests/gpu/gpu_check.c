@@ -260,7 +260,7 @@ static kvq_status bx_observe(void *user, const kvq_layer_ctx *ctx, const kvq_lay
     memcpy(u->k, pre ? obs->k_pre : obs->k_post, n * 4);
     memcpy(u->v, obs->v, n * 4);
     kvq_kv_desc_run run = {.d = u->d};
-    kvq_kv_alt alt = {u->ka, u->kb, false, u->va, u->vb, false};
+    kvq_kv_alt alt = {u->ka, u->kb, false, u->va, u->vb, false, NULL};
     KVQ_TRY(kvq_kv_desc_transform(&run, ctx, u->k, u->v, &alt, err));
     if (pre) {
         kvq_rope_table(hp, ctx->pos0, ctx->T, u->cs, u->sn);
