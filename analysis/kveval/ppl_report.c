@@ -192,8 +192,8 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
         cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
         cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
-        /* the nominal accounting (from the parameters) at longer contexts, for this model and
-         * for a Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
+        /* the same accounting (the run's realised rates: outlier fraction, high-precision share) at
+         * longer contexts, for this model and for a Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
         {
             static const size_t ctxs[] = {2048, 32768, 131072};
             kvq_hparams l7 = *hp;
@@ -206,7 +206,8 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
                 cJSON *sh = cJSON_AddObjectToObject(at, shapes[k].name);
                 for (size_t c = 0; c < 3; c++) {
                     kvq_bits bc;
-                    if ((*st = kvq_eval_scheme_bits(s, ctxs[c], shapes[k].h, &bc, err)) != KVQ_OK) break;
+                    if ((*st = kvq_eval_scheme_bits_run(s, ctxs[c], shapes[k].h, &res->k_counts, &res->v_counts, &bc, err)))
+                        break;
                     char key[32];
                     snprintf(key, sizeof key, "%zu", ctxs[c]);
                     cJSON_AddNumberToObject(sh, key, kvq_eval_scheme_cache_mib(s, &bc, ctxs[c], shapes[k].h));

@@ -40,8 +40,9 @@
  * Bits: from the resting cache the last query saw, per element: exact tokens
  * (window and sink) at 16, high at 16 (or 8 + 32/G) plus a 16-bit token index
  * per (token, head), low at b + 32/G (fp16 scale and zero point per group);
- * from a run's realised counts (n_exact, n_high) when given, else nominal
- * (min(floor(f ctx), ctx - n_sink - W) heavy hitters).
+ * the share of the tokens outside the sink and the window kept at the high
+ * precision is a run's realised one (n_high of its counts) when given, else
+ * the budget's (min(floor(f ctx), ctx - n_sink - W) heavy hitters).
  *
  * Differences from the reference code: H2O's released simulation
  * (h2o_hf, "heavy_ratio / recent_ratio" masks) evicts from full-precision
@@ -367,19 +368,16 @@ static kvq_status bits_hh(const kvq_scheme *q, const kvq_bits_in *in, kvq_bits *
     size_t hd = in->head_dim, g = q->group ? q->group : hd;
     if (g == 0) return kvq_fail(err, KVQ_EINVAL, "scheme bits: hh: the per-head group needs head_dim (kvq_scheme_bits_ex)");
     double lo = q->k_bits + 32.0 / (double)g, hi = (HH_HIGH(q) == 8 ? 8 + 32.0 / (double)g : 16.0) + 16.0 / (double)hd;
+    size_t ctx = in->ctx, ns = q->n_sink < ctx ? q->n_sink : ctx, win = ctx - ns < q->residual ? ctx - ns : q->residual;
+    size_t rest = ctx - ns - win, heavy = (size_t)capacity(HH_BUDGET(q), (int)ctx);
+    if (heavy > rest) heavy = rest;
     for (int w = 0; w < 2; w++) {
         const kvq_quant_counts *c = w ? in->v : in->k;
-        double fe, fh;
-        if (c && c->n_elems) {
-            fe = (double)(c->n_sink + c->n_exact) / (double)c->n_elems;
-            fh = (double)c->n_high / (double)c->n_elems;
-        } else {
-            size_t ctx = in->ctx, ns = q->n_sink < ctx ? q->n_sink : ctx, win = ctx - ns < q->residual ? ctx - ns : q->residual;
-            size_t rest = ctx - ns - win, heavy = (size_t)capacity(HH_BUDGET(q), (int)ctx);
-            if (heavy > rest) heavy = rest;
-            fe = (double)(ns + win) / (double)ctx;
-            fh = (double)heavy / (double)ctx;
-        }
+        /* the sink and the window are exact at any ctx; of the other tokens, the share a run kept at the high
+         * precision (realised), else the budget's */
+        double fe = (double)(ns + win) / (double)ctx, fh = (double)heavy / (double)ctx;
+        if (c && c->n_elems > c->n_sink + c->n_exact)
+            fh = (double)c->n_high / (double)(c->n_elems - c->n_sink - c->n_exact) * (double)rest / (double)ctx;
         double b = fe * 16.0 + fh * hi + (1.0 - fe - fh) * lo;
         if (w) out->v = b;
         else out->k = b;

@@ -5,7 +5,7 @@
  * Default: the default model (models/SmolLM2-135M-Instruct.Q4_1.gguf, or
  * KVQ_MODEL) on the first W windows (default 2) of ctx tokens (default 512)
  * of ../shared/datasets/wikitext-2-raw/wiki.test.raw, kvquant protocol;
- * schemes fp32, fp16, int4, int2, int4-pc-1%, kivi4, kivi2, nuq3-1% — the
+ * schemes fp32, fp16, int4, int2, int4-pc-1%, kivi4, kivi2, nuq3-1%, hh2 (a per-key schedule) — the
  * nuq tables calibrated in-process on 2 windows of wiki.valid.tokens (same
  * fitting code as kvcalib, tests/kveval_util.h). Every round runs all
  * schemes window by window (interleaved, so load on the shared machine hits
@@ -133,7 +133,7 @@ int main(int argc, char **argv)
     kvq_ppl_plan plan;
     if (kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, nw, &plan, &e)) return die("plan", &e);
 
-    const char *specs[] = {"fp32", "fp16", "int4", "int2", "int4-pc-1%", "kivi4", "kivi2", "nuq3-1%"};
+    const char *specs[] = {"fp32", "fp16", "int4", "int2", "int4-pc-1%", "kivi4", "kivi2", "nuq3-1%", "hh2"};
     enum { NS = sizeof specs / sizeof *specs };
     kvq_eval_scheme s[NS];
     for (int i = 0; i < NS; i++)
