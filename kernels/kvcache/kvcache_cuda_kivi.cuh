@@ -7,6 +7,7 @@
 // by kivi_generic when kivi_fast does not apply (keys from the code words for q < kq, else the fp16 residual
 // ring; values likewise with vq); the exact region by exact_decode. Each writes split-K partials (m, l, acc)
 // that combine_par / combine_par_wide (or kivi_generic's last block per row) merge.
+// Instance units (KVQ_KVCACHE_CUDA_INST, see kvcache_cuda_dec.cuh) leave out the kernels that are not templates.
 #ifndef KVQ_KVCACHE_CUDA_KIVI_CUH
 #define KVQ_KVCACHE_CUDA_KIVI_CUH
 
@@ -424,6 +425,7 @@ __device__ void merge_row(const KivP &p, int qh, int s, float *sm)
 // to finish then merges all of its slots (the exact region's was written by the kernel launched before this one) into
 // out: the combine without a launch of its own (tick counts finished splits; the merging block resets it). Beside
 // kivi_fast (another stream, p.tick null) the combine kernel merges after both
+#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -445,24 +447,29 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
         merge_row(p, qh, s, sm + p.D + p.gchunk + 12); // over the P·V slice sums, done
     }
 }
+#endif
 
 // the tail's partials beside kivi_fast (tail_part; no merge: combine_par follows). H200, Llama heads k2gD B = 32 N = 32K:
 // without the tail's launch (timing only) 887 -> 815 µs; kivi_generic alone there (ncu) issued on 49% of cycles for 70 MB
+#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     tail_part(p, blockIdx.x, blockIdx.y, blockIdx.z, (float *)sm4);
 }
+#endif
 
 // the combine after kivi_fast and kivi_generic (kivi_attend; COMBINE_SMEM floats of dynamic shared memory, 128
 // threads): combine_one per (query head blockIdx.x, sequence blockIdx.y). Same call, H200, N = 32K, against the
 // per-thread slot loops of `combine`: SmolLM2 heads B = 1 47.5 -> 36.2 µs (k2g32), B = 8 -2..-5%, B = 32 -2..-3%;
 // Llama heads -0..+2%
+#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     merge_row(p, blockIdx.x, blockIdx.y, (float *)sm4);
 }
+#endif
 
 // combine_wide's block: CW_NT threads; its dynamic shared memory (floats): weights [CW_TS], reduction [32], warp sums
 // [CW_NT / 32][D] (D <= 256)
@@ -518,12 +525,14 @@ __device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *
         o[d] = M == -INFINITY ? 0.f : x / L;
     }
 }
+#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     const size_t row = (size_t)blockIdx.y * p.n_heads + blockIdx.x;
     combine_wide(p.part + row * p.nslots * (p.D + 2), p.out + row * p.D, p.D, p.nuse, (float *)sm4);
 }
+#endif
 
 // the combine in one round trip to memory: every load of the row's partials (the nuse slots' statistics and P·V sums)
 // issued at once, then M, the weights and L from registers, then the weighted sums. Threads: NT, in ng = NT / D groups
@@ -1740,20 +1749,43 @@ template <int BK, int BV, int GQ, int NW> FastFn fast_pick_lg(int lg)
     return lg == 0 ? kivi_fast<BK, BV, GQ, 0, NW> : lg == 1 ? kivi_fast<BK, BV, GQ, 1, NW> : lg == 2 ? kivi_fast<BK, BV, GQ, 2, NW>
                                                                                                : kivi_fast<BK, BV, GQ, 3, NW == 1 ? 0 : NW>;
 }
-template <int BK, int BV, int NW> FastFn fast_pick_gq(int gq, int lg)
+template <int BK, int BV, int GQ> FastFn fast_pick_nw(int nw, int lg)
 {
-    return gq == 1 ? fast_pick_lg<BK, BV, 1, NW>(lg) : gq == 2 ? fast_pick_lg<BK, BV, 2, NW>(lg) : gq == 3 ? fast_pick_lg<BK, BV, 3, NW>(lg) : fast_pick_lg<BK, BV, 4, NW>(lg);
+    return nw == 1 ? fast_pick_lg<BK, BV, GQ, 1>(lg) : nw == 2 ? fast_pick_lg<BK, BV, GQ, 2>(lg) : fast_pick_lg<BK, BV, GQ, 0>(lg);
 }
-template <int BK, int BV> FastFn fast_pick_nw(int gq, int lg, int nw)
+// kivi_fast's instances are compiled in translation units of their own, one per (bk, bv, gq) (the 11 kernels of
+// fast_pick_nw<bk, bv, gq>), written by the Makefile (KVC_INST: build/gen/kvcache_cuda_inst_kivi_<bk>_<bv>_<gq>.cu
+// instantiates fast_pick_nw<bk, bv, gq> after these declarations), so that make -jN compiles them in parallel; no
+// other unit instantiates them (fast_pick below would, in every unit that includes this file). The emulator
+// (KVQ_EMU) instantiates them all in its own unit.
+#ifndef KVQ_EMU
+extern template FastFn fast_pick_nw<2, 2, 1>(int, int);
+extern template FastFn fast_pick_nw<2, 2, 2>(int, int);
+extern template FastFn fast_pick_nw<2, 2, 3>(int, int);
+extern template FastFn fast_pick_nw<2, 2, 4>(int, int);
+extern template FastFn fast_pick_nw<2, 4, 1>(int, int);
+extern template FastFn fast_pick_nw<2, 4, 2>(int, int);
+extern template FastFn fast_pick_nw<2, 4, 3>(int, int);
+extern template FastFn fast_pick_nw<2, 4, 4>(int, int);
+extern template FastFn fast_pick_nw<4, 2, 1>(int, int);
+extern template FastFn fast_pick_nw<4, 2, 2>(int, int);
+extern template FastFn fast_pick_nw<4, 2, 3>(int, int);
+extern template FastFn fast_pick_nw<4, 2, 4>(int, int);
+extern template FastFn fast_pick_nw<4, 4, 1>(int, int);
+extern template FastFn fast_pick_nw<4, 4, 2>(int, int);
+extern template FastFn fast_pick_nw<4, 4, 3>(int, int);
+extern template FastFn fast_pick_nw<4, 4, 4>(int, int);
+#endif
+template <int BK, int BV> FastFn fast_pick_gq(int gq, int lg, int nw)
 {
-    return nw == 1 ? fast_pick_gq<BK, BV, 1>(gq, lg) : nw == 2 ? fast_pick_gq<BK, BV, 2>(gq, lg) : fast_pick_gq<BK, BV, 0>(gq, lg);
+    return gq == 1 ? fast_pick_nw<BK, BV, 1>(nw, lg) : gq == 2 ? fast_pick_nw<BK, BV, 2>(nw, lg) : gq == 3 ? fast_pick_nw<BK, BV, 3>(nw, lg) : fast_pick_nw<BK, BV, 4>(nw, lg);
 }
 // kivi_fast for 2/4-bit keys (bk) and values (bv), gq (1..4) query heads per block, group 16 << lg (lg 0..3), word
 // groups nw = fast_nw(head_dim)
 inline FastFn fast_pick(int bk, int bv, int gq, int lg, int nw)
 {
-    if (bk == 2) return bv == 2 ? fast_pick_nw<2, 2>(gq, lg, nw) : fast_pick_nw<2, 4>(gq, lg, nw);
-    return bv == 2 ? fast_pick_nw<4, 2>(gq, lg, nw) : fast_pick_nw<4, 4>(gq, lg, nw);
+    if (bk == 2) return bv == 2 ? fast_pick_gq<2, 2>(gq, lg, nw) : fast_pick_gq<2, 4>(gq, lg, nw);
+    return bv == 2 ? fast_pick_gq<4, 2>(gq, lg, nw) : fast_pick_gq<4, 4>(gq, lg, nw);
 }
 } // namespace kv
 
