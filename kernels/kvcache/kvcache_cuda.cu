@@ -851,7 +851,7 @@ static void exact_launch(kvq_kvcache_cuda *c, const float *q, size_t n_heads, fl
 }
 
 // the exact region's decode (fp16 rows) into the last partial slot, then the combine (without an exact region the
-// combine leaves that slot out instead: one launch less, ~3.6 µs at Llama heads B = 32 on the H200)
+// combine leaves that slot out instead: one launch less)
 static kvq_status exact_and_combine(kvq_kvcache_cuda *c, const float *q, size_t n_heads, float scale, float *out, size_t nslots, kvq_err *err)
 {
     const size_t D = c->cfg.head_dim, B = c->cfg.n_seqs;
@@ -1283,13 +1283,9 @@ static void f16_plan(const kvq_fp16_cache *f, size_t n_heads, size_t max_splits,
     if (sp < 1) sp = 1;
     size_t ch = f->len ? (f->len + sp - 1) / sp : NT;
     ch = (ch + NT - 1) / NT * NT;
-    // chunks of at most 1024 positions (4096 before session 20): the scores' shared memory then allows more blocks per
-    // SM, so more loads in flight, and more splits at B = 1. H200 (docs/BENCHMARKS.md, session 20), 4096 -> 2048 (same
-    // call): Llama heads B = 8 32K 1347.6 -> 991.0 µs (75 -> 101% of copy), B = 32 32K 4382.9 -> 3837.5, SmolLM2 heads
-    // B = 32 32K 699.2 -> 408.3, B = 32 128K 2102.0 -> 1273.0, B = 8 128K 711.3 -> 429.2, B = 1 unchanged; 2048 -> 1024
-    // (another call): Llama B = 1 32K 297.4 -> 192.1, SmolLM2 B = 8 32K 160.3 -> 127.0, B = 32 32K 405.3 -> 361.3, B = 8
-    // and 32 at Llama heads +0.8..+1.1%; 512 slower except at Llama B = 1 32K (1024 -> 512 in a third call: B = 1 128K
-    // 566.5 -> 630.1, SmolLM2 B = 8 32K 127.5 -> 163.3); 8 loads in flight per lane instead of 4 changed nothing
+    // chunks of at most 1024 positions: the scores' shared memory then allows more blocks per SM, so more loads in flight,
+    // and more splits at B = 1 (on the H200 longer chunks were slower, most at SmolLM2-like heads; 512 slower except at
+    // Llama-like heads B = 1 32K; 8 loads in flight per lane instead of 4 changed nothing)
     size_t maxch = 16384 / *gq / NT * NT;
     if (maxch > 1024) maxch = 1024;
     if (ch > maxch) ch = maxch;
@@ -1332,9 +1328,8 @@ extern "C" kvq_status kvq_fp16_attend(const kvq_fp16_cache *f, const float *q, s
     CK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
     fn<<<dim3((unsigned)sp, (unsigned)(f->n_kv_heads * qg), (unsigned)f->n_seqs), NT, sm>>>(p);
     CKL();
-    // a separate combine: merging in the fp16 kernel's last block per row (as kivi_generic does) was measured slower
-    // (H200, same call: SmolLM2 heads B = 1 N = 32K 82 -> 143 µs, the last block merging 176 splits of 3 query heads in
-    // turn; Llama heads within ±0.6%)
+    // a separate combine: merging in the fp16 kernel's last block per row (as kivi_generic does) was slower on the H200
+    // (at SmolLM2-like heads B = 1 the last block merges 176 splits of 3 query heads in turn)
     combine<<<dim3((unsigned)n_heads, (unsigned)f->n_seqs), f->head_dim < 128 ? 64 : 128>>>(part, out, (int)n_heads, (int)f->head_dim, (int)sp, (int)sp);
     CKL();
     if (sync) CK(cudaDeviceSynchronize());

@@ -164,8 +164,7 @@ __host__ __device__ inline int combine_slots(size_t nslots, size_t n_exact) { re
 // D <= blockDim / 2 the threads form nsl = blockDim / D slices that sum every nsl-th slot of a dim (else each thread
 // sums its up to 4 dims over all slots), the loads of 8 slots in flight; slots with m = −∞ (empty) weigh 0. The
 // partials are read past L1 (__ldcg): when kivi_generic's last block merges, other blocks wrote them during the same
-// kernel. (Session 8: the per-thread-loop combine kernel took 14.6 µs for 19 slots at Llama heads B = 32 and 17.7 µs
-// for 32 at B = 1; H200.)
+// kernel. (A thread looping over all slots of its dims is latency-bound at a few tens of slots: hence the slices.)
 constexpr int COMBINE_SMEM = 256 + 32 + 256;
 // the statistics half of a combine (combine_one, kivi's combine_wide), all nt threads of the block: M = the largest
 // slot maximum m_i (through red[32]), then per tile of TS slots the weights e^{m_i − M} into wt[TS] (0 for empty
@@ -240,7 +239,7 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
 // merge the partials of slots [0, nuse) of nslots (the last ones unused: no exact region) per (query head, sequence),
 // one block each (NUQ and the fp16 baseline; KIVI merges with combine_one: kv::combine_par, or kivi_generic's last
 // block when kivi_generic runs alone). Each thread loops over the
-// slots for its dims: with combine_one here, NUQ at SmolLM2 heads B = 1 measured +1..+5% (median over N; three runs, H200)
+// slots for its dims: with combine_one here NUQ at SmolLM2 heads B = 1 was slower on the H200
 #ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see the head of this file)
 __global__ void combine(const float *part, float *out, int n_heads, int D, int nslots, int nuse)
 {
