@@ -6,6 +6,7 @@
 #   make bench         benchmarks (tests/bench), results for docs/BENCHMARKS.md
 #   make demo          the whole pipeline on the default model and data
 #   make V=1           show full compiler command lines
+#   make -jN           parallel build (the CUDA kernel template instances compile as 7 units, build/gen/)
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -52,18 +53,19 @@ LIB_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 CU_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
 # kernels/kvcache/kvcache_cuda.cu's kernel template instances, in translation units of their own so that make -jN
 # compiles them in parallel (nvcc compiles the kernels of one unit one after another): kv::kivi_fast per (key bits,
-# value bits, query heads per block) and the NUQ decode kernels per (key bits, value bits). The units are written here
+# value bits), 44 kernels each, and the NUQ decode kernels per key bits. The units are written here
 # ($(BUILD)/gen/kvcache_cuda_inst_<group>.cu); the groups are those of the extern template declarations in
-# kvcache_cuda_kivi.cuh and kvcache_cuda_nuq.cuh (a unit missing here fails the link).
-KVC_INST := $(foreach k,2 4,$(foreach v,2 4,$(foreach g,1 2 3 4,kivi_$(k)_$(v)_$(g)))) \
-            $(foreach k,2 3 4,$(foreach v,2 3 4,nuq_$(k)_$(v)))
+# kvcache_cuda_kivi.cuh and kvcache_cuda_nuq.cuh (a unit missing here fails the link). Each unit costs about a second
+# of CPU of its own (headers, host side), so the groups are no smaller than a parallel build needs.
+KVC_INST := kivi_2_2 kivi_2_4 kivi_4_2 kivi_4_4 nuq_2 nuq_3 nuq_4
 KVC_INST_OBJ := $(KVC_INST:%=$(BUILD)/gen/kvcache_cuda_inst_%.cu.o)
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror $(INC_FLAGS)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(KVC_INST_OBJ)
+# the longest compilations first, so that a parallel build does not end on one of them
+LIB_OBJ := $(KVC_INST_OBJ) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(LIB_SRC:%.c=$(BUILD)/%.o)
 else
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 endif
@@ -122,9 +124,9 @@ define kvc_inst_unit
 	$(Q)if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
 endef
 $(BUILD)/gen/kvcache_cuda_inst_kivi_%.cu: Makefile
-	$(call kvc_inst_unit,kv::FastFn kv::fast_pick_nw<$(subst _,$(comma) ,$*)>(int$(comma) int))
+	$(call kvc_inst_unit,kv::FastFn kv::fast_pick_nw<$(subst _,$(comma) ,$*)>(int$(comma) int$(comma) int))
 $(BUILD)/gen/kvcache_cuda_inst_nuq_%.cu: Makefile
-	$(call kvc_inst_unit,DecFn nuq_kernel<$(subst _,$(comma) ,$*)>(int))
+	$(call kvc_inst_unit,DecFn nuq_kernel<$*>(int$(comma) int))
 
 $(BUILD)/gen/%.cu.o: $(BUILD)/gen/%.cu
 	@mkdir -p $(dir $@)

@@ -32,11 +32,7 @@ static const size_t SMEM_MAX = 160 * 1024;
 
 // the NUQ decode kernel for bk-bit keys, bv-bit values and gq query heads per block (nuq_kernel,
 // kvcache_cuda_nuq.cuh); nullptr where none
-template <int BK> static DecFn pick1(int bv, int gq)
-{
-    return bv == 2 ? nuq_kernel<BK, 2>(gq) : bv == 3 ? nuq_kernel<BK, 3>(gq) : nuq_kernel<BK, 4>(gq);
-}
-static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? pick1<2>(bv, gq) : bk == 3 ? pick1<3>(bv, gq) : pick1<4>(bv, gq); }
+static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? nuq_kernel<2>(bv, gq) : bk == 3 ? nuq_kernel<3>(bv, gq) : nuq_kernel<4>(bv, gq); }
 
 // query heads per block: the candidate (1, 2, 3, 4, 8; at most 64 / channels per unit of keys and of
 // values) that wastes the fewest masked query slots, ties to the larger

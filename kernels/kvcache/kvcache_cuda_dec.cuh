@@ -6,7 +6,8 @@
 // The kernel templates' instances are compiled in translation units of their own, written by the Makefile
 // (build/gen/kvcache_cuda_inst_*.cu; see kvcache_cuda_nuq.cuh and kvcache_cuda_kivi.cuh), which define
 // KVQ_KVCACHE_CUDA_INST: the kernels that are not templates (exact_decode, combine, and KIVI's kivi_generic,
-// kivi_tail, combine_par, combine_par_wide) are then left out, so that they are defined once, in kvcache_cuda.cu.
+// kivi_tail, combine_par, combine_par_wide) and the __device__ functions that are neither templates nor inline (whose
+// host-side stubs would be defined twice) are then left out, so that they are defined once, in kvcache_cuda.cu.
 #ifndef KVQ_KVCACHE_CUDA_DEC_CUH
 #define KVQ_KVCACHE_CUDA_DEC_CUH
 
@@ -194,6 +195,7 @@ __device__ __forceinline__ float combine_tiles(const float *pp, int nuse, size_t
     }
     return M;
 }
+#ifndef KVQ_KVCACHE_CUDA_INST // kvcache_cuda.cu alone (see the head of this file)
 __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
 {
     constexpr int TS = 256;
@@ -235,6 +237,7 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
     for (int k = 0; k < 4; k++)
         if (tid + k * nt < D) o[tid + k * nt] = M == -INFINITY ? 0.f : acc[k] / L;
 }
+#endif
 
 // merge the partials of slots [0, nuse) of nslots (the last ones unused: no exact region) per (query head, sequence),
 // one block each (NUQ and the fp16 baseline; KIVI merges with combine_one: kv::combine_par, or kivi_generic's last

@@ -7,7 +7,7 @@
 // by kivi_generic when kivi_fast does not apply (keys from the code words for q < kq, else the fp16 residual
 // ring; values likewise with vq); the exact region by exact_decode. Each writes split-K partials (m, l, acc)
 // that combine_par / combine_par_wide (or kivi_generic's last block per row) merge.
-// Instance units (KVQ_KVCACHE_CUDA_INST, see kvcache_cuda_dec.cuh) leave out the kernels that are not templates.
+// Instance units (KVQ_KVCACHE_CUDA_INST, see kvcache_cuda_dec.cuh) leave out what is neither a template nor inline.
 #ifndef KVQ_KVCACHE_CUDA_KIVI_CUH
 #define KVQ_KVCACHE_CUDA_KIVI_CUH
 
@@ -126,6 +126,7 @@ constexpr int NTG = 128, GPW = 4;
 // dynamic shared memory of kivi_generic and kivi_tail (floats): q [D], scores [gchunk], reduction [8], statistics [4],
 // P·V slice sums [nsl][D] (nsl·D <= NTG·VD <= 8·NTG; combine_one's COMBINE_SMEM there after them)
 __host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (8 * NTG > COMBINE_SMEM ? 8 * NTG : COMBINE_SMEM); }
+#ifndef KVQ_KVCACHE_CUDA_INST // the generic and tail kernels with their helpers (see kvcache_cuda_dec.cuh)
 // a generic / tail partial's set-up: positions [*a, *b) of split `split` (from first, the range's start), its partial
 // slot *part; false (the empty partial written) when the range is empty, else the scaled query in qv[D] after a barrier
 __device__ bool part_begin(const KivP &p, int split, int qh, int s, int first, float *qv, int *a, int *b, float **part)
@@ -424,7 +425,6 @@ __device__ void merge_row(const KivP &p, int qh, int s, float *sm)
 // to finish then merges all of its slots (the exact region's was written by the kernel launched before this one) into
 // out: the combine without a launch of its own (tick counts finished splits; the merging block resets it). Beside
 // kivi_fast (another stream, p.tick null) the combine kernel merges after both
-#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -446,22 +446,18 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
         merge_row(p, qh, s, sm + p.D + p.gchunk + 12); // over the P·V slice sums, done
     }
 }
-#endif
 
 // the tail's partials beside kivi_fast (tail_part; no merge: combine_par follows). The tail's cost is the SM slots its
 // blocks take from kivi_fast's and its blocks' latency (docs/BENCHMARKS.md), hence the lean kernel
-#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     tail_part(p, blockIdx.x, blockIdx.y, blockIdx.z, (float *)sm4);
 }
-#endif
 
 // the combine after kivi_fast and kivi_generic (kivi_attend; COMBINE_SMEM floats of dynamic shared memory, 128
 // threads): combine_one per (query head blockIdx.x, sequence blockIdx.y); faster than the per-thread slot loops of
 // `combine` at SmolLM2-like heads, as fast at Llama-like heads
-#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -476,6 +472,7 @@ __host__ __device__ inline size_t combine_wide_smem(int D) { return (size_t)CW_T
 // combine_par's choice: the wide block when there are fewer (query head, sequence) rows than 4 per SM, where one row's
 // merge latency is the cost (with more rows combine_par's smaller blocks were as fast or faster)
 __host__ __device__ inline bool combine_use_wide(size_t rows, size_t n_sm) { return rows < 4 * n_sm; }
+#ifndef KVQ_KVCACHE_CUDA_INST // combine_wide and its kernel (see kvcache_cuda_dec.cuh)
 // combine_one with the slots spread over warps: warp w takes slots w, w + 16, ... of each tile of CW_TS, lane l the
 // dims l, l + 32, ... (coalesced 128-byte rows), 4 slots' loads in flight per lane, then the 16 warps' sums added
 // through shared memory; the statistics by combine_tiles, as combine_one. The same sums in another order
@@ -522,7 +519,6 @@ __device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *
         o[d] = M == -INFINITY ? 0.f : x / L;
     }
 }
-#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see kvcache_cuda_dec.cuh)
 __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -1715,43 +1711,31 @@ template <int BK, int BV, int GQ, int NW> FastFn fast_pick_lg(int lg)
     return lg == 0 ? kivi_fast<BK, BV, GQ, 0, NW> : lg == 1 ? kivi_fast<BK, BV, GQ, 1, NW> : lg == 2 ? kivi_fast<BK, BV, GQ, 2, NW>
                                                                                                : kivi_fast<BK, BV, GQ, 3, NW == 1 ? 0 : NW>;
 }
-template <int BK, int BV, int GQ> FastFn fast_pick_nw(int nw, int lg)
+template <int BK, int BV, int NW> FastFn fast_pick_gq(int gq, int lg)
 {
-    return nw == 1 ? fast_pick_lg<BK, BV, GQ, 1>(lg) : nw == 2 ? fast_pick_lg<BK, BV, GQ, 2>(lg) : fast_pick_lg<BK, BV, GQ, 0>(lg);
+    return gq == 1 ? fast_pick_lg<BK, BV, 1, NW>(lg) : gq == 2 ? fast_pick_lg<BK, BV, 2, NW>(lg) : gq == 3 ? fast_pick_lg<BK, BV, 3, NW>(lg) : fast_pick_lg<BK, BV, 4, NW>(lg);
 }
-// kivi_fast's instances are compiled in translation units of their own, one per (bk, bv, gq) (the 11 kernels of
-// fast_pick_nw<bk, bv, gq>), written by the Makefile (KVC_INST: build/gen/kvcache_cuda_inst_kivi_<bk>_<bv>_<gq>.cu
-// instantiates fast_pick_nw<bk, bv, gq> after these declarations), so that make -jN compiles them in parallel; no
-// other unit instantiates them (fast_pick below would, in every unit that includes this file). The emulator
-// (KVQ_EMU) instantiates them all in its own unit.
+template <int BK, int BV> FastFn fast_pick_nw(int gq, int lg, int nw)
+{
+    return nw == 1 ? fast_pick_gq<BK, BV, 1>(gq, lg) : nw == 2 ? fast_pick_gq<BK, BV, 2>(gq, lg) : fast_pick_gq<BK, BV, 0>(gq, lg);
+}
+// kivi_fast's instances are compiled in translation units of their own, one per (bk, bv) (the 44 kernels of
+// fast_pick_nw<bk, bv>), written by the Makefile (KVC_INST: build/gen/kvcache_cuda_inst_kivi_<bk>_<bv>.cu instantiates
+// fast_pick_nw<bk, bv> after these declarations), so that make -jN compiles them in parallel; no other unit
+// instantiates them (fast_pick below would, in every unit that includes this file). The emulator (KVQ_EMU)
+// instantiates them all in its own unit.
 #ifndef KVQ_EMU
-extern template FastFn fast_pick_nw<2, 2, 1>(int, int);
-extern template FastFn fast_pick_nw<2, 2, 2>(int, int);
-extern template FastFn fast_pick_nw<2, 2, 3>(int, int);
-extern template FastFn fast_pick_nw<2, 2, 4>(int, int);
-extern template FastFn fast_pick_nw<2, 4, 1>(int, int);
-extern template FastFn fast_pick_nw<2, 4, 2>(int, int);
-extern template FastFn fast_pick_nw<2, 4, 3>(int, int);
-extern template FastFn fast_pick_nw<2, 4, 4>(int, int);
-extern template FastFn fast_pick_nw<4, 2, 1>(int, int);
-extern template FastFn fast_pick_nw<4, 2, 2>(int, int);
-extern template FastFn fast_pick_nw<4, 2, 3>(int, int);
-extern template FastFn fast_pick_nw<4, 2, 4>(int, int);
-extern template FastFn fast_pick_nw<4, 4, 1>(int, int);
-extern template FastFn fast_pick_nw<4, 4, 2>(int, int);
-extern template FastFn fast_pick_nw<4, 4, 3>(int, int);
-extern template FastFn fast_pick_nw<4, 4, 4>(int, int);
+extern template FastFn fast_pick_nw<2, 2>(int, int, int);
+extern template FastFn fast_pick_nw<2, 4>(int, int, int);
+extern template FastFn fast_pick_nw<4, 2>(int, int, int);
+extern template FastFn fast_pick_nw<4, 4>(int, int, int);
 #endif
-template <int BK, int BV> FastFn fast_pick_gq(int gq, int lg, int nw)
-{
-    return gq == 1 ? fast_pick_nw<BK, BV, 1>(nw, lg) : gq == 2 ? fast_pick_nw<BK, BV, 2>(nw, lg) : gq == 3 ? fast_pick_nw<BK, BV, 3>(nw, lg) : fast_pick_nw<BK, BV, 4>(nw, lg);
-}
 // kivi_fast for 2/4-bit keys (bk) and values (bv), gq (1..4) query heads per block, group 16 << lg (lg 0..3), word
 // groups nw = fast_nw(head_dim)
 inline FastFn fast_pick(int bk, int bv, int gq, int lg, int nw)
 {
-    if (bk == 2) return bv == 2 ? fast_pick_gq<2, 2>(gq, lg, nw) : fast_pick_gq<2, 4>(gq, lg, nw);
-    return bv == 2 ? fast_pick_gq<4, 2>(gq, lg, nw) : fast_pick_gq<4, 4>(gq, lg, nw);
+    if (bk == 2) return bv == 2 ? fast_pick_nw<2, 2>(gq, lg, nw) : fast_pick_nw<2, 4>(gq, lg, nw);
+    return bv == 2 ? fast_pick_nw<4, 2>(gq, lg, nw) : fast_pick_nw<4, 4>(gq, lg, nw);
 }
 } // namespace kv
 

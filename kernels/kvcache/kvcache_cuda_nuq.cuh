@@ -2,10 +2,9 @@
 // v4::nuq_decode, kvcache_cuda_dec.cuh) and nuq_kernel, the choice among the NUQ decode kernels. Included by
 // kvcache_cuda.cu after kvcache_cuda_dec.cuh. See formats/KVCACHE.md "Decode attention (GPU)".
 //
-// The kernels of each (key bits, value bits) pair are compiled in a translation unit of their own, written by the
-// Makefile (KVC_INST: build/gen/kvcache_cuda_inst_nuq_<bk>_<bv>.cu instantiates nuq_kernel<bk, bv> after the
-// extern template declarations at the end of this file), so that make -jN compiles them in parallel; no other unit
-// instantiates them.
+// The kernels of each key width are compiled in a translation unit of their own, written by the Makefile (KVC_INST:
+// build/gen/kvcache_cuda_inst_nuq_<bk>.cu instantiates nuq_kernel<bk> after the extern template declarations at the
+// end of this file), so that make -jN compiles them in parallel; no other unit instantiates them.
 #ifndef KVQ_KVCACHE_CUDA_NUQ_CUH
 #define KVQ_KVCACHE_CUDA_NUQ_CUH
 
@@ -450,32 +449,31 @@ typedef void (*DecFn)(DecP);
 // query heads per block GQ: GQ x channels per unit <= 64 for keys (the RoPE factors a lane keeps) and
 // for values (the accumulators of phase 3)
 // v3 (nuq_decode above) serves 3-bit keys or values; 2- and 4-bit codes use v4::nuq_decode (kvcache_cuda_dec.cuh)
-template <int BK, int BV, int GQ> static DecFn pick3()
+template <int BK, int BV, int GQ> DecFn nuq_pick3()
 {
     if constexpr ((BK == 3 || BV == 3) && GQ * U<BK>::C <= 64 && GQ * U<BV>::C <= 64) return nuq_decode<BK, BV, GQ>;
     else if constexpr (BK != 3 && BV != 3 && GQ <= 4) return v4::nuq_decode<BK, BV, GQ>;
     else return nullptr;
 }
-// the decode kernel for BK-bit keys, BV-bit values and gq query heads per block (1, 2, 3, 4, 8); nullptr where none
-template <int BK, int BV> DecFn nuq_kernel(int gq)
+template <int BK, int BV> DecFn nuq_pick2(int gq)
 {
     switch (gq) {
-    case 1: return pick3<BK, BV, 1>();
-    case 2: return pick3<BK, BV, 2>();
-    case 3: return pick3<BK, BV, 3>();
-    case 4: return pick3<BK, BV, 4>();
-    case 8: return pick3<BK, BV, 8>();
+    case 1: return nuq_pick3<BK, BV, 1>();
+    case 2: return nuq_pick3<BK, BV, 2>();
+    case 3: return nuq_pick3<BK, BV, 3>();
+    case 4: return nuq_pick3<BK, BV, 4>();
+    case 8: return nuq_pick3<BK, BV, 8>();
     default: return nullptr;
     }
 }
-extern template DecFn nuq_kernel<2, 2>(int);
-extern template DecFn nuq_kernel<2, 3>(int);
-extern template DecFn nuq_kernel<2, 4>(int);
-extern template DecFn nuq_kernel<3, 2>(int);
-extern template DecFn nuq_kernel<3, 3>(int);
-extern template DecFn nuq_kernel<3, 4>(int);
-extern template DecFn nuq_kernel<4, 2>(int);
-extern template DecFn nuq_kernel<4, 3>(int);
-extern template DecFn nuq_kernel<4, 4>(int);
+// the decode kernel for BK-bit keys, bv-bit values (2, 3, 4) and gq query heads per block (1, 2, 3, 4, 8); nullptr where
+// none
+template <int BK> DecFn nuq_kernel(int bv, int gq)
+{
+    return bv == 2 ? nuq_pick2<BK, 2>(gq) : bv == 3 ? nuq_pick2<BK, 3>(gq) : nuq_pick2<BK, 4>(gq);
+}
+extern template DecFn nuq_kernel<2>(int, int);
+extern template DecFn nuq_kernel<3>(int, int);
+extern template DecFn nuq_kernel<4>(int, int);
 
 #endif
