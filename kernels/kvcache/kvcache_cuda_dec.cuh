@@ -1,8 +1,13 @@
 // kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2- and 4-bit codes, P·V on the tensor
 // cores) of kvcache_cuda.cu, with the exact-region
-// and combine kernels they share. Included by kvcache_cuda.cu; tests/gpu/emu_kvcache_dec.cc compiles the
+// and combine kernels they share. Included by kvcache_cuda.cu; tests/gpu/emu/emu_kvcache_dec.cc compiles the
 // same source on the host (KVQ_EMU: one std::thread per CUDA thread) to check the index arithmetic
 // against the CPU reference without a GPU. See formats/KVCACHE.md "Decode attention (GPU)".
+// The kernel templates' instances are compiled in translation units of their own, written by the Makefile
+// (build/gen/kvcache_cuda_inst_*.cu; see kvcache_cuda_nuq.cuh and kvcache_cuda_kivi.cuh), which define
+// KVQ_KVCACHE_CUDA_INST: the kernels that are not templates (exact_decode, combine, and KIVI's kivi_generic,
+// kivi_tail, combine_par, combine_par_wide) and the __device__ functions that are neither templates nor inline (whose
+// host-side stubs would be defined twice) are then left out, so that they are defined once, in kvcache_cuda.cu.
 #ifndef KVQ_KVCACHE_CUDA_DEC_CUH
 #define KVQ_KVCACHE_CUDA_DEC_CUH
 
@@ -119,6 +124,7 @@ __device__ void chunk_softmax(float *sc, int chunk, int n, float *red, float *mo
     for (int gg = 0; gg < GQ; gg++) lo[gg] = l[gg];
 }
 
+#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see the head of this file)
 // exact region (fp16, post-RoPE keys): one block per (query head, sequence); the last partial slot
 __global__ void exact_decode(DecP p)
 {
@@ -147,6 +153,7 @@ __global__ void exact_decode(DecP p)
     }
     if (tid == 0) { part[0] = ne ? m : -INFINITY; part[1] = l; }
 }
+#endif
 
 // partial slots a combine reads of the nslots per (query head, sequence): the exact region's partial is the last slot,
 // written only when there is an exact region (n_exact > 0; without one exact_decode is not launched)
@@ -158,8 +165,7 @@ __host__ __device__ inline int combine_slots(size_t nslots, size_t n_exact) { re
 // D <= blockDim / 2 the threads form nsl = blockDim / D slices that sum every nsl-th slot of a dim (else each thread
 // sums its up to 4 dims over all slots), the loads of 8 slots in flight; slots with m = −∞ (empty) weigh 0. The
 // partials are read past L1 (__ldcg): when kivi_generic's last block merges, other blocks wrote them during the same
-// kernel. (Session 8: the per-thread-loop combine kernel took 14.6 µs for 19 slots at Llama heads B = 32 and 17.7 µs
-// for 32 at B = 1; H200.)
+// kernel. (A thread looping over all slots of its dims is latency-bound at a few tens of slots: hence the slices.)
 constexpr int COMBINE_SMEM = 256 + 32 + 256;
 // the statistics half of a combine (combine_one, kivi's combine_wide), all nt threads of the block: M = the largest
 // slot maximum m_i (through red[32]), then per tile of TS slots the weights e^{m_i − M} into wt[TS] (0 for empty
@@ -189,6 +195,7 @@ __device__ __forceinline__ float combine_tiles(const float *pp, int nuse, size_t
     }
     return M;
 }
+#ifndef KVQ_KVCACHE_CUDA_INST // kvcache_cuda.cu alone (see the head of this file)
 __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
 {
     constexpr int TS = 256;
@@ -230,11 +237,13 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
     for (int k = 0; k < 4; k++)
         if (tid + k * nt < D) o[tid + k * nt] = M == -INFINITY ? 0.f : acc[k] / L;
 }
+#endif
 
 // merge the partials of slots [0, nuse) of nslots (the last ones unused: no exact region) per (query head, sequence),
 // one block each (NUQ and the fp16 baseline; KIVI merges with combine_one: kv::combine_par, or kivi_generic's last
 // block when kivi_generic runs alone). Each thread loops over the
-// slots for its dims: with combine_one here, NUQ at SmolLM2 heads B = 1 measured +1..+5% (median over N; three runs, H200)
+// slots for its dims: with combine_one here NUQ at SmolLM2 heads B = 1 was slower on the H200
+#ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see the head of this file)
 __global__ void combine(const float *part, float *out, int n_heads, int D, int nslots, int nuse)
 {
     const int qh = blockIdx.x, s = blockIdx.y;
@@ -252,6 +261,7 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
         out[((size_t)s * n_heads + qh) * D + d] = M == -INFINITY ? 0.f : a / L;
     }
 }
+#endif
 
 // ---- v4: 2- and 4-bit keys and values ------------------------------------------------------------
 // One block of NT4 = 256 threads per (sequence, KV head, query group, chunk of positions); chunks are

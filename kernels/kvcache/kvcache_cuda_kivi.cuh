@@ -7,6 +7,7 @@
 // by kivi_generic when kivi_fast does not apply (keys from the code words for q < kq, else the fp16 residual
 // ring; values likewise with vq); the exact region by exact_decode. Each writes split-K partials (m, l, acc)
 // that combine_par / combine_par_wide (or kivi_generic's last block per row) merge.
+// Instance units (KVQ_KVCACHE_CUDA_INST, see kvcache_cuda_dec.cuh) leave out what is neither a template nor inline.
 #ifndef KVQ_KVCACHE_CUDA_KIVI_CUH
 #define KVQ_KVCACHE_CUDA_KIVI_CUH
 
@@ -119,13 +120,13 @@ template <class T> __device__ __forceinline__ T ld_hv(const uint16_t *p)
 // over positions, 8 positions' ring words in flight per thread, the slices summed through shared memory. Ring slots
 // advance by addition (no division per position). This range is the fp16 residual ring (the last R..2R positions)
 // and a few codes when kivi_fast runs, and everything when it does not; then (alone) the last split of a (query head,
-// sequence) to finish merges its partials (combine_one). H200, Llama heads (32 × 128), N = 32K, B = 32: the 256-position tail took
-// 178 µs as a thread per position over all dims and then a thread per dim over all positions (long chains of
-// dependent, uncoalesced loads; 91 registers), and the separate combine kernel 14 µs
+// sequence) to finish merges its partials (combine_one). (A thread per position over all dims, then a thread per dim
+// over all positions, makes long chains of dependent, uncoalesced loads; a separate combine kernel costs a launch.)
 constexpr int NTG = 128, GPW = 4;
 // dynamic shared memory of kivi_generic and kivi_tail (floats): q [D], scores [gchunk], reduction [8], statistics [4],
 // P·V slice sums [nsl][D] (nsl·D <= NTG·VD <= 8·NTG; combine_one's COMBINE_SMEM there after them)
 __host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size_t)D + gchunk + 12 + (8 * NTG > COMBINE_SMEM ? 8 * NTG : COMBINE_SMEM); }
+#ifndef KVQ_KVCACHE_CUDA_INST // the generic and tail kernels with their helpers (see kvcache_cuda_dec.cuh)
 // a generic / tail partial's set-up: positions [*a, *b) of split `split` (from first, the range's start), its partial
 // slot *part; false (the empty partial written) when the range is empty, else the scaled query in qv[D] after a barrier
 __device__ bool part_begin(const KivP &p, int split, int qh, int s, int first, float *qv, int *a, int *b, float **part)
@@ -446,8 +447,8 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
     }
 }
 
-// the tail's partials beside kivi_fast (tail_part; no merge: combine_par follows). H200, Llama heads k2gD B = 32 N = 32K:
-// without the tail's launch (timing only) 887 -> 815 µs; kivi_generic alone there (ncu) issued on 49% of cycles for 70 MB
+// the tail's partials beside kivi_fast (tail_part; no merge: combine_par follows). The tail's cost is the SM slots its
+// blocks take from kivi_fast's and its blocks' latency (docs/BENCHMARKS.md), hence the lean kernel
 __global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -455,23 +456,23 @@ __global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
 }
 
 // the combine after kivi_fast and kivi_generic (kivi_attend; COMBINE_SMEM floats of dynamic shared memory, 128
-// threads): combine_one per (query head blockIdx.x, sequence blockIdx.y). Same call, H200, N = 32K, against the
-// per-thread slot loops of `combine`: SmolLM2 heads B = 1 47.5 -> 36.2 µs (k2g32), B = 8 -2..-5%, B = 32 -2..-3%;
-// Llama heads -0..+2%
+// threads): combine_one per (query head blockIdx.x, sequence blockIdx.y); faster than the per-thread slot loops of
+// `combine` at SmolLM2-like heads, as fast at Llama-like heads
 __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     merge_row(p, blockIdx.x, blockIdx.y, (float *)sm4);
 }
+#endif
 
 // combine_wide's block: CW_NT threads; its dynamic shared memory (floats): weights [CW_TS], reduction [32], warp sums
 // [CW_NT / 32][D] (D <= 256)
 constexpr int CW_NT = 512, CW_TS = 512;
 __host__ __device__ inline size_t combine_wide_smem(int D) { return (size_t)CW_TS + 32 + (size_t)(CW_NT / 32) * D; }
 // combine_par's choice: the wide block when there are fewer (query head, sequence) rows than 4 per SM, where one row's
-// merge latency is the cost. H200, Llama heads k2gD / k4gD, against combine_par (same call, alternated twice): B = 1
-// N = 32K 65.7 -> 58.8 µs, 128K 180.6 -> 143.5; B = 8 32K -2%, 128K -3%; B = 32 (1024 rows) +1% at 32K
+// merge latency is the cost (with more rows combine_par's smaller blocks were as fast or faster)
 __host__ __device__ inline bool combine_use_wide(size_t rows, size_t n_sm) { return rows < 4 * n_sm; }
+#ifndef KVQ_KVCACHE_CUDA_INST // combine_wide and its kernel (see kvcache_cuda_dec.cuh)
 // combine_one with the slots spread over warps: warp w takes slots w, w + 16, ... of each tile of CW_TS, lane l the
 // dims l, l + 32, ... (coalesced 128-byte rows), 4 slots' loads in flight per lane, then the 16 warps' sums added
 // through shared memory; the statistics by combine_tiles, as combine_one. The same sums in another order
@@ -524,6 +525,7 @@ __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
     const size_t row = (size_t)blockIdx.y * p.n_heads + blockIdx.x;
     combine_wide(p.part + row * p.nslots * (p.D + 2), p.out + row * p.D, p.D, p.nuse, (float *)sm4);
 }
+#endif
 
 // the combine in one round trip to memory: every load of the row's partials (the nuse slots' statistics and P·V sums)
 // issued at once, then M, the weights and L from registers, then the weighted sums. Threads: NT, in ng = NT / D groups
@@ -534,9 +536,8 @@ __host__ __device__ inline int combine1_slots(int nt, int kmax, int D) { return 
 __host__ __device__ inline bool combine_row_takes(int nt, int kmax, int nuse, int D) { return D <= 128 && nuse <= combine1_slots(nt, kmax, D); }
 __host__ __device__ inline size_t combine1_smem(int nt, int D) { return (size_t)64 + 32 + (size_t)(nt / D) * D; }
 // the combine kernel after kivi_fast and kivi_tail: combine_row (512 threads with fewer rows than 4 per SM, else 128)
-// when it takes the row's nuse slots at head_dim <= 128, else combine_par_wide / combine_par (combine_use_wide). H200,
-// against those, same binary: Llama heads k2gD B = 8 32K 233.6 -> 231.6 µs, B = 32 32K 825.9 -> 819.0, k4gD -0.4 /
-// -0.5%, SmolLM2 heads B = 8 / 32 32K -2.7 / -1.9%, B = 1 and N = 128K within ±1%
+// when it takes the row's nuse slots at head_dim <= 128 (one round trip to memory: it was faster than the two below
+// where it applies), else combine_par_wide / combine_par (combine_use_wide)
 enum CombineKind { COMBINE_ROW512, COMBINE_ROW128, COMBINE_WIDE, COMBINE_PAR };
 __host__ __device__ inline CombineKind combine_pick(size_t rows, size_t n_sm, int nuse, int D)
 {
@@ -614,29 +615,22 @@ template <int NT, int KMAX> __global__ void __launch_bounds__(NT) combine_row(Ki
 // with GQ <= 4 in two n-tiles of B columns) runs both sums as
 // mma.m16n8k32 on u8 codes (a field masked in place: code·4^f; 4-bit: a nibble, code·16^f, and P·V as mma.m16n8k16 per
 // tile) and byte digits of the fixed-point q·s·4^-m (16^-m) and p·s, with exact s32 sums (formats/KVCACHE.md "Decode
-// attention (GPU)"; the IM branches below). Same call, H200, Llama heads against the fp16 path: k2gD B = 32 N = 32K
-// 1184 -> 952 µs, 128K 4333 -> 3425, B = 8 32K 334 -> 279; k4gD (session 13) B = 32 32K 1358 -> 1281, 128K 5145..5366
-// -> 4758..4760, B = 8 32K 371 -> 358, 128K 1315 -> 1237. SmolLM2 heads (head_dim 64, 3 query heads per block;
-// session 16, with the digits combined per warp below), same call against the fp16 path: k2gD B = 32 N = 32K 148.8 ->
-// 126.8 µs, 128K 514.2 -> 425.9, B = 8 128K 138.0 -> 120.6; k4gD B = 32 128K 535.5 -> 490.2, 32K -5.5%, B = 8 32K
-// +1.5%. The P·V digits combined per warp in registers (one stage value per head and channel instead of four):
-// Llama k2gD B = 8 32K 229.9 -> 219.9 µs, B = 32 -3.4%, k4gD -3.3%.
-// threads per block: 128 (4 warps) at G = 128, else 256 (8 warps). Same call, H200, Llama heads N = 32K, against 256
-// at every G: k2gD B = 32 1862 -> 1701 µs, k4gD 2019 -> 1907, B = 8 -2.4% / -1%, B = 1 -3%; at G = 32 (k2g32 2927 ->
-// 3453 µs at B = 32) and G = 64 (SmolLM2 heads, +0..+15%) 128 threads were slower, so those keep 256 (also on the integer
-// path at head_dim 64, session 16: 128 threads, 6 blocks, +0..+4%)
+// attention (GPU)"; the IM branches below). It takes fewer instructions per position than the fp16 path where it
+// applies (the fp16 path stays for the other configurations); the P·V digits are combined per warp in registers (one
+// stage value per head and channel instead of four).
+// threads per block: 128 (4 warps) at G = 128, else 256 (8 warps): on the H200 128 threads were faster at G = 128 and
+// slower at G = 32 and 64 (also on the integer path at head_dim 64)
 __host__ __device__ constexpr int fast_threads(int G) { return G == 128 ? 128 : 256; }
 // resident blocks per SM the launch bounds allow: 768 threads (3 blocks of 256, 6 of 128) at G >= 32, else 512; 7 of 128
-// (72 registers) for 2-bit keys and values at G = 128. Same call, H200, Llama heads N = 32K, k2gD against 6: B = 32 1692 ->
-// 1642 µs, B = 8 525 -> 503, B = 1 136.5 -> 139.4; at 4 bits 7 blocks were 3..5% slower (k4gD B = 32 1921 -> 2020) and 8
-// (64 registers, more spills) slower for both (k2gD B = 32 1804, k4gD 2552)
+// (72 registers) for 2-bit keys and values at G = 128, the fastest on the H200 (at 4 bits 7 blocks were slower than 6, and
+// 8 blocks, 64 registers, spilled and were slower for both)
 __host__ __device__ constexpr int fast_blocks(int G, int bk, int bv)
 {
     return G == 128 && bk == 2 && bv == 2 ? 7 : (G >= 32 ? 768 : 512) / fast_threads(G);
 }
 
 // (Reading a field masked in place as an fp16 subnormal would save the fma.f16x2, but the H200 tensor cores keep such
-// products to ~2^-14 relative: docs/BENCHMARKS.md, session 7.)
+// products to ~2^-14 relative.)
 // fp16 pair of code fields: the field (bits under mask m of x >> sh, a power-of-two multiple e of the code in
 // each half) as exact fp16 integers: (x | 1024.0) · (1/e) − 1024/e; the mask and the OR are one LOP3
 __device__ __forceinline__ uint32_t dq_field(uint32_t x, int sh, uint32_t m, uint32_t inv_e, uint32_t off)
@@ -737,8 +731,7 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
         if (sm > smem_max) continue;
         // resident blocks per SM: kivi_fast's launch bounds at G >= 32 (fast_blocks: 3 of 256 threads, 6 or 7 of 128 at
         // G = 128) when a split has at least 8 blocks, else 512 threads' worth (2, or 4 of 128): with few blocks per
-        // split, planning for 3 picked chunks so short that their set-up outweighed the better balance (H200, SmolLM2
-        // B = 1 N = 32K: 77 -> 86 µs; Llama B = 1 -6..-12%, SmolLM2 B = 8, 32 -7..-17%)
+        // split, planning for 3 picked chunks so short that their set-up outweighed the better balance
         size_t b = 228 * 1024 / (sm + 1024);
         const size_t bmax = G >= 32 && per >= 8 ? (size_t)fast_blocks(G, bk, bv) : (size_t)(512 / fast_threads(G));
         if (b > bmax) b = bmax;
@@ -749,11 +742,8 @@ inline void plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, int gq, 
     // the cost above counts whole waves of blocks in lockstep. With at least 4 waves they are not (blocks start as others
     // finish), and each block's fixed cost (set-up, the softmax between its passes, its partial) outweighs the last
     // wave's fill: then the longest chunk, when it also makes >= 4 waves at as many blocks per SM. One query head per
-    // block only (gq = 1; where it was measured). H200, Llama heads, kv::plan's 1920 against 2048 positions, same
-    // binary: k2gD B = 8 32K 233.6 -> 230.9 µs, B = 32 32K 827.3 -> 813.5, k4gD B = 8 -1.1%, B = 32 -1.5%; shorter
-    // chunks were slower still (B = 8 32K: 1024 +5.3%, 1536 +3.8%), as were longer ones at fewer blocks per SM (3072:
-    // +6.1%); but 2048 at 2.2 waves (B = 1 128K, against 1536 at 2.98) +11.6%, and with three query heads per block
-    // (SmolLM2 heads, G = 32) +14..+20%
+    // block only (gq = 1; where it was measured on the H200: shorter chunks, and longer ones at fewer blocks per SM, were
+    // slower there; the longest chunk at fewer than 4 waves, or with three query heads per block, was slower too)
     if (!max_splits && gq == 1 && lc && lc != best && lb == bb && bw >= 4 * n_sm * bb && lw >= 4 * n_sm * bb) best = lc;
     if (!best) { // nothing within max_splits fits: the largest chunk that does
         best = nu * U;
@@ -786,19 +776,18 @@ inline FastPlan fast_split(size_t nq, size_t chunk, size_t chunk2, size_t nshort
 }
 // kivi_fast's plan: kv::plan's chunk, and, unless max_splits is set (then uniform splits, as many as plan chose), with
 // more than one wave of blocks (per·splits > slots, plan's resident blocks) the range's last chunk cut in two of half
-// the length (rounded up to 128), started last so that the last wave's blocks finish closer together. H200, k2gD against kv::plan's uniform chunks, same binary and call: Llama
-// heads B = 1 64K 88.5 -> 80.5 µs, B = 8 64K / 128K -1.5 / -0.6%, B = 32 within 0.1%, B = 8 32K and B = 1 128K +0.6%;
-// SmolLM2 heads B = 8 128K -2.8%, B = 32 -0.4..0% (with one wave, SmolLM2 B = 8 32K: +11%, so not there)
+// the length (rounded up to 128), started last so that the last wave's blocks finish closer together (with one wave
+// the extra block per row makes a second wave: not there)
 inline FastPlan fast_plan(size_t nq, size_t per, size_t chunk, size_t splits, size_t slots, size_t max_splits)
 {
     if (max_splits || per * splits <= slots || chunk < 256) return fast_split(nq, chunk, 0, 0);
     return fast_split(nq, chunk, (chunk / 128 + 1) / 2 * 128, 2);
 }
 
-// launch plan for kivi_generic over ranges of at most nq positions, `per` blocks per split: about 8 blocks per SM
-// (4 before session 8), chunks of at most 8192 positions (multiples of 32). With kivi_fast the range is the residual
+// launch plan for kivi_generic over ranges of at most nq positions, `per` blocks per split: about 8 blocks per SM,
+// chunks of at most 8192 positions (multiples of 32). With kivi_fast the range is the residual
 // tail (R..2R positions), whose time is mostly the latency of a block, so more, shorter blocks: Llama heads B = 32
-// now take it in 2 splits of 128 positions, B = 1 in splits of 32
+// take it in 2 splits of 128 positions, B = 1 in splits of 32
 // [0, nq) in about sp >= 1 splits: chunks of a multiple of 32 positions, at most 8192 (more splits where that caps them)
 inline void generic_cut(size_t nq, size_t sp, size_t *chunk_out, size_t *splits_out)
 {
@@ -818,10 +807,8 @@ inline void generic_plan(size_t nq, size_t per, size_t n_sm, size_t max_splits, 
 
 // kivi_tail's plan beside kivi_fast (fblocks blocks, fslots resident at a time): its blocks take SM slots that kivi_fast's
 // would use, so with at least 2 waves of kivi_fast blocks (which hide the tail's latency) and head_dim >= 128 the tail
-// (nq positions per row) in one split per row, else generic_plan's (left in *chunk, *splits). H200, k2gD, one split
-// against generic_plan's, same call: Llama heads B = 8 32K 238.9 -> 232.6 µs, B = 1 128K 137.1 -> 126.6, B = 32 within
-// 0.3%; where kivi_fast is one wave (Llama B = 1 32K, SmolLM2 B = 8 32K) +6% / +13%, SmolLM2 (head_dim 64) B = 32 32K
-// (3.9 waves) +1..+2%
+// (nq positions per row) in one split per row, else generic_plan's (left in *chunk, *splits): where kivi_fast is one
+// wave, or at head_dim 64, the one split was slower on the H200
 inline void tail_plan(size_t nq, size_t fblocks, size_t fslots, int D, size_t *chunk, size_t *splits)
 {
     if (!nq || fblocks < 2 * fslots || D < 128) return;
@@ -897,10 +884,9 @@ template <int NS, class X, class L, class F> __device__ __forceinline__ void rin
 }
 
 // 768 threads per SM (fast_blocks: 3 blocks of 256 threads, 6 of 128 at G = 128, 7 for k2/v2; <= 80 registers) at G >= 32, else 2
-// blocks of 256 (G = 16). H200, Llama heads B = 32, 256 threads: 3 blocks instead of 2 took k2g32 3765 -> 3101 µs
-// (SmolLM2 B = 32 -9..-13%) and, with the copy-free P·V loop, k2gD 2300 -> 1883 µs, k4gD 2500 -> 2052 although ptxas
-// spills up to 56 bytes there (B = 1 +4..6%); 4 at G = 32 (k2, one query head; 40 bytes spilled) was 11% faster at
-// B = 1 and 5% slower at B = 32, not kept. The plan (kv::plan) counts on them only with at least 8 blocks per split
+// blocks of 256 (G = 16). 3 blocks of 256 were faster than 2 on the H200 at B >= 8 although ptxas may spill a few bytes
+// (at B = 1 a little slower); 4 at G = 32 were slower at B = 32. The plan (kv::plan) counts on them only with at least 8
+// blocks per split
 template <int BK, int BV, int GQ, int LG, int NW>
 __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, BK, BV)) kivi_fast(KivP p)
 {
@@ -910,17 +896,14 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     float *smf = (float *)sm4;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     // grid (H·qgroups, B, splits): blocks start in x-fastest order, so the splits start in order and the short last ones
-    // (kv::fast_plan) last; the blocks that start together read the same key-scale rows ([B][ngk][H·D]). The order's
-    // own effect was not isolated: edits like it move ptxas' schedule of this kernel by up to ±2% (H200;
-    // docs/BENCHMARKS.md, session 14)
+    // (kv::fast_plan) last; the blocks that start together read the same key-scale rows ([B][ngk][H·D]). (Edits of
+    // this kernel move ptxas' schedule, and its time, by up to ±2%: docs/BENCHMARKS.md)
     const int split = blockIdx.z, s = blockIdx.y, h = blockIdx.x / p.qgroups, qg = blockIdx.x % p.qgroups;
     const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
     // NWG: 64-dim word groups per head; a compile-time constant for NW > 0 (fast_nw), which folds the score loop's
-    // guards and the dead loads and pointers away. Same call, H200, N = 32K, k2g32 / k4g32 / k2gD / k4gD against the
-    // run-time count: Llama B = 32 -8 / -6 / -11 / -5%, B = 1 -4 / -4 / -4 / -1%; SmolLM2 B = 32 -7 / -9 / -6 / -10%
+    // guards and the dead loads and pointers away (faster than a run-time count on the H200)
     // the integer path (below) runs only at head_dim = 64·NW (kv::imma_path); at 64 head_dim is then a compile-time
-    // constant. H200, SmolLM2 heads, same call: k2gD B = 32 128K 390.5 -> 369.0 µs, B = 8 128K 113.2 -> 107.3, k4gD
-    // B = 32 128K 449.9 -> 435.1; at 128 (Llama heads) ptxas spilled more and k2gD was 3.6..5.7% slower, so not there
+    // constant (faster there; at 128 ptxas spilled more and it was slower, so not there)
     constexpr bool IM = (NW == 1 || NW == 2) && imma_path(BK, BV, G, 64 * NW, GQ);
     const int D = IM && NW == 1 ? 64 : p.D, C = p.H * D, NWG = NW ? NW : (D + 63) >> 6, KS4 = 4 * NWG, NG = D / G;
     const int q0 = split < p.nlong ? split * p.chunk : p.nlong * p.chunk + (split - p.nlong) * p.chunk2;
@@ -937,16 +920,13 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // imma_col(GQ, j, d) = digit d of query head j, value B columns likewise, in NTI n-tiles of 8 columns; DI = head_dim,
     // KSI key k-steps of 32 channels per tile, MTI value m-tiles of 16 channels
     constexpr int NCK = imma_cols(GQ), NCV = NCK, DI = IM ? 64 * NW : 128, KSI = DI / 32, NTI = (4 * GQ + 7) / 8, MTI = DI / 16;
-    // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead). H200, Llama heads
-    // N = 32K, k2gD, same call: KPF 3 against 2: B = 32 1004 -> 968 µs, 128K 3611 -> 3486; KPF 4 and 5, VPF 3 were
-    // slower (B = 32: 1075, 1053, 1047 µs), as was an L2 prefetch (cp.async.bulk.prefetch) of the code tiles ahead. With
-    // the rings primed before the operand builds (below), KPF 5 against 3, alternated twice: B = 32 901..918 -> 886..888,
-    // 128K 3256 -> 3174, B = 8 128K 891 -> 861, B = 8 32K -1% (KPF 4: 905..915, KPF 6: 898..919; VPF 3 +7%)
+    // IM: register sets of key tiles and of value k-steps used in turn (KPF - 1 and VPF - 1 ahead); the counts below
+    // were the fastest measured on the H200 (with the rings primed before the operand builds), an L2 prefetch
+    // (cp.async.bulk.prefetch) of the code tiles ahead slower
     // 4-bit (IM): a tile is 4 uint2 per lane, so 3 register sets; values by tiles of 16 positions (VPF4 sets, below)
     // KX uint2 per lane and tile: words t + 4k of positions 2g, 2g + 1, k < KX = kw / 4 (2-bit: 2 at head_dim 128, 1 at
     // 64; 4-bit: 4, 2)
-    // 2-bit at head_dim 64 (one uint2 per tile): 8 sets. H200, SmolLM2 heads k2gD, same call against 5: B = 32 128K
-    // 427.3 -> 419.8 µs, the other B = 1..32 rows at 32K / 128K -0.6..-3.1%; VPF 3 there -2.9..+1.2%
+    // 2-bit at head_dim 64 (one uint2 per tile): 8 sets (faster than 5 there)
     constexpr int KPF = BK == 4 ? 3 : DI == 64 ? 8 : 5, VPF = 2, KX = DI * BK / 128;
     float *qv = smf + L.qv, *sc = smf + L.sc, *red = smf + L.red, *stat = smf + L.stat, *wsum = smf + L.wsum, *kbias = smf + L.kbias,
           *vbias = smf + L.vbias, *stage = smf + L.stage;
@@ -958,9 +938,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     const float2 *vsb = p.vscale + (((size_t)s * p.H + h) * p.capq + q0) * NG; // position t2 of the chunk, group ga at t2·NG + ga
 
     // IM: the score phase's key ring (KPF register sets, the warp's tiles [tb, te)) is primed here, so its first tiles'
-    // loads overlap the key operands' build; the value ring likewise before the value operands' build (below). H200, Llama
-    // heads N = 32K, k2gD, same call, each alone with the fused softmax (below): B = 32 931 -> 903 µs (keys) / 900 (values),
-    // both 906..921; B = 8 272 -> 264
+    // loads overlap the key operands' build; the value ring likewise before the value operands' build (below)
     // key tiles [capq/16][kw][16]: a tile of 16 positions is 16·kw contiguous words (q0 is a multiple of 16); warp w
     // scores the contiguous tiles [tb, te)
     const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq + (size_t)(q0 >> 4) * p.kw * 16;
@@ -979,9 +957,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // channel kcw. Its first group's key scales (kz) and the chunk's value scales (vz, for the largest: F_v's, without a
     // pass after the softmax) are loaded before the query fill, so their latency hides behind it and its barrier; vz is
     // reduced after the key operands. VZ·NTF covers chunks up to 2048 positions (longer ones: a loop after). With each
-    // step of the build loading the next step's key scales and the heads' bias sums interleaved (below), same call,
-    // H200, against loading the scales where used: SmolLM2 k2gD B = 32 128K 370.4 -> 358.1 µs, B = 8 -2..-3.6%; Llama
-    // k2gD B = 8 / 32 at 128K -2.3 / -2.6%, k4gD -1.2..-1.5%
+    // step of the build loading the next step's key scales and the heads' bias sums interleaved (below): faster than
+    // loading the scales where used
     constexpr int LPG = 8 * KSI, KGS = NWF * (32 / LPG), VZ = 2048 / NTF; // lanes per group, groups per step of the block
     [[maybe_unused]] const int kbl = lane & (LPG - 1), kbs = kbl >> 3, kbt = (kbl >> 1) & 3, kbh = kbl & 1;
     [[maybe_unused]] const int kbm = BK == 4 ? kbs & 1 : DI == 64 ? 2 * kbs + kbh : kbs;
@@ -1159,10 +1136,9 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             }
         };
         // k2/v2 and k4/v4 at G >= 64: the B fragments of the current key group's first 128 dims, its bias and scale stay
-        // in registers while the warp's tiles are in that group (4 or 8 tiles) instead of 8 shared-memory loads per tile.
-        // Same call, H200, N = 32K, k2gD: Llama B = 32 1525 -> 1485 µs, B = 8 -2.4%, B = 1 -0.5%, SmolLM2 B = 32 -3.7%;
-        // k4gD (with the compile-time word-group count; before it ptxas spilled ~300 bytes, +21%): Llama B = 32 1693 ->
-        // 1656, B = 8 -0.8%, B = 1 +0.5%, SmolLM2 B = 32 -1.7%. At G = 32 (a group every 2 tiles) Llama k2g32 was +1.7%
+        // in registers while the warp's tiles are in that group (4 or 8 tiles) instead of 8 shared-memory loads per tile
+        // (at 4 bits this needs the compile-time word-group count, else ptxas spills; at G = 32, a group every 2 tiles, it
+        // was slower)
         constexpr bool BC = BK == BV && LG >= 2;
         uint2 bc[BC ? 8 : 1]; // KSI·NTI (4) on the IM path: bc[nt·KSI + k]
         int cgi = -1;
@@ -1267,8 +1243,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
             };
             ring_loop(XK, tb, te, kload, kuse);
         } else {
-            // tiles in pairs, two register sets used in turn (written out: through ring_prologue / ring_loop k4gD measured +1.2%, Llama
-            // B = 8 and 32, N = 32K, H200, same call)
+            // tiles in pairs, two register sets used in turn (written out: through ring_prologue / ring_loop it was slower
+            // at 4 bits)
             uint2 Xa[XM], Xb[XM];
             if (tb < te) load(Xa);
             for (int tile = tb; tile < te; tile += 2) {
@@ -1288,9 +1264,7 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     __syncthreads();
     // no softmax pass: the chunk's maximum comes from the score loop (each warp's in red), and exp(s - m) and Σ p are
     // taken in the next pass over the scores (IM: the value operands'; else the first group's value statistics, which
-    // writes p back). H200, same call: Llama k2gD (IM, with the key-scale loads of two groups together, later dropped: no
-    // difference with the rings primed) B = 32 N = 32K 952 -> 931 µs, B = 8 277 -> 272, 128K 3409 -> 3348; the fp16 path:
-    // Llama k4gD B = 32 32K 1413 -> 1388, B = 8 -1.7%, k2g32 +0.7%, SmolLM2 B = 8, 32 -3.5..-6% in every column
+    // writes p back): one pass over the scores fewer
 
     // IM: the P·V phase's value ring (VPF register sets, k-steps [vkb, vke) of 32 positions) is primed before the value
     // operands are built
@@ -1302,11 +1276,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     // value-code prefetch into L1, VPD steps ahead of the ring's loads (k-steps of 32 positions at 2 bits; tiles of 16 at
     // 4, twice as many steps: the same positions), where it helped and only with at least two waves of blocks (p.vpref):
     // lane l < VNL asks for 128-byte line l of step k (positions VSP·k + l·32 / VWI..). The largest stall of the P·V loop
-    // (SmolLM2 heads k2gD B = 32 128K, ncu: 46% of its warp samples) was its value loads, one k-step ahead in registers
-    // (more sets spill). H200, same call, 3 runs, against no prefetch: SmolLM2 k4gD B = 8 128K 123.8 -> 115.3 µs, B = 32
-    // 32K / 128K -6.4 / -4.2%, B = 8 32K -2.5%, k2gD -1.2..-1.7% (B = 8 32K +0.7%); Llama k4gD B = 8 / 32 32K -2.9 /
-    // -1.0%, B = 1 128K -2.3%. Not at Llama k2gD (B = 32 32K +0.8%) nor in one wave (Llama B = 1 32K k4gD +4.3%, SmolLM2
-    // B = 1 +1.6..+4%); into L2 the same, 4 k-steps ahead slower (docs/BENCHMARKS.md, session 20)
+    // is its value loads, one k-step ahead in registers (more sets spill); the prefetch shortens it. It did not help at
+    // 2-bit values with head_dim 128, nor with one wave of blocks; into L2 it was no better, 4 k-steps ahead slower
     constexpr bool VPX = IM && (DI == 64 || BV == 4);
     constexpr int VPD = BV == 4 ? 4 : 2, VSP = BV == 4 ? 16 : 32, VNL = VWI * VSP / 32;
     const bool vpx = VPX && p.vpref && lane < VNL;
@@ -1332,8 +1303,8 @@ __global__ void __launch_bounds__(fast_threads(16 << LG), fast_blocks(16 << LG, 
     [[maybe_unused]] uint32_t XV[VPF][8];
     // 4-bit: tiles [vtb, vte) of 16 positions, lane 4g + t loading words 2g, 2g + 1 (one uint2; at head_dim 64 word g,
     // in .x) of positions 4r + t (each load's 32 lanes read 256 (128) contiguous bytes); VPF4 register sets used in turn
-    // (5 at head_dim 64, where a set is 4 registers. H200, SmolLM2 heads k4gD, same call against 3: B = 32 128K 428.0 ->
-    // 422.6 µs, 32K -1.6%, B = 8 -0.2..-0.8%; 2-bit values with 3 sets of k-steps instead of 2: +1.1..+1.7%)
+    // (5 at head_dim 64, where a set is 4 registers: faster than 3 there; for 2-bit values 3 sets of k-steps were slower
+    // than 2)
     constexpr int VPF4 = DI == 64 ? 5 : 3;
     [[maybe_unused]] const int vtb = 2 * vkb, vte = min(ntile, 2 * vke);
     [[maybe_unused]] const uint32_t *lp4 = p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + t + 16 * vtb) * VWI + (DI == 128 ? 2 * g : g);
@@ -1748,6 +1719,17 @@ template <int BK, int BV> FastFn fast_pick_nw(int gq, int lg, int nw)
 {
     return nw == 1 ? fast_pick_gq<BK, BV, 1>(gq, lg) : nw == 2 ? fast_pick_gq<BK, BV, 2>(gq, lg) : fast_pick_gq<BK, BV, 0>(gq, lg);
 }
+// kivi_fast's instances are compiled in translation units of their own, one per (bk, bv) (the 44 kernels of
+// fast_pick_nw<bk, bv>), written by the Makefile (KVC_INST: build/gen/kvcache_cuda_inst_kivi_<bk>_<bv>.cu instantiates
+// fast_pick_nw<bk, bv> after these declarations), so that make -jN compiles them in parallel; no other unit
+// instantiates them (fast_pick below would, in every unit that includes this file). The emulator (KVQ_EMU)
+// instantiates them all in its own unit.
+#ifndef KVQ_EMU
+extern template FastFn fast_pick_nw<2, 2>(int, int, int);
+extern template FastFn fast_pick_nw<2, 4>(int, int, int);
+extern template FastFn fast_pick_nw<4, 2>(int, int, int);
+extern template FastFn fast_pick_nw<4, 4>(int, int, int);
+#endif
 // kivi_fast for 2/4-bit keys (bk) and values (bv), gq (1..4) query heads per block, group 16 << lg (lg 0..3), word
 // groups nw = fast_nw(head_dim)
 inline FastFn fast_pick(int bk, int bv, int gq, int lg, int nw)

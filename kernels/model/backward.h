@@ -73,11 +73,9 @@
  * Cost (keep policy): forward without its LM head (plus copies of the
  * activations) + backward GEMMs (dX = dY W, no dW) + one LM-head pass (two
  * GEMMs per vocabulary block) + attention backward; the recompute policy adds
- * a second forward of every layer but the down projection. Measured
- * (bench_backward, T = 2048, 2 shared cores, docs/BENCHMARKS.md): 2.71x the
- * forward in CPU time (2.72x wall; target 3x), against 3.67x for the
- * recompute policy in the same conditions; the attention backward is the
- * largest phase (~40% of the backward).
+ * a second forward of every layer but the down projection. The attention
+ * backward is the largest phase; the ratio to the forward is measured by
+ * bench_backward (docs/BENCHMARKS.md).
  */
 #ifndef KVQ_BACKWARD_H
 #define KVQ_BACKWARD_H
