@@ -29,7 +29,7 @@
     "Table on stdout, progress on stderr."
 
 typedef struct {
-    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos, *device, *math;
+    const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math;
     long ctx, max_windows;
     kvq_strlist artifacts, schemes;
     bool quiet, version, allow_mismatch, fast;
@@ -64,6 +64,10 @@ int main(int argc, char **argv)
         {"protocol", 0, KVQ_OPT_CHOICE, &o.protocol, "P",
          "kvquant: windows of ctx, all but the first position scored; llamacpp: BOS first, second half scored",
          "kvquant|llamacpp", 0, 0, false},
+        {"newlines", 0, KVQ_OPT_CHOICE, &o.newlines, "NL",
+         "line ends of the text: keep the file's bytes (CRLF stays CRLF) or turn every CRLF into LF; default: as the "
+         "protocol's tool reads them (llamacpp keep, kvquant lf)",
+         "keep|lf", 0, 0, false},
         {"ctx", 'c', KVQ_OPT_INT, &o.ctx, "N", "window length in tokens (0 = min(2048, model context - the longest IntactKV prefix))",
          NULL, 0, 1 << 24, false},
         {"max-windows", 'w', KVQ_OPT_INT, &o.max_windows, "W", "evaluate at most the first W windows (0 = all)", NULL, 0,
@@ -257,8 +261,12 @@ int main(int argc, char **argv)
                           : !strcmp(o.format, "jsonl") ? KVQ_TEXT_JSONL
                           : !strcmp(o.format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS
                                                                  : KVQ_TEXT_RAW;
-    if (kvq_text_read(o.text, fmt, KVQ_EOL_TO_LF, &txt, &e)) { fail("text", &e, 1); goto out; }
     kvq_ppl_protocol proto = !strcmp(o.protocol, "llamacpp") ? KVQ_PPL_LLAMACPP : KVQ_PPL_KVQUANT;
+    const kvq_eol_mode eol = !o.newlines ? kvq_ppl_default_eol(proto) : !strcmp(o.newlines, "keep") ? KVQ_EOL_KEEP : KVQ_EOL_TO_LF;
+    if (kvq_text_read(o.text, fmt, eol, &txt, &e)) { fail("text", &e, 1); goto out; }
+    if (txt.bad_bytes && !o.quiet)
+        fprintf(stderr, "kveval: warning: %s: %zu byte%s NUL or invalid UTF-8 (the first at offset %llu); tokenised as byte tokens\n",
+                o.text, txt.bad_bytes, txt.bad_bytes == 1 ? " is" : "s are", (unsigned long long)txt.first_bad);
     kvq_bos_policy bos = !strcmp(o.bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o.bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
     if (kvq_ppl_windows(&txt, tok, proto, ctx, bos, &win, &e)) { fail("text", &e, 1); goto out; }
     kvq_ppl_plan plan;

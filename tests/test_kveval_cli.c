@@ -171,6 +171,48 @@ START_TEST(test_cli_success)
     ck_assert_msg(strstr(out, "62 scored tokens (31 per window, from position 32)"), "%s", out);
     ck_assert(strstr(out, "overwrites each window's first token"));
 
+    /* newlines: each protocol's tool's default, recorded in the header and the JSON; --newlines changes the stream
+     * (a CRLF text: tests/fixtures/crlf_sample.txt, 21 CRLF) */
+    {
+        char ppl[2][2][32];
+        for (int pi = 0; pi < 2; pi++)
+            for (int ni = 0; ni < 3; ni++) {
+                const char *proto = pi ? "kvquant" : "llamacpp", *nl = ni == 0 ? "" : ni == 1 ? "--newlines keep" : "--newlines lf";
+                snprintf(args, sizeof args,
+                         "--model %s --tokenizer %s --text tests/fixtures/crlf_sample.txt --ctx 64 --max-windows 2 --protocol %s %s "
+                         "--scheme int4 --json %s/nl.json -q",
+                         e.model, e.tok, proto, nl, e.dir);
+                rc = run(&e, args, out, sizeof out, err, sizeof err);
+                ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+                const bool keep = ni == 1 || (ni == 0 && pi == 0);
+                char want[128];
+                snprintf(want, sizeof want, "- protocol: %s (newlines %s), ctx 64", proto, keep ? "keep" : "lf");
+                ck_assert_msg(strstr(out, want), "%s: %s", want, out);
+                ck_assert_msg(strstr(out, keep ? "21 CRLF kept; --newlines keep" : "21 CRLF turned into LF; --newlines lf"), "%s", out);
+                ck_assert_msg(pi == 1 ? (strstr(out, "rows (") && strstr(out, "joined with \"\\n\\n\""))
+                                      : strstr(out, "less the final LF, as llama-perplexity -f reads them") != NULL,
+                              "%s", out);
+                snprintf(jp, sizeof jp, "%s/nl.json", e.dir);
+                js = slurp(jp);
+                root = cJSON_Parse(js);
+                ck_assert(root);
+                ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "text"), "newlines")->valuestring, keep ? "keep" : "lf");
+                ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "protocol"), "newlines")->valuestring,
+                                 keep ? "keep" : "lf");
+                ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "text"), "crlf_in_file")->valueint, 21);
+                if (ni) snprintf(ppl[pi][ni - 1], sizeof ppl[pi][ni - 1], "%.6f",
+                                 cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "schemes"), 0), "ppl")->valuedouble);
+                cJSON_Delete(root);
+                free(js);
+            }
+        for (int pi = 0; pi < 2; pi++) /* the line ends are scored: keep and lf differ */
+            ck_assert_msg(strcmp(ppl[pi][0], ppl[pi][1]), "%s protocol: keep and lf scored the same (%s)", pi ? "kvquant" : "llamacpp",
+                          ppl[pi][0]);
+    }
+    snprintf(args, sizeof args, "--model %s --tokenizer %s --text %s --ctx 64 --scheme int4 --newlines crlf", e.model, e.tok, e.text);
+    ck_assert_int_eq(run(&e, args, out, sizeof out, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "--newlines") && strstr(err, "keep|lf"), "%s", err);
+
     /* production formats on stories260K (head_dim 8): fp8 and e5m2 run (8 + 32/(64 x 32) bits); the llama.cpp block
      * formats do not apply (head_dim % 32 != 0) and are skipped with a message, the rest still runs */
     snprintf(args, sizeof args,

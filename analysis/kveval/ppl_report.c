@@ -14,6 +14,24 @@ static const char *stage_name(kvq_key_stage s) { return s == KVQ_KEYS_PRE_ROPE ?
 
 static uint64_t scored_total(const kvq_ppl_report *r) { return (uint64_t)r->plan->n_windows * r->plan->scored_per_window; }
 
+/* What string was tokenised, in words: "the file's bytes (its 2891 CRLF kept; --newlines keep) less one
+ * final LF, as llama-perplexity -f reads it" / "its 2891 rows (CRLF -> LF; --newlines lf) joined with
+ * "\n\n", as the GPTQ/KVQuant harness joins the dataset's rows" */
+static void stream_words(const kvq_windows *w, char *buf, size_t n)
+{
+    char nl[96];
+    if (w->eol == KVQ_EOL_KEEP)
+        snprintf(nl, sizeof nl, "%zu CRLF kept; --newlines keep", w->crlf_in_file);
+    else
+        snprintf(nl, sizeof nl, "%zu CRLF turned into LF; --newlines lf", w->crlf_replaced);
+    if (w->rows_joined)
+        snprintf(buf, n, "its %zu rows (%s) joined with \"\\n\\n\", as the GPTQ/KVQuant harness joins the dataset's rows",
+                 w->rows_joined, nl);
+    else
+        snprintf(buf, n, "the file's bytes (%s)%s, as llama-perplexity -f reads them", nl,
+                 w->final_lf_dropped ? " less the final LF" : "");
+}
+
 kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
 {
     const kvq_windows *w = r->win;
@@ -22,9 +40,15 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
             r->m->hp.head_dim);
     fprintf(f, "- text: `%s` (%s, %llu bytes, sha256 %s)\n", w->path, r->text_format, (unsigned long long)w->bytes_read,
             w->file_sha256);
-    fprintf(f, "- protocol: %s, ctx %zu, %zu of %zu windows, %llu scored tokens (%zu per window, from position %zu), "
+    {
+        char sw[400];
+        stream_words(w, sw, sizeof sw);
+        fprintf(f, "- tokenised: %s: %llu bytes, sha256 %s, %zu tokens (%s)\n", sw, (unsigned long long)w->text_bytes,
+                w->text_sha256, w->n_tokens, w->tokenizer);
+    }
+    fprintf(f, "- protocol: %s (newlines %s), ctx %zu, %zu of %zu windows, %llu scored tokens (%zu per window, from position %zu), "
                "BOS %s (policy %s)\n",
-            kvq_ppl_protocol_name(pl->protocol), pl->ctx, pl->n_windows, w->n_windows,
+            kvq_ppl_protocol_name(pl->protocol), kvq_eol_name(w->eol), pl->ctx, pl->n_windows, w->n_windows,
             (unsigned long long)scored_total(r), pl->scored_per_window, pl->first_scored,
             !w->bos ? "off" : pl->protocol == KVQ_PPL_LLAMACPP ? "overwrites each window's first token" : "at stream start",
             r->bos_policy);
@@ -122,10 +146,20 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
     cJSON_AddStringToObject(t, "sha256", w->file_sha256);
     cJSON_AddNumberToObject(t, "tokenised_bytes", (double)w->text_bytes);
     cJSON_AddStringToObject(t, "tokenised_sha256", w->text_sha256);
+    cJSON_AddStringToObject(t, "newlines", kvq_eol_name(w->eol));
+    cJSON_AddNumberToObject(t, "crlf_in_file", (double)w->crlf_in_file);
     cJSON_AddNumberToObject(t, "crlf_replaced", (double)w->crlf_replaced);
+    cJSON_AddBoolToObject(t, "final_lf_dropped", w->final_lf_dropped != 0);
+    cJSON_AddNumberToObject(t, "rows_joined", (double)w->rows_joined);
+    {
+        char sw[400];
+        stream_words(w, sw, sizeof sw);
+        cJSON_AddStringToObject(t, "tokenised_text", sw);
+    }
     cJSON_AddStringToObject(t, "tokenizer", w->tokenizer);
     cJSON *p = cJSON_AddObjectToObject(root, "protocol");
     cJSON_AddStringToObject(p, "name", kvq_ppl_protocol_name(pl->protocol));
+    cJSON_AddStringToObject(p, "newlines", kvq_eol_name(w->eol));
     cJSON_AddNumberToObject(p, "ctx", (double)pl->ctx);
     cJSON_AddStringToObject(p, "bos_policy", r->bos_policy);
     cJSON_AddBoolToObject(p, "bos", w->bos != 0);
