@@ -543,6 +543,145 @@ START_TEST(test_boundary_decode)
 }
 END_TEST
 
+/* ---------- streamed LM-head outputs (kvq_fwd_head: kveval's KL divergence) ---------- */
+
+/* perturb K and V of every layer a little (a stand-in for a quantizer): x += 0.05 * |x| * pattern */
+static kvq_status perturb_kv(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
+{
+    (void)err;
+    (void)alt;
+    const double amp = *(const double *)user;
+    size_t n = (size_t)c->T * c->n_kv_heads * c->head_dim;
+    for (size_t i = 0; i < n; i++) {
+        double f = amp * (((i * 2654435761u + (size_t)c->layer * 97u) % 17) / 8.0 - 1.0);
+        k[i] += (float)(f * fabs(k[i]));
+        v[i] += (float)(f * fabs(v[i]));
+    }
+    return KVQ_OK;
+}
+
+/* The blocked LM head's lse, argmax and expectation (several vocabulary blocks) equal those computed
+ * from the full logits, and KL(P_a || P_b) = (h_a - h_b) . e_a - lse_a + lse_b equals the direct sum
+ * over the vocabulary (float64 from both runs' full logits) on every scored row; the NLL is the same
+ * bits with and without the head outputs; rows not scored are left alone. */
+START_TEST(test_head_kld_streamed)
+{
+    char buf[4096];
+    const char *path = tiny_path(buf, sizeof buf);
+    KVQ_SKIP_IF(!path, "../shared/models/llama2c absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(path, &m, &e) == KVQ_OK, "%s", e.msg);
+    const int T = 40, V = m.hp.vocab_size, dim = m.hp.dim;
+    int tok[40], tg[40];
+    make_tokens(tok, T, V);
+    for (int t = 0; t < T; t++) tg[t] = t >= 5 && t + 1 < T && t != 20 ? tok[t + 1] : -1; /* a gap inside the span */
+    float *lg[2], *hid[2], *ex[2];
+    double *lse[2], *nll[3];
+    int *am[2];
+    for (int r = 0; r < 2; r++) {
+        lg[r] = malloc((size_t)T * V * sizeof(float));
+        hid[r] = malloc((size_t)T * dim * sizeof(float));
+        ex[r] = malloc((size_t)T * dim * sizeof(float));
+        lse[r] = malloc(T * sizeof(double));
+        am[r] = malloc(T * sizeof(int));
+    }
+    for (int r = 0; r < 3; r++) nll[r] = malloc(T * sizeof(double));
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &m, T, 0, 0, &e) == KVQ_OK);
+    fw.v_chunk = 100; /* 6 vocabulary blocks, the last partial */
+    double amp[2] = {0, 0.05};
+    for (int r = 0; r < 2; r++) {
+        kvq_hooks hk = {.user = &amp[r], .transform = perturb_kv, .key_stage = KVQ_KEYS_POST_ROPE};
+        kvq_fwd_io io = {.tokens = tok, .T = T, .targets = tg, .hooks = r ? &hk : NULL, .logits = lg[r]};
+        kvq_fwd_result res;
+        ck_assert(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK);
+        for (int t = 0; t < T; t++) ex[r][t * dim] = 12345.0f; /* sentinel: rows not scored stay untouched */
+        kvq_fwd_head h = {.hidden = hid[r], .lse = lse[r], .argmax = am[r], .expect = ex[r]};
+        io.logits = NULL;
+        io.head = &h;
+        io.nll = nll[r];
+        ck_assert(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK);
+        io.head = NULL;
+        io.nll = nll[2];
+        ck_assert(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK);
+        for (int t = 0; t < T; t++) /* the head outputs do not change the loss */
+            ck_assert(tg[t] < 0 ? isnan(nll[r][t]) && isnan(nll[2][t]) : nll[r][t] == nll[2][t]);
+        /* against the full logits */
+        kvq_fwd_head hf = {.lse = malloc(T * sizeof(double)), .argmax = malloc(T * sizeof(int)),
+                           .expect = malloc((size_t)T * dim * sizeof(float))};
+        ck_assert(kvq_fwd_head_from_logits(&m, lg[r], NULL, tg, T, &hf, &e) == KVQ_OK);
+        for (int t = 0; t < T; t++) {
+            if (tg[t] < 0) {
+                ck_assert(isnan(lse[r][t]) && am[r][t] == -1 && ex[r][t * dim] == 12345.0f);
+                continue;
+            }
+            ck_assert_int_eq(am[r][t], hf.argmax[t]);
+            ck_assert_msg(fabs(lse[r][t] - hf.lse[t]) < 1e-5, "row %d: lse %.9f vs %.9f", t, lse[r][t], hf.lse[t]);
+            double rel = kvq_test_rel_l2_f(ex[r] + (size_t)t * dim, hf.expect + (size_t)t * dim, dim);
+            ck_assert_msg(rel < 1e-5, "row %d: expectation differs by %.3e", t, rel);
+        }
+        free(hf.lse);
+        free(hf.argmax);
+        free(hf.expect);
+    }
+    /* hidden: the LM head's input reproduces the logits */
+    for (int t = 0; t < T; t++)
+        for (int v = 0; v < V; v += 37) {
+            double z = 0;
+            for (int c = 0; c < dim; c++) z += (double)hid[1][t * dim + c] * m.output[(size_t)v * dim + c];
+            ck_assert_msg(fabs(z - lg[1][(size_t)t * V + v]) < 1e-4, "row %d col %d: %.6f vs %.6f", t, v, z, lg[1][(size_t)t * V + v]);
+        }
+    /* KL(P_0 || P_1): streamed formula vs the direct sum in float64; top-1 agreement likewise */
+    double worst = 0, mean = 0;
+    int n = 0, same = 0, same_direct = 0;
+    for (int t = 0; t < T; t++) {
+        if (tg[t] < 0) continue;
+        const float *za = lg[0] + (size_t)t * V, *zb = lg[1] + (size_t)t * V;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0;
+        int aa = 0, ab = 0;
+        for (int v = 0; v < V; v++) {
+            if (za[v] > ma) { ma = za[v]; aa = v; }
+            if (zb[v] > mb) { mb = zb[v]; ab = v; }
+        }
+        for (int v = 0; v < V; v++) {
+            sa += exp(za[v] - ma);
+            sb += exp(zb[v] - mb);
+        }
+        const double la = ma + log(sa), lb = mb + log(sb);
+        double kl = 0;
+        for (int v = 0; v < V; v++) {
+            const double lpa = za[v] - la, lpb = zb[v] - lb;
+            kl += exp(lpa) * (lpa - lpb);
+        }
+        double dot = 0;
+        for (int c = 0; c < dim; c++) dot += ((double)hid[0][t * dim + c] - hid[1][t * dim + c]) * ex[0][t * dim + c];
+        const double ks = dot - lse[0][t] + lse[1][t];
+        worst = fmax(worst, fabs(ks - kl) / (1e-6 + kl));
+        mean += kl;
+        n++;
+        same += am[0][t] == am[1][t];
+        same_direct += aa == ab;
+    }
+    mean /= n;
+    fprintf(stderr, "INFO head: mean KLD %.6f over %d rows, worst relative deviation of the streamed formula %.2e, same top %d\n",
+            mean, n, worst, same);
+    ck_assert_msg(mean > 1e-4, "the perturbation changed nothing (mean KLD %.3e): the test cannot fail", mean);
+    ck_assert_msg(worst < 1e-3, "streamed KL divergence deviates by %.3e (relative)", worst);
+    ck_assert_int_eq(same, same_direct);
+    kvq_forward_free(&fw);
+    for (int r = 0; r < 2; r++) {
+        free(lg[r]);
+        free(hid[r]);
+        free(ex[r]);
+        free(lse[r]);
+        free(am[r]);
+    }
+    for (int r = 0; r < 3; r++) free(nll[r]);
+    kvq_model_free(&m);
+}
+END_TEST
+
 /* ---------- checkpoints, threads, errors ---------- */
 
 START_TEST(test_save_inputs_threads_errors)
@@ -623,6 +762,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_prefix);
     tcase_add_test(tc, test_boundary_decode);
     tcase_add_test(tc, test_save_inputs_threads_errors);
+    tcase_add_test(tc, test_head_kld_streamed);
     suite_add_tcase(s, tc);
     return s;
 }

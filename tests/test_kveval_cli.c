@@ -75,7 +75,12 @@ START_TEST(test_cli_success)
     int rc = run(&e, args, out, sizeof out, err, sizeof err);
     ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
     fprintf(stderr, "INFO kveval stdout:\n%s", out);
-    ck_assert_msg(strstr(out, "| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @64 | PPL | ΔPPL |"), "%s", out);
+    ck_assert_msg(strstr(out, "| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @64 | PPL | ΔPPL ± SE | mean KLD | median KLD | "
+                              "p99 KLD | same top % |"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "| baseline | — | — | — | — |") && strstr(out, "standard error from the 3 windows' paired differences") &&
+                      strstr(out, "KL(P_fp32 || Q_scheme)"),
+                  "%s", out);
     ck_assert(strstr(out, "| fp32 | 32 | 32 | 32.00 |") && strstr(out, "baseline"));
     ck_assert(strstr(out, "| int4 | 4 | 4 | 5.00 |")); /* 4 + 32/32 (kv_dim 32) */
     ck_assert(strstr(out, "| kivi2-g4-r8 | 2 | 2 |"));
@@ -114,6 +119,23 @@ START_TEST(test_cli_success)
         snprintf(l, sizeof l, "%.*s", (int)(eol - line), line);
         ck_assert_msg(strstr(l, ppl), "row '%s' lacks %s", l, ppl);
         ck_assert_int_eq(cJSON_GetObjectItem(o, "scored_tokens")->valueint, 189);
+        /* ΔPPL ± SE, the KLD columns: the JSON's numbers as the table prints them */
+        cJSON *k = cJSON_GetObjectItem(o, "kld");
+        if (i == 0) {
+            ck_assert(cJSON_IsNull(k) && cJSON_IsNull(cJSON_GetObjectItem(o, "delta_ppl_se")));
+            continue;
+        }
+        char cell[160];
+        snprintf(cell, sizeof cell, "| %+.4f ± %.4f | %.4g | %.4g | %.4g | %.2f |", cJSON_GetObjectItem(o, "delta_ppl")->valuedouble,
+                 cJSON_GetObjectItem(o, "delta_ppl_se")->valuedouble, cJSON_GetObjectItem(k, "mean")->valuedouble,
+                 cJSON_GetObjectItem(k, "median")->valuedouble, cJSON_GetObjectItem(k, "p99")->valuedouble,
+                 100 * cJSON_GetObjectItem(k, "same_top_fraction")->valuedouble);
+        ck_assert_msg(strstr(l, cell), "row '%s' lacks '%s'", l, cell);
+        ck_assert_int_eq(cJSON_GetObjectItem(k, "tokens")->valueint, 189);
+        ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(k, "window_mean")), 3);
+        ck_assert(cJSON_GetObjectItem(k, "mean")->valuedouble > 0 && cJSON_GetObjectItem(k, "p99")->valuedouble >=
+                                                                         cJSON_GetObjectItem(k, "median")->valuedouble);
+        ck_assert(cJSON_GetObjectItem(o, "delta_mean_nll_se")->valuedouble > 0);
     }
     ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "baseline")));
     /* KV cache size at other contexts: an fp16 cache of a Llama-2-7B-shaped model

@@ -59,20 +59,39 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
                 : r->exec->math == KVQ_CUDA_BF16 ? " — bf16 weights and GEMM inputs, ~1e-2 relative, not the exactness mode"
                                                  : "",
                 r->exec->described);
-    fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL |\n", pl->ctx);
-    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|\n");
-    double base = r->results[r->baseline].ppl;
+    bool kld = false;
+    for (size_t i = 0; i < r->n_schemes; i++) kld |= r->results[i].has_kld;
+    fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL ± SE |%s\n", pl->ctx,
+            kld ? " mean KLD | median KLD | p99 KLD | same top % |" : "");
+    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|%s\n", kld ? "---:|---:|---:|---:|" : "");
+    const kvq_ppl_result *base = &r->results[r->baseline];
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
+        const kvq_ppl_result *res = &r->results[i];
+        /* a size the accounting cannot give is left empty: the computed numbers are never lost for it */
+        char bits[32] = "", mib[32] = "";
         kvq_bits b;
-        KVQ_TRY(kvq_eval_scheme_bits(s, pl->ctx, &r->m->hp, &b, err));
-        double mib = kvq_eval_scheme_cache_mib(s, &b, pl->ctx, &r->m->hp);
-        double ppl = r->results[i].ppl;
-        char delta[32];
-        if (i == r->baseline) snprintf(delta, sizeof delta, "baseline");
-        else snprintf(delta, sizeof delta, "%+.4f", ppl - base);
-        fprintf(f, "| %s | %d | %d | %.2f | %.2f | %.4f | %s |\n", s->name, kvq_eval_scheme_code_bits(s, 'k'),
-                kvq_eval_scheme_code_bits(s, 'v'), b.mean, mib, ppl, delta);
+        kvq_err be = {0};
+        if (kvq_eval_scheme_bits(s, pl->ctx, &r->m->hp, &b, &be) == KVQ_OK) {
+            snprintf(bits, sizeof bits, "%.2f", b.mean);
+            snprintf(mib, sizeof mib, "%.2f", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, &r->m->hp));
+        }
+        char delta[64];
+        if (i == r->baseline) {
+            snprintf(delta, sizeof delta, "baseline");
+        } else {
+            kvq_ppl_paired pd;
+            kvq_ppl_paired_delta(res, base, pl->n_windows, &pd);
+            if (isnan(pd.d_ppl_se)) snprintf(delta, sizeof delta, "%+.4f", pd.d_ppl);
+            else snprintf(delta, sizeof delta, "%+.4f ± %.4f", pd.d_ppl, pd.d_ppl_se);
+        }
+        fprintf(f, "| %s | %d | %d | %s | %s | %.4f | %s |", s->name, kvq_eval_scheme_code_bits(s, 'k'),
+                kvq_eval_scheme_code_bits(s, 'v'), bits, mib, res->ppl, delta);
+        if (kld && res->has_kld)
+            fprintf(f, " %.4g | %.4g | %.4g | %.2f |", res->kld.mean, res->kld.median, res->kld.p99, 100.0 * res->kld.same_top_frac);
+        else if (kld)
+            fprintf(f, " — | — | — | — |");
+        fputc('\n', f);
     }
     bool notes = false;
     for (size_t i = 0; i < r->n_schemes; i++) {
@@ -102,6 +121,14 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         notes = true;
         fprintf(f, "- skipped: %s\n", r->skipped[i]);
     }
+    if (!notes) fputc('\n', f);
+    fprintf(f, "- ΔPPL ± SE: the standard error from the %zu windows' paired differences%s",
+            pl->n_windows, pl->n_windows < 2 ? " (needs 2 windows or more: not given)" : "");
+    if (kld)
+        fprintf(f, "; KLD: KL(P_fp32 || Q_scheme) of the next-token distribution per scored token, nats (llama-perplexity "
+                   "--kl-divergence's statistics); same top %%: the scheme's most likely next token is the baseline's");
+    fputc('\n', f);
+    if (fflush(f) != 0 || ferror(f)) return kvq_fail(err, KVQ_EIO, "cannot write the table: %s", strerror(errno));
     return KVQ_OK;
 }
 
@@ -110,6 +137,13 @@ static cJSON *num_array(const double *v, size_t n)
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
     return a;
+}
+
+/* JSON has no NaN: a value that is not finite is null */
+static void add_num_or_null(cJSON *o, const char *k, double v)
+{
+    if (isfinite(v)) cJSON_AddNumberToObject(o, k, v);
+    else cJSON_AddNullToObject(o, k);
 }
 
 static cJSON *counts_json(const kvq_quant_counts *c)
@@ -123,7 +157,7 @@ static cJSON *counts_json(const kvq_quant_counts *c)
     return o;
 }
 
-static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
+static cJSON *build(const kvq_ppl_report *r)
 {
     const kvq_windows *w = r->win;
     const kvq_ppl_plan *pl = r->plan;
@@ -205,12 +239,10 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
     cJSON *sk = cJSON_AddArrayToObject(root, "skipped");
     for (size_t i = 0; sk && i < r->n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(r->skipped[i]));
     cJSON *ss = cJSON_AddArrayToObject(root, "schemes");
-    double base = r->results[r->baseline].ppl;
+    const kvq_ppl_result *base = &r->results[r->baseline];
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
         const kvq_ppl_result *res = &r->results[i];
-        kvq_bits b;
-        if ((*st = kvq_eval_scheme_bits(s, pl->ctx, hp, &b, err)) != KVQ_OK) break;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", s->name);
         cJSON_AddStringToObject(o, "spec", s->s.spec);
@@ -218,10 +250,23 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddBoolToObject(o, "baseline", i == r->baseline);
         cJSON_AddNumberToObject(o, "k_code_bits", kvq_eval_scheme_code_bits(s, 'k'));
         cJSON_AddNumberToObject(o, "v_code_bits", kvq_eval_scheme_code_bits(s, 'v'));
-        cJSON_AddNumberToObject(o, "k_bits_per_element", b.k);
-        cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
-        cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
-        cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
+        /* sizes: a size the accounting cannot give for a shape (e.g. a per-head fp8 scale count of a
+         * Llama-2-7B-shaped cache for a model whose head_dim differs) is null with the reason; the
+         * report is written whatever it is (the numbers of the run are never lost for a size) */
+        kvq_bits b;
+        kvq_err be = {0};
+        if (kvq_eval_scheme_bits(s, pl->ctx, hp, &b, &be) == KVQ_OK) {
+            cJSON_AddNumberToObject(o, "k_bits_per_element", b.k);
+            cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
+            cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
+            cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
+        } else {
+            cJSON_AddNullToObject(o, "k_bits_per_element");
+            cJSON_AddNullToObject(o, "v_bits_per_element");
+            cJSON_AddNullToObject(o, "bits_per_element");
+            cJSON_AddNullToObject(o, "kv_cache_mib");
+            cJSON_AddStringToObject(o, "bits_error", be.msg);
+        }
         /* the same accounting at longer contexts, for this model and for a
          * Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
         {
@@ -232,19 +277,17 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             l7.head_dim = 128;
             const struct { const char *name; const kvq_hparams *h; } shapes[] = {{"model", hp}, {"llama2_7b", &l7}};
             cJSON *at = cJSON_AddObjectToObject(o, "kv_cache_mib_at");
-            for (size_t k = 0; k < 2 && *st == KVQ_OK; k++) {
+            for (size_t k = 0; k < 2; k++) {
                 cJSON *sh = cJSON_AddObjectToObject(at, shapes[k].name);
                 for (size_t c = 0; c < 3; c++) {
                     kvq_bits bc;
-                    if ((*st = kvq_eval_scheme_bits(s, ctxs[c], shapes[k].h, &bc, err)) != KVQ_OK) break;
                     char key[32];
                     snprintf(key, sizeof key, "%zu", ctxs[c]);
-                    cJSON_AddNumberToObject(sh, key, kvq_eval_scheme_cache_mib(s, &bc, ctxs[c], shapes[k].h));
+                    if (kvq_eval_scheme_bits(s, ctxs[c], shapes[k].h, &bc, &be) == KVQ_OK)
+                        cJSON_AddNumberToObject(sh, key, kvq_eval_scheme_cache_mib(s, &bc, ctxs[c], shapes[k].h));
+                    else
+                        cJSON_AddNullToObject(sh, key);
                 }
-            }
-            if (*st != KVQ_OK) {
-                cJSON_Delete(o);
-                break;
             }
         }
         cJSON_AddStringToObject(o, "key_stage", stage_name(s->s.key_stage));
@@ -278,8 +321,39 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             }
         }
         cJSON_AddNumberToObject(o, "ppl", res->ppl);
-        if (i == r->baseline) cJSON_AddNullToObject(o, "delta_ppl");
-        else cJSON_AddNumberToObject(o, "delta_ppl", res->ppl - base);
+        if (i == r->baseline) {
+            cJSON_AddNullToObject(o, "delta_ppl");
+            cJSON_AddNullToObject(o, "delta_ppl_se");
+            cJSON_AddNullToObject(o, "delta_mean_nll");
+            cJSON_AddNullToObject(o, "delta_mean_nll_se");
+        } else {
+            kvq_ppl_paired pd;
+            kvq_ppl_paired_delta(res, base, pl->n_windows, &pd);
+            cJSON_AddNumberToObject(o, "delta_ppl", pd.d_ppl);
+            add_num_or_null(o, "delta_ppl_se", pd.d_ppl_se);
+            cJSON_AddNumberToObject(o, "delta_mean_nll", pd.d_nll);
+            add_num_or_null(o, "delta_mean_nll_se", pd.d_nll_se);
+        }
+        if (res->has_kld) {
+            const kvq_kld_stats *k = &res->kld;
+            cJSON *kj = cJSON_AddObjectToObject(o, "kld");
+            cJSON_AddNumberToObject(kj, "tokens", (double)k->n);
+            add_num_or_null(kj, "mean", k->mean);
+            add_num_or_null(kj, "mean_se", k->mean_se);
+            add_num_or_null(kj, "median", k->median);
+            add_num_or_null(kj, "p90", k->p90);
+            add_num_or_null(kj, "p95", k->p95);
+            add_num_or_null(kj, "p99", k->p99);
+            add_num_or_null(kj, "p99_9", k->p999);
+            add_num_or_null(kj, "min", k->min);
+            add_num_or_null(kj, "max", k->max);
+            cJSON_AddNumberToObject(kj, "same_top_tokens", (double)k->same_top);
+            add_num_or_null(kj, "same_top_fraction", k->same_top_frac);
+            add_num_or_null(kj, "same_top_se", k->same_top_se);
+            cJSON_AddItemToObject(kj, "window_mean", num_array(res->window_kld, pl->n_windows));
+        } else {
+            cJSON_AddNullToObject(o, "kld");
+        }
         cJSON_AddNumberToObject(o, "nll_sum", res->nll_sum);
         cJSON_AddNumberToObject(o, "scored_tokens", (double)res->n_scored);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
@@ -296,16 +370,11 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
 
 kvq_status kvq_ppl_report_json(const char *path, const kvq_ppl_report *r, kvq_err *err)
 {
-    kvq_status st = KVQ_OK;
-    cJSON *root = build(r, err, &st);
-    char *text = st == KVQ_OK && root ? cJSON_Print(root) : NULL;
+    cJSON *root = build(r);
+    char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
-    if (st) {
-        free(text);
-        return st;
-    }
     if (!text) return kvq_fail(err, KVQ_ENOMEM, "%s: cannot build the JSON report", path);
-    st = kvq_outfile_write_text(path, text, err);
+    kvq_status st = kvq_outfile_write_text(path, text, err);
     free(text);
     return st;
 }
