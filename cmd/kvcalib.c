@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -791,6 +792,9 @@ static int cmd_calibrate(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* past a file-size limit (ulimit -f) writes fail with EFBIG, reported and cleaned up, instead of SIGXFSZ
+     * killing us with a temporary file left behind */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc > 1 && !strcmp(argv[1], "intactkv")) return cmd_intactkv(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "export-vllm")) return cmd_export_vllm(argc - 1, argv + 1);
     return cmd_calibrate(argc, argv);

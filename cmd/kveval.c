@@ -3,6 +3,7 @@
  * analysis/kveval/scheme.h and analysis/kveval/perplexity.h. Exit status: 0 success, 1 a
  * failure while running (bad input files, mismatched artifacts, numerics), 2
  * a bad command line (unknown option or scheme). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,7 @@ static kvq_status load_tokenizer(const kveval_opts *o, const kvq_model *m, kvq_t
 
 int main(int argc, char **argv)
 {
+    signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
     kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0};
     kvq_opt tab[] = {
         {"model", 'm', KVQ_OPT_STRING, &o.model, "PATH", "model (GGUF, HF directory or llama2.c .bin)", NULL, 0, 0, true},

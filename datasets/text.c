@@ -81,11 +81,10 @@ static kvq_status read_text(const char *path, kvq_text_format fmt, kvq_eol_mode 
 {
     snprintf(t->path, sizeof t->path, "%s", path);
     t->format = fmt;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-    /* a directory, device, FIFO or socket would fail late ("read error") or never end (/dev/zero) */
-    kvq_status rs = kvq_require_regular(f, path, "a text file", err);
-    if (rs) { fclose(f); return rs; }
+    /* a directory, device, FIFO or socket would fail late ("read error"), never end (/dev/zero) or block in
+     * open() (a FIFO): checked before reading */
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a text file", &f, err));
     size_t cap = 1 << 16, n = 0;
     char *d = malloc(cap);
     if (!d) { fclose(f); return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path); }

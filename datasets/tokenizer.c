@@ -455,10 +455,8 @@ static kvq_status slurp(const char *path, char **data, size_t *n, kvq_err *err)
 {
     *data = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-    kvq_status rs = kvq_require_regular(f, path, "a tokenizer file", err);
-    if (rs) { fclose(f); return rs; }
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a tokenizer file", &f, err));
     bvec b = {0};
     char buf[1 << 16];
     size_t got;
@@ -854,10 +852,8 @@ kvq_status kvq_tokenizer_for_model(const char *model_path, const char *tokenizer
 kvq_status kvq_tokenizer_load(const char *path, kvq_tokenizer **out, kvq_err *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-    kvq_status rs = kvq_require_regular(f, path, "a tokenizer file", err);
-    if (rs) { fclose(f); return rs; }
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a tokenizer file", &f, err));
     unsigned char h[64];
     size_t got = fread(h, 1, sizeof h, f);
     fclose(f);

@@ -982,7 +982,7 @@ static bool is_dir(const char *p)
  * descriptor holds one). */
 static int try_lock(const char *fname)
 {
-    int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* (never blocks on a FIFO) */
     if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
     int e = errno;
     close(fd);
@@ -1004,7 +1004,7 @@ static bool locked_by_another(const char *fname)
  * status 0. Absent: nothing to do. */
 static kvq_status remove_stale_partial(const char *fname, kvq_err *err)
 {
-    int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ENOENT) return KVQ_OK;
         if (errno == ELOOP && unlink(fname) == 0) return KVQ_OK; /* a symlink: remove the link itself */
@@ -1223,6 +1223,7 @@ kvq_status kvq_dump_resume(const char *path, const kvq_dump_meta *meta, const kv
         s = kvq_fail(err, KVQ_EIO, "%s: no unfinished dump to resume", w->d.fname);
         goto done;
     }
+    if ((s = kvq_check_regular(w->d.fname, "an unfinished kvdump dump (HDF5)", err))) goto done;
     if (locked_by_another(w->d.fname)) { /* (before our own open, whose lock would answer the probe) */
         s = kvq_fail(err, KVQ_EIO, "%s: cannot open for resuming: %s", w->d.fname, IN_USE);
         goto done;
@@ -1624,6 +1625,8 @@ kvq_status kvq_dump_open(const char *path, kvq_dump_reader **out, kvq_err *err)
         s = kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
         goto done;
     }
+    /* HDF5 opens by name: a FIFO would block it forever, a directory fail with a library message */
+    if ((s = kvq_check_regular(path, "a kvdump dump (HDF5)", err))) goto done;
     if (H5Fis_hdf5(path) <= 0) {
         s = kvq_fail(err, KVQ_EFORMAT, "%s: not an HDF5 file (no HDF5 signature)", path);
         goto done;

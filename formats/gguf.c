@@ -224,17 +224,13 @@ kvq_status kvq_gguf_open(const char *path, kvq_gguf *g, kvq_err *err)
 {
     memset(g, 0, sizeof *g);
     snprintf(g->path, sizeof g->path, "%s", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    KVQ_TRY(kvq_open_regular(path, "a GGUF file", &fd, err));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return kvq_fail(err, KVQ_EIO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kvq_fail(err, KVQ_EIO, "%s: not a regular file", path);
     }
     if (st.st_size < 24) {
         close(fd);

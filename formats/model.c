@@ -99,8 +99,8 @@ static kvq_status detect_source(const char *path, kvq_model_source *src, kvq_err
         *src = KVQ_SRC_SAFETENSORS;
         return KVQ_OK;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a model: GGUF, llama2.c .bin or an HF directory", &f, err)); /* (a FIFO blocked open()) */
     char magic[4] = {0};
     size_t got = fread(magic, 1, 4, f);
     fclose(f);

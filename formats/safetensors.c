@@ -252,17 +252,13 @@ kvq_status kvq_safetensors_open(const char *path, kvq_safetensors *st, kvq_err *
 {
     memset(st, 0, sizeof *st);
     snprintf(st->path, sizeof st->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    KVQ_TRY(kvq_open_regular(path, "a safetensors file", &fd, err));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
         return kvq_fail(err, KVQ_EIO, "%s: stat failed: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kvq_fail(err, KVQ_EIO, "%s: not a regular file", path);
     }
     if (sb.st_size < 8) {
         close(fd);
