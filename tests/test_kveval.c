@@ -818,7 +818,7 @@ END_TEST
 static kvq_status apply_nan(kvq_scheme_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
 {
     (void)run, (void)k, (void)alt, (void)e;
-    if (c->layer == 0) v[5 * c->n_kv_heads * c->head_dim] = NAN; /* token 5 */
+    if (c->layer == 1) v[5 * c->n_kv_heads * c->head_dim + c->head_dim + 3] = NAN; /* token 5, KV head 1, channel 3 */
     return KVQ_OK;
 }
 
@@ -842,7 +842,31 @@ START_TEST(test_nan_reported)
     kvq_ppl_result res[2];
     ck_assert(kvq_ppl_run(&env.m, &w, &plan, s, 2, NULL, res, &e) == KVQ_ENUMERIC);
     fprintf(stderr, "INFO NaN: %s\n", e.msg);
-    ck_assert_msg(strstr(e.msg, "nan-test") && strstr(e.msg, "window 0") && strstr(e.msg, "position 5"), "%s", e.msg);
+    /* the scheme, the window, and where it arose: layer, position, head, channel, which tensor (kvdump's detail) */
+    ck_assert_msg(strstr(e.msg, "nan-test") && strstr(e.msg, "window 0") &&
+                      strstr(e.msg, "layer 1: position 5, head 1, channel 3: the value after the scheme's transform is nan"),
+                  "%s", e.msg);
+    /* every kind of origin: a weight of the model (the layer's own projection), the last layer's MLP (after every
+     * observed tensor), each on fp32 (no transform) and through the KL-divergence path */
+    kvq_eval_scheme f32;
+    ck_assert(kvq_eval_scheme_make("fp32", NULL, &env.m.hp, &f32, &e) == KVQ_OK);
+    const int L = env.m.hp.n_layers, dim = env.m.hp.dim, hid = env.m.hp.hidden_dim;
+    struct { float *at; float bad; const char *want; } origins[] = {
+        {&env.m.layers[2].wv[(size_t)4 * dim], NAN, "layer 2: position 0, head 0, channel 4: the value (model) is nan"},
+        {&env.m.layers[1].wk[0], INFINITY, "layer 1: position 0, head 0, channel 0: the pre-RoPE key (model) is"},
+        {&env.m.layers[L - 1].w_down[(size_t)7 * hid], INFINITY, "every layer's query, keys and values are finite"},
+    };
+    for (size_t i = 0; i < sizeof origins / sizeof *origins; i++)
+        for (int kld = 0; kld < 2; kld++) {
+            const float keep = *origins[i].at;
+            *origins[i].at = origins[i].bad;
+            kvq_ppl_exec x = {.kld = kld != 0, .kld_baseline = 0};
+            kvq_eval_scheme two[2] = {f32, s[0]};
+            ck_assert_int_eq(kvq_ppl_run_on(&x, &env.m, &w, &plan, two, 2, NULL, res, &e), KVQ_ENUMERIC);
+            *origins[i].at = keep;
+            fprintf(stderr, "INFO non-finite %zu: %s\n", i, e.msg);
+            ck_assert_msg(strstr(e.msg, "scheme fp32, window 0") && strstr(e.msg, origins[i].want), "%s", e.msg);
+        }
     kvq_windows_free(&w);
     env_close(&env);
 }

@@ -184,6 +184,87 @@ static void kld_ws_free(kld_ws *k)
     memset(k, 0, sizeof *k);
 }
 
+/* ---- where a non-finite value arises (a NaN/Inf NLL is rerun with this observer) ---- */
+
+typedef struct {
+    kvq_hooks inner;   /* the scheme's hooks (transform and its user) */
+    int layer;         /* first layer with a non-finite value, -1 = none */
+    char what[256];
+} nan_probe;
+
+static kvq_status probe_transform(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
+{
+    nan_probe *p = user;
+    return p->inner.transform(p->inner.user, ctx, k, v, alt, err);
+}
+
+static bool find_bad(const float *x, size_t rows, size_t width, size_t *r, size_t *c)
+{
+    for (size_t i = 0; x && i < rows * width; i++)
+        if (!isfinite(x[i])) {
+            *r = i / width;
+            *c = i % width;
+            return true;
+        }
+    return false;
+}
+
+static kvq_status probe_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    (void)err;
+    nan_probe *p = user;
+    if (p->layer >= 0) return KVQ_OK;
+    const size_t kvw = (size_t)ctx->n_kv_heads * ctx->head_dim, qw = (size_t)ctx->n_heads * ctx->head_dim;
+    /* in the order they arise: the model's projections, then what the scheme made of them */
+    const struct { const float *x; size_t w; const char *name; } chk[] = {
+        {obs->q, qw, "the query (model)"},
+        {obs->k_pre, kvw, "the pre-RoPE key (model)"},
+        {obs->v, kvw, "the value (model)"},
+        {obs->k_att, kvw, "the key after the scheme's transform"},
+        {obs->v_att, kvw, "the value after the scheme's transform"},
+        {obs->k_alt, kvw, "the key's quantized representation (scheme)"},
+        {obs->v_alt, kvw, "the value's quantized representation (scheme)"},
+    };
+    for (size_t i = 0; i < sizeof chk / sizeof *chk; i++) {
+        size_t r, c;
+        if (find_bad(chk[i].x, (size_t)ctx->T, chk[i].w, &r, &c)) {
+            p->layer = ctx->layer;
+            snprintf(p->what, sizeof p->what, "layer %d: position %zu, head %zu, channel %zu: %s is %g", ctx->layer,
+                     (size_t)ctx->pos0 + r, c / (size_t)ctx->head_dim, c % (size_t)ctx->head_dim, chk[i].name,
+                     (double)chk[i].x[r * chk[i].w + c]);
+            return KVQ_OK;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* Rerun a window whose NLL was not finite, observing every layer, and name where the first non-finite
+ * value arose (the message kvdump gives): "layer L: position P, head H, channel C: the value after the
+ * scheme's transform is nan"; or that every layer's Q/K/V stayed finite. */
+static void name_nonfinite(kvq_engine *e, const kvq_fwd_io *io0, kvq_err *err)
+{
+    nan_probe p = {.layer = -1};
+    kvq_hooks hk = {0};
+    if (io0->hooks) p.inner = *io0->hooks;
+    hk.user = &p;
+    hk.observe = probe_observe;
+    hk.transform = p.inner.transform ? probe_transform : NULL;
+    hk.key_stage = p.inner.key_stage;
+    kvq_fwd_io io = *io0;
+    io.hooks = &hk;
+    io.head = NULL;
+    kvq_fwd_result r;
+    kvq_err e2 = {0};
+    (void)kvq_engine_run(e, &io, &r, &e2);
+    char msg[KVQ_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    if (p.layer >= 0)
+        kvq_fail(err, KVQ_ENUMERIC, "%s (not finite); %s", p.what, msg);
+    else
+        kvq_fail(err, KVQ_ENUMERIC, "every layer's query, keys and values are finite: the non-finite value arose after the "
+                                    "attention of the last layer (MLP or LM head); %s", msg);
+}
+
 /* One window of one scheme through the engine; accumulates into res.
  * native: the scheme's descriptor is set on the (GPU) engine, no hook.
  * kw (may be NULL): KL divergence against the baseline (kw->is_base: this is the baseline's run). */
@@ -213,6 +294,7 @@ static kvq_status run_window(kvq_engine *e, const kvq_model *m, const kvq_window
     double t0 = kvq_now();
     kvq_status st = kvq_engine_run(e, &io, &r, err);
     res->seconds += kvq_now() - t0;
+    if (st == KVQ_ENUMERIC) name_nonfinite(e, &io, err);
     if (st) return kvq_err_prefix(err, "scheme %s, window %zu (stream offset %zu)", sc->name, w, win->offsets[w]);
     if (r.n_scored != (int)plan->scored_per_window)
         return kvq_fail(err, KVQ_EINVAL, "perplexity: scheme %s, window %zu: %d positions scored, expected %zu", sc->name, w,
