@@ -1,6 +1,7 @@
 /* dump.c — kvdump HDF5 writer/reader (schema: formats/DUMP.md). */
 #include "dump.h"
 #include "half.h"
+#include "sniff.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1628,7 +1629,8 @@ kvq_status kvq_dump_open(const char *path, kvq_dump_reader **out, kvq_err *err)
     /* HDF5 opens by name: a FIFO would block it forever, a directory fail with a library message */
     if ((s = kvq_check_regular(path, "a kvdump dump (HDF5)", err))) goto done;
     if (H5Fis_hdf5(path) <= 0) {
-        s = kvq_fail(err, KVQ_EFORMAT, "%s: not an HDF5 file (no HDF5 signature)", path);
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: it is %s, not a kvdump dump (an HDF5 file: no HDF5 signature)", path,
+                     kvq_kind_desc(kvq_sniff_path(path)));
         goto done;
     }
     hid_t fapl = make_fapl();

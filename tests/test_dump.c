@@ -981,7 +981,7 @@ START_TEST(test_bad_files)
     /* not HDF5 at all; missing */
     write_file(path, "hello");
     ck_assert_int_eq(kvq_dump_open(path, &r, &e), KVQ_EFORMAT);
-    ck_assert_msg(strstr(e.msg, "not an HDF5 file"), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "it is a text file, not a kvdump dump"), "%s", e.msg);
     rm_dump(path);
     ck_assert_int_eq(kvq_dump_open(path, &r, &e), KVQ_EIO);
     ck_assert_msg(strstr(e.msg, "No such file"), "%s", e.msg);

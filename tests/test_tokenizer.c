@@ -439,7 +439,7 @@ START_TEST(test_bad_vocab)
         const char *file, *needle;
     } foreign[] = {
         {"tests/fixtures/dump_small.h5", "an HDF5 file (a kvdump dump?), not a tokenizer"},
-        {"tests/fixtures/st_fixture.safetensors", "a safetensors file (weights or a kvcalib artifact), not a tokenizer"},
+        {"tests/fixtures/st_fixture.safetensors", "a safetensors file (weights?), not a tokenizer"},
     };
     for (size_t i = 0; i < sizeof foreign / sizeof *foreign; i++) {
         ck_assert(kvq_tokenizer_load(foreign[i].file, &tok, &e) == KVQ_EFORMAT);

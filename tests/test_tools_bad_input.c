@@ -17,8 +17,11 @@
 #include <sys/wait.h>
 
 #include "kveval_util.h"
+#include "dump.h"
 #include "identity.h"
 #include "kvq_test.h"
+#include "sniff.h"
+#include "tokenizer.h"
 
 /* (kveval_util.h's helpers are static; this suite uses the fp8 one) */
 void *kvq_test_keep_util(void);
@@ -310,6 +313,110 @@ START_TEST(test_kveval_sizes_that_do_not_apply)
 }
 END_TEST
 
+/* A file of the wrong kind is named for what it is, with what was expected (issue 41: kvcalib --inspect on a
+ * dump reported a 7e17-byte safetensors header length, a web page named .gguf was "a bad llama2.c header", a bare
+ * .safetensors as --model wanted a config.json): every reader — model, artifact, dump, tokenizer — against every
+ * kind of file it does not take, under a name that suggests its own format. */
+START_TEST(test_wrong_kind_named)
+{
+    env_t e;
+    KVQ_SKIP_IF(!env_init(&e), "the kvq binaries or ../shared tiny models/wikitext absent (run make all)");
+    char p[12][700];
+    const kvq_file_kind kinds[] = {KVQ_KIND_HTML, KVQ_KIND_ZIP, KVQ_KIND_GZIP, KVQ_KIND_TEXT, KVQ_KIND_JSON, KVQ_KIND_EMPTY,
+                                   KVQ_KIND_HDF5, KVQ_KIND_ARTIFACT, KVQ_KIND_GGUF, KVQ_KIND_LLAMA2C};
+    enum { NK = sizeof kinds / sizeof *kinds };
+    const char *src[NK] = {NULL, NULL, NULL, NULL, NULL, NULL, e.dump, e.art, "tests/fixtures/tiny_llama.gguf", e.model};
+    for (int k = 0; k < NK; k++) {
+        snprintf(p[k], sizeof p[k], "%s/kind%d.bin", e.dir, k);
+        if (src[k]) {
+            char cmd[9000];
+            snprintf(cmd, sizeof cmd, "cp %s %s", src[k], p[k]);
+            ck_assert(sh(cmd) == 0);
+            continue;
+        }
+        FILE *f = fopen(p[k], "wb");
+        ck_assert_ptr_nonnull(f);
+        static const char html[] = "\n  <!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body>Not Found</body></html>\n";
+        static const char zip[] = "PK\3\4\24\0\0\0\10\0 some compressed bytes follow here ...................";
+        static const char gz[] = "\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03 deflate stream .........................";
+        static const char txt[] = "Once upon a time there was a file that held only words.\nAnd lines.\n";
+        static const char js[] = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64}\n";
+        const char *what[] = {html, zip, gz, txt, js, ""};
+        const size_t len[] = {sizeof html - 1, sizeof zip - 1, sizeof gz - 1, sizeof txt - 1, sizeof js - 1, 0};
+        if (len[k]) ck_assert(fwrite(what[k], 1, len[k], f) == len[k]);
+        fclose(f);
+    }
+    for (int k = 0; k < NK; k++) ck_assert_msg(kvq_sniff_path(p[k]) == kinds[k], "kind %d sniffed as %d", k, kvq_sniff_path(p[k]));
+    /* which readers refuse which kinds (the others are their own formats, or not told apart by content) */
+    struct { const char *reader, *expected; bool refuses[NK]; } rd[] = {
+        /*                                     html  zip   gz    text  json  empty hdf5  art   gguf  l2c */
+        {"model", "not a model", {true, true, true, true, true, true, true, true, false, false}},
+        {"artifact", "not a safetensors file", {true, true, true, true, true, false, true, false, true, true}},
+        {"dump", "not a kvdump dump", {true, true, true, true, true, true, false, true, true, true}},
+        {"tokenizer", "not a tokenizer", {true, true, true, false, false, true, true, true, false, true}},
+    };
+    for (size_t r = 0; r < sizeof rd / sizeof *rd; r++)
+        for (int k = 0; k < NK; k++) {
+            if (!rd[r].refuses[k]) continue;
+            /* under the reader's own extension */
+            static const char *ext[] = {".gguf", ".safetensors", ".h5", ".bin"};
+            char named[800], cmd[10000];
+            snprintf(named, sizeof named, "%s/as_%zu_%d%s", e.dir, r, k, ext[r]);
+            snprintf(cmd, sizeof cmd, "cp %s %s", p[k], named);
+            ck_assert(sh(cmd) == 0);
+            kvq_err er = {0};
+            kvq_status st;
+            if (r == 0) {
+                kvq_model m;
+                st = kvq_model_load(named, &m, &er);
+            } else if (r == 1) {
+                kvq_artifact a;
+                st = kvq_artifact_read(named, &a, &er);
+            } else if (r == 2) {
+                kvq_dump_reader *dr;
+                st = kvq_dump_open(named, &dr, &er);
+            } else {
+                kvq_tokenizer *t;
+                st = kvq_tokenizer_load(named, &t, &er);
+            }
+            fprintf(stderr, "INFO %s <- %s: %s\n", rd[r].reader, kvq_kind_desc(kinds[k]), er.msg);
+            ck_assert_msg(st != KVQ_OK, "%s took %s", rd[r].reader, kvq_kind_desc(kinds[k]));
+            ck_assert_msg(strstr(er.msg, named) && strstr(er.msg, kvq_kind_desc(kinds[k])) && strstr(er.msg, rd[r].expected),
+                          "%s <- %s: '%s' lacks the kind or '%s'", rd[r].reader, kvq_kind_desc(kinds[k]), er.msg, rd[r].expected);
+            unlink(named);
+        }
+    /* the weights of an HF checkpoint without their config.json: named as such */
+    {
+        char w[800], cmd[1700];
+        snprintf(w, sizeof w, "%s/model.safetensors", e.dir);
+        snprintf(cmd, sizeof cmd, "cp tests/fixtures/stories260K-hf/model.safetensors %s", w);
+        ck_assert(sh(cmd) == 0);
+        kvq_model m;
+        kvq_err er = {0};
+        ck_assert_int_eq(kvq_model_load(w, &m, &er), KVQ_EFORMAT);
+        ck_assert_msg(strstr(er.msg, "a safetensors file of weights alone") && strstr(er.msg, "has no config.json"), "%s", er.msg);
+        ck_assert_msg(kvq_model_load("tests/fixtures/stories260K-hf/model.safetensors", &m, &er) == KVQ_OK, "%s", er.msg);
+        kvq_model_free(&m);
+    }
+    /* through the binaries: kvcalib --inspect on a dump, kveval --model on a web page named .gguf */
+    {
+        char cmd[12000];
+        static char err[65536];
+        const char *bin = getenv("KVQ_BIN_DIR");
+        snprintf(cmd, sizeof cmd, "%s/kvcalib --inspect %s", bin && *bin ? bin : "bin", e.dump);
+        ck_assert_int_eq(run_err(&e, cmd, err, sizeof err), 1);
+        ck_assert_msg(strstr(err, "it is an HDF5 file (a kvdump dump?), not a safetensors file"), "%s", err);
+        snprintf(cmd, sizeof cmd, "cp %s %s/page.gguf && %s/kveval -m %s/page.gguf -t %s --scheme int4 -q", p[0], e.dir,
+                 bin && *bin ? bin : "bin", e.dir, e.text);
+        ck_assert_int_eq(run_err(&e, cmd, err, sizeof err), 1);
+        ck_assert_msg(strstr(err, "it is an HTML page (a failed download saved under this name?), named .gguf but without the GGUF "
+                                  "magic, not a model"),
+                      "%s", err);
+    }
+    env_done(&e);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tools_bad_input");
@@ -318,6 +425,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_fifo_inputs_refused);
     tcase_add_test(tc, test_file_size_limit);
     tcase_add_test(tc, test_kveval_sizes_that_do_not_apply);
+    tcase_add_test(tc, test_wrong_kind_named);
     suite_add_tcase(s, tc);
     return s;
 }
