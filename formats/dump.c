@@ -976,12 +976,9 @@ struct kvq_dump_writer {
     uint32_t *crc;             /* [n_range + 1] CRC-32 of the sample in progress: each layer's stored values, its tokens */
 };
 
-/* CRC-32 (zlib) of one sample of a dataset as the file stores it — f16 or f32 bits, little-endian, the sample's
- * elements in row-major order (x's order) — continuing crc. */
-static uint32_t ds_crc(const kvq_dump_meta *m, kvq_dump_ds ds, const float *x, uint32_t crc)
+/* CRC-32 of x[0..n) stored as f16 or f32 bits, little-endian, from crc. */
+static uint32_t span_crc(const float *x, size_t n, bool f16, uint32_t crc)
 {
-    const size_t n = kvq_dump_ds_sample_elems(m, ds);
-    const bool f16 = ds_is_f16(m, ds);
     unsigned char buf[8192];
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1000,6 +997,31 @@ static uint32_t ds_crc(const kvq_dump_meta *m, kvq_dump_ds ds, const float *x, u
         }
     }
     return k ? (uint32_t)crc32(crc, buf, (uInt)k) : crc;
+}
+
+/* CRC-32 (zlib) of one sample of a dataset as the file stores it — f16 or f32 bits, little-endian, the sample's
+ * elements in row-major order (x's order) — continuing crc. From 2^20 elements on, in up to 256 blocks of >= 2^18
+ * elements in parallel (OpenMP), joined in order with crc32_combine (0.25 s per 35M f16 values on one core: on a GPU
+ * run the writer thread is the bottleneck). Smaller ones stay on the calling thread (and keep a process that forks
+ * afterwards free of OpenMP's thread pool, which a forked child cannot use). */
+static uint32_t ds_crc(const kvq_dump_meta *m, kvq_dump_ds ds, const float *x, uint32_t crc)
+{
+    const size_t n = kvq_dump_ds_sample_elems(m, ds), blk = n / 256 + 1 > ((size_t)1 << 18) ? n / 256 + 1 : (size_t)1 << 18;
+    const size_t nb = (n + blk - 1) / blk;
+    const bool f16 = ds_is_f16(m, ds);
+    const size_t esize = f16 ? 2 : 4;
+    uint32_t part[256];
+    if (n < ((size_t)1 << 20)) return span_crc(x, n, f16, crc);
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < (long)nb; b++) {
+        const size_t i0 = (size_t)b * blk, cnt = n - i0 < blk ? n - i0 : blk;
+        part[b] = span_crc(x + i0, cnt, f16, (uint32_t)crc32(0L, Z_NULL, 0));
+    }
+    for (size_t b = 0; b < nb; b++) {
+        const size_t cnt = n - b * blk < blk ? n - b * blk : blk;
+        crc = (uint32_t)crc32_combine(crc, part[b], (z_off_t)(cnt * esize));
+    }
+    return crc;
 }
 
 static uint32_t tokens_crc(const int32_t *t, int64_t n)

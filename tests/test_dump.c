@@ -138,7 +138,8 @@ static void write_samples(kvq_dump_writer *w, const kvq_dump_meta *m, int64_t fr
     layer_bufs b[8];
     memset(b, 0, sizeof b);
     kvq_dump_layer_data d[8];
-    int32_t tok[256];
+    int32_t *tok = malloc((size_t)m->seq_len * sizeof *tok);
+    ck_assert_ptr_nonnull(tok);
     kvq_err e = {0};
     for (int64_t s = from; s < to; s++) {
         for (int j = 0; j < nr; j++) {
@@ -150,6 +151,7 @@ static void write_samples(kvq_dump_writer *w, const kvq_dump_meta *m, int64_t fr
         ck_assert_int_eq(kvq_dump_writer_samples_done(w), s + 1);
     }
     for (int j = 0; j < nr; j++) free_layer(&b[j]);
+    free(tok);
 }
 
 /* ---- float64 reference rounding to binary16 -------------------------------- */
@@ -781,6 +783,8 @@ END_TEST
  * committed sample is now read back against its CRC-32s: a flipped byte in a layer's values (stored as they are
  * with --deflate 0, or inside a deflate stream), in the tokens, in f16 and in f32 dumps, is refused naming the
  * sample, the layer and what to do; the intact file resumes; a file from before the checksums is read through. */
+static void fsize_meta(kvq_dump_meta *m);
+
 static void flip_chunk_byte(const char *file, const char *dset, hsize_t s, hsize_t frac_num, hsize_t frac_den)
 {
     hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -810,10 +814,17 @@ START_TEST(test_resume_verifies_samples)
     tmp_path(path, sizeof path, "verify");
     snprintf(part, sizeof part, "%s.partial", path);
     snprintf(keep, sizeof keep, "%s.keep", path);
-    for (int v = 0; v < 3; v++) { /* f16 deflate 1, f16 deflate 0, f32 deflate 0 */
+    for (int v = 0; v < 4; v++) { /* f16 deflate 1, f16 deflate 0, f32 deflate 0, f16 deflate 0 in 2^20-element samples */
         rm_dump(path);
         kvq_dump_meta m;
-        small_meta(&m, v == 2 ? KVQ_DUMP_F32 : KVQ_DUMP_F16);
+        if (v == 2) fsize_meta(&m);
+        else small_meta(&m, KVQ_DUMP_F16);
+        if (v == 3) { /* 4096 x 2 x 128 per K/V sample: the writer's checksums run in parallel blocks */
+            m.seq_len = 4096;
+            m.ctx_len = 4096;
+            m.head_dim = 128;
+            m.rope_dim = 128;
+        }
         kvq_dump_opts o = kvq_dump_opts_default();
         o.deflate_level = v == 0 ? 1 : 0;
         kvq_dump_writer *w;
