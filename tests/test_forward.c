@@ -4,6 +4,7 @@
  * statistics), transform (identity is bit-exact, zeroing V matters), prefix
  * (= one longer window), boundaries (identical representations = plain pass;
  * a KIVI-like rule = an explicit token-by-token decode loop). */
+#include <malloc.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -682,6 +683,81 @@ START_TEST(test_head_kld_streamed)
 }
 END_TEST
 
+/* ---------- long windows: memory linear in the window (kveval --ctx max) ---------- */
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd; /* small blocks in the arenas + mmap'd large ones */
+}
+
+/* The forward's workspace for a window of T tokens grows linearly with T — attention keeps one row of P + T
+ * scores per thread, never a [T][T] matrix (attention.h) — so the default model's trained context (8192)
+ * needs ~0.2 GiB on the CPU; and a window that long runs, its NLL finite and equal to the same tokens' first
+ * part where the windows overlap (causality). */
+START_TEST(test_long_window_memory)
+{
+    kvq_model m = {0};
+    kvq_err e = {0};
+    /* the default model's shape (SmolLM2-135M: 30 layers, dim 576, 9/3 heads, hidden 1536, vocab 49152); no weights needed */
+    m.hp = (kvq_hparams){.n_layers = 30, .dim = 576, .hidden_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64,
+                         .vocab_size = 49152, .ctx_len = 8192, .rope_dim = 64, .rope_theta = 100000, .norm_eps = 1e-5f};
+    size_t bytes[3];
+    const int Ts[3] = {2048, 4096, 8192};
+    for (int i = 0; i < 3; i++) {
+        kvq_forward fw;
+        size_t b0 = heap_in_use();
+        ck_assert_msg(kvq_forward_init(&fw, &m, Ts[i], 0, 0, &e) == KVQ_OK, "%s", e.msg);
+        bytes[i] = heap_in_use() - b0;
+        kvq_forward_free(&fw);
+    }
+    fprintf(stderr, "INFO forward workspace: T 2048 %.1f MiB, 4096 %.1f MiB, 8192 %.1f MiB\n", bytes[0] / 1048576.0,
+            bytes[1] / 1048576.0, bytes[2] / 1048576.0);
+    /* linear: doubling T at most doubles it (plus a little); a [T][T] buffer would quadruple it */
+    ck_assert_msg(bytes[1] <= 2.05 * bytes[0] && bytes[2] <= 2.05 * bytes[1], "workspace grows faster than the window: %zu %zu %zu",
+                  bytes[0], bytes[1], bytes[2]);
+    ck_assert_msg(bytes[2] < ((size_t)512 << 20), "workspace at 8192 tokens: %zu bytes", bytes[2]);
+    /* a long window on a small synthetic model: runs; its first rows equal a shorter window's */
+    kvq_hparams hp = {.n_layers = 2, .dim = 32, .hidden_dim = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8, .vocab_size = 64,
+                      .ctx_len = 8192, .rope_dim = 8, .rope_theta = 10000, .norm_eps = 1e-5f, .tied_embeddings = false};
+    kvq_model sm;
+    ck_assert(kvq_model_alloc(&sm, &hp, &e) == KVQ_OK);
+    uint32_t x = 99;
+    float *all[] = {sm.tok_embd, sm.output};
+    size_t nall[] = {(size_t)64 * 32, (size_t)64 * 32};
+    for (int a = 0; a < 2; a++)
+        for (size_t i = 0; i < nall[a]; i++) all[a][i] = ((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < 32; i++) sm.out_norm[i] = 1;
+    for (int l = 0; l < 2; l++) {
+        kvq_layer_weights *w = &sm.layers[l];
+        float *ws[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+        size_t ns[] = {32 * 32, 16 * 32, 16 * 32, 32 * 32, 64 * 32, 64 * 32, 32 * 64};
+        for (int k = 0; k < 7; k++)
+            for (size_t i = 0; i < ns[k]; i++) ws[k][i] = (((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f) * 0.3f;
+        for (int i = 0; i < 32; i++) w->attn_norm[i] = w->ffn_norm[i] = 1;
+    }
+    const int T = 8192;
+    int *tok = malloc(T * sizeof(int));
+    make_tokens(tok, T, 64);
+    double *nl = malloc(T * sizeof(double)), *ns = malloc(T * sizeof(double));
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &sm, T, 0, 0, &e) == KVQ_OK);
+    kvq_fwd_io io = {.tokens = tok, .T = T, .nll = nl};
+    kvq_fwd_result r;
+    ck_assert_msg(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(isfinite(r.loss) && r.n_scored == T - 1);
+    io.T = 300;
+    io.nll = ns;
+    ck_assert(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK);
+    for (int t = 0; t + 1 < 300; t++) ck_assert_msg(fabs(nl[t] - ns[t]) <= 1e-6 * fabs(ns[t]) + 1e-9, "row %d: %.9g vs %.9g", t, nl[t], ns[t]);
+    kvq_forward_free(&fw);
+    free(tok);
+    free(nl);
+    free(ns);
+    kvq_model_free(&sm);
+}
+END_TEST
+
 /* ---------- checkpoints, threads, errors ---------- */
 
 START_TEST(test_save_inputs_threads_errors)
@@ -763,6 +839,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_boundary_decode);
     tcase_add_test(tc, test_save_inputs_threads_errors);
     tcase_add_test(tc, test_head_kld_streamed);
+    tcase_add_test(tc, test_long_window_memory);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -29,6 +29,7 @@
 #include "quant_fp8.h"
 #include "quant_ggml.h"
 #include "identity.h"
+#include "passkey.h"
 #include "perplexity.h"
 #include "scheme.h"
 #include "text.h"
@@ -1186,6 +1187,190 @@ START_TEST(test_device_paths)
 }
 END_TEST
 
+/* ---------------- passkey retrieval (passkey.h) ---------------- */
+
+/* Top tokens of every position of tokens[N] from the explicit decode loop over a real quantized cache (one token
+ * per step, teacher-forced: the next input is tokens[t + 1]), batch-invariant GEMMs. */
+static void decode_argmax(const kvq_model *m, const kvq_eval_scheme *s, const int32_t *tokens, int N, int *argmax, float *gap)
+{
+    kvq_err e = {0};
+    const int V = m->hp.vocab_size, kvd = kvq_kv_dim(&m->hp), L = m->hp.n_layers;
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, m, 1, N, KVQ_FWD_ROW_INVARIANT, &e) == KVQ_OK);
+    size_t cn = (size_t)L * N * kvd;
+    dec_state d = {.s = s, .kvd = kvd, .L = L, .max = N, .kq_end = (int)s->s.q.n_sink, .vq_end = (int)s->s.q.n_sink};
+    d.ck = calloc(cn, sizeof(float));
+    d.cv = calloc(cn, sizeof(float));
+    d.qk = calloc(cn, sizeof(float));
+    d.qv = calloc(cn, sizeof(float));
+    float *pk = malloc(cn * sizeof(float)), *pv = malloc(cn * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+    kvq_hooks hd = {.user = &d, .transform = dec_transform, .observe = dec_observe, .key_stage = s->s.key_stage};
+    const bool kivi = s->s.q.kind == KVQ_SCHEME_KIVI;
+    for (int t = 0; t < N; t++) {
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < t; j++) {
+                size_t src = ((size_t)l * N + j) * kvd, dst = ((size_t)l * t + j) * kvd;
+                memcpy(pk + dst, (kivi && j < d.kq_end && j >= (int)s->s.q.n_sink ? d.qk : d.ck) + src, kvd * sizeof(float));
+                memcpy(pv + dst, (kivi && j < d.vq_end && j >= (int)s->s.q.n_sink ? d.qv : d.cv) + src, kvd * sizeof(float));
+            }
+        kvq_prefix px = {.P = t, .k = pk, .v = pv};
+        d.step = t;
+        int tg = -1;
+        kvq_fwd_io io1 = {.tokens = (const int *)tokens + t, .T = 1, .pos0 = t, .targets = &tg, .prefix = &px, .hooks = &hd, .logits = lg};
+        kvq_fwd_result r;
+        ck_assert_msg(kvq_forward_run(&fw, &io1, &r, &e) == KVQ_OK, "%s", e.msg);
+        int best = 0;
+        float b1 = lg[0], b2 = -INFINITY;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > b1) {
+                b2 = b1;
+                b1 = lg[v];
+                best = v;
+            } else if (lg[v] > b2) {
+                b2 = lg[v];
+            }
+        argmax[t] = best;
+        gap[t] = b1 - b2;
+        if (kivi) kivi_after_step(&d, t);
+    }
+    free(pk), free(pv), free(lg), free(d.ck), free(d.cv), free(d.qk), free(d.qv);
+    kvq_forward_free(&fw);
+}
+
+/* The prompt (Landmark Attention's passkey test) as documented; the keys (Python's random after seed 0); the scoring
+ * against an explicit greedy decode loop over each scheme's real quantized cache: what the batched, teacher-forced
+ * window decides (correct, the first wrong step, what the model wrote) is what token-by-token decoding gives, for
+ * fp16, int4, KIVI, nuq3-1% and fp8, at two depths; lengths beyond the context are refused. */
+START_TEST(test_passkey)
+{
+    char mb[4096], tb[4096];
+    const char *mp = kvq_test_shared(mb, sizeof mb, "models/llama2c/stories260K.bin");
+    const char *tp = kvq_test_shared(tb, sizeof tb, "models/llama2c/aidreams-tok512.bin");
+    KVQ_SKIP_IF(!mp || !tp, "../shared/models/llama2c absent");
+    kvq_model m;
+    kvq_tokenizer *tok;
+    kvq_err e = {0};
+    ck_assert(kvq_model_load(mp, &m, &e) == KVQ_OK);
+    ck_assert(kvq_tokenizer_load(tp, &tok, &e) == KVQ_OK);
+    /* the prompt: within the length, maximal (one more sentence would not fit), the key line where the depth says */
+    kvq_passkey_case c;
+    for (int di = 0; di < 3; di++) {
+        const double dep = di * 0.5;
+        ck_assert_msg(kvq_passkey_make(tok, 300, dep, "12345", &c, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert(c.n <= 300 && c.n_prompt + c.n_answer == c.n && c.n_filler > 0);
+        char *txt;
+        size_t tl;
+        ck_assert(kvq_tokenizer_decode(tok, c.tokens, c.n_prompt, 0, &txt, &tl, &e) == KVQ_OK);
+        static const char *const fil[5] = {"The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
+                                           "There and back again."};
+        char want[8192];
+        size_t k = (size_t)snprintf(want, sizeof want, "There is an important info hidden inside a lot of irrelevant text. Find it and "
+                                                       "memorize them. I will quiz you about the important information there.\n");
+        const size_t before = (size_t)llround(dep * (double)c.n_filler);
+        for (size_t i = 0; i < before; i++) k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i ? " " : "", fil[i % 5]);
+        k += (size_t)snprintf(want + k, sizeof want - k, "\nThe pass key is 12345. Remember it. 12345 is the pass key.\n");
+        for (size_t i = before; i < c.n_filler; i++) k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i > before ? " " : "", fil[i % 5]);
+        snprintf(want + k, sizeof want - k, "\nWhat is the pass key? The pass key is");
+        ck_assert_msg(!strcmp(txt, want), "depth %g: prompt\n%s\nexpected\n%s", dep, txt, want);
+        free(txt);
+        ck_assert(kvq_tokenizer_decode(tok, c.tokens + c.n_prompt, c.n_answer, KVQ_TOK_KEEP_LEADING_SPACE, &txt, &tl, &e) == KVQ_OK);
+        ck_assert_msg(!strcmp(txt, " 12345"), "answer '%s'", txt);
+        free(txt);
+        const size_t n = c.n;
+        kvq_passkey_case_free(&c);
+        kvq_passkey_case c2; /* maximal: a window one sentence longer than this holds more filler */
+        ck_assert(kvq_passkey_make(tok, n + 12, dep, "12345", &c2, &e) == KVQ_OK);
+        ck_assert_uint_gt(c2.n_filler, 0);
+        ck_assert_uint_ge(c2.n, n);
+        kvq_passkey_case_free(&c2);
+    }
+    ck_assert_int_eq(kvq_passkey_make(tok, 60, 0.5, "12345", &c, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "too short"), "%s", e.msg);
+    /* the schemes, against the decode loop */
+    char fp[65], ap[2][256];
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
+    build_artifacts(&m, fp, ap, 3);
+    kvq_artifact_set set;
+    const char *paths[1] = {ap[0]};
+    ck_assert_msg(kvq_artifact_set_load(&set, paths, 1, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    static const char *specs[] = {"fp16", "int4", "kivi2-g4-r8", "nuq3-1%", "fp8"};
+    enum { NS = 5 };
+    kvq_eval_scheme s[NS];
+    for (int i = 0; i < NS; i++) ck_assert_msg(kvq_eval_scheme_make(specs[i], &set, &m.hp, &s[i], &e) == KVQ_OK, "%s", e.msg);
+    /* batch-invariant GEMMs, as the decode loop: one GEMM per call rounds the last bits differently, which can move a value
+     * across a code boundary or an outlier threshold and cascade (test_decode_equivalence; nuq3-1% flipped step 0 here) */
+    kvq_passkey_opts o = {.n_lengths = 1, .lengths = {200}, .n_depths = 2, .depths = {0.25, 0.75}, .trials = 1, .seed = 0,
+                          .engine_flags = KVQ_FWD_ROW_INVARIANT};
+    kvq_passkey_result res;
+    ck_assert_msg(kvq_passkey_run(NULL, &m, tok, s, NS, &o, NULL, &res, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_uint_eq(res.n_cases, 2);
+    ck_assert_str_eq(res.cases[0].key, "60494"); /* random.seed(0); random.randint(10000, 99999) */
+    ck_assert_str_eq(res.cases[1].key, "65125");
+    int checked_steps = 0;
+    for (size_t ci = 0; ci < res.n_cases; ci++) {
+        const kvq_passkey_case *k = &res.cases[ci];
+        int *am = malloc(k->n * sizeof(int));
+        float *gap = malloc(k->n * sizeof(float));
+        for (int si = 0; si < NS; si++) {
+            decode_argmax(&m, &s[si], k->tokens, (int)k->n, am, gap);
+            int fw = -1;
+            size_t j = 0;
+            for (; j < k->n_answer; j++)
+                if (am[k->n_prompt - 1 + j] != k->tokens[k->n_prompt + j]) break;
+            if (j < k->n_answer) fw = (int)j;
+            else {
+                char *t1;
+                size_t l1;
+                ck_assert(kvq_tokenizer_decode(tok, &am[k->n - 1], 1, KVQ_TOK_KEEP_LEADING_SPACE, &t1, &l1, &e) == KVQ_OK);
+                if (l1 && t1[0] >= '0' && t1[0] <= '9') fw = (int)k->n_answer;
+                free(t1);
+            }
+            const kvq_passkey_outcome *oc = &res.out[ci * NS + si];
+            /* every answer step's top token (teacher-forced) and the one after it, not only up to the first wrong one */
+            for (size_t q = 0; q <= k->n_answer; q++) {
+                const bool tie_q = gap[k->n_prompt - 1 + q] < 1e-4f;
+                ck_assert_msg(tie_q || oc->top[q] == am[k->n_prompt - 1 + q], "%s: step %zu: batched top %d, decode %d", s[si].name, q,
+                              oc->top[q], am[k->n_prompt - 1 + q]);
+                checked_steps++;
+            }
+            fprintf(stderr, "INFO passkey %s depth %g key %s: batched %s (first wrong %d, wrote '%s'), decode loop first wrong %d (gap %.2e)\n",
+                    s[si].name, k->depth, k->key, oc->correct ? "correct" : "wrong", oc->first_wrong, oc->got, fw,
+                    fw >= 0 && (size_t)fw < k->n_answer ? gap[k->n_prompt - 1 + fw] : 0.0f);
+            /* equal, unless the decode loop's own choice was a float-noise tie */
+            const bool tie = fw >= 0 && (size_t)fw < k->n_answer && gap[k->n_prompt - 1 + fw] < 1e-4f;
+            ck_assert_msg(tie || (oc->first_wrong == fw && oc->correct == (fw < 0)), "%s: batched first wrong %d, decode %d", s[si].name,
+                          oc->first_wrong, fw);
+            /* what it wrote: the decode loop's tokens up to its first wrong one */
+            const size_t upto = fw < 0 ? k->n_answer : (size_t)fw + 1;
+            int32_t got[64];
+            for (size_t q = 0; q < upto; q++) got[q] = am[k->n_prompt - 1 + q];
+            char *t2;
+            size_t l2;
+            ck_assert(kvq_tokenizer_decode(tok, got, upto, KVQ_TOK_KEEP_LEADING_SPACE, &t2, &l2, &e) == KVQ_OK);
+            ck_assert_msg(tie || !strcmp(oc->got, t2), "%s: batched wrote '%s', decode '%s'", s[si].name, oc->got, t2);
+            free(t2);
+        }
+        free(am);
+        free(gap);
+    }
+    ck_assert_int_ge(checked_steps, 2 * NS * 6); /* " 60494": 6 answer tokens + the one after */
+    /* the report names the reference's failing lengths */
+    FILE *mf = tmpfile();
+    ck_assert(kvq_passkey_report_table(mf, &m, &o, s, &res, NULL, &e) == KVQ_OK);
+    kvq_passkey_result_free(&res);
+    /* too long for the model */
+    o.lengths[0] = (size_t)m.hp.ctx_len + 1;
+    ck_assert_int_eq(kvq_passkey_run(NULL, &m, tok, s, 1, &o, NULL, &res, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "exceeds the model's context length"), "%s", e.msg);
+    fclose(mf);
+    kvq_artifact_set_free(&set);
+    remove(ap[0]);
+    remove(ap[1]);
+    kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kveval");
@@ -1198,6 +1383,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_fp32_is_plain_forward);
     tcase_add_test(tc, test_protocol_counts);
     tcase_add_test(tc, test_kld_reference);
+    tcase_add_test(tc, test_passkey);
     tcase_add_test(tc, test_rerun_identical_fp16_small);
     tcase_add_test(tc, test_nan_reported);
     tcase_add_test(tc, test_kivi_sinks_decode);

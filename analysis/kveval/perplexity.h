@@ -172,6 +172,7 @@ typedef struct {
     size_t n_schemes;
     size_t baseline;               /* index of the fp32 baseline in schemes */
     const kvq_ppl_exec *exec;      /* the device that ran (NULL: not reported) */
+    bool ctx_max;                  /* ctx is the model's trained context (kveval --ctx max) */
     const char *const *skipped;    /* [n_skipped] "why" lines of schemes that do not apply to the model
                                       (KVQ_EUNSUPPORTED at binding, e.g. q4_0 with head_dim 48); may be NULL */
     size_t n_skipped;

@@ -46,9 +46,10 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         fprintf(f, "- tokenised: %s: %llu bytes, sha256 %s, %zu tokens (%s)\n", sw, (unsigned long long)w->text_bytes,
                 w->text_sha256, w->n_tokens, w->tokenizer);
     }
-    fprintf(f, "- protocol: %s (newlines %s), ctx %zu, %zu of %zu windows, %llu scored tokens (%zu per window, from position %zu), "
+    fprintf(f, "- protocol: %s (newlines %s), ctx %zu%s, %zu of %zu windows, %llu scored tokens (%zu per window, from position %zu), "
                "BOS %s (policy %s)\n",
-            kvq_ppl_protocol_name(pl->protocol), kvq_eol_name(w->eol), pl->ctx, pl->n_windows, w->n_windows,
+            kvq_ppl_protocol_name(pl->protocol), kvq_eol_name(w->eol), pl->ctx,
+            r->ctx_max ? " (--ctx max: the model's trained context)" : "", pl->n_windows, w->n_windows,
             (unsigned long long)scored_total(r), pl->scored_per_window, pl->first_scored,
             !w->bos ? "off" : pl->protocol == KVQ_PPL_LLAMACPP ? "overwrites each window's first token" : "at stream start",
             r->bos_policy);
@@ -195,6 +196,7 @@ static cJSON *build(const kvq_ppl_report *r)
     cJSON_AddStringToObject(p, "name", kvq_ppl_protocol_name(pl->protocol));
     cJSON_AddStringToObject(p, "newlines", kvq_eol_name(w->eol));
     cJSON_AddNumberToObject(p, "ctx", (double)pl->ctx);
+    cJSON_AddBoolToObject(p, "ctx_max", r->ctx_max);
     cJSON_AddStringToObject(p, "bos_policy", r->bos_policy);
     cJSON_AddBoolToObject(p, "bos", w->bos != 0);
     cJSON_AddStringToObject(p, "bos_placement", !w->bos ? "none"

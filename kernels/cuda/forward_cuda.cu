@@ -613,6 +613,13 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     }
     CU(kvq_cu_rmsnorm(g->xn, g->x, g->out_norm, T, dim, hp->norm_eps, g->st));
     CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
+    int r0 = T, r1 = -1; /* the scored rows' span: the blocked LM head computes their logits only (forward.c) */
+    for (int t = 0; t < T; t++)
+        if (tg[t] >= 0) {
+            r0 = t < r0 ? t : r0;
+            r1 = t;
+        }
+    const int span = r1 - r0 + 1;
     if (io->logits) {
         if (!g->logits) {
             size_t bytes = (size_t)g->max_T * V * sizeof(float);
@@ -629,18 +636,13 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         if (hd->expect && !g->d_ex)
             KVQ_TRY(dev_alloc(g, (void **)&g->d_ex, (size_t)g->max_T * dim * sizeof(float), "the LM head's expectation (KL divergence)",
                               err));
-        int r0 = T, r1 = -1;
-        for (int t = 0; t < T; t++)
-            if (tg[t] >= 0) {
-                r0 = t < r0 ? t : r0;
-                r1 = t;
-            }
         float *ex = hd->expect ? g->d_ex : NULL;
         CU(cudaMemsetAsync(g->d_arg, 0xff, (size_t)T * sizeof(int), g->st)); // -1
         if (ex && r1 >= r0) CU(cudaMemsetAsync(ex + (size_t)r0 * dim, 0, (size_t)(r1 - r0 + 1) * dim * sizeof(float), g->st));
         for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
             int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
-            KVQ_TRY(linear(g, g->blk, g->xn, woff(g, g->output, (size_t)v0 * dim), T, dim, nv, 0, err));
+            KVQ_TRY(linear(g, g->blk + (size_t)r0 * nv, g->xn + (size_t)r0 * dim, woff(g, g->output, (size_t)v0 * dim), span, dim, nv, 0,
+                           err));
             CU(kvq_cu_lse_block_head(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->d_arg, ex, dim, g->st));
             if (ex && r1 >= r0) // ex[r0..r1][dim] += exp(z - max)[r0..r1][nv] W_blk[nv][dim]
                 KVQ_TRY(gemm_w(g, CUBLAS_OP_N, dim, r1 - r0 + 1, nv, woff(g, g->output, (size_t)v0 * dim), dim,
@@ -654,7 +656,8 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     } else {
         for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
             int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
-            KVQ_TRY(linear(g, g->blk, g->xn, woff(g, g->output, (size_t)v0 * dim), T, dim, nv, 0, err));
+            KVQ_TRY(linear(g, g->blk + (size_t)r0 * nv, g->xn + (size_t)r0 * dim, woff(g, g->output, (size_t)v0 * dim), span, dim, nv, 0,
+                           err));
             CU(kvq_cu_lse_block(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->st));
         }
     }

@@ -304,9 +304,11 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
                 if (tg[t] >= 0) memset(ex + (size_t)t * dim, 0, (size_t)dim * sizeof(float));
         for (int v0 = 0; v0 < V; v0 += vc) {
             int nv = V - v0 < vc ? V - v0 : vc;
-            linear(fw, fw->logit_blk, fw->xn, m->output + (size_t)v0 * dim, T, dim, nv, 0);
+            /* the logits of the scored rows' span only (llamacpp scores half the window, passkey a few rows) */
+            linear(fw, fw->logit_blk + (size_t)r0 * nv, fw->xn + (size_t)r0 * dim, m->output + (size_t)v0 * dim, r1 - r0 + 1, dim, nv,
+                   0);
 #pragma omp parallel for schedule(static) num_threads(fw->n_threads)
-            for (int t = 0; t < T; t++) {
+            for (int t = r0; t <= r1; t++) {
                 float *z = fw->logit_blk + (size_t)t * nv;
                 if (tg[t] < 0) {
                     if (ex && t > r0 && t < r1) memset(z, 0, (size_t)nv * sizeof(float)); /* adds nothing to e */
