@@ -30,7 +30,10 @@
     "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (llama.cpp); modifiers +sink<N>, +pre-rope, +post-rope, +intactkv,\n"       \
     "+artifact<N>. nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped\n"       \
     "with a message for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"      \
-    "Table on stdout, progress on stderr."
+    "Table on stdout, progress on stderr. The table adds DeltaPPL's paired standard error and the KL divergence of\n"  \
+    "each scheme's next-token distribution from fp32's (mean, median, p99, same top token %).\n"                       \
+    "--task passkey: a number hidden in filler text at several lengths and depths, retrieved by greedy decoding\n"     \
+    "with each scheme's cache (fp16 first)."
 
 typedef struct {
     const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math, *ctx_s;
@@ -242,6 +245,15 @@ int main(int argc, char **argv)
     if (!passkey && (o.pk_lengths || o.pk_depths || o.pk_trials != 1)) {
         fprintf(stderr, "kveval: --passkey-* options apply to --task passkey only\n");
         return 2;
+    }
+    if (passkey) { /* the perplexity task's options would be ignored silently */
+        const char *unused = o.text ? "--text" : o.format ? "--format" : o.newlines ? "--newlines" : o.ctx_s ? "--ctx"
+                             : o.max_windows ? "--max-windows" : o.no_kld ? "--no-kld" : strcmp(o.protocol, "kvquant") ? "--protocol"
+                                                                                                                     : NULL;
+        if (unused) {
+            fprintf(stderr, "kveval: %s applies to --task ppl, not to --task passkey (its lengths: --passkey-lengths)\n", unused);
+            return 2;
+        }
     }
     if (o.ctx_s) { /* an integer, or max (the model's trained context) */
         char *end = NULL;

@@ -522,6 +522,8 @@ START_TEST(test_cli_passkey)
         {"--task passkey --passkey-lengths 100", "too short", 1},
         {"--passkey-trials 2 --text x.txt", "apply to --task passkey only", 2},
         {"", "missing required option --text", 2},
+        {"--task passkey --text x.txt", "--text applies to --task ppl, not to --task passkey", 2},
+        {"--task passkey --ctx 64", "--ctx applies to --task ppl", 2},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "--model %s --tokenizer %s --scheme int4 -q %s", e.model, e.tok, bad[i].a);
