@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <inttypes.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,6 +311,9 @@ static kvq_status train_prefix(const ikv_args *a, const kvq_model *m, const kvq_
                                                                                                            : KVQ_TEXT_WIKITEXT_TOKENS)
                                     : kvq_text_format_from_path(a->text);
     if ((s = kvq_text_read(a->text, fmt, KVQ_EOL_TO_LF, &txt, e))) goto done;
+    if (txt.bad_bytes && !a->quiet)
+        fprintf(stderr, "%s intactkv: warning: %s: %zu byte%s NUL or invalid UTF-8 (the first at offset %llu); tokenised as byte tokens\n",
+                PROG, a->text, txt.bad_bytes, txt.bad_bytes == 1 ? " is" : "s are", (unsigned long long)txt.first_bad);
     if ((s = kvq_calib_windows(&txt, tok, (size_t)a->samples, (size_t)a->seq_len, (uint64_t)a->seed, KVQ_BOS_MODEL, &win, e)))
         goto done;
     kvq_intactkv_train_opts o = kvq_intactkv_train_defaults();
@@ -777,6 +781,9 @@ static int cmd_calibrate(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* past a file-size limit (ulimit -f) writes fail with EFBIG, reported and cleaned up, instead of SIGXFSZ
+     * killing us with a temporary file left behind */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc > 1 && !strcmp(argv[1], "intactkv")) return cmd_intactkv(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "export-vllm")) return cmd_export_vllm(argc - 1, argv + 1);
     return cmd_calibrate(argc, argv);

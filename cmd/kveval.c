@@ -3,6 +3,9 @@
  * kernels/schemes/scheme.h and analysis/kveval/perplexity.h. Exit status: 0 success, 1 a
  * failure while running (bad input files, mismatched artifacts, numerics), 2
  * a bad command line (unknown option or scheme). */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,7 @@
 #include "identity.h"
 #include "cuda_info.h"
 #include "model.h"
+#include "passkey.h"
 #include "perplexity.h"
 #include "progress.h"
 #include "quant.h"
@@ -28,16 +32,21 @@ static const char *summary_text(char *buf, size_t n)
              "(same tokens, same windows). Schemes: %s.\n"
              "nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped with a message\n"
              "for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"
-             "Table on stdout, progress on stderr.",
+             "Table on stdout, progress on stderr. The table adds DeltaPPL's paired standard error and the KL divergence of\n"
+             "each scheme's next-token distribution from fp32's (mean, median, p99, same top token %%).\n"
+             "--task passkey: a number hidden in filler text at several lengths and depths, retrieved by greedy decoding\n"
+             "with each scheme's cache (fp16 first).",
              kvq_scheme_syntax(syn, sizeof syn));
     return buf;
 }
 
 typedef struct {
-    const char *model, *text, *format, *protocol, *json, *tokenizer, *bos, *device, *math;
-    long ctx, max_windows;
+    const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math, *ctx_s;
+    const char *task, *pk_lengths, *pk_depths;
+    long ctx, max_windows, pk_trials, seed;
+    bool ctx_max;
     kvq_strlist artifacts, schemes;
-    bool quiet, version, allow_mismatch, fast;
+    bool quiet, version, allow_mismatch, fast, no_kld;
 } kveval_opts;
 
 static int fail(const char *what, const kvq_err *e, int code)
@@ -58,19 +67,141 @@ static kvq_status load_tokenizer(const kveval_opts *o, const kvq_model *m, kvq_t
     return kvq_fail(e, KVQ_EINVAL, "%s: a llama2.c model carries no tokenizer; pass --tokenizer FILE (tokenizer.bin)", o->model);
 }
 
+/* "512,1024,max" → lengths (max = the model's context less the longest prefix); "0,50,100" → depths/100 */
+static int parse_list(const char *what, const char *s, bool lengths, size_t max_len, size_t *len, double *dep, size_t *n)
+{
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        if (*n == KVQ_PASSKEY_MAX) {
+            fprintf(stderr, "kveval: %s: more than %d values\n", what, KVQ_PASSKEY_MAX);
+            return 2;
+        }
+        char *end = NULL;
+        if (lengths && !strncmp(p, "max", 3) && (p[3] == ',' || !p[3])) {
+            len[(*n)++] = max_len;
+            end = (char *)p + 3;
+        } else {
+            errno = 0;
+            double v = strtod(p, &end);
+            bool ok = end != p && !errno && (*end == ',' || !*end) &&
+                      (lengths ? v >= 2 && v == floor(v) && v <= (double)max_len : v >= 0 && v <= 100);
+            if (!ok) {
+                fprintf(stderr, "kveval: %s: expected %s, found '%s'\n", what,
+                        lengths ? "token counts of 2 or more (or max) within the model's context" : "percentages 0..100", p);
+                return 2;
+            }
+            if (lengths) len[(*n)++] = (size_t)v;
+            else dep[(*n)++] = v / 100;
+        }
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "kveval: %s: empty list\n", what);
+        return 2;
+    }
+    return 0;
+}
+
+/* --task passkey: fp16 first (the reference), then the listed schemes (fp32 only when listed) */
+static int run_passkey(const kveval_opts *o, const kvq_model *m, const kvq_artifact_set *arts, const kvq_scheme_spec *specs,
+                       size_t n_spec, kvq_ppl_exec *exec)
+{
+    kvq_err e = {0};
+    int rc = 1;
+    kvq_tokenizer *tok = NULL;
+    kvq_eval_scheme *sch = calloc(n_spec + 1, sizeof *sch);
+    kvq_passkey_result res = {0};
+    size_t n = 0;
+    if (!sch) return 1;
+    if (kvq_eval_scheme_make("fp16", arts, &m->hp, &sch[n++], &e)) { fail(NULL, &e, 1); goto done; }
+    for (size_t i = 0; i < n_spec; i++) {
+        kvq_eval_scheme b;
+        kvq_status bs = kvq_eval_scheme_bind(&specs[i], arts, &m->hp, &b, &e);
+        if (bs == KVQ_EUNSUPPORTED) {
+            fprintf(stderr, "kveval: skipping: %s\n", e.msg);
+            continue;
+        }
+        if (bs) { fail(NULL, &e, 1); goto done; }
+        if (!strcmp(b.name, "fp16")) continue; /* already first */
+        sch[n++] = b;
+    }
+    int max_p = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sch[i].prefix && sch[i].prefix->P > max_p) max_p = sch[i].prefix->P;
+    const size_t max_len = (size_t)(m->hp.ctx_len - max_p);
+    kvq_passkey_opts po = {.trials = (size_t)o->pk_trials, .seed = (uint64_t)o->seed};
+    char deflen[128];
+    snprintf(deflen, sizeof deflen, "512,1024,2048,4096,max");
+    if (!o->pk_lengths) { /* the defaults that fit the model, and its context */
+        size_t k = 0;
+        for (size_t l = 512; l < max_len && l <= 4096; l *= 2) k += (size_t)snprintf(deflen + k, sizeof deflen - k, "%zu,", l);
+        snprintf(deflen + k, sizeof deflen - k, "max");
+    }
+    if ((rc = parse_list("--passkey-lengths", o->pk_lengths ? o->pk_lengths : deflen, true, max_len, po.lengths, NULL, &po.n_lengths)) ||
+        (rc = parse_list("--passkey-depths", o->pk_depths ? o->pk_depths : "0,25,50,75,100", false, 0, NULL, po.depths, &po.n_depths)))
+        goto done;
+    rc = 1;
+    if (load_tokenizer(o, m, &tok, &e)) { fail("tokenizer", &e, 1); goto done; }
+    if (kvq_tokenizer_check_vocab(tok, m->hp.vocab_size, o->tokenizer ? o->tokenizer : o->model, &e)) { fail(NULL, &e, 1); goto done; }
+    kvq_progress prog;
+    kvq_progress_init(&prog, "kveval", "case-runs", (uint64_t)po.n_lengths * po.n_depths * po.trials * n, o->quiet);
+    if (!o->quiet)
+        fprintf(stderr, "kveval: passkey: %zu lengths x %zu depths x %zu trials x %zu schemes on %s\n", po.n_lengths, po.n_depths,
+                po.trials, n, kvq_device_name(exec->device));
+    if (kvq_passkey_run(exec, m, tok, sch, n, &po, &prog, &res, &e)) {
+        if (!o->quiet && prog.drawn && prog.tty) fputc('\n', stderr);
+        fail(NULL, &e, 1);
+        goto done;
+    }
+    kvq_progress_finish(&prog);
+    {
+        kvq_err je = {0};
+        const kvq_status js = o->json ? kvq_passkey_report_json(o->json, m, tok, &po, sch, &res, exec, &je) : KVQ_OK;
+        const bool json_stdout = o->json && !strcmp(o->json, "-");
+        FILE *tf = json_stdout ? stderr : stdout;
+        const kvq_status ts = (!json_stdout || !o->quiet) ? kvq_passkey_report_table(tf, m, &po, sch, &res, exec, &e) : KVQ_OK;
+        if (js) fail("--json", &je, 1);
+        if (ts) fail(NULL, &e, 1);
+        rc = js || ts ? 1 : 0;
+    }
+done:
+    kvq_passkey_result_free(&res);
+    if (tok) kvq_tokenizer_free(tok);
+    free(sch);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0};
+    signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
+    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1};
     kvq_opt tab[] = {
         {"model", 'm', KVQ_OPT_STRING, &o.model, "PATH", "model (GGUF, HF directory or llama2.c .bin)", NULL, 0, 0, true},
-        {"text", 't', KVQ_OPT_STRING, &o.text, "FILE", "evaluation text", NULL, 0, 0, true},
+        {"text", 't', KVQ_OPT_STRING, &o.text, "FILE", "evaluation text (required by --task ppl)", NULL, 0, 0, false},
+        {"task", 0, KVQ_OPT_CHOICE, &o.task, "T",
+         "ppl: perplexity, KL divergence and top-1 agreement over --text; passkey: retrieval of a number hidden in "
+         "filler text at several lengths and depths (greedy, decode-equivalent; fp16 first) [default ppl]",
+         "ppl|passkey", 0, 0, false},
+        {"passkey-lengths", 0, KVQ_OPT_STRING, &o.pk_lengths, "L,...",
+         "passkey window lengths in tokens, or max (the model's context) [default 512,1024,2048,4096,max]", NULL, 0, 0, false},
+        {"passkey-depths", 0, KVQ_OPT_STRING, &o.pk_depths, "D,...",
+         "passkey depths in percent of the filler before the key [default 0,25,50,75,100]", NULL, 0, 0, false},
+        {"passkey-trials", 0, KVQ_OPT_INT, &o.pk_trials, "N", "passkey keys per length and depth [default 1]", NULL, 1, 1000, false},
+        {"seed", 0, KVQ_OPT_INT, &o.seed, "S", "passkey keys: random.seed(S) [default 0]", NULL, 0, 1L << 31, false},
         {"format", 0, KVQ_OPT_CHOICE, &o.format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl",
          0, 0, false},
         {"protocol", 0, KVQ_OPT_CHOICE, &o.protocol, "P",
          "kvquant: windows of ctx, all but the first position scored; llamacpp: BOS first, second half scored",
          "kvquant|llamacpp", 0, 0, false},
-        {"ctx", 'c', KVQ_OPT_INT, &o.ctx, "N", "window length in tokens (0 = min(2048, model context - the longest IntactKV prefix))",
-         NULL, 0, 1 << 24, false},
+        {"newlines", 0, KVQ_OPT_CHOICE, &o.newlines, "NL",
+         "line ends of the text: keep the file's bytes (CRLF stays CRLF) or turn every CRLF into LF; default: as the "
+         "protocol's tool reads them (llamacpp keep, kvquant lf)",
+         "keep|lf", 0, 0, false},
+        {"ctx", 'c', KVQ_OPT_STRING, &o.ctx_s, "N|max",
+         "window length in tokens; max = the model's trained context (less the longest IntactKV prefix); "
+         "0 or absent = min(2048, that)",
+         NULL, 0, 0, false},
         {"max-windows", 'w', KVQ_OPT_INT, &o.max_windows, "W", "evaluate at most the first W windows (0 = all)", NULL, 0,
          1 << 30, false},
         {"artifact", 'a', KVQ_OPT_LIST, &o.artifacts, "FILE", "kvcalib artifact (repeatable; +artifact<N> picks the N-th)",
@@ -94,6 +225,10 @@ int main(int argc, char **argv)
          "GPU arithmetic: exact (fp32 weights, TF32 off), tf32, or bf16 (bf16 weights and GEMM inputs, fp32 accumulation, "
          "~1e-2 relative); fast modes are labelled in the output [default exact]",
          "exact|tf32|bf16", 0, 0, false},
+        {"no-kld", 0, KVQ_OPT_FLAG, &o.no_kld, NULL,
+         "skip the KL divergence and top-1 agreement against the fp32 baseline (they cost one more LM-head GEMM per "
+         "window in the baseline's run)",
+         NULL, 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
         {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
     };
@@ -105,10 +240,38 @@ int main(int argc, char **argv)
             printf("kveval (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
             return 0;
         }
-    char summary[2048];
+    char summary[4096];
     if (kvq_cli_parse("kveval", summary_text(summary, sizeof summary), tab, n_tab, argc, argv, NULL, &help, &e))
         return fail(NULL, &e, 2);
     if (help) return 0;
+    const bool passkey = !strcmp(o.task, "passkey");
+    if (!passkey && !o.text) {
+        fprintf(stderr, "kveval: missing required option --text (the perplexity task's text)\n");
+        return 2;
+    }
+    if (!passkey && (o.pk_lengths || o.pk_depths || o.pk_trials != 1)) {
+        fprintf(stderr, "kveval: --passkey-* options apply to --task passkey only\n");
+        return 2;
+    }
+    if (passkey) { /* the perplexity task's options would be ignored silently */
+        const char *unused = o.text ? "--text" : o.format ? "--format" : o.newlines ? "--newlines" : o.ctx_s ? "--ctx"
+                             : o.max_windows ? "--max-windows" : o.no_kld ? "--no-kld" : strcmp(o.protocol, "kvquant") ? "--protocol"
+                                                                                                                     : NULL;
+        if (unused) {
+            fprintf(stderr, "kveval: %s applies to --task ppl, not to --task passkey (its lengths: --passkey-lengths)\n", unused);
+            return 2;
+        }
+    }
+    if (o.ctx_s) { /* an integer, or max (the model's trained context) */
+        char *end = NULL;
+        errno = 0;
+        o.ctx_max = !strcmp(o.ctx_s, "max");
+        o.ctx = o.ctx_max ? 0 : strtol(o.ctx_s, &end, 10);
+        if (!o.ctx_max && (!*o.ctx_s || *end || errno || o.ctx < 0 || o.ctx > (1L << 24))) {
+            fprintf(stderr, "kveval: --ctx: expected an integer in 0..%ld or max, found '%s'\n", 1L << 24, o.ctx_s);
+            return 2;
+        }
+    }
     { /* the JSON output must be writable and replace no input (it used to overwrite --text or --tokenizer) */
         kvq_cli_file outs[1] = {{"--json", o.json}}, ins[2 + KVQ_STRLIST_MAX] = {{"--model", o.model}, {"--text", o.text}, {"--tokenizer", o.tokenizer}};
         int n_in = 3;
@@ -185,6 +348,10 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (passkey) {
+        rc = run_passkey(&o, &m, &arts, specs, n_spec, &exec);
+        goto out;
+    }
 
     /* bind; the fp32 baseline comes first unless the user listed it */
     sch = calloc(n_spec + 1, sizeof *sch);
@@ -229,7 +396,7 @@ int main(int argc, char **argv)
                     o.ctx, pname, max_p, max_p, o.ctx, o.model, m.hp.ctx_len, room);
             goto out;
         }
-        ctx = o.ctx ? (size_t)o.ctx : room < 2048 ? room : 2048;
+        ctx = o.ctx_max ? room : o.ctx ? (size_t)o.ctx : room < 2048 ? room : 2048;
         if (ctx < 2) {
             fprintf(stderr, "kveval: scheme %s: its IntactKV prefix of %d tokens leaves %zu of the context length of %s (%d tokens) "
                             "for a window (expected >= 2)\n",
@@ -272,8 +439,12 @@ int main(int argc, char **argv)
                           : !strcmp(o.format, "jsonl") ? KVQ_TEXT_JSONL
                           : !strcmp(o.format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS
                                                                  : KVQ_TEXT_RAW;
-    if (kvq_text_read(o.text, fmt, KVQ_EOL_TO_LF, &txt, &e)) { fail("text", &e, 1); goto out; }
     kvq_ppl_protocol proto = !strcmp(o.protocol, "llamacpp") ? KVQ_PPL_LLAMACPP : KVQ_PPL_KVQUANT;
+    const kvq_eol_mode eol = !o.newlines ? kvq_ppl_default_eol(proto) : !strcmp(o.newlines, "keep") ? KVQ_EOL_KEEP : KVQ_EOL_TO_LF;
+    if (kvq_text_read(o.text, fmt, eol, &txt, &e)) { fail("text", &e, 1); goto out; }
+    if (txt.bad_bytes && !o.quiet)
+        fprintf(stderr, "kveval: warning: %s: %zu byte%s NUL or invalid UTF-8 (the first at offset %llu); tokenised as byte tokens\n",
+                o.text, txt.bad_bytes, txt.bad_bytes == 1 ? " is" : "s are", (unsigned long long)txt.first_bad);
     kvq_bos_policy bos = !strcmp(o.bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o.bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
     if (kvq_ppl_windows(&txt, tok, proto, ctx, bos, &win, &e)) { fail("text", &e, 1); goto out; }
     kvq_ppl_plan plan;
@@ -281,6 +452,8 @@ int main(int argc, char **argv)
 
     res = calloc(n_sch, sizeof *res);
     if (!res) goto out;
+    exec.kld = !o.no_kld && n_sch > 1;
+    exec.kld_baseline = baseline;
     kvq_progress prog;
     kvq_progress_init(&prog, "kveval", "window-runs", (uint64_t)plan.n_windows * n_sch, o.quiet);
     if (!o.quiet)
@@ -295,18 +468,23 @@ int main(int argc, char **argv)
     kvq_progress_finish(&prog);
     if (exec.note[0] && !o.quiet) fprintf(stderr, "kveval: --device auto: %s\n", exec.note);
 
-    kvq_ppl_report rep = {.m = &m, .model_fingerprint = have_fp ? fp : NULL, .win = &win,
+    kvq_ppl_report rep = {.m = &m, .model_fingerprint = have_fp ? fp : NULL, .win = &win, .ctx_max = o.ctx_max,
                           .text_format = kvq_text_format_name(fmt), .bos_policy = o.bos, .plan = &plan, .arts = &arts,
                           .schemes = sch, .results = res, .n_schemes = n_sch, .baseline = baseline,
                           .skipped = (const char *const *)skip, .n_skipped = n_skip, .exec = &exec};
-    if (o.json && kvq_ppl_report_json(o.json, &rep, &e)) { fail("--json", &e, 1); goto out; }
-    { /* with --json - stdout carries the JSON alone: the table goes to stderr (not with --quiet) */
+    /* the results exist now: each report is written whatever happens to the other (a JSON that cannot be
+     * written still leaves the table, and the other way round), and any failure is exit 1 */
+    {
+        kvq_err je = {0};
+        const kvq_status js = o.json ? kvq_ppl_report_json(o.json, &rep, &je) : KVQ_OK;
+        /* with --json - stdout carries the JSON alone: the table goes to stderr (not with --quiet) */
         const bool json_stdout = o.json && !strcmp(o.json, "-");
         FILE *tf = json_stdout ? stderr : stdout;
-        if ((!json_stdout || !o.quiet) && kvq_ppl_report_table(tf, &rep, &e)) { fail(NULL, &e, 1); goto out; }
-        fflush(tf);
+        const kvq_status ts = (!json_stdout || !o.quiet) ? kvq_ppl_report_table(tf, &rep, &e) : KVQ_OK;
+        if (js) fail("--json", &je, 1);
+        if (ts) fail(NULL, &e, 1);
+        rc = js || ts ? 1 : 0;
     }
-    rc = 0;
 out:
     if (res) kvq_ppl_results_free(res, n_sch);
     free(res);

@@ -6,6 +6,7 @@
  * Every output file is written under a temporary name and renamed when complete.
  * Exit status: 0 success, 1 failure (message on stderr), 2 bad command line. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,9 +58,11 @@ static void add_image(images_t *im, const char *base, const char *cap)
     im->n++;
 }
 
-static kvq_status mkdir_p(const char *dir, kvq_err *err)
+/* *created: whether this call made the directory (a failed run removes it again when it is still empty) */
+static kvq_status mkdir_p(const char *dir, bool *created, kvq_err *err)
 {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    *created = mkdir(dir, 0777) == 0;
+    if (!*created && errno != EEXIST)
         return kvq_fail(err, KVQ_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EIO, "%s: not a directory", dir);
@@ -110,6 +113,7 @@ static int run(const args_t *a, const char *dump_path)
     kvq_qscheme_state qs[3];
     int n_qs = 0;
     int rc = 1;
+    bool made_dir = false;
     /* validate the detail selection before the long pass */
     const size_t pl = strlen(dump_path);
     if (!a->quiet && pl > 8 && !strcmp(dump_path + pl - 8, ".partial"))
@@ -172,7 +176,7 @@ static int run(const args_t *a, const char *dump_path)
     images_t im = {.n = 0};
     const char *pdir = a->plots ? a->plots : a->html;
     if (pdir) {
-        if (mkdir_p(pdir, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+        if (mkdir_p(pdir, &made_dir, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
         kvq_plot_style ps = kvq_plot_style_default();
         ps.model = s->model;
         ps.png = strcmp(a->format, "svg") != 0 || a->html;
@@ -242,6 +246,7 @@ static int run(const args_t *a, const char *dump_path)
     if (a->html && !a->quiet) fprintf(stderr, "kvstat: wrote %s/index.html\n", a->html);
     rc = 0;
 out:
+    if (rc && made_dir) rmdir(a->plots ? a->plots : a->html); /* (only when empty: a failure on the first figure) */
     if (have_q) kvq_qerr_free(&q);
     for (int i = 0; i < n_qs; i++) kvq_qscheme_state_free(&qs[i]);
     kvq_kvstats_free(s);
@@ -252,6 +257,7 @@ out:
 
 int main(int argc, char **argv)
 {
+    signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
     args_t a = {.layer = -1, .head = 0, .sample = 0, .top = 5, .chunk = 256, .outlier_mult = 4, .sink_share = 0.2,
                 .outlier_stat = "mean", .format = "both", .attn_scale = "log", .markdown = "-"};
     kvq_opt opts[] = {

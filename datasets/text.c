@@ -3,12 +3,42 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 const char *kvq_text_format_name(kvq_text_format f)
 {
     return f == KVQ_TEXT_JSONL ? "jsonl" : f == KVQ_TEXT_WIKITEXT_TOKENS ? "wikitext-tokens" : "raw";
+}
+
+const char *kvq_eol_name(kvq_eol_mode m) { return m == KVQ_EOL_KEEP ? "keep" : "lf"; }
+
+kvq_eol_mode kvq_ppl_default_eol(kvq_ppl_protocol p) { return p == KVQ_PPL_LLAMACPP ? KVQ_EOL_KEEP : KVQ_EOL_TO_LF; }
+
+size_t kvq_text_bad_bytes(const char *d, size_t n, size_t *first)
+{
+    const unsigned char *u = (const unsigned char *)d;
+    size_t bad = 0, i = 0;
+    *first = n;
+    while (i < n) {
+        unsigned c = u[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        bool ok = len > 0 && c != 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (u[i + k] & 0xC0) == 0x80;
+        if (ok && len == 3) { /* no overlong forms, no UTF-16 surrogates */
+            unsigned c1 = u[i + 1];
+            ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);
+        } else if (ok && len == 4) { /* no overlong forms, nothing above U+10FFFF */
+            unsigned c1 = u[i + 1];
+            ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+        }
+        if (ok) { i += len; continue; }
+        if (*first == n) *first = i;
+        bad++;
+        i++; /* resynchronise on the next byte */
+    }
+    return bad;
 }
 
 kvq_text_format kvq_text_format_from_path(const char *p)
@@ -51,11 +81,10 @@ static kvq_status read_text(const char *path, kvq_text_format fmt, kvq_eol_mode 
 {
     snprintf(t->path, sizeof t->path, "%s", path);
     t->format = fmt;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-    /* a directory, device, FIFO or socket would fail late ("read error") or never end (/dev/zero) */
-    kvq_status rs = kvq_require_regular(f, path, "a text file", err);
-    if (rs) { fclose(f); return rs; }
+    /* a directory, device, FIFO or socket would fail late ("read error"), never end (/dev/zero) or block in
+     * open() (a FIFO): checked before reading */
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a text file", &f, err));
     size_t cap = 1 << 16, n = 0;
     char *d = malloc(cap);
     if (!d) { fclose(f); return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path); }
@@ -75,8 +104,23 @@ static kvq_status read_text(const char *path, kvq_text_format fmt, kvq_eol_mode 
     t->data = d;
     if (bad) return kvq_fail(err, KVQ_EIO, "%s: read error after %zu bytes", path, n);
     t->bytes_read = n;
+    t->eol = eol;
     KVQ_TRY(kvq_sha256_hex(d, n, t->file_sha256, err));
     if (n == 0) return kvq_fail(err, KVQ_EFORMAT, "%s: empty file (0 bytes; expected text)", path);
+    {
+        size_t first;
+        t->bad_bytes = kvq_text_bad_bytes(d, n, &first);
+        t->first_bad = first;
+        if (t->bad_bytes > 0 && t->bad_bytes * 1000 > (size_t)KVQ_TEXT_BAD_PER_MILLE * n) {
+            size_t nul = 0;
+            for (size_t i = 0; i < n; i++) nul += d[i] == 0;
+            return kvq_fail(err, KVQ_EFORMAT,
+                            "%s: not a text file: %zu of its %zu bytes are NUL bytes or invalid UTF-8 (%zu NUL; the first bad "
+                            "byte 0x%02x at offset %zu); expected UTF-8 text (at most %d per mille bad bytes are tolerated)",
+                            path, t->bad_bytes, n, nul, (unsigned char)d[first], first, KVQ_TEXT_BAD_PER_MILLE);
+        }
+    }
+    for (size_t r = 0; r + 1 < n; r++) t->crlf_in_file += d[r] == '\r' && d[r + 1] == '\n';
     if (eol == KVQ_EOL_TO_LF) {
         size_t w = 0;
         for (size_t r = 0; r < n; r++) {
@@ -218,11 +262,11 @@ void kvq_windows_free(kvq_windows *w)
     memset(w, 0, sizeof *w);
 }
 
-/* The string a protocol tokenises: rows joined by "\n\n" (kvquant, calibration,
+/* The string a protocol tokenises: rows joined by "\n\n" (join 1: kvquant, calibration,
  * and llamacpp on JSONL) or the text as read (llamacpp on RAW/TOKENS). */
 static kvq_status build_stream_text(const kvq_text *txt, int join, char **s, size_t *n, kvq_err *err)
 {
-    if (!join) { *s = txt->data; *n = txt->len; return KVQ_OK; }
+    if (join != 1) { *s = txt->data; *n = txt->len; return KVQ_OK; }
     size_t total = 0;
     for (size_t r = 0; r < txt->n_rows; r++) total += txt->row_len[r] + (r ? 2 : 0);
     char *b = malloc(total + 1);
@@ -245,6 +289,13 @@ static kvq_status tokenise_stream(const kvq_text *txt, const kvq_tokenizer *tok,
     char *s = NULL;
     size_t sl = 0;
     KVQ_TRY(build_stream_text(txt, join, &s, &sl, err));
+    w->crlf_in_file = txt->crlf_in_file;
+    w->eol = txt->eol;
+    w->rows_joined = join == 1 ? txt->n_rows : 0;
+    if (join == 2 && sl > 0 && s[sl - 1] == '\n') { /* llama.cpp -f FILE pops one trailing "\n" */
+        sl--;
+        w->final_lf_dropped = 1;
+    }
     snprintf(w->tokenizer, sizeof w->tokenizer, "%s", kvq_tokenizer_describe(tok));
     snprintf(w->path, sizeof w->path, "%s", txt->path);
     w->bytes_read = txt->bytes_read;
@@ -278,12 +329,18 @@ kvq_status kvq_ppl_windows(const kvq_text *txt, const kvq_tokenizer *tok, kvq_pp
     if (ctx < 2) return kvq_fail(err, KVQ_EINVAL, "perplexity: ctx = %zu (expected >= 2)", ctx);
     snprintf(w->protocol, sizeof w->protocol, "%s", proto == KVQ_PPL_LLAMACPP ? "llamacpp" : "kvquant");
     w->ctx = ctx;
-    int join = proto == KVQ_PPL_KVQUANT || txt->format == KVQ_TEXT_JSONL;
+    /* join: 1 = rows joined with "\n\n"; 0 = the text as read; 2 = as read, one trailing "\n" dropped (llama.cpp -f) */
+    int join = proto == KVQ_PPL_KVQUANT || txt->format == KVQ_TEXT_JSONL ? 1 : 2;
     int32_t *ids = NULL;
     size_t n = 0;
     kvq_status s = tokenise_stream(txt, tok, join, bos, w, &ids, &n, err);
     if (!s && n < ctx)
         s = kvq_fail(err, KVQ_EFORMAT, "%s: %zu tokens with %s, fewer than one window of ctx = %zu", txt->path, n, w->tokenizer, ctx);
+    else if (!s && proto == KVQ_PPL_LLAMACPP && n / 2 < ctx)
+        s = kvq_fail(err, KVQ_EFORMAT,
+                     "%s: %zu tokens with %s; the llamacpp protocol needs at least 2 x ctx = %zu tokens, as llama-perplexity "
+                     "refuses fewer (use a smaller --ctx or the kvquant protocol)",
+                     txt->path, n, w->tokenizer, 2 * ctx);
     if (!s) {
         w->n_windows = n / ctx;
         w->dropped_tail = n - w->n_windows * ctx;
@@ -335,8 +392,10 @@ void kvq_windows_report(const kvq_windows *w, FILE *f)
 {
     fprintf(f, "protocol: %s\ntokenizer: %s\npath: %s\nbytes_read: %llu\nfile_sha256: %s\n", w->protocol, w->tokenizer,
             w->path, (unsigned long long)w->bytes_read, w->file_sha256);
-    fprintf(f, "text_bytes: %llu\ntext_sha256: %s\ncrlf_replaced: %zu\nbos: %d\ntokens: %zu\nctx: %zu\nwindows: %zu\n",
-            (unsigned long long)w->text_bytes, w->text_sha256, w->crlf_replaced, w->bos, w->n_tokens, w->ctx, w->n_windows);
+    fprintf(f, "text_bytes: %llu\ntext_sha256: %s\nnewlines: %s\ncrlf_in_file: %zu\ncrlf_replaced: %zu\nfinal_lf_dropped: %d\n",
+            (unsigned long long)w->text_bytes, w->text_sha256, kvq_eol_name(w->eol), w->crlf_in_file, w->crlf_replaced,
+            w->final_lf_dropped);
+    fprintf(f, "bos: %d\ntokens: %zu\nctx: %zu\nwindows: %zu\n", w->bos, w->n_tokens, w->ctx, w->n_windows);
     if (!strcmp(w->protocol, "calib-kvquant")) fprintf(f, "seed: %llu\n", (unsigned long long)w->seed);
     else fprintf(f, "dropped_tail: %zu\n", w->dropped_tail);
     for (size_t i = 0; i < w->n_windows; i++)

@@ -12,9 +12,13 @@
  *    field "text" (C4 style), verbatim. A line that is not an object with a
  *    string "text" → KVQ_EFORMAT naming the line. (A "\u0000" escape truncates
  *    that row: cJSON strings are NUL-terminated.)
- *  - An empty file (0 bytes) → KVQ_EFORMAT. NUL bytes and invalid UTF-8 are
- *    kept; the tokenizer handles them (see tokenizer.h).
- *  The file's bytes_read and sha256 are always recorded.
+ *  - An empty file (0 bytes) → KVQ_EFORMAT. A file that is not text is refused
+ *    (KVQ_EFORMAT naming the count and the first offset): more than
+ *    KVQ_TEXT_BAD_PER_MILLE per mille of its bytes are NUL bytes or bytes of
+ *    invalid UTF-8 sequences (binary garbage, UTF-16, a compressed file). Fewer
+ *    are kept (the tokenizer's byte fallback handles them; see tokenizer.h) and
+ *    counted in bad_bytes / first_bad, for the tools to warn about.
+ *  The file's bytes_read, sha256 and CRLF count are always recorded.
  *
  * Protocols (kvq_ppl_windows):
  *  - KVQ_PPL_KVQUANT (GPTQ/KVQuant harness, docs/kvquant.md §9.1): the rows
@@ -23,11 +27,19 @@
  *    floor(n_tokens / ctx) non-overlapping windows of ctx tokens; the tail is
  *    dropped. Window w = stream[w*ctx, (w+1)*ctx).
  *  - KVQ_PPL_LLAMACPP (llama.cpp tools/perplexity): the text as read (after the
- *    EOL policy; for JSONL the "\n\n"-joined rows), tokenised once with BOS
- *    (per the policy), cut into floor(n_tokens / ctx) chunks of ctx tokens,
- *    and the FIRST token of every chunk overwritten by BOS when BOS is on
- *    (llama.cpp does this iff the vocabulary's add_bos is set; the default
- *    policy reproduces that).
+ *    EOL policy) with ONE trailing "\n" removed (llama.cpp's `-f FILE` reads
+ *    the bytes and pops a final "\n", common/arg.cpp; for JSONL the
+ *    "\n\n"-joined rows, nothing removed), tokenised once with BOS (per the
+ *    policy), cut into floor(n_tokens / ctx) chunks of ctx tokens, and the FIRST
+ *    token of every chunk overwritten by BOS when BOS is on (llama.cpp does this
+ *    iff the vocabulary's add_bos is set; the default policy reproduces that).
+ *    Fewer than 2 x ctx tokens → KVQ_EFORMAT, as llama-perplexity refuses them
+ *    ("you need at least 2*n_ctx tokens").
+ * Newlines: which EOL policy a protocol reads with is the caller's choice
+ * (kveval --newlines); kvq_ppl_default_eol gives each protocol's tool's: the
+ * file's bytes for llamacpp (KVQ_EOL_KEEP: llama.cpp reads CRLF as is),
+ * "\r\n" → "\n" for kvquant (KVQ_EOL_TO_LF: the harness joins the HF dataset's
+ * rows, which carry "\n"). The windows record it (eol, crlf_in_file).
  * Calibration (kvq_calib_windows, KVQuant quant/datautils.py): the kvquant
  * stream; n windows of len tokens; window i starts at
  *    off_i = randint(0, n_tokens - len - 1)
@@ -55,11 +67,18 @@ typedef enum { KVQ_EOL_TO_LF = 0, KVQ_EOL_KEEP = 1 } kvq_eol_mode;
 typedef enum { KVQ_PPL_KVQUANT = 0, KVQ_PPL_LLAMACPP = 1 } kvq_ppl_protocol;
 typedef enum { KVQ_BOS_MODEL = 0, KVQ_BOS_ALWAYS = 1, KVQ_BOS_NEVER = 2 } kvq_bos_policy;
 
+/* A file with more bad bytes (NUL, invalid UTF-8) than this, per mille of its size, is not text. */
+#define KVQ_TEXT_BAD_PER_MILLE 1
+
 typedef struct {
     char path[4096];
     kvq_text_format format;
+    kvq_eol_mode eol;      /* the EOL policy it was read with */
     uint64_t bytes_read;   /* size of the file */
     char file_sha256[65];  /* hex sha256 of the file's bytes */
+    size_t crlf_in_file;   /* "\r\n" pairs in the file's bytes (whatever the policy) */
+    size_t bad_bytes;      /* NUL bytes and bytes of invalid UTF-8 sequences in the file (<= the limit above) */
+    uint64_t first_bad;    /* file offset of the first bad byte (when bad_bytes > 0) */
     char *data;            /* text after the EOL policy, NUL-terminated, [len] bytes (may contain NULs) */
     size_t len;
     size_t crlf_replaced;  /* "\r\n" → "\n" replacements made */
@@ -73,6 +92,14 @@ kvq_status kvq_text_read(const char *path, kvq_text_format fmt, kvq_eol_mode eol
 /* Format from the name: *.jsonl / *.json → JSONL, *.tokens → WIKITEXT_TOKENS, else RAW. */
 kvq_text_format kvq_text_format_from_path(const char *path);
 const char *kvq_text_format_name(kvq_text_format f);
+/* "keep" / "lf" (kveval --newlines). */
+const char *kvq_eol_name(kvq_eol_mode m);
+/* The EOL policy of the tool a protocol is named after: llamacpp KVQ_EOL_KEEP, kvquant KVQ_EOL_TO_LF. */
+kvq_eol_mode kvq_ppl_default_eol(kvq_ppl_protocol p);
+/* Count NUL bytes and bytes of invalid UTF-8 sequences (overlong forms, surrogates, code points
+ * above U+10FFFF, stray continuation bytes, truncated sequences) in d[n]; the offset of the
+ * first goes to *first (n when none). */
+size_t kvq_text_bad_bytes(const char *d, size_t n, size_t *first);
 void kvq_text_free(kvq_text *t);
 
 /* Token windows and what produced them. */
@@ -85,6 +112,10 @@ typedef struct {
     uint64_t text_bytes;    /* bytes of the string that was tokenised (after joining / EOL) */
     char text_sha256[65];   /* sha256 of that string */
     size_t crlf_replaced;
+    size_t crlf_in_file;    /* "\r\n" pairs in the file (kept under KVQ_EOL_KEEP) */
+    kvq_eol_mode eol;       /* the EOL policy of the text */
+    int final_lf_dropped;   /* llamacpp: 1 if a trailing "\n" was removed (llama.cpp -f) */
+    size_t rows_joined;     /* rows joined with "\n\n" (kvquant, calibration, JSONL), 0 = the text as read */
     int bos;                /* 1 if BOS was used */
     size_t n_tokens;        /* tokens in the stream (incl. the leading BOS if any) */
     size_t ctx;             /* window length */

@@ -15,6 +15,7 @@
 #include "gguf.h"
 #include "loaders.h"
 #include "model.h"
+#include "sniff.h"
 
 enum { PRE_NONE = 0, PRE_GPT2 = 1, PRE_STARCODER = 2 };
 
@@ -455,10 +456,8 @@ static kvq_status slurp(const char *path, char **data, size_t *n, kvq_err *err)
 {
     *data = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-    kvq_status rs = kvq_require_regular(f, path, "a tokenizer file", err);
-    if (rs) { fclose(f); return rs; }
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a tokenizer file", &f, err));
     bvec b = {0};
     char buf[1 << 16];
     size_t got;
@@ -479,15 +478,14 @@ static kvq_status slurp(const char *path, char **data, size_t *n, kvq_err *err)
  * uint32, has no magic): named instead of a record-length message about their bytes. */
 static const char *foreign_file(const char *d, size_t n)
 {
-    if (n >= 8 && !memcmp(d, "\x89HDF\r\n\x1a\n", 8)) return "an HDF5 file (a kvdump dump?)";
-    if (n >= 4 && !memcmp(d, "GGUF", 4)) return "a GGUF file (load it as a GGUF tokenizer)";
-    if (n >= 9) {
-        uint64_t hl;
-        memcpy(&hl, d, 8);
-        if (hl >= 2 && hl <= n - 8 && d[8] == '{') return "a safetensors file (weights or a kvcalib artifact)";
+    switch (kvq_sniff(d, n, n)) {
+    case KVQ_KIND_GGUF: return "a GGUF file (load it as a GGUF tokenizer)";
+    case KVQ_KIND_SAFETENSORS: return "a safetensors file (weights?)";
+    case KVQ_KIND_LLAMA2C: return "a llama2.c model checkpoint (pass its tokenizer.bin)";
+    case KVQ_KIND_HDF5: case KVQ_KIND_ZIP: case KVQ_KIND_GZIP: case KVQ_KIND_HTML: case KVQ_KIND_EMPTY: case KVQ_KIND_ARTIFACT:
+        return kvq_kind_desc(kvq_sniff(d, n, n));
+    default: return NULL; /* (a llama2.c tokenizer has no magic: binary data, or even text-like bytes) */
     }
-    if (kvq_llama2c_is_checkpoint(d, n, n)) return "a llama2.c model checkpoint (pass its tokenizer.bin)";
-    return NULL;
 }
 
 kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_tokenizer **out, kvq_err *err)
@@ -854,10 +852,8 @@ kvq_status kvq_tokenizer_for_model(const char *model_path, const char *tokenizer
 kvq_status kvq_tokenizer_load(const char *path, kvq_tokenizer **out, kvq_err *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-    kvq_status rs = kvq_require_regular(f, path, "a tokenizer file", err);
-    if (rs) { fclose(f); return rs; }
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a tokenizer file", &f, err));
     unsigned char h[64];
     size_t got = fread(h, 1, sizeof h, f);
     fclose(f);

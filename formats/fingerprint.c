@@ -13,8 +13,8 @@
 
 static kvq_status hash_file(EVP_MD_CTX *ctx, const char *path, kvq_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open for hashing: %s", path, strerror(errno));
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a model file to hash", &f, err));
     unsigned char *buf = malloc(1 << 20);
     if (!buf) {
         fclose(f);

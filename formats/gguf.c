@@ -1,5 +1,6 @@
 /* gguf.c — GGUF reader; see gguf.h. */
 #include "gguf.h"
+#include "sniff.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -224,17 +225,13 @@ kvq_status kvq_gguf_open(const char *path, kvq_gguf *g, kvq_err *err)
 {
     memset(g, 0, sizeof *g);
     snprintf(g->path, sizeof g->path, "%s", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    KVQ_TRY(kvq_open_regular(path, "a GGUF file", &fd, err));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return kvq_fail(err, KVQ_EIO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kvq_fail(err, KVQ_EIO, "%s: not a regular file", path);
     }
     if (st.st_size < 24) {
         close(fd);
@@ -251,8 +248,9 @@ kvq_status kvq_gguf_open(const char *path, kvq_gguf *g, kvq_err *err)
     char magic[4];
     if ((s = rd(&c, magic, 4, "magic", err))) goto fail;
     if (memcmp(magic, "GGUF", 4) != 0) {
-        s = kvq_fail(err, KVQ_EFORMAT, "%s: offset 0: magic: expected \"GGUF\", found %02x %02x %02x %02x",
-                     path, (uint8_t)magic[0], (uint8_t)magic[1], (uint8_t)magic[2], (uint8_t)magic[3]);
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: offset 0: magic: expected \"GGUF\", found %02x %02x %02x %02x: it is %s, not a GGUF file",
+                     path, (uint8_t)magic[0], (uint8_t)magic[1], (uint8_t)magic[2], (uint8_t)magic[3],
+                     kvq_kind_desc(kvq_sniff(g->map, g->size < 65536 ? g->size : 65536, g->size)));
         goto fail;
     }
     if ((s = rd_u32(&c, &g->version, "version", err))) goto fail;

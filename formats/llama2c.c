@@ -61,12 +61,13 @@ bool kvq_llama2c_is_checkpoint(const void *head, size_t head_len, size_t file_si
 kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a llama2.c checkpoint", &f, err));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
         fclose(f);
-        return kvq_fail(err, KVQ_EIO, "%s: not a regular file", path);
+        return kvq_fail(err, KVQ_EIO, "%s: cannot stat: %s", path, strerror(e));
     }
     size_t fsize = (size_t)st.st_size;
     int32_t h[7];

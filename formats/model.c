@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "loaders.h"
+#include "sniff.h"
 
 kvq_status kvq_hparams_validate(const kvq_hparams *hp, const char *path, kvq_err *err)
 {
@@ -95,16 +96,48 @@ static kvq_status detect_source(const char *path, kvq_model_source *src, kvq_err
 {
     struct stat st;
     if (stat(path, &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode) || ends_with(path, ".safetensors") || ends_with(path, ".json")) {
+    if (S_ISDIR(st.st_mode) || ends_with(path, ".json")) {
         *src = KVQ_SRC_SAFETENSORS;
         return KVQ_OK;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open model: %s", path, strerror(errno));
-    char magic[4] = {0};
-    size_t got = fread(magic, 1, 4, f);
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a model: GGUF, llama2.c .bin or an HF directory", &f, err)); /* (a FIFO blocked open()) */
+    unsigned char head[4096];
+    size_t got = fread(head, 1, sizeof head, f);
     fclose(f);
-    *src = got == 4 && memcmp(magic, "GGUF", 4) == 0 ? KVQ_SRC_GGUF : KVQ_SRC_LLAMA2C;
+    /* what the file is, when it is not a model kvq loads from a file: named instead of a message about a
+     * field of the format its name suggested (a web page named .gguf read as a llama2.c header) */
+    const kvq_file_kind kind = kvq_sniff(head, got, (size_t)st.st_size);
+    if (kind == KVQ_KIND_GGUF) {
+        *src = KVQ_SRC_GGUF;
+        return KVQ_OK;
+    }
+    if (kind == KVQ_KIND_SAFETENSORS || kind == KVQ_KIND_ARTIFACT) {
+        if (kind == KVQ_KIND_ARTIFACT)
+            return kvq_fail(err, KVQ_EFORMAT, "%s: it is %s, not a model (give it to --artifact)", path, kvq_kind_desc(kind));
+        /* the weights of an HF checkpoint: loaded with the config.json beside them; a bare one is named */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *sl = strrchr(dir, '/');
+        if (sl) *sl = 0;
+        else snprintf(dir, sizeof dir, ".");
+        char cfg[4200];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        if (access(cfg, F_OK) == 0) {
+            *src = KVQ_SRC_SAFETENSORS;
+            return KVQ_OK;
+        }
+        return kvq_fail(err, KVQ_EFORMAT,
+                        "%s: it is a safetensors file of weights alone: an HF model is its directory, with the config.json "
+                        "(and tokenizer.json) beside the weights, and %s has no config.json (expected a GGUF file, a llama2.c "
+                        "checkpoint or an HF model directory)",
+                        path, dir);
+    }
+    if (kind != KVQ_KIND_LLAMA2C && kind != KVQ_KIND_BINARY)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: it is %s%s, not a model (expected a GGUF file, a llama2.c checkpoint or an HF model "
+                                          "directory)",
+                        path, kvq_kind_desc(kind), ends_with(path, ".gguf") ? ", named .gguf but without the GGUF magic" : "");
+    *src = KVQ_SRC_LLAMA2C;
     return KVQ_OK;
 }
 

@@ -139,8 +139,8 @@ kvq_status kvq_hf_checkpoint_paths(const char *path, char *dir, size_t dir_size,
 static kvq_status read_json(const char *path, cJSON **root, kvq_err *err)
 {
     *root = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "a JSON file", &f, err));
     size_t cap = 1 << 14, n = 0;
     char *buf = malloc(cap);
     kvq_status s = KVQ_OK;

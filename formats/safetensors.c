@@ -1,6 +1,7 @@
 /* safetensors.c — safetensors reader/writer; see safetensors.h. */
 #include "safetensors.h"
 #include "half.h"
+#include "sniff.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -252,17 +253,13 @@ kvq_status kvq_safetensors_open(const char *path, kvq_safetensors *st, kvq_err *
 {
     memset(st, 0, sizeof *st);
     snprintf(st->path, sizeof st->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    KVQ_TRY(kvq_open_regular(path, "a safetensors file", &fd, err));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
         return kvq_fail(err, KVQ_EIO, "%s: stat failed: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kvq_fail(err, KVQ_EIO, "%s: not a regular file", path);
     }
     if (sb.st_size < 8) {
         close(fd);
@@ -278,7 +275,12 @@ kvq_status kvq_safetensors_open(const char *path, kvq_safetensors *st, kvq_err *
     memcpy(&hl, st->map, 8);
     st->header_len = hl;
     kvq_status s = KVQ_OK;
-    if (hl > KVQ_ST_MAX_HEADER)
+    const kvq_file_kind kind = kvq_sniff(st->map, st->size < 65536 ? st->size : 65536, st->size);
+    if ((hl > KVQ_ST_MAX_HEADER || hl > st->size - 8 || (st->size > 8 && st->map[8] != '{')) && kind != KVQ_KIND_SAFETENSORS &&
+        kind != KVQ_KIND_ARTIFACT && kind != KVQ_KIND_BINARY) /* (an HDF5 dump read as a 7e17-byte header length) */
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: it is %s, not a safetensors file (an 8-byte header length, then a JSON header)",
+                     path, kvq_kind_desc(kind));
+    else if (hl > KVQ_ST_MAX_HEADER)
         s = kvq_fail(err, KVQ_EFORMAT, "%s: offset 0: header length %llu exceeds the %u-byte limit (corrupt file?)", path,
                      (unsigned long long)hl, KVQ_ST_MAX_HEADER);
     else if (hl > st->size - 8)

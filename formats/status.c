@@ -1,6 +1,8 @@
 #include "status.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -68,12 +70,60 @@ int kvq_add_size(size_t a, size_t b, size_t *out)
     return 0;
 }
 
-kvq_status kvq_require_regular(FILE *f, const char *path, const char *what, kvq_err *err)
+static kvq_status require_regular_fd(int fd, const char *path, const char *what, kvq_err *err)
 {
     struct stat st;
-    if (fstat(fileno(f), &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) return kvq_fail(err, KVQ_EIO, "%s: cannot stat: %s", path, strerror(errno));
     if (S_ISREG(st.st_mode)) return KVQ_OK;
     if (S_ISDIR(st.st_mode)) return kvq_fail(err, KVQ_EIO, "%s: is a directory (expected %s)", path, what);
     const char *kind = S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device" : S_ISFIFO(st.st_mode) ? "a pipe" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
     return kvq_fail(err, KVQ_EIO, "%s: not a regular file (%s; expected %s)", path, kind, what);
+}
+
+kvq_status kvq_require_regular(FILE *f, const char *path, const char *what, kvq_err *err)
+{
+    return require_regular_fd(fileno(f), path, what, err);
+}
+
+kvq_status kvq_open_regular(const char *path, const char *what, int *fd, kvq_err *err)
+{
+    *fd = -1;
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0) return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+    kvq_status s = require_regular_fd(f, path, what, err);
+    if (s) {
+        close(f);
+        return s;
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(f);
+        return kvq_fail(err, KVQ_EIO, "%s: cannot set up reading: %s", path, strerror(e));
+    }
+    *fd = f;
+    return KVQ_OK;
+}
+
+kvq_status kvq_fopen_regular(const char *path, const char *what, FILE **out, kvq_err *err)
+{
+    *out = NULL;
+    int fd;
+    KVQ_TRY(kvq_open_regular(path, what, &fd, err));
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return kvq_fail(err, KVQ_EIO, "%s: cannot open: %s", path, strerror(e));
+    }
+    *out = f;
+    return KVQ_OK;
+}
+
+kvq_status kvq_check_regular(const char *path, const char *what, kvq_err *err)
+{
+    int fd;
+    KVQ_TRY(kvq_open_regular(path, what, &fd, err));
+    close(fd);
+    return KVQ_OK;
 }

@@ -57,6 +57,17 @@ int kvq_add_size(size_t a, size_t b, size_t *out);
  * device; expected a text file)", or the fstat error. f is not closed. */
 kvq_status kvq_require_regular(FILE *f, const char *path, const char *what, kvq_err *err);
 
+/* Open path for reading only if it is a regular file. The open itself never blocks: it is made
+ * with O_NONBLOCK and checked with fstat before anything is read (a plain open() of a FIFO waits
+ * forever for a writer), then the descriptor is switched back to blocking. Errors: KVQ_EIO
+ * "PATH: cannot open: ERRNO", or kvq_require_regular's messages ("PATH: not a regular file (a
+ * FIFO; expected WHAT)", "PATH: is a directory (expected WHAT)"). */
+kvq_status kvq_open_regular(const char *path, const char *what, int *fd, kvq_err *err);
+/* The same as a stdio stream ("rb"). */
+kvq_status kvq_fopen_regular(const char *path, const char *what, FILE **f, kvq_err *err);
+/* The same check without keeping the file open (for libraries that open by name: HDF5). */
+kvq_status kvq_check_regular(const char *path, const char *what, kvq_err *err);
+
 /* Propagate a non-OK status. */
 #define KVQ_TRY(expr) do { kvq_status kvq_try_s_ = (expr); if (kvq_try_s_ != KVQ_OK) return kvq_try_s_; } while (0)
 

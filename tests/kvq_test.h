@@ -1,9 +1,14 @@
 /* kvq_test.h — shared helpers for the Check suites under tests/.
  * Each tests/test_<name>.c defines `static Suite *suite(void)` and ends with
  * KVQ_TEST_MAIN(suite). Tests run from the repository root.
- * External inputs are optional: ../shared (override: KVQ_SHARED) and the
- * default model models/SmolLM2-135M-Instruct.Q4_1.gguf (override: KVQ_MODEL).
- * A test whose input is absent prints "SKIP <test>: <why>" and returns. */
+ * External inputs are optional on a developer's machine: ../shared (override:
+ * KVQ_SHARED) and the default model models/SmolLM2-135M-Instruct.Q4_1.gguf
+ * (override: KVQ_MODEL). A test whose input is absent prints "SKIP <test>: <why>"
+ * and returns — except in CI (the environment variable CI set, e.g. CI=true, as
+ * CI services and .ci/run set it), where an absent input is a broken setup and
+ * FAILS the test (KVQ_SKIP_IF, kvq_test_skip_missing): a setup that lost ../shared
+ * or the model must not turn CI green. Skips that are a choice of the run, not a
+ * missing input (sanitizer quick mode, CK_FORK=no), use KVQ_SKIP_OPTIONAL_IF. */
 #ifndef KVQ_TEST_H
 #define KVQ_TEST_H
 
@@ -11,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "family.h"
@@ -96,7 +102,26 @@ static inline void kvq_test_python(const char *script, const char *args)
 /* Quick mode (ASan runs): tests may shrink their workloads. */
 static inline int kvq_test_quick(void) { const char *q = getenv("KVQ_TEST_QUICK"); return q && *q == '1'; }
 
-#define KVQ_SKIP_IF(cond, why) do { if (cond) { fprintf(stderr, "SKIP %s: %s\n", __func__, (why)); return; } } while (0)
+/* Whether this is a CI run: CI set to anything but "", "0", "false" or "no". */
+static inline int kvq_test_ci(void)
+{
+    const char *c = getenv("CI");
+    return c && *c && strcmp(c, "0") && strcasecmp(c, "false") && strcasecmp(c, "no");
+}
+
+/* A test input is absent: "SKIP test: why" on stderr, or in CI a failure of the test. */
+static inline void kvq_test_skip_missing(const char *test, const char *why)
+{
+    if (kvq_test_ci())
+        ck_abort_msg("%s: %s; CI=%s: an absent test input fails in CI (a broken setup must not pass as skipped tests)", test,
+                     why, getenv("CI"));
+    fprintf(stderr, "SKIP %s: %s\n", test, why);
+}
+
+/* Skip the test when cond holds because an input is absent (fails in CI: kvq_test_skip_missing). */
+#define KVQ_SKIP_IF(cond, why) do { if (cond) { kvq_test_skip_missing(__func__, (why)); return; } } while (0)
+/* Skip for a reason that is not a missing input (never a failure). */
+#define KVQ_SKIP_OPTIONAL_IF(cond, why) do { if (cond) { fprintf(stderr, "SKIP %s: %s\n", __func__, (why)); return; } } while (0)
 
 /* relative L2 error ||a-b|| / ||b|| in double */
 static inline double kvq_test_rel_l2_f(const float *a, const float *b, size_t n)

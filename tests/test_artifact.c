@@ -225,6 +225,85 @@ START_TEST(test_bad_params)
     EXPECT_BAD(a.k[0].channel_lower[5] = NAN, "layers.0.k.channel_lower[5]: not finite");
     a.k[0].channel_lower[5] = -1;
     EXPECT_BAD(a.p.per_head = true, "layers.0.k: 1 datatypes, expected 2 (per-head)");
+    /* degenerate tables (issue 41: an artifact whose nuq levels were all equal was accepted): every kind of table —
+     * key and value datatypes, per-layer and per-head, per-channel thresholds — refused naming the tensor */
+    {
+        const size_t nl = 8;
+        float kl[8], vl[8], clo[D], cup[D];
+        memcpy(kl, a.k[1].levels, sizeof kl);
+        memcpy(vl, a.v[0].levels, sizeof vl);
+        memcpy(clo, a.k[0].channel_lower, sizeof clo);
+        memcpy(cup, a.k[0].channel_upper, sizeof cup);
+        for (size_t j = 0; j < nl; j++) a.k[1].levels[j] = 0.25f; /* all equal */
+        EXPECT_BAD((void)0, "layers.1.k.levels[0]: degenerate datatype: its 8 levels span 0 (from 0.25 to 0.25)");
+        memcpy(a.k[1].levels, kl, sizeof kl);
+        for (size_t j = 0; j < nl; j++) a.v[0].levels[j] = -0.5f + 1e-4f * (float)j; /* nearly equal */
+        EXPECT_BAD((void)0, "layers.0.v.levels[0]: degenerate datatype");
+        memcpy(a.v[0].levels, vl, sizeof vl);
+        for (size_t c = 0; c < D; c++) a.k[0].channel_upper[c] = a.k[0].channel_lower[c];
+        EXPECT_BAD((void)0, "layers.0.k.channel_lower/upper: degenerate thresholds: lower == upper in all 16 channels");
+        /* one constant channel is fine (it is reproduced exactly) */
+        memcpy(a.k[0].channel_upper, cup, sizeof cup);
+        a.k[0].channel_upper[3] = a.k[0].channel_lower[3];
+        a.p = keep;
+        unlink(p);
+        ck_assert_msg(kvq_artifact_write(p, &a, &e) == KVQ_OK, "%s", e.msg);
+        memcpy(a.k[0].channel_lower, clo, sizeof clo);
+        memcpy(a.k[0].channel_upper, cup, sizeof cup);
+        /* per-head datatypes: the second head's */
+        kvq_artifact ph;
+        build_nuq(&ph, true);
+        for (size_t j = 0; j < nl; j++) ph.k[0].levels[nl + j] = 0.0f;
+        ck_assert_int_eq(kvq_artifact_validate(&ph, &e), KVQ_EINVAL);
+        ck_assert_msg(strstr(e.msg, "layers.0.k.levels[1]: degenerate datatype"), "%s", e.msg);
+        kvq_artifact_free(&ph);
+        /* a file holding one is refused on reading too (a hand-edited or foreign artifact) */
+        char q[512];
+        tmp_path(q, sizeof q, "degenerate.safetensors");
+        unlink(q);
+        ck_assert(kvq_artifact_write(q, &a, &e) == KVQ_OK);
+        size_t n = 0;
+        unsigned char *bytes = slurp(q, &n);
+        kvq_safetensors st;
+        ck_assert(kvq_safetensors_open(q, &st, &e) == KVQ_OK);
+        const kvq_st_tensor *lt = NULL;
+        for (size_t i = 0; i < st.n_tensors; i++)
+            if (!strcmp(st.tensors[i].name, "layers.0.v.levels")) lt = &st.tensors[i];
+        ck_assert_ptr_nonnull(lt);
+        const size_t off = (size_t)(lt->data - st.map);
+        kvq_safetensors_close(&st);
+        for (size_t j = 0; j < nl; j++) memcpy(bytes + off + 4 * j, &(float){0.5f}, 4);
+        FILE *f = fopen(q, "wb");
+        ck_assert(f && fwrite(bytes, 1, n, f) == n);
+        fclose(f);
+        free(bytes);
+        kvq_artifact r;
+        ck_assert_int_eq(kvq_artifact_read(q, &r, &e), KVQ_EINVAL);
+        ck_assert_msg(strstr(e.msg, "layers.0.v.levels[0]: degenerate datatype"), "%s", e.msg);
+        unlink(q);
+    }
+    /* fp8 scales of zero, negative or not finite: the same rule for the other table kind */
+    {
+        kvq_artifact f8 = {0};
+        f8.p = (kvq_artifact_params){.method = KVQ_FAM("fp8"), .k_bits = 8, .v_bits = 8, .n_layers = 1, .n_kv_heads = H,
+                                     .head_dim = HD, .post_rope = true, .fp8_percentile = 100};
+        f8.k = calloc(1, sizeof *f8.k);
+        f8.v = calloc(1, sizeof *f8.v);
+        float ks[1] = {2.0f}, vs[1] = {1.0f};
+        f8.k[0].fp8_scale = ks;
+        f8.k[0].n_fp8_scales = 1;
+        f8.v[0].fp8_scale = vs;
+        f8.v[0].n_fp8_scales = 1;
+        ck_assert_msg(kvq_artifact_validate(&f8, &e) == KVQ_OK, "%s", e.msg);
+        const float bad[3] = {0.0f, -1.0f, NAN};
+        for (int i = 0; i < 3; i++) {
+            vs[0] = bad[i];
+            ck_assert_int_eq(kvq_artifact_validate(&f8, &e), KVQ_EINVAL);
+            ck_assert_msg(strstr(e.msg, "layers.0.v.fp8_scale[0]: expected finite and > 0"), "%s", e.msg);
+        }
+        free(f8.k);
+        free(f8.v);
+    }
     kvq_artifact kv = {0};
     kv.p = (kvq_artifact_params){.method = KVQ_FAM("kivi"), .k_bits = 2, .v_bits = 2, .group_size = 4,
                                  .residual_length = 6, .n_layers = 1, .n_kv_heads = H, .head_dim = HD};

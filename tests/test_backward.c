@@ -213,7 +213,7 @@ static void directional_case(const char *name)
 {
     kvq_model m;
     if (!load_tiny(name, &m)) {
-        fprintf(stderr, "SKIP directional %s: ../shared/models/llama2c absent\n", name);
+        kvq_test_skip_missing(name, "directional: ../shared/models/llama2c absent");
         return;
     }
     const int T = 24, P = 3, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp);
@@ -632,7 +632,7 @@ START_TEST(test_default_model_vs_jax)
 {
     const char *path = kvq_test_model();
     KVQ_SKIP_IF(!path, "default model absent (run scripts/fetch_model.sh)");
-    KVQ_SKIP_IF(kvq_test_quick(), "KVQ_TEST_QUICK: the default model's backward is slow under sanitizers");
+    KVQ_SKIP_OPTIONAL_IF(kvq_test_quick(), "KVQ_TEST_QUICK: the default model's backward is slow under sanitizers");
     FILE *f = fopen("tests/fixtures/grad_smollm2.bin", "rb");
     ck_assert_msg(f, "tests/fixtures/grad_smollm2.bin missing (run tests/scripts/ref_grad_jax.py)");
     char magic[8];

@@ -3,6 +3,7 @@
 #include "kvq_test.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef struct {
@@ -210,6 +211,63 @@ START_TEST(test_check_outputs)
 }
 END_TEST
 
+/* In CI (CI=true) a test that skips because ../shared or the model is missing fails (issue 41: a broken
+ * setup turned CI green): real suites run with both inputs pointed at nothing pass with SKIP lines on a
+ * developer's machine and fail under CI=true; and every skip in tests/ goes through kvq_test.h's helpers
+ * (a hand-written "SKIP" message would bypass the CI rule), except the optional Chromium screenshot. */
+START_TEST(test_ci_skip_fails)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert(n > 0);
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    ck_assert_ptr_nonnull(slash);
+    *slash = 0; /* the folder of the test binaries */
+    static const char *suites[] = {"test_model", "test_gguf", "test_tokenizer", "test_text"};
+    for (size_t i = 0; i < sizeof suites / sizeof *suites; i++) {
+        char bin[4200], cmd[9000], out[256];
+        snprintf(bin, sizeof bin, "%s/%s", self, suites[i]);
+        if (access(bin, X_OK) != 0) { /* built by the same `make tests` as this one */
+            ck_abort_msg("%s not built", bin);
+        }
+        snprintf(out, sizeof out, "/tmp/kvq_test_ci_%ld.txt", (long)getpid());
+        for (int ci = 0; ci < 2; ci++) {
+            snprintf(cmd, sizeof cmd, "%s KVQ_SHARED=/nonexistent/shared KVQ_MODEL=/nonexistent/model.gguf CK_FORK=yes %s > %s 2>&1",
+                     ci ? "env CI=true" : "env -u CI", bin, out);
+            int st = system(cmd);
+            ck_assert(st != -1 && WIFEXITED(st));
+            char *log = kvq_test_slurp(out, NULL);
+            ck_assert_ptr_nonnull(log);
+            if (!ci)
+                ck_assert_msg(WEXITSTATUS(st) == 0 && strstr(log, "SKIP "), "%s without CI: exit %d\n%s", suites[i], WEXITSTATUS(st), log);
+            else
+                ck_assert_msg(WEXITSTATUS(st) != 0 && strstr(log, "an absent test input fails in CI"), "%s with CI=true: exit %d\n%s",
+                              suites[i], WEXITSTATUS(st), log);
+            free(log);
+        }
+        unlink(out);
+    }
+    /* no test prints its own SKIP: every one goes through KVQ_SKIP_IF / kvq_test_skip_missing / KVQ_SKIP_OPTIONAL_IF */
+    int st = system("grep -n 'printf(stderr, \"SKIP' tests/*.c tests/*/*.c | grep -v 'chromium part' > /tmp/kvq_test_ci_grep.txt");
+    ck_assert(st != -1 && WIFEXITED(st));
+    char *hits = kvq_test_slurp("/tmp/kvq_test_ci_grep.txt", NULL);
+    ck_assert_ptr_nonnull(hits);
+    ck_assert_msg(hits[0] == 0, "hand-written SKIP messages bypass the CI rule of kvq_test.h:\n%s", hits);
+    free(hits);
+    unlink("/tmp/kvq_test_ci_grep.txt");
+    /* the rule itself */
+    setenv("CI", "false", 1);
+    ck_assert(!kvq_test_ci());
+    setenv("CI", "true", 1);
+    ck_assert(kvq_test_ci());
+    setenv("CI", "1", 1);
+    ck_assert(kvq_test_ci());
+    unsetenv("CI");
+    ck_assert(!kvq_test_ci());
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cli");
@@ -220,6 +278,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_given_at);
     tcase_add_test(tc, test_usage_shows_defaults);
     tcase_add_test(tc, test_check_outputs);
+    tcase_add_test(tc, test_ci_skip_fails);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -4,6 +4,7 @@
  * statistics), transform (identity is bit-exact, zeroing V matters), prefix
  * (= one longer window), boundaries (identical representations = plain pass;
  * a KIVI-like rule = an explicit token-by-token decode loop). */
+#include <malloc.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -543,6 +544,220 @@ START_TEST(test_boundary_decode)
 }
 END_TEST
 
+/* ---------- streamed LM-head outputs (kvq_fwd_head: kveval's KL divergence) ---------- */
+
+/* perturb K and V of every layer a little (a stand-in for a quantizer): x += 0.05 * |x| * pattern */
+static kvq_status perturb_kv(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
+{
+    (void)err;
+    (void)alt;
+    const double amp = *(const double *)user;
+    size_t n = (size_t)c->T * c->n_kv_heads * c->head_dim;
+    for (size_t i = 0; i < n; i++) {
+        double f = amp * (((i * 2654435761u + (size_t)c->layer * 97u) % 17) / 8.0 - 1.0);
+        k[i] += (float)(f * fabs(k[i]));
+        v[i] += (float)(f * fabs(v[i]));
+    }
+    return KVQ_OK;
+}
+
+/* The blocked LM head's lse, argmax and expectation (several vocabulary blocks) equal those computed
+ * from the full logits, and KL(P_a || P_b) = (h_a - h_b) . e_a - lse_a + lse_b equals the direct sum
+ * over the vocabulary (float64 from both runs' full logits) on every scored row; the NLL is the same
+ * bits with and without the head outputs; rows not scored are left alone. */
+START_TEST(test_head_kld_streamed)
+{
+    char buf[4096];
+    const char *path = tiny_path(buf, sizeof buf);
+    KVQ_SKIP_IF(!path, "../shared/models/llama2c absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(path, &m, &e) == KVQ_OK, "%s", e.msg);
+    const int T = 40, V = m.hp.vocab_size, dim = m.hp.dim;
+    int tok[40], tg[40];
+    make_tokens(tok, T, V);
+    for (int t = 0; t < T; t++) tg[t] = t >= 5 && t + 1 < T && t != 20 ? tok[t + 1] : -1; /* a gap inside the span */
+    float *lg[2], *hid[2], *ex[2];
+    double *lse[2], *nll[3];
+    int *am[2];
+    for (int r = 0; r < 2; r++) {
+        lg[r] = malloc((size_t)T * V * sizeof(float));
+        hid[r] = malloc((size_t)T * dim * sizeof(float));
+        ex[r] = malloc((size_t)T * dim * sizeof(float));
+        lse[r] = malloc(T * sizeof(double));
+        am[r] = malloc(T * sizeof(int));
+    }
+    for (int r = 0; r < 3; r++) nll[r] = malloc(T * sizeof(double));
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &m, T, 0, 0, &e) == KVQ_OK);
+    fw.v_chunk = 100; /* 6 vocabulary blocks, the last partial */
+    double amp[2] = {0, 0.05};
+    for (int r = 0; r < 2; r++) {
+        kvq_hooks hk = {.user = &amp[r], .transform = perturb_kv, .key_stage = KVQ_KEYS_POST_ROPE};
+        kvq_fwd_io io = {.tokens = tok, .T = T, .targets = tg, .hooks = r ? &hk : NULL, .logits = lg[r]};
+        kvq_fwd_result res;
+        ck_assert(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK);
+        for (int t = 0; t < T; t++) ex[r][t * dim] = 12345.0f; /* sentinel: rows not scored stay untouched */
+        kvq_fwd_head h = {.hidden = hid[r], .lse = lse[r], .argmax = am[r], .expect = ex[r]};
+        io.logits = NULL;
+        io.head = &h;
+        io.nll = nll[r];
+        ck_assert(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK);
+        io.head = NULL;
+        io.nll = nll[2];
+        ck_assert(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK);
+        for (int t = 0; t < T; t++) /* the head outputs do not change the loss */
+            ck_assert(tg[t] < 0 ? isnan(nll[r][t]) && isnan(nll[2][t]) : nll[r][t] == nll[2][t]);
+        /* against the full logits */
+        kvq_fwd_head hf = {.lse = malloc(T * sizeof(double)), .argmax = malloc(T * sizeof(int)),
+                           .expect = malloc((size_t)T * dim * sizeof(float))};
+        ck_assert(kvq_fwd_head_from_logits(&m, lg[r], NULL, tg, T, &hf, &e) == KVQ_OK);
+        for (int t = 0; t < T; t++) {
+            if (tg[t] < 0) {
+                ck_assert(isnan(lse[r][t]) && am[r][t] == -1 && ex[r][t * dim] == 12345.0f);
+                continue;
+            }
+            ck_assert_int_eq(am[r][t], hf.argmax[t]);
+            ck_assert_msg(fabs(lse[r][t] - hf.lse[t]) < 1e-5, "row %d: lse %.9f vs %.9f", t, lse[r][t], hf.lse[t]);
+            double rel = kvq_test_rel_l2_f(ex[r] + (size_t)t * dim, hf.expect + (size_t)t * dim, dim);
+            ck_assert_msg(rel < 1e-5, "row %d: expectation differs by %.3e", t, rel);
+        }
+        free(hf.lse);
+        free(hf.argmax);
+        free(hf.expect);
+    }
+    /* hidden: the LM head's input reproduces the logits */
+    for (int t = 0; t < T; t++)
+        for (int v = 0; v < V; v += 37) {
+            double z = 0;
+            for (int c = 0; c < dim; c++) z += (double)hid[1][t * dim + c] * m.output[(size_t)v * dim + c];
+            ck_assert_msg(fabs(z - lg[1][(size_t)t * V + v]) < 1e-4, "row %d col %d: %.6f vs %.6f", t, v, z, lg[1][(size_t)t * V + v]);
+        }
+    /* KL(P_0 || P_1): streamed formula vs the direct sum in float64; top-1 agreement likewise */
+    double worst = 0, mean = 0;
+    int n = 0, same = 0, same_direct = 0;
+    for (int t = 0; t < T; t++) {
+        if (tg[t] < 0) continue;
+        const float *za = lg[0] + (size_t)t * V, *zb = lg[1] + (size_t)t * V;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0;
+        int aa = 0, ab = 0;
+        for (int v = 0; v < V; v++) {
+            if (za[v] > ma) { ma = za[v]; aa = v; }
+            if (zb[v] > mb) { mb = zb[v]; ab = v; }
+        }
+        for (int v = 0; v < V; v++) {
+            sa += exp(za[v] - ma);
+            sb += exp(zb[v] - mb);
+        }
+        const double la = ma + log(sa), lb = mb + log(sb);
+        double kl = 0;
+        for (int v = 0; v < V; v++) {
+            const double lpa = za[v] - la, lpb = zb[v] - lb;
+            kl += exp(lpa) * (lpa - lpb);
+        }
+        double dot = 0;
+        for (int c = 0; c < dim; c++) dot += ((double)hid[0][t * dim + c] - hid[1][t * dim + c]) * ex[0][t * dim + c];
+        const double ks = dot - lse[0][t] + lse[1][t];
+        worst = fmax(worst, fabs(ks - kl) / (1e-6 + kl));
+        mean += kl;
+        n++;
+        same += am[0][t] == am[1][t];
+        same_direct += aa == ab;
+    }
+    mean /= n;
+    fprintf(stderr, "INFO head: mean KLD %.6f over %d rows, worst relative deviation of the streamed formula %.2e, same top %d\n",
+            mean, n, worst, same);
+    ck_assert_msg(mean > 1e-4, "the perturbation changed nothing (mean KLD %.3e): the test cannot fail", mean);
+    ck_assert_msg(worst < 1e-3, "streamed KL divergence deviates by %.3e (relative)", worst);
+    ck_assert_int_eq(same, same_direct);
+    kvq_forward_free(&fw);
+    for (int r = 0; r < 2; r++) {
+        free(lg[r]);
+        free(hid[r]);
+        free(ex[r]);
+        free(lse[r]);
+        free(am[r]);
+    }
+    for (int r = 0; r < 3; r++) free(nll[r]);
+    kvq_model_free(&m);
+}
+END_TEST
+
+/* ---------- long windows: memory linear in the window (kveval --ctx max) ---------- */
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd; /* small blocks in the arenas + mmap'd large ones */
+}
+
+/* The forward's workspace for a window of T tokens grows linearly with T — attention keeps one row of P + T
+ * scores per thread, never a [T][T] matrix (attention.h) — so the default model's trained context (8192)
+ * needs ~0.2 GiB on the CPU; and a window that long runs, its NLL finite and equal to the same tokens' first
+ * part where the windows overlap (causality). */
+START_TEST(test_long_window_memory)
+{
+    kvq_model m = {0};
+    kvq_err e = {0};
+    /* the default model's shape (SmolLM2-135M: 30 layers, dim 576, 9/3 heads, hidden 1536, vocab 49152); no weights needed */
+    m.hp = (kvq_hparams){.n_layers = 30, .dim = 576, .hidden_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64,
+                         .vocab_size = 49152, .ctx_len = 8192, .rope_dim = 64, .rope_theta = 100000, .norm_eps = 1e-5f};
+    size_t bytes[3];
+    const int Ts[3] = {2048, 4096, 8192};
+    for (int i = 0; i < 3; i++) {
+        kvq_forward fw;
+        size_t b0 = heap_in_use();
+        ck_assert_msg(kvq_forward_init(&fw, &m, Ts[i], 0, 0, &e) == KVQ_OK, "%s", e.msg);
+        bytes[i] = heap_in_use() - b0;
+        kvq_forward_free(&fw);
+    }
+    fprintf(stderr, "INFO forward workspace: T 2048 %.1f MiB, 4096 %.1f MiB, 8192 %.1f MiB\n", bytes[0] / 1048576.0,
+            bytes[1] / 1048576.0, bytes[2] / 1048576.0);
+    /* linear: doubling T at most doubles it (plus a little); a [T][T] buffer would quadruple it */
+    ck_assert_msg(bytes[1] <= 2.05 * bytes[0] && bytes[2] <= 2.05 * bytes[1], "workspace grows faster than the window: %zu %zu %zu",
+                  bytes[0], bytes[1], bytes[2]);
+    ck_assert_msg(bytes[2] < ((size_t)512 << 20), "workspace at 8192 tokens: %zu bytes", bytes[2]);
+    /* a long window on a small synthetic model: runs; its first rows equal a shorter window's */
+    kvq_hparams hp = {.n_layers = 2, .dim = 32, .hidden_dim = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8, .vocab_size = 64,
+                      .ctx_len = 8192, .rope_dim = 8, .rope_theta = 10000, .norm_eps = 1e-5f, .tied_embeddings = false};
+    kvq_model sm;
+    ck_assert(kvq_model_alloc(&sm, &hp, &e) == KVQ_OK);
+    uint32_t x = 99;
+    float *all[] = {sm.tok_embd, sm.output};
+    size_t nall[] = {(size_t)64 * 32, (size_t)64 * 32};
+    for (int a = 0; a < 2; a++)
+        for (size_t i = 0; i < nall[a]; i++) all[a][i] = ((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < 32; i++) sm.out_norm[i] = 1;
+    for (int l = 0; l < 2; l++) {
+        kvq_layer_weights *w = &sm.layers[l];
+        float *ws[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+        size_t ns[] = {32 * 32, 16 * 32, 16 * 32, 32 * 32, 64 * 32, 64 * 32, 32 * 64};
+        for (int k = 0; k < 7; k++)
+            for (size_t i = 0; i < ns[k]; i++) ws[k][i] = (((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f) * 0.3f;
+        for (int i = 0; i < 32; i++) w->attn_norm[i] = w->ffn_norm[i] = 1;
+    }
+    const int T = 8192;
+    int *tok = malloc(T * sizeof(int));
+    make_tokens(tok, T, 64);
+    double *nl = malloc(T * sizeof(double)), *ns = malloc(T * sizeof(double));
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &sm, T, 0, 0, &e) == KVQ_OK);
+    kvq_fwd_io io = {.tokens = tok, .T = T, .nll = nl};
+    kvq_fwd_result r;
+    ck_assert_msg(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(isfinite(r.loss) && r.n_scored == T - 1);
+    io.T = 300;
+    io.nll = ns;
+    ck_assert(kvq_forward_run(&fw, &io, &r, &e) == KVQ_OK);
+    for (int t = 0; t + 1 < 300; t++) ck_assert_msg(fabs(nl[t] - ns[t]) <= 1e-6 * fabs(ns[t]) + 1e-9, "row %d: %.9g vs %.9g", t, nl[t], ns[t]);
+    kvq_forward_free(&fw);
+    free(tok);
+    free(nl);
+    free(ns);
+    kvq_model_free(&sm);
+}
+END_TEST
+
 /* ---------- checkpoints, threads, errors ---------- */
 
 START_TEST(test_save_inputs_threads_errors)
@@ -623,6 +838,8 @@ static Suite *suite(void)
     tcase_add_test(tc, test_prefix);
     tcase_add_test(tc, test_boundary_decode);
     tcase_add_test(tc, test_save_inputs_threads_errors);
+    tcase_add_test(tc, test_head_kld_streamed);
+    tcase_add_test(tc, test_long_window_memory);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -75,7 +75,12 @@ START_TEST(test_cli_success)
     int rc = run(&e, args, out, sizeof out, err, sizeof err);
     ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
     fprintf(stderr, "INFO kveval stdout:\n%s", out);
-    ck_assert_msg(strstr(out, "| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @64 | PPL | ΔPPL |"), "%s", out);
+    ck_assert_msg(strstr(out, "| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @64 | PPL | ΔPPL ± SE | mean KLD | median KLD | "
+                              "p99 KLD | same top % |"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "| baseline | — | — | — | — |") && strstr(out, "standard error from the 3 windows' paired differences") &&
+                      strstr(out, "KL(P_fp32 || Q_scheme)"),
+                  "%s", out);
     ck_assert(strstr(out, "| fp32 | 32 | 32 | 32.00 |") && strstr(out, "baseline"));
     ck_assert(strstr(out, "| int4 | 4 | 4 | 5.00 |")); /* 4 + 32/32 (kv_dim 32) */
     ck_assert(strstr(out, "| kivi2-g4-r8 | 2 | 2 |"));
@@ -114,6 +119,23 @@ START_TEST(test_cli_success)
         snprintf(l, sizeof l, "%.*s", (int)(eol - line), line);
         ck_assert_msg(strstr(l, ppl), "row '%s' lacks %s", l, ppl);
         ck_assert_int_eq(cJSON_GetObjectItem(o, "scored_tokens")->valueint, 189);
+        /* ΔPPL ± SE, the KLD columns: the JSON's numbers as the table prints them */
+        cJSON *k = cJSON_GetObjectItem(o, "kld");
+        if (i == 0) {
+            ck_assert(cJSON_IsNull(k) && cJSON_IsNull(cJSON_GetObjectItem(o, "delta_ppl_se")));
+            continue;
+        }
+        char cell[160];
+        snprintf(cell, sizeof cell, "| %+.4f ± %.4f | %.4g | %.4g | %.4g | %.2f |", cJSON_GetObjectItem(o, "delta_ppl")->valuedouble,
+                 cJSON_GetObjectItem(o, "delta_ppl_se")->valuedouble, cJSON_GetObjectItem(k, "mean")->valuedouble,
+                 cJSON_GetObjectItem(k, "median")->valuedouble, cJSON_GetObjectItem(k, "p99")->valuedouble,
+                 100 * cJSON_GetObjectItem(k, "same_top_fraction")->valuedouble);
+        ck_assert_msg(strstr(l, cell), "row '%s' lacks '%s'", l, cell);
+        ck_assert_int_eq(cJSON_GetObjectItem(k, "tokens")->valueint, 189);
+        ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(k, "window_mean")), 3);
+        ck_assert(cJSON_GetObjectItem(k, "mean")->valuedouble > 0 && cJSON_GetObjectItem(k, "p99")->valuedouble >=
+                                                                         cJSON_GetObjectItem(k, "median")->valuedouble);
+        ck_assert(cJSON_GetObjectItem(o, "delta_mean_nll_se")->valuedouble > 0);
     }
     ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "baseline")));
     /* KV cache size at other contexts: an fp16 cache of a Llama-2-7B-shaped model
@@ -170,6 +192,48 @@ START_TEST(test_cli_success)
     ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
     ck_assert_msg(strstr(out, "62 scored tokens (31 per window, from position 32)"), "%s", out);
     ck_assert(strstr(out, "overwrites each window's first token"));
+
+    /* newlines: each protocol's tool's default, recorded in the header and the JSON; --newlines changes the stream
+     * (a CRLF text: tests/fixtures/crlf_sample.txt, 21 CRLF) */
+    {
+        char ppl[2][2][32];
+        for (int pi = 0; pi < 2; pi++)
+            for (int ni = 0; ni < 3; ni++) {
+                const char *proto = pi ? "kvquant" : "llamacpp", *nl = ni == 0 ? "" : ni == 1 ? "--newlines keep" : "--newlines lf";
+                snprintf(args, sizeof args,
+                         "--model %s --tokenizer %s --text tests/fixtures/crlf_sample.txt --ctx 64 --max-windows 2 --protocol %s %s "
+                         "--scheme int4 --json %s/nl.json -q",
+                         e.model, e.tok, proto, nl, e.dir);
+                rc = run(&e, args, out, sizeof out, err, sizeof err);
+                ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+                const bool keep = ni == 1 || (ni == 0 && pi == 0);
+                char want[128];
+                snprintf(want, sizeof want, "- protocol: %s (newlines %s), ctx 64", proto, keep ? "keep" : "lf");
+                ck_assert_msg(strstr(out, want), "%s: %s", want, out);
+                ck_assert_msg(strstr(out, keep ? "21 CRLF kept; --newlines keep" : "21 CRLF turned into LF; --newlines lf"), "%s", out);
+                ck_assert_msg(pi == 1 ? (strstr(out, "rows (") && strstr(out, "joined with \"\\n\\n\""))
+                                      : strstr(out, "less the final LF, as llama-perplexity -f reads them") != NULL,
+                              "%s", out);
+                snprintf(jp, sizeof jp, "%s/nl.json", e.dir);
+                js = slurp(jp);
+                root = cJSON_Parse(js);
+                ck_assert(root);
+                ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "text"), "newlines")->valuestring, keep ? "keep" : "lf");
+                ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "protocol"), "newlines")->valuestring,
+                                 keep ? "keep" : "lf");
+                ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "text"), "crlf_in_file")->valueint, 21);
+                if (ni) snprintf(ppl[pi][ni - 1], sizeof ppl[pi][ni - 1], "%.6f",
+                                 cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "schemes"), 0), "ppl")->valuedouble);
+                cJSON_Delete(root);
+                free(js);
+            }
+        for (int pi = 0; pi < 2; pi++) /* the line ends are scored: keep and lf differ */
+            ck_assert_msg(strcmp(ppl[pi][0], ppl[pi][1]), "%s protocol: keep and lf scored the same (%s)", pi ? "kvquant" : "llamacpp",
+                          ppl[pi][0]);
+    }
+    snprintf(args, sizeof args, "--model %s --tokenizer %s --text %s --ctx 64 --scheme int4 --newlines crlf", e.model, e.tok, e.text);
+    ck_assert_int_eq(run(&e, args, out, sizeof out, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "--newlines") && strstr(err, "keep|lf"), "%s", err);
 
     /* production formats on stories260K (head_dim 8): fp8 and e5m2 run (8 + 32/(64 x 32) bits); the llama.cpp block
      * formats do not apply (head_dim % 32 != 0) and are skipped with a message, the rest still runs */
@@ -415,6 +479,62 @@ START_TEST(test_cli_device)
 }
 END_TEST
 
+/* --task passkey end to end: fp16 first, the table of lengths and depths, the note on lengths the reference cannot
+ * do, the JSON's cases; bad lists are usage errors; the perplexity task still needs --text. */
+START_TEST(test_cli_passkey)
+{
+    env_t e;
+    KVQ_SKIP_IF(!env_init(&e), "bin/kveval or ../shared tiny models/wikitext absent (run make all)");
+    static char out[65536], err[65536];
+    char args[16384];
+    snprintf(args, sizeof args,
+             "--task passkey --model %s --tokenizer %s --passkey-lengths 200,max --passkey-depths 0,100 --scheme int4 --scheme fp16 "
+             "--json %s/pk.json -q",
+             e.model, e.tok, e.dir);
+    int rc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    fprintf(stderr, "INFO kveval passkey stdout:\n%s", out);
+    ck_assert_msg(strstr(out, "| scheme | 200 | 512 | summary |") && strstr(out, "| scheme (summary lengths) | depth 0% | depth 100% |"), "%s", out);
+    const char *f16 = strstr(out, "| fp16 |"), *i4 = strstr(out, "| int4 |");
+    ck_assert_msg(f16 && i4 && f16 < i4 && !strstr(f16 + 1, "| fp16 | 0/2 | 0/2 | — |\n| fp16"), "fp16 first, once: %s", out);
+    ck_assert_msg(strstr(out, "Landmark Attention") && strstr(out, "keys from seed 0"), "%s", out);
+    char jp[512];
+    snprintf(jp, sizeof jp, "%s/pk.json", e.dir);
+    char *js = slurp(jp);
+    cJSON *root = cJSON_Parse(js);
+    ck_assert(root);
+    ck_assert_str_eq(cJSON_GetObjectItem(root, "task")->valuestring, "passkey");
+    cJSON *cases = cJSON_GetObjectItem(root, "cases");
+    ck_assert_int_eq(cJSON_GetArraySize(cases), 4);
+    cJSON *c0 = cJSON_GetArrayItem(cases, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "key")->valuestring, "60494");
+    ck_assert(cJSON_GetObjectItem(c0, "tokens")->valueint <= 200);
+    ck_assert(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "results"), "fp16") && cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "results"), "int4"));
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "options"), "reference")->valuestring, "fp16");
+    /* the tiny model cannot do it in fp16 at either length: both named and left out of the summary */
+    int nsum = cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "options"), "summary_lengths"));
+    if (nsum == 0) ck_assert_msg(strstr(out, "fp16 cannot do it at 200, 512 tokens: left out"), "%s", out);
+    cJSON_Delete(root);
+    free(js);
+    struct { const char *a, *needle; int rc; } bad[] = {
+        {"--task passkey --passkey-lengths 600", "--passkey-lengths: expected token counts", 2},
+        {"--task passkey --passkey-depths 0,150", "--passkey-depths: expected percentages 0..100, found '150'", 2},
+        {"--task passkey --passkey-lengths 100", "too short", 1},
+        {"--passkey-trials 2 --text x.txt", "apply to --task passkey only", 2},
+        {"", "missing required option --text", 2},
+        {"--task passkey --text x.txt", "--text applies to --task ppl, not to --task passkey", 2},
+        {"--task passkey --ctx 64", "--ctx applies to --task ppl", 2},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "--model %s --tokenizer %s --scheme int4 -q %s", e.model, e.tok, bad[i].a);
+        rc = run(&e, args, out, sizeof out, err, sizeof err);
+        ck_assert_msg(rc == bad[i].rc && strstr(err, bad[i].needle), "%s: exit %d: %s", bad[i].a, rc, err);
+        ck_assert_msg(out[0] == 0, "%s: printed %s", bad[i].a, out);
+    }
+    env_done(&e);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kveval_cli");
@@ -423,6 +543,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_cli_success);
     tcase_add_test(tc, test_cli_errors);
     tcase_add_test(tc, test_cli_device);
+    tcase_add_test(tc, test_cli_passkey);
     suite_add_tcase(s, tc);
     return s;
 }

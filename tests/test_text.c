@@ -9,9 +9,9 @@
 #include "text.h"
 #include "tokenizer.h"
 
-static void fixture_get(const char *key, char *val, size_t n)
+static void fixture_get_from(const char *file, const char *key, char *val, size_t n)
 {
-    FILE *f = fopen("tests/fixtures/smollm2_wikitext_windows.txt", "r");
+    FILE *f = fopen(file, "r");
     ck_assert_ptr_nonnull(f);
     char line[4096];
     val[0] = 0;
@@ -24,6 +24,11 @@ static void fixture_get(const char *key, char *val, size_t n)
     }
     fclose(f);
     ck_assert_msg(val[0], "fixture key %s missing", key);
+}
+
+static void fixture_get(const char *key, char *val, size_t n)
+{
+    fixture_get_from("tests/fixtures/smollm2_wikitext_windows.txt", key, val, n);
 }
 
 static long fixture_int(const char *key)
@@ -136,6 +141,25 @@ START_TEST(test_smollm2_protocols)
     fixture_get("calib_windows_sha256", v, sizeof v);
     ck_assert_str_eq(hex, v);
     kvq_windows_report(&w, devnull);
+    kvq_windows_free(&w);
+    kvq_text_free(&t);
+
+    /* llamacpp as llama-perplexity -f reads the file (issue 41: kveval replaced the 2,891 CRLF, a 2.4% PPL
+     * difference): the bytes, CRLF kept, the final LF popped; ctx 512, no BOS for SmolLM2 */
+    ck_assert_msg(kvq_text_read(p, KVQ_TEXT_RAW, kvq_ppl_default_eol(KVQ_PPL_LLAMACPP), &t, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_uint_eq(t.crlf_in_file, 2891);
+    ck_assert_msg(kvq_ppl_windows(&t, tok, KVQ_PPL_LLAMACPP, 512, KVQ_BOS_MODEL, &w, &e) == KVQ_OK, "%s", e.msg);
+    fixture_get("llamacpp_keep_text_sha256", v, sizeof v);
+    ck_assert_str_eq(w.text_sha256, v);
+    ck_assert_uint_eq(w.text_bytes, 1290546);
+    ck_assert_int_eq(w.final_lf_dropped, 1);
+    ck_assert_int_eq(w.bos, 0);
+    ck_assert_uint_eq(w.n_tokens, (size_t)fixture_int("llamacpp_keep_tokens"));
+    ck_assert_uint_eq(w.n_windows, (size_t)fixture_int("llamacpp_keep512_windows"));
+    ids_sha(w.tokens, w.n_windows * 512, hex);
+    fixture_get("llamacpp_keep512_windows_sha256", v, sizeof v);
+    ck_assert_str_eq(hex, v);
+    kvq_windows_report(&w, devnull);
     fclose(devnull);
     kvq_windows_free(&w);
 
@@ -224,18 +248,193 @@ START_TEST(test_small_corpora_and_bad_input)
         close(pfd[0]);
         close(pfd[1]);
     }
-    /* NUL bytes, lone CR and invalid UTF-8 are kept and tokenised; shorter than a window → error */
-    const char odd[] = "a\0b\r\xff\xfe\r\nc";
-    write_tmp("odd.txt", odd, sizeof odd - 1, path, sizeof path);
-    ck_assert(kvq_text_read(path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_OK);
-    ck_assert_uint_eq(t.crlf_replaced, 1);
-    ck_assert_uint_eq(t.len, sizeof odd - 2);
-    ck_assert_uint_eq(t.n_rows, 2);
-    ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_KVQUANT, 4096, KVQ_BOS_NEVER, &w, &e) == KVQ_EFORMAT);
-    ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_LLAMACPP, 2, KVQ_BOS_NEVER, &w, &e) == KVQ_OK);
-    kvq_windows_free(&w);
+    /* a few NUL / invalid UTF-8 bytes in a long text are kept (byte tokens) and counted, with the first offset;
+     * a lone CR stays; shorter than a window → error */
+    {
+        size_t n = 4000;
+        char *odd = malloc(n);
+        ck_assert_ptr_nonnull(odd);
+        for (size_t i = 0; i < n; i++) odd[i] = "the quick brown fox jumps\r\n"[i % 27];
+        odd[100] = 0;
+        odd[2001] = (char)0xff;
+        odd[3000] = '\r';
+        write_tmp("odd.txt", odd, n, path, sizeof path);
+        free(odd);
+        ck_assert_msg(kvq_text_read(path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_uint_eq(t.bad_bytes, 2);
+        ck_assert_uint_eq(t.first_bad, 100);
+        ck_assert_uint_eq(t.crlf_in_file, t.crlf_replaced);
+        ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_KVQUANT, 100000, KVQ_BOS_NEVER, &w, &e) == KVQ_EFORMAT);
+        ck_assert(kvq_ppl_windows(&t, tok, KVQ_PPL_LLAMACPP, 2, KVQ_BOS_NEVER, &w, &e) == KVQ_OK);
+        kvq_windows_free(&w);
+        kvq_text_free(&t);
+        unlink(path);
+    }
+    kvq_tokenizer_free(tok);
+}
+END_TEST
+
+/* Files that are not text are refused, whatever kind of bytes make them so (issue 41: binary garbage,
+ * NUL bytes or invalid UTF-8 as --text ran with exit 0): the message counts the bad bytes and names the
+ * first offset; the UTF-8 rules are checked sequence by sequence. */
+START_TEST(test_not_text_refused)
+{
+    size_t first;
+    struct { const char *s; size_t n, bad, first; } seq[] = {
+        {"plain ascii", 11, 0, 11},
+        {"caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80", 14, 0, 14}, /* 2-, 3- and 4-byte forms */
+        {"a\0b", 3, 1, 1},                                         /* NUL */
+        {"\xc0\xaf", 2, 2, 0},                                      /* overlong '/' */
+        {"\xe0\x80\xaf", 3, 3, 0},                                  /* overlong, 3 bytes */
+        {"\xed\xa0\x80", 3, 3, 0},                                  /* UTF-16 surrogate U+D800 */
+        {"\xf4\x90\x80\x80", 4, 4, 0},                              /* above U+10FFFF */
+        {"x\x80y", 3, 1, 1},                                        /* stray continuation byte */
+        {"ab\xe2\x80", 4, 2, 2},                                     /* truncated at the end */
+        {"\xe2\x80z", 3, 2, 0},                                      /* truncated in the middle */
+        {"\xfe\xff", 2, 2, 0},                                      /* never in UTF-8 */
+    };
+    for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
+        size_t bad = kvq_text_bad_bytes(seq[i].s, seq[i].n, &first);
+        ck_assert_msg(bad == seq[i].bad && first == seq[i].first, "case %zu: %zu bad from %zu, expected %zu from %zu", i, bad,
+                      first, seq[i].bad, seq[i].first);
+    }
+    /* whole files: random bytes, a NUL-padded file, UTF-16LE text, a gzip header + noise, a text whose bad bytes are
+     * just over the limit */
+    char path[512];
+    kvq_text t;
+    kvq_err e = {0};
+    size_t n = 4096;
+    unsigned char *d = malloc(n);
+    ck_assert_ptr_nonnull(d);
+    for (int kind = 0; kind < 5; kind++) {
+        uint32_t x = 2463534242u;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+            d[i] = kind == 0 ? (unsigned char)x
+                   : kind == 1 ? (i < 200 ? (unsigned char)"some text "[i % 10] : 0)
+                   : kind == 2 ? (i % 2 ? 0 : (unsigned char)"UTF-16 text "[(i / 2) % 12])
+                   : kind == 3 ? (i < 2 ? (unsigned char)"\x1f\x8b"[i] : (unsigned char)(x | 0x80))
+                               : (unsigned char)"plain line of text\n"[i % 19];
+        }
+        if (kind == 4) /* 5 bad bytes in 4096: 1.2 per mille */
+            for (int k = 0; k < 5; k++) d[700 + 97 * k] = 0xff;
+        write_tmp("bin.txt", (const char *)d, n, path, sizeof path);
+        ck_assert_int_eq(kvq_text_read(path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e), KVQ_EFORMAT);
+        ck_assert_msg(strstr(e.msg, path) && strstr(e.msg, "not a text file") && strstr(e.msg, "NUL bytes or invalid UTF-8") &&
+                          strstr(e.msg, "expected UTF-8 text"),
+                      "kind %d: %s", kind, e.msg);
+        ck_assert_ptr_null(t.data);
+        /* JSONL and WikiText files go through the same check */
+        ck_assert_int_eq(kvq_text_read(path, KVQ_TEXT_WIKITEXT_TOKENS, KVQ_EOL_KEEP, &t, &e), KVQ_EFORMAT);
+        unlink(path);
+    }
+    ck_assert_msg(strstr(e.msg, "5 of its 4096 bytes") && strstr(e.msg, "0xff at offset 700"), "%s", e.msg);
+    /* 4 bad bytes in 4096 (below 1 per mille): accepted, counted */
+    d[700 + 97 * 4] = 'x';
+    write_tmp("few.txt", (const char *)d, n, path, sizeof path);
+    ck_assert_msg(kvq_text_read(path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &t, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_uint_eq(t.bad_bytes, 4);
+    ck_assert_uint_eq(t.first_bad, 700);
     kvq_text_free(&t);
     unlink(path);
+    free(d);
+}
+END_TEST
+
+/* Every protocol x newline policy on a CRLF text with the tiny llama2.c tokenizer, against
+ * tests/scripts/protocol_streams_reference.py (the tools' rules re-implemented in Python over the
+ * file's bytes, with a literal port of run.c encode()): the exact string tokenised (bytes, sha256),
+ * the stream's token count and the windows' ids (sha256), at ctx 64. */
+START_TEST(test_protocol_streams_crlf)
+{
+    char b[4096];
+    const char *tp = kvq_test_shared(b, sizeof b, "models/llama2c/aidreams-tok512.bin");
+    KVQ_SKIP_IF(!tp, "../shared/models/llama2c absent");
+    static const char fx[] = "tests/fixtures/protocol_streams.txt", sample[] = "tests/fixtures/crlf_sample.txt";
+    kvq_tokenizer *tok;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_tokenizer_from_llama2c(tp, 512, &tok, &e) == KVQ_OK, "%s", e.msg);
+    char v[256], key[128], hex[65];
+    fixture_get_from(fx, "ctx", v, sizeof v);
+    const size_t ctx = (size_t)atol(v);
+    static const kvq_ppl_protocol protos[2] = {KVQ_PPL_LLAMACPP, KVQ_PPL_KVQUANT};
+    static const kvq_eol_mode eols[2] = {KVQ_EOL_KEEP, KVQ_EOL_TO_LF};
+    ck_assert_int_eq(kvq_ppl_default_eol(KVQ_PPL_LLAMACPP), KVQ_EOL_KEEP);
+    ck_assert_int_eq(kvq_ppl_default_eol(KVQ_PPL_KVQUANT), KVQ_EOL_TO_LF);
+    for (int pi = 0; pi < 2; pi++)
+        for (int ei = 0; ei < 2; ei++) {
+            kvq_text t;
+            kvq_windows w;
+            ck_assert_msg(kvq_text_read(sample, KVQ_TEXT_RAW, eols[ei], &t, &e) == KVQ_OK, "%s", e.msg);
+            fixture_get_from(fx, "file_sha256", v, sizeof v);
+            ck_assert_str_eq(t.file_sha256, v);
+            fixture_get_from(fx, "file_crlf", v, sizeof v);
+            ck_assert_uint_eq(t.crlf_in_file, (size_t)atol(v));
+            ck_assert_uint_eq(t.crlf_replaced, eols[ei] == KVQ_EOL_TO_LF ? (size_t)atol(v) : 0);
+            ck_assert_msg(kvq_ppl_windows(&t, tok, protos[pi], ctx, KVQ_BOS_MODEL, &w, &e) == KVQ_OK, "%s", e.msg);
+            const char *pn = protos[pi] == KVQ_PPL_LLAMACPP ? "llamacpp" : "kvquant", *en = kvq_eol_name(eols[ei]);
+            ck_assert_int_eq(w.eol, eols[ei]);
+            ck_assert_int_eq(w.bos, 1); /* llama2.c: BOS always */
+            ck_assert_int_eq(w.final_lf_dropped, protos[pi] == KVQ_PPL_LLAMACPP);
+            snprintf(key, sizeof key, "%s_%s_text_bytes", pn, en);
+            fixture_get_from(fx, key, v, sizeof v);
+            ck_assert_msg(w.text_bytes == (uint64_t)atoll(v), "%s: %llu bytes tokenised, reference %s", key,
+                          (unsigned long long)w.text_bytes, v);
+            snprintf(key, sizeof key, "%s_%s_text_sha256", pn, en);
+            fixture_get_from(fx, key, v, sizeof v);
+            ck_assert_msg(!strcmp(w.text_sha256, v), "%s: %s, reference %s", key, w.text_sha256, v);
+            snprintf(key, sizeof key, "%s_%s_tokens", pn, en);
+            fixture_get_from(fx, key, v, sizeof v);
+            ck_assert_msg(w.n_tokens == (size_t)atol(v), "%s: %zu, reference %s", key, w.n_tokens, v);
+            snprintf(key, sizeof key, "%s_%s_windows", pn, en);
+            fixture_get_from(fx, key, v, sizeof v);
+            ck_assert_uint_eq(w.n_windows, (size_t)atol(v));
+            ids_sha(w.tokens, w.n_windows * ctx, hex);
+            snprintf(key, sizeof key, "%s_%s_windows_sha256", pn, en);
+            fixture_get_from(fx, key, v, sizeof v);
+            ck_assert_msg(!strcmp(hex, v), "%s: %s, reference %s", key, hex, v);
+            if (protos[pi] == KVQ_PPL_LLAMACPP)
+                for (size_t i = 0; i < w.n_windows; i++) ck_assert_int_eq(w.tokens[i * ctx], 1);
+            /* the same stream whole, before windowing (BOS at its start only) */
+            {
+                int32_t *ids;
+                size_t n;
+                char *joined = NULL;
+                const char *s0 = t.data;
+                size_t sl = t.len;
+                if (protos[pi] == KVQ_PPL_KVQUANT) { /* "\n\n".join(rows) */
+                    joined = malloc(t.len + 2 * t.n_rows + 1);
+                    ck_assert_ptr_nonnull(joined);
+                    sl = 0;
+                    for (size_t r = 0; r < t.n_rows; r++) {
+                        if (r) { joined[sl++] = '\n'; joined[sl++] = '\n'; }
+                        memcpy(joined + sl, t.rows_base + t.row_off[r], t.row_len[r]);
+                        sl += t.row_len[r];
+                    }
+                    s0 = joined;
+                } else if (sl && s0[sl - 1] == '\n') {
+                    sl--;
+                }
+                ck_assert(kvq_tokenizer_encode(tok, s0, sl, KVQ_TOK_ADD_BOS, &ids, &n, &e) == KVQ_OK);
+                ids_sha(ids, n, hex);
+                snprintf(key, sizeof key, "%s_%s_stream_sha256", pn, en);
+                fixture_get_from(fx, key, v, sizeof v);
+                ck_assert_msg(!strcmp(hex, v), "%s: %s, reference %s", key, hex, v);
+                free(ids);
+                free(joined);
+            }
+            const size_t nt = w.n_tokens;
+            kvq_windows_free(&w);
+            /* llama-perplexity refuses fewer than 2 x ctx tokens; so does the llamacpp protocol (one window
+             * of n/2 + 1 tokens would fit; kvquant takes it) */
+            ck_assert_int_eq(kvq_ppl_windows(&t, tok, protos[pi], nt / 2 + 1, KVQ_BOS_MODEL, &w, &e),
+                             protos[pi] == KVQ_PPL_LLAMACPP ? KVQ_EFORMAT : KVQ_OK);
+            if (protos[pi] == KVQ_PPL_LLAMACPP)
+                ck_assert_msg(strstr(e.msg, "needs at least 2 x ctx") && strstr(e.msg, "llama-perplexity"), "%s", e.msg);
+            else
+                kvq_windows_free(&w);
+            kvq_text_free(&t);
+        }
     kvq_tokenizer_free(tok);
 }
 END_TEST
@@ -268,6 +467,8 @@ static Suite *suite(void)
     tcase_add_test(tc, test_wikitext_raw_read);
     tcase_add_test(tc, test_smollm2_protocols);
     tcase_add_test(tc, test_small_corpora_and_bad_input);
+    tcase_add_test(tc, test_protocol_streams_crlf);
+    tcase_add_test(tc, test_not_text_refused);
     tcase_add_test(tc, test_wikitext_tokens_file);
     suite_add_tcase(s, tc);
     return s;

@@ -63,7 +63,7 @@ static void run_conformance(const char *name, const char *expect_desc)
     char b1[4096], b2[4096], b3[4096], rel[256];
     snprintf(rel, sizeof rel, "tokenizer-conformance/ggml-vocab-%s.gguf", name);
     const char *g = kvq_test_shared(b1, sizeof b1, rel);
-    if (!g) { fprintf(stderr, "SKIP conformance %s: ../shared/%s absent\n", name, rel); return; }
+    if (!g) { kvq_test_skip_missing(name, "conformance: ../shared/tokenizer-conformance absent"); return; }
     snprintf(rel, sizeof rel, "tokenizer-conformance/ggml-vocab-%s.gguf.inp", name);
     const char *inp = kvq_test_shared(b2, sizeof b2, rel);
     snprintf(rel, sizeof rel, "tokenizer-conformance/ggml-vocab-%s.gguf.out", name);
@@ -295,7 +295,7 @@ START_TEST(test_llama2c_aidreams)
             ck_assert_msg(strstr(e.msg, g) && strstr(e.msg, "another model's --tokenizer?"), "%s", e.msg);
             kvq_tokenizer_free(gt);
         } else {
-            fprintf(stderr, "SKIP the 90%% rule: ggml-vocab-llama-spm.gguf absent\n");
+            kvq_test_skip_missing(__func__, "the 90% rule: ../shared/tokenizer-conformance/ggml-vocab-llama-spm.gguf absent");
         }
     }
     int32_t *ids;
@@ -439,7 +439,7 @@ START_TEST(test_bad_vocab)
         const char *file, *needle;
     } foreign[] = {
         {"tests/fixtures/dump_small.h5", "an HDF5 file (a kvdump dump?), not a tokenizer"},
-        {"tests/fixtures/st_fixture.safetensors", "a safetensors file (weights or a kvcalib artifact), not a tokenizer"},
+        {"tests/fixtures/st_fixture.safetensors", "a safetensors file (weights?), not a tokenizer"},
     };
     for (size_t i = 0; i < sizeof foreign / sizeof *foreign; i++) {
         ck_assert(kvq_tokenizer_load(foreign[i].file, &tok, &e) == KVQ_EFORMAT);

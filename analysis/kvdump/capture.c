@@ -288,6 +288,9 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     /* (as kveval: else the first sample fails on an out-of-range id) */
     if ((s = kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o->tokenizer_path ? o->tokenizer_path : o->model_path, err))) goto done;
     if ((s = kvq_text_read(o->text_path, o->format, KVQ_EOL_TO_LF, &txt, err))) goto done;
+    if (txt.bad_bytes && !o->quiet)
+        fprintf(stderr, "kvdump: warning: %s: %zu byte%s NUL or invalid UTF-8 (the first at offset %llu); tokenised as byte tokens\n",
+                o->text_path, txt.bad_bytes, txt.bad_bytes == 1 ? " is" : "s are", (unsigned long long)txt.first_bad);
     if ((s = kvq_calib_windows(&txt, tok, (size_t)o->samples, (size_t)seq_len, o->seed, KVQ_BOS_MODEL, &win, err))) goto done;
 
     int L = (int)seq_len;

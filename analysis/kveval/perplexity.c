@@ -47,8 +47,87 @@ void kvq_ppl_results_free(kvq_ppl_result *results, size_t n)
 {
     for (size_t i = 0; results && i < n; i++) {
         free(results[i].window_nll);
-        results[i].window_nll = NULL;
+        free(results[i].window_kld);
+        free(results[i].token_kld);
+        results[i].window_nll = results[i].window_kld = results[i].token_kld = NULL;
     }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/* llama-perplexity's percentile of sorted values: linear interpolation at fraction * (n - 1) */
+static double percentile(const double *v, uint64_t n, double fraction)
+{
+    if (fraction <= 0) return v[0];
+    if (fraction >= 1) return v[n - 1];
+    const double p = fraction * (double)(n - 1);
+    const uint64_t ip = (uint64_t)p;
+    const double f = p - (double)ip;
+    return (1 - f) * v[ip] + f * v[ip + 1 < n ? ip + 1 : n - 1];
+}
+
+void kvq_kld_stats_compute(double *x, uint64_t n, uint64_t same_top, kvq_kld_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->n = n;
+    st->same_top = same_top;
+    if (n == 0) {
+        st->mean = st->mean_se = st->median = st->p90 = st->p95 = st->p99 = st->p999 = st->min = st->max = NAN;
+        st->same_top_frac = st->same_top_se = NAN;
+        return;
+    }
+    double sum = 0, sum2 = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        sum += x[i];
+        sum2 += x[i] * x[i];
+    }
+    st->mean = sum / (double)n;
+    const double var = sum2 / (double)n - st->mean * st->mean;
+    st->mean_se = n > 1 && var > 0 ? sqrt(var / (double)(n - 1)) : n > 1 ? 0 : NAN;
+    qsort(x, n, sizeof *x, cmp_double);
+    st->median = n % 2 == 0 ? 0.5 * (x[n / 2] + x[n / 2 - 1]) : x[n / 2];
+    st->p90 = percentile(x, n, 0.90);
+    st->p95 = percentile(x, n, 0.95);
+    st->p99 = percentile(x, n, 0.99);
+    st->p999 = percentile(x, n, 0.999);
+    st->min = x[0];
+    st->max = x[n - 1];
+    st->same_top_frac = (double)same_top / (double)n;
+    st->same_top_se = n > 1 ? sqrt(st->same_top_frac * (1 - st->same_top_frac) / (double)(n - 1)) : NAN;
+}
+
+void kvq_ppl_paired_delta(const kvq_ppl_result *s, const kvq_ppl_result *base, size_t W, kvq_ppl_paired *out)
+{
+    out->d_ppl = s->ppl - base->ppl;
+    out->d_nll = s->n_scored && base->n_scored ? s->nll_sum / (double)s->n_scored - base->nll_sum / (double)base->n_scored : NAN;
+    out->d_nll_se = out->d_ppl_se = NAN;
+    if (W < 2 || !s->window_nll || !base->window_nll) return;
+    double ma = 0, mb = 0;
+    for (size_t w = 0; w < W; w++) {
+        ma += s->window_nll[w];
+        mb += base->window_nll[w];
+    }
+    ma /= (double)W;
+    mb /= (double)W;
+    double va = 0, vb = 0, cab = 0, vd = 0;
+    for (size_t w = 0; w < W; w++) {
+        const double a = s->window_nll[w] - ma, b = base->window_nll[w] - mb;
+        va += a * a;
+        vb += b * b;
+        cab += a * b;
+        vd += (a - b) * (a - b);
+    }
+    va /= (double)(W - 1);
+    vb /= (double)(W - 1);
+    cab /= (double)(W - 1);
+    vd /= (double)(W - 1);
+    out->d_nll_se = sqrt(vd / (double)W);
+    const double pa = s->ppl, pb = base->ppl, v = pa * pa * va + pb * pb * vb - 2 * pa * pb * cab;
+    out->d_ppl_se = sqrt((v > 0 ? v : 0) / (double)W);
 }
 
 const char *kvq_ppl_exec_mode(const kvq_ppl_exec *x)
@@ -66,11 +145,132 @@ const char *kvq_ppl_xform_name(kvq_ppl_xform x)
     }
 }
 
+/* One window's LM-head outputs for the KL divergence: the baseline's (kept until the next window)
+ * and the current scheme's. */
+typedef struct {
+    bool on, is_base;
+    float *hb, *eb, *hs; /* [ctx][dim]: baseline hidden and expectation, scheme hidden */
+    double *cb, *lb, *ls; /* [ctx]: baseline h.e and lse, scheme lse */
+    int *ab, *as;         /* [ctx]: top tokens */
+} kld_ws;
+
+static kvq_status kld_ws_init(kld_ws *k, size_t ctx, size_t dim, kvq_err *err)
+{
+    memset(k, 0, sizeof *k);
+    k->on = true;
+    k->hb = malloc(ctx * dim * sizeof(float));
+    k->eb = malloc(ctx * dim * sizeof(float));
+    k->hs = malloc(ctx * dim * sizeof(float));
+    k->cb = malloc(ctx * sizeof(double));
+    k->lb = malloc(ctx * sizeof(double));
+    k->ls = malloc(ctx * sizeof(double));
+    k->ab = malloc(ctx * sizeof(int));
+    k->as = malloc(ctx * sizeof(int));
+    if (!k->hb || !k->eb || !k->hs || !k->cb || !k->lb || !k->ls || !k->ab || !k->as)
+        return kvq_fail(err, KVQ_ENOMEM, "perplexity: out of memory for the KL divergence of windows of %zu tokens", ctx);
+    return KVQ_OK;
+}
+
+static void kld_ws_free(kld_ws *k)
+{
+    free(k->hb);
+    free(k->eb);
+    free(k->hs);
+    free(k->cb);
+    free(k->lb);
+    free(k->ls);
+    free(k->ab);
+    free(k->as);
+    memset(k, 0, sizeof *k);
+}
+
+/* ---- where a non-finite value arises (a NaN/Inf NLL is rerun with this observer) ---- */
+
+typedef struct {
+    kvq_hooks inner;   /* the scheme's hooks (transform and its user) */
+    int layer;         /* first layer with a non-finite value, -1 = none */
+    char what[256];
+} nan_probe;
+
+static kvq_status probe_transform(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
+{
+    nan_probe *p = user;
+    return p->inner.transform(p->inner.user, ctx, k, v, alt, err);
+}
+
+static bool find_bad(const float *x, size_t rows, size_t width, size_t *r, size_t *c)
+{
+    for (size_t i = 0; x && i < rows * width; i++)
+        if (!isfinite(x[i])) {
+            *r = i / width;
+            *c = i % width;
+            return true;
+        }
+    return false;
+}
+
+static kvq_status probe_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    (void)err;
+    nan_probe *p = user;
+    if (p->layer >= 0) return KVQ_OK;
+    const size_t kvw = (size_t)ctx->n_kv_heads * ctx->head_dim, qw = (size_t)ctx->n_heads * ctx->head_dim;
+    /* in the order they arise: the model's projections, then what the scheme made of them */
+    const struct { const float *x; size_t w; const char *name; } chk[] = {
+        {obs->q, qw, "the query (model)"},
+        {obs->k_pre, kvw, "the pre-RoPE key (model)"},
+        {obs->v, kvw, "the value (model)"},
+        {obs->k_att, kvw, "the key after the scheme's transform"},
+        {obs->v_att, kvw, "the value after the scheme's transform"},
+        {obs->k_alt, kvw, "the key's quantized representation (scheme)"},
+        {obs->v_alt, kvw, "the value's quantized representation (scheme)"},
+    };
+    for (size_t i = 0; i < sizeof chk / sizeof *chk; i++) {
+        size_t r, c;
+        if (find_bad(chk[i].x, (size_t)ctx->T, chk[i].w, &r, &c)) {
+            p->layer = ctx->layer;
+            snprintf(p->what, sizeof p->what, "layer %d: position %zu, head %zu, channel %zu: %s is %g", ctx->layer,
+                     (size_t)ctx->pos0 + r, c / (size_t)ctx->head_dim, c % (size_t)ctx->head_dim, chk[i].name,
+                     (double)chk[i].x[r * chk[i].w + c]);
+            return KVQ_OK;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* Rerun a window whose NLL was not finite, observing every layer, and name where the first non-finite
+ * value arose (the message kvdump gives): "layer L: position P, head H, channel C: the value after the
+ * scheme's transform is nan"; or that every layer's Q/K/V stayed finite. */
+static void name_nonfinite(kvq_engine *e, const kvq_fwd_io *io0, kvq_err *err)
+{
+    nan_probe p = {.layer = -1};
+    kvq_hooks hk = {0};
+    if (io0->hooks) p.inner = *io0->hooks;
+    hk.user = &p;
+    hk.observe = probe_observe;
+    hk.transform = p.inner.transform ? probe_transform : NULL;
+    hk.key_stage = p.inner.key_stage;
+    kvq_fwd_io io = *io0;
+    io.hooks = &hk;
+    io.head = NULL;
+    kvq_fwd_result r;
+    kvq_err e2 = {0};
+    (void)kvq_engine_run(e, &io, &r, &e2);
+    char msg[KVQ_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    if (p.layer >= 0)
+        kvq_fail(err, KVQ_ENUMERIC, "%s (not finite); %s", p.what, msg);
+    else
+        kvq_fail(err, KVQ_ENUMERIC, "every layer's query, keys and values are finite: the non-finite value arose after the "
+                                    "attention of the last layer (MLP or LM head); %s", msg);
+}
+
 /* One window of one scheme through the engine; accumulates into res.
- * native: the scheme's descriptor is set on the (GPU) engine, no hook. */
+ * native: the scheme's descriptor is set on the (GPU) engine, no hook.
+ * kw (may be NULL): KL divergence against the baseline (kw->is_base: this is the baseline's run). */
 static kvq_status run_window(kvq_engine *e, const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan, size_t w,
                              const kvq_eval_scheme *sc, bool native, kvq_ppl_result *res, int *targets, double *nll,
-                             kvq_err *err)
+                             kld_ws *kw, kvq_err *err)
 {
     const int32_t *tok = win->tokens + w * plan->ctx;
     kvq_ppl_targets(plan, tok, targets);
@@ -82,12 +282,19 @@ static kvq_status run_window(kvq_engine *e, const kvq_model *m, const kvq_window
     run.v_counts = res->v_counts;
     kvq_prefix px = {0};
     if (sc->prefix) px = (kvq_prefix){.P = sc->prefix->P, .k = sc->prefix->k, .v = sc->prefix->v};
+    kvq_fwd_head head = {0};
+    if (kw && kw->on) {
+        if (kw->is_base) head = (kvq_fwd_head){.hidden = kw->hb, .lse = kw->lb, .argmax = kw->ab, .expect = kw->eb};
+        else head = (kvq_fwd_head){.hidden = kw->hs, .lse = kw->ls, .argmax = kw->as};
+    }
     kvq_fwd_io io = {.tokens = (const int *)tok, .T = (int)plan->ctx, .pos0 = px.P, .targets = targets,
-                     .prefix = sc->prefix ? &px : NULL, .hooks = hooks.transform ? &hooks : NULL, .nll = nll};
+                     .prefix = sc->prefix ? &px : NULL, .hooks = hooks.transform ? &hooks : NULL, .nll = nll,
+                     .head = kw && kw->on ? &head : NULL};
     kvq_fwd_result r;
     double t0 = kvq_now();
     kvq_status st = kvq_engine_run(e, &io, &r, err);
     res->seconds += kvq_now() - t0;
+    if (st == KVQ_ENUMERIC) name_nonfinite(e, &io, err);
     kvq_scheme_run_free(&run);
     if (st) return kvq_err_prefix(err, "scheme %s, window %zu (stream offset %zu)", sc->name, w, win->offsets[w]);
     if (r.n_scored != (int)plan->scored_per_window)
@@ -98,6 +305,29 @@ static kvq_status run_window(kvq_engine *e, const kvq_model *m, const kvq_window
     res->nll_sum += sum;
     res->n_scored += (uint64_t)r.n_scored;
     res->window_nll[w] = sum / r.n_scored;
+    if (kw && kw->on) {
+        const size_t dim = (size_t)m->hp.dim, f = plan->first_scored;
+        if (kw->is_base) {
+            for (size_t t = f; t + 1 < plan->ctx; t++) {
+                double c = 0;
+                for (size_t d = 0; d < dim; d++) c += (double)kw->hb[t * dim + d] * kw->eb[t * dim + d];
+                kw->cb[t] = c;
+            }
+        } else {
+            /* KL(P_base || Q) = (h_base - h) . e_base - lse_base + lse (kvq_fwd_head) */
+            double wsum = 0;
+            double *out = res->token_kld + w * plan->scored_per_window;
+            for (size_t t = f; t + 1 < plan->ctx; t++) {
+                double c = 0;
+                for (size_t d = 0; d < dim; d++) c += (double)kw->hs[t * dim + d] * kw->eb[t * dim + d];
+                const double kl = kw->cb[t] - c - kw->lb[t] + kw->ls[t];
+                out[t - f] = kl;
+                wsum += kl;
+                res->kld.same_top += kw->as[t] == kw->ab[t];
+            }
+            res->window_kld[w] = wsum / (double)plan->scored_per_window;
+        }
+    }
     if (native) { /* the GPU counts outliers only (added per scheme by the caller); elements and sink tokens here */
         uint64_t L = (uint64_t)m->hp.n_layers, kvd = (uint64_t)kvq_kv_dim(&m->hp), T = plan->ctx;
         uint64_t ns = sc->s.q.n_sink < T ? sc->s.q.n_sink : T;
@@ -131,6 +361,10 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                         plan->ctx, plan->n_windows, win->ctx, win->n_windows);
     if (plan->ctx > (size_t)m->hp.ctx_len)
         return kvq_fail(err, KVQ_EINVAL, "perplexity: ctx %zu exceeds the model's context length %d", plan->ctx, m->hp.ctx_len);
+    const bool kld = x && x->kld;
+    const size_t base = kld ? x->kld_baseline : 0;
+    if (kld && base >= n_schemes)
+        return kvq_fail(err, KVQ_EINVAL, "perplexity: KL divergence baseline %zu of %zu schemes", base, n_schemes);
     int max_P = 0;
     for (size_t s = 0; s < n_schemes; s++) {
         int P = schemes[s].prefix ? schemes[s].prefix->P : 0;
@@ -139,9 +373,16 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                             schemes[s].name, P, plan->ctx, m->hp.ctx_len);
         if (P > max_P) max_P = P;
     }
+    const size_t nw = plan->n_windows ? plan->n_windows : 1, nt = nw * plan->scored_per_window;
     for (size_t s = 0; s < n_schemes; s++) {
-        results[s].window_nll = calloc(plan->n_windows ? plan->n_windows : 1, sizeof(double));
-        if (!results[s].window_nll) {
+        kvq_ppl_result *r = &results[s];
+        r->window_nll = calloc(nw, sizeof(double));
+        r->has_kld = kld && s != base;
+        if (r->has_kld) {
+            r->window_kld = calloc(nw, sizeof(double));
+            r->token_kld = malloc((nt ? nt : 1) * sizeof(double));
+        }
+        if (!r->window_nll || (r->has_kld && (!r->window_kld || !r->token_kld))) {
             kvq_ppl_results_free(results, n_schemes);
             return kvq_fail(err, KVQ_ENOMEM, "perplexity: out of memory");
         }
@@ -163,13 +404,36 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
     int *targets = malloc(plan->ctx * sizeof *targets);
     double *nll = malloc(plan->ctx * sizeof *nll);
     if (!targets || !nll) st = kvq_fail(err, KVQ_ENOMEM, "perplexity: out of memory");
+    kld_ws kw = {0};
+    if (!st && kld) st = kld_ws_init(&kw, plan->ctx, (size_t)m->hp.dim, err);
     uint64_t done = 0;
-    if (dev == KVQ_DEVICE_CPU) {
+    if (dev == KVQ_DEVICE_CPU || kld) {
+        /* window-major: window w for every scheme (the KL baseline first), then w + 1; on the GPU one
+         * descriptor upload per scheme and window */
         for (size_t w = 0; st == KVQ_OK && w < plan->n_windows; w++)
-            for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++) {
-                st = run_window(&e, m, win, plan, w, &schemes[s], false, &results[s], targets, nll, err);
+            for (size_t k = 0; st == KVQ_OK && k < n_schemes; k++) {
+                const size_t s = k == 0 ? base : k <= base ? k - 1 : k;
+                kw.is_base = s == base;
+                const kvq_kv_desc *d = dev == KVQ_DEVICE_CUDA ? kvq_eval_scheme_kv_desc(&schemes[s]) : NULL;
+                kvq_cuda_stats s0 = {0}, s1 = {0};
+                if (dev == KVQ_DEVICE_CUDA) {
+                    st = kvq_engine_set_kv(&e, d, err);
+                    if (st) {
+                        kvq_err_prefix(err, "scheme %s", schemes[s].name);
+                        break;
+                    }
+                    kvq_forward_cuda_stats(e.gpu, &s0);
+                }
+                st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, kld ? &kw : NULL, err);
+                if (!st && d) {
+                    kvq_forward_cuda_stats(e.gpu, &s1);
+                    results[s].xform = KVQ_PPL_XF_GPU;
+                    results[s].k_counts.n_outliers += s1.k_outliers - s0.k_outliers;
+                    results[s].v_counts.n_outliers += s1.v_outliers - s0.v_outliers;
+                }
                 if (!st && prog) kvq_progress_update(prog, ++done);
             }
+        if (!st && dev == KVQ_DEVICE_CUDA) st = kvq_engine_set_kv(&e, NULL, err);
     } else {
         for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++) {
             /* natively on the GPU when the family has a CUDA part, else the hook on the host */
@@ -183,7 +447,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
             kvq_cuda_stats s0, s1;
             kvq_forward_cuda_stats(e.gpu, &s0);
             for (size_t w = 0; st == KVQ_OK && w < plan->n_windows; w++) {
-                st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, err);
+                st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, NULL, err);
                 if (!st && prog) kvq_progress_update(prog, ++done);
             }
             kvq_forward_cuda_stats(e.gpu, &s1);
@@ -195,8 +459,12 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
         }
         if (!st) st = kvq_engine_set_kv(&e, NULL, err);
     }
-    for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++)
-        results[s].ppl = results[s].n_scored ? exp(results[s].nll_sum / (double)results[s].n_scored) : NAN;
+    for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++) {
+        kvq_ppl_result *r = &results[s];
+        r->ppl = r->n_scored ? exp(r->nll_sum / (double)r->n_scored) : NAN;
+        if (r->has_kld) kvq_kld_stats_compute(r->token_kld, (uint64_t)plan->n_windows * plan->scored_per_window, r->kld.same_top, &r->kld);
+    }
+    kld_ws_free(&kw);
     free(targets);
     free(nll);
     kvq_engine_free(&e);

@@ -62,9 +62,15 @@ void kvq_ppl_targets(const kvq_ppl_plan *plan, const int32_t *tokens, int *targe
 
 const char *kvq_ppl_protocol_name(kvq_ppl_protocol p);
 
-/* Where a run executes. Zeroed = the CPU. */
+/* Where a run executes, and what it compares. Zeroed = the CPU, no KL divergence. */
 typedef struct {
     kvq_device device;   /* KVQ_DEVICE_CPU or KVQ_DEVICE_CUDA (kvq_device_parse) */
+    /* KL divergence and top-1 agreement of every scheme's next-token distribution against
+     * scheme kld_baseline's (the fp32 baseline), per scored token, streamed (kvq_fwd_head: the
+     * baseline's expected output embedding, never [T][vocab] logits). The run goes window-major
+     * on both devices (the baseline's window first), so only one window's head outputs are kept. */
+    bool kld;
+    size_t kld_baseline;
     int gpu;             /* GPU index (cuda:N) */
     kvq_cuda_math math;  /* CUDA: KVQ_CUDA_EXACT (fp32, TF32 off), KVQ_CUDA_TF32 or KVQ_CUDA_BF16 (fast modes) */
     bool auto_device;    /* device came from "auto": a GPU that cannot run the model falls back to the CPU */
@@ -86,6 +92,23 @@ typedef enum {
 
 const char *kvq_ppl_xform_name(kvq_ppl_xform x); /* "none", "cpu", "gpu-native", "host" */
 
+/* KL divergence statistics of one scheme against the baseline, over its scored tokens, as
+ * llama-perplexity --kl-divergence reports them (tools/perplexity): KL(P_base || Q_scheme) =
+ * sum_v P_v (ln P_v - ln Q_v) in nats per token; mean_se = sqrt((mean(x^2) - mean(x)^2) / (n - 1));
+ * median = the middle value (the mean of the two middle ones for even n); the percentiles
+ * interpolate linearly at fraction * (n - 1) of the sorted values; "same top" = the scheme's
+ * largest logit is the baseline's (first index on ties), se = sqrt(f (1 - f) / (n - 1)). */
+typedef struct {
+    uint64_t n;                    /* tokens compared */
+    double mean, mean_se;
+    double median, p90, p95, p99, p999, min, max;
+    uint64_t same_top;
+    double same_top_frac, same_top_se;
+} kvq_kld_stats;
+
+/* Fill st from the n per-token values x (sorted in place) and the same-top count. */
+void kvq_kld_stats_compute(double *x, uint64_t n, uint64_t same_top, kvq_kld_stats *st);
+
 /* Result of one scheme. */
 typedef struct {
     double nll_sum;            /* nats, over all scored tokens */
@@ -96,7 +119,24 @@ typedef struct {
     kvq_quant_counts k_counts, v_counts; /* quantizer counters summed over layers and windows */
     double *window_nll;        /* [n_windows] mean NLL of each window (owned; kvq_ppl_results_free) */
     kvq_ppl_xform xform;       /* where the transform ran */
+    /* with kvq_ppl_exec.kld, for every scheme but the baseline: */
+    bool has_kld;
+    kvq_kld_stats kld;
+    double *window_kld;        /* [n_windows] mean KL divergence of each window (owned) */
+    double *token_kld;         /* [n_windows][scored_per_window] per scored token, sorted after the run (owned) */
 } kvq_ppl_result;
+
+/* Paired difference of a scheme against the baseline over the same windows: the change in
+ * mean NLL (nats) and in perplexity, each with its standard error from the per-window
+ * differences (W windows of equal scored counts; a_w, b_w the windows' mean NLLs):
+ *   d_nll = mean_w (a_w - b_w),  se = sd_w(a_w - b_w) / sqrt(W)
+ *   d_ppl = PPL_a - PPL_b,  se by the delta method on (mean a, mean b):
+ *     sqrt((PPL_a^2 var(a) + PPL_b^2 var(b) - 2 PPL_a PPL_b cov(a, b)) / W)
+ * (sample variances, W - 1). The se are NaN for W < 2. */
+typedef struct {
+    double d_nll, d_nll_se, d_ppl, d_ppl_se;
+} kvq_ppl_paired;
+void kvq_ppl_paired_delta(const kvq_ppl_result *s, const kvq_ppl_result *base, size_t n_windows, kvq_ppl_paired *out);
 
 /* Evaluate every scheme on the plan's windows (window-major: window w for
  * scheme 0..n-1, then w+1). results: [n_schemes], filled (zeroed first).
@@ -132,24 +172,32 @@ typedef struct {
     size_t n_schemes;
     size_t baseline;               /* index of the fp32 baseline in schemes */
     const kvq_ppl_exec *exec;      /* the device that ran (NULL: not reported) */
+    bool ctx_max;                  /* ctx is the model's trained context (kveval --ctx max) */
     const char *const *skipped;    /* [n_skipped] "why" lines of schemes that do not apply to the model
                                       (KVQ_EUNSUPPORTED at binding, e.g. q4_0 with head_dim 48); may be NULL */
     size_t n_skipped;
 } kvq_ppl_report;
 
-/* Markdown: a few "key: value" lines (model, text bytes + sha256, protocol,
- * ctx, windows, scored tokens, BOS, device and math mode), then the table
- *   scheme | K bits | V bits | eff. bits/elem | KV cache MiB @ctx | PPL | ΔPPL
+/* Markdown: a few "key: value" lines (model, text bytes + sha256, the string
+ * tokenised, protocol and newline policy, ctx, windows, scored tokens, BOS,
+ * device and math mode), then the table
+ *   scheme | K bits | V bits | eff. bits/elem | KV cache MiB @ctx | PPL | ΔPPL ± SE
+ *   [| mean KLD | median KLD | p99 KLD | same top % |  when the run had the KLD]
  * (K/V bits = code bits; effective bits = mean of K and V per
- * kvq_eval_scheme_bits; ΔPPL against the baseline row), then one line per
- * scheme that read an artifact or a prefix, and one "skipped" line per
- * entry of r->skipped. */
+ * kvq_eval_scheme_bits, left empty where the accounting fails; ΔPPL against
+ * the baseline row with kvq_ppl_paired_delta's standard error), then one line
+ * per scheme that read an artifact or a prefix, one "skipped" line per entry
+ * of r->skipped and a line saying what ± and KLD are. Errors: KVQ_EIO when
+ * f cannot be written. */
 kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err);
 
 /* The same numbers plus every protocol detail (window offsets, per-window
- * NLL, quantizer counters, timings) as JSON (cJSON), written to
- * "<path>.tmp<pid>" and renamed over path: path is either the complete
- * report or untouched. Errors: KVQ_EIO naming the path. */
+ * NLL, quantizer counters, timings, paired differences and their se, the KLD
+ * statistics and per-window means; null for what does not apply or is not
+ * finite) as JSON (cJSON), written to "<path>.tmp<pid>" and renamed over
+ * path: path is either the complete report or untouched. A size the bits
+ * accounting cannot give for a shape is null (with bits_error), never a
+ * failure. Errors: KVQ_EIO naming the path, KVQ_ENOMEM. */
 kvq_status kvq_ppl_report_json(const char *path, const kvq_ppl_report *r, kvq_err *err);
 
 #endif

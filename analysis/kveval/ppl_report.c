@@ -18,6 +18,24 @@ static const char *stage_name(kvq_key_stage s) { return s == KVQ_KEYS_PRE_ROPE ?
 
 static uint64_t scored_total(const kvq_ppl_report *r) { return (uint64_t)r->plan->n_windows * r->plan->scored_per_window; }
 
+/* What string was tokenised, in words: "the file's bytes (its 2891 CRLF kept; --newlines keep) less one
+ * final LF, as llama-perplexity -f reads it" / "its 2891 rows (CRLF -> LF; --newlines lf) joined with
+ * "\n\n", as the GPTQ/KVQuant harness joins the dataset's rows" */
+static void stream_words(const kvq_windows *w, char *buf, size_t n)
+{
+    char nl[96];
+    if (w->eol == KVQ_EOL_KEEP)
+        snprintf(nl, sizeof nl, "%zu CRLF kept; --newlines keep", w->crlf_in_file);
+    else
+        snprintf(nl, sizeof nl, "%zu CRLF turned into LF; --newlines lf", w->crlf_replaced);
+    if (w->rows_joined)
+        snprintf(buf, n, "its %zu rows (%s) joined with \"\\n\\n\", as the GPTQ/KVQuant harness joins the dataset's rows",
+                 w->rows_joined, nl);
+    else
+        snprintf(buf, n, "the file's bytes (%s)%s, as llama-perplexity -f reads them", nl,
+                 w->final_lf_dropped ? " less the final LF" : "");
+}
+
 kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
 {
     const kvq_windows *w = r->win;
@@ -26,9 +44,16 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
             r->m->hp.head_dim);
     fprintf(f, "- text: `%s` (%s, %llu bytes, sha256 %s)\n", w->path, r->text_format, (unsigned long long)w->bytes_read,
             w->file_sha256);
-    fprintf(f, "- protocol: %s, ctx %zu, %zu of %zu windows, %llu scored tokens (%zu per window, from position %zu), "
+    {
+        char sw[400];
+        stream_words(w, sw, sizeof sw);
+        fprintf(f, "- tokenised: %s: %llu bytes, sha256 %s, %zu tokens (%s)\n", sw, (unsigned long long)w->text_bytes,
+                w->text_sha256, w->n_tokens, w->tokenizer);
+    }
+    fprintf(f, "- protocol: %s (newlines %s), ctx %zu%s, %zu of %zu windows, %llu scored tokens (%zu per window, from position %zu), "
                "BOS %s (policy %s)\n",
-            kvq_ppl_protocol_name(pl->protocol), pl->ctx, pl->n_windows, w->n_windows,
+            kvq_ppl_protocol_name(pl->protocol), kvq_eol_name(w->eol), pl->ctx,
+            r->ctx_max ? " (--ctx max: the model's trained context)" : "", pl->n_windows, w->n_windows,
             (unsigned long long)scored_total(r), pl->scored_per_window, pl->first_scored,
             !w->bos ? "off" : pl->protocol == KVQ_PPL_LLAMACPP ? "overwrites each window's first token" : "at stream start",
             r->bos_policy);
@@ -39,20 +64,39 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
                 : r->exec->math == KVQ_CUDA_BF16 ? " — bf16 weights and GEMM inputs, ~1e-2 relative, not the exactness mode"
                                                  : "",
                 r->exec->described);
-    fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL |\n", pl->ctx);
-    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|\n");
-    double base = r->results[r->baseline].ppl;
+    bool kld = false;
+    for (size_t i = 0; i < r->n_schemes; i++) kld |= r->results[i].has_kld;
+    fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL ± SE |%s\n", pl->ctx,
+            kld ? " mean KLD | median KLD | p99 KLD | same top % |" : "");
+    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|%s\n", kld ? "---:|---:|---:|---:|" : "");
+    const kvq_ppl_result *base = &r->results[r->baseline];
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
-        kvq_bits b; /* from the counts the run realised (outliers, high-precision tokens) */
-        KVQ_TRY(kvq_eval_scheme_bits_run(s, pl->ctx, &r->m->hp, &r->results[i].k_counts, &r->results[i].v_counts, &b, err));
-        double mib = kvq_eval_scheme_cache_mib(s, &b, pl->ctx, &r->m->hp);
-        double ppl = r->results[i].ppl;
-        char delta[32];
-        if (i == r->baseline) snprintf(delta, sizeof delta, "baseline");
-        else snprintf(delta, sizeof delta, "%+.4f", ppl - base);
-        fprintf(f, "| %s | %d | %d | %.2f | %.2f | %.4f | %s |\n", s->name, kvq_eval_scheme_code_bits(s, 'k'),
-                kvq_eval_scheme_code_bits(s, 'v'), b.mean, mib, ppl, delta);
+        const kvq_ppl_result *res = &r->results[i];
+        /* a size the accounting cannot give is left empty: the computed numbers are never lost for it */
+        char bits[32] = "", mib[32] = "";
+        kvq_bits b;
+        kvq_err be = {0};
+        if (kvq_eval_scheme_bits_run(s, pl->ctx, &r->m->hp, &res->k_counts, &res->v_counts, &b, &be) == KVQ_OK) {
+            snprintf(bits, sizeof bits, "%.2f", b.mean);
+            snprintf(mib, sizeof mib, "%.2f", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, &r->m->hp));
+        }
+        char delta[64];
+        if (i == r->baseline) {
+            snprintf(delta, sizeof delta, "baseline");
+        } else {
+            kvq_ppl_paired pd;
+            kvq_ppl_paired_delta(res, base, pl->n_windows, &pd);
+            if (isnan(pd.d_ppl_se)) snprintf(delta, sizeof delta, "%+.4f", pd.d_ppl);
+            else snprintf(delta, sizeof delta, "%+.4f ± %.4f", pd.d_ppl, pd.d_ppl_se);
+        }
+        fprintf(f, "| %s | %d | %d | %s | %s | %.4f | %s |", s->name, kvq_eval_scheme_code_bits(s, 'k'),
+                kvq_eval_scheme_code_bits(s, 'v'), bits, mib, res->ppl, delta);
+        if (kld && res->has_kld)
+            fprintf(f, " %.4g | %.4g | %.4g | %.2f |", res->kld.mean, res->kld.median, res->kld.p99, 100.0 * res->kld.same_top_frac);
+        else if (kld)
+            fprintf(f, " — | — | — | — |");
+        fputc('\n', f);
     }
     bool notes = false;
     for (size_t i = 0; i < r->n_schemes; i++) {
@@ -82,6 +126,14 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         notes = true;
         fprintf(f, "- skipped: %s\n", r->skipped[i]);
     }
+    if (!notes) fputc('\n', f);
+    fprintf(f, "- ΔPPL ± SE: the standard error from the %zu windows' paired differences%s",
+            pl->n_windows, pl->n_windows < 2 ? " (needs 2 windows or more: not given)" : "");
+    if (kld)
+        fprintf(f, "; KLD: KL(P_fp32 || Q_scheme) of the next-token distribution per scored token, nats (llama-perplexity "
+                   "--kl-divergence's statistics); same top %%: the scheme's most likely next token is the baseline's");
+    fputc('\n', f);
+    if (fflush(f) != 0 || ferror(f)) return kvq_fail(err, KVQ_EIO, "cannot write the table: %s", strerror(errno));
     return KVQ_OK;
 }
 
@@ -90,6 +142,13 @@ static cJSON *num_array(const double *v, size_t n)
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
     return a;
+}
+
+/* JSON has no NaN: a value that is not finite is null */
+static void add_num_or_null(cJSON *o, const char *k, double v)
+{
+    if (isfinite(v)) cJSON_AddNumberToObject(o, k, v);
+    else cJSON_AddNullToObject(o, k);
 }
 
 static cJSON *counts_json(const kvq_quant_counts *c)
@@ -103,7 +162,7 @@ static cJSON *counts_json(const kvq_quant_counts *c)
     return o;
 }
 
-static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
+static cJSON *build(const kvq_ppl_report *r)
 {
     const kvq_windows *w = r->win;
     const kvq_ppl_plan *pl = r->plan;
@@ -126,11 +185,22 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
     cJSON_AddStringToObject(t, "sha256", w->file_sha256);
     cJSON_AddNumberToObject(t, "tokenised_bytes", (double)w->text_bytes);
     cJSON_AddStringToObject(t, "tokenised_sha256", w->text_sha256);
+    cJSON_AddStringToObject(t, "newlines", kvq_eol_name(w->eol));
+    cJSON_AddNumberToObject(t, "crlf_in_file", (double)w->crlf_in_file);
     cJSON_AddNumberToObject(t, "crlf_replaced", (double)w->crlf_replaced);
+    cJSON_AddBoolToObject(t, "final_lf_dropped", w->final_lf_dropped != 0);
+    cJSON_AddNumberToObject(t, "rows_joined", (double)w->rows_joined);
+    {
+        char sw[400];
+        stream_words(w, sw, sizeof sw);
+        cJSON_AddStringToObject(t, "tokenised_text", sw);
+    }
     cJSON_AddStringToObject(t, "tokenizer", w->tokenizer);
     cJSON *p = cJSON_AddObjectToObject(root, "protocol");
     cJSON_AddStringToObject(p, "name", kvq_ppl_protocol_name(pl->protocol));
+    cJSON_AddStringToObject(p, "newlines", kvq_eol_name(w->eol));
     cJSON_AddNumberToObject(p, "ctx", (double)pl->ctx);
+    cJSON_AddBoolToObject(p, "ctx_max", r->ctx_max);
     cJSON_AddStringToObject(p, "bos_policy", r->bos_policy);
     cJSON_AddBoolToObject(p, "bos", w->bos != 0);
     cJSON_AddStringToObject(p, "bos_placement", !w->bos ? "none"
@@ -175,12 +245,10 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
     cJSON *sk = cJSON_AddArrayToObject(root, "skipped");
     for (size_t i = 0; sk && i < r->n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(r->skipped[i]));
     cJSON *ss = cJSON_AddArrayToObject(root, "schemes");
-    double base = r->results[r->baseline].ppl;
+    const kvq_ppl_result *base = &r->results[r->baseline];
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
         const kvq_ppl_result *res = &r->results[i];
-        kvq_bits b; /* realised, as the table */
-        if ((*st = kvq_eval_scheme_bits_run(s, pl->ctx, hp, &res->k_counts, &res->v_counts, &b, err)) != KVQ_OK) break;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", s->name);
         cJSON_AddStringToObject(o, "spec", s->s.spec);
@@ -188,12 +256,25 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
         cJSON_AddBoolToObject(o, "baseline", i == r->baseline);
         cJSON_AddNumberToObject(o, "k_code_bits", kvq_eval_scheme_code_bits(s, 'k'));
         cJSON_AddNumberToObject(o, "v_code_bits", kvq_eval_scheme_code_bits(s, 'v'));
-        cJSON_AddNumberToObject(o, "k_bits_per_element", b.k);
-        cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
-        cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
-        cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
-        /* the same accounting (the run's realised rates: outlier fraction, high-precision share) at
-         * longer contexts, for this model and for a Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
+        /* sizes: a size the accounting cannot give for a shape (e.g. a per-head fp8 scale count of a
+         * Llama-2-7B-shaped cache for a model whose head_dim differs) is null with the reason; the
+         * report is written whatever it is (the numbers of the run are never lost for a size) */
+        kvq_bits b;
+        kvq_err be = {0};
+        if (kvq_eval_scheme_bits_run(s, pl->ctx, hp, &res->k_counts, &res->v_counts, &b, &be) == KVQ_OK) {
+            cJSON_AddNumberToObject(o, "k_bits_per_element", b.k);
+            cJSON_AddNumberToObject(o, "v_bits_per_element", b.v);
+            cJSON_AddNumberToObject(o, "bits_per_element", b.mean);
+            cJSON_AddNumberToObject(o, "kv_cache_mib", kvq_eval_scheme_cache_mib(s, &b, pl->ctx, hp));
+        } else {
+            cJSON_AddNullToObject(o, "k_bits_per_element");
+            cJSON_AddNullToObject(o, "v_bits_per_element");
+            cJSON_AddNullToObject(o, "bits_per_element");
+            cJSON_AddNullToObject(o, "kv_cache_mib");
+            cJSON_AddStringToObject(o, "bits_error", be.msg);
+        }
+        /* the same accounting at longer contexts, for this model and for a
+         * Llama-2-7B-shaped cache (32 layers, 32 KV heads x 128) */
         {
             static const size_t ctxs[] = {2048, 32768, 131072};
             kvq_hparams l7 = *hp;
@@ -202,20 +283,17 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             l7.head_dim = 128;
             const struct { const char *name; const kvq_hparams *h; } shapes[] = {{"model", hp}, {"llama2_7b", &l7}};
             cJSON *at = cJSON_AddObjectToObject(o, "kv_cache_mib_at");
-            for (size_t k = 0; k < 2 && *st == KVQ_OK; k++) {
+            for (size_t k = 0; k < 2; k++) {
                 cJSON *sh = cJSON_AddObjectToObject(at, shapes[k].name);
                 for (size_t c = 0; c < 3; c++) {
                     kvq_bits bc;
-                    if ((*st = kvq_eval_scheme_bits_run(s, ctxs[c], shapes[k].h, &res->k_counts, &res->v_counts, &bc, err)))
-                        break;
                     char key[32];
                     snprintf(key, sizeof key, "%zu", ctxs[c]);
-                    cJSON_AddNumberToObject(sh, key, kvq_eval_scheme_cache_mib(s, &bc, ctxs[c], shapes[k].h));
+                    if (kvq_eval_scheme_bits_run(s, ctxs[c], shapes[k].h, &res->k_counts, &res->v_counts, &bc, &be) == KVQ_OK)
+                        cJSON_AddNumberToObject(sh, key, kvq_eval_scheme_cache_mib(s, &bc, ctxs[c], shapes[k].h));
+                    else
+                        cJSON_AddNullToObject(sh, key);
                 }
-            }
-            if (*st != KVQ_OK) {
-                cJSON_Delete(o);
-                break;
             }
         }
         cJSON_AddStringToObject(o, "key_stage", stage_name(s->s.key_stage));
@@ -242,8 +320,39 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
             }
         }
         cJSON_AddNumberToObject(o, "ppl", res->ppl);
-        if (i == r->baseline) cJSON_AddNullToObject(o, "delta_ppl");
-        else cJSON_AddNumberToObject(o, "delta_ppl", res->ppl - base);
+        if (i == r->baseline) {
+            cJSON_AddNullToObject(o, "delta_ppl");
+            cJSON_AddNullToObject(o, "delta_ppl_se");
+            cJSON_AddNullToObject(o, "delta_mean_nll");
+            cJSON_AddNullToObject(o, "delta_mean_nll_se");
+        } else {
+            kvq_ppl_paired pd;
+            kvq_ppl_paired_delta(res, base, pl->n_windows, &pd);
+            cJSON_AddNumberToObject(o, "delta_ppl", pd.d_ppl);
+            add_num_or_null(o, "delta_ppl_se", pd.d_ppl_se);
+            cJSON_AddNumberToObject(o, "delta_mean_nll", pd.d_nll);
+            add_num_or_null(o, "delta_mean_nll_se", pd.d_nll_se);
+        }
+        if (res->has_kld) {
+            const kvq_kld_stats *k = &res->kld;
+            cJSON *kj = cJSON_AddObjectToObject(o, "kld");
+            cJSON_AddNumberToObject(kj, "tokens", (double)k->n);
+            add_num_or_null(kj, "mean", k->mean);
+            add_num_or_null(kj, "mean_se", k->mean_se);
+            add_num_or_null(kj, "median", k->median);
+            add_num_or_null(kj, "p90", k->p90);
+            add_num_or_null(kj, "p95", k->p95);
+            add_num_or_null(kj, "p99", k->p99);
+            add_num_or_null(kj, "p99_9", k->p999);
+            add_num_or_null(kj, "min", k->min);
+            add_num_or_null(kj, "max", k->max);
+            cJSON_AddNumberToObject(kj, "same_top_tokens", (double)k->same_top);
+            add_num_or_null(kj, "same_top_fraction", k->same_top_frac);
+            add_num_or_null(kj, "same_top_se", k->same_top_se);
+            cJSON_AddItemToObject(kj, "window_mean", num_array(res->window_kld, pl->n_windows));
+        } else {
+            cJSON_AddNullToObject(o, "kld");
+        }
         cJSON_AddNumberToObject(o, "nll_sum", res->nll_sum);
         cJSON_AddNumberToObject(o, "scored_tokens", (double)res->n_scored);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
@@ -260,16 +369,11 @@ static cJSON *build(const kvq_ppl_report *r, kvq_err *err, kvq_status *st)
 
 kvq_status kvq_ppl_report_json(const char *path, const kvq_ppl_report *r, kvq_err *err)
 {
-    kvq_status st = KVQ_OK;
-    cJSON *root = build(r, err, &st);
-    char *text = st == KVQ_OK && root ? cJSON_Print(root) : NULL;
+    cJSON *root = build(r);
+    char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
-    if (st) {
-        free(text);
-        return st;
-    }
     if (!text) return kvq_fail(err, KVQ_ENOMEM, "%s: cannot build the JSON report", path);
-    st = kvq_outfile_write_text(path, text, err);
+    kvq_status st = kvq_outfile_write_text(path, text, err);
     free(text);
     return st;
 }

@@ -4,6 +4,7 @@
 #include <cairo-svg.h>
 #include <cairo.h>
 #include <fontconfig/fontconfig.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,10 +349,13 @@ static kvq_status render(const char *path, const kvq_plot_style *st, int dw, int
         cairo_surface_t *s = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, w, h);
         kvq_status r = draw_on(s, st, w, h, fn, arg, err);
         if (r == KVQ_OK) {
+            errno = 0;
             cairo_status_t cs = cairo_surface_write_to_png(s, tmp);
             if (cs != CAIRO_STATUS_SUCCESS) {
+                const int e = errno; /* cairo's message does not say why the stream failed (e.g. EFBIG, ENOSPC) */
                 remove(tmp);
-                r = kvq_fail(err, KVQ_EIO, "%s: cannot write PNG: %s", tmp, cairo_status_to_string(cs));
+                r = kvq_fail(err, KVQ_EIO, "%s: cannot write PNG: %s%s%s%s", tmp, cairo_status_to_string(cs), e ? " (" : "",
+                             e ? strerror(e) : "", e ? ")" : "");
             }
         }
         cairo_surface_destroy(s);
@@ -370,11 +374,14 @@ static kvq_status render(const char *path, const kvq_plot_style *st, int dw, int
             return r;
         }
         kvq_status r = draw_on(s, st, w, h, fn, arg, err);
+        errno = 0;
         cairo_surface_finish(s);
         cairo_status_t cs = cairo_surface_status(s);
+        const int e = errno;
         cairo_surface_destroy(s);
         if (r == KVQ_OK && cs != CAIRO_STATUS_SUCCESS)
-            r = kvq_fail(err, KVQ_EIO, "%s: cannot write SVG: %s", tmp, cairo_status_to_string(cs));
+            r = kvq_fail(err, KVQ_EIO, "%s: cannot write SVG: %s%s%s%s", tmp, cairo_status_to_string(cs), e ? " (" : "",
+                         e ? strerror(e) : "", e ? ")" : "");
         if (r != KVQ_OK) {
             remove(tmp);
             return r;

@@ -588,8 +588,8 @@ char *kvq_base64(const unsigned char *d, size_t n)
 
 static kvq_status read_file(const char *path, unsigned char **out, size_t *n, kvq_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvq_fail(err, KVQ_EIO, "%s: cannot open image: %s", path, strerror(errno));
+    FILE *f;
+    KVQ_TRY(kvq_fopen_regular(path, "an image written by kvstat", &f, err));
     size_t cap = 1 << 16, len = 0;
     unsigned char *b = malloc(cap);
     while (b) {

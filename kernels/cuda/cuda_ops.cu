@@ -105,6 +105,81 @@ __global__ void lse_block_k(const float *z, const int *tg, int v0, int nv, float
     }
 }
 
+// first index of the largest value over the block (ties: the smaller index); result in every thread
+__device__ __forceinline__ void block_argmax(float &v, int &i, float *shv, int *shi)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        const int j = __shfl_xor_sync(0xffffffffu, i, o);
+        if (u > v || (u == v && j >= 0 && (i < 0 || j < i))) {
+            v = u;
+            i = j;
+        }
+    }
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) {
+        shv[w] = v;
+        shi[w] = i;
+    }
+    __syncthreads();
+    v = shv[0];
+    i = shi[0];
+    for (int k = 1; k < kThreads / 32; k++)
+        if (shv[k] > v || (shv[k] == v && shi[k] >= 0 && (i < 0 || shi[k] < i))) {
+            v = shv[k];
+            i = shi[k];
+        }
+}
+
+__global__ void lse_block_head_k(float *z, const int *tg, int v0, int nv, float *row_max, double *row_sum, float *row_tgt,
+                                 int *row_arg, float *ex, int dim)
+{
+    __shared__ double shd[kThreads / 32];
+    __shared__ float shf[kThreads / 32];
+    __shared__ int shi[kThreads / 32];
+    int t = blockIdx.x;
+    int target = tg[t];
+    float *zr = z + (size_t)t * nv;
+    if (target < 0) { // uniform over the block
+        if (ex)
+            for (int i = threadIdx.x; i < nv; i += kThreads) zr[i] = 0.0f;
+        return;
+    }
+    const bool has_tgt = target >= v0 && target < v0 + nv;
+    const float tval = has_tgt && threadIdx.x == 0 ? zr[target - v0] : 0.0f; // read before z is overwritten
+    float bmax = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < nv; i += kThreads)
+        if (zr[i] > bmax) {
+            bmax = zr[i];
+            bi = i;
+        }
+    block_argmax(bmax, bi, shf, shi);
+    const float old = row_max[t];
+    const float mx = bmax > old ? bmax : old;
+    double sum = 0;
+    if (ex) {
+        const float f = (float)exp((double)old - (double)mx);
+        float *er = ex + (size_t)t * dim;
+        for (int d = threadIdx.x; d < dim; d += kThreads) er[d] *= f;
+        for (int i = threadIdx.x; i < nv; i += kThreads) {
+            const double q = exp((double)zr[i] - (double)mx);
+            sum += q;
+            zr[i] = (float)q;
+        }
+    } else {
+        for (int i = threadIdx.x; i < nv; i += kThreads) sum += exp((double)zr[i] - (double)mx);
+    }
+    sum = block_sum_d(sum, shd);
+    if (threadIdx.x == 0) {
+        if (row_arg && bi >= 0 && (bmax > old || row_arg[t] < 0)) row_arg[t] = v0 + bi;
+        row_sum[t] = row_sum[t] * exp((double)old - (double)mx) + sum;
+        row_max[t] = mx;
+        if (has_tgt) row_tgt[t] = tval;
+    }
+}
+
 // ---- attention -----------------------------------------------------------------
 // Block: 128 threads = BQ queries x TPQ threads per query for one query head;
 // thread `part` of a query owns channels e*TPQ + part (e < DPT), so the
@@ -456,6 +531,13 @@ cudaError_t kvq_cu_lse_block(const float *z, const int *tg, int v0, int nv, int 
                              float *row_tgt, cudaStream_t st)
 {
     lse_block_k<<<T, kThreads, 0, st>>>(z, tg, v0, nv, row_max, row_sum, row_tgt);
+    return cudaGetLastError();
+}
+
+cudaError_t kvq_cu_lse_block_head(float *z, const int *tg, int v0, int nv, int T, float *row_max, double *row_sum,
+                                  float *row_tgt, int *row_arg, float *ex, int dim, cudaStream_t st)
+{
+    lse_block_head_k<<<T, kThreads, 0, st>>>(z, tg, v0, nv, row_max, row_sum, row_tgt, row_arg, ex, dim);
     return cudaGetLastError();
 }
 

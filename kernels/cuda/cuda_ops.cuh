@@ -35,6 +35,13 @@ cudaError_t kvq_cu_lse_init(float *row_max, double *row_sum, float *row_tgt, int
 // Rows with tg[t] < 0 are skipped.
 cudaError_t kvq_cu_lse_block(const float *z, const int *tg, int v0, int nv, int T, float *row_max, double *row_sum,
                              float *row_tgt, cudaStream_t st);
+// kvq_cu_lse_block plus forward.c's kvq_fwd_head outputs: row_arg[t] = the first index of the largest
+// logit so far (-1 before the first block: init it so), and when ex is non-NULL ([T][dim], zeroed
+// before the first block) the running expectation: ex row *= exp(old max - new max) and z is turned
+// into exp(z - new max) in place (fp32) for the caller's GEMM ex += z W_blk; rows with tg < 0 are
+// zeroed in z then (they add nothing).
+cudaError_t kvq_cu_lse_block_head(float *z, const int *tg, int v0, int nv, int T, float *row_max, double *row_sum,
+                                  float *row_tgt, int *row_arg, float *ex, int dim, cudaStream_t st);
 
 // Causal GQA attention of attention.h (prefix, alternative K/V with
 // boundaries), fused: online softmax over key tiles, fp32, accurate expf.

@@ -29,6 +29,8 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFree(g->abuf);
     cudaFree(g->logits);
     if (g->has_desc && g->kv_state && g->desc.q.fam->cuda->release) g->desc.q.fam->cuda->release(g->kv_state);
+    cudaFree(g->d_ex);
+    cudaFree(g->d_arg);
     cudaFreeHost(g->hbuf);
     cudaFree(g->sbuf);
     cudaFree(g->bbuf);
@@ -613,6 +615,13 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     }
     CU(kvq_cu_rmsnorm(g->xn, g->x, g->out_norm, T, dim, hp->norm_eps, g->st));
     CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
+    int r0 = T, r1 = -1; /* the scored rows' span: the blocked LM head computes their logits only (forward.c) */
+    for (int t = 0; t < T; t++)
+        if (tg[t] >= 0) {
+            r0 = t < r0 ? t : r0;
+            r1 = t;
+        }
+    const int span = r1 - r0 + 1;
     if (io->logits) {
         if (!g->logits) {
             size_t bytes = (size_t)g->max_T * V * sizeof(float);
@@ -621,10 +630,36 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         KVQ_TRY(linear(g, g->logits, g->xn, g->output, T, dim, V, 0, err));
         CU(kvq_cu_lse_block(g->logits, g->tg, 0, V, T, g->row_max, g->row_sum, g->row_tgt, g->st));
         CU(cudaMemcpyAsync(io->logits, g->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    } else if (io->head) {
+        // kvq_fwd_head on the device: top tokens in the block kernel, the expectation as forward.c builds it
+        // (running rescale + one GEMM per vocabulary block over the scored rows' span)
+        kvq_fwd_head *hd = io->head;
+        if (!g->d_arg) KVQ_TRY(dev_alloc(g, (void **)&g->d_arg, (size_t)g->max_T * sizeof(int), "the LM head's top tokens", err));
+        if (hd->expect && !g->d_ex)
+            KVQ_TRY(dev_alloc(g, (void **)&g->d_ex, (size_t)g->max_T * dim * sizeof(float), "the LM head's expectation (KL divergence)",
+                              err));
+        float *ex = hd->expect ? g->d_ex : NULL;
+        CU(cudaMemsetAsync(g->d_arg, 0xff, (size_t)T * sizeof(int), g->st)); // -1
+        if (ex && r1 >= r0) CU(cudaMemsetAsync(ex + (size_t)r0 * dim, 0, (size_t)(r1 - r0 + 1) * dim * sizeof(float), g->st));
+        for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
+            int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
+            KVQ_TRY(linear(g, g->blk + (size_t)r0 * nv, g->xn + (size_t)r0 * dim, woff(g, g->output, (size_t)v0 * dim), span, dim, nv, 0,
+                           err));
+            CU(kvq_cu_lse_block_head(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->d_arg, ex, dim, g->st));
+            if (ex && r1 >= r0) // ex[r0..r1][dim] += exp(z - max)[r0..r1][nv] W_blk[nv][dim]
+                KVQ_TRY(gemm_w(g, CUBLAS_OP_N, dim, r1 - r0 + 1, nv, woff(g, g->output, (size_t)v0 * dim), dim,
+                               g->blk + (size_t)r0 * nv, nv, 1.0f, ex + (size_t)r0 * dim, dim, err));
+        }
+        if (hd->hidden) CU(cudaMemcpyAsync(hd->hidden, g->xn, (size_t)T * dim * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+        if (hd->argmax) CU(cudaMemcpyAsync(hd->argmax, g->d_arg, (size_t)T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+        if (ex && r1 >= r0)
+            CU(cudaMemcpyAsync(hd->expect + (size_t)r0 * dim, ex + (size_t)r0 * dim, (size_t)(r1 - r0 + 1) * dim * sizeof(float),
+                               cudaMemcpyDeviceToHost, g->st));
     } else {
         for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
             int nv = V - v0 < g->v_chunk ? V - v0 : g->v_chunk;
-            KVQ_TRY(linear(g, g->blk, g->xn, woff(g, g->output, (size_t)v0 * dim), T, dim, nv, 0, err));
+            KVQ_TRY(linear(g, g->blk + (size_t)r0 * nv, g->xn + (size_t)r0 * dim, woff(g, g->output, (size_t)v0 * dim), span, dim, nv, 0,
+                           err));
             CU(kvq_cu_lse_block(g->blk, g->tg, v0, nv, T, g->row_max, g->row_sum, g->row_tgt, g->st));
         }
     }
@@ -637,6 +672,20 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     g->stats.k_outliers += g->h_cnt[0];
     g->stats.v_outliers += g->h_cnt[1];
 
+    if (io->head && io->logits) { // the full-logits path: the head outputs from the logits on the host
+        if (io->head->hidden)
+            CU(cudaMemcpy(io->head->hidden, g->xn, (size_t)T * dim * sizeof(float), cudaMemcpyDeviceToHost));
+        KVQ_TRY(kvq_fwd_head_from_logits(g->m, io->logits, NULL, tg, T, io->head, err));
+    } else if (io->head) { // the blocked path: lse from the running state, the expectation normalised
+        kvq_fwd_head *hd = io->head;
+        for (int t = 0; t < T; t++) {
+            const bool sc = tg[t] >= 0;
+            if (hd->lse) hd->lse[t] = sc ? (double)g->h_row_max[t] + log(g->h_row_sum[t]) : NAN;
+            if (hd->argmax && !sc) hd->argmax[t] = -1;
+            if (hd->expect && sc)
+                for (int d = 0; d < dim; d++) hd->expect[(size_t)t * dim + d] = (float)((double)hd->expect[(size_t)t * dim + d] / g->h_row_sum[t]);
+        }
+    }
     double total = 0;
     int n_scored = 0, bad = -1;
     for (int t = 0; t < T; t++) {

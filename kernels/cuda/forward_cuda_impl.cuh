@@ -78,6 +78,8 @@ struct kvq_forward_cuda {
     unsigned long long *cnt; // [2]: k, v outliers of the current run
     int v_chunk;
     float *logits; // [max_T][vocab], lazily
+    float *d_ex;   // [max_T][dim] the LM head's running expectation (kvq_fwd_head.expect), lazily
+    int *d_arg;    // [max_T] top tokens (kvq_fwd_head.argmax), lazily
     // pinned host staging (one allocation)
     void *hbuf;
     float *h_row_max, *h_row_tgt, *h_cos, *h_sin;

@@ -1,6 +1,7 @@
 /* forward.c — batched Llama forward with hooks; see forward.h. */
 #include "forward.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -311,6 +312,8 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         return KVQ_OK;
     }
     kvq_rmsnorm(fw->xn, fw->x, m->out_norm, T, dim, hp->norm_eps);
+    kvq_fwd_head *hd = io->head;
+    if (hd && hd->hidden) memcpy(hd->hidden, fw->xn, (size_t)T * dim * sizeof(float));
 
     /* LM head and NLL (log-sum-exp in double) */
     double *nll = fw->row_sum; /* reused as the per-row NLL once the sums are done */
@@ -318,31 +321,80 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         linear(fw, io->logits, fw->xn, m->output, T, dim, V, 0);
 #pragma omp parallel for schedule(static) num_threads(fw->n_threads)
         for (int t = 0; t < T; t++) nll[t] = tg[t] >= 0 ? kvq_token_nll(io->logits + (size_t)t * V, V, tg[t]) : NAN;
+        if (hd) KVQ_TRY(kvq_fwd_head_from_logits(m, io->logits, NULL, tg, T, hd, err));
     } else {
         const int vc = fw->v_chunk > 0 && fw->v_chunk <= fw->v_chunk_max ? fw->v_chunk : fw->v_chunk_max;
+        int *am = hd ? hd->argmax : NULL;
+        float *ex = hd ? hd->expect : NULL;
+        int r0 = T, r1 = -1; /* span of the scored rows: the expectation GEMM runs over it */
         for (int t = 0; t < T; t++) {
             fw->row_max[t] = -INFINITY;
             fw->row_sum[t] = 0;
             fw->row_tgt[t] = NAN;
-        }
-        for (int v0 = 0; v0 < V; v0 += vc) {
-            int nv = V - v0 < vc ? V - v0 : vc;
-            linear(fw, fw->logit_blk, fw->xn, m->output + (size_t)v0 * dim, T, dim, nv, 0);
-#pragma omp parallel for schedule(static) num_threads(fw->n_threads)
-            for (int t = 0; t < T; t++) {
-                if (tg[t] < 0) continue;
-                const float *z = fw->logit_blk + (size_t)t * nv;
-                float mx = fw->row_max[t];
-                for (int i = 0; i < nv; i++) mx = z[i] > mx ? z[i] : mx;
-                double sum = fw->row_sum[t] * exp((double)fw->row_max[t] - mx); /* first block: 0 * exp(-inf) = 0 */
-                for (int i = 0; i < nv; i++) sum += exp((double)z[i] - mx);
-                fw->row_max[t] = mx;
-                fw->row_sum[t] = sum;
-                if (tg[t] >= v0 && tg[t] < v0 + nv) fw->row_tgt[t] = z[tg[t] - v0];
+            if (am) am[t] = -1;
+            if (tg[t] >= 0) {
+                r0 = t < r0 ? t : r0;
+                r1 = t;
             }
         }
-        for (int t = 0; t < T; t++)
+        if (ex)
+            for (int t = r0; t <= r1; t++)
+                if (tg[t] >= 0) memset(ex + (size_t)t * dim, 0, (size_t)dim * sizeof(float));
+        for (int v0 = 0; v0 < V; v0 += vc) {
+            int nv = V - v0 < vc ? V - v0 : vc;
+            /* the logits of the scored rows' span only (llamacpp scores half the window, passkey a few rows) */
+            linear(fw, fw->logit_blk + (size_t)r0 * nv, fw->xn + (size_t)r0 * dim, m->output + (size_t)v0 * dim, r1 - r0 + 1, dim, nv,
+                   0);
+#pragma omp parallel for schedule(static) num_threads(fw->n_threads)
+            for (int t = r0; t <= r1; t++) {
+                float *z = fw->logit_blk + (size_t)t * nv;
+                if (tg[t] < 0) {
+                    if (ex && t > r0 && t < r1) memset(z, 0, (size_t)nv * sizeof(float)); /* adds nothing to e */
+                    continue;
+                }
+                const float old = fw->row_max[t];
+                float bmax = -INFINITY;
+                int bi = -1;
+                if (am) {
+                    for (int i = 0; i < nv; i++)
+                        if (z[i] > bmax) {
+                            bmax = z[i];
+                            bi = i;
+                        }
+                } else {
+                    for (int i = 0; i < nv; i++) bmax = z[i] > bmax ? z[i] : bmax;
+                }
+                const float mx = bmax > old ? bmax : old;
+                if (am && bi >= 0 && (bmax > old || am[t] < 0)) am[t] = v0 + bi; /* first index of the largest */
+                if (tg[t] >= v0 && tg[t] < v0 + nv) fw->row_tgt[t] = z[tg[t] - v0];
+                double sum = fw->row_sum[t] * exp((double)old - mx); /* first block: 0 * exp(-inf) = 0 */
+                if (ex) { /* rescale the running expectation, and turn the block into exp(z - max) for its GEMM */
+                    const float f = (float)exp((double)old - mx);
+                    float *er = ex + (size_t)t * dim;
+                    for (int d = 0; d < dim; d++) er[d] *= f;
+                    for (int i = 0; i < nv; i++) {
+                        const double q = exp((double)z[i] - mx);
+                        sum += q;
+                        z[i] = (float)q;
+                    }
+                } else {
+                    for (int i = 0; i < nv; i++) sum += exp((double)z[i] - mx);
+                }
+                fw->row_max[t] = mx;
+                fw->row_sum[t] = sum;
+            }
+            if (ex && r1 >= r0) /* e[r0..r1] += exp(z - max)[r0..r1][nv] Wout[v0..v0+nv) */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0 + 1, dim, nv, 1.0f, fw->logit_blk + (size_t)r0 * nv, nv,
+                            m->output + (size_t)v0 * dim, dim, 1.0f, ex + (size_t)r0 * dim, dim);
+        }
+        for (int t = 0; t < T; t++) { /* (nll aliases row_sum: the head outputs first) */
+            if (hd && hd->lse) hd->lse[t] = tg[t] >= 0 ? (double)fw->row_max[t] + log(fw->row_sum[t]) : NAN;
+            if (ex && tg[t] >= 0) {
+                float *er = ex + (size_t)t * dim;
+                for (int d = 0; d < dim; d++) er[d] = (float)((double)er[d] / fw->row_sum[t]);
+            }
             nll[t] = tg[t] >= 0 ? (double)fw->row_max[t] + log(fw->row_sum[t]) - (double)fw->row_tgt[t] : NAN;
+        }
     }
     double total = 0;
     int n_scored = 0, bad = -1;
@@ -357,5 +409,41 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
     res->loss = n_scored ? total / n_scored : NAN;
     if (bad >= 0)
         return kvq_fail(err, KVQ_ENUMERIC, "forward: non-finite logits/NLL at window index %d (position %d)", bad, io->pos0 + bad);
+    return KVQ_OK;
+}
+
+kvq_status kvq_fwd_head_from_logits(const kvq_model *m, const float *logits, const float *xn, const int *targets, int T,
+                                    kvq_fwd_head *head, kvq_err *err)
+{
+    const int V = m->hp.vocab_size, dim = m->hp.dim;
+    if (head->hidden && xn) memcpy(head->hidden, xn, (size_t)T * dim * sizeof(float));
+    float *p = head->expect ? malloc((size_t)V * sizeof(float)) : NULL;
+    if (head->expect && !p) return kvq_fail(err, KVQ_ENOMEM, "forward: out of memory for the LM-head expectation");
+    for (int t = 0; t < T; t++) {
+        const bool scored = targets ? targets[t] >= 0 : t + 1 < T;
+        if (!scored) {
+            if (head->lse) head->lse[t] = NAN;
+            if (head->argmax) head->argmax[t] = -1;
+            continue;
+        }
+        const float *z = logits + (size_t)t * V;
+        float mx = -INFINITY;
+        int am = -1;
+        for (int v = 0; v < V; v++)
+            if (z[v] > mx) {
+                mx = z[v];
+                am = v;
+            }
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
+        const double lse = (double)mx + log(sum);
+        if (head->lse) head->lse[t] = lse;
+        if (head->argmax) head->argmax[t] = am;
+        if (p) {
+            for (int v = 0; v < V; v++) p[v] = (float)exp((double)z[v] - lse);
+            cblas_sgemv(CblasRowMajor, CblasTrans, V, dim, 1.0f, m->output, dim, p, 1, 0.0f, head->expect + (size_t)t * dim, 1);
+        }
+    }
+    free(p);
     return KVQ_OK;
 }

@@ -200,6 +200,24 @@ enum {
     KVQ_FWD_ROW_INVARIANT = 1u << 2
 };
 
+/* Optional LM-head outputs for comparing the next-token distributions of two
+ * runs over the same tokens without keeping [T][vocab] logits (kveval's KL
+ * divergence and top-1 agreement). Rows are the scored positions (target >= 0);
+ * other rows get NaN / -1 / nothing. Any pointer may be NULL.
+ *   KL(P || Q) of row t, P from run a (with expect), Q from run b:
+ *     sum_v P_v (log P_v - log Q_v) = (h_a - h_b) . e_a - lse_a + lse_b
+ *   since log P_v = z_v - lse, z = Wout h and e_a = sum_v P_v Wout[v].
+ * Computed in the LM head's vocabulary blocks: the running maximum rescales the
+ * accumulated expectation as it grows (online softmax), so nothing of size
+ * [T][vocab] is stored. */
+typedef struct {
+    float *hidden;  /* out [T][dim]: the final RMSNorm's output (the LM head's input), every row */
+    double *lse;    /* out [T]: log sum_v exp(logit_v), nats, in double; NaN on rows not scored */
+    int *argmax;    /* out [T]: the first index of the largest logit (llama.cpp's "top token"); -1 on rows not scored */
+    float *expect;  /* out [T][dim]: e = sum_v softmax(logits)_v Wout[v] on scored rows (others untouched);
+                       costs one more GEMM of the LM head's size over the scored rows */
+} kvq_fwd_head;
+
 /* One call's inputs and outputs. */
 typedef struct {
     const int *tokens;  /* [T] token ids in [0, vocab) */
@@ -212,6 +230,7 @@ typedef struct {
     const kvq_hooks *hooks;   /* NULL = none */
     float *logits;      /* out, optional: [T][vocab_size] */
     double *nll;        /* out, optional: [T] per-position NLL in nats (NaN where not scored) */
+    kvq_fwd_head *head; /* out, optional: LM-head outputs (see kvq_fwd_head); NULL = none */
     /* Skip the LM head (ignored when logits are requested): res->loss = NaN,
      * io->nll not written, res->n_scored still counted. For a caller that
      * computes the loss itself (kvq_backward_run recomputes it in its own
@@ -269,6 +288,13 @@ void kvq_forward_free(kvq_forward *fw);
  * returns, KVQ_ENUMERIC when a scored position's NLL is not finite (the message
  * names the position). io->nll and io->logits are filled even then. */
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+
+/* kvq_fwd_head from full logits [T][vocab] (the io->logits path of both
+ * devices): lse, argmax and expect of the scored rows (targets[t] >= 0;
+ * targets NULL: every row but the last), hidden copied from xn [T][dim] when
+ * both are given. Errors: KVQ_ENOMEM. */
+kvq_status kvq_fwd_head_from_logits(const kvq_model *m, const float *logits, const float *xn, const int *targets, int T,
+                                    kvq_fwd_head *head, kvq_err *err);
 
 /* Residual stream entering layer l (l = n_layers: entering the final norm),
  * [T][dim] for the last run's T; NULL unless KVQ_FWD_SAVE_LAYER_INPUTS. */

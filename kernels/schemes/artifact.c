@@ -114,7 +114,7 @@ static kvq_status check_table(const kvq_artifact_params *p, const kvq_kv_table *
         if (!t->levels || !t->obj_lloyd || !t->obj_exact || !t->chosen)
             return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.levels: missing", layer, kv);
         size_t nl = (size_t)1 << bits;
-        for (size_t h = 0; h < t->n_tables; h++)
+        for (size_t h = 0; h < t->n_tables; h++) {
             for (size_t j = 0; j < nl; j++) {
                 float v = t->levels[h * nl + j];
                 if (!isfinite(v) || v < -1.0f || v > 1.0f || (j && v < t->levels[h * nl + j - 1]))
@@ -122,6 +122,15 @@ static kvq_status check_table(const kvq_artifact_params *p, const kvq_kv_table *
                                     "layers.%zu.%c.levels[%zu][%zu]: expected finite, ascending, in [-1, 1], found %g",
                                     layer, kv, h, j, (double)v);
             }
+            /* a datatype whose levels all (nearly) coincide maps every normalised value to one number: nothing
+             * a calibration on real K/V gives (it spans the data's [-1, 1]); refused rather than evaluated */
+            const float lo = t->levels[h * nl], hi = t->levels[h * nl + nl - 1];
+            if (hi - lo < KVQ_ARTIFACT_MIN_LEVEL_SPAN)
+                return kvq_fail(err, KVQ_EINVAL,
+                                "layers.%zu.%c.levels[%zu]: degenerate datatype: its %zu levels span %g (from %g to %g), expected "
+                                "at least %g of the normalised range [-1, 1] (a one-value table quantizes everything to it)",
+                                layer, kv, h, nl, (double)(hi - lo), (double)lo, (double)hi, KVQ_ARTIFACT_MIN_LEVEL_SPAN);
+        }
     }
     if (want_thr) {
         if (!t->channel_lower || !t->channel_upper)
@@ -134,6 +143,14 @@ static kvq_status check_table(const kvq_artifact_params *p, const kvq_kv_table *
                 return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c: channel %zu: lower %g > upper %g", layer, kv, c,
                                 (double)lo, (double)hi);
         }
+        /* one channel may be constant (lower == upper: it is reproduced exactly), every channel cannot */
+        size_t flat = 0;
+        for (size_t c = 0; c < kv_dim; c++) flat += t->channel_lower[c] == t->channel_upper[c];
+        if (flat == kv_dim)
+            return kvq_fail(err, KVQ_EINVAL,
+                            "layers.%zu.%c.channel_lower/upper: degenerate thresholds: lower == upper in all %zu channels (a "
+                            "zero range everywhere: every key would be its channel's one value or an outlier)",
+                            layer, kv, kv_dim);
     }
     return KVQ_OK;
 }

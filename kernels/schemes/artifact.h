@@ -137,8 +137,14 @@ typedef struct kvq_artifact {
     kvq_artifact_prefix *prefix; /* IntactKV prefix, or NULL (owned; freed by kvq_artifact_free) */
 } kvq_artifact;
 
+/* A nuq datatype must span at least this much of [-1, 1] (first to last level). */
+#define KVQ_ARTIFACT_MIN_LEVEL_SPAN 1e-3
+
 /* Check parameters and, when present, table shapes and values (levels
- * ascending in [-1, 1] and finite; thresholds finite, lower <= upper).
+ * ascending in [-1, 1] and finite; thresholds finite, lower <= upper; fp8
+ * scales finite and > 0). Degenerate tables are refused too: a nuq datatype
+ * whose levels span less than KVQ_ARTIFACT_MIN_LEVEL_SPAN (all equal: one
+ * value), per-channel thresholds with lower == upper in every channel.
  * Errors name the field: "k_bits: expected 1..8, found 9",
  * "outlier_fraction: expected [0, 0.5), found 0.5",
  * "layers.3.k.channel_lower[17]: not finite". */

@@ -5,7 +5,9 @@
  *   gpu_check --synthetic
  *       random-weight models (head_dim 64 and 128, GQA, a prefix, windows that
  *       are not tile multiples): CPU vs GPU for every built-in KV scheme, the
- *       host-transform path and the observe hook.
+ *       host-transform path, the observe hook and the LM-head outputs of
+ *       kveval's KL divergence (kvq_fwd_head: hidden, lse, top token,
+ *       expectation) with the per-row KL of fp32 vs an int scheme.
  *   gpu_check --model M --text wiki.test.raw [--ctx 2048] [--check-windows 2]
  *             [--max-windows 0] [--no-bench] [--device cuda|cpu]
  *       the real model: logits/PPL CPU vs GPU on the first windows for every
@@ -448,6 +450,86 @@ static int32_t *synth_inputs(const kvq_hparams *hp, int T, int nw, int P, uint64
     return tokens;
 }
 
+/* kvq_fwd_head (kveval's KL divergence) on the GPU against the CPU: the LM head's input, log-sum-exp,
+ * top token and expectation of the scored rows (a span with a gap, the first rows unscored), for the
+ * unquantized forward and a native scheme d; then KL(P_fp32 || Q_d) per row from each device's outputs.
+ * PASS: hidden / expectation rel L2 <= 1e-5, lse within 1e-5, top tokens equal on rows whose top-2
+ * gap (CPU) exceeds 1e-4, mean KL within 1e-3 relative (+1e-7). */
+static int head_check(kvq_engine *cpu, kvq_engine *gpu, const kvq_hparams *hp, const kvq_kv_desc *d, const char *dname,
+                      const int32_t *tokens, int T, const kvq_prefix *px)
+{
+    const size_t dim = (size_t)hp->dim, V = (size_t)hp->vocab_size;
+    int *tg = malloc((size_t)T * sizeof(int));
+    float *lg = malloc((size_t)T * V * sizeof(float));
+    float *h[2][2], *e[2];
+    double *l[2][2];
+    int *a[2][2];
+    kvq_err err = {0};
+    for (int t = 0; t < T; t++) tg[t] = t >= 3 && t + 1 < T && t != T / 2 ? tokens[t + 1] : -1;
+    for (int dv = 0; dv < 2; dv++) {
+        e[dv] = malloc((size_t)T * dim * sizeof(float));
+        for (int sc = 0; sc < 2; sc++) {
+            h[dv][sc] = malloc((size_t)T * dim * sizeof(float));
+            l[dv][sc] = malloc((size_t)T * sizeof(double));
+            a[dv][sc] = malloc((size_t)T * sizeof(int));
+        }
+    }
+    kvq_engine *eng[2] = {cpu, gpu};
+    for (int dv = 0; dv < 2; dv++)
+        for (int sc = 0; sc < 2; sc++) {
+            TRYE(kvq_engine_set_kv(eng[dv], sc ? d : NULL, &err));
+            kvq_fwd_head hd = {.hidden = h[dv][sc], .lse = l[dv][sc], .argmax = a[dv][sc], .expect = sc ? NULL : e[dv]};
+            kvq_fwd_io io = {.tokens = tokens, .T = T, .pos0 = px ? px->P : 0, .prefix = px, .targets = tg, .head = &hd};
+            kvq_fwd_result r;
+            TRYE(kvq_engine_run(eng[dv], &io, &r, &err));
+            if (!sc) { /* the top-2 gaps from the CPU's full logits */
+                if (!dv) {
+                    io.head = NULL;
+                    io.logits = lg;
+                    TRYE(kvq_engine_run(eng[dv], &io, &r, &err));
+                }
+            }
+        }
+    double eh = 0, ee = 0, el = 0, kc = 0, kg = 0;
+    int top_bad = 0, n = 0;
+    for (int t = 0; t < T; t++) {
+        if (tg[t] < 0) continue;
+        n++;
+        for (int sc = 0; sc < 2; sc++) {
+            eh = fmax(eh, rel_l2(h[1][sc] + t * dim, h[0][sc] + t * dim, dim));
+            el = fmax(el, fabs(l[1][sc][t] - l[0][sc][t]));
+        }
+        ee = fmax(ee, rel_l2(e[1] + t * dim, e[0] + t * dim, dim));
+        float m1 = -INFINITY, m2 = -INFINITY;
+        for (size_t v = 0; v < V; v++) {
+            const float z = lg[(size_t)t * V + v];
+            if (z > m1) m2 = m1, m1 = z;
+            else if (z > m2) m2 = z;
+        }
+        if (m1 - m2 > 1e-4f && a[1][0][t] != a[0][0][t]) top_bad++;
+        for (int dv = 0; dv < 2; dv++) {
+            double c = 0;
+            for (size_t j = 0; j < dim; j++) c += ((double)h[dv][0][t * dim + j] - h[dv][1][t * dim + j]) * e[dv][t * dim + j];
+            *(dv ? &kg : &kc) += c - l[dv][0][t] + l[dv][1][t];
+        }
+    }
+    kc /= n;
+    kg /= n;
+    const int ok = eh <= 1e-5 && ee <= 1e-5 && el <= 1e-5 && top_bad == 0 && fabs(kg - kc) <= 1e-3 * kc + 1e-7;
+    printf("\nLM-head outputs (KL divergence), fp32 and %s, %d scored rows: hidden rel L2 %.2e, expectation rel L2 %.2e, "
+           "lse max diff %.2e, top tokens differing (gap > 1e-4) %d, mean KL CPU %.6e GPU %.6e: %s\n",
+           dname, n, eh, ee, el, top_bad, kc, kg, ok ? "PASS" : "FAIL");
+    for (int dv = 0; dv < 2; dv++) {
+        free(e[dv]);
+        for (int sc = 0; sc < 2; sc++) free(h[dv][sc]), free(l[dv][sc]), free(a[dv][sc]);
+    }
+    free(tg);
+    free(lg);
+    TRYE(kvq_engine_set_kv(cpu, NULL, &err));
+    TRYE(kvq_engine_set_kv(gpu, NULL, &err));
+    return ok;
+}
+
 static int run_synthetic(kvq_device gdev)
 {
     struct { int L, dim, nh, nkv, hid, V, T, P, nwin; } cfg[] = {
@@ -531,6 +613,11 @@ static int run_synthetic(kvq_device gdev)
             free(rc.k), free(rc.v), free(rg.k), free(rg.v);
         }
         all_ok &= bitexact_all(&gpu, hp, &L, tokens, T, P ? &px : NULL);
+        for (int i = 0; i < L.n; i++)
+            if (L.d[i].q.kind == KVQ_SCHEME_INT) {
+                all_ok &= head_check(&cpu, &gpu, hp, &L.d[i], L.name[i], tokens, T, P ? &px : NULL);
+                break;
+            }
         free(lc), free(lg), free(tokens), free(pbuf);
         synth_free(&st4);
         synth_free(&st3);

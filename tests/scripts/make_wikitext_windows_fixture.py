@@ -47,6 +47,15 @@ def main():
     out["llamacpp_bos_tokens"] = len(ids2)
     out["llamacpp_bos_windows"] = nw2
     out["llamacpp_bos_windows_sha256"] = h(win.reshape(-1))
+    # llamacpp as llama-perplexity -f runs it (the default --newlines keep): the file's bytes, CRLF kept, one
+    # trailing "\n" popped (common/arg.cpp), no BOS (add_bos_token = false), ctx 512 (the tool's default -c)
+    raw = data[:-1] if data.endswith(b"\n") else data
+    ids3 = tk.encode(raw.decode("utf-8"), add_special_tokens=False).ids
+    nw3 = len(ids3) // 512
+    out["llamacpp_keep_text_sha256"] = hashlib.sha256(raw).hexdigest()
+    out["llamacpp_keep_tokens"] = len(ids3)
+    out["llamacpp_keep512_windows"] = nw3
+    out["llamacpp_keep512_windows_sha256"] = h(ids3[: nw3 * 512])
     # calibration: 16 x 2048 from the kvquant stream, seed 0
     random.seed(0)
     offs = [random.randint(0, len(ids) - CTX - 1) for _ in range(16)]
