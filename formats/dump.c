@@ -1,5 +1,6 @@
 /* dump.c — kvdump HDF5 writer/reader (schema: formats/DUMP.md). */
 #include "dump.h"
+#include "sha256.h"
 #include "half.h"
 
 #include <errno.h>
@@ -131,6 +132,8 @@ static const attr_desc ATTRS[] = {
     ATTR(rope_low_freq_factor, AK_F64, true),
     ATTR(rope_high_freq_factor, AK_F64, true),
     ATTR(rope_orig_ctx, AK_INT, true),
+    ATTR(rope_params, AK_STR, true),
+    ATTR(attention, AK_STR, true),
     ATTR(tokenizer, AK_STR, true),
     ATTR(corpus_path, AK_STR, false), /* (likewise) */
     ATTR(corpus_sha256, AK_STR, true),
@@ -152,7 +155,9 @@ static const attr_desc ATTRS[] = {
 /* attributes added after the first release: absent in older files (read as the default) */
 static const char *optional_attr_default(const char *name)
 {
-    return !strcmp(name, "compute_mode") ? "exact" : !strcmp(name, "compute_device") ? "" : NULL;
+    return !strcmp(name, "compute_mode") ? "exact"
+           : !strcmp(name, "compute_device") || !strcmp(name, "rope_params") || !strcmp(name, "attention") ? ""
+                                                                                                            : NULL;
 }
 #define N_ATTRS (sizeof ATTRS / sizeof *ATTRS)
 /* plus: schema_version (int64), sample_offsets (int64 [N]), samples_done (int64) */
@@ -185,6 +190,7 @@ static const char *dtype_name(kvq_dump_dtype t) { return t == KVQ_DUMP_F16 ? "f1
 
 void kvq_dump_meta_set_hparams(kvq_dump_meta *m, const kvq_hparams *hp)
 {
+    snprintf(m->model_arch, sizeof m->model_arch, "%s", kvq_arch_name(hp->arch));
     m->n_layers = hp->n_layers;
     m->dim = hp->dim;
     m->hidden_dim = hp->hidden_dim;
@@ -196,15 +202,36 @@ void kvq_dump_meta_set_hparams(kvq_dump_meta *m, const kvq_hparams *hp)
     m->rope_theta = hp->rope_theta;
     m->rope_dim = hp->rope_dim;
     snprintf(m->rope_pairing, sizeof m->rope_pairing, "interleaved");
-    const char *sc = hp->rope_scaling == KVQ_ROPE_SCALING_LINEAR   ? "linear"
-                     : hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3 ? "llama3"
-                                                                   : "none";
-    snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s", sc);
-    m->rope_scale_factor = hp->rope_scaling == KVQ_ROPE_SCALING_NONE ? 1.0 : hp->rope_scale_factor;
-    bool l3 = hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3;
+    snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s", kvq_rope_scaling_name(hp->rope_scaling));
+    bool scaled = hp->rope_scaling == KVQ_ROPE_SCALING_LINEAR || hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3 ||
+                  hp->rope_scaling == KVQ_ROPE_SCALING_YARN || hp->rope_scaling == KVQ_ROPE_SCALING_DYNAMIC;
+    m->rope_scale_factor = scaled ? hp->rope_scale_factor : 1.0;
+    bool l3 = hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3, yarn = hp->rope_scaling == KVQ_ROPE_SCALING_YARN;
     m->rope_low_freq_factor = l3 ? hp->rope_low_freq_factor : 0.0;
     m->rope_high_freq_factor = l3 ? hp->rope_high_freq_factor : 0.0;
-    m->rope_orig_ctx = l3 ? hp->rope_orig_ctx : 0;
+    m->rope_orig_ctx = l3 || yarn ? hp->rope_orig_ctx : 0;
+    m->rope_params[0] = 0;
+    if (yarn) {
+        snprintf(m->rope_params, sizeof m->rope_params, "beta_fast=%.9g beta_slow=%.9g attn_factor=%.9g truncate=%d",
+                 (double)hp->rope_beta_fast, (double)hp->rope_beta_slow, (double)hp->rope_attn_factor, (int)hp->rope_yarn_truncate);
+    } else if (hp->rope_scaling == KVQ_ROPE_SCALING_FREQ_FACTORS) {
+        int n = hp->rope_dim / 2;
+        unsigned char le[4 * KVQ_ROPE_MAX_PAIRS];
+        float lo = hp->rope_freq_factors[0], hi = lo;
+        for (int i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &hp->rope_freq_factors[i], 4);
+            for (int b = 0; b < 4; b++) le[4 * i + b] = (unsigned char)(u >> (8 * b));
+            lo = hp->rope_freq_factors[i] < lo ? hp->rope_freq_factors[i] : lo;
+            hi = hp->rope_freq_factors[i] > hi ? hp->rope_freq_factors[i] : hi;
+        }
+        char hex[65] = "";
+        if (kvq_sha256_hex(le, (size_t)4 * n, hex, NULL) != KVQ_OK) snprintf(hex, sizeof hex, "?");
+        snprintf(m->rope_params, sizeof m->rope_params, "n=%d min=%.9g max=%.9g sha256=%s", n, (double)lo, (double)hi, hex);
+    }
+    m->attention[0] = 0;
+    if (hp->sliding_window > 0 && hp->swa_first_layer < hp->n_layers)
+        snprintf(m->attention, sizeof m->attention, "sliding_window=%d first_layer=%d", hp->sliding_window, hp->swa_first_layer);
 }
 
 kvq_status kvq_dump_meta_validate(const kvq_dump_meta *m, kvq_err *err)

@@ -79,16 +79,20 @@ typedef struct {
     /* model */
     char model_path[KVQ_DUMP_PATH_MAX];
     char model_sha256[65];                  /* 64 lowercase hex digits */
-    char model_arch[KVQ_DUMP_STR_MAX];      /* "llama" */
+    char model_arch[KVQ_DUMP_STR_MAX];      /* "llama", "qwen2", "qwen3", "mistral" (model.h kvq_arch_name) */
     int n_layers, dim, hidden_dim, n_heads, n_kv_heads, head_dim, vocab_size, ctx_len;
     /* RoPE (see model.h: pairs are always adjacent channels after loading) */
     double rope_theta;
     int rope_dim;                           /* rotated channels per head (even, <= head_dim) */
     char rope_pairing[KVQ_DUMP_STR_MAX];    /* "interleaved": pairs (2i, 2i+1) within each head */
-    char rope_scaling[KVQ_DUMP_STR_MAX];    /* "none" | "linear" | "llama3" */
+    char rope_scaling[KVQ_DUMP_STR_MAX];    /* "none" | "linear" | "llama3" | "yarn" | "dynamic" | "freq_factors" */
     double rope_scale_factor;               /* 1 when none */
     double rope_low_freq_factor, rope_high_freq_factor; /* llama3 only (0 otherwise) */
-    int rope_orig_ctx;                      /* llama3 only (0 otherwise) */
+    int rope_orig_ctx;                      /* llama3 and yarn only (0 otherwise) */
+    char rope_params[KVQ_DUMP_STR_MAX];     /* the parameters the fields above lack ("" when none):
+                                               yarn "beta_fast=%.9g beta_slow=%.9g attn_factor=%.9g truncate=%d",
+                                               freq_factors "n=%d min=%.9g max=%.9g sha256=<hex of the float32 factors>" */
+    char attention[KVQ_DUMP_STR_MAX];       /* "" (full causal attention) or "sliding_window=%d first_layer=%d" */
     /* tokenizer + corpus */
     char tokenizer[KVQ_DUMP_STR_MAX];       /* identity, e.g. "gguf:gpt2 vocab=49152 sha256=..." */
     char corpus_path[KVQ_DUMP_PATH_MAX];

@@ -595,14 +595,14 @@ START_TEST(test_upstream)
     memcpy(pv, pv0, np * 4);
     size_t ne = (size_t)m.hp.vocab_size * dim;
     float *emb0 = malloc(ne * 4), *demb = calloc(ne, 4);
-    memcpy(emb0, m.tok_embd, ne * 4);
+    memcpy(emb0, kvq_mat_f32(&m.tok_embd), ne * 4);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < dim; i++) demb[(size_t)tok[P + t] * dim + i] = (float)urand(&r);
     double an_e = 0;
     for (int t = 0; t < T; t++) an_e += dotf(d_embd + (size_t)t * dim, demb + (size_t)tok[P + t] * dim, dim);
-    c.emb = m.tok_embd, c.emb0 = emb0, c.demb = demb, c.ne = ne;
+    c.emb = kvq_mat_f32(&m.tok_embd), c.emb0 = emb0, c.demb = demb, c.ne = ne;
     double fd_e = fd_dir(along_up_embd, &c, 0.02);
-    memcpy(m.tok_embd, emb0, ne * 4);
+    memcpy(kvq_mat_f32(&m.tok_embd), emb0, ne * 4);
     fprintf(stderr, "INFO upstream dL/d(embeddings) directional %.6e vs FD %.6e (%.1e)\n", an_e, fd_e, fabs(an_e - fd_e) / fabs(fd_e));
     ck_assert(fabs(an_e - fd_e) <= 1e-3 * fabs(fd_e));
     free(emb0), free(demb), free(d_embd);

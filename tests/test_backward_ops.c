@@ -287,7 +287,8 @@ START_TEST(test_lm_head_xent)
     ck_assert(isnan(nll[1]));
     for (int i = 0; i < DIM; i++) ck_assert(g[DIM + i] == 0);
     float *xf = tof(c.xn, T * DIM), *wf = tof(c.w, V * DIM), gf[T * DIM], zf[T * 16], mf[T], tf[T];
-    double sf = kvq_lm_head_xent_bwd(gf, NULL, xf, wf, tg, T, DIM, V, c.scale, 16, zf, mf, rsum, tf);
+    kvq_mat wm = {.data = wf, .type = KVQ_MAT_F32, .rows = V, .cols = DIM, .row_bytes = DIM * sizeof(float)};
+    double sf = kvq_lm_head_xent_bwd(gf, NULL, xf, &wm, NULL, tg, T, DIM, V, c.scale, 16, zf, mf, rsum, tf);
     double e32 = rel_l2_fd(gf, g, T * DIM);
     /* one block (v_chunk = V) gives the same */
     double g1[T * DIM], z1[T * V];

@@ -567,7 +567,7 @@ START_TEST(test_save_inputs_threads_errors)
     ck_assert_ptr_nonnull(x0);
     ck_assert_ptr_nonnull(xl);
     ck_assert_ptr_null(kvq_forward_layer_input(&fw, L + 1));
-    for (int t = 0; t < T; t++) ck_assert(memcmp(x0 + (size_t)t * dim, m.tok_embd + (size_t)tok[t] * dim, dim * sizeof(float)) == 0);
+    for (int t = 0; t < T; t++) ck_assert(memcmp(x0 + (size_t)t * dim, kvq_mat_f32(&m.tok_embd) + (size_t)tok[t] * dim, dim * sizeof(float)) == 0);
     double num = 0, den = 0;
     for (int t = 0; t < T; t++) {
         double ss = 0;
@@ -575,7 +575,7 @@ START_TEST(test_save_inputs_threads_errors)
         double rs = 1 / sqrt(ss / dim + m.hp.norm_eps);
         for (int v = 0; v < V; v++) {
             double z = 0;
-            for (int c = 0; c < dim; c++) z += xl[t * dim + c] * rs * m.out_norm[c] * m.output[(size_t)v * dim + c];
+            for (int c = 0; c < dim; c++) z += xl[t * dim + c] * rs * m.out_norm[c] * kvq_mat_f32(&m.output)[(size_t)v * dim + c];
             num += (z - l1[(size_t)t * V + v]) * (z - l1[(size_t)t * V + v]);
             den += z * z;
         }

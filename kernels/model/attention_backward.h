@@ -57,6 +57,7 @@ typedef struct {
     float *dpk, *dpv;                /* bwd outputs when P > 0 (overwritten), may be NULL */
     float *dkq, *dvq;                /* bwd outputs for the alternatives; NULL: their gradient is ADDED to
                                         dk / dv (straight-through: the alternative is a function of k/v) */
+    int window, pos0;                /* sliding window (attention.h kvq_attn_key_lo); window 0 = none */
 } kvq_attn_grad_args;
 
 /* Same, float64. */
@@ -71,6 +72,7 @@ typedef struct {
     double *dq, *dk, *dv;
     double *dpk, *dpv;
     double *dkq, *dvq;
+    int window, pos0;
 } kvq_attn_grad_args_f64;
 
 typedef struct {

@@ -146,6 +146,11 @@ typedef struct {
     float *rmax, *rtgt;                         /* [max_T] */
     double *rsum, *nll;                         /* [max_T] */
     int *k_bound, *v_bound, *targets;           /* [max_T] */
+    float *q_raw, *dq_raw;                      /* [max_T][q_dim] pre-norm q and its gradient (qk_norm only, else NULL) */
+    float *k_raw, *dk_raw;                      /* [max_T][kv_dim] pre-norm k and its gradient (qk_norm only) */
+    float *wscratch;                            /* the forward's block of converted weight rows (non-fp32 matrices) */
+    size_t wscratch_floats;
+    float *head_buf;                            /* [v_chunk][dim] converted LM-head rows (non-fp32 head only) */
     kvq_attn_grad_ws attn;     /* attention backward */
     kvq_attn_ws fattn;         /* recomputed attention forward (kvq_attention with lse) */
     /* wall seconds of the last run, by phase (profiling; not part of results) */

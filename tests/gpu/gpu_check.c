@@ -411,19 +411,19 @@ static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_
     TRYE(kvq_model_alloc(m, &hp, &err));
     uint64_t s = seed;
     size_t qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
-    fill(m->tok_embd, (size_t)vocab * dim, 1.0f, &s);
-    fill(m->output, (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
+    fill(kvq_mat_f32(&m->tok_embd), (size_t)vocab * dim, 1.0f, &s);
+    fill(kvq_mat_f32(&m->output), (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
     for (int i = 0; i < dim; i++) m->out_norm[i] = 1.0f + 0.1f * rng_u(&s);
     for (int l = 0; l < n_layers; l++) {
         kvq_layer_weights *w = &m->layers[l];
         for (int i = 0; i < dim; i++) w->attn_norm[i] = 1.0f + 0.1f * rng_u(&s), w->ffn_norm[i] = 1.0f + 0.1f * rng_u(&s);
-        fill(w->wq, qd * dim, 2 * sqrtf(3.0f / dim), &s);
-        fill(w->wk, kvd * dim, 2 * sqrtf(3.0f / dim), &s);
-        fill(w->wv, kvd * dim, sqrtf(3.0f / dim), &s);
-        fill(w->wo, dim * qd, sqrtf(3.0f / qd), &s);
-        fill(w->w_gate, (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
-        fill(w->w_up, (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
-        fill(w->w_down, (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
+        fill(kvq_mat_f32(&w->wq), qd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wk), kvd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wv), kvd * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wo), dim * qd, sqrtf(3.0f / qd), &s);
+        fill(kvq_mat_f32(&w->w_gate), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->w_up), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->w_down), (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
     }
 }
 
