@@ -1627,6 +1627,36 @@ kvq_status kvq_dump_abort(kvq_dump_writer *w, kvq_err *err)
 
 /* ---- reader --------------------------------------------------------------------- */
 
+/* ---- model constants: the key biases ---------------------------------------- */
+
+kvq_status kvq_dump_write_k_bias(kvq_dump_writer *w, const float *bias, kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    if (!bias) return kvq_fail(err, KVQ_EINVAL, "%s: /k_bias: NULL data", w->d.fname);
+    if (w->d.broken) return kvq_fail(err, KVQ_EIO, "%s: an earlier write failed; the writer accepts no more data", w->d.fname);
+    const hsize_t dims[2] = {(hsize_t)(m->layer_last - m->layer_first + 1), (hsize_t)m->n_kv_heads * (hsize_t)m->head_dim};
+    for (hsize_t i = 0; i < dims[0] * dims[1]; i++)
+        if (!isfinite(bias[i]))
+            return kvq_fail(err, KVQ_ENUMERIC, "%s: /k_bias: layer %d channel %llu is %g", w->d.fname, m->layer_first + (int)(i / dims[1]),
+                            (unsigned long long)(i % dims[1]), (double)bias[i]);
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = KVQ_OK;
+    hid_t sp = -1, ds = -1;
+    htri_t ex = H5Lexists(w->d.file, "k_bias", H5P_DEFAULT);
+    if (ex > 0) ds = H5Dopen2(w->d.file, "k_bias", H5P_DEFAULT); /* resume: the same model, so the same values */
+    else if ((sp = H5Screate_simple(2, dims, NULL)) >= 0)
+        ds = H5Dcreate2(w->d.file, "k_bias", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, bias) < 0 || H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: writing /k_bias failed", w->d.fname);
+        w->d.broken = true;
+    }
+    if (ds >= 0 && !w->d.broken) H5Dclose(ds);
+    if (sp >= 0) H5Sclose(sp);
+    quiet_end(&q);
+    return s;
+}
+
 struct kvq_dump_reader {
     h5_dump d;
 };
@@ -1680,6 +1710,35 @@ done:
         r = NULL;
     }
     *out = r;
+    quiet_end(&q);
+    return s;
+}
+
+kvq_status kvq_dump_read_k_bias(kvq_dump_reader *r, float *out, bool *present, kvq_err *err)
+{
+    const kvq_dump_meta *m = &r->d.meta;
+    *present = false;
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = KVQ_OK;
+    if (H5Lexists(r->d.file, "k_bias", H5P_DEFAULT) <= 0) goto done;
+    hid_t ds = H5Dopen2(r->d.file, "k_bias", H5P_DEFAULT), sp = ds >= 0 ? H5Dget_space(ds) : -1, ty = ds >= 0 ? H5Dget_type(ds) : -1;
+    hsize_t dims[2] = {0, 0};
+    const hsize_t want0 = (hsize_t)(m->layer_last - m->layer_first + 1), want1 = (hsize_t)m->n_kv_heads * (hsize_t)m->head_dim;
+    if (ds < 0 || sp < 0 || ty < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot open /k_bias", r->d.fname);
+    else if (H5Sget_simple_extent_ndims(sp) != 2 || H5Sget_simple_extent_dims(sp, dims, NULL) != 2 || dims[0] != want0 ||
+             dims[1] != want1 || H5Tget_class(ty) != H5T_FLOAT)
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: /k_bias: expected float [%llu][%llu] (layers x kv_dim), found %d dims [%llu][%llu]", r->d.fname,
+                     (unsigned long long)want0, (unsigned long long)want1, sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1,
+                     (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+        s = h5_fail(err, KVQ_EIO, "%s: reading /k_bias failed", r->d.fname);
+    else
+        *present = true;
+    if (ty >= 0) H5Tclose(ty);
+    if (sp >= 0) H5Sclose(sp);
+    if (ds >= 0) H5Dclose(ds);
+done:
     quiet_end(&q);
     return s;
 }

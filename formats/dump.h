@@ -216,6 +216,13 @@ const kvq_dump_meta *kvq_dump_writer_meta(const kvq_dump_writer *w);
 kvq_status kvq_dump_write_layer(kvq_dump_writer *w, int64_t sample, int layer, const kvq_dump_layer_data *d,
                                 kvq_err *err);
 
+/* Write the model's key biases (Qwen2; pre-RoPE, kvq's interleaved channel
+ * order) as /k_bias, float32 [layer_last - layer_first + 1][n_kv_heads *
+ * head_dim] (optional dataset, DUMP.md). Once per file, any time before
+ * finish; on resume it rewrites the same values. Errors: KVQ_ENUMERIC
+ * (NaN/Inf, naming layer and channel), KVQ_EIO. */
+kvq_status kvq_dump_write_k_bias(kvq_dump_writer *w, const float *bias, kvq_err *err);
+
 /* Finish sample `sample`: write tokens[L] (int32), require every layer of the
  * range written, flush, set samples_done = sample + 1, flush again. */
 kvq_status kvq_dump_commit_sample(kvq_dump_writer *w, int64_t sample, const int32_t *tokens, kvq_err *err);
@@ -251,6 +258,11 @@ const kvq_dump_meta *kvq_dump_reader_meta(const kvq_dump_reader *r);
 int64_t kvq_dump_reader_samples_done(const kvq_dump_reader *r);
 /* Whether /layers/<layer>/<ds> exists in the file. */
 bool kvq_dump_has(const kvq_dump_reader *r, int layer, kvq_dump_ds ds);
+
+/* /k_bias into out [layer_last - layer_first + 1][kv_dim] when the dump has
+ * it (*present = true), else *present = false and out untouched. KVQ_EFORMAT
+ * for a wrong shape or type, KVQ_EIO for a failed read. */
+kvq_status kvq_dump_read_k_bias(kvq_dump_reader *r, float *out, bool *present, kvq_err *err);
 
 /* Read token rows [t0, t0+n) of one sample of /layers/<layer>/<ds> as fp32
  * into out (f16 converted exactly):

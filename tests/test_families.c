@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "artifact.h"
 #include "dump.h"
@@ -481,6 +482,58 @@ START_TEST(test_bad_configs)
 }
 END_TEST
 
+/* Qwen2 end to end: kvdump (with --fisher: the backward through the biases)
+ * records the key biases as /k_bias, equal to the model's; kvstat reports
+ * their norm per layer and the channels they dominate: the +12 offset that
+ * tests/scripts/hf_family_fixtures.py puts on HF channel 3 of layer 0 is
+ * kvq channel 6 (rotate-half -> interleaved) and the largest. */
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+START_TEST(test_qwen2_dump_kvstat_k_bias)
+{
+    char tok[4096], text[4096], kvdump[4096], kvstat[4096];
+    KVQ_SKIP_IF(!kvq_test_shared(tok, sizeof tok, "models/llama2c/aidreams-tok512.bin") ||
+                    !kvq_test_shared(text, sizeof text, "datasets/wikitext-2/wiki.valid.tokens"),
+                "../shared absent");
+    ck_assert_msg(kvq_test_bin(kvdump, sizeof kvdump, "kvdump") && kvq_test_bin(kvstat, sizeof kvstat, "kvstat"), "kvdump/kvstat not built");
+    char out[256], md[256], cmd[16384];
+    snprintf(out, sizeof out, "/tmp/kvq_test_families_%d.h5", (int)getpid());
+    snprintf(md, sizeof md, "/tmp/kvq_test_families_%d.md", (int)getpid());
+    unlink(out);
+    snprintf(cmd, sizeof cmd, "%s -m " FIXDIR "qwen2 --tokenizer %s -t %s -n 2 -L 32 --fisher --device cpu -q -o %s", kvdump, tok, text, out);
+    ck_assert_int_eq(sh(cmd), 0);
+    kvq_dump_reader *r;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_dump_open(out, &r, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(kvq_dump_reader_meta(r)->model_arch, "qwen2");
+    kvq_model m;
+    load(FIXDIR "qwen2", KVQ_WEIGHTS_AUTO, &m);
+    const int kvd = kvq_kv_dim(&m.hp);
+    float kb[2 * 64];
+    bool present = false;
+    ck_assert(kvq_dump_read_k_bias(r, kb, &present, &e) == KVQ_OK && present);
+    for (int l = 0; l < 2; l++) ck_assert(memcmp(kb + l * kvd, m.layers[l].bk, kvd * sizeof(float)) == 0);
+    kvq_dump_close(r);
+    snprintf(cmd, sizeof cmd, "%s %s -q --markdown %s", kvstat, out, md);
+    ck_assert_int_eq(sh(cmd), 0);
+    char *rep = kvq_test_slurp(md, NULL);
+    ck_assert_ptr_nonnull(rep);
+    char *tab = strstr(rep, "Key biases per layer");
+    ck_assert_msg(tab, "no key-bias table in:\n%s", rep);
+    char want[64];
+    snprintf(want, sizeof want, "| %.4g (6) |", (double)fabsf(m.layers[0].bk[6]));
+    ck_assert_msg(strstr(tab, want), "'%s' not in the key-bias table:\n%.1500s", want, tab);
+    free(rep);
+    unlink(out);
+    unlink(md);
+    kvq_model_free(&m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("families");
@@ -498,6 +551,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_sliding_window_cache);
     tcase_add_test(tc, test_rope_identity);
     tcase_add_test(tc, test_bad_configs);
+    tcase_add_test(tc, test_qwen2_dump_kvstat_k_bias);
     suite_add_tcase(s, tc);
     return s;
 }

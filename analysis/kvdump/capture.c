@@ -256,8 +256,10 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     }
 
     kvq_model m;
-    kvq_status s = kvq_model_load(o->model_path, &m, err);
+    kvq_load_opts lo = {.weights = o->weights};
+    kvq_status s = kvq_model_load_opts(o->model_path, &lo, &m, err);
     if (s) return s;
+    if (!o->quiet) fprintf(stderr, "kvdump: weights: %s\n", m.weights_desc);
     kvq_tokenizer *tok = NULL;
     kvq_text txt = {0};
     kvq_windows win = {0};
@@ -345,6 +347,18 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     free(offs);
     meta.sample_offsets = NULL;
     if (s) goto done;
+    if (m.layers[0].bk) { /* Qwen2's key biases, for kvstat (DUMP.md /k_bias) */
+        size_t kvd = (size_t)kvq_kv_dim(hp), nl = (size_t)(last - first + 1);
+        float *kb = malloc(nl * kvd * sizeof *kb);
+        if (!kb) {
+            s = kvq_fail(err, KVQ_ENOMEM, "kvdump: out of memory");
+            goto done;
+        }
+        for (size_t j = 0; j < nl; j++) memcpy(kb + j * kvd, m.layers[first + (int)j].bk, kvd * sizeof *kb);
+        s = kvq_dump_write_k_bias(w, kb, err);
+        free(kb);
+        if (s) goto done;
+    }
 
     /* write-behind (default on a GPU): the HDF5 writing of sample i overlaps the computation of sample i+1 (two buffers) */
     const bool overlap = o->write_behind < 0 ? dev == KVQ_DEVICE_CUDA : o->write_behind > 0;

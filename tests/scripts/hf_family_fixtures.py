@@ -7,7 +7,8 @@ For each family below this writes, under tests/fixtures/:
     hf-<name>/ref.bin                                    (reference, format below)
     hf-<name>.gguf                                       (the same weights, llama.cpp layout; not for
                                                           every family, see GGUF)
-The families (2 layers, dim 32, vocab 128, GQA; weights drawn so that the
+The families (2 layers, dim 32, vocab 128 (qwen2: 512, so that a llama2.c
+512-token tokenizer can drive kvdump on it), GQA; weights drawn so that the
 model is far from uniform and every optional part matters):
     llama31        Llama-3.1 `llama3` RoPE scaling in the old `rope_scaling`
                    config form (original context 16, so positions 0..31 reach
@@ -77,7 +78,7 @@ FAMILIES = [
          rope=dict(type="dynamic", factor=2.0), rope_form="rope_scaling", gguf=False),
     dict(name="llama-linear", arch="llama", cfg=common(rope_theta=10000.0),
          rope=dict(rope_type="linear", factor=2.0), rope_form="rope_parameters", gguf=True),
-    dict(name="qwen2", arch="qwen2", cfg=common(rope_theta=1000000.0), rope=None, gguf=True, bf16=True),
+    dict(name="qwen2", arch="qwen2", cfg=common(rope_theta=1000000.0, vocab_size=512), rope=None, gguf=True, bf16=True),
     dict(name="qwen3", arch="qwen3", cfg=common(rope_theta=1000000.0, head_dim=16, tie_word_embeddings=True),
          rope=None, gguf=True),
     dict(name="mistral", arch="mistral", cfg=common(rope_theta=10000.0, sliding_window=8), rope=None, gguf=True),
@@ -143,7 +144,7 @@ def reference(model, tokens):
 def write_ref(path, tokens, logits, loss):
     with open(path, "wb") as f:
         f.write(b"KVQREF1\0")
-        f.write(struct.pack("<ii", V, T))
+        f.write(struct.pack("<ii", logits.shape[1], T))
         f.write(np.asarray(tokens, dtype="<i4").tobytes())
         f.write(np.ascontiguousarray(logits, dtype="<f4").tobytes())
         f.write(struct.pack("<d", loss))
@@ -195,6 +196,7 @@ def write_gguf(path, fam, config, sd):
     w.add_block_count(L)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(D)
+    w.add_vocab_size(config.vocab_size)
     w.add_feed_forward_length(HID)
     w.add_head_count(nh)
     w.add_head_count_kv(nkv)
