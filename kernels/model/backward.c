@@ -42,9 +42,11 @@ kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_
     size_t qn = hp->qk_norm ? T * qd : 0, kn = hp->qk_norm ? T * kvd : 0;
     bw->wscratch_floats = bw->fw.wscratch_floats;
     size_t hb = kvq_mat_f32(&m->output) ? 0 : (size_t)vc * dim;
+    /* gate and up: the forward's own buffers, idle once the forward has run (its activations, when kept, are
+     * copies): [T][hidden] each that a large model does not hold twice */
     size_t sz[] = {T * dim, T * dim, T * dim, T * dim, T * qd, T * qd, T * qd, T * qd,
                    T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
-                   T * hid, T * hid, T * hid, P * kvd, P * kvd, nh * T, T * half, T * half, T * (size_t)vc, T, T,
+                   0, 0, T * hid, P * kvd, P * kvd, nh * T, T * half, T * half, T * (size_t)vc, T, T,
                    qn, kn, qn, kn, hb};
     float **dst[] = {&bw->x_mid, &bw->xn, &bw->dx, &bw->dxn, &bw->q, &bw->att, &bw->datt, &bw->dq,
                      &bw->k_pre, &bw->k_att, &bw->v_att, &bw->k_alt, &bw->v_alt, &bw->dk, &bw->dv, &bw->dk_pre,
@@ -69,6 +71,8 @@ kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_
         p += sz[i];
     }
     bw->wscratch = bw->fw.wscratch; /* shared: the forward and the backward never run at once */
+    bw->gate = bw->fw.gate;
+    bw->up = bw->fw.up;
     bw->k_bound = bw->iarena;
     bw->v_bound = bw->iarena + T;
     bw->targets = bw->iarena + 2 * T;

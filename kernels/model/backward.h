@@ -138,7 +138,7 @@ typedef struct {
     float *x_mid, *xn, *dx, *dxn;               /* [max_T][dim] */
     float *q, *att, *datt, *dq;                 /* [max_T][q_dim] */
     float *k_pre, *k_att, *v_att, *k_alt, *v_alt, *dk, *dv, *dk_pre; /* [max_T][kv_dim] */
-    float *gate, *up, *dh;                      /* [max_T][hidden_dim] */
+    float *gate, *up, *dh;                      /* [max_T][hidden_dim] (gate, up: the forward workspace's, see init) */
     float *dpk, *dpv;                           /* [max_P][kv_dim] */
     float *lse;                                 /* [n_heads][max_T] */
     float *rope_cos, *rope_sin;                 /* [max_T][rope_dim/2] */
