@@ -19,7 +19,7 @@ kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err
  * size (as kvq_model_load_llama2c computes it) equals file_size. Used to
  * name a checkpoint given where its tokenizer belongs. */
 bool kvq_llama2c_is_checkpoint(const void *head, size_t head_len, size_t file_size);
-/* HF (transformers) Llama checkpoint: config.json plus model.safetensors or
+/* HF (transformers) Llama / Qwen2 / Qwen3 / Mistral checkpoint: config.json plus model.safetensors or
  * model.safetensors.index.json shards; F32/F16/BF16; q/k rows un-permuted
  * from rotate-half to interleaved RoPE pairs (formats/model_safetensors.c,
  * whose header documents keys, tensor names and the permutation). `path` is

@@ -1,4 +1,5 @@
-/* model_safetensors.c — Hugging Face (transformers) Llama checkpoint loader.
+/* model_safetensors.c — Hugging Face (transformers) checkpoint loader for the
+ * Llama, Qwen2, Qwen3 and Mistral families.
  *
  * Input (kvq_hf_checkpoint_paths): a checkpoint directory, its config.json, a
  * *.safetensors file or a *.safetensors.index.json. In a directory,
@@ -9,35 +10,52 @@
  * or corrupt shard is an error naming the index entry and the shard), and each
  * required tensor must be in the shard the weight_map names.
  *
- * config.json (transformers LlamaConfig; model_type must be "llama", and
- * architectures, when present, must list LlamaForCausalLM):
+ * config.json (transformers LlamaConfig / Qwen2Config / Qwen3Config /
+ * MistralConfig): model_type "llama", "qwen2", "qwen3" or "mistral"; when
+ * present, architectures must list the matching *ForCausalLM class.
  *   required  hidden_size, intermediate_size, num_hidden_layers,
  *             num_attention_heads, vocab_size, max_position_embeddings,
  *             rms_norm_eps
  *   optional  num_key_value_heads (default num_attention_heads),
- *             head_dim (must equal hidden_size / num_attention_heads),
+ *             head_dim (default hidden_size / num_attention_heads; may differ:
+ *               q_dim = num_attention_heads * head_dim, as Qwen3 and Mistral-Nemo),
  *             rope_theta (default 10000),
  *             rope_scaling: null | {"rope_type" or "type": "default" | "linear"
- *               (factor) | "llama3" (factor, low_freq_factor, high_freq_factor,
- *               original_max_position_embeddings)}; other types are rejected;
+ *               (factor) | "dynamic" (factor) | "llama3" (factor,
+ *               low_freq_factor, high_freq_factor, original_max_position_embeddings)
+ *               | "yarn" (factor, original_max_position_embeddings, attention_factor,
+ *               mscale, mscale_all_dim, beta_fast, beta_slow, truncate)}; the
+ *               original context defaults, as transformers' standardize_rope_params,
+ *               to a top-level original_max_position_embeddings, else
+ *               max_position_embeddings; other types (longrope, ...) are rejected
+ *               naming the key and the value;
  *             rope_parameters (transformers v5 spelling: rope_theta and the
- *               rope_scaling fields in one object),
+ *               rope_scaling fields in one object; per-layer-type forms rejected),
  *             partial_rotary_factor (rotary dim = int(head_dim * factor), the
  *               first channels of each head, as in transformers'
  *               _compute_default_rope_parameters),
  *             tie_word_embeddings (default false),
- *             hidden_act (must be "silu"), attention_bias / mlp_bias (must be false).
+ *             hidden_act (must be "silu"), mlp_bias (must be false),
+ *             attention_bias (llama, qwen3: q/k/v/o biases; qwen2 always has
+ *               q/k/v biases and no o bias, and reads no attention_bias),
+ *             sliding window: mistral sliding_window (every layer; null = none);
+ *               qwen2/qwen3 use_sliding_window + sliding_window +
+ *               max_window_layers, or layer_types (full_attention layers, then
+ *               sliding_attention layers; other patterns rejected).
  *   A missing required key or a value of the wrong type is an error naming
  *   config.json and the key. A null value counts as absent.
  *
  * Tensors (PyTorch nn.Linear layout [out_features][in_features], i.e. kvq's
- * [out][in] row-major; dtypes F32, F16, BF16, converted to fp32 exactly):
+ * [out][in] row-major; dtypes F32, F16, BF16; held as the kvq_weights mode
+ * says: converted to fp32 exactly, kept as stored, or rounded to bf16/f16):
  *   model.embed_tokens.weight [vocab_size][hidden], model.norm.weight [hidden],
  *   lm_head.weight [vocab_size][hidden] (untied only), and per layer N
  *   model.layers.N.{input_layernorm [hidden], self_attn.q_proj [q_dim][hidden],
  *   self_attn.k_proj / v_proj [kv_dim][hidden], self_attn.o_proj [hidden][q_dim],
  *   post_attention_layernorm [hidden], mlp.gate_proj / up_proj
- *   [intermediate][hidden], mlp.down_proj [hidden][intermediate]}.weight.
+ *   [intermediate][hidden], mlp.down_proj [hidden][intermediate]}.weight, with
+ *   biases self_attn.{q,k,v,o}_proj.bias and the Qwen3 per-head norms
+ *   self_attn.{q,k}_norm.weight [head_dim] where the config implies them.
  * Shapes are checked against config.json before anything is allocated; an
  * error names the shard file, the tensor, the expected and the found shape.
  * Ignored tensors: *.rotary_emb.inv_freq (buffers saved by old transformers),
@@ -60,7 +78,9 @@
  * inverse (llama.cpp convert_hf_to_gguf.py `permute`: reshape(n_head, 2,
  * head_dim/2, in).swapaxes(1, 2)): kvq row 2i + j of each head ← HF row
  * j*(r/2) + i, for i < r/2; rows r..head_dim-1 of a head (partial rotary) are
- * not rotated and stay in place. k_proj uses num_key_value_heads heads.
+ * not rotated and stay in place. k_proj uses num_key_value_heads heads. The
+ * q/k biases (rows of one element) and the q/k norm weights (one "head")
+ * follow the same permutation.
  * Verified by tests/test_model_hf.c against the llama2.c original that
  * tests/scripts/llama2c_to_hf.py converts with HF's permutation.
  */
