@@ -534,6 +534,55 @@ START_TEST(test_qwen2_dump_kvstat_k_bias)
 }
 END_TEST
 
+/* The RoPE configuration end to end: an artifact calibrated on the Qwen2
+ * checkpoint records it (kvq.model_rope); kveval refuses the artifact for the
+ * same weights under YaRN scaling, naming both configurations, and accepts it
+ * for the checkpoint it was calibrated on. */
+START_TEST(test_artifact_rope_mismatch_cli)
+{
+    char tok[4096], text[4096], kvdump[4096], kvcalib[4096], kveval[4096];
+    KVQ_SKIP_IF(!kvq_test_shared(tok, sizeof tok, "models/llama2c/aidreams-tok512.bin") ||
+                    !kvq_test_shared(text, sizeof text, "datasets/wikitext-2/wiki.valid.tokens"),
+                "../shared absent");
+    ck_assert_msg(kvq_test_bin(kvdump, sizeof kvdump, "kvdump") && kvq_test_bin(kvcalib, sizeof kvcalib, "kvcalib") &&
+                      kvq_test_bin(kveval, sizeof kveval, "kveval"),
+                  "kvdump/kvcalib/kveval not built");
+    char dump[256], art[256], errf[256], yarn[64], cmd[20000];
+    snprintf(dump, sizeof dump, "/tmp/kvq_test_families_rope_%d.h5", (int)getpid());
+    snprintf(art, sizeof art, "/tmp/kvq_test_families_rope_%d.safetensors", (int)getpid());
+    snprintf(errf, sizeof errf, "/tmp/kvq_test_families_rope_%d.err", (int)getpid());
+    unlink(dump);
+    snprintf(cmd, sizeof cmd, "%s -m " FIXDIR "qwen2 --tokenizer %s -t %s -n 2 -L 64 --device cpu -q -o %s", kvdump, tok, text, dump);
+    ck_assert_int_eq(sh(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s %s --method int-pc --bits 3 -q -f -o %s", kvcalib, dump, art);
+    ck_assert_int_eq(sh(cmd), 0);
+    kvq_artifact a;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_artifact_read(art, &a, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(!strcmp(a.p.model_rope, "none (theta 1000000, rope_dim 8)"), "kvq.model_rope = \"%s\"", a.p.model_rope);
+    kvq_artifact_free(&a);
+    /* the same weights, YaRN scaling added to the config */
+    with_config("qwen2", "rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4, \"original_max_position_embeddings\": 32, "
+                "\"rope_theta\": 1000000}", yarn, sizeof yarn);
+    snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s --ctx 64 -w 1 --device cpu -q --artifact %s -s int3-pc >/dev/null 2>%s", kveval, yarn,
+             tok, text, art, errf);
+    ck_assert_int_eq(sh(cmd), 1);
+    char *msg = kvq_test_slurp(errf, NULL);
+    ck_assert_ptr_nonnull(msg);
+    ck_assert_msg(strstr(msg, "calibrated under RoPE none (theta 1000000, rope_dim 8), but the model uses RoPE yarn (theta 1000000, "
+                              "rope_dim 8, factor 4, original ctx 32, beta_fast=32 beta_slow=1 attn_factor=1.13862944 truncate=1)"),
+                  "%s", msg);
+    free(msg);
+    rm_dir(yarn);
+    snprintf(cmd, sizeof cmd, "%s -m " FIXDIR "qwen2 --tokenizer %s -t %s --ctx 64 -w 1 --device cpu -q --artifact %s -s int3-pc >/dev/null 2>%s",
+             kveval, tok, text, art, errf);
+    ck_assert_int_eq(sh(cmd), 0);
+    unlink(dump);
+    unlink(art);
+    unlink(errf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("families");
@@ -552,6 +601,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_rope_identity);
     tcase_add_test(tc, test_bad_configs);
     tcase_add_test(tc, test_qwen2_dump_kvstat_k_bias);
+    tcase_add_test(tc, test_artifact_rope_mismatch_cli);
     suite_add_tcase(s, tc);
     return s;
 }
