@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "identity.h" /* defines: kvq_identity_model_from_dump, kvq_identity_dump */
+#include "identity.h" /* defines: kvq_identity_model_from_dump, kvq_identity_dump, kvq_identity_rope_desc */
 #include "progress.h" /* defines: kvq_now */
 #include "vllm_scales.h" /* defines: kvq_vllm_scales_write */
 #include "tables.h"   /* defines: kvq_calib_opts */
@@ -236,6 +236,7 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     char hex[65];
     if (kvq_identity_model_from_dump(m, hex, err)) return kvq_err_prefix(err, "%s", name);
     snprintf(p->model_fingerprint, sizeof p->model_fingerprint, "%s", hex);
+    kvq_identity_rope_desc(m, p->model_rope, sizeof p->model_rope);
     KVQ_TRY(kvq_identity_dump(r, hex, err));
     snprintf(p->dump_fingerprint, sizeof p->dump_fingerprint, "%s", hex);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "identity.h"
 #include "ops.h"
 
 kvq_status kvq_intactkv_tokenize(const kvq_tokenizer *tok, const char *spec, bool special, bool add_bos, int vocab_size,
@@ -132,6 +133,14 @@ kvq_status kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix
     memcpy(px->k_pre, px->k, (size_t)hp->n_layers * P * kvd * sizeof(float));
     for (int l = 0; l < hp->n_layers; l++)
         kvq_rope_apply(px->k_pre + (size_t)l * P * kvd, (int)P, hp->n_kv_heads, hp->head_dim, hp->rope_dim, cs, sn, 1);
+    /* YaRN tables carry the attention factor m: the transpose above is m R^T, the inverse is R^T / m
+     * (the rotated channels only; channels >= rope_dim were not scaled) */
+    const float m = kvq_rope_attn_scale(hp);
+    if (m != 1.0f) {
+        const float inv2 = 1.0f / (m * m);
+        for (size_t r = 0; r < (size_t)hp->n_layers * P * hp->n_kv_heads; r++)
+            for (int c = 0; c < hp->rope_dim; c++) px->k_pre[r * hp->head_dim + c] *= inv2;
+    }
     free(cs);
     free(sn);
     return KVQ_OK;
@@ -140,7 +149,9 @@ kvq_status kvq_intactkv_sync_pre_rope(const kvq_hparams *hp, kvq_artifact_prefix
 kvq_status kvq_intactkv_check_base(const kvq_artifact *base, const char *base_path, const kvq_model *m, const char *model_fp,
                                    bool allow_mismatch, FILE *warn, kvq_err *err)
 {
-    if (kvq_artifact_check_model(&base->p, model_fp, allow_mismatch, warn, err))
+    char rope[512] = "";
+    kvq_identity_rope_desc_hp(&m->hp, rope, sizeof rope, NULL);
+    if (kvq_artifact_check_model_rope(&base->p, model_fp, rope[0] ? rope : NULL, allow_mismatch, warn, err))
         return kvq_err_prefix(err, "--base %s: calibrated for another model", base_path);
     const kvq_artifact_params *p = &base->p;
     if (p->n_layers != (size_t)m->hp.n_layers || p->n_kv_heads != (size_t)m->hp.n_kv_heads || p->head_dim != (size_t)m->hp.head_dim)

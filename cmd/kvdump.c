@@ -33,7 +33,7 @@ int main(int argc, char **argv)
 {
     kvq_capture_opts o = kvq_capture_opts_default();
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
-               *layers = NULL, *device = NULL, *overlap = NULL, *math = NULL;
+               *layers = NULL, *device = NULL, *overlap = NULL, *math = NULL, *weights = NULL;
     long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
     bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false, version = false;
     kvq_opt opts[] = {
@@ -60,6 +60,10 @@ int main(int argc, char **argv)
         {"math", 0, KVQ_OPT_CHOICE, &math, "M",
          "GPU arithmetic: exact (fp32, TF32 off), tf32 or bf16 (bf16 weights/GEMM inputs); fast modes are named in the "
          "device line [default exact]", "exact|tf32|bf16", 0, 0, false},
+        {"weights", 0, KVQ_OPT_CHOICE, &weights, "W",
+         "how the weight matrices are held: f32 (exact), bf16, f16, native (as stored in the file: GGUF blocks, "
+         "bf16/f16 safetensors; lossless) or auto (f32 up to 6 GiB of fp32 matrices, else native with fp32 files as bf16); "
+         "arithmetic is fp32 [default auto]", "auto|f32|bf16|f16|native", 0, 0, false},
         {"write-behind", 0, KVQ_OPT_CHOICE, &overlap, "W",
          "write sample i to HDF5 in a background thread while sample i+1 computes (default auto: on a GPU)", "auto|on|off", 0,
          0, false},
@@ -107,6 +111,10 @@ int main(int argc, char **argv)
     o.quiet = quiet;
     o.device = device ? device : "auto";
     o.write_behind = !overlap || !strcmp(overlap, "auto") ? -1 : !strcmp(overlap, "on");
+    if (weights && kvq_weights_parse(weights, "--weights", &o.weights, &e)) {
+        fprintf(stderr, "kvdump: %s\n", e.msg);
+        return 2;
+    }
     if (math && kvq_cuda_math_parse(math, "--math", &o.math, &e)) {
         fprintf(stderr, "kvdump: %s\n", e.msg);
         return 2;

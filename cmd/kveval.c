@@ -41,7 +41,7 @@ static const char *summary_text(char *buf, size_t n)
 }
 
 typedef struct {
-    const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math, *ctx_s;
+    const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math, *ctx_s, *weights;
     const char *task, *pk_lengths, *pk_depths;
     long ctx, max_windows, pk_trials, seed;
     bool ctx_max;
@@ -229,6 +229,10 @@ int main(int argc, char **argv)
          "skip the KL divergence and top-1 agreement against the fp32 baseline (they cost one more LM-head GEMM per "
          "window in the baseline's run)",
          NULL, 0, 0, false},
+        {"weights", 0, KVQ_OPT_CHOICE, &o.weights, "W",
+         "how the weight matrices are held: f32 (exact), bf16, f16, native (as stored in the file: GGUF blocks, "
+         "bf16/f16 safetensors; lossless) or auto (f32 up to 6 GiB of fp32 matrices, else native with fp32 files as bf16); "
+         "arithmetic is fp32 [default auto]", "auto|f32|bf16|f16|native", 0, 0, false},
         {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
         {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
     };
@@ -330,7 +334,12 @@ int main(int argc, char **argv)
     char fp[65] = "";
     bool have_fp = false;
 
-    if (kvq_model_load(o.model, &m, &e)) { fail("model", &e, 1); goto out; }
+    {
+        kvq_load_opts lo = {.weights = KVQ_WEIGHTS_AUTO};
+        if (o.weights && kvq_weights_parse(o.weights, "--weights", &lo.weights, &e)) { rc = fail(NULL, &e, 2); goto out; }
+        if (kvq_model_load_opts(o.model, &lo, &m, &e)) { fail("model", &e, 1); goto out; }
+        if (!o.quiet) fprintf(stderr, "kveval: weights: %s\n", m.weights_desc);
+    }
     if (o.ctx > m.hp.ctx_len) {
         fprintf(stderr, "kveval: --ctx %ld exceeds the context length of %s (%d tokens)\n", o.ctx, o.model, m.hp.ctx_len);
         goto out;

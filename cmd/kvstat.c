@@ -112,6 +112,7 @@ static int run(const args_t *a, const char *dump_path)
     bool have_q = false;
     kvq_qscheme_state qs[3];
     int n_qs = 0;
+    float *k_bias = NULL;
     int rc = 1;
     bool made_dir = false;
     /* validate the detail selection before the long pass */
@@ -228,9 +229,20 @@ static int run(const args_t *a, const char *dump_path)
         }
         if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
     }
+    /* the model's key biases, when the dump holds them (Qwen2: kvdump writes /k_bias) */
+    k_bias = malloc((size_t)s->n_stat_layers * s->kv_dim * sizeof *k_bias);
+    bool have_kb = false;
+    if (!k_bias) { st = kvq_fail(&err, KVQ_ENOMEM, "out of memory"); fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+    {
+        kvq_dump_reader *dr = NULL;
+        st = kvq_dump_open(dump_path, &dr, &err);
+        if (st == KVQ_OK) st = kvq_dump_read_k_bias(dr, k_bias, &have_kb, &err);
+        kvq_dump_close(dr);
+        if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+    }
     kvq_report r = {.s = s, .q = have_q ? &q : NULL, .dump_path = dump_path, .artifact_path = a->artifact,
                     .detail_layer = layer, .top_n = (int)a->top, .n_images = im.n, .image_paths = im.pp,
-                    .image_captions = im.cp};
+                    .image_captions = im.cp, .k_bias = have_kb ? k_bias : NULL};
     if (a->markdown) { /* NULL when the JSON takes stdout */
         kvq_outfile mf;
         st = kvq_outfile_open(&mf, a->markdown, &err);
@@ -246,6 +258,7 @@ static int run(const args_t *a, const char *dump_path)
     if (a->html && !a->quiet) fprintf(stderr, "kvstat: wrote %s/index.html\n", a->html);
     rc = 0;
 out:
+    free(k_bias);
     if (rc && made_dir) rmdir(a->plots ? a->plots : a->html); /* (only when empty: a failure on the first figure) */
     if (have_q) kvq_qerr_free(&q);
     for (int i = 0; i < n_qs; i++) kvq_qscheme_state_free(&qs[i]);

@@ -1,5 +1,6 @@
 /* dump.c — kvdump HDF5 writer/reader (schema: formats/DUMP.md). */
 #include "dump.h"
+#include "sha256.h"
 #include "half.h"
 #include "sniff.h"
 
@@ -132,6 +133,8 @@ static const attr_desc ATTRS[] = {
     ATTR(rope_low_freq_factor, AK_F64, true),
     ATTR(rope_high_freq_factor, AK_F64, true),
     ATTR(rope_orig_ctx, AK_INT, true),
+    ATTR(rope_params, AK_STR, true),
+    ATTR(attention, AK_STR, true),
     ATTR(tokenizer, AK_STR, true),
     ATTR(corpus_path, AK_STR, false), /* (likewise) */
     ATTR(corpus_sha256, AK_STR, true),
@@ -153,7 +156,9 @@ static const attr_desc ATTRS[] = {
 /* attributes added after the first release: absent in older files (read as the default) */
 static const char *optional_attr_default(const char *name)
 {
-    return !strcmp(name, "compute_mode") ? "exact" : !strcmp(name, "compute_device") ? "" : NULL;
+    return !strcmp(name, "compute_mode") ? "exact"
+           : !strcmp(name, "compute_device") || !strcmp(name, "rope_params") || !strcmp(name, "attention") ? ""
+                                                                                                            : NULL;
 }
 #define N_ATTRS (sizeof ATTRS / sizeof *ATTRS)
 /* plus: schema_version (int64), sample_offsets (int64 [N]), samples_done (int64) */
@@ -186,6 +191,7 @@ static const char *dtype_name(kvq_dump_dtype t) { return t == KVQ_DUMP_F16 ? "f1
 
 void kvq_dump_meta_set_hparams(kvq_dump_meta *m, const kvq_hparams *hp)
 {
+    snprintf(m->model_arch, sizeof m->model_arch, "%s", kvq_arch_name(hp->arch));
     m->n_layers = hp->n_layers;
     m->dim = hp->dim;
     m->hidden_dim = hp->hidden_dim;
@@ -197,15 +203,36 @@ void kvq_dump_meta_set_hparams(kvq_dump_meta *m, const kvq_hparams *hp)
     m->rope_theta = hp->rope_theta;
     m->rope_dim = hp->rope_dim;
     snprintf(m->rope_pairing, sizeof m->rope_pairing, "interleaved");
-    const char *sc = hp->rope_scaling == KVQ_ROPE_SCALING_LINEAR   ? "linear"
-                     : hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3 ? "llama3"
-                                                                   : "none";
-    snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s", sc);
-    m->rope_scale_factor = hp->rope_scaling == KVQ_ROPE_SCALING_NONE ? 1.0 : hp->rope_scale_factor;
-    bool l3 = hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3;
+    snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s", kvq_rope_scaling_name(hp->rope_scaling));
+    bool scaled = hp->rope_scaling == KVQ_ROPE_SCALING_LINEAR || hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3 ||
+                  hp->rope_scaling == KVQ_ROPE_SCALING_YARN || hp->rope_scaling == KVQ_ROPE_SCALING_DYNAMIC;
+    m->rope_scale_factor = scaled ? hp->rope_scale_factor : 1.0;
+    bool l3 = hp->rope_scaling == KVQ_ROPE_SCALING_LLAMA3, yarn = hp->rope_scaling == KVQ_ROPE_SCALING_YARN;
     m->rope_low_freq_factor = l3 ? hp->rope_low_freq_factor : 0.0;
     m->rope_high_freq_factor = l3 ? hp->rope_high_freq_factor : 0.0;
-    m->rope_orig_ctx = l3 ? hp->rope_orig_ctx : 0;
+    m->rope_orig_ctx = l3 || yarn ? hp->rope_orig_ctx : 0;
+    m->rope_params[0] = 0;
+    if (yarn) {
+        snprintf(m->rope_params, sizeof m->rope_params, "beta_fast=%.9g beta_slow=%.9g attn_factor=%.9g truncate=%d",
+                 (double)hp->rope_beta_fast, (double)hp->rope_beta_slow, (double)hp->rope_attn_factor, (int)hp->rope_yarn_truncate);
+    } else if (hp->rope_scaling == KVQ_ROPE_SCALING_FREQ_FACTORS) {
+        int n = hp->rope_dim / 2;
+        unsigned char le[4 * KVQ_ROPE_MAX_PAIRS];
+        float lo = hp->rope_freq_factors[0], hi = lo;
+        for (int i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &hp->rope_freq_factors[i], 4);
+            for (int b = 0; b < 4; b++) le[4 * i + b] = (unsigned char)(u >> (8 * b));
+            lo = hp->rope_freq_factors[i] < lo ? hp->rope_freq_factors[i] : lo;
+            hi = hp->rope_freq_factors[i] > hi ? hp->rope_freq_factors[i] : hi;
+        }
+        char hex[65] = "";
+        if (kvq_sha256_hex(le, (size_t)4 * n, hex, NULL) != KVQ_OK) snprintf(hex, sizeof hex, "?");
+        snprintf(m->rope_params, sizeof m->rope_params, "n=%d min=%.9g max=%.9g sha256=%s", n, (double)lo, (double)hi, hex);
+    }
+    m->attention[0] = 0;
+    if (hp->sliding_window > 0 && hp->swa_first_layer < hp->n_layers)
+        snprintf(m->attention, sizeof m->attention, "sliding_window=%d first_layer=%d", hp->sliding_window, hp->swa_first_layer);
 }
 
 kvq_status kvq_dump_meta_validate(const kvq_dump_meta *m, kvq_err *err)
@@ -1776,6 +1803,36 @@ kvq_status kvq_dump_abort(kvq_dump_writer *w, kvq_err *err)
 
 /* ---- reader --------------------------------------------------------------------- */
 
+/* ---- model constants: the key biases ---------------------------------------- */
+
+kvq_status kvq_dump_write_k_bias(kvq_dump_writer *w, const float *bias, kvq_err *err)
+{
+    const kvq_dump_meta *m = &w->d.meta;
+    if (!bias) return kvq_fail(err, KVQ_EINVAL, "%s: /k_bias: NULL data", w->d.fname);
+    if (w->d.broken) return kvq_fail(err, KVQ_EIO, "%s: an earlier write failed; the writer accepts no more data", w->d.fname);
+    const hsize_t dims[2] = {(hsize_t)(m->layer_last - m->layer_first + 1), (hsize_t)m->n_kv_heads * (hsize_t)m->head_dim};
+    for (hsize_t i = 0; i < dims[0] * dims[1]; i++)
+        if (!isfinite(bias[i]))
+            return kvq_fail(err, KVQ_ENUMERIC, "%s: /k_bias: layer %d channel %llu is %g", w->d.fname, m->layer_first + (int)(i / dims[1]),
+                            (unsigned long long)(i % dims[1]), (double)bias[i]);
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = KVQ_OK;
+    hid_t sp = -1, ds = -1;
+    htri_t ex = H5Lexists(w->d.file, "k_bias", H5P_DEFAULT);
+    if (ex > 0) ds = H5Dopen2(w->d.file, "k_bias", H5P_DEFAULT); /* resume: the same model, so the same values */
+    else if ((sp = H5Screate_simple(2, dims, NULL)) >= 0)
+        ds = H5Dcreate2(w->d.file, "k_bias", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, bias) < 0 || H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
+        s = h5_fail(err, KVQ_EIO, "%s: writing /k_bias failed", w->d.fname);
+        w->d.broken = true;
+    }
+    if (ds >= 0 && !w->d.broken) H5Dclose(ds);
+    if (sp >= 0) H5Sclose(sp);
+    quiet_end(&q);
+    return s;
+}
+
 struct kvq_dump_reader {
     h5_dump d;
 };
@@ -1832,6 +1889,35 @@ done:
         r = NULL;
     }
     *out = r;
+    quiet_end(&q);
+    return s;
+}
+
+kvq_status kvq_dump_read_k_bias(kvq_dump_reader *r, float *out, bool *present, kvq_err *err)
+{
+    const kvq_dump_meta *m = &r->d.meta;
+    *present = false;
+    h5_quiet q;
+    quiet_begin(&q);
+    kvq_status s = KVQ_OK;
+    if (H5Lexists(r->d.file, "k_bias", H5P_DEFAULT) <= 0) goto done;
+    hid_t ds = H5Dopen2(r->d.file, "k_bias", H5P_DEFAULT), sp = ds >= 0 ? H5Dget_space(ds) : -1, ty = ds >= 0 ? H5Dget_type(ds) : -1;
+    hsize_t dims[2] = {0, 0};
+    const hsize_t want0 = (hsize_t)(m->layer_last - m->layer_first + 1), want1 = (hsize_t)m->n_kv_heads * (hsize_t)m->head_dim;
+    if (ds < 0 || sp < 0 || ty < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot open /k_bias", r->d.fname);
+    else if (H5Sget_simple_extent_ndims(sp) != 2 || H5Sget_simple_extent_dims(sp, dims, NULL) != 2 || dims[0] != want0 ||
+             dims[1] != want1 || H5Tget_class(ty) != H5T_FLOAT)
+        s = kvq_fail(err, KVQ_EFORMAT, "%s: /k_bias: expected float [%llu][%llu] (layers x kv_dim), found %d dims [%llu][%llu]", r->d.fname,
+                     (unsigned long long)want0, (unsigned long long)want1, sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1,
+                     (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+        s = h5_fail(err, KVQ_EIO, "%s: reading /k_bias failed", r->d.fname);
+    else
+        *present = true;
+    if (ty >= 0) H5Tclose(ty);
+    if (sp >= 0) H5Sclose(sp);
+    if (ds >= 0) H5Dclose(ds);
+done:
     quiet_end(&q);
     return s;
 }

@@ -79,16 +79,20 @@ typedef struct {
     /* model */
     char model_path[KVQ_DUMP_PATH_MAX];
     char model_sha256[65];                  /* 64 lowercase hex digits */
-    char model_arch[KVQ_DUMP_STR_MAX];      /* "llama" */
+    char model_arch[KVQ_DUMP_STR_MAX];      /* "llama", "qwen2", "qwen3", "mistral" (model.h kvq_arch_name) */
     int n_layers, dim, hidden_dim, n_heads, n_kv_heads, head_dim, vocab_size, ctx_len;
     /* RoPE (see model.h: pairs are always adjacent channels after loading) */
     double rope_theta;
     int rope_dim;                           /* rotated channels per head (even, <= head_dim) */
     char rope_pairing[KVQ_DUMP_STR_MAX];    /* "interleaved": pairs (2i, 2i+1) within each head */
-    char rope_scaling[KVQ_DUMP_STR_MAX];    /* "none" | "linear" | "llama3" */
+    char rope_scaling[KVQ_DUMP_STR_MAX];    /* "none" | "linear" | "llama3" | "yarn" | "dynamic" | "freq_factors" */
     double rope_scale_factor;               /* 1 when none */
     double rope_low_freq_factor, rope_high_freq_factor; /* llama3 only (0 otherwise) */
-    int rope_orig_ctx;                      /* llama3 only (0 otherwise) */
+    int rope_orig_ctx;                      /* llama3 and yarn only (0 otherwise) */
+    char rope_params[KVQ_DUMP_STR_MAX];     /* the parameters the fields above lack ("" when none):
+                                               yarn "beta_fast=%.9g beta_slow=%.9g attn_factor=%.9g truncate=%d",
+                                               freq_factors "n=%d min=%.9g max=%.9g sha256=<hex of the float32 factors>" */
+    char attention[KVQ_DUMP_STR_MAX];       /* "" (full causal attention) or "sliding_window=%d first_layer=%d" */
     /* tokenizer + corpus */
     char tokenizer[KVQ_DUMP_STR_MAX];       /* identity, e.g. "gguf:gpt2 vocab=49152 sha256=..." */
     char corpus_path[KVQ_DUMP_PATH_MAX];
@@ -212,6 +216,13 @@ const kvq_dump_meta *kvq_dump_writer_meta(const kvq_dump_writer *w);
 kvq_status kvq_dump_write_layer(kvq_dump_writer *w, int64_t sample, int layer, const kvq_dump_layer_data *d,
                                 kvq_err *err);
 
+/* Write the model's key biases (Qwen2; pre-RoPE, kvq's interleaved channel
+ * order) as /k_bias, float32 [layer_last - layer_first + 1][n_kv_heads *
+ * head_dim] (optional dataset, DUMP.md). Once per file, any time before
+ * finish; on resume it rewrites the same values. Errors: KVQ_ENUMERIC
+ * (NaN/Inf, naming layer and channel), KVQ_EIO. */
+kvq_status kvq_dump_write_k_bias(kvq_dump_writer *w, const float *bias, kvq_err *err);
+
 /* Finish sample `sample`: write tokens[L] (int32), require every layer of the
  * range written, flush, set samples_done = sample + 1, flush again. */
 kvq_status kvq_dump_commit_sample(kvq_dump_writer *w, int64_t sample, const int32_t *tokens, kvq_err *err);
@@ -247,6 +258,11 @@ const kvq_dump_meta *kvq_dump_reader_meta(const kvq_dump_reader *r);
 int64_t kvq_dump_reader_samples_done(const kvq_dump_reader *r);
 /* Whether /layers/<layer>/<ds> exists in the file. */
 bool kvq_dump_has(const kvq_dump_reader *r, int layer, kvq_dump_ds ds);
+
+/* /k_bias into out [layer_last - layer_first + 1][kv_dim] when the dump has
+ * it (*present = true), else *present = false and out untouched. KVQ_EFORMAT
+ * for a wrong shape or type, KVQ_EIO for a failed read. */
+kvq_status kvq_dump_read_k_bias(kvq_dump_reader *r, float *out, bool *present, kvq_err *err);
 
 /* Read token rows [t0, t0+n) of one sample of /layers/<layer>/<ds> as fp32
  * into out (f16 converted exactly):

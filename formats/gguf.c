@@ -439,3 +439,13 @@ int64_t kvq_gguf_arr_int(const kvq_gguf_kv *kv, uint64_t i)
     if (kv->arr_type == KVQ_GGUF_BOOL) return tmp.v.b;
     return (int64_t)tmp.v.u;
 }
+
+void kvq_gguf_release(const kvq_gguf *g, const kvq_gguf_tensor *t)
+{
+    /* whole pages inside the tensor's bytes only: neighbours keep theirs */
+    if (!t->data || !t->n_bytes) return;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)t->data + pg - 1) / pg * pg,
+                    hi = ((uintptr_t)t->data + t->n_bytes) / pg * pg;
+    (void)g;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}

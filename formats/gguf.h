@@ -110,4 +110,12 @@ bool kvq_ggml_type_info(kvq_ggml_type t, uint32_t *block_elems, uint32_t *block_
 
 const char *kvq_gguf_type_name(kvq_gguf_type t);
 
+
+/* Drop the whole memory pages of t's data from this process's resident set
+ * (madvise MADV_DONTNEED on the read-only private mapping: the bytes stay in
+ * the page cache and read back unchanged if touched again). Loaders call it
+ * once a tensor is copied, so that loading a model of N bytes does not hold N
+ * bytes of mapped file in the resident set beside the N bytes loaded. */
+void kvq_gguf_release(const kvq_gguf *g, const kvq_gguf_tensor *t);
+
 #endif

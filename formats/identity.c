@@ -76,6 +76,10 @@ kvq_status kvq_identity_model_from_dump(const kvq_dump_meta *m, char hex[65], kv
              m->rope_pairing, m->rope_scaling);
     h_printf(&h, "rope_scale_factor=%a\nrope_low_freq_factor=%a\nrope_high_freq_factor=%a\nrope_orig_ctx=%d\n",
              m->rope_scale_factor, m->rope_low_freq_factor, m->rope_high_freq_factor, m->rope_orig_ctx);
+    /* added with YaRN / freq_factors RoPE and sliding windows: present only when set, so the fingerprints
+     * of models without them (and of artifacts calibrated before) are unchanged */
+    if (m->rope_params[0]) h_printf(&h, "rope_params=%s\n", m->rope_params);
+    if (m->attention[0]) h_printf(&h, "attention=%s\n", m->attention);
     if (!h_final(&h, hex)) return kvq_fail(err, KVQ_EIO, "model fingerprint: SHA-256 failed");
     return KVQ_OK;
 }
@@ -85,8 +89,7 @@ kvq_status kvq_identity_model_hp(const char *weights_sha256, const kvq_hparams *
     kvq_dump_meta *m = calloc(1, sizeof *m); /* ~17 KB of strings: keep it off the stack */
     if (!m) return kvq_fail(err, KVQ_ENOMEM, "model fingerprint: out of memory");
     snprintf(m->model_sha256, sizeof m->model_sha256, "%s", weights_sha256 ? weights_sha256 : "");
-    snprintf(m->model_arch, sizeof m->model_arch, "llama");
-    kvq_dump_meta_set_hparams(m, hp);
+    kvq_dump_meta_set_hparams(m, hp); /* model_arch too */
     kvq_status s = kvq_identity_model_from_dump(m, hex, err);
     free(m);
     return s;
@@ -128,6 +131,8 @@ kvq_status kvq_identity_dump(kvq_dump_reader *r, char hex[65], kvq_err *err)
              m->rope_pairing, m->rope_scaling);
     h_printf(&h, "rope_scale_factor=%a\nrope_low_freq_factor=%a\nrope_high_freq_factor=%a\nrope_orig_ctx=%d\n",
              m->rope_scale_factor, m->rope_low_freq_factor, m->rope_high_freq_factor, m->rope_orig_ctx);
+    if (m->rope_params[0]) h_printf(&h, "rope_params=%s\n", m->rope_params);
+    if (m->attention[0]) h_printf(&h, "attention=%s\n", m->attention);
     h_printf(&h, "tokenizer=%s\ncorpus_sha256=%s\ncorpus_format=%s\nbos_policy=%s\n", m->tokenizer, m->corpus_sha256,
              m->corpus_format, m->bos_policy);
     h_printf(&h, "n_samples=%" PRId64 "\nseq_len=%" PRId64 "\nseed=%" PRId64 "\n", m->n_samples, m->seq_len, m->seed);
@@ -148,5 +153,32 @@ kvq_status kvq_identity_dump(kvq_dump_reader *r, char hex[65], kvq_err *err)
     h_bytes(&h, b, 4 * n_tok);
     free(tok);
     if (!h_final(&h, hex)) return kvq_fail(err, KVQ_EIO, "dump fingerprint: SHA-256 failed");
+    return KVQ_OK;
+}
+
+void kvq_identity_rope_desc(const kvq_dump_meta *m, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "%s (theta %.9g, rope_dim %d", m->rope_scaling, m->rope_theta, m->rope_dim);
+    if (k < 0 || (size_t)k >= n) return;
+    if (strcmp(m->rope_scaling, "none") && strcmp(m->rope_scaling, "freq_factors"))
+        k += snprintf(buf + k, n - (size_t)k, ", factor %.9g", m->rope_scale_factor);
+    if (k >= 0 && (size_t)k < n && !strcmp(m->rope_scaling, "llama3"))
+        k += snprintf(buf + k, n - (size_t)k, ", low_freq_factor %.9g, high_freq_factor %.9g", m->rope_low_freq_factor,
+                      m->rope_high_freq_factor);
+    if (k >= 0 && (size_t)k < n && m->rope_orig_ctx)
+        k += snprintf(buf + k, n - (size_t)k, ", original ctx %d", m->rope_orig_ctx);
+    if (k >= 0 && (size_t)k < n && !strcmp(m->rope_scaling, "dynamic"))
+        k += snprintf(buf + k, n - (size_t)k, ", ctx_len %d", m->ctx_len);
+    if (k >= 0 && (size_t)k < n && m->rope_params[0]) k += snprintf(buf + k, n - (size_t)k, ", %s", m->rope_params);
+    if (k >= 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ")");
+}
+
+kvq_status kvq_identity_rope_desc_hp(const kvq_hparams *hp, char *buf, size_t n, kvq_err *err)
+{
+    kvq_dump_meta *m = calloc(1, sizeof *m);
+    if (!m) return kvq_fail(err, KVQ_ENOMEM, "RoPE description: out of memory");
+    kvq_dump_meta_set_hparams(m, hp);
+    kvq_identity_rope_desc(m, buf, n);
+    free(m);
     return KVQ_OK;
 }

@@ -14,10 +14,12 @@
  *   "rope_theta=%a\nrope_dim=%d\nrope_pairing=<s>\nrope_scaling=<s>\n"
  *   "rope_scale_factor=%a\nrope_low_freq_factor=%a\nrope_high_freq_factor=%a\n"
  *   "rope_orig_ctx=%d\n"
+ *   ["rope_params=<s>\n"]  (only when the dump's rope_params is not empty: yarn, freq_factors)
+ *   ["attention=<s>\n"]    (only when not empty: a sliding window)
  * with the values of the dump's root attributes of the same names (floats
  * as C99 hex-float of the float64 attribute). From a model, the fields are
  * those kvq_dump_meta_set_hparams writes (so kvdump → kvcalib and kveval
- * agree by construction), model_arch "llama", and weights_sha256 =
+ * agree by construction), model_arch included, and weights_sha256 =
  * kvq_sha256_path(model path) — which is what kvdump must store as the
  * dump's model_sha256.
  *
@@ -50,6 +52,14 @@ kvq_status kvq_identity_model(const kvq_model *model, char hex[65], kvq_err *err
 
 /* The same from a weights digest and hyperparameters (no file access). */
 kvq_status kvq_identity_model_hp(const char *weights_sha256, const kvq_hparams *hp, char hex[65], kvq_err *err);
+
+/* Human-readable RoPE configuration from a dump's root attributes, e.g.
+ * "llama3 (theta 500000, rope_dim 128, factor 8, low_freq_factor 1,
+ * high_freq_factor 4, original ctx 8192)"; artifacts record it as
+ * kvq.model_rope, and a fingerprint mismatch names both configurations. */
+void kvq_identity_rope_desc(const kvq_dump_meta *m, char *buf, size_t n);
+/* The same for a loaded model's hyperparameters. */
+kvq_status kvq_identity_rope_desc_hp(const kvq_hparams *hp, char *buf, size_t n, kvq_err *err);
 
 /* Dump fingerprint (reads the root attributes already in r and /tokens). */
 kvq_status kvq_identity_dump(kvq_dump_reader *r, char hex[65], kvq_err *err);

@@ -35,6 +35,7 @@ static kvq_status llama2c_header(const int32_t h[7], const char *path, kvq_hpara
     hp.rope_theta = 10000.0f;
     hp.rope_scaling = KVQ_ROPE_SCALING_NONE;
     hp.rope_scale_factor = 1.0f;
+    hp.rope_attn_factor = 1.0f;
     hp.norm_eps = 1e-5f;
     if (hp.n_heads > 0 && hp.dim % hp.n_heads)
         return kvq_fail(err, KVQ_EFORMAT, "%s: header: dim %d is not a multiple of n_heads %d", path, hp.dim, hp.n_heads);
@@ -98,22 +99,22 @@ kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err
 #define RD(dst, cnt, what) do { \
         if (fread((dst), sizeof(float), (cnt), f) != (cnt)) { \
             s = kvq_fail(err, KVQ_EIO, "%s: reading %s at offset %ld failed", path, (what), ftell(f)); goto done; } } while (0)
-    RD(out->tok_embd, V * dim, "token_embedding_table");
+    RD(kvq_mat_f32(&out->tok_embd), V * dim, "token_embedding_table");
     for (size_t l = 0; l < L; l++) RD(out->layers[l].attn_norm, dim, "rms_att_weight");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].wq, qd * dim, "wq");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].wk, kvd * dim, "wk");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].wv, kvd * dim, "wv");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].wo, dim * qd, "wo");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].wq), qd * dim, "wq");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].wk), kvd * dim, "wk");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].wv), kvd * dim, "wv");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].wo), dim * qd, "wo");
     for (size_t l = 0; l < L; l++) RD(out->layers[l].ffn_norm, dim, "rms_ffn_weight");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].w_gate, hid * dim, "w1");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].w_down, dim * hid, "w2");
-    for (size_t l = 0; l < L; l++) RD(out->layers[l].w_up, hid * dim, "w3");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].w_gate), hid * dim, "w1");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].w_down), dim * hid, "w2");
+    for (size_t l = 0; l < L; l++) RD(kvq_mat_f32(&out->layers[l].w_up), hid * dim, "w3");
     RD(out->out_norm, dim, "rms_final_weight");
     if (fseek(f, (long)(2 * freq * sizeof(float)), SEEK_CUR) != 0) {
         s = kvq_fail(err, KVQ_EIO, "%s: seeking past freq_cis failed", path);
         goto done;
     }
-    if (!hp.tied_embeddings) RD(out->output, V * dim, "wcls");
+    if (!hp.tied_embeddings) RD(kvq_mat_f32(&out->output), V * dim, "wcls");
 #undef RD
 done:
     fclose(f);

@@ -1,5 +1,6 @@
 /* loaders.h — per-format model loaders behind kvq_model_load (model.h).
- * Each fills a kvq_model with fp32 weights in kvq's canonical layout
+ * Each fills a kvq_model with weights (matrices stored as the kvq_weights
+ * mode says) in kvq's canonical layout
  * (row-major [out][in], interleaved RoPE pairs) or returns an error naming
  * the file and the field. */
 #ifndef KVQ_LOADERS_H
@@ -7,8 +8,8 @@
 
 #include "model.h"
 
-/* GGUF v2/v3, architecture "llama" (formats/model_gguf.c). */
-kvq_status kvq_model_load_gguf(const char *path, kvq_model *out, kvq_err *err);
+/* GGUF v2/v3, architectures "llama", "qwen2", "qwen3" (formats/model_gguf.c). */
+kvq_status kvq_model_load_gguf(const char *path, kvq_weights weights, kvq_model *out, kvq_err *err);
 /* llama2.c checkpoint: 7 int32 header (dim, hidden_dim, n_layers, n_heads,
  * n_kv_heads, vocab_size, seq_len; vocab_size < 0 = untied classifier), fp32
  * weights in run.c order (formats/llama2c.c). Source: karpathy/llama2.c run.c. */
@@ -18,12 +19,12 @@ kvq_status kvq_model_load_llama2c(const char *path, kvq_model *out, kvq_err *err
  * size (as kvq_model_load_llama2c computes it) equals file_size. Used to
  * name a checkpoint given where its tokenizer belongs. */
 bool kvq_llama2c_is_checkpoint(const void *head, size_t head_len, size_t file_size);
-/* HF (transformers) Llama checkpoint: config.json plus model.safetensors or
+/* HF (transformers) Llama / Qwen2 / Qwen3 / Mistral checkpoint: config.json plus model.safetensors or
  * model.safetensors.index.json shards; F32/F16/BF16; q/k rows un-permuted
  * from rotate-half to interleaved RoPE pairs (formats/model_safetensors.c,
  * whose header documents keys, tensor names and the permutation). `path` is
  * the directory, its config.json, a .safetensors file or an index .json. */
-kvq_status kvq_model_load_safetensors(const char *path, kvq_model *out, kvq_err *err);
+kvq_status kvq_model_load_safetensors(const char *path, kvq_weights weights, kvq_model *out, kvq_err *err);
 
 /* Resolve an HF checkpoint path as kvq_model_load_safetensors does: dir gets
  * the checkpoint directory (where config.json and tokenizer.json live; "."

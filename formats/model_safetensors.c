@@ -1,4 +1,5 @@
-/* model_safetensors.c — Hugging Face (transformers) Llama checkpoint loader.
+/* model_safetensors.c — Hugging Face (transformers) checkpoint loader for the
+ * Llama, Qwen2, Qwen3 and Mistral families.
  *
  * Input (kvq_hf_checkpoint_paths): a checkpoint directory, its config.json, a
  * *.safetensors file or a *.safetensors.index.json. In a directory,
@@ -9,35 +10,52 @@
  * or corrupt shard is an error naming the index entry and the shard), and each
  * required tensor must be in the shard the weight_map names.
  *
- * config.json (transformers LlamaConfig; model_type must be "llama", and
- * architectures, when present, must list LlamaForCausalLM):
+ * config.json (transformers LlamaConfig / Qwen2Config / Qwen3Config /
+ * MistralConfig): model_type "llama", "qwen2", "qwen3" or "mistral"; when
+ * present, architectures must list the matching *ForCausalLM class.
  *   required  hidden_size, intermediate_size, num_hidden_layers,
  *             num_attention_heads, vocab_size, max_position_embeddings,
  *             rms_norm_eps
  *   optional  num_key_value_heads (default num_attention_heads),
- *             head_dim (must equal hidden_size / num_attention_heads),
+ *             head_dim (default hidden_size / num_attention_heads; may differ:
+ *               q_dim = num_attention_heads * head_dim, as Qwen3 and Mistral-Nemo),
  *             rope_theta (default 10000),
  *             rope_scaling: null | {"rope_type" or "type": "default" | "linear"
- *               (factor) | "llama3" (factor, low_freq_factor, high_freq_factor,
- *               original_max_position_embeddings)}; other types are rejected;
+ *               (factor) | "dynamic" (factor) | "llama3" (factor,
+ *               low_freq_factor, high_freq_factor, original_max_position_embeddings)
+ *               | "yarn" (factor, original_max_position_embeddings, attention_factor,
+ *               mscale, mscale_all_dim, beta_fast, beta_slow, truncate)}; the
+ *               original context defaults, as transformers' standardize_rope_params,
+ *               to a top-level original_max_position_embeddings, else
+ *               max_position_embeddings; other types (longrope, ...) are rejected
+ *               naming the key and the value;
  *             rope_parameters (transformers v5 spelling: rope_theta and the
- *               rope_scaling fields in one object),
+ *               rope_scaling fields in one object; per-layer-type forms rejected),
  *             partial_rotary_factor (rotary dim = int(head_dim * factor), the
  *               first channels of each head, as in transformers'
  *               _compute_default_rope_parameters),
  *             tie_word_embeddings (default false),
- *             hidden_act (must be "silu"), attention_bias / mlp_bias (must be false).
+ *             hidden_act (must be "silu"), mlp_bias (must be false),
+ *             attention_bias (llama, qwen3: q/k/v/o biases; qwen2 always has
+ *               q/k/v biases and no o bias, and reads no attention_bias),
+ *             sliding window: mistral sliding_window (every layer; null = none);
+ *               qwen2/qwen3 use_sliding_window + sliding_window +
+ *               max_window_layers, or layer_types (full_attention layers, then
+ *               sliding_attention layers; other patterns rejected).
  *   A missing required key or a value of the wrong type is an error naming
  *   config.json and the key. A null value counts as absent.
  *
  * Tensors (PyTorch nn.Linear layout [out_features][in_features], i.e. kvq's
- * [out][in] row-major; dtypes F32, F16, BF16, converted to fp32 exactly):
+ * [out][in] row-major; dtypes F32, F16, BF16; held as the kvq_weights mode
+ * says: converted to fp32 exactly, kept as stored, or rounded to bf16/f16):
  *   model.embed_tokens.weight [vocab_size][hidden], model.norm.weight [hidden],
  *   lm_head.weight [vocab_size][hidden] (untied only), and per layer N
  *   model.layers.N.{input_layernorm [hidden], self_attn.q_proj [q_dim][hidden],
  *   self_attn.k_proj / v_proj [kv_dim][hidden], self_attn.o_proj [hidden][q_dim],
  *   post_attention_layernorm [hidden], mlp.gate_proj / up_proj
- *   [intermediate][hidden], mlp.down_proj [hidden][intermediate]}.weight.
+ *   [intermediate][hidden], mlp.down_proj [hidden][intermediate]}.weight, with
+ *   biases self_attn.{q,k,v,o}_proj.bias and the Qwen3 per-head norms
+ *   self_attn.{q,k}_norm.weight [head_dim] where the config implies them.
  * Shapes are checked against config.json before anything is allocated; an
  * error names the shard file, the tensor, the expected and the found shape.
  * Ignored tensors: *.rotary_emb.inv_freq (buffers saved by old transformers),
@@ -60,7 +78,9 @@
  * inverse (llama.cpp convert_hf_to_gguf.py `permute`: reshape(n_head, 2,
  * head_dim/2, in).swapaxes(1, 2)): kvq row 2i + j of each head ← HF row
  * j*(r/2) + i, for i < r/2; rows r..head_dim-1 of a head (partial rotary) are
- * not rotated and stay in place. k_proj uses num_key_value_heads heads.
+ * not rotated and stay in place. k_proj uses num_key_value_heads heads. The
+ * q/k biases (rows of one element) and the q/k norm weights (one "head")
+ * follow the same permutation.
  * Verified by tests/test_model_hf.c against the llama2.c original that
  * tests/scripts/llama2c_to_hf.py converts with HF's permutation.
  */
@@ -74,6 +94,8 @@
 #include <sys/stat.h>
 
 #include "loaders.h"
+#include "ggml_dequant.h"
+#include "half.h"
 #include "safetensors.h"
 
 enum { KVQ_HF_NAME_MAX = 96 };
@@ -253,8 +275,38 @@ static kvq_status cfg_str(const cfgctx *c, const cJSON *o, const char *key, cons
     return KVQ_OK;
 }
 
-/* rope_scaling / rope_parameters object → hp (transformers modeling_rope_utils). */
-static kvq_status parse_rope(const char *path, const cJSON *o, const char *name, bool type_optional, kvq_hparams *hp, kvq_err *err)
+/* Optional number in (0, inf) (any sign-checked float that must be > 0); absent leaves *out. */
+static kvq_status cfg_pos_double(const cfgctx *c, const cJSON *o, const char *key, double *out, bool *given, kvq_err *err)
+{
+    const cJSON *v = jget(o, key);
+    if (given) *given = v != NULL;
+    if (!v) return KVQ_OK;
+    char b[80];
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble < 3.0e38))
+        return kvq_fail(err, KVQ_EFORMAT, "%s: key '%s%s': expected a finite positive number, found %s", c->path, c->pre, key,
+                        jdesc(v, b, sizeof b));
+    *out = v->valuedouble;
+    return KVQ_OK;
+}
+
+/* original_max_position_embeddings of a scaled RoPE, as transformers'
+ * standardize_rope_params: the rope object's, else the top-level key, else
+ * max_position_embeddings. */
+static kvq_status orig_ctx(const cfgctx *c, const cJSON *o, const cJSON *cfg, const kvq_hparams *hp, int *out, kvq_err *err)
+{
+    *out = hp->ctx_len;
+    cfgctx top = {c->path, ""};
+    KVQ_TRY(cfg_int(&top, cfg, "original_max_position_embeddings", false, out, err));
+    return cfg_int(c, o, "original_max_position_embeddings", false, out, err);
+}
+
+/* yarn_get_mscale of transformers: 0.1 * mscale * ln(scale) + 1 (1 when scale <= 1). */
+static double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
+
+/* rope_scaling / rope_parameters object → hp (transformers modeling_rope_utils).
+ * hp->ctx_len is set. */
+static kvq_status parse_rope(const char *path, const cJSON *cfg, const cJSON *o, const char *name, bool type_optional, kvq_hparams *hp,
+                             kvq_err *err)
 {
     char pre[40];
     snprintf(pre, sizeof pre, "%s.", name);
@@ -277,19 +329,123 @@ static kvq_status parse_rope(const char *path, const cJSON *o, const char *name,
         hp->rope_scaling = KVQ_ROPE_SCALING_LINEAR;
         return cfg_float(&c, o, "factor", true, &hp->rope_scale_factor, err);
     }
+    if (!strcmp(ty, "dynamic")) {
+        hp->rope_scaling = KVQ_ROPE_SCALING_DYNAMIC;
+        return cfg_float(&c, o, "factor", true, &hp->rope_scale_factor, err);
+    }
     if (!strcmp(ty, "llama3")) {
         hp->rope_scaling = KVQ_ROPE_SCALING_LLAMA3;
         KVQ_TRY(cfg_float(&c, o, "factor", true, &hp->rope_scale_factor, err));
         KVQ_TRY(cfg_float(&c, o, "low_freq_factor", true, &hp->rope_low_freq_factor, err));
         KVQ_TRY(cfg_float(&c, o, "high_freq_factor", true, &hp->rope_high_freq_factor, err));
-        KVQ_TRY(cfg_int(&c, o, "original_max_position_embeddings", true, &hp->rope_orig_ctx, err));
+        KVQ_TRY(orig_ctx(&c, o, cfg, hp, &hp->rope_orig_ctx, err));
         if (!(hp->rope_high_freq_factor > hp->rope_low_freq_factor))
             return kvq_fail(err, KVQ_EFORMAT, "%s: key '%shigh_freq_factor': expected > low_freq_factor (%g), found %g", path, pre,
                             hp->rope_low_freq_factor, hp->rope_high_freq_factor);
         return KVQ_OK;
     }
-    return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key '%s%s': RoPE scaling \"%.48s\" is not supported (supported: default, linear, llama3)",
+    if (!strcmp(ty, "yarn")) {
+        /* transformers _compute_yarn_parameters */
+        hp->rope_scaling = KVQ_ROPE_SCALING_YARN;
+        KVQ_TRY(orig_ctx(&c, o, cfg, hp, &hp->rope_orig_ctx, err));
+        double factor = (double)hp->ctx_len / hp->rope_orig_ctx, af = 0, ms = 0, msa = 0, bf = 32, bs = 1;
+        bool has_af, has_ms, has_msa;
+        KVQ_TRY(cfg_pos_double(&c, o, "factor", &factor, NULL, err));
+        KVQ_TRY(cfg_pos_double(&c, o, "attention_factor", &af, &has_af, err));
+        KVQ_TRY(cfg_pos_double(&c, o, "mscale", &ms, &has_ms, err));
+        KVQ_TRY(cfg_pos_double(&c, o, "mscale_all_dim", &msa, &has_msa, err));
+        KVQ_TRY(cfg_pos_double(&c, o, "beta_fast", &bf, NULL, err));
+        KVQ_TRY(cfg_pos_double(&c, o, "beta_slow", &bs, NULL, err));
+        hp->rope_yarn_truncate = true;
+        KVQ_TRY(cfg_bool(&c, o, "truncate", &hp->rope_yarn_truncate, err));
+        if (!has_af) af = has_ms && has_msa ? yarn_mscale(factor, ms) / yarn_mscale(factor, msa) : yarn_mscale(factor, 1.0);
+        hp->rope_scale_factor = (float)factor;
+        hp->rope_attn_factor = (float)af;
+        hp->rope_beta_fast = (float)bf;
+        hp->rope_beta_slow = (float)bs;
+        return KVQ_OK;
+    }
+    return kvq_fail(err, KVQ_EUNSUPPORTED,
+                    "%s: key '%s%s': RoPE scaling \"%.48s\" is not supported (supported: default, linear, dynamic, llama3, yarn)",
                     path, pre, key, ty);
+}
+
+/* model_type → architecture, and the architectures entry that must match it. */
+static const struct {
+    const char *model_type, *cls;
+    kvq_arch arch;
+} ARCHS[] = {
+    {"llama", "LlamaForCausalLM", KVQ_ARCH_LLAMA},
+    {"qwen2", "Qwen2ForCausalLM", KVQ_ARCH_QWEN2},
+    {"qwen3", "Qwen3ForCausalLM", KVQ_ARCH_QWEN3},
+    {"mistral", "MistralForCausalLM", KVQ_ARCH_MISTRAL},
+};
+
+/* Sliding-window attention: Mistral (every layer when sliding_window is set),
+ * Qwen2/Qwen3 (use_sliding_window, layers >= max_window_layers, or an explicit
+ * layer_types list of the form full..., sliding...). */
+static kvq_status read_sliding(const char *path, const cJSON *cfg, kvq_hparams *hp, kvq_err *err)
+{
+    cfgctx c = {path, ""};
+    char b[80];
+    hp->sliding_window = 0;
+    hp->swa_first_layer = 0;
+    const cJSON *lt = jget(cfg, "layer_types");
+    if (hp->arch == KVQ_ARCH_LLAMA) {
+        if (lt) {
+            for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e; e = e->next)
+                if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention"))
+                    return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'layer_types': a llama model with layers other than \"full_attention\" "
+                                    "is not supported (found %s)", path, jdesc(e, b, sizeof b));
+        }
+        return KVQ_OK; /* LlamaModel has no sliding window (a sliding_window key is ignored by transformers too) */
+    }
+    int W = 0;
+    if (hp->arch == KVQ_ARCH_MISTRAL) {
+        if (lt)
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'layer_types': per-layer attention types are not supported for model_type "
+                            "\"mistral\" (transformers' MistralModel ignores them; a Ministral checkpoint?)", path);
+        KVQ_TRY(cfg_int(&c, cfg, "sliding_window", false, &W, err));
+        hp->sliding_window = W;
+        return KVQ_OK;
+    }
+    /* qwen2 / qwen3 */
+    bool use = false;
+    KVQ_TRY(cfg_bool(&c, cfg, "use_sliding_window", &use, err));
+    if (use) KVQ_TRY(cfg_int(&c, cfg, "sliding_window", false, &W, err));
+    if (!use || W == 0) W = 0;
+    int first = hp->n_layers;
+    if (lt) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layers)
+            return kvq_fail(err, KVQ_EFORMAT, "%s: key 'layer_types': expected an array of %d strings, found %s", path, hp->n_layers,
+                            jdesc(lt, b, sizeof b));
+        int i = 0, seen_sliding = 0;
+        first = -1;
+        for (const cJSON *e = lt->child; e; e = e->next, i++) {
+            bool full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+            bool slid = cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+            if (!full && !slid)
+                return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'layer_types[%d]': expected \"full_attention\" or \"sliding_attention\", found %s",
+                                path, i, jdesc(e, b, sizeof b));
+            if (slid && !seen_sliding) first = i, seen_sliding = 1;
+            if (full && seen_sliding)
+                return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'layer_types[%d]': a full-attention layer after sliding-window layer %d "
+                                "(supported: full-attention layers, then sliding-window layers)", path, i, first);
+        }
+        if (first < 0) first = hp->n_layers;
+        if (first < hp->n_layers && W == 0)
+            return kvq_fail(err, KVQ_EFORMAT, "%s: key 'layer_types' has sliding-window layers but 'sliding_window' is not in use "
+                            "(use_sliding_window false or sliding_window null)", path);
+    } else if (W > 0) {
+        int mw = hp->n_layers;
+        KVQ_TRY(cfg_int(&c, cfg, "max_window_layers", false, &mw, err));
+        first = mw;
+    }
+    if (W > 0 && first < hp->n_layers) {
+        hp->sliding_window = W;
+        hp->swa_first_layer = first;
+    }
+    return KVQ_OK;
 }
 
 static kvq_status read_config(const char *path, const cJSON *cfg, kvq_hparams *hp, kvq_err *err)
@@ -299,27 +455,40 @@ static kvq_status read_config(const char *path, const cJSON *cfg, kvq_hparams *h
     const char *mt = NULL;
     KVQ_TRY(cfg_str(&c, cfg, "model_type", &mt, err));
     if (!mt) return missing(&c, "model_type", err);
-    if (strcmp(mt, "llama") != 0)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'model_type': expected \"llama\", found \"%.48s\"", path, mt);
+    int ai = -1;
+    for (int i = 0; i < (int)(sizeof ARCHS / sizeof *ARCHS); i++)
+        if (!strcmp(mt, ARCHS[i].model_type)) ai = i;
+    if (ai < 0)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'model_type': expected \"llama\", \"qwen2\", \"qwen3\" or \"mistral\", found \"%.48s\"",
+                        path, mt);
     const cJSON *arch = jget(cfg, "architectures");
     if (arch) {
         bool ok = false;
         if (!cJSON_IsArray(arch)) return kvq_fail(err, KVQ_EFORMAT, "%s: key 'architectures': expected an array, found %s", path, jdesc(arch, b, sizeof b));
-        for (const cJSON *a = arch->child; a; a = a->next) ok |= cJSON_IsString(a) && !strcmp(a->valuestring, "LlamaForCausalLM");
-        if (!ok) return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'architectures': expected it to list \"LlamaForCausalLM\"", path);
+        for (const cJSON *a = arch->child; a; a = a->next) ok |= cJSON_IsString(a) && !strcmp(a->valuestring, ARCHS[ai].cls);
+        if (!ok)
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'architectures': expected it to list \"%s\" (model_type \"%s\")", path,
+                            ARCHS[ai].cls, mt);
     }
     const char *act = NULL;
     KVQ_TRY(cfg_str(&c, cfg, "hidden_act", &act, err));
     if (act && strcmp(act, "silu") != 0)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'hidden_act': expected \"silu\" (SwiGLU), found \"%.48s\"", path, act);
-    const char *bias_keys[] = {"attention_bias", "mlp_bias"};
-    for (int i = 0; i < 2; i++) {
-        bool bias = false;
-        KVQ_TRY(cfg_bool(&c, cfg, bias_keys[i], &bias, err));
-        if (bias) return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key '%s': expected false, found true (biases are not supported)", path, bias_keys[i]);
-    }
+    bool mlp_bias = false, attn_bias = false;
+    KVQ_TRY(cfg_bool(&c, cfg, "mlp_bias", &mlp_bias, err));
+    if (mlp_bias) return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'mlp_bias': expected false, found true (MLP biases are not supported)", path);
+    KVQ_TRY(cfg_bool(&c, cfg, "attention_bias", &attn_bias, err));
 
     memset(hp, 0, sizeof *hp);
+    hp->arch = ARCHS[ai].arch;
+    if (hp->arch == KVQ_ARCH_QWEN2) {
+        hp->attn_qkv_bias = true; /* Qwen2Attention: q/k/v biases always, no o_proj bias (it reads no attention_bias key) */
+    } else if (hp->arch != KVQ_ARCH_MISTRAL) {
+        hp->attn_qkv_bias = hp->attn_out_bias = attn_bias; /* LlamaAttention / Qwen3Attention: all four projections */
+    } else if (attn_bias) {
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'attention_bias': expected false for model_type \"mistral\", found true", path);
+    }
+    hp->qk_norm = hp->arch == KVQ_ARCH_QWEN3;
     KVQ_TRY(cfg_int(&c, cfg, "hidden_size", true, &hp->dim, err));
     KVQ_TRY(cfg_int(&c, cfg, "intermediate_size", true, &hp->hidden_dim, err));
     KVQ_TRY(cfg_int(&c, cfg, "num_hidden_layers", true, &hp->n_layers, err));
@@ -331,14 +500,13 @@ static kvq_status read_config(const char *path, const cJSON *cfg, kvq_hparams *h
     KVQ_TRY(cfg_float(&c, cfg, "rms_norm_eps", true, &hp->norm_eps, err));
     KVQ_TRY(cfg_bool(&c, cfg, "tie_word_embeddings", &hp->tied_embeddings, err));
 
-    if (hp->dim % hp->n_heads)
-        return kvq_fail(err, KVQ_EFORMAT, "%s: key 'hidden_size' %d is not a multiple of 'num_attention_heads' %d", path, hp->dim, hp->n_heads);
+    /* head_dim: transformers' getattr(config, "head_dim", hidden_size // num_attention_heads) */
     hp->head_dim = hp->dim / hp->n_heads;
-    int hd = hp->head_dim;
-    KVQ_TRY(cfg_int(&c, cfg, "head_dim", false, &hd, err));
-    if (hd != hp->head_dim)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'head_dim': expected hidden_size/num_attention_heads = %d, found %d (decoupled head size not supported)",
-                        path, hp->head_dim, hd);
+    const cJSON *hdv = jget(cfg, "head_dim");
+    if (hdv) KVQ_TRY(cfg_int(&c, cfg, "head_dim", false, &hp->head_dim, err));
+    else if (hp->dim % hp->n_heads)
+        return kvq_fail(err, KVQ_EFORMAT, "%s: key 'hidden_size' %d is not a multiple of 'num_attention_heads' %d and 'head_dim' is not given",
+                        path, hp->dim, hp->n_heads);
     hp->rope_dim = hp->head_dim;
     const cJSON *prf = jget(cfg, "partial_rotary_factor");
     if (prf) {
@@ -352,19 +520,23 @@ static kvq_status read_config(const char *path, const cJSON *cfg, kvq_hparams *h
     hp->rope_theta = 10000.0f;
     hp->rope_scaling = KVQ_ROPE_SCALING_NONE;
     hp->rope_scale_factor = 1.0f;
+    hp->rope_attn_factor = 1.0f;
     KVQ_TRY(cfg_float(&c, cfg, "rope_theta", false, &hp->rope_theta, err));
     const cJSON *rs = jget(cfg, "rope_scaling"), *rp = jget(cfg, "rope_parameters");
     if (rs && rp)
         return kvq_fail(err, KVQ_EFORMAT, "%s: keys 'rope_scaling' and 'rope_parameters' are both set; expected one", path);
-    if (rs) KVQ_TRY(parse_rope(path, rs, "rope_scaling", false, hp, err));
+    if (rs) KVQ_TRY(parse_rope(path, cfg, rs, "rope_scaling", false, hp, err));
     if (rp) {
-        KVQ_TRY(parse_rope(path, rp, "rope_parameters", true, hp, err));
+        if (cJSON_IsObject(rp) && (jget(rp, "full_attention") || jget(rp, "sliding_attention")))
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'rope_parameters': per-layer-type RoPE parameters are not supported", path);
+        KVQ_TRY(parse_rope(path, cfg, rp, "rope_parameters", true, hp, err));
         cfgctx c2 = {path, "rope_parameters."};
         KVQ_TRY(cfg_float(&c2, rp, "rope_theta", false, &hp->rope_theta, err));
         const cJSON *p2 = jget(rp, "partial_rotary_factor");
         if (p2 && !(prf && cJSON_IsNumber(p2) && p2->valuedouble == prf->valuedouble))
             return kvq_fail(err, KVQ_EUNSUPPORTED, "%s: key 'rope_parameters.partial_rotary_factor': give it as the top-level 'partial_rotary_factor'", path);
     }
+    KVQ_TRY(read_sliding(path, cfg, hp, err));
     return kvq_hparams_validate(hp, path, err);
 }
 
@@ -373,8 +545,10 @@ static kvq_status read_config(const char *path, const cJSON *cfg, kvq_hparams *h
 typedef struct {
     char name[KVQ_HF_NAME_MAX];
     uint64_t rows, cols;   /* expected shape [rows][cols]; cols == 0: 1-D [rows] */
-    float *dst;
-    int perm_heads;        /* > 0: un-permute rows (q_proj/k_proj) over this many heads */
+    float *dst;            /* a vector (fp32), or NULL for a matrix */
+    kvq_mat *mat;          /* a matrix (its storage type set by the allocation), or NULL */
+    int role, layer;       /* matrices: kvq_mat_role and layer (-1: embedding / LM head); vectors: -1 */
+    int perm_heads;        /* > 0: un-permute rows (q/k projections, biases, norms) over this many heads */
     int shard;             /* index into shards, -1 until found */
     const kvq_st_tensor *t;
 } job;
@@ -429,42 +603,63 @@ static kvq_status shard_add(shardset *s, const char *dir, const char *name, cons
     return KVQ_OK;
 }
 
-static void add_job(job *jobs, size_t *n, const char *name, uint64_t rows, uint64_t cols, float *dst, int perm_heads)
+static void add_job(job *jobs, size_t *n, const char *name, uint64_t rows, uint64_t cols, float *dst, kvq_mat *mat, int role,
+                    int layer, int perm_heads)
 {
     job *j = &jobs[(*n)++];
     snprintf(j->name, sizeof j->name, "%s", name);
     j->rows = rows;
     j->cols = cols;
     j->dst = dst;
+    j->mat = mat;
+    j->role = role;
+    j->layer = layer;
     j->perm_heads = perm_heads;
     j->shard = -1;
     j->t = NULL;
 }
 
-/* Expected tensors with shapes; dst pointers into m when m != NULL. */
+/* Tensors per layer at most (9 Llama + 4 biases + 2 norms). */
+enum { MAX_JOBS_PER_LAYER = 15 };
+
+/* Expected tensors with shapes; dst/mat pointers into m when m != NULL. */
 static size_t build_jobs(const kvq_hparams *hp, kvq_model *m, job *jobs)
 {
     size_t n = 0;
-    const uint64_t D = hp->dim, H = hp->hidden_dim, Q = kvq_q_dim(hp), KV = kvq_kv_dim(hp), V = hp->vocab_size;
-    add_job(jobs, &n, "model.embed_tokens.weight", V, D, m ? m->tok_embd : NULL, 0);
-    if (!hp->tied_embeddings) add_job(jobs, &n, "lm_head.weight", V, D, m ? m->output : NULL, 0);
-    add_job(jobs, &n, "model.norm.weight", D, 0, m ? m->out_norm : NULL, 0);
+    const uint64_t D = hp->dim, H = hp->hidden_dim, Q = kvq_q_dim(hp), KV = kvq_kv_dim(hp), V = hp->vocab_size, HD = hp->head_dim;
+    add_job(jobs, &n, "model.embed_tokens.weight", V, D, NULL, m ? &m->tok_embd : NULL, KVQ_MAT_TOK_EMBD, -1, 0);
+    if (!hp->tied_embeddings) add_job(jobs, &n, "lm_head.weight", V, D, NULL, m ? &m->output : NULL, KVQ_MAT_OUTPUT, -1, 0);
+    add_job(jobs, &n, "model.norm.weight", D, 0, m ? m->out_norm : NULL, NULL, -1, -1, 0);
     for (int l = 0; l < hp->n_layers; l++) {
         kvq_layer_weights *w = m ? &m->layers[l] : NULL;
         char nm[KVQ_HF_NAME_MAX];
-#define LAYER(suffix, r, c, field, ph) do { \
+#define VEC(suffix, r, field, ph) do { \
+            snprintf(nm, sizeof nm, "model.layers.%d." suffix, l); \
+            add_job(jobs, &n, nm, r, 0, w ? w->field : NULL, NULL, -1, -1, ph); } while (0)
+#define MAT(suffix, r, c, field, role, ph) do { \
             snprintf(nm, sizeof nm, "model.layers.%d." suffix ".weight", l); \
-            add_job(jobs, &n, nm, r, c, w ? w->field : NULL, ph); } while (0)
-        LAYER("input_layernorm", D, 0, attn_norm, 0);
-        LAYER("self_attn.q_proj", Q, D, wq, hp->n_heads);
-        LAYER("self_attn.k_proj", KV, D, wk, hp->n_kv_heads);
-        LAYER("self_attn.v_proj", KV, D, wv, 0);
-        LAYER("self_attn.o_proj", D, Q, wo, 0);
-        LAYER("post_attention_layernorm", D, 0, ffn_norm, 0);
-        LAYER("mlp.gate_proj", H, D, w_gate, 0);
-        LAYER("mlp.up_proj", H, D, w_up, 0);
-        LAYER("mlp.down_proj", D, H, w_down, 0);
-#undef LAYER
+            add_job(jobs, &n, nm, r, c, NULL, w ? &w->field : NULL, role, l, ph); } while (0)
+        VEC("input_layernorm.weight", D, attn_norm, 0);
+        MAT("self_attn.q_proj", Q, D, wq, KVQ_MAT_WQ, hp->n_heads);
+        MAT("self_attn.k_proj", KV, D, wk, KVQ_MAT_WK, hp->n_kv_heads);
+        MAT("self_attn.v_proj", KV, D, wv, KVQ_MAT_WV, 0);
+        MAT("self_attn.o_proj", D, Q, wo, KVQ_MAT_WO, 0);
+        if (hp->attn_qkv_bias) {
+            VEC("self_attn.q_proj.bias", Q, bq, hp->n_heads);
+            VEC("self_attn.k_proj.bias", KV, bk, hp->n_kv_heads);
+            VEC("self_attn.v_proj.bias", KV, bv, 0);
+        }
+        if (hp->attn_out_bias) VEC("self_attn.o_proj.bias", D, bo, 0);
+        if (hp->qk_norm) {
+            VEC("self_attn.q_norm.weight", HD, q_norm, 1);
+            VEC("self_attn.k_norm.weight", HD, k_norm, 1);
+        }
+        VEC("post_attention_layernorm.weight", D, ffn_norm, 0);
+        MAT("mlp.gate_proj", H, D, w_gate, KVQ_MAT_GATE, 0);
+        MAT("mlp.up_proj", H, D, w_up, KVQ_MAT_UP, 0);
+        MAT("mlp.down_proj", D, H, w_down, KVQ_MAT_DOWN, 0);
+#undef VEC
+#undef MAT
     }
     return n;
 }
@@ -508,25 +703,24 @@ static kvq_status locate(const shardset *s, const cJSON *wmap, const char *index
         shape_str(want, sizeof want, nd, ws);
         shape_str(found, sizeof found, t->n_dims, t->shape);
         return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected shape %s (from config.json: hidden_size %d, intermediate_size %d, "
-                        "heads %d, kv heads %d, vocab_size %d), found %s", st->path, j->name, want, hp->dim, hp->hidden_dim,
-                        hp->n_heads, hp->n_kv_heads, hp->vocab_size, found);
+                        "heads %d, kv heads %d, head_dim %d, vocab_size %d), found %s", st->path, j->name, want, hp->dim, hp->hidden_dim,
+                        hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->vocab_size, found);
     }
     j->shard = k;
     j->t = t;
     return KVQ_OK;
 }
 
-/* HF rotate-half row order → interleaved, in place, per head (see header). */
-static void unpermute_rows(float *w, int n_heads, int head_dim, int rope_dim, size_t cols, float *tmp)
+/* HF rotate-half row order → interleaved, in place, per head (see header):
+ * rows of rb bytes (a matrix row, or one element of a bias / norm vector). */
+static void unpermute_rows(void *w, int n_heads, int head_dim, int rope_dim, size_t rb, char *tmp)
 {
     const int half = rope_dim / 2;
-    const size_t rb = cols * sizeof(float);
     for (int h = 0; h < n_heads; h++) {
-        float *base = w + (size_t)h * head_dim * cols;
+        char *base = (char *)w + (size_t)h * head_dim * rb;
         memcpy(tmp, base, (size_t)rope_dim * rb);
         for (int i = 0; i < half; i++)
-            for (int jj = 0; jj < 2; jj++)
-                memcpy(base + (size_t)(2 * i + jj) * cols, tmp + (size_t)(jj * half + i) * cols, rb);
+            for (int jj = 0; jj < 2; jj++) memcpy(base + (size_t)(2 * i + jj) * rb, tmp + (size_t)(jj * half + i) * rb, rb);
     }
 }
 
@@ -557,34 +751,84 @@ static kvq_status open_shards(const char *dir, const char *weights, shardset *s,
     return KVQ_OK;
 }
 
-kvq_status kvq_model_load_safetensors(const char *path, kvq_model *out, kvq_err *err)
+/* Storage types of the matrices: the weights mode applied to each tensor's dtype. */
+typedef struct {
+    const kvq_hparams *hp;
+    kvq_weights mode;
+    uint32_t *stored; /* [(n_layers + 1) * 9]: index (layer + 1) * 9 + role */
+} type_ctx;
+
+static uint32_t ggml_of(kvq_st_dtype d) { return d == KVQ_ST_BF16 ? KVQ_GGML_BF16 : d == KVQ_ST_F16 ? KVQ_GGML_F16 : KVQ_GGML_F32; }
+
+static uint32_t mat_type(void *user, kvq_mat_role role, int layer)
+{
+    const type_ctx *c = user;
+    return kvq_weights_type(c->mode, c->hp, c->stored[(size_t)(layer + 1) * 9 + role]);
+}
+
+/* Copy tensor t (F32/F16/BF16) into matrix storage of type dst_type: bytes as
+ * they are when the types agree, else widened to fp32 and rounded (to nearest
+ * even) to the target, in chunks. */
+static void read_mat(const kvq_st_tensor *t, kvq_mat *m)
+{
+    const uint32_t st = ggml_of(t->dtype), dt = m->type;
+    const size_t n = t->n_elements;
+    if (st == dt) {
+        memcpy(m->data, t->data, t->n_bytes);
+        return;
+    }
+    float buf[4096];
+    for (size_t i0 = 0; i0 < n; i0 += 4096) {
+        size_t k = n - i0 < 4096 ? n - i0 : 4096;
+        for (size_t i = 0; i < k; i++) {
+            uint16_t h;
+            if (st == KVQ_GGML_F32) memcpy(&buf[i], t->data + 4 * (i0 + i), 4);
+            else {
+                memcpy(&h, t->data + 2 * (i0 + i), 2);
+                buf[i] = st == KVQ_GGML_F16 ? kvq_f16_to_f32(h) : kvq_bf16_to_f32(h);
+            }
+        }
+        if (dt == KVQ_GGML_F32) memcpy((float *)m->data + i0, buf, k * sizeof(float));
+        else
+            for (size_t i = 0; i < k; i++) {
+                uint16_t h = dt == KVQ_GGML_F16 ? kvq_f32_to_f16(buf[i]) : kvq_f32_to_bf16(buf[i]);
+                memcpy((char *)m->data + 2 * (i0 + i), &h, 2);
+            }
+    }
+}
+
+kvq_status kvq_model_load_safetensors(const char *path, kvq_weights weights, kvq_model *out, kvq_err *err)
 {
     memset(out, 0, sizeof *out);
-    char dir[4096], weights[4096], cfg_path[4096];
-    KVQ_TRY(kvq_hf_checkpoint_paths(path, dir, sizeof dir, weights, sizeof weights, err));
+    char dir[4096], weights_path[4096], cfg_path[4096];
+    KVQ_TRY(kvq_hf_checkpoint_paths(path, dir, sizeof dir, weights_path, sizeof weights_path, err));
     KVQ_TRY(join(cfg_path, sizeof cfg_path, dir, "config.json", err));
     cJSON *cfg = NULL, *index = NULL;
     const cJSON *wmap = NULL;
     shardset sh = {0};
     job *jobs = NULL;
-    float *tmp = NULL;
+    char *tmp = NULL;
+    uint32_t *stored = NULL;
     kvq_hparams hp;
     size_t n = 0;
     kvq_status s = read_json(cfg_path, &cfg, err);
     if (!s) s = read_config(cfg_path, cfg, &hp, err);
-    if (!s) s = open_shards(dir, weights, &sh, &index, &wmap, err);
+    if (!s) s = open_shards(dir, weights_path, &sh, &index, &wmap, err);
     if (s) goto done;
-    jobs = calloc(3 + 9 * (size_t)hp.n_layers, sizeof *jobs);
-    tmp = malloc((size_t)hp.head_dim * hp.dim * sizeof *tmp);
-    if (!jobs || !tmp) {
+    jobs = calloc(3 + MAX_JOBS_PER_LAYER * (size_t)hp.n_layers, sizeof *jobs);
+    stored = calloc(((size_t)hp.n_layers + 1) * 9, sizeof *stored);
+    if (!jobs || !stored) {
         s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
         goto done;
     }
     /* 1. every expected tensor present with dtype and shape (before allocating) */
     n = build_jobs(&hp, NULL, jobs);
+    size_t max_row_bytes = 4;
     for (size_t i = 0; i < n; i++) {
-        if ((s = locate(&sh, wmap, weights, &hp, &jobs[i], err))) goto done;
+        if ((s = locate(&sh, wmap, weights_path, &hp, &jobs[i], err))) goto done;
         sh.claimed[jobs[i].shard][jobs[i].t - sh.st[jobs[i].shard].tensors] = true;
+        if (jobs[i].role >= 0) stored[(size_t)(jobs[i].layer + 1) * 9 + jobs[i].role] = ggml_of(jobs[i].t->dtype);
+        if (jobs[i].cols && jobs[i].cols * 4 > max_row_bytes) max_row_bytes = jobs[i].cols * 4;
     }
     /* 2. every tensor in every shard claimed once, or one that transformers ignores too */
     for (size_t k = 0; k < sh.n; k++)
@@ -597,34 +841,48 @@ kvq_status kvq_model_load_safetensors(const char *path, kvq_model *out, kvq_err 
                     goto done;
                 }
             if (ends_with(nm, ".rotary_emb.inv_freq") || (hp.tied_embeddings && !strcmp(nm, "lm_head.weight"))) continue;
-            s = kvq_fail(err, KVQ_EUNSUPPORTED, "%s: tensor '%.96s' is not part of a %d-layer Llama model that kvq can run",
-                         sh.st[k].path, nm, hp.n_layers);
+            s = kvq_fail(err, KVQ_EUNSUPPORTED, "%s: tensor '%.96s' is not part of a %d-layer %s model that kvq can run%s",
+                         sh.st[k].path, nm, hp.n_layers, kvq_arch_name(hp.arch),
+                         strstr(nm, "bias") ? " (config.json declares no such bias)" : "");
             goto done;
         }
     /* 3. allocate, convert, normalise the RoPE pairing */
-    if ((s = kvq_model_alloc(out, &hp, err))) {
+    type_ctx tc = {&hp, weights, stored};
+    if ((s = kvq_model_alloc_typed(out, &hp, mat_type, &tc, weights == KVQ_WEIGHTS_AUTO ? KVQ_WEIGHTS_NATIVE : weights, err))) {
         kvq_err_prefix(err, "%s", path);
         goto done;
     }
     out->source = KVQ_SRC_SAFETENSORS;
     snprintf(out->path, sizeof out->path, "%s", path);
+    tmp = malloc((size_t)hp.head_dim * max_row_bytes);
+    if (!tmp) {
+        s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
     n = build_jobs(&hp, out, jobs);
-    for (size_t i = 0; i < n && !s; i++) s = locate(&sh, wmap, weights, &hp, &jobs[i], err);
+    for (size_t i = 0; i < n && !s; i++) s = locate(&sh, wmap, weights_path, &hp, &jobs[i], err);
     if (s) goto done;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
     for (size_t i = 0; i < n; i++) {
         const job *j = &jobs[i];
-        if (kvq_safetensors_read_f32(&sh.st[j->shard], j->t, j->dst, j->t->n_elements, NULL) != KVQ_OK) failed = 1;
+        if (j->mat) read_mat(j->t, j->mat);
+        else if (kvq_safetensors_read_f32(&sh.st[j->shard], j->t, j->dst, j->t->n_elements, NULL) != KVQ_OK) failed = 1;
+        kvq_safetensors_release(&sh.st[j->shard], j->t); /* the file's pages leave this process's memory */
     }
     if (failed) /* unreachable after locate(); report the first failure serially */
         for (size_t i = 0; i < n && !s; i++)
-            s = kvq_safetensors_read_f32(&sh.st[jobs[i].shard], jobs[i].t, jobs[i].dst, jobs[i].t->n_elements, err);
-    for (size_t i = 0; i < n && !s; i++)
-        if (jobs[i].perm_heads > 0) unpermute_rows(jobs[i].dst, jobs[i].perm_heads, hp.head_dim, hp.rope_dim, (size_t)hp.dim, tmp);
+            if (!jobs[i].mat) s = kvq_safetensors_read_f32(&sh.st[jobs[i].shard], jobs[i].t, jobs[i].dst, jobs[i].t->n_elements, err);
+    for (size_t i = 0; i < n && !s; i++) {
+        const job *j = &jobs[i];
+        if (j->perm_heads <= 0) continue;
+        if (j->mat) unpermute_rows(j->mat->data, j->perm_heads, hp.head_dim, hp.rope_dim, j->mat->row_bytes, tmp);
+        else unpermute_rows(j->dst, j->perm_heads, hp.head_dim, hp.rope_dim, sizeof(float), tmp);
+    }
 done:
     free(tmp);
     free(jobs);
+    free(stored);
     shards_free(&sh);
     cJSON_Delete(index);
     cJSON_Delete(cfg);

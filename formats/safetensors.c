@@ -525,3 +525,13 @@ done:
     free(nbytes);
     return s;
 }
+
+void kvq_safetensors_release(const kvq_safetensors *st, const kvq_st_tensor *t)
+{
+    /* whole pages inside the tensor's bytes only: neighbours keep theirs */
+    if (!t->data || !t->n_bytes) return;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)t->data + pg - 1) / pg * pg,
+                    hi = ((uintptr_t)t->data + t->n_bytes) / pg * pg;
+    (void)st;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}

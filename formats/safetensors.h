@@ -122,4 +122,12 @@ typedef struct {
 kvq_status kvq_safetensors_write(const char *path, const kvq_st_entry *tensors, size_t n_tensors,
                                  const kvq_st_kv *meta, size_t n_meta, kvq_err *err);
 
+
+/* Drop the whole memory pages of t's data from this process's resident set
+ * (madvise MADV_DONTNEED on the read-only private mapping: the bytes stay in
+ * the page cache and read back unchanged if touched again). Loaders call it
+ * once a tensor is copied, so that loading a model of N bytes does not hold N
+ * bytes of mapped file in the resident set beside the N bytes loaded. */
+void kvq_safetensors_release(const kvq_safetensors *st, const kvq_st_tensor *t);
+
 #endif

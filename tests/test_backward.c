@@ -10,7 +10,11 @@
  *  - straight-through: with a quantizing transform the gradient w.r.t. the
  *    model's K/V equals the exact gradient w.r.t. the dequantized K/V;
  *  - dL/dV of layers 0 and 29 of SmolLM2-135M (128 tokens) against a JAX
- *    autograd fixture (tests/scripts/ref_grad_jax.py), relative L2 ≤ 1e-3. */
+ *    autograd fixture (tests/scripts/ref_grad_jax.py), relative L2 ≤ 1e-3;
+ *  - the same directional checks, plus the input embeddings, on the model
+ *    families of tests/test_families.c: Qwen2 (biases), Qwen3 (q/k norms,
+ *    decoupled head_dim), Mistral (sliding window 8 with a prefix), Llama-3.1
+ *    and YaRN RoPE. */
 #include <math.h>
 #include <stdint.h>
 
@@ -20,6 +24,7 @@
 #include "forward.h"
 #include "kvq_test.h"
 #include "model.h"
+#include "ops.h"
 
 typedef struct {
     uint64_t s;
@@ -208,31 +213,36 @@ static void make_prefix(const kvq_model *m, const int *tok, int P, float *pk, fl
     kvq_forward_free(&fw);
 }
 
-/* dL/dK_pre, dL/dV and dL/d(prefix K, V) along random directions vs finite differences */
-static void directional_case(const char *name)
+static double along_embd(void *vc, double eps)
 {
-    kvq_model m;
-    if (!load_tiny(name, &m)) {
-        kvq_test_skip_missing(name, "directional: ../shared/models/llama2c absent");
-        return;
-    }
-    const int T = 24, P = 3, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp);
-    int tok[27];
-    fixture_tokens(name, tok, T + P);
+    along_ctx *c = vc;
+    for (size_t i = 0; i < c->ne; i++) c->emb[i] = c->emb0[i] + (float)(eps * c->demb[i]);
+    return fwd_loss(c->fw, c->io);
+}
+
+/* dL/dK_pre, dL/dV, dL/d(prefix K, V) and dL/d(input embeddings) along random
+ * directions vs finite differences, for the window tok[P .. P+T) after a
+ * prefix of the first P tokens (m: fp32 weights; its embedding table is
+ * perturbed and restored). */
+static void directional_model(const char *name, kvq_model *m, const int *tok, int T, int P)
+{
+    const int L = m->hp.n_layers, kvd = kvq_kv_dim(&m->hp), dim = m->hp.dim;
     size_t n = (size_t)L * T * kvd, np = (size_t)L * P * kvd;
     float *pk0 = malloc(np * sizeof(float)), *pv0 = malloc(np * sizeof(float)), *pk = malloc(np * sizeof(float)), *pv = malloc(np * sizeof(float));
-    make_prefix(&m, tok, P, pk0, pv0);
+    make_prefix(m, tok, P, pk0, pv0);
     memcpy(pk, pk0, np * sizeof(float));
     memcpy(pv, pv0, np * sizeof(float));
     kvq_prefix px = {.P = P, .k = pk, .v = pv};
 
     kvq_grad_store st = {.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4), .dpk = malloc(np * 4), .dpv = malloc(np * 4)};
+    float *d_embd = malloc((size_t)T * dim * 4);
     kvq_backward bw;
     kvq_err e = {0};
-    ck_assert_msg(kvq_backward_init(&bw, &m, T, P, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_backward_init(&bw, m, T, P, &e) == KVQ_OK, "%s", e.msg);
     kvq_fwd_io io = {.tokens = tok + P, .T = T, .pos0 = P, .prefix = &px};
     kvq_bwd_result br;
-    ck_assert_msg(kvq_backward_xent(&bw, &io, &st, &br, &e) == KVQ_OK, "%s", e.msg);
+    kvq_bwd_spec spec = {.user = &st, .xent = true, .grads = kvq_grad_store_cb, .d_embd = d_embd};
+    ck_assert_msg(kvq_backward_run(&bw, &io, &spec, &br, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_int_eq(br.n_scored, T - 1);
 
     rng r = {0x5eed};
@@ -241,7 +251,7 @@ static void directional_case(const char *name)
     rand_dirs(&r, dv, st.dv, NULL, NULL, n);
     rand_dirs(&r, dpk, st.dpk, dpv, st.dpv, np);
     kvq_forward fw;
-    ck_assert(kvq_forward_init(&fw, &m, T, P, 0, &e) == KVQ_OK);
+    ck_assert(kvq_forward_init(&fw, m, T, P, 0, &e) == KVQ_OK);
     /* the backward's loss (its own LM-head pass) agrees with the forward's */
     double fl = fwd_loss(&fw, &io);
     ck_assert_msg(fabs(br.loss - fl) < 1e-5 * fl && br.xent_loss == br.loss, "backward LM head loss %.8f vs forward %.8f", br.loss, fl);
@@ -262,20 +272,92 @@ static void directional_case(const char *name)
     double fd_p = fd_dir(along_prefix, &c, 0.02);
     memcpy(pk, pk0, np * sizeof(float));
     memcpy(pv, pv0, np * sizeof(float));
-    /* dk_post = RoPE(dk_pre): the post-RoPE direction RoPE(d) gives the same derivative */
-    double an_post = dotf(st.dk_post, st.dk_post, n), an_pre = dotf(st.dk_pre, st.dk_pre, n);
-    double ek = fabs(an_k - fd_k) / fabs(fd_k), ev = fabs(an_v - fd_v) / fabs(fd_v), ep = fabs(an_p - fd_p) / fabs(fd_p);
-    fprintf(stderr, "INFO %s directional: K_pre %.6e vs FD %.6e (rel %.1e); V %.6e vs %.6e (%.1e); prefix K,V %.6e vs %.6e (%.1e); |dK_post|/|dK_pre| - 1 = %.1e\n",
-            name, an_k, fd_k, ek, an_v, fd_v, ev, an_p, fd_p, ep, sqrt(an_post / an_pre) - 1);
-    ck_assert(ek <= 1e-3 && ev <= 1e-3 && ep <= 1e-3);
-    ck_assert(fabs(sqrt(an_post / an_pre) - 1) < 1e-5);
+    /* the input embeddings: every op of every layer (biases, q/k norms, the window, RoPE) lies on this path.
+     * A tied LM head gets its own copy meanwhile: d_embd is the gradient through the input side only. */
+    float *emb = kvq_mat_f32(&m->tok_embd);
+    ck_assert_ptr_nonnull(emb);
+    size_t ne = (size_t)m->hp.vocab_size * dim;
+    kvq_mat head = m->output;
+    float *head_copy = NULL;
+    if (m->output.data == m->tok_embd.data) {
+        head_copy = malloc(ne * 4);
+        memcpy(head_copy, emb, ne * 4);
+        m->output.data = head_copy;
+    }
+    float *emb0 = malloc(ne * 4), *demb = calloc(ne, 4);
+    memcpy(emb0, emb, ne * 4);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < dim; i++) demb[(size_t)tok[P + t] * dim + i] = (float)urand(&r);
+    double an_e = 0;
+    for (int t = 0; t < T; t++) an_e += dotf(d_embd + (size_t)t * dim, demb + (size_t)tok[P + t] * dim, dim);
+    c.emb = emb, c.emb0 = emb0, c.demb = demb, c.ne = ne;
+    double fd_e = fd_dir(along_embd, &c, 0.004);
+    memcpy(emb, emb0, ne * 4);
+    m->output = head;
+    free(head_copy);
+    /* dk_post = RoPE(dk_pre): the post-RoPE direction RoPE(d) gives the same derivative (up to YaRN's attention factor) */
+    double an_post = dotf(st.dk_post, st.dk_post, n), an_pre = dotf(st.dk_pre, st.dk_pre, n), msc = kvq_rope_attn_scale(&m->hp);
+    double rot = m->hp.rope_dim == m->hp.head_dim ? sqrt(an_post / an_pre) * msc - 1 : 0; /* dk_pre = m R^T dk_post */
+    double ek = fabs(an_k - fd_k) / fabs(fd_k), ev = fabs(an_v - fd_v) / fabs(fd_v), ep = fabs(an_p - fd_p) / fabs(fd_p),
+           ee = fabs(an_e - fd_e) / fabs(fd_e);
+    fprintf(stderr, "INFO %s directional: K_pre %.6e vs FD %.6e (rel %.1e); V %.6e vs %.6e (%.1e); prefix K,V %.6e vs %.6e (%.1e); "
+            "embeddings %.6e vs %.6e (%.1e); m |dK_post|/|dK_pre| - 1 = %.1e\n",
+            name, an_k, fd_k, ek, an_v, fd_v, ev, an_p, fd_p, ep, an_e, fd_e, ee, rot);
+    ck_assert(ek <= 1e-3 && ev <= 1e-3 && ep <= 1e-3 && ee <= 1e-3);
+    ck_assert(fabs(rot) < 1e-5);
 
     kvq_forward_free(&fw);
     kvq_backward_free(&bw);
-    free(st.dk_pre), free(st.dk_post), free(st.dv), free(st.dpk), free(st.dpv);
-    free(pk0), free(pv0), free(pk), free(pv), free(dk), free(dv), free(dpk), free(dpv);
+    free(st.dk_pre), free(st.dk_post), free(st.dv), free(st.dpk), free(st.dpv), free(d_embd);
+    free(pk0), free(pv0), free(pk), free(pv), free(dk), free(dv), free(dpk), free(dpv), free(emb0), free(demb);
+}
+
+static void directional_case(const char *name)
+{
+    kvq_model m;
+    if (!load_tiny(name, &m)) {
+        kvq_test_skip_missing(name, "directional: ../shared/models/llama2c absent");
+        return;
+    }
+    int tok[27];
+    fixture_tokens(name, tok, 27);
+    directional_model(name, &m, tok, 24, 3);
     kvq_model_free(&m);
 }
+
+/* The families of tests/test_families.c (tests/fixtures/hf-<name>: Qwen2's
+ * biases, Qwen3's q/k norms and decoupled head_dim, Mistral's sliding window
+ * of 8 over a 3-token prefix and 24 window tokens, the scaled RoPEs): the same
+ * finite-difference checks through every new op's backward. */
+static void family_directional(const char *name)
+{
+    char dir[200], ref[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/hf-%.64s", name);
+    snprintf(ref, sizeof ref, "%s/ref.bin", dir);
+    size_t nb;
+    unsigned char *b = kvq_test_slurp(ref, &nb);
+    ck_assert_msg(b && nb > 16 + 4 * 27, "%s missing", ref);
+    int tok[27];
+    memcpy(tok, b + 16, sizeof tok);
+    free(b);
+    kvq_model m;
+    kvq_err e = {0};
+    kvq_load_opts o = {.weights = KVQ_WEIGHTS_F32};
+    ck_assert_msg(kvq_model_load_opts(dir, &o, &m, &e) == KVQ_OK, "%s", e.msg);
+    directional_model(name, &m, tok, 24, 3);
+    kvq_model_free(&m);
+}
+
+START_TEST(test_directional_qwen2) { family_directional("qwen2"); }
+END_TEST
+START_TEST(test_directional_qwen3) { family_directional("qwen3"); }
+END_TEST
+START_TEST(test_directional_mistral) { family_directional("mistral"); }
+END_TEST
+START_TEST(test_directional_llama31) { family_directional("llama31"); }
+END_TEST
+START_TEST(test_directional_yarn) { family_directional("llama-yarn"); }
+END_TEST
 
 START_TEST(test_directional_stories) { directional_case("stories260K"); }
 END_TEST
@@ -595,14 +677,14 @@ START_TEST(test_upstream)
     memcpy(pv, pv0, np * 4);
     size_t ne = (size_t)m.hp.vocab_size * dim;
     float *emb0 = malloc(ne * 4), *demb = calloc(ne, 4);
-    memcpy(emb0, m.tok_embd, ne * 4);
+    memcpy(emb0, kvq_mat_f32(&m.tok_embd), ne * 4);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < dim; i++) demb[(size_t)tok[P + t] * dim + i] = (float)urand(&r);
     double an_e = 0;
     for (int t = 0; t < T; t++) an_e += dotf(d_embd + (size_t)t * dim, demb + (size_t)tok[P + t] * dim, dim);
-    c.emb = m.tok_embd, c.emb0 = emb0, c.demb = demb, c.ne = ne;
+    c.emb = kvq_mat_f32(&m.tok_embd), c.emb0 = emb0, c.demb = demb, c.ne = ne;
     double fd_e = fd_dir(along_up_embd, &c, 0.02);
-    memcpy(m.tok_embd, emb0, ne * 4);
+    memcpy(kvq_mat_f32(&m.tok_embd), emb0, ne * 4);
     fprintf(stderr, "INFO upstream dL/d(embeddings) directional %.6e vs FD %.6e (%.1e)\n", an_e, fd_e, fabs(an_e - fd_e) / fabs(fd_e));
     ck_assert(fabs(an_e - fd_e) <= 1e-3 * fabs(fd_e));
     free(emb0), free(demb), free(d_embd);
@@ -686,6 +768,11 @@ static Suite *suite(void)
     tcase_add_test(tc, test_directional_stories);
     tcase_add_test(tc, test_engine_backward_matches);
     tcase_add_test(tc, test_directional_aidreams);
+    tcase_add_test(tc, test_directional_qwen2);
+    tcase_add_test(tc, test_directional_qwen3);
+    tcase_add_test(tc, test_directional_mistral);
+    tcase_add_test(tc, test_directional_llama31);
+    tcase_add_test(tc, test_directional_yarn);
     tcase_add_test(tc, test_straight_through);
     tcase_add_test(tc, test_keep_vs_recompute);
     tcase_add_test(tc, test_upstream);

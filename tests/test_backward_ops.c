@@ -287,7 +287,8 @@ START_TEST(test_lm_head_xent)
     ck_assert(isnan(nll[1]));
     for (int i = 0; i < DIM; i++) ck_assert(g[DIM + i] == 0);
     float *xf = tof(c.xn, T * DIM), *wf = tof(c.w, V * DIM), gf[T * DIM], zf[T * 16], mf[T], tf[T];
-    double sf = kvq_lm_head_xent_bwd(gf, NULL, xf, wf, tg, T, DIM, V, c.scale, 16, zf, mf, rsum, tf);
+    kvq_mat wm = {.data = wf, .type = KVQ_MAT_F32, .rows = V, .cols = DIM, .row_bytes = DIM * sizeof(float)};
+    double sf = kvq_lm_head_xent_bwd(gf, NULL, xf, &wm, NULL, tg, T, DIM, V, c.scale, 16, zf, mf, rsum, tf);
     double e32 = rel_l2_fd(gf, g, T * DIM);
     /* one block (v_chunk = V) gives the same */
     double g1[T * DIM], z1[T * V];
@@ -306,6 +307,7 @@ typedef struct {
     int T, P, nh, nkv, hd;
     double *q, *k, *v, *pk, *pv, *kq, *vq, *r; /* kq/vq NULL: no alternative */
     const int *kb, *vb;
+    int window, pos0; /* sliding window (0: none): key position > query position - window */
 } att_ctx;
 /* independent float64 attention forward: explicit scores, softmax, weighted sum */
 static double att_loss(void *p)
@@ -328,6 +330,12 @@ static double att_loss(void *p)
                 s[j] = d / sqrt(hd);
                 mx = fmax(mx, s[j]);
             }
+            for (int j = 0; j < n; j++) { /* sliding window, by position: prefix key j at j, window key at pos0 + j - P */
+                long kp = j < P ? j : (long)c->pos0 + (j - P), qp = (long)c->pos0 + i;
+                if (c->window > 0 && qp - kp >= c->window) s[j] = -INFINITY;
+            }
+            mx = -INFINITY;
+            for (int j = 0; j < n; j++) mx = fmax(mx, s[j]);
             for (int j = 0; j < n; j++) z += (s[j] = exp(s[j] - mx));
             for (int e = 0; e < hd; e++) {
                 double o = 0;
@@ -345,7 +353,7 @@ static double att_loss(void *p)
     return L;
 }
 
-static void attention_case(int T, int P, int with_alt, uint64_t seed)
+static void attention_case_w(int T, int P, int with_alt, uint64_t seed, int window)
 {
     rng r = {seed};
     const int nh = 4, nkv = 2, hd = 8;
@@ -356,7 +364,7 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
         vb[i] = i + 1 - (i % 4);             /* sometimes the own value from the alternative */
         if (vb[i] < (i ? vb[i - 1] : 0)) vb[i] = i ? vb[i - 1] : 0;
     }
-    att_ctx c = {.T = T, .P = P, .nh = nh, .nkv = nkv, .hd = hd};
+    att_ctx c = {.T = T, .P = P, .nh = nh, .nkv = nkv, .hd = hd, .window = window, .pos0 = P};
     c.q = rvec(&r, nq, 1.5);
     c.k = rvec(&r, nk, 1.5);
     c.v = rvec(&r, nk, 1);
@@ -390,7 +398,8 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
     kvq_attn_grad_args_f64 a = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = c.q, .k = c.k, .v = c.v,
                                 .pk = P ? c.pk : NULL, .pv = P ? c.pv : NULL, .kq = c.kq, .kb = with_alt ? kb : NULL, .vq = c.vq,
                                 .vb = with_alt ? vb : NULL, .out = out, .lse = lse, .dout = c.r, .dq = dq, .dk = dk, .dv = dv,
-                                .dpk = dpk, .dpv = dpv, .dkq = with_alt ? dkq : NULL, .dvq = with_alt ? dvq : NULL};
+                                .dpk = dpk, .dpv = dpv, .dkq = with_alt ? dkq : NULL, .dvq = with_alt ? dvq : NULL,
+                                .window = window, .pos0 = P};
     ck_assert_msg(kvq_attn_fwd_lse_f64(&a, &ws, &e) == KVQ_OK, "%s", e.msg);
     /* forward output vs the independent forward: sum(out * r) */
     double Lk = 0;
@@ -400,8 +409,8 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
     double eq = rel_l2(dq, fq, nq), ek = rel_l2(dk, fk, nk), ev = rel_l2(dv, fv, nk);
     double epk = P ? rel_l2(dpk, fpk, np) : 0, epv = P ? rel_l2(dpv, fpv, np) : 0;
     double ekq = with_alt ? rel_l2(dkq, fkq, nk) : 0, evq = with_alt ? rel_l2(dvq, fvq, nk) : 0;
-    fprintf(stderr, "INFO attention T=%d P=%d alt=%d f64 vs FD: dq %.1e dk %.1e dv %.1e dpk %.1e dpv %.1e dkq %.1e dvq %.1e\n", T, P,
-            with_alt, eq, ek, ev, epk, epv, ekq, evq);
+    fprintf(stderr, "INFO attention T=%d P=%d alt=%d window=%d f64 vs FD: dq %.1e dk %.1e dv %.1e dpk %.1e dpv %.1e dkq %.1e dvq %.1e\n", T, P,
+            with_alt, window, eq, ek, ev, epk, epv, ekq, evq);
     ck_assert(eq <= TOL64 && ek <= TOL64 && ev <= TOL64 && epk <= TOL64 && epv <= TOL64 && ekq <= TOL64 && evq <= TOL64);
     kvq_attn_grad_ws_free(&ws);
 
@@ -414,7 +423,7 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
     kvq_attn_grad_args af = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = qf, .k = kf, .v = vf,
                              .pk = P ? pkf : NULL, .pv = P ? pvf : NULL, .kq = kqf, .kb = with_alt ? kb : NULL, .vq = vqf,
                              .vb = with_alt ? vb : NULL, .out = of, .lse = lf, .dout = rf, .dq = dqf, .dk = dkf, .dv = dvf,
-                             .dpk = dpkf, .dpv = dpvf};
+                             .dpk = dpkf, .dpv = dpvf, .window = window, .pos0 = P};
     ck_assert(kvq_attn_fwd_lse(&af, &ws, &e) == KVQ_OK);
     /* the forward kernel (attention.h) gives the same output and lse (the backward pass uses it) */
     {
@@ -422,7 +431,8 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
         float *o2 = malloc(nq * 4), *l2 = malloc((size_t)nh * T * 4);
         ck_assert(kvq_attn_ws_init(&fws, T, P, nkv, hd, 2, &e) == KVQ_OK);
         kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = qf, .k = kf, .v = vf, .pk = af.pk,
-                            .pv = af.pv, .kq = kqf, .kb = af.kb, .vq = vqf, .vb = af.vb, .out = o2, .lse = l2};
+                            .pv = af.pv, .kq = kqf, .kb = af.kb, .vq = vqf, .vb = af.vb, .out = o2, .lse = l2,
+                            .window = window, .pos0 = P};
         ck_assert(kvq_attention(&fa, &fws, &e) == KVQ_OK);
         double max_dl = 0;
         for (int i = 0; i < nh * T; i++) max_dl = fmax(max_dl, fabs((double)l2[i] - lf[i]));
@@ -440,6 +450,19 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
     fprintf(stderr, "INFO attention T=%d P=%d alt=%d f32 vs f64: dq %.1e dk(+dkq) %.1e dv(+dvq) %.1e dpk %.1e dpv %.1e\n", T, P, with_alt,
             f_q, f_k, f_v, f_pk, f_pv);
     ck_assert(f_q <= TOL32 && f_k <= TOL32 && f_v <= TOL32 && f_pk <= TOL32 && f_pv <= TOL32);
+    /* the kv heads in passes of one (what a large model's workspace does: KVQ_ATTN_BWD_DQP_MAX) give the same bits */
+    {
+        float *dq1 = malloc(nq * 4), *dk1 = malloc(nk * 4), *dv1 = malloc(nk * 4);
+        kvq_attn_grad_args a1 = af;
+        a1.dq = dq1, a1.dk = dk1, a1.dv = dv1, a1.dpk = NULL, a1.dpv = NULL;
+        int keep = ws.g_chunk;
+        ck_assert_int_eq(keep, nkv);
+        ws.g_chunk = 1;
+        ck_assert(kvq_attn_bwd(&a1, &ws, &e) == KVQ_OK);
+        ws.g_chunk = keep;
+        ck_assert(memcmp(dq1, dqf, nq * 4) == 0 && memcmp(dk1, dkf, nk * 4) == 0 && memcmp(dv1, dvf, nk * 4) == 0);
+        free(dq1), free(dk1), free(dv1);
+    }
     /* a malformed boundary is refused */
     if (with_alt) {
         int bad[200];
@@ -456,12 +479,18 @@ static void attention_case(int T, int P, int with_alt, uint64_t seed)
     free(of), free(lf), free(dqf), free(dkf), free(dvf), free(dpkf), free(dpvf);
 }
 
+static void attention_case(int T, int P, int with_alt, uint64_t seed) { attention_case_w(T, P, with_alt, seed, 0); }
+
 START_TEST(test_attention_plain) { attention_case(11, 0, 0, 6); }
 END_TEST
 START_TEST(test_attention_prefix_alt) { attention_case(13, 3, 1, 7); }
 END_TEST
 /* more keys than one backward block (KVQ_ATTN_BWD_BK = 64): 70 keys, prefix and window sharing block 0 */
 START_TEST(test_attention_blocks) { attention_case(40, 30, 1, 8); }
+END_TEST
+/* Mistral's sliding window (12 positions) over a 30-entry prefix and 40 window keys in two backward
+ * blocks: prefix keys leave the window for later queries, window keys too */
+START_TEST(test_attention_window) { attention_case_w(40, 30, 1, 9, 12); }
 END_TEST
 
 static Suite *suite(void)
@@ -477,6 +506,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_attention_plain);
     tcase_add_test(tc, test_attention_prefix_alt);
     tcase_add_test(tc, test_attention_blocks);
+    tcase_add_test(tc, test_attention_window);
     suite_add_tcase(s, tc);
     return s;
 }

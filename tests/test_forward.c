@@ -630,7 +630,7 @@ START_TEST(test_head_kld_streamed)
     for (int t = 0; t < T; t++)
         for (int v = 0; v < V; v += 37) {
             double z = 0;
-            for (int c = 0; c < dim; c++) z += (double)hid[1][t * dim + c] * m.output[(size_t)v * dim + c];
+            for (int c = 0; c < dim; c++) z += (double)hid[1][t * dim + c] * kvq_mat_f32(&m.output)[(size_t)v * dim + c];
             ck_assert_msg(fabs(z - lg[1][(size_t)t * V + v]) < 1e-4, "row %d col %d: %.6f vs %.6f", t, v, z, lg[1][(size_t)t * V + v]);
         }
     /* KL(P_0 || P_1): streamed formula vs the direct sum in float64; top-1 agreement likewise */
@@ -723,14 +723,15 @@ START_TEST(test_long_window_memory)
     kvq_model sm;
     ck_assert(kvq_model_alloc(&sm, &hp, &e) == KVQ_OK);
     uint32_t x = 99;
-    float *all[] = {sm.tok_embd, sm.output};
+    float *all[] = {kvq_mat_f32(&sm.tok_embd), kvq_mat_f32(&sm.output)};
     size_t nall[] = {(size_t)64 * 32, (size_t)64 * 32};
     for (int a = 0; a < 2; a++)
         for (size_t i = 0; i < nall[a]; i++) all[a][i] = ((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
     for (int i = 0; i < 32; i++) sm.out_norm[i] = 1;
     for (int l = 0; l < 2; l++) {
         kvq_layer_weights *w = &sm.layers[l];
-        float *ws[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+        float *ws[] = {kvq_mat_f32(&w->wq), kvq_mat_f32(&w->wk),     kvq_mat_f32(&w->wv),  kvq_mat_f32(&w->wo),
+                        kvq_mat_f32(&w->w_gate), kvq_mat_f32(&w->w_up), kvq_mat_f32(&w->w_down)};
         size_t ns[] = {32 * 32, 16 * 32, 16 * 32, 32 * 32, 64 * 32, 64 * 32, 32 * 64};
         for (int k = 0; k < 7; k++)
             for (size_t i = 0; i < ns[k]; i++) ws[k][i] = (((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f) * 0.3f;
@@ -782,7 +783,7 @@ START_TEST(test_save_inputs_threads_errors)
     ck_assert_ptr_nonnull(x0);
     ck_assert_ptr_nonnull(xl);
     ck_assert_ptr_null(kvq_forward_layer_input(&fw, L + 1));
-    for (int t = 0; t < T; t++) ck_assert(memcmp(x0 + (size_t)t * dim, m.tok_embd + (size_t)tok[t] * dim, dim * sizeof(float)) == 0);
+    for (int t = 0; t < T; t++) ck_assert(memcmp(x0 + (size_t)t * dim, kvq_mat_f32(&m.tok_embd) + (size_t)tok[t] * dim, dim * sizeof(float)) == 0);
     double num = 0, den = 0;
     for (int t = 0; t < T; t++) {
         double ss = 0;
@@ -790,7 +791,7 @@ START_TEST(test_save_inputs_threads_errors)
         double rs = 1 / sqrt(ss / dim + m.hp.norm_eps);
         for (int v = 0; v < V; v++) {
             double z = 0;
-            for (int c = 0; c < dim; c++) z += xl[t * dim + c] * rs * m.out_norm[c] * m.output[(size_t)v * dim + c];
+            for (int c = 0; c < dim; c++) z += xl[t * dim + c] * rs * m.out_norm[c] * kvq_mat_f32(&m.output)[(size_t)v * dim + c];
             num += (z - l1[(size_t)t * V + v]) * (z - l1[(size_t)t * V + v]);
             den += z * z;
         }

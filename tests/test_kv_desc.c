@@ -41,19 +41,19 @@ static void make_model(kvq_model *m)
     kvq_err e = {0};
     ck_assert_msg(kvq_model_alloc(m, &hp, &e) == KVQ_OK, "%s", e.msg);
     uint64_t s = 5;
-    fill(m->tok_embd, (size_t)VOC * DIM, 1, &s);
-    fill(m->output, (size_t)VOC * DIM, 0.3f, &s);
+    fill(kvq_mat_f32(&m->tok_embd), (size_t)VOC * DIM, 1, &s);
+    fill(kvq_mat_f32(&m->output), (size_t)VOC * DIM, 0.3f, &s);
     for (int i = 0; i < DIM; i++) m->out_norm[i] = 1;
     for (int l = 0; l < NL; l++) {
         kvq_layer_weights *w = &m->layers[l];
         for (int i = 0; i < DIM; i++) w->attn_norm[i] = w->ffn_norm[i] = 1;
-        fill(w->wq, (size_t)NH * HD * DIM, 0.4f, &s);
-        fill(w->wk, (size_t)KVD * DIM, 0.4f, &s);
-        fill(w->wv, (size_t)KVD * DIM, 0.2f, &s);
-        fill(w->wo, (size_t)DIM * NH * HD, 0.2f, &s);
-        fill(w->w_gate, (size_t)HID * DIM, 0.2f, &s);
-        fill(w->w_up, (size_t)HID * DIM, 0.2f, &s);
-        fill(w->w_down, (size_t)DIM * HID, 0.1f, &s);
+        fill(kvq_mat_f32(&w->wq), (size_t)NH * HD * DIM, 0.4f, &s);
+        fill(kvq_mat_f32(&w->wk), (size_t)KVD * DIM, 0.4f, &s);
+        fill(kvq_mat_f32(&w->wv), (size_t)KVD * DIM, 0.2f, &s);
+        fill(kvq_mat_f32(&w->wo), (size_t)DIM * NH * HD, 0.2f, &s);
+        fill(kvq_mat_f32(&w->w_gate), (size_t)HID * DIM, 0.2f, &s);
+        fill(kvq_mat_f32(&w->w_up), (size_t)HID * DIM, 0.2f, &s);
+        fill(kvq_mat_f32(&w->w_down), (size_t)DIM * HID, 0.1f, &s);
     }
 }
 

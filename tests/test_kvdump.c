@@ -340,6 +340,47 @@ START_TEST(test_nan_activation_reported)
 }
 END_TEST
 
+/* A pre-RoPE key beyond the f16 range with the default --dtype f16: refused where
+ * it arises (kvdump holds an f16 dump's K/V/Q as f16 until the backward pass
+ * is done: the writer's range check runs at capture, with the writer's
+ * message); --dtype f32 takes it. */
+START_TEST(test_f16_range_reported)
+{
+    KVQ_SKIP_IF(!have_inputs(), "../shared tiny models/datasets or the kvdump binary absent");
+    FILE *in = fopen(g_model, "rb");
+    fseek(in, 0, SEEK_END);
+    long size = ftell(in);
+    fseek(in, 0, SEEK_SET);
+    unsigned char *d = malloc(size);
+    ck_assert(fread(d, 1, size, in) == (size_t)size);
+    fclose(in);
+    int32_t h[7];
+    memcpy(h, d, sizeof h);
+    size_t dim = h[0], L = h[2], V = h[5] < 0 ? -h[5] : h[5], kvd = (size_t)h[4] * (h[0] / h[3]);
+    size_t off = 28 + 4 * (V * dim + L * dim + L * dim * dim + 1 * kvd * dim); /* wk of layer 1, row 0 */
+    for (size_t c = 0; c < dim; c++) {
+        float big = 1e7f;
+        memcpy(d + off + 4 * c, &big, 4);
+    }
+    char bad[128], out[256], args[16384];
+    snprintf(bad, sizeof bad, "/tmp/kvq_test_kvdump_%d_big.bin", (int)getpid());
+    FILE *o = fopen(bad, "wb");
+    fwrite(d, 1, size, o);
+    fclose(o);
+    free(d);
+    tmpname(out, sizeof out, "big");
+    snprintf(args, sizeof args, "-m %s --tokenizer %s -t %s -n 1 -L 32 --fisher", bad, g_tok, g_text);
+    expect_fail(args, out, "k_pre_rope: layer 1, sample 0, position 0, head 0, channel 0");
+    expect_fail(args, out, "exceeds the f16 range");
+    ck_assert(access(out, F_OK) != 0);
+    char cmd[4096 + 16384 + 512], err[4096];
+    snprintf(cmd, sizeof cmd, "%s %s --dtype f32 -q -o %s", g_bin, args, out);
+    ck_assert_msg(run(cmd, err, sizeof err) == 0, "--dtype f32: %s", err);
+    unlink(out);
+    unlink(bad);
+}
+END_TEST
+
 /* The default storage is shuffle + deflate (written by kvq's own parallel
  * Huffman-only deflate, formats/DUMP.md): smaller than --deflate 0 and read
  * back to the same values. */
@@ -455,6 +496,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_existing_output_kept);
     tcase_add_test(tc, test_file_size_limit_then_resume);
     tcase_add_test(tc, test_nan_activation_reported);
+    tcase_add_test(tc, test_f16_range_reported);
     tcase_add_test(tc, test_deflate_smaller_same_values);
     tcase_add_test(tc, test_write_behind_same_file);
     suite_add_tcase(s, tc);

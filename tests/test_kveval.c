@@ -854,9 +854,9 @@ START_TEST(test_nan_reported)
     ck_assert(kvq_eval_scheme_make("fp32", NULL, &env.m.hp, &f32, &e) == KVQ_OK);
     const int L = env.m.hp.n_layers, dim = env.m.hp.dim, hid = env.m.hp.hidden_dim;
     struct { float *at; float bad; const char *want; } origins[] = {
-        {&env.m.layers[2].wv[(size_t)4 * dim], NAN, "layer 2: position 0, head 0, channel 4: the value (model) is nan"},
-        {&env.m.layers[1].wk[0], INFINITY, "layer 1: position 0, head 0, channel 0: the pre-RoPE key (model) is"},
-        {&env.m.layers[L - 1].w_down[(size_t)7 * hid], INFINITY, "every layer's query, keys and values are finite"},
+        {&kvq_mat_f32(&env.m.layers[2].wv)[(size_t)4 * dim], NAN, "layer 2: position 0, head 0, channel 4: the value (model) is nan"},
+        {&kvq_mat_f32(&env.m.layers[1].wk)[0], INFINITY, "layer 1: position 0, head 0, channel 0: the pre-RoPE key (model) is"},
+        {&kvq_mat_f32(&env.m.layers[L - 1].w_down)[(size_t)7 * hid], INFINITY, "every layer's query, keys and values are finite"},
     };
     for (size_t i = 0; i < sizeof origins / sizeof *origins; i++)
         for (int kld = 0; kld < 2; kld++) {

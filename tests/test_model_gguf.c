@@ -33,22 +33,22 @@ static const float *model_array(const kvq_model *m, const char *name, size_t *n)
 {
     const kvq_hparams *h = &m->hp;
     size_t D = h->dim, H = h->hidden_dim, Q = kvq_q_dim(h), KV = kvq_kv_dim(h), V = h->vocab_size;
-    if (!strcmp(name, "token_embd.weight")) return *n = V * D, m->tok_embd;
-    if (!strcmp(name, "output.weight")) return *n = V * D, m->output;
+    if (!strcmp(name, "token_embd.weight")) return *n = V * D, kvq_mat_f32(&m->tok_embd);
+    if (!strcmp(name, "output.weight")) return *n = V * D, kvq_mat_f32(&m->output);
     if (!strcmp(name, "output_norm.weight")) return *n = D, m->out_norm;
     int l, off = 0;
     char what[64];
     if (sscanf(name, "blk.%d.%63[a-z_].weight%n", &l, what, &off) != 2 || name[off] || l < 0 || l >= h->n_layers) return NULL;
     const kvq_layer_weights *w = &m->layers[l];
     if (!strcmp(what, "attn_norm")) return *n = D, w->attn_norm;
-    if (!strcmp(what, "attn_q")) return *n = Q * D, w->wq;
-    if (!strcmp(what, "attn_k")) return *n = KV * D, w->wk;
-    if (!strcmp(what, "attn_v")) return *n = KV * D, w->wv;
-    if (!strcmp(what, "attn_output")) return *n = D * Q, w->wo;
+    if (!strcmp(what, "attn_q")) return *n = Q * D, kvq_mat_f32(&w->wq);
+    if (!strcmp(what, "attn_k")) return *n = KV * D, kvq_mat_f32(&w->wk);
+    if (!strcmp(what, "attn_v")) return *n = KV * D, kvq_mat_f32(&w->wv);
+    if (!strcmp(what, "attn_output")) return *n = D * Q, kvq_mat_f32(&w->wo);
     if (!strcmp(what, "ffn_norm")) return *n = D, w->ffn_norm;
-    if (!strcmp(what, "ffn_gate")) return *n = H * D, w->w_gate;
-    if (!strcmp(what, "ffn_up")) return *n = H * D, w->w_up;
-    if (!strcmp(what, "ffn_down")) return *n = D * H, w->w_down;
+    if (!strcmp(what, "ffn_gate")) return *n = H * D, kvq_mat_f32(&w->w_gate);
+    if (!strcmp(what, "ffn_up")) return *n = H * D, kvq_mat_f32(&w->w_up);
+    if (!strcmp(what, "ffn_down")) return *n = D * H, kvq_mat_f32(&w->w_down);
     return NULL;
 }
 
@@ -133,7 +133,7 @@ START_TEST(test_default_model)
     ck_assert_int_eq(h->rope_scaling, KVQ_ROPE_SCALING_NONE);
     ck_assert(h->rope_scale_factor == 1.0f);
     ck_assert(h->tied_embeddings);
-    ck_assert_ptr_eq(m.output, m.tok_embd);
+    ck_assert_ptr_eq(kvq_mat_f32(&m.output), kvq_mat_f32(&m.tok_embd));
     ck_assert_int_eq(m.source, KVQ_SRC_GGUF);
     ck_assert_str_eq(m.path, p);
     /* every array, in kvq's [out][in] layout, equals gguf.quants.dequantize of
@@ -258,7 +258,7 @@ START_TEST(test_tiny_values)
     ck_assert(h->rope_theta == 500000.0f);
     ck_assert(h->norm_eps == 1e-6f);
     ck_assert(!h->tied_embeddings);
-    ck_assert_ptr_ne(m.output, m.tok_embd);
+    ck_assert_ptr_ne(kvq_mat_f32(&m.output), kvq_mat_f32(&m.tok_embd));
     /* every array (non-square [out][in] shapes, 8 tensor types) as gguf.quants gives it */
     ck_assert_int_eq(check_weights(&m, FIX "tiny_llama.sha256"), 21);
     /* weights digest = hashlib.sha256 of the file (first fixture line) */
@@ -572,8 +572,8 @@ START_TEST(test_built_valid_and_defaults)
     ck_assert(m.hp.rope_theta == 20000.0f);
     ck_assert(m.hp.tied_embeddings);
     /* F32 data is the ramp written by spec_write: [out][in] = file order */
-    for (int i = 0; i < 16 * 16; i++) ck_assert(m.layers[1].wq[i] == (float)(i % 17) * 0.125f - 1.0f);
-    for (int i = 0; i < 16 * 32; i++) ck_assert(m.layers[0].w_down[i] == (float)(i % 17) * 0.125f - 1.0f);
+    for (int i = 0; i < 16 * 16; i++) ck_assert(kvq_mat_f32(&m.layers[1].wq)[i] == (float)(i % 17) * 0.125f - 1.0f);
+    for (int i = 0; i < 16 * 32; i++) ck_assert(kvq_mat_f32(&m.layers[0].w_down)[i] == (float)(i % 17) * 0.125f - 1.0f);
     kvq_model_free(&m);
     unlink(path);
 
@@ -600,7 +600,7 @@ START_TEST(test_built_valid_and_defaults)
     add_tensor(&s, "output.weight", 16, 24, KVQ_GGML_F32);
     ck_assert_msg(try_load(&s, &m, msg, sizeof msg, path, sizeof path) == KVQ_OK, "%s", msg);
     ck_assert(!m.hp.tied_embeddings);
-    ck_assert_ptr_ne(m.output, m.tok_embd);
+    ck_assert_ptr_ne(kvq_mat_f32(&m.output), kvq_mat_f32(&m.tok_embd));
     kvq_model_free(&m);
     unlink(path);
 }
@@ -637,7 +637,18 @@ START_TEST(test_built_arch_and_rope)
     spec_base(&s);
     set_str(&s, "llama.rope.scaling.type", "yarn");
     set_f32(&s, "llama.rope.scaling.factor", 4.0f);
-    expect_err(&s, KVQ_EUNSUPPORTED, "llama.rope.scaling.type", "yarn", NULL);
+    expect_err(&s, KVQ_EFORMAT, "llama.rope.scaling.original_context_length", "missing", NULL);
+
+    spec_base(&s);
+    set_str(&s, "llama.rope.scaling.type", "yarn");
+    set_f32(&s, "llama.rope.scaling.factor", 4.0f);
+    set_u32(&s, "llama.rope.scaling.original_context_length", 64);
+    set_f32(&s, "llama.rope.scaling.yarn_log_multiplier", 0.1f);
+    expect_err(&s, KVQ_EUNSUPPORTED, "llama.rope.scaling.yarn_log_multiplier", "not supported", NULL);
+
+    spec_base(&s);
+    set_str(&s, "llama.rope.scaling.type", "longrope");
+    expect_err(&s, KVQ_EUNSUPPORTED, "llama.rope.scaling.type", "\"longrope\"", NULL);
 
     spec_base(&s);
     set_str(&s, "llama.rope.scaling.type", "bogus");
@@ -647,13 +658,38 @@ START_TEST(test_built_arch_and_rope)
     set_str(&s, "llama.rope.scaling.type", "linear");
     expect_err(&s, KVQ_EFORMAT, "llama.rope.scaling.factor", "missing", NULL);
 
+    /* Llama-3.1 frequency factors: the built tensor's first value is -1, not a frequency divisor */
     spec_base(&s);
     add_tensor(&s, "rope_freqs.weight", 4, 0, KVQ_GGML_F32);
-    expect_err(&s, KVQ_EUNSUPPORTED, "rope_freqs.weight", NULL, NULL);
+    expect_err(&s, KVQ_EFORMAT, "RoPE frequency factor 0", "-1", NULL);
+
+    spec_base(&s);
+    add_tensor(&s, "rope_freqs.weight", 3, 0, KVQ_GGML_F32);
+    expect_err(&s, KVQ_EFORMAT, "rope_freqs.weight", "expected F32 [4]", NULL);
+
+    spec_base(&s);
+    add_tensor(&s, "rope_freqs.weight", 4, 0, KVQ_GGML_F32);
+    set_str(&s, "llama.rope.scaling.type", "linear");
+    set_f32(&s, "llama.rope.scaling.factor", 4.0f);
+    expect_err(&s, KVQ_EUNSUPPORTED, "rope_freqs.weight", "linear", NULL);
+
+    /* decoupled head size: key_length must match value_length, and the tensors the head size */
+    spec_base(&s);
+    set_u32(&s, "llama.attention.key_length", 16);
+    set_u32(&s, "llama.attention.value_length", 8);
+    expect_err(&s, KVQ_EUNSUPPORTED, "llama.attention.value_length", "differs", NULL);
 
     spec_base(&s);
     set_u32(&s, "llama.attention.key_length", 16);
-    expect_err(&s, KVQ_EUNSUPPORTED, "llama.attention.key_length", NULL, NULL);
+    expect_err(&s, KVQ_EFORMAT, "blk.0.attn_q.weight", "expected GGUF shape", NULL);
+
+    spec_base(&s);
+    set_str(&s, "general.architecture", "qwen2");
+    expect_err(&s, KVQ_EFORMAT, "qwen2.block_count", "missing", NULL);
+
+    spec_base(&s);
+    set_u32(&s, "llama.attention.sliding_window_pattern", 2);
+    expect_err(&s, KVQ_EUNSUPPORTED, "llama.attention.sliding_window_pattern", NULL, NULL);
 
     spec_base(&s);
     set_u32(&s, "llama.rope.dimension_count", 9);
@@ -765,7 +801,7 @@ START_TEST(test_built_overflow)
     set_u32(&s, "llama.feed_forward_length", 1u << 20);
     set_u32(&s, "llama.attention.head_count", 256);
     set_u32(&s, "llama.attention.head_count_kv", 256);
-    set_u32(&s, "llama.rope.dimension_count", 4096);
+    set_u32(&s, "llama.rope.dimension_count", 128);
     tensor(&s, "token_embd.weight")->ne[0] = 1u << 20;
     tensor(&s, "token_embd.weight")->ne[1] = 1;
     /* 4 TiB of weights claimed: rejected by the shape check before any allocation */

@@ -198,20 +198,20 @@ static void assert_same_weights(const kvq_model *a, const kvq_model *b)
     ck_assert_int_eq(h->n_layers, b->hp.n_layers);
     size_t D = h->dim, H = h->hidden_dim, Q = kvq_q_dim(h), KV = kvq_kv_dim(h), V = h->vocab_size;
 #define SAME(pa, pb, n, what, l) ck_assert_msg(memcmp((pa), (pb), (n) * sizeof(float)) == 0, "tensor %s (layer %d) differs", what, l)
-    SAME(a->tok_embd, b->tok_embd, V * D, "tok_embd", -1);
-    SAME(a->output, b->output, V * D, "output", -1);
+    SAME(kvq_mat_f32(&a->tok_embd), kvq_mat_f32(&b->tok_embd), V * D, "tok_embd", -1);
+    SAME(kvq_mat_f32(&a->output), kvq_mat_f32(&b->output), V * D, "output", -1);
     SAME(a->out_norm, b->out_norm, D, "out_norm", -1);
     for (int l = 0; l < h->n_layers; l++) {
         const kvq_layer_weights *x = &a->layers[l], *y = &b->layers[l];
         SAME(x->attn_norm, y->attn_norm, D, "attn_norm", l);
-        SAME(x->wq, y->wq, Q * D, "wq", l);
-        SAME(x->wk, y->wk, KV * D, "wk", l);
-        SAME(x->wv, y->wv, KV * D, "wv", l);
-        SAME(x->wo, y->wo, D * Q, "wo", l);
+        SAME(kvq_mat_f32(&x->wq), kvq_mat_f32(&y->wq), Q * D, "wq", l);
+        SAME(kvq_mat_f32(&x->wk), kvq_mat_f32(&y->wk), KV * D, "wk", l);
+        SAME(kvq_mat_f32(&x->wv), kvq_mat_f32(&y->wv), KV * D, "wv", l);
+        SAME(kvq_mat_f32(&x->wo), kvq_mat_f32(&y->wo), D * Q, "wo", l);
         SAME(x->ffn_norm, y->ffn_norm, D, "ffn_norm", l);
-        SAME(x->w_gate, y->w_gate, H * D, "w_gate", l);
-        SAME(x->w_up, y->w_up, H * D, "w_up", l);
-        SAME(x->w_down, y->w_down, D * H, "w_down", l);
+        SAME(kvq_mat_f32(&x->w_gate), kvq_mat_f32(&y->w_gate), H * D, "w_gate", l);
+        SAME(kvq_mat_f32(&x->w_up), kvq_mat_f32(&y->w_up), H * D, "w_up", l);
+        SAME(kvq_mat_f32(&x->w_down), kvq_mat_f32(&y->w_down), D * H, "w_down", l);
     }
 #undef SAME
 }
@@ -253,7 +253,7 @@ START_TEST(test_hf_equals_llama2c)
         assert_same_hparams(&m.hp, &ref.hp);
         ck_assert_int_eq(m.hp.n_kv_heads, 4); /* GQA */
         ck_assert_int_eq(m.hp.head_dim, 8);
-        ck_assert(m.hp.tied_embeddings && m.output == m.tok_embd);
+        ck_assert(m.hp.tied_embeddings && kvq_mat_f32(&m.output) == kvq_mat_f32(&m.tok_embd));
         assert_same_weights(&m, &ref);
         kvq_model_free(&m);
     }
@@ -319,7 +319,7 @@ START_TEST(test_hf_sharded_equals_single)
     ck_assert(kvq_safetensors_open(FIX "/model.safetensors", &st, &e) == KVQ_OK);
     const kvq_st_tensor *t = kvq_safetensors_find(&st, "model.layers.0.self_attn.q_proj.weight");
     ck_assert(t && t->n_elements == (uint64_t)kvq_q_dim(&a.hp) * a.hp.dim);
-    ck_assert(memcmp(t->data, a.layers[0].wq, t->n_bytes) != 0);
+    ck_assert(memcmp(t->data, kvq_mat_f32(&a.layers[0].wq), t->n_bytes) != 0);
     kvq_safetensors_close(&st);
     kvq_model_free(&a);
 }
@@ -355,7 +355,7 @@ static void check_perm(double partial, const int *table)
     ck_assert_int_eq(m.hp.rope_dim, partial > 0 ? (int)(HD * partial) : HD);
     for (int l = 0; l < 5; l++)
         for (int w = 0; w < 2; w++) {
-            const float *x = w ? m.layers[l].wk : m.layers[l].wq;
+            const float *x = w ? kvq_mat_f32(&m.layers[l].wk) : kvq_mat_f32(&m.layers[l].wq);
             int heads = w ? m.hp.n_kv_heads : m.hp.n_heads;
             for (int h = 0; h < heads; h++)
                 for (int r = 0; r < HD; r++)
@@ -481,14 +481,14 @@ START_TEST(test_hf_config_rope_and_tie)
     ckpt_add(&c, "lm_head.weight", KVQ_ST_F32, 2, emb->shape, head, ne * sizeof *head);
     ckpt_write(&c, dir);
     ck_assert_msg(kvq_model_load(dir, &m, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert(!m.hp.tied_embeddings && m.output != m.tok_embd);
-    ck_assert(memcmp(m.output, head, ne * sizeof *head) == 0);
+    ck_assert(!m.hp.tied_embeddings && kvq_mat_f32(&m.output) != kvq_mat_f32(&m.tok_embd));
+    ck_assert(memcmp(kvq_mat_f32(&m.output), head, ne * sizeof *head) == 0);
     kvq_model_free(&m);
     /* tied + a stray lm_head.weight: transformers' tie_weights() keeps the embedding */
     cJSON_AddTrueToObject(c.cfg, "tie_word_embeddings");
     ckpt_write(&c, dir);
     ck_assert_msg(kvq_model_load(dir, &m, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert(m.hp.tied_embeddings && m.output == m.tok_embd && memcmp(m.output, head, ne * sizeof *head) != 0);
+    ck_assert(m.hp.tied_embeddings && kvq_mat_f32(&m.output) == kvq_mat_f32(&m.tok_embd) && memcmp(kvq_mat_f32(&m.output), head, ne * sizeof *head) != 0);
     kvq_model_free(&m);
     free(head);
     /* a saved rotary_emb.inv_freq buffer is ignored */
@@ -531,19 +531,27 @@ START_TEST(test_hf_config_errors)
         {"num_key_value_heads", "3", KVQ_EFORMAT, "n_kv_heads 3"},
         {"rms_norm_eps", "-1", KVQ_EFORMAT, "'rms_norm_eps'"},
         {"vocab_size", "1e300", KVQ_EFORMAT, "'vocab_size'"},
-        {"model_type", "\"mistral\"", KVQ_EUNSUPPORTED, "'model_type': expected \"llama\""},
+        {"model_type", "\"gpt2\"", KVQ_EUNSUPPORTED, "'model_type': expected \"llama\", \"qwen2\", \"qwen3\" or \"mistral\", found \"gpt2\""},
+        {"model_type", "\"mistral\"", KVQ_EUNSUPPORTED, "'architectures': expected it to list \"MistralForCausalLM\""},
         {"architectures", "[\"LlamaForSequenceClassification\"]", KVQ_EUNSUPPORTED, "LlamaForCausalLM"},
         {"hidden_act", "\"gelu\"", KVQ_EUNSUPPORTED, "'hidden_act'"},
-        {"attention_bias", "true", KVQ_EUNSUPPORTED, "'attention_bias'"},
-        {"head_dim", "16", KVQ_EUNSUPPORTED, "'head_dim': expected hidden_size/num_attention_heads = 8, found 16"},
+        {"attention_bias", "true", KVQ_EFORMAT, "required tensor 'model.layers.0.self_attn.q_proj.bias' is missing"},
+        {"mlp_bias", "true", KVQ_EUNSUPPORTED, "'mlp_bias': expected false"},
+        {"head_dim", "16", KVQ_EFORMAT, "model.layers.0.self_attn.q_proj.weight': expected shape [128, 64]"},
         {"tie_word_embeddings", "1", KVQ_EFORMAT, "'tie_word_embeddings': expected true or false"},
         {"partial_rotary_factor", "0.1", KVQ_EFORMAT, "'partial_rotary_factor'"},
-        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}", KVQ_EUNSUPPORTED, "'rope_scaling.rope_type': RoPE scaling \"yarn\""},
-        {"rope_scaling", "{\"type\": \"dynamic\", \"factor\": 4}", KVQ_EUNSUPPORTED, "'rope_scaling.type'"},
+        {"rope_scaling", "{\"rope_type\": \"longrope\", \"factor\": 4}", KVQ_EUNSUPPORTED, "'rope_scaling.rope_type': RoPE scaling \"longrope\""},
+        {"rope_scaling", "{\"type\": \"su\", \"factor\": 4}", KVQ_EUNSUPPORTED, "'rope_scaling.type': RoPE scaling \"su\""},
+        {"rope_parameters", "{\"rope_type\": \"longrope\"}", KVQ_EUNSUPPORTED, "'rope_parameters.rope_type': RoPE scaling \"longrope\""},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4, \"beta_fast\": -1}", KVQ_EFORMAT, "'rope_scaling.beta_fast': expected a finite positive"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4, \"truncate\": 1}", KVQ_EFORMAT, "'rope_scaling.truncate': expected true or false"},
+        {"rope_scaling", "{\"type\": \"dynamic\"}", KVQ_EFORMAT, "required key 'rope_scaling.factor' is missing"},
+        {"layer_types", "[\"full_attention\", \"sliding_attention\", \"full_attention\", \"full_attention\", \"full_attention\"]",
+         KVQ_EUNSUPPORTED, "'layer_types': a llama model with layers other than \"full_attention\""},
         {"rope_scaling", "{\"rope_type\": \"linear\"}", KVQ_EFORMAT, "required key 'rope_scaling.factor' is missing"},
         {"rope_scaling", "{\"factor\": 2}", KVQ_EFORMAT, "'rope_scaling.rope_type' (or 'rope_scaling.type') is missing"},
-        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4}", KVQ_EFORMAT,
-         "'rope_scaling.original_max_position_embeddings' is missing"},
+        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"high_freq_factor\": 4}", KVQ_EFORMAT,
+         "'rope_scaling.low_freq_factor' is missing"},
         {"rope_scaling", "[1]", KVQ_EFORMAT, "'rope_scaling': expected null or an object"},
         {"intermediate_size", "100", KVQ_EFORMAT, "mlp.gate_proj.weight': expected shape [100, 64]"},
         {"vocab_size", "500", KVQ_EFORMAT, "model.embed_tokens.weight': expected shape [500, 64]"},
@@ -625,7 +633,7 @@ START_TEST(test_hf_tensor_errors)
         ckpt_add(&c, "model.norm.weight", KVQ_ST_F32, 1, (const uint64_t[]){64}, (float[64]){0}, 64 * sizeof(float));
         ckpt_add(&c, "model.layers.1.self_attn.k_proj.bias", KVQ_ST_F32, 1, (const uint64_t[]){32}, b, sizeof b);
         ckpt_write(&c, dir);
-        expect_fail(dir, KVQ_EUNSUPPORTED, stp, "'model.layers.1.self_attn.k_proj.bias' is not part of a 5-layer Llama model", NULL);
+        expect_fail(dir, KVQ_EUNSUPPORTED, stp, "'model.layers.1.self_attn.k_proj.bias' is not part of a 5-layer llama model", NULL);
         ckpt_free(&c);
     }
     /* truncated / zero-length / header-corrupted weights: the reader's errors name the file */

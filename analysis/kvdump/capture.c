@@ -1,5 +1,6 @@
 /* capture.c — see capture.h. */
 #include "capture.h"
+#include "half.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -32,20 +33,38 @@ kvq_capture_opts kvq_capture_opts_default(void)
     return o;
 }
 
-/* One sample's captured tensors for layers [first, last]. */
+/* One sample's captured tensors for layers [first, last]. With an f16 dump the
+ * keys, values and queries wait for the backward pass (and the writer) as the
+ * f16 the dump stores (h16: half the memory; the f16 -> f32 -> f16 round trip
+ * through the writer is exact, and the range check the writer would make is
+ * made at capture, with its message); Fisher and attention statistics stay f32. */
 typedef struct {
     int first, last, L, kv_dim, q_dim, n_heads;
     bool want_q, want_attn;
-    float *k_pre, *k, *v, *q;           /* [n][L][kv_dim] (q: [n][L][q_dim]) */
+    float *k_pre, *k, *v, *q;           /* [n][L][kv_dim] (q: [n][L][q_dim]); NULL with h16 */
+    uint16_t *h16;                      /* f16 dump: [n][3 L kv_dim (+ L q_dim)]: k_pre, k, v (, q) of each layer */
     float *attn_recv, *attn_ent;        /* [n][n_heads][L] */
     float *fisher_k, *fisher_v;         /* [n][L][kv_dim] */
     float *arena;
+    const kvq_dump_meta *meta;          /* for the range check's message (h16) */
+    int64_t sample;                     /* the sample being captured (h16 messages) */
+    /* direct (CPU, no write-behind, with --fisher): each layer is written from the grads callback as soon as its
+     * Fisher information exists, so no sample-sized Fisher buffer is held (fisher_k/v NULL); fk1/fv1/wide: one
+     * layer's Fisher and widened f16 tensors */
+    kvq_dump_writer *direct;
+    float *fk1, *fv1, *wide;
+    double write_s; /* direct: seconds spent writing during the current sample's backward */
 } capture_buf;
+
+static size_t h16_per_layer(const capture_buf *b)
+{
+    return (size_t)b->L * (3 * (size_t)b->kv_dim + (b->want_q ? (size_t)b->q_dim : 0));
+}
 
 static float *slot(float *base, int idx, size_t per) { return base ? base + (size_t)idx * per : NULL; }
 
 static kvq_status buf_init(capture_buf *b, const kvq_hparams *hp, int first, int last, int L, bool q, bool attn,
-                           bool fisher, kvq_err *err)
+                           bool fisher, bool f16, kvq_dump_writer *direct, kvq_err *err)
 {
     memset(b, 0, sizeof *b);
     b->first = first;
@@ -57,18 +76,31 @@ static kvq_status buf_init(capture_buf *b, const kvq_hparams *hp, int first, int
     b->want_q = q;
     b->want_attn = attn;
     size_t n = (size_t)(last - first + 1), kv = (size_t)L * b->kv_dim, qd = (size_t)L * b->q_dim, at = (size_t)hp->n_heads * L;
-    size_t total = n * (3 * kv + (q ? qd : 0) + (attn ? 2 * at : 0) + (fisher ? 2 * kv : 0));
-    b->arena = malloc(total * sizeof(float));
+    size_t n16 = f16 ? n * (3 * kv + (q ? qd : 0)) : 0; /* uint16 elements, carved after the floats */
+    bool dfish = fisher && direct;                      /* one layer's Fisher (and widened tensors) instead of the sample's */
+    size_t one = dfish ? 2 * kv + (f16 ? 3 * kv + (q ? qd : 0) : 0) : 0;
+    size_t total = n * ((f16 ? 0 : 3 * kv + (q ? qd : 0)) + (attn ? 2 * at : 0) + (fisher && !dfish ? 2 * kv : 0)) + one +
+                   (n16 + 1) / 2;
+    b->arena = malloc(total * sizeof(float) + 16);
     if (!b->arena)
         return kvq_fail(err, KVQ_ENOMEM, "cannot allocate %.1f MiB for one sample's captured tensors (try --seq-len or --layers)",
                         total * 4.0 / (1 << 20));
     float *p = b->arena;
-    b->k_pre = p; p += n * kv;
-    b->k = p; p += n * kv;
-    b->v = p; p += n * kv;
-    if (q) { b->q = p; p += n * qd; }
+    if (!f16) {
+        b->k_pre = p; p += n * kv;
+        b->k = p; p += n * kv;
+        b->v = p; p += n * kv;
+        if (q) { b->q = p; p += n * qd; }
+    }
     if (attn) { b->attn_recv = p; p += n * at; b->attn_ent = p; p += n * at; }
-    if (fisher) { b->fisher_k = p; p += n * kv; b->fisher_v = p; p += n * kv; }
+    if (fisher && !dfish) { b->fisher_k = p; p += n * kv; b->fisher_v = p; p += n * kv; }
+    if (dfish) {
+        b->direct = direct;
+        b->fk1 = p; p += kv;
+        b->fv1 = p; p += kv;
+        if (f16) { b->wide = p; p += 3 * kv + (q ? qd : 0); }
+    }
+    if (f16) b->h16 = (uint16_t *)p;
     return KVQ_OK;
 }
 
@@ -90,10 +122,22 @@ static kvq_status observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_
     if (ctx->layer < b->first || ctx->layer > b->last) return KVQ_OK;
     int i = ctx->layer - b->first;
     size_t kv = (size_t)b->L * b->kv_dim;
+    if (b->h16) { /* f16 dump: the writer's range check now, then store what it would store */
+        const struct { kvq_dump_ds ds; const float *x; size_t n; } t[] = {
+            {KVQ_DUMP_K_PRE_ROPE, obs->k_pre, kv}, {KVQ_DUMP_K, obs->k_post, kv}, {KVQ_DUMP_V, obs->v, kv},
+            {KVQ_DUMP_Q, obs->q, (size_t)b->L * b->q_dim}};
+        uint16_t *h = b->h16 + (size_t)i * h16_per_layer(b);
+        for (int k = 0; k < (b->want_q ? 4 : 3); k++) {
+            KVQ_TRY(kvq_dump_check_values(b->meta, t[k].ds, t[k].x, ctx->layer, b->sample, KVQ_DUMP_F16_MAX, err));
+            for (size_t e = 0; e < t[k].n; e++) h[e] = kvq_f32_to_f16(t[k].x[e]);
+            h += t[k].n;
+        }
+    } else {
     memcpy(slot(b->k_pre, i, kv), obs->k_pre, kv * sizeof(float));
     memcpy(slot(b->k, i, kv), obs->k_post, kv * sizeof(float));
     memcpy(slot(b->v, i, kv), obs->v, kv * sizeof(float));
     if (b->want_q) memcpy(slot(b->q, i, (size_t)b->L * b->q_dim), obs->q, (size_t)b->L * b->q_dim * sizeof(float));
+    }
     if (b->want_attn) {
         size_t at = (size_t)b->n_heads * b->L;
         memcpy(slot(b->attn_recv, i, at), obs->attn_mass, at * sizeof(float));
@@ -103,19 +147,44 @@ static kvq_status observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_
 }
 
 /* Write one captured sample (every layer, then the commit that makes it count). */
+/* Layer l's data for the writer (the f16 tensors widened into wide, exact). */
+static kvq_dump_layer_data layer_data(const capture_buf *b, int l, float *wide)
+{
+    const int i = l - b->first;
+    const size_t kv = (size_t)b->L * b->kv_dim, at = (size_t)b->n_heads * b->L;
+    kvq_dump_layer_data d = {
+        .k_pre_rope = slot(b->k_pre, i, kv), .k = slot(b->k, i, kv), .v = slot(b->v, i, kv),
+        .q = slot(b->q, i, (size_t)b->L * b->q_dim),
+        .fisher_k_pre_rope = slot(b->fisher_k, i, kv), .fisher_v = slot(b->fisher_v, i, kv),
+        .attn_received = slot(b->attn_recv, i, at), .attn_entropy = slot(b->attn_ent, i, at)};
+    if (b->h16) {
+        const size_t per = h16_per_layer(b);
+        const uint16_t *h = b->h16 + (size_t)i * per;
+        for (size_t e = 0; e < per; e++) wide[e] = kvq_f16_to_f32(h[e]);
+        d.k_pre_rope = wide;
+        d.k = wide + kv;
+        d.v = wide + 2 * kv;
+        d.q = b->want_q ? wide + 3 * kv : NULL;
+    }
+    return d;
+}
+
+/* Write one captured sample (every layer, then the commit that makes it count); in direct mode the
+ * layers were written by the grads callback already. */
 static kvq_status write_sample(kvq_dump_writer *w, const capture_buf *b, int64_t smp, const int32_t *ids, kvq_err *err)
 {
-    const int L = b->L;
-    for (int l = b->first; l <= b->last; l++) {
-        int i = l - b->first;
-        size_t kv = (size_t)L * b->kv_dim, at = (size_t)b->n_heads * L;
-        kvq_dump_layer_data d = {
-            .k_pre_rope = slot(b->k_pre, i, kv), .k = slot(b->k, i, kv), .v = slot(b->v, i, kv),
-            .q = slot(b->q, i, (size_t)L * b->q_dim),
-            .fisher_k_pre_rope = slot(b->fisher_k, i, kv), .fisher_v = slot(b->fisher_v, i, kv),
-            .attn_received = slot(b->attn_recv, i, at), .attn_entropy = slot(b->attn_ent, i, at)};
-        KVQ_TRY(kvq_dump_write_layer(w, smp, l, &d, err));
+    const size_t per = b->h16 ? h16_per_layer(b) : 0;
+    kvq_status s = KVQ_OK;
+    if (!b->direct) {
+        float *wide = per ? malloc(per * sizeof *wide) : NULL;
+        if (per && !wide) return kvq_fail(err, KVQ_ENOMEM, "out of memory");
+        for (int l = b->first; l <= b->last && !s; l++) {
+            kvq_dump_layer_data d = layer_data(b, l, wide);
+            s = kvq_dump_write_layer(w, smp, l, &d, err);
+        }
+        free(wide);
     }
+    if (s) return s;
     return kvq_dump_commit_sample(w, smp, ids, err);
 }
 
@@ -226,15 +295,23 @@ static void bg_stop(bg_writer *b)
 static kvq_status fisher_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
 {
     capture_buf *b = user;
-    (void)err;
     if (g->layer < b->first || g->layer > b->last) return KVQ_OK;
     size_t kv = (size_t)b->L * b->kv_dim;
-    float *fk = slot(b->fisher_k, g->layer - b->first, kv), *fv = slot(b->fisher_v, g->layer - b->first, kv);
+    float *fk = b->direct ? b->fk1 : slot(b->fisher_k, g->layer - b->first, kv);
+    float *fv = b->direct ? b->fv1 : slot(b->fisher_v, g->layer - b->first, kv);
     for (size_t i = 0; i < kv; i++) {
         fk[i] = g->dk_pre[i] * g->dk_pre[i];
         fv[i] = g->dv[i] * g->dv[i];
     }
-    return KVQ_OK;
+    if (!b->direct) return KVQ_OK;
+    /* direct: the layer goes to the dump now (any layer order within a sample; the commit counts it) */
+    double t0 = kvq_now();
+    kvq_dump_layer_data d = layer_data(b, g->layer, b->wide);
+    d.fisher_k_pre_rope = fk;
+    d.fisher_v = fv;
+    kvq_status s = kvq_dump_write_layer(b->direct, b->sample, g->layer, &d, err);
+    b->write_s += kvq_now() - t0;
+    return s;
 }
 
 static bool stopped(const kvq_capture_opts *o) { return o->stop && *o->stop; }
@@ -256,8 +333,10 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     }
 
     kvq_model m;
-    kvq_status s = kvq_model_load(o->model_path, &m, err);
+    kvq_load_opts lo = {.weights = o->weights};
+    kvq_status s = kvq_model_load_opts(o->model_path, &lo, &m, err);
     if (s) return s;
+    if (!o->quiet) fprintf(stderr, "kvdump: weights: %s\n", m.weights_desc);
     kvq_tokenizer *tok = NULL;
     kvq_text txt = {0};
     kvq_windows win = {0};
@@ -348,12 +427,27 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     free(offs);
     meta.sample_offsets = NULL;
     if (s) goto done;
+    if (m.layers[0].bk) { /* Qwen2's key biases, for kvstat (DUMP.md /k_bias) */
+        size_t kvd = (size_t)kvq_kv_dim(hp), nl = (size_t)(last - first + 1);
+        float *kb = malloc(nl * kvd * sizeof *kb);
+        if (!kb) {
+            s = kvq_fail(err, KVQ_ENOMEM, "kvdump: out of memory");
+            goto done;
+        }
+        for (size_t j = 0; j < nl; j++) memcpy(kb + j * kvd, m.layers[first + (int)j].bk, kvd * sizeof *kb);
+        s = kvq_dump_write_k_bias(w, kb, err);
+        free(kb);
+        if (s) goto done;
+    }
 
     /* write-behind (default on a GPU): the HDF5 writing of sample i overlaps the computation of sample i+1 (two buffers) */
     const bool overlap = o->write_behind < 0 ? dev == KVQ_DEVICE_CUDA : o->write_behind > 0;
     rep->write_overlapped = overlap;
-    if ((s = buf_init(&bufs[0], hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
-    if (overlap && (s = buf_init(&bufs[1], hp, first, last, L, o->q, o->attn_stats, o->fisher, err))) goto done;
+    const bool f16 = o->dtype == KVQ_DUMP_F16;
+    /* without write-behind (the CPU default), --fisher writes each layer from the backward pass as it finishes */
+    if ((s = buf_init(&bufs[0], hp, first, last, L, o->q, o->attn_stats, o->fisher, f16, overlap ? NULL : w, err))) goto done;
+    if (overlap && (s = buf_init(&bufs[1], hp, first, last, L, o->q, o->attn_stats, o->fisher, f16, NULL, err))) goto done;
+    bufs[0].meta = bufs[1].meta = kvq_dump_writer_meta(w);
     if (overlap && (s = bg_start(&bg, w, L, err))) goto done;
 
     kvq_hooks hooks = {0};
@@ -375,6 +469,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     for (int64_t smp = start; smp < o->samples; smp++) {
         if (stopped(o)) { interrupted = true; break; }
         capture_buf *buf = &bufs[cur];
+        buf->sample = smp;
         hooks.user = buf;
         for (int t = 0; t < L; t++) { ids32[t] = win.tokens[(size_t)smp * L + t]; ids[t] = ids32[t]; }
         kvq_fwd_io io = {0};
@@ -395,7 +490,9 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
         }
         if (s) { kvq_err_prefix(err, "sample %lld", (long long)smp); break; }
         double t1 = kvq_now();
-        rep->seconds_forward += t1 - t0;
+        rep->seconds_forward += t1 - t0 - buf->write_s; /* direct mode: the layers written during the backward */
+        rep->seconds_write += buf->write_s;
+        buf->write_s = 0;
         loss_sum += loss;
         if (overlap) {
             /* hand the buffer to the writer (after it finished the previous sample) and compute into the other */

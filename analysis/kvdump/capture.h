@@ -64,6 +64,10 @@ typedef struct {
     /* GPU arithmetic (forward_cuda.h): KVQ_CUDA_EXACT (default), _TF32 or
      * _BF16 (fast modes; the report's device string says which). */
     kvq_cuda_math math;
+    /* How the weight matrices are held (model.h kvq_weights; default AUTO:
+     * fp32 for models whose fp32 matrices fit in 6 GiB, else as stored in the
+     * file, fp32 files as bf16). Arithmetic is fp32 either way. */
+    kvq_weights weights;
 } kvq_capture_opts;
 
 /* Defaults: 16 x min(2048, context), seed 0, f16, deflate KVQ_DUMP_DEFLATE_DEFAULT, all layers. */

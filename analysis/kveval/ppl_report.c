@@ -40,8 +40,8 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
 {
     const kvq_windows *w = r->win;
     const kvq_ppl_plan *pl = r->plan;
-    fprintf(f, "- model: `%s` (%d layers, %d KV heads x head_dim %d)\n", r->m->path, r->m->hp.n_layers, r->m->hp.n_kv_heads,
-            r->m->hp.head_dim);
+    fprintf(f, "- model: `%s` (%s, %d layers, %d KV heads x head_dim %d; weights %s)\n", r->m->path, kvq_arch_name(r->m->hp.arch),
+            r->m->hp.n_layers, r->m->hp.n_kv_heads, r->m->hp.head_dim, r->m->weights_desc);
     fprintf(f, "- text: `%s` (%s, %llu bytes, sha256 %s)\n", w->path, r->text_format, (unsigned long long)w->bytes_read,
             w->file_sha256);
     {
@@ -173,6 +173,8 @@ static cJSON *build(const kvq_ppl_report *r)
     cJSON *m = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(m, "path", r->m->path);
     if (r->model_fingerprint) cJSON_AddStringToObject(m, "fingerprint", r->model_fingerprint);
+    cJSON_AddStringToObject(m, "arch", kvq_arch_name(hp->arch));
+    cJSON_AddStringToObject(m, "weights", r->m->weights_desc);
     cJSON_AddNumberToObject(m, "n_layers", hp->n_layers);
     cJSON_AddNumberToObject(m, "n_kv_heads", hp->n_kv_heads);
     cJSON_AddNumberToObject(m, "head_dim", hp->head_dim);

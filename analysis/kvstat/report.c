@@ -166,6 +166,42 @@ static double median_f(const float *x, size_t n, float *tmp)
     return n % 2 ? tmp[k] : 0.5 * ((double)tmp[k - 1] + tmp[k]);
 }
 
+void kvq_kbias_layer(const kvq_report *r, int j, kvq_kbias_stats *st)
+{
+    const kvq_kvstats *s = r->s;
+    const int kvd = s->kv_dim;
+    const float *b = r->k_bias + (size_t)j * kvd;
+    const kvq_chan_stats *ch = s->layers[j].t[KVQ_KVT_K_PRE_ROPE].chan;
+    memset(st, 0, sizeof *st);
+    double ss = 0, ek = 0;
+    int cand[4096], nc = 0;
+    double rat[4096];
+    for (int c = 0; c < kvd; c++) {
+        double a = fabs((double)b[c]);
+        ss += a * a;
+        ek += ch[c].std * ch[c].std + ch[c].mean * ch[c].mean; /* mean_t k_c^2 */
+        if (a > st->max_abs) st->max_abs = a, st->max_chan = c;
+        double r2 = ch[c].mean_abs > 0 ? a / ch[c].mean_abs : (a > 0 ? INFINITY : 0);
+        if (r2 >= 0.5) {
+            st->n_dom++;
+            if (nc < 4096) cand[nc] = c, rat[nc++] = r2;
+        }
+    }
+    st->norm = sqrt(ss);
+    st->rel = ek > 0 ? st->norm / sqrt(ek) : NAN;
+    for (int k = 0; k < 8 && k < nc; k++) { /* top by ratio (selection; nc is small) */
+        int best = k;
+        for (int i = k + 1; i < nc; i++)
+            if (rat[i] > rat[best]) best = i;
+        int tc = cand[k];
+        double tr = rat[k];
+        cand[k] = cand[best], rat[k] = rat[best];
+        cand[best] = tc, rat[best] = tr;
+        st->dom_chan[k] = cand[k];
+        st->dom_ratio[k] = rat[k];
+    }
+}
+
 static kvq_status build_tables(const kvq_report *r, tables_t *T, kvq_err *err)
 {
     const kvq_kvstats *s = r->s;
@@ -242,6 +278,34 @@ static kvq_status build_tables(const kvq_report *r, tables_t *T, kvq_err *err)
                     for (int c = 1; c < s->kv_dim; c++) if (ts->chan[c].kurtosis > ts->chan[bc].kurtosis) bc = c;
                     cellf(row[col++], "%.3g (%d)", ts->chan[bc].kurtosis, bc);
                 }
+            }
+        }
+    }
+
+    /* 3b key biases (Qwen2) */
+    if (r->k_bias) {
+        snprintf(note, sizeof note, "The model's key bias b (pre-RoPE, added to every token's key): ||b||, its share of the pre-RoPE "
+                 "keys' RMS, the largest |b_c|, and the channels it dominates (|b_c| ≥ 0.5 × mean |k_c|), top %d as channel (|b_c| / "
+                 "mean |k_c|). Per-channel asymmetric pre-RoPE quantizers (int-pc, nuq) absorb such offsets in the zero point.",
+                 top_n);
+        NEW_TABLE("Key biases per layer", note, "layer", "||b_k||", "||b_k|| / RMS(K pre)", "max |b_c| (ch)", "dominated #",
+                  "dominated channels");
+        if (ok) {
+            table_t *t = &T->t[T->n - 1];
+            for (int j = 0; j < s->n_stat_layers && ok; j++) {
+                kvq_kbias_stats kb;
+                kvq_kbias_layer(r, j, &kb);
+                char (*row)[CELL_MAX] = ROW(t);
+                if (!(ok = row)) break;
+                cellf(row[0], "%d", s->layers[j].layer);
+                num(row[1], kb.norm);
+                num(row[2], kb.rel);
+                cellf(row[3], "%.4g (%d)", kb.max_abs, kb.max_chan);
+                cellf(row[4], "%d", kb.n_dom);
+                size_t off = 0;
+                row[5][0] = 0;
+                for (int i = 0; i < kb.n_dom && i < top_n && i < 8 && off < CELL_MAX - 24; i++)
+                    off += (size_t)snprintf(row[5] + off, CELL_MAX - off, "%s%d (%.1f)", i ? ", " : "", kb.dom_chan[i], kb.dom_ratio[i]);
             }
         }
     }
@@ -445,6 +509,36 @@ static cJSON *build_json(const kvq_report *r)
     jadd(o, "sink_share", s->opts.sink_share);
     jadd(o, "sink_min_queries", (double)s->opts.sink_min_queries);
     jadd(o, "sketch_alpha", s->sketch.alpha);
+    if (r->k_bias) {
+        cJSON *kb = cJSON_AddArrayToObject(root, "k_bias");
+        for (int j = 0; j < s->n_stat_layers; j++) {
+            kvq_kbias_stats st;
+            kvq_kbias_layer(r, j, &st);
+            cJSON *o2 = cJSON_CreateObject();
+            cJSON_AddItemToArray(kb, o2);
+            jadd(o2, "layer", s->layers[j].layer);
+            jadd(o2, "norm", st.norm);
+            jadd(o2, "rel_rms", st.rel);
+            jadd(o2, "max_abs", st.max_abs);
+            jadd(o2, "max_channel", st.max_chan);
+            jadd(o2, "n_dominated", st.n_dom);
+            cJSON *dc = cJSON_AddArrayToObject(o2, "dominated");
+            for (int i = 0; i < st.n_dom && i < 8; i++) {
+                cJSON *e = cJSON_CreateObject();
+                jadd(e, "channel", st.dom_chan[i]);
+                jadd(e, "ratio", st.dom_ratio[i]);
+                cJSON_AddItemToArray(dc, e);
+            }
+            float *bv = malloc((size_t)s->kv_dim * sizeof *bv);
+            double *bd = malloc((size_t)s->kv_dim * sizeof *bd);
+            if (bv && bd) {
+                for (int c = 0; c < s->kv_dim; c++) bd[c] = r->k_bias[(size_t)j * s->kv_dim + c];
+                cJSON_AddItemToObject(o2, "bias", jdarray(bd, (size_t)s->kv_dim));
+            }
+            free(bv);
+            free(bd);
+        }
+    }
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");
     size_t L = (size_t)s->seq_len, N = (size_t)s->n_samples, H = (size_t)s->n_heads;
     double *pm = malloc(L * sizeof(double));

@@ -7,7 +7,9 @@
  *   per-layer magnitudes (absmax, p99.9, largest channel kurtosis); pre- vs
  *   post-RoPE spread; token norms (position 0 vs the median position);
  *   attention (top position, its share, the sinks with token ids) and pivot
- *   tokens; with an artifact, quantization error per layer and scheme.
+ *   tokens; with an artifact, quantization error per layer and scheme; with
+ *   key biases in the dump (Qwen2), their norm per layer and the channels they
+ *   dominate (kvq_kbias_layer).
  * JSON holds every number (per-channel arrays included); NaN is written as
  * null. HTML embeds each PNG as a base64 data: URI, so the page is one file
  * that opens offline.
@@ -30,7 +32,26 @@ typedef struct {
     int n_images;                    /* PNG figures for the HTML page */
     const char *const *image_paths;  /* [n_images] */
     const char *const *image_captions; /* [n_images] */
+    const float *k_bias;             /* [n_stat_layers][kv_dim] the model's key biases (dump /k_bias, Qwen2), or NULL */
 } kvq_report;
+
+/* The key bias of one layer against its pre-RoPE keys (kvq_report.k_bias):
+ * the bias dominates channel c when |b_c| >= 0.5 mean_t |k_c| (the constant
+ * offset is at least half the channel's typical magnitude: a symmetric
+ * quantizer must spend its range on it, an asymmetric per-channel one absorbs
+ * it in the zero point). */
+typedef struct {
+    double norm;          /* ||b||_2 over the layer's kv_dim channels */
+    double rel;           /* ||b||_2 / sqrt(sum_c mean_t k_c^2): share of the keys' RMS */
+    int max_chan;         /* argmax_c |b_c| */
+    double max_abs;       /* max_c |b_c| */
+    int n_dom;            /* channels the bias dominates */
+    int dom_chan[8];      /* the first (largest |b_c| / mean|k_c|) of them */
+    double dom_ratio[8];  /* |b_c| / mean_t |k_c| */
+} kvq_kbias_stats;
+
+/* Fill st for layer j (0-based in the stat range) from r->k_bias and the pre-RoPE key statistics. */
+void kvq_kbias_layer(const kvq_report *r, int j, kvq_kbias_stats *st);
 
 /* Markdown tables to f. */
 kvq_status kvq_report_markdown(FILE *f, const kvq_report *r, kvq_err *err);

@@ -50,6 +50,12 @@ kvq_status bwd_alloc(kvq_forward_cuda *g, kvq_err *err)
         c.take(&g->b_D, nh * T);
         c.take(&g->b_lse, T);
         c.take(&g->b_flag, 1);
+        if (hp->qk_norm) {
+            c.take(&g->b_qraw, T * qd);
+            c.take(&g->b_kraw, T * kvd);
+            c.take(&g->b_dqraw, T * qd);
+            c.take(&g->b_dkraw, T * kvd);
+        }
         if (pass == 0) {
             char what[160];
             snprintf(what, sizeof what, "the backward pass's gradients (%d tokens)", g->max_T);
@@ -169,6 +175,8 @@ kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_b
     }
     a.out = g->s_att + l * mT * qd;
     a.lse = g->s_lse + l * (size_t)nh * mT;
+    a.window = kvq_layer_window(hp, l);
+    a.pos0 = io->pos0;
     kvq_cu_attn_grad b = {};
     b.dout = g->b_datt;
     b.D = g->b_D;
@@ -196,8 +204,19 @@ kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_b
         }
     }
     // the rest of the layer does not wait for the host
-    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dq, w.wq, T, dim, qd, 0.0f, err));
-    KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dkpre, w.wk, T, dim, kvd, 1.0f, err));
+    const float *dq_in = g->b_dq, *dk_in = g->b_dkpre;
+    if (hp->qk_norm) { // back through the per-head q/k RMSNorm (Qwen3): recompute the pre-norm q, k from the layer input
+        CU(kvq_cu_rmsnorm(g->b_xn, x_in, w.attn_norm, T, dim, hp->norm_eps, g->st));
+        KVQ_TRY(linear(g, g->b_qraw, g->b_xn, w.wq, T, dim, qd, 0, err));
+        KVQ_TRY(linear(g, g->b_kraw, g->b_xn, w.wk, T, dim, kvd, 0, err));
+        KVQ_TRY(qkv_finish(g, w, T, g->b_qraw, g->b_kraw, NULL, false, err));
+        CU(kvq_cu_rmsnorm_bwd(g->b_dqraw, g->b_dq, g->b_qraw, w.q_norm, T * nh, hd, hp->norm_eps, 0, g->st));
+        CU(kvq_cu_rmsnorm_bwd(g->b_dkraw, g->b_dkpre, g->b_kraw, w.k_norm, T * nkv, hd, hp->norm_eps, 0, g->st));
+        dq_in = g->b_dqraw;
+        dk_in = g->b_dkraw;
+    }
+    KVQ_TRY(linear_bwd(g, g->b_dxn, dq_in, w.wq, T, dim, qd, 0.0f, err));
+    KVQ_TRY(linear_bwd(g, g->b_dxn, dk_in, w.wk, T, dim, kvd, 1.0f, err));
     KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dv, w.wv, T, dim, kvd, 1.0f, err));
     CU(cudaEventRecord(g->b_ev, g->st));
     CU(kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_in, w.attn_norm, T, dim, hp->norm_eps, 1, g->st));

@@ -18,6 +18,26 @@ __device__ __forceinline__ float group_sum(float v)
     return v;
 }
 
+// Sliding window (attention.h kvq_attn_key_lo): whether key jj of the sequence [prefix | window] is
+// inside window query i's window (always true without a window). Prefix key j sits at position j,
+// window key j at pos0 + j.
+__device__ __forceinline__ bool win_vis(const kvq_cu_attn &a, int i, int jj)
+{
+    if (a.window <= 0) return true;
+    const long kp = jj < a.P ? (long)jj : (long)a.pos0 + (jj - a.P);
+    return (long)a.pos0 + i - kp < (long)a.window;
+}
+
+// The first key of [prefix | window] that query i can see (0 without a window): every key before it is
+// masked for query i and for every later query, so a block of queries starting at i may skip them.
+__device__ __forceinline__ int win_first_key(const kvq_cu_attn &a, int i)
+{
+    if (a.window <= 0) return 0;
+    long p = (long)a.pos0 + i - a.window + 1, w = (long)i - a.window + 1;
+    if (p < a.P) return p < 0 ? 0 : (int)p;
+    return a.P + (w < 0 ? 0 : (int)w);
+}
+
 // Keys k0 .. k0+BK-1 of the sequence [prefix | window] of kv head kvh into shared
 // memory, [BK][HD] each: Ks (and Vs when WANT_V), and with ALT the alternative
 // representation Kq (Vq) — the primary one where the alternative is absent and for

@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(128) attn_qside_k(kvq_cu_attn a, kvq_cu_attn_g
     const int q_last = min(a.T, q0 + BQ) - 1;
     const int n_keys = a.P + q_last + 1, my_last = a.P + i;
     float hsum = 0.0f;
-    for (int k0 = 0; k0 < n_keys; k0 += BK) {
+    const int k_first = win_first_key(a, q0) / BK * BK; // sliding window: keys masked for the whole block
+    for (int k0 = k_first; k0 < n_keys; k0 += BK) {
         load_kv_tile<HD, BK, ALT, !ENT>(a, kvh, k0, n_keys, tid, Ks, Vs, Kq, Vq);
         __syncthreads();
         const int kend = min(BK, n_keys - k0);
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(128) attn_qside_k(kvq_cu_attn a, kvq_cu_attn_g
 #pragma unroll
             for (int e = 0; e < DPT; e++) d = fmaf(qr[e], kr[e * TPQ + part], d);
             d = group_sum<TPQ>(d);
-            const bool vis = valid && jj <= my_last;
+            const bool vis = valid && jj <= my_last && win_vis(a, i, jj);
             const float t = d - lse;
             const float p = vis ? expf(t) : 0.0f;
             if (ENT) {
@@ -217,13 +218,20 @@ __global__ void __launch_bounds__(128) attn_kside_k(kvq_cu_attn a, kvq_cu_attn_g
             dk[e] = dv[e] = 0.0f;
         }
     }
-    // first query that sees any key of the block: 0 when a prefix key is in it
+    // first query that sees any key of the block: 0 when a prefix key is in it; with a sliding window, the
+    // queries from i_end on see none of them (the block's last key leaves their window)
     const int i_first = c0 < a.P ? 0 : c0 - a.P;
+    int i_end = a.T;
+    if (a.window > 0) {
+        const int c_last = min(c0 + BKK, n_keys) - 1;
+        const long kp = c_last < a.P ? (long)c_last : (long)a.pos0 + (c_last - a.P), e = kp - a.pos0 + a.window;
+        i_end = e < 0 ? 0 : e < a.T ? (int)e : a.T;
+    }
     for (int hh = 0; hh < gs; hh++) {
         const int h = g * gs + hh;
         double mass = 0.0;
-        for (int i0 = i_first; i0 < a.T; i0 += BQT) {
-            const int nq = min(BQT, a.T - i0);
+        for (int i0 = i_first; i0 < i_end; i0 += BQT) {
+            const int nq = min(BQT, i_end - i0);
             __syncthreads();
             for (int idx = tid; idx < nq * HD; idx += 128) {
                 const int r = idx / HD, ch = idx % HD;
@@ -246,7 +254,7 @@ __global__ void __launch_bounds__(128) attn_kside_k(kvq_cu_attn a, kvq_cu_attn_g
 #pragma unroll
                 for (int e = 0; e < DPT; e++) d = fmaf(qs[e * TPQ + part], useq ? kqr[e] : kr[e], d);
                 d = group_sum<TPQ>(d);
-                const bool vis = validk && (pre || j <= i);
+                const bool vis = validk && (pre || j <= i) && win_vis(a, i, c);
                 const float p = vis ? expf(d - Ls[r]) : 0.0f;
                 if (MASS) {
                     mass += p;

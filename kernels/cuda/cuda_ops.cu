@@ -64,6 +64,12 @@ __global__ void rope_k(float *x, int nh, int hd, int half, const float *cos_t, c
     }
 }
 
+__global__ void add_bias_k(float *y, const float *b, int n, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], b[i % n]);
+}
+
 __global__ void swiglu_k(float *out, const float *gate, const float *up, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -215,7 +221,9 @@ __global__ void __launch_bounds__(128) attn_k(kvq_cu_attn a, float scale)
     }
     const int q_last = min(a.T, q0 + BQ) - 1;
     const int n_keys = a.P + q_last + 1, my_last = a.P + i;
-    for (int k0 = 0; k0 < n_keys; k0 += BK) {
+    // sliding window: keys before the block's first query's window are masked for the whole block
+    const int k_first = win_first_key(a, q0) / BK * BK;
+    for (int k0 = k_first; k0 < n_keys; k0 += BK) {
         load_kv_tile<HD, BK, ALT, true>(a, kvh, k0, n_keys, tid, Ks, Vs, Kq, Vq);
         __syncthreads();
         const int kend = min(BK, n_keys - k0);
@@ -231,7 +239,7 @@ __global__ void __launch_bounds__(128) attn_k(kvq_cu_attn a, float scale)
 #pragma unroll
                 for (int e = 0; e < DPT; e++) d = fmaf(qr[e], kr[e * TPQ + part], d);
                 d = group_sum<TPQ>(d);
-                const bool vis = valid && r < kend && jj <= my_last;
+                const bool vis = valid && r < kend && jj <= my_last && win_vis(a, i, jj);
                 s[c] = vis ? d : -INFINITY;
                 mc = fmaxf(mc, s[c]);
             }
@@ -512,6 +520,13 @@ cudaError_t kvq_cu_rope_inv(float *x, int T, int nh, int hd, int rope_dim, const
 {
     if (rope_dim < 2) return cudaSuccess;
     rope_k<true><<<T, 128, 0, st>>>(x, nh, hd, rope_dim / 2, cos_t, sin_t);
+    return cudaGetLastError();
+}
+
+cudaError_t kvq_cu_add_bias(float *y, const float *b, int T, int n, cudaStream_t st)
+{
+    const size_t total = (size_t)T * n;
+    if (total) add_bias_k<<<grid_for(total, kThreads * 4), kThreads, 0, st>>>(y, b, n, total);
     return cudaGetLastError();
 }
 

@@ -19,6 +19,7 @@ cudaError_t kvq_cu_embed_bf16(float *x, const unsigned short *E, const int *tok,
 // dst[i] = bf16(src[i]) (round to nearest even), n elements.
 cudaError_t kvq_cu_to_bf16(unsigned short *dst, const float *src, size_t n, cudaStream_t st);
 // kvq_rmsnorm: sum of squares in double (block tree order), r = (float)(1/sqrt(ss/dim + eps)), out = x*r*g.
+// out may equal x. Qwen3's per-head q/k norm: T * n_heads rows of head_dim.
 cudaError_t kvq_cu_rmsnorm(float *out, const float *x, const float *g, int T, int dim, float eps, cudaStream_t st);
 // kvq_rope_apply (forward rotation), same rounding (no FMA contraction).
 cudaError_t kvq_cu_rope(float *x, int T, int nh, int hd, int rope_dim, const float *cos_t, const float *sin_t,
@@ -26,6 +27,8 @@ cudaError_t kvq_cu_rope(float *x, int T, int nh, int hd, int rope_dim, const flo
 // kvq_rope_bwd: rotation by the negative angle (dL/d(unrotated) from dL/d(rotated)), in place.
 cudaError_t kvq_cu_rope_inv(float *x, int T, int nh, int hd, int rope_dim, const float *cos_t, const float *sin_t,
                             cudaStream_t st);
+// kvq_add_bias: y[t][c] += b[c] for T rows of n (attention biases), exact fp32 adds.
+cudaError_t kvq_cu_add_bias(float *y, const float *b, int T, int n, cudaStream_t st);
 // kvq_swiglu: out = g / (1 + expf(-g)) * u (CUDA expf, ~2 ulp; the CPU's Cephes exp ~1 ulp).
 cudaError_t kvq_cu_swiglu(float *out, const float *gate, const float *up, size_t n, cudaStream_t st);
 // Online log-sum-exp state: row_max = -inf, row_sum = 0, row_tgt = NaN.
@@ -51,6 +54,8 @@ struct kvq_cu_attn {
     const int *kb, *vb;
     float *out;
     float *lse; // optional [n_heads][T]: log sum_c exp(score_c) of each query row (scaled scores), for the backward
+    int window; // > 0: sliding window (attention.h kvq_attn_key_lo): key position > query position - window
+    int pos0;   // position of window query/key 0 (prefix entry j is at position j); used with window
 };
 // 0 if head_dim is supported (8, 16, 32, 64, 128), else -1.
 int kvq_cu_attn_supported(int head_dim);

@@ -110,7 +110,7 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     // ---- weights ----
     const size_t dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
     const size_t NL = hp->n_layers;
-    const bool tied = m->output == m->tok_embd;
+    const bool tied = m->output.data == m->tok_embd.data;
     carve w;
     g->L.resize(NL);
     const size_t we = g->bf16 ? 2 : 4; // bytes per GEMM-weight element
@@ -127,6 +127,17 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
             w.take_as(&d.wv, kvd * dim, we);
             w.take_as(&d.wo, dim * qd, we);
             w.take(&d.ffn_norm, dim);
+            const kvq_layer_weights *hl = &m->layers[l];
+            if (hl->bq) {
+                w.take(&d.bq, qd);
+                w.take(&d.bk, kvd);
+                w.take(&d.bv, kvd);
+            }
+            if (hl->bo) w.take(&d.bo, dim);
+            if (hl->q_norm) {
+                w.take(&d.q_norm, (size_t)hp->head_dim);
+                w.take(&d.k_norm, (size_t)hp->head_dim);
+            }
             w.take_as(&d.w_gate, hid * dim, we);
             w.take_as(&d.w_up, hid * dim, we);
             w.take_as(&d.w_down, dim * hid, we);
@@ -138,32 +149,65 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         }
     }
     if (tied) g->output = g->tok_embd;
-    std::vector<unsigned short> hb; // host bf16 staging of one tensor
+    std::vector<unsigned short> hb; // host bf16 staging of a block of rows
+    std::vector<float> hf;          // host fp32 staging of a block of rows (matrices not stored in fp32)
     auto up = [&](float *d, const float *h, size_t nf) { return cudaMemcpy(d, h, nf * sizeof(float), cudaMemcpyHostToDevice); };
-    auto upw = [&](float *d, const float *h, size_t nf) {
-        if (!g->bf16) return up(d, h, nf);
-        hb.resize(nf);
-        for (size_t i = 0; i < nf; i++) hb[i] = kvq_f32_to_bf16(h[i]);
-        return cudaMemcpy(d, hb.data(), nf * sizeof(unsigned short), cudaMemcpyHostToDevice);
+    // a weight matrix of any host storage (model.h kvq_mat) as fp32 or bf16 on the device, in blocks of rows
+    auto upw = [&](float *d, const kvq_mat *mt) {
+        const size_t cols = (size_t)mt->cols, rows = (size_t)mt->rows;
+        const float *f = kvq_mat_f32(mt);
+        if (f && !g->bf16) return up(d, f, rows * cols);
+        const size_t nb = std::max<size_t>(1, ((size_t)1 << 24) / cols); // 64 MiB of fp32 rows at a time
+        for (size_t r0 = 0; r0 < rows; r0 += nb) {
+            const size_t n = std::min(nb, rows - r0), ne = n * cols;
+            const float *src = f ? f + r0 * cols : NULL;
+            if (!f) {
+                hf.resize(ne);
+                kvq_mat_rows(mt, (int)r0, (int)n, hf.data());
+                src = hf.data();
+            }
+            cudaError_t e;
+            if (g->bf16) {
+                hb.resize(ne);
+                for (size_t i = 0; i < ne; i++) hb[i] = kvq_f32_to_bf16(src[i]);
+                e = cudaMemcpy(reinterpret_cast<unsigned short *>(d) + r0 * cols, hb.data(), ne * sizeof(unsigned short), cudaMemcpyHostToDevice);
+            } else {
+                e = cudaMemcpy(d + r0 * cols, src, ne * sizeof(float), cudaMemcpyHostToDevice);
+            }
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
     };
-    CUI(upw(g->tok_embd, m->tok_embd, V * dim));
+    CUI(upw(g->tok_embd, &m->tok_embd));
     CUI(up(g->out_norm, m->out_norm, dim));
-    if (!tied) CUI(upw(g->output, m->output, V * dim));
+    if (!tied) CUI(upw(g->output, &m->output));
     for (size_t l = 0; l < NL; l++) {
         const kvq_layer_weights *hl = &m->layers[l];
         dev_layer &d = g->L[l];
         CUI(up(d.attn_norm, hl->attn_norm, dim));
-        CUI(upw(d.wq, hl->wq, qd * dim));
-        CUI(upw(d.wk, hl->wk, kvd * dim));
-        CUI(upw(d.wv, hl->wv, kvd * dim));
-        CUI(upw(d.wo, hl->wo, dim * qd));
+        CUI(upw(d.wq, &hl->wq));
+        CUI(upw(d.wk, &hl->wk));
+        CUI(upw(d.wv, &hl->wv));
+        CUI(upw(d.wo, &hl->wo));
         CUI(up(d.ffn_norm, hl->ffn_norm, dim));
-        CUI(upw(d.w_gate, hl->w_gate, hid * dim));
-        CUI(upw(d.w_up, hl->w_up, hid * dim));
-        CUI(upw(d.w_down, hl->w_down, dim * hid));
+        if (d.bq) {
+            CUI(up(d.bq, hl->bq, qd));
+            CUI(up(d.bk, hl->bk, kvd));
+            CUI(up(d.bv, hl->bv, kvd));
+        }
+        if (d.bo) CUI(up(d.bo, hl->bo, dim));
+        if (d.q_norm) {
+            CUI(up(d.q_norm, hl->q_norm, (size_t)hp->head_dim));
+            CUI(up(d.k_norm, hl->k_norm, (size_t)hp->head_dim));
+        }
+        CUI(upw(d.w_gate, &hl->w_gate));
+        CUI(upw(d.w_up, &hl->w_up));
+        CUI(upw(d.w_down, &hl->w_down));
     }
     hb.clear();
     hb.shrink_to_fit();
+    hf.clear();
+    hf.shrink_to_fit();
 
     // ---- activations ----
     const size_t T = max_T, half = hp->rope_dim / 2 > 0 ? hp->rope_dim / 2 : 1, P = max_P;
@@ -539,6 +583,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         KVQ_TRY(linear(g, g->q, g->xn, w.wq, T, dim, qd, 0, err));
         KVQ_TRY(linear(g, g->k_pre, g->xn, w.wk, T, dim, kvd, 0, err));
         KVQ_TRY(linear(g, g->v, g->xn, w.wv, T, dim, kvd, 0, err));
+        KVQ_TRY(qkv_finish(g, w, T, g->q, g->k_pre, g->v, true, err));
         CU(cudaMemcpyAsync(g->k_post, g->k_pre, (size_t)T * kvd * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
         CU(kvq_cu_rope(g->q, T, hp->n_heads, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
         CU(kvq_cu_rope(g->k_post, T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
@@ -553,6 +598,8 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         a.v = g->v;
         a.out = g->att;
         a.lse = acts ? g->s_lse + l * nh * mT : stats ? g->lse : NULL;
+        a.window = kvq_layer_window(hp, l);
+        a.pos0 = io->pos0;
         if (P > 0) {
             a.pk = g->pk + (size_t)l * P * kvd;
             a.pv = g->pv + (size_t)l * P * kvd;
@@ -585,6 +632,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         }
         if (hk && hk->observe) KVQ_TRY(host_observe(g, hk, &ctx, T, &a, err));
         KVQ_TRY(linear(g, g->x, g->att, w.wo, T, qd, dim, 1.0f, err));
+        if (w.bo) CU(kvq_cu_add_bias(g->x, w.bo, T, dim, g->st));
         if (acts) CU(keep(g->s_xmid + l * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.ffn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->gate, g->xn, w.w_gate, T, dim, hid, 0, err));

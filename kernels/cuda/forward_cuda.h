@@ -5,10 +5,13 @@
  * What runs where:
  *  - GPU: embedding gather, RMSNorm (sum of squares in double), the linear
  *    layers through cuBLAS (column-major view of the row-major [out][in]
- *    weights: y^T = W · x^T), RoPE (cos/sin tables computed on the host by
- *    kvq_rope_table, as the CPU does), causal GQA attention with prefix and
- *    boundaries (a fused flash-style kernel: online softmax over key tiles in
- *    shared memory, never a [T][T] matrix), SwiGLU, the LM head in vocabulary
+ *    weights: y^T = W · x^T), the attention biases and Qwen3's per-head q/k
+ *    RMSNorm, RoPE (cos/sin tables computed on the host by kvq_rope_table, as
+ *    the CPU does: every RoPE scaling, YaRN's attention factor included),
+ *    causal GQA attention with prefix, boundaries and the model's sliding
+ *    window (a fused flash-style kernel: online softmax over key tiles in
+ *    shared memory, never a [T][T] matrix; tiles before a query block's
+ *    window skipped), SwiGLU, the LM head in vocabulary
  *    blocks with an online log-sum-exp in double (blockwise cross-entropy; the
  *    CPU's loss-only rule), and the built-in KV transforms of kv_desc.h
  *    (fp16, int, int-pc, nuq, kivi) natively, bit-for-bit the rules of
@@ -62,7 +65,8 @@
  *    relative on logits; label results "BF16".
  *
  * Memory (device): weights fp32 (4 bytes per parameter; bf16 mode: 2 for the GEMM weights; LM head shared when
- * tied) + activations of max_T tokens (about max_T * (6 dim + 3 q_dim +
+ * tied; whatever the host holds, model.h kvq_weights fp32, bf16 or GGUF blocks, is converted in row blocks at
+ * upload; biases and norms fp32) + activations of max_T tokens (about max_T * (6 dim + 3 q_dim +
  * 7 kv_dim + 2 hidden_dim) floats) + the LM-head block [max_T][v_chunk]
  * (v_chunk = min(vocab, 2^28 / max_T) floats) + full logits [max_T][vocab]
  * allocated on the first run that asks for logits. An allocation failure

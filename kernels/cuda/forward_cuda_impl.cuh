@@ -21,6 +21,8 @@ extern "C" {
 
 struct dev_layer {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+    float *bq, *bk, *bv, *bo;   // attention biases (fp32), NULL when the model has none
+    float *q_norm, *k_norm;     // per-head q/k RMSNorm weights [head_dim] (Qwen3), NULL otherwise
 };
 
 static inline kvq_status cu_fail(kvq_err *err, cudaError_t e, const char *call, const char *file, int line)
@@ -114,6 +116,7 @@ struct kvq_forward_cuda {
     // backward workspace (backward_cuda.cu; allocated on the first backward)
     void *bbuf, *hbbuf;
     float *b_dx, *b_dxn, *b_xn, *b_dh, *b_dup, *b_datt, *b_dq, *b_dk, *b_dv, *b_dkpre, *b_dpk, *b_dpv, *b_D;
+    float *b_qraw, *b_kraw, *b_dqraw, *b_dkraw; // q/k before their per-head norm and the gradients there (qk_norm only)
     double *b_lse;
     int *b_flag;
     float *hb_dkpre, *hb_dk, *hb_dv, *hb_dpk, *hb_dpv, *hb_x, *hb_dx;
@@ -189,6 +192,25 @@ static inline kvq_status linear(kvq_forward_cuda *g, float *y, const float *x, c
     return gemm_w(g, CUBLAS_OP_T, out, T, in, w, in, x, in, beta, y, out, err);
 }
 
+
+// ops.h kvq_qkv_finish on the device: biases, then the per-head q/k RMSNorm (Qwen3; with norm = false the
+// projections stop before it: the backward's pre-norm q/k).
+static inline kvq_status qkv_finish(kvq_forward_cuda *g, const dev_layer &w, int T, float *q, float *k, float *v, bool norm,
+                                    kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const int qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp);
+    if (w.bq) {
+        CU(kvq_cu_add_bias(q, w.bq, T, qd, g->st));
+        CU(kvq_cu_add_bias(k, w.bk, T, kvd, g->st));
+        if (v) CU(kvq_cu_add_bias(v, w.bv, T, kvd, g->st));
+    }
+    if (norm && w.q_norm) {
+        CU(kvq_cu_rmsnorm(q, q, w.q_norm, T * hp->n_heads, hp->head_dim, hp->norm_eps, g->st));
+        CU(kvq_cu_rmsnorm(k, k, w.k_norm, T * hp->n_kv_heads, hp->head_dim, hp->norm_eps, g->st));
+    }
+    return KVQ_OK;
+}
 
 static inline kvq_status d2h(kvq_forward_cuda *g, float *h, const float *d, size_t n, kvq_err *err)
 {

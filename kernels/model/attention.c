@@ -232,9 +232,23 @@ static void attn_rows(const kvq_attn_args *a, const kvq_attn_ws *ws, int h0, int
         score_range(nq, s + P, lds, qs, hd, kqg, 0, kb);
         score_range(nq, s, lds, qs, hd, ktg, P + kb, n);
     }
+    int plo = 0, wlo = 0;
+    kvq_attn_key_lo(a->window, a->pos0, P, i, &plo, &wlo);
+    const int masked = plo > 0 || wlo > 0;
     for (int q = 0; q < nq; q++) {
-        float mx;
-        sums[q] = row_softmax_unnorm(s + q * lds, n, &mx);
+        float mx, *sq = s + q * lds;
+        if (masked) { /* sliding window: masked keys out of the max, then probability exactly 0 */
+            for (int j = 0; j < plo; j++) sq[j] = -INFINITY;
+            for (int j = P; j < P + wlo; j++) sq[j] = -INFINITY;
+        }
+        sums[q] = row_softmax_unnorm(sq, n, &mx);
+        if (masked) {
+            float sum = 0;
+            for (int j = 0; j < plo; j++) sq[j] = 0;
+            for (int j = P; j < P + wlo; j++) sq[j] = 0;
+            for (int j = 0; j < n; j++) sum += sq[j];
+            sums[q] = sum;
+        }
         if (a->lse) a->lse[(size_t)(h0 + q) * a->T + i] = (float)((double)mx + log((double)sums[q]));
     }
     memset(o, 0, (size_t)nq * hd * sizeof *o);

@@ -15,6 +15,10 @@
  * with 0 <= b[i] <= i+1 (kvq_attn_check_bounds). Each score uses exactly one of
  * the two representations, so the cost equals a plain pass.
  *
+ * Sliding window: with a->window > 0, query i only attends keys less than
+ * `window` positions back (kvq_attn_key_lo); masked keys get probability 0
+ * and contribute nothing to the output, the statistics or the gradients.
+ *
  * Numerics: scores q.k / sqrt(head_dim) in fp32, softmax with max subtraction,
  * probabilities and the P.V accumulation in fp32. No [T][T] matrix is ever
  * stored: each (head, query) row lives in a per-thread scratch of P + T floats,
@@ -40,7 +44,25 @@ typedef struct {
     float *entropy; /* optional [n_heads][T]: entropy of query i's attention distribution, nats */
     float *lse;     /* optional [n_heads][T]: log sum_j exp(score_j) of query i's row (scores as above, i.e.
                        scaled), for the backward pass (attention_backward.h); added by the backward helper */
+    int window;     /* > 0: sliding window (kvq_attn_key_lo); 0 = full causal attention */
+    int pos0;       /* position of window query/key 0 (prefix entry j is at position j); used with window */
 } kvq_attn_args;
+
+/* Sliding window (Mistral; HF sliding_window_overlay: key position > query
+ * position - window). Window query i sits at position pos0 + i, window key j
+ * at pos0 + j, prefix key j at position j. Query i attends prefix keys
+ * [*plo, P) and window keys [*wlo, i]; everything before is masked (its
+ * probability is exactly 0). window <= 0: *plo = *wlo = 0. */
+static inline void kvq_attn_key_lo(int window, int pos0, int P, int i, int *plo, int *wlo)
+{
+    if (window <= 0) {
+        *plo = *wlo = 0;
+        return;
+    }
+    long p = (long)pos0 + i - window + 1, w = (long)i - window + 1;
+    *plo = p < 0 ? 0 : p > P ? P : (int)p;
+    *wlo = w < 0 ? 0 : (int)w;
+}
 
 /* Scratch for kvq_attention, sized once for max_T window keys, max_P prefix
  * keys and n_threads OpenMP threads. */

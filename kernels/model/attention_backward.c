@@ -39,9 +39,14 @@ kvq_status kvq_attn_grad_ws_init(kvq_attn_grad_ws *ws, int max_T, int max_P, int
                         "attention gradient workspace: bad sizes (max_T %d, max_P %d, heads %d/%d, head_dim %d, threads %d, elem %zu)",
                         max_T, max_P, n_heads, n_kv_heads, head_dim, n_threads, elem);
     size_t ld = (size_t)max_P + max_T, nkb = (ld + BK - 1) / BK, per = scratch_elems(max_T, max_P, n_heads, head_dim);
-    size_t n_kt, n_kq, n_D, n_dqp, n_s;
+    size_t n_kt, n_kq, n_D, n_dqp, n_s, per_g;
+    const int rep = n_heads / n_kv_heads;
+    if (kvq_mul_size(nkb * max_T, (size_t)rep * head_dim * elem, &per_g))
+        return kvq_fail(err, KVQ_ENOMEM, "attention gradient workspace: size overflows (max_T %d, max_P %d)", max_T, max_P);
+    size_t gc = per_g ? KVQ_ATTN_BWD_DQP_MAX / per_g : (size_t)n_kv_heads;
+    ws->g_chunk = gc < 1 ? 1 : gc > (size_t)n_kv_heads ? n_kv_heads : (int)gc;
     if (kvq_mul_size((size_t)n_kv_heads * head_dim, ld * elem, &n_kt) || kvq_mul_size((size_t)n_kv_heads * head_dim, (size_t)max_T * elem, &n_kq) ||
-        kvq_mul_size((size_t)n_heads * max_T, elem, &n_D) || kvq_mul_size(nkb * max_T, (size_t)n_heads * head_dim * elem, &n_dqp) ||
+        kvq_mul_size((size_t)n_heads * max_T, elem, &n_D) || kvq_mul_size(per_g, (size_t)ws->g_chunk, &n_dqp) ||
         kvq_mul_size((size_t)n_threads * per, elem, &n_s))
         return kvq_fail(err, KVQ_ENOMEM, "attention gradient workspace: size overflows (max_T %d, max_P %d)", max_T, max_P);
     ws->max_T = max_T;

@@ -23,7 +23,9 @@
  * registers over the block's keys), p = exp(s - lse), and updates the block's
  * dK and dV, kept transposed [head_dim][BK], once per query for all heads of
  * the group. The dq contribution of each key block goes to a partial buffer
- * [ceil((P+T)/BK)][T][n_heads][head_dim], summed afterwards in block order.
+ * [ceil((P+T)/BK)][T][n_heads][head_dim], summed afterwards in block order
+ * (for models whose partials would exceed KVQ_ATTN_BWD_DQP_MAX, a pass per
+ * group of kv heads, reusing the buffer).
  * Results are therefore independent of the thread count. Workspace for the
  * default model (T = 2048, 9 heads of 64, P = 0): 151 MiB of dq partials + 1.5
  * MiB of transposed keys + ~0.2 MiB scratch per thread.
@@ -40,6 +42,12 @@
 #include "status.h"
 
 #define KVQ_ATTN_BWD_BK 64 /* keys per backward block */
+/* Largest dq-partials buffer (bytes): beyond it the backward runs the kv heads
+ * in passes of g_chunk heads (the same results: each head's sums are formed
+ * in the same order). 256 MiB: all heads at once for SmolLM2 at T = 2048
+ * (151 MiB), one kv head per pass for a Llama-3-8B shape (134 MiB each, 1.07
+ * GiB for all 8). */
+#define KVQ_ATTN_BWD_DQP_MAX ((size_t)256 << 20)
 
 /* Inputs, outputs and gradients of one attention call (fp32). Layouts:
  * q, out, dout, dq [T][n_heads][head_dim]; k, v, kq, vq, dk, dv, dkq, dvq
@@ -57,6 +65,7 @@ typedef struct {
     float *dpk, *dpv;                /* bwd outputs when P > 0 (overwritten), may be NULL */
     float *dkq, *dvq;                /* bwd outputs for the alternatives; NULL: their gradient is ADDED to
                                         dk / dv (straight-through: the alternative is a function of k/v) */
+    int window, pos0;                /* sliding window (attention.h kvq_attn_key_lo); window 0 = none */
 } kvq_attn_grad_args;
 
 /* Same, float64. */
@@ -71,6 +80,7 @@ typedef struct {
     double *dq, *dk, *dv;
     double *dpk, *dpv;
     double *dkq, *dvq;
+    int window, pos0;
 } kvq_attn_grad_args_f64;
 
 typedef struct {
@@ -79,7 +89,8 @@ typedef struct {
     void *kt;           /* [n_kv_heads][head_dim][max_P+max_T] keys transposed (prefix then window) */
     void *kqt;          /* [n_kv_heads][head_dim][max_T] alternative keys transposed */
     void *D;            /* [n_heads][max_T] do . o */
-    void *dqp;          /* [ceil((max_P+max_T)/BK)][max_T][n_heads][head_dim] dq partials */
+    void *dqp;          /* [ceil((max_P+max_T)/BK)][max_T][g_chunk * n_heads/n_kv_heads][head_dim] dq partials of one pass */
+    int g_chunk;        /* kv heads per pass: all of them unless their partials would exceed KVQ_ATTN_BWD_DQP_MAX bytes */
     void *scratch;      /* [n_threads][per-thread] rows and key-block buffers */
     size_t scratch_per_thread; /* elements */
 } kvq_attn_grad_ws;

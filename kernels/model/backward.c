@@ -37,13 +37,21 @@ kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_
     bw->v_chunk = vc;
     size_t T = max_T, P = max_P, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     size_t half = hp->rope_dim / 2, nh = hp->n_heads;
+    /* qk_norm: the pre-norm q/k and their gradients; non-fp32 weights: a block of converted rows, and an LM-head
+     * vocabulary block when the head is not fp32 */
+    size_t qn = hp->qk_norm ? T * qd : 0, kn = hp->qk_norm ? T * kvd : 0;
+    bw->wscratch_floats = bw->fw.wscratch_floats;
+    size_t hb = kvq_mat_f32(&m->output) ? 0 : (size_t)vc * dim;
+    /* gate and up: the forward's own buffers, idle once the forward has run (its activations, when kept, are
+     * copies): [T][hidden] each that a large model does not hold twice */
     size_t sz[] = {T * dim, T * dim, T * dim, T * dim, T * qd, T * qd, T * qd, T * qd,
                    T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
-                   T * hid, T * hid, T * hid, P * kvd, P * kvd, nh * T, T * half, T * half, T * (size_t)vc, T, T};
+                   0, 0, T * hid, P * kvd, P * kvd, nh * T, T * half, T * half, T * (size_t)vc, T, T,
+                   qn, kn, qn, kn, hb};
     float **dst[] = {&bw->x_mid, &bw->xn, &bw->dx, &bw->dxn, &bw->q, &bw->att, &bw->datt, &bw->dq,
                      &bw->k_pre, &bw->k_att, &bw->v_att, &bw->k_alt, &bw->v_alt, &bw->dk, &bw->dv, &bw->dk_pre,
                      &bw->gate, &bw->up, &bw->dh, &bw->dpk, &bw->dpv, &bw->lse, &bw->rope_cos, &bw->rope_sin, &bw->zbuf,
-                     &bw->rmax, &bw->rtgt};
+                     &bw->rmax, &bw->rtgt, &bw->q_raw, &bw->k_raw, &bw->dq_raw, &bw->dk_raw, &bw->head_buf};
     size_t n = sizeof sz / sizeof *sz, total = 0;
     for (size_t i = 0; i < n; i++)
         if (kvq_add_size(total, sz[i], &total)) {
@@ -62,6 +70,9 @@ kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_
         *dst[i] = sz[i] ? p : NULL;
         p += sz[i];
     }
+    bw->wscratch = bw->fw.wscratch; /* shared: the forward and the backward never run at once */
+    bw->gate = bw->fw.gate;
+    bw->up = bw->fw.up;
     bw->k_bound = bw->iarena;
     bw->v_bound = bw->iarena + T;
     bw->targets = bw->iarena + 2 * T;
@@ -92,6 +103,30 @@ static int all_finite(const float *x, size_t n)
     return 1;
 }
 
+#define WS(bw) (bw)->wscratch, (bw)->wscratch_floats
+
+/* q, k (pre-RoPE), v of layer w from its input x (forward.c's qkv_project:
+ * norm, projections, biases, q/k norms); with q/k norms the pre-norm q and k
+ * are kept in bw->q_raw / bw->k_raw for their backward. */
+static void qkv_recompute(kvq_backward *bw, const kvq_layer_weights *w, const float *x, int T, float *q, float *k, float *v)
+{
+    const kvq_hparams *hp = &bw->m->hp;
+    const int qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp);
+    kvq_rmsnorm(bw->xn, x, w->attn_norm, T, hp->dim, hp->norm_eps);
+    kvq_linear_mat(q, bw->xn, &w->wq, T, 0, WS(bw), 0);
+    kvq_linear_mat(k, bw->xn, &w->wk, T, 0, WS(bw), 0);
+    if (v) kvq_linear_mat(v, bw->xn, &w->wv, T, 0, WS(bw), 0);
+    if (w->bq) kvq_add_bias(q, w->bq, T, qd);
+    if (w->bk) kvq_add_bias(k, w->bk, T, kvd);
+    if (v && w->bv) kvq_add_bias(v, w->bv, T, kvd);
+    if (hp->qk_norm) {
+        memcpy(bw->q_raw, q, (size_t)T * qd * sizeof(float));
+        memcpy(bw->k_raw, k, (size_t)T * kvd * sizeof(float));
+        kvq_rmsnorm(q, q, w->q_norm, T * hp->n_heads, hp->head_dim, hp->norm_eps);
+        kvq_rmsnorm(k, k, w->k_norm, T * hp->n_kv_heads, hp->head_dim, hp->norm_eps);
+    }
+}
+
 /* Recompute layer l's activations from its input x into bw (mirrors
  * kvq_forward_run / layer_attention); a->pk/pv are set by the caller. Used
  * when the forward did not keep the activations (KVQ_FWD_SAVE_ACTIVATIONS). */
@@ -100,17 +135,14 @@ static kvq_status layer_recompute(kvq_backward *bw, const kvq_fwd_io *io, int l,
     const kvq_model *m = bw->m;
     const kvq_hparams *hp = &m->hp;
     const kvq_layer_weights *w = &m->layers[l];
-    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    const int T = io->T, dim = hp->dim, kvd = kvq_kv_dim(hp);
     const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim, rd = hp->rope_dim;
     const kvq_hooks *hk = io->hooks;
     const int P = io->prefix ? io->prefix->P : 0;
     const size_t kvn = (size_t)T * kvd;
     kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
                          .tokens = io->tokens};
-    kvq_rmsnorm(bw->xn, x, w->attn_norm, T, dim, hp->norm_eps);
-    kvq_linear(bw->q, bw->xn, w->wq, T, dim, qd, 0);
-    kvq_linear(bw->k_pre, bw->xn, w->wk, T, dim, kvd, 0);
-    kvq_linear(bw->v_att, bw->xn, w->wv, T, dim, kvd, 0);
+    qkv_recompute(bw, w, x, T, bw->q, bw->k_pre, bw->v_att);
     kvq_rope_apply(bw->q, T, nh, hd, rd, bw->rope_cos, bw->rope_sin, 0);
     a->q = bw->q;
     a->k = bw->k_att;
@@ -139,14 +171,16 @@ static kvq_status layer_recompute(kvq_backward *bw, const kvq_fwd_io *io, int l,
     }
     if (pre) kvq_rope_apply(bw->k_att, T, nkv, hd, rd, bw->rope_cos, bw->rope_sin, 0);
     kvq_attn_args fa = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .q = a->q, .k = a->k, .v = a->v,
-                        .pk = a->pk, .pv = a->pv, .kq = a->kq, .kb = a->kb, .vq = a->vq, .vb = a->vb, .out = bw->att, .lse = bw->lse};
+                        .pk = a->pk, .pv = a->pv, .kq = a->kq, .kb = a->kb, .vq = a->vq, .vb = a->vb, .out = bw->att, .lse = bw->lse,
+                        .window = a->window, .pos0 = a->pos0};
     kvq_status s = kvq_attention(&fa, &bw->fattn, err);
     if (s) return kvq_err_prefix(err, "backward: layer %d", l);
     memcpy(bw->x_mid, x, (size_t)T * dim * sizeof(float));
-    kvq_linear(bw->x_mid, bw->att, w->wo, T, qd, dim, 1.0f);
+    kvq_linear_mat(bw->x_mid, bw->att, &w->wo, T, 1.0f, WS(bw), 0);
+    if (w->bo) kvq_add_bias(bw->x_mid, w->bo, T, dim);
     kvq_rmsnorm(bw->xn, bw->x_mid, w->ffn_norm, T, dim, hp->norm_eps);
-    kvq_linear(bw->gate, bw->xn, w->w_gate, T, dim, hid, 0);
-    kvq_linear(bw->up, bw->xn, w->w_up, T, dim, hid, 0);
+    kvq_linear_mat(bw->gate, bw->xn, &w->w_gate, T, 0, WS(bw), 0);
+    kvq_linear_mat(bw->up, bw->xn, &w->w_up, T, 0, WS(bw), 0);
 
     return KVQ_OK;
 }
@@ -159,14 +193,15 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
     const kvq_model *m = bw->m;
     const kvq_hparams *hp = &m->hp;
     const kvq_layer_weights *w = &m->layers[l];
-    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
+    const int T = io->T, dim = hp->dim, kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim, rd = hp->rope_dim;
     const kvq_prefix *px = io->prefix;
     const int P = px ? px->P : 0;
     const size_t kvn = (size_t)T * kvd;
 
     double t0 = omp_get_wtime();
-    kvq_attn_grad_args a = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd};
+    kvq_attn_grad_args a = {.T = T, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = kvq_layer_window(hp, l),
+                            .pos0 = io->pos0};
     if (P > 0) {
         size_t off = (size_t)l * P * kvd;
         a.pk = px->k + off;
@@ -189,20 +224,21 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
         x_mid = acts.x_mid;
         gate = acts.gate;
         up = acts.up;
+        if (hp->qk_norm) qkv_recompute(bw, w, x, T, bw->q, bw->k_pre, NULL); /* the pre-norm q, k for the norm's backward */
     } else {
         KVQ_TRY(layer_recompute(bw, io, l, x, &a, err));
     }
     double t1 = omp_get_wtime();
     bw->t_recompute += t1 - t0;
     /* ---- backward: MLP ---- */
-    kvq_linear_bwd(bw->dh, bw->dx, w->w_down, T, hid, dim, 0);
+    kvq_linear_bwd_mat(bw->dh, bw->dx, &w->w_down, T, 0, WS(bw));
     kvq_swiglu_bwd(bw->gate, bw->up, bw->dh, gate, up, (size_t)T * hid); /* bw->gate, bw->up now hold their gradients */
-    kvq_linear_bwd(bw->dxn, bw->gate, w->w_gate, T, dim, hid, 0);
-    kvq_linear_bwd(bw->dxn, bw->up, w->w_up, T, dim, hid, 1);
+    kvq_linear_bwd_mat(bw->dxn, bw->gate, &w->w_gate, T, 0, WS(bw));
+    kvq_linear_bwd_mat(bw->dxn, bw->up, &w->w_up, T, 1, WS(bw));
     kvq_rmsnorm_bwd(bw->dx, bw->dxn, x_mid, w->ffn_norm, T, dim, hp->norm_eps, 1);
 
     /* ---- backward: attention ---- */
-    kvq_linear_bwd(bw->datt, bw->dx, w->wo, T, qd, dim, 0);
+    kvq_linear_bwd_mat(bw->datt, bw->dx, &w->wo, T, 0, WS(bw));
     a.dout = bw->datt;
     a.dq = bw->dq;
     a.dk = bw->dk; /* straight-through: gradients of the alternative keys/values are added (dkq = dvq = NULL) */
@@ -226,9 +262,16 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
         s = spec->grads(spec->user, &g, err);
         if (s) return kvq_err_prefix(err, "backward: layer %d: grads callback", l);
     }
-    kvq_linear_bwd(bw->dxn, bw->dq, w->wq, T, dim, qd, 0);
-    kvq_linear_bwd(bw->dxn, bw->dk_pre, w->wk, T, dim, kvd, 1);
-    kvq_linear_bwd(bw->dxn, bw->dv, w->wv, T, dim, kvd, 1);
+    const float *dq_in = bw->dq, *dk_in = bw->dk_pre;
+    if (hp->qk_norm) { /* back through the per-head q/k RMSNorm (Qwen3) */
+        kvq_rmsnorm_bwd(bw->dq_raw, bw->dq, bw->q_raw, w->q_norm, T * nh, hd, hp->norm_eps, 0);
+        kvq_rmsnorm_bwd(bw->dk_raw, bw->dk_pre, bw->k_raw, w->k_norm, T * nkv, hd, hp->norm_eps, 0);
+        dq_in = bw->dq_raw;
+        dk_in = bw->dk_raw;
+    }
+    kvq_linear_bwd_mat(bw->dxn, dq_in, &w->wq, T, 0, WS(bw));
+    kvq_linear_bwd_mat(bw->dxn, dk_in, &w->wk, T, 1, WS(bw));
+    kvq_linear_bwd_mat(bw->dxn, bw->dv, &w->wv, T, 1, WS(bw));
     kvq_rmsnorm_bwd(bw->dx, bw->dxn, x, w->attn_norm, T, dim, hp->norm_eps, 1);
     bw->t_other_bwd += (t2 - t1) + (omp_get_wtime() - t3);
     return KVQ_OK;
@@ -268,7 +311,7 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
             tg = bw->targets;
         }
         kvq_rmsnorm(bw->xn, x_last, m->out_norm, T, dim, hp->norm_eps);
-        double sum = kvq_lm_head_xent_bwd(bw->dxn, bw->nll, bw->xn, m->output, tg, T, dim, hp->vocab_size, 1.0 / fr.n_scored,
+        double sum = kvq_lm_head_xent_bwd(bw->dxn, bw->nll, bw->xn, &m->output, bw->head_buf, tg, T, dim, hp->vocab_size, 1.0 / fr.n_scored,
                                           bw->v_chunk, bw->zbuf, bw->rmax, bw->rsum, bw->rtgt);
         res->xent_loss = sum / fr.n_scored;
         if (fio.skip_loss) {

@@ -136,7 +136,7 @@ typedef struct {
     float *x_mid, *xn, *dx, *dxn;               /* [max_T][dim] */
     float *q, *att, *datt, *dq;                 /* [max_T][q_dim] */
     float *k_pre, *k_att, *v_att, *k_alt, *v_alt, *dk, *dv, *dk_pre; /* [max_T][kv_dim] */
-    float *gate, *up, *dh;                      /* [max_T][hidden_dim] */
+    float *gate, *up, *dh;                      /* [max_T][hidden_dim] (gate, up: the forward workspace's, see init) */
     float *dpk, *dpv;                           /* [max_P][kv_dim] */
     float *lse;                                 /* [n_heads][max_T] */
     float *rope_cos, *rope_sin;                 /* [max_T][rope_dim/2] */
@@ -144,6 +144,11 @@ typedef struct {
     float *rmax, *rtgt;                         /* [max_T] */
     double *rsum, *nll;                         /* [max_T] */
     int *k_bound, *v_bound, *targets;           /* [max_T] */
+    float *q_raw, *dq_raw;                      /* [max_T][q_dim] pre-norm q and its gradient (qk_norm only, else NULL) */
+    float *k_raw, *dk_raw;                      /* [max_T][kv_dim] pre-norm k and its gradient (qk_norm only) */
+    float *wscratch;                            /* the forward's block of converted weight rows (non-fp32 matrices) */
+    size_t wscratch_floats;
+    float *head_buf;                            /* [v_chunk][dim] converted LM-head rows (non-fp32 head only) */
     kvq_attn_grad_ws attn;     /* attention backward */
     kvq_attn_ws fattn;         /* recomputed attention forward (kvq_attention with lse) */
     /* wall seconds of the last run, by phase (profiling; not part of results) */

@@ -38,12 +38,13 @@ kvq_status kvq_forward_init(kvq_forward *fw, const kvq_model *m, int max_T, int 
             return kvq_fail(err, KVQ_ENOMEM, "forward: activation store size overflows (max_T %d)", max_T);
     }
     /* sizes in floats, in allocation order */
+    fw->wscratch_floats = kvq_model_wscratch_floats(m);
     size_t sz[] = {T * dim, T * dim, T * qd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd, T * kvd,
                    T * qd, T * hid, T * hid, T * (size_t)fw->v_chunk_max, T, T, T * half, T * half, nh * PT, nh * T,
-                   (flags & KVQ_FWD_SAVE_LAYER_INPUTS) ? (L + 1) * T * dim : 0, acts};
+                   (flags & KVQ_FWD_SAVE_LAYER_INPUTS) ? (L + 1) * T * dim : 0, acts, fw->wscratch_floats};
     float **dst[] = {&fw->x, &fw->xn, &fw->q, &fw->k_pre, &fw->k_post, &fw->v, &fw->k_att, &fw->v_att, &fw->k_alt, &fw->v_alt,
                      &fw->att, &fw->gate, &fw->up, &fw->logit_blk, &fw->row_max, &fw->row_tgt, &fw->rope_cos, &fw->rope_sin, &fw->mass, &fw->entropy,
-                     &fw->saved, &fw->acts};
+                     &fw->saved, &fw->acts, &fw->wscratch};
     size_t n = sizeof sz / sizeof *sz, total = 0;
     for (size_t i = 0; i < n; i++)
         if (kvq_add_size(total, sz[i], &total))
@@ -179,7 +180,8 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
     kvq_rope_apply(fw->k_post, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
 
     kvq_attn_args a = {.T = T, .P = P, .n_heads = hp->n_heads, .n_kv_heads = nkv, .head_dim = hd,
-                       .q = fw->q, .k = fw->k_post, .v = fw->v, .out = fw->att};
+                       .q = fw->q, .k = fw->k_post, .v = fw->v, .out = fw->att,
+                       .window = kvq_layer_window(hp, l), .pos0 = io->pos0};
     if (P > 0) {
         size_t off = (size_t)l * P * kvd;
         a.pk = px->k + off;
@@ -241,21 +243,30 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
     return KVQ_OK;
 }
 
-/* y = x W^T for T rows: one GEMM, or one per row under KVQ_FWD_ROW_INVARIANT */
-static void linear(const kvq_forward *fw, float *y, const float *x, const float *w, int T, int in, int out, float beta)
+/* y = x W^T for T rows: one GEMM, or one per row under KVQ_FWD_ROW_INVARIANT
+ * (in, out: the matrix's cols, rows, kept at the call sites for reading) */
+static void linear(const kvq_forward *fw, float *y, const float *x, const kvq_mat *w, int T, int in, int out, float beta)
 {
-    if (!(fw->flags & KVQ_FWD_ROW_INVARIANT)) {
-        kvq_linear(y, x, w, T, in, out, beta);
-        return;
-    }
-    for (int t = 0; t < T; t++) kvq_linear(y + (size_t)t * out, x + (size_t)t * in, w, 1, in, out, beta);
+    (void)in, (void)out;
+    kvq_linear_mat(y, x, w, T, beta, fw->wscratch, fw->wscratch_floats, (fw->flags & KVQ_FWD_ROW_INVARIANT) != 0);
+}
+
+/* q, k_pre, v of layer w from fw->xn: projections, biases, per-head q/k norms (ops.h kvq_qkv_finish) */
+static void qkv_project(kvq_forward *fw, const kvq_layer_weights *w, int T)
+{
+    const kvq_hparams *hp = &fw->m->hp;
+    const int dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp);
+    linear(fw, fw->q, fw->xn, &w->wq, T, dim, qd, 0);
+    linear(fw, fw->k_pre, fw->xn, &w->wk, T, dim, kvd, 0);
+    linear(fw, fw->v, fw->xn, &w->wv, T, dim, kvd, 0);
+    kvq_qkv_finish(hp, w, fw->q, fw->k_pre, fw->v, T);
 }
 
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
     const kvq_model *m = fw->m;
     const kvq_hparams *hp = &m->hp;
-    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
+    const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
     res->loss = NAN;
     res->n_scored = 0;
     if (T <= 0 || T > fw->max_T)
@@ -278,27 +289,26 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
 
     fw->T_last = 0; /* saved checkpoints/activations are invalid until this run has passed every layer */
     kvq_rope_table(hp, io->pos0, T, fw->rope_cos, fw->rope_sin);
-    for (int t = 0; t < T; t++) memcpy(fw->x + (size_t)t * dim, m->tok_embd + (size_t)io->tokens[t] * dim, dim * sizeof(float));
+    for (int t = 0; t < T; t++) kvq_mat_rows(&m->tok_embd, io->tokens[t], 1, fw->x + (size_t)t * dim);
 
     for (int l = 0; l < hp->n_layers; l++) {
         const kvq_layer_weights *w = &m->layers[l];
         if (fw->saved) memcpy(fw->saved + (size_t)l * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
         kvq_rmsnorm(fw->xn, fw->x, w->attn_norm, T, dim, hp->norm_eps);
-        linear(fw, fw->q, fw->xn, w->wq, T, dim, qd, 0);
-        linear(fw, fw->k_pre, fw->xn, w->wk, T, dim, kvd, 0);
-        linear(fw, fw->v, fw->xn, w->wv, T, dim, kvd, 0);
+        qkv_project(fw, w, T);
         KVQ_TRY(layer_attention(fw, io, l, err));
-        linear(fw, fw->x, fw->att, w->wo, T, qd, dim, 1.0f);
+        linear(fw, fw->x, fw->att, &w->wo, T, qd, dim, 1.0f);
+        if (w->bo) kvq_add_bias(fw->x, w->bo, T, dim);
         kvq_rmsnorm(fw->xn, fw->x, w->ffn_norm, T, dim, hp->norm_eps);
-        linear(fw, fw->gate, fw->xn, w->w_gate, T, dim, hid, 0);
-        linear(fw, fw->up, fw->xn, w->w_up, T, dim, hid, 0);
+        linear(fw, fw->gate, fw->xn, &w->w_gate, T, dim, hid, 0);
+        linear(fw, fw->up, fw->xn, &w->w_up, T, dim, hid, 0);
         if (fw->acts) {
             memcpy(act_slot(fw, l, ACT_XMID), fw->x, (size_t)T * dim * sizeof(float));
             memcpy(act_slot(fw, l, ACT_GATE), fw->gate, (size_t)T * hid * sizeof(float));
             memcpy(act_slot(fw, l, ACT_UP), fw->up, (size_t)T * hid * sizeof(float));
         }
         kvq_swiglu(fw->gate, fw->gate, fw->up, (size_t)T * hid);
-        linear(fw, fw->x, fw->gate, w->w_down, T, hid, dim, 1.0f);
+        linear(fw, fw->x, fw->gate, &w->w_down, T, hid, dim, 1.0f);
     }
     if (fw->saved) memcpy(fw->saved + (size_t)hp->n_layers * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
     fw->T_last = T;
@@ -318,7 +328,7 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
     /* LM head and NLL (log-sum-exp in double) */
     double *nll = fw->row_sum; /* reused as the per-row NLL once the sums are done */
     if (io->logits) {
-        linear(fw, io->logits, fw->xn, m->output, T, dim, V, 0);
+        linear(fw, io->logits, fw->xn, &m->output, T, dim, V, 0);
 #pragma omp parallel for schedule(static) num_threads(fw->n_threads)
         for (int t = 0; t < T; t++) nll[t] = tg[t] >= 0 ? kvq_token_nll(io->logits + (size_t)t * V, V, tg[t]) : NAN;
         if (hd) KVQ_TRY(kvq_fwd_head_from_logits(m, io->logits, NULL, tg, T, hd, err));
@@ -343,8 +353,8 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         for (int v0 = 0; v0 < V; v0 += vc) {
             int nv = V - v0 < vc ? V - v0 : vc;
             /* the logits of the scored rows' span only (llamacpp scores half the window, passkey a few rows) */
-            linear(fw, fw->logit_blk + (size_t)r0 * nv, fw->xn + (size_t)r0 * dim, m->output + (size_t)v0 * dim, r1 - r0 + 1, dim, nv,
-                   0);
+            kvq_mat blk = kvq_mat_slice(&m->output, v0, nv);
+            linear(fw, fw->logit_blk + (size_t)r0 * nv, fw->xn + (size_t)r0 * dim, &blk, r1 - r0 + 1, dim, nv, 0);
 #pragma omp parallel for schedule(static) num_threads(fw->n_threads)
             for (int t = r0; t <= r1; t++) {
                 float *z = fw->logit_blk + (size_t)t * nv;
@@ -383,9 +393,18 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
                 fw->row_max[t] = mx;
                 fw->row_sum[t] = sum;
             }
-            if (ex && r1 >= r0) /* e[r0..r1] += exp(z - max)[r0..r1][nv] Wout[v0..v0+nv) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0 + 1, dim, nv, 1.0f, fw->logit_blk + (size_t)r0 * nv, nv,
-                            m->output + (size_t)v0 * dim, dim, 1.0f, ex + (size_t)r0 * dim, dim);
+            if (ex && r1 >= r0) { /* e[r0..r1] += exp(z - max)[r0..r1][nv] Wout[v0..v0+nv) */
+                const float *wf = kvq_mat_f32(&blk);
+                /* a matrix not held in fp32: its rows converted in blocks through the weight scratch */
+                const int sb = wf ? nv : (int)(fw->wscratch_floats / (size_t)dim);
+                for (int s0 = 0; s0 < nv; s0 += sb) {
+                    const int ns = nv - s0 < sb ? nv - s0 : sb;
+                    if (!wf) kvq_mat_block(&blk, s0, ns, fw->wscratch);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0 + 1, dim, ns, 1.0f,
+                                fw->logit_blk + (size_t)r0 * nv + s0, nv, wf ? wf + (size_t)s0 * dim : fw->wscratch, dim, 1.0f,
+                                ex + (size_t)r0 * dim, dim);
+                }
+            }
         }
         for (int t = 0; t < T; t++) { /* (nll aliases row_sum: the head outputs first) */
             if (hd && hd->lse) hd->lse[t] = tg[t] >= 0 ? (double)fw->row_max[t] + log(fw->row_sum[t]) : NAN;
@@ -418,7 +437,13 @@ kvq_status kvq_fwd_head_from_logits(const kvq_model *m, const float *logits, con
     const int V = m->hp.vocab_size, dim = m->hp.dim;
     if (head->hidden && xn) memcpy(head->hidden, xn, (size_t)T * dim * sizeof(float));
     float *p = head->expect ? malloc((size_t)V * sizeof(float)) : NULL;
-    if (head->expect && !p) return kvq_fail(err, KVQ_ENOMEM, "forward: out of memory for the LM-head expectation");
+    const int wrows = (int)(KVQ_WBLOCK_FLOATS / (size_t)dim) < V ? (int)(KVQ_WBLOCK_FLOATS / (size_t)dim) : V;
+    float *wblk = head->expect && !kvq_mat_f32(&m->output) ? malloc((size_t)wrows * dim * sizeof(float)) : NULL;
+    if (head->expect && (!p || (!kvq_mat_f32(&m->output) && !wblk))) {
+        free(p);
+        free(wblk);
+        return kvq_fail(err, KVQ_ENOMEM, "forward: out of memory for the LM-head expectation");
+    }
     for (int t = 0; t < T; t++) {
         const bool scored = targets ? targets[t] >= 0 : t + 1 < T;
         if (!scored) {
@@ -441,9 +466,20 @@ kvq_status kvq_fwd_head_from_logits(const kvq_model *m, const float *logits, con
         if (head->argmax) head->argmax[t] = am;
         if (p) {
             for (int v = 0; v < V; v++) p[v] = (float)exp((double)z[v] - lse);
-            cblas_sgemv(CblasRowMajor, CblasTrans, V, dim, 1.0f, m->output, dim, p, 1, 0.0f, head->expect + (size_t)t * dim, 1);
+            float *e = head->expect + (size_t)t * dim;
+            const float *wf = kvq_mat_f32(&m->output);
+            if (wf) {
+                cblas_sgemv(CblasRowMajor, CblasTrans, V, dim, 1.0f, wf, dim, p, 1, 0.0f, e, 1);
+            } else { /* a matrix not held in fp32: its rows converted in blocks */
+                for (int v0 = 0; v0 < V; v0 += wrows) {
+                    const int nv = V - v0 < wrows ? V - v0 : wrows;
+                    kvq_mat_block(&m->output, v0, nv, wblk);
+                    cblas_sgemv(CblasRowMajor, CblasTrans, nv, dim, 1.0f, wblk, dim, p + v0, 1, v0 ? 1.0f : 0.0f, e, 1);
+                }
+            }
         }
     }
     free(p);
+    free(wblk);
     return KVQ_OK;
 }

@@ -5,15 +5,22 @@
  * Per layer l, for the window's tokens t = 0..T-1 at positions pos0 + t
  * (Touvron et al. 2023, Llama; GQA: Ainslie et al. 2023):
  *   xn = RMSNorm(x; attn_norm)
- *   q = xn Wq^T  [T][n_heads][head_dim];  k_pre = xn Wk^T, v = xn Wv^T  [T][n_kv_heads][head_dim]
+ *   q = xn Wq^T (+ bq)  [T][n_heads][head_dim];  k_pre = xn Wk^T (+ bk), v = xn Wv^T (+ bv)  [T][n_kv_heads][head_dim]
+ *   q, k_pre = RMSNorm_head(q; q_norm), RMSNorm_head(k_pre; k_norm)   (Qwen3 only: per head, over head_dim)
  *   q, k_post = RoPE(q), RoPE(k_pre)          (interleaved pairs, kvq_rope_apply)
  *   (K, V) -> transform hook (optional)       (pre- or post-RoPE keys, see kvq_hooks)
- *   a = CausalGQA(q, [prefix K | K], [prefix V | V])   (kvq_attention)
+ *   a = CausalGQA(q, [prefix K | K], [prefix V | V])   (kvq_attention; a sliding window in the model's
+ *                                              sliding layers, kvq_layer_window: keys more than W-1 positions
+ *                                              back are masked, as HF's sliding_window_overlay does)
  *   observe hook (optional)
- *   x += a Wo^T
+ *   x += a Wo^T (+ bo)
  *   x += SwiGLU(RMSNorm(x; ffn_norm)) Wdown^T,  SwiGLU(h) = silu(h Wgate^T) * (h Wup^T)
  * then logits = RMSNorm(x; out_norm) Wout^T (Wout = tok_embd when tied).
- * Activations are fp32; GEMMs through cblas_sgemm; attention in fp32.
+ * Activations are fp32; GEMMs through cblas_sgemm (weights not stored in
+ * fp32 are converted block by block first, kvq_linear_mat); attention in fp32.
+ * The biases and norms of the optional parts are NULL for Llama, so the
+ * Llama path is unchanged. The pre-RoPE key k_pre that hooks, the dump and
+ * the Fisher information see is the key after bias and k-norm.
  *
  * Threads: GEMMs use OpenBLAS's threads (OPENBLAS_NUM_THREADS, default = cores);
  * attention and the per-row NLL use OpenMP (OMP_NUM_THREADS, default = cores),
@@ -272,6 +279,8 @@ typedef struct {
     size_t act_stride;    /* floats per layer */
     int *act_bounds;      /* [n_layers][2][max_T] boundaries of the alternative K / V */
     unsigned char *act_alt; /* [n_layers]: bit 0 alternative keys used, bit 1 alternative values used */
+    float *wscratch;      /* [wscratch_floats] fp32 rows of a non-fp32 weight matrix (kvq_linear_mat), NULL for fp32 models */
+    size_t wscratch_floats;
     kvq_attn_ws attn;
     float *arena;         /* owns every float buffer above */
     int *iarena;

@@ -29,10 +29,16 @@
 
 #include <stddef.h>
 
+#include "model.h"
+
 /* dx[T][in] = beta * dx + dy[T][out] · W, W stored [out][in] (the weight of
  * kvq_linear); cblas_sgemm / cblas_dgemm with OpenBLAS's threads. */
 void kvq_linear_bwd(float *dx, const float *dy, const float *w, int T, int in, int out, float beta);
 void kvq_linear_bwd_f64(double *dx, const double *dy, const double *w, int T, int in, int out, double beta);
+/* The same for a matrix of any storage (model.h kvq_mat; in = cols, out =
+ * rows): non-fp32 matrices are converted in blocks of scratch_floats / cols
+ * rows (kvq_linear_mat's scheme), each block's product accumulated into dx. */
+void kvq_linear_bwd_mat(float *dx, const float *dy, const kvq_mat *w, int T, float beta, float *scratch, size_t scratch_floats);
 
 /* RMSNorm backward for rows of `dim` (forward: kvq_rmsnorm with the same x, g,
  * eps). accumulate != 0: dx += result (residual stream), else dx = result.
@@ -63,9 +69,11 @@ void kvq_swiglu_bwd_f64(double *dgate, double *dup, const double *dout, const do
  * running max, then accumulated as dxn += e_blk w_blk (row-rescaled when the
  * max grows), so two GEMMs per block and no [T][V] tensor. Scratch: zbuf
  * [T][v_chunk], rmax [T], rsum [T] (double), rtgt [T]. nll [T] (out) may be
- * NULL. */
-double kvq_lm_head_xent_bwd(float *dxn, double *nll, const float *xn, const float *w, const int *targets, int T, int dim, int V,
-                            double scale, int v_chunk, float *zbuf, float *rmax, double *rsum, float *rtgt);
+ * NULL. fp32 build: the LM head is a kvq_mat (model.h); when it is not
+ * stored in fp32 each vocabulary block is converted into wbuf [v_chunk][dim]
+ * (NULL allowed for fp32 heads). */
+double kvq_lm_head_xent_bwd(float *dxn, double *nll, const float *xn, const kvq_mat *w, float *wbuf, const int *targets, int T, int dim,
+                            int V, double scale, int v_chunk, float *zbuf, float *rmax, double *rsum, float *rtgt);
 double kvq_lm_head_xent_bwd_f64(double *dxn, double *nll, const double *xn, const double *w, const int *targets, int T, int dim,
                                 int V, double scale, int v_chunk, double *zbuf, double *rmax, double *rsum, double *rtgt);
 

@@ -340,6 +340,10 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     m.kv[m.n++].value = p->model_fingerprint;
     m.kv[m.n].key = "kvq.dump_fingerprint";
     m.kv[m.n++].value = p->dump_fingerprint;
+    if (p->model_rope[0]) {
+        m.kv[m.n].key = "kvq.model_rope";
+        m.kv[m.n++].value = p->model_rope;
+    }
 
     const kvq_artifact_prefix *px = a->prefix;
     if (px) {
@@ -631,6 +635,8 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
     KVQ_TRY(meta_size(st, "kvq.bits_ctx", &p->bits_ctx, err));
     KVQ_TRY(meta_copy(st, "kvq.model_fingerprint", p->model_fingerprint, sizeof p->model_fingerprint, err));
     KVQ_TRY(meta_copy(st, "kvq.dump_fingerprint", p->dump_fingerprint, sizeof p->dump_fingerprint, err));
+    p->model_rope[0] = 0; /* optional: absent in artifacts written before it was recorded */
+    if (kvq_safetensors_meta(st, "kvq.model_rope")) KVQ_TRY(meta_copy(st, "kvq.model_rope", p->model_rope, sizeof p->model_rope, err));
     if (has_fp8(p->method)) {
         bool e4;
         KVQ_TRY(meta_choice(st, "kvq.fp8_format", "e4m3fn", "e5m2", &e4, err));
@@ -755,17 +761,27 @@ kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
 
 /* ---- fingerprint and inspect --------------------------------------------------- */
 
-kvq_status kvq_artifact_check_model(const kvq_artifact_params *p, const char *model_fingerprint, bool allow_mismatch,
-                                    FILE *warn, kvq_err *err)
+kvq_status kvq_artifact_check_model_rope(const kvq_artifact_params *p, const char *model_fingerprint, const char *model_rope,
+                                         bool allow_mismatch, FILE *warn, kvq_err *err)
 {
     const char *have = p->model_fingerprint, *want = model_fingerprint ? model_fingerprint : "";
     if (*have && strcmp(have, want) == 0) return KVQ_OK;
     char msg[KVQ_ERR_MSG_MAX];
-    snprintf(msg, sizeof msg, "artifact model fingerprint \"%.200s\" does not match the model's \"%.200s\"",
-             *have ? have : "(none recorded)", *want ? want : "(none)");
+    if (model_rope && p->model_rope[0] && strcmp(model_rope, p->model_rope))
+        snprintf(msg, sizeof msg, "calibrated under RoPE %.400s, but the model uses RoPE %.400s (artifact model fingerprint \"%.70s\", the model's \"%.70s\")",
+                 p->model_rope, model_rope, *have ? have : "(none recorded)", *want ? want : "(none)");
+    else
+        snprintf(msg, sizeof msg, "artifact model fingerprint \"%.200s\" does not match the model's \"%.200s\"",
+                 *have ? have : "(none recorded)", *want ? want : "(none)");
     if (!allow_mismatch) return kvq_fail(err, KVQ_EMISMATCH, "%s (--allow-model-mismatch loads it anyway)", msg);
     if (warn) fprintf(warn, "warning: %s; loading anyway as requested\n", msg);
     return KVQ_OK;
+}
+
+kvq_status kvq_artifact_check_model(const kvq_artifact_params *p, const char *model_fingerprint, bool allow_mismatch,
+                                    FILE *warn, kvq_err *err)
+{
+    return kvq_artifact_check_model_rope(p, model_fingerprint, NULL, allow_mismatch, warn, err);
 }
 
 static void print_levels(FILE *f, const float *lv, size_t nl)
@@ -830,6 +846,7 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
             p->bits_k, p->bits_v, p->bits_ctx);
     fprintf(f, "model fp      %s\n", *p->model_fingerprint ? p->model_fingerprint : "(none)");
     fprintf(f, "dump fp       %s\n", *p->dump_fingerprint ? p->dump_fingerprint : "(none)");
+    if (p->model_rope[0]) fprintf(f, "model RoPE    %s\n", p->model_rope);
     if (a.prefix) {
         const kvq_artifact_prefix *px = a.prefix;
         fprintf(f, "intactkv      prefix of %zu token%s at positions 0..%zu: \"%.200s\"%s, %s\n", px->P, px->P == 1 ? "" : "s",

@@ -84,6 +84,8 @@ typedef struct kvq_artifact_params {
     size_t bits_ctx;           /* context length the accounting assumes */
     char model_fingerprint[KVQ_FINGERPRINT_MAX]; /* sha256 of weights + hyperparameters + RoPE params */
     char dump_fingerprint[KVQ_FINGERPRINT_MAX];  /* the dump's fingerprint */
+    char model_rope[512];      /* the RoPE configuration calibrated under (identity.h kvq_identity_rope_desc),
+                                  metadata kvq.model_rope; "" in artifacts written before it was recorded */
 } kvq_artifact_params;
 
 /* Training summary of an IntactKV prefix (kvcalib intactkv --train; all
@@ -188,6 +190,12 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err);
  * Equal → KVQ_OK. Different (or either empty) → KVQ_EMISMATCH naming both,
  * unless allow_mismatch, in which case a "warning: ..." line goes to warn
  * (if non-NULL) and KVQ_OK is returned. */
+/* As kvq_artifact_check_model, with the model's RoPE configuration
+ * (kvq_identity_rope_desc_hp; NULL: unknown): when it differs from the
+ * artifact's kvq.model_rope, the mismatch message names both ("calibrated
+ * under RoPE A, the model uses RoPE B"). */
+kvq_status kvq_artifact_check_model_rope(const kvq_artifact_params *p, const char *model_fingerprint, const char *model_rope,
+                                         bool allow_mismatch, FILE *warn, kvq_err *err);
 kvq_status kvq_artifact_check_model(const kvq_artifact_params *p, const char *model_fingerprint,
                                     bool allow_mismatch, FILE *warn, kvq_err *err);
 

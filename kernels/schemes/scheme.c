@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "identity.h"
 #include "progress.h"
 #include "safetensors.h"
 
@@ -199,7 +200,9 @@ kvq_status kvq_artifact_set_load(kvq_artifact_set *set, const char *const *paths
         }
         set->n = i + 1;
         const kvq_artifact_params *p = &set->a[i].p;
-        s = kvq_artifact_check_model(p, model_fingerprint, allow_mismatch, warn, err);
+        char rope[512] = "";
+        kvq_identity_rope_desc_hp(&m->hp, rope, sizeof rope, NULL);
+        s = kvq_artifact_check_model_rope(p, model_fingerprint, rope[0] ? rope : NULL, allow_mismatch, warn, err);
         if (s) {
             kvq_err_prefix(err, "--artifact %s: calibrated for another model", paths[i]);
             break;

@@ -101,11 +101,11 @@ int main(int argc, char **argv)
         double t0 = now();
         kvq_forward_run(&fw, &io, &r, &e);
         times[i] = now() - t0;
-        double l = time_gemm(y, x, w->wq, T, dim, qd, 1) + time_gemm(y, x, w->wk, T, dim, kvd, 1) +
-                   time_gemm(y, x, w->wv, T, dim, kvd, 1) + time_gemm(y, x, w->wo, T, qd, dim, 1) +
-                   time_gemm(y, x, w->w_gate, T, dim, hid, 1) + time_gemm(y, x, w->w_up, T, dim, hid, 1) +
-                   time_gemm(y, x, w->w_down, T, hid, dim, 1);
-        double h = time_gemm(y, x, m.output, T, dim, V, 1);
+        double l = time_gemm(y, x, kvq_mat_f32(&w->wq), T, dim, qd, 1) + time_gemm(y, x, kvq_mat_f32(&w->wk), T, dim, kvd, 1) +
+                   time_gemm(y, x, kvq_mat_f32(&w->wv), T, dim, kvd, 1) + time_gemm(y, x, kvq_mat_f32(&w->wo), T, qd, dim, 1) +
+                   time_gemm(y, x, kvq_mat_f32(&w->w_gate), T, dim, hid, 1) + time_gemm(y, x, kvq_mat_f32(&w->w_up), T, dim, hid, 1) +
+                   time_gemm(y, x, kvq_mat_f32(&w->w_down), T, hid, dim, 1);
+        double h = time_gemm(y, x, kvq_mat_f32(&m.output), T, dim, V, 1);
         tl = l < tl ? l : tl;
         th = h < th ? h : th;
     }

@@ -133,6 +133,18 @@ static inline const char *kvq_fz_gguf(const char *path)
     return NULL;
 }
 
+/* the GGUF loader in its default (auto) weights mode, and in native mode (blocks kept) every other time */
+static inline kvq_status kvq_fz_load_gguf(const char *path, kvq_model *m, kvq_err *e)
+{
+    kvq_status s = kvq_model_load_gguf(path, KVQ_WEIGHTS_AUTO, m, e);
+    if (s == KVQ_OK) {
+        kvq_model m2;
+        kvq_err e2 = {0};
+        if (kvq_model_load_gguf(path, KVQ_WEIGHTS_NATIVE, &m2, &e2) == KVQ_OK) kvq_model_free(&m2);
+    }
+    return s;
+}
+
 static inline const char *kvq_fz_model(kvq_status (*load)(const char *, kvq_model *, kvq_err *), const char *path,
                                        const char *name)
 {
@@ -201,7 +213,7 @@ static inline const char *kvq_fuzz_formats_one(const char *dir, const uint8_t *d
         snprintf(p1, sizeof p1, "%s/in.gguf", dir);
         if (kvq_fz_write(p1, a, na)) return "harness: cannot write";
         if (which == KVQ_FZ_GGUF) bad = kvq_fz_gguf(p1);
-        else if (which == KVQ_FZ_MODEL_GGUF) bad = kvq_fz_model(kvq_model_load_gguf, p1, "in.gguf");
+        else if (which == KVQ_FZ_MODEL_GGUF) bad = kvq_fz_model(kvq_fz_load_gguf, p1, "in.gguf");
         else bad = kvq_fz_tok(kvq_tokenizer_from_gguf(p1, &tok, &e), tok, &e, "in.gguf");
         break;
     case KVQ_FZ_LLAMA2C:
@@ -226,7 +238,7 @@ static inline const char *kvq_fuzz_formats_one(const char *dir, const uint8_t *d
         if (kvq_fz_write(p1, a, na) || kvq_fz_write(p2, b, nb)) return "harness: cannot write";
         {
             kvq_model m;
-            kvq_status s = kvq_model_load_safetensors(dir, &m, &e);
+            kvq_status s = kvq_model_load_safetensors(dir, KVQ_WEIGHTS_AUTO, &m, &e);
             bad = kvq_fz_check_err2(s, &e, "config.json", "model.safetensors"); /* either may be at fault */
             if (s == KVQ_OK) {
                 if (kvq_hparams_validate(&m.hp, dir, &e) != KVQ_OK) bad = "a loaded model has invalid hyperparameters";

@@ -19,6 +19,19 @@
  *       for fp32, KIVI-2 (boundaries), nuq4-1% (native) and nuq4 through the host
  *       hook, with the prefix gradients and an upstream-gradient term; attention
  *       statistics (mass, entropy) CPU vs GPU.
+ *   gpu_check --families [DIR]
+ *       the model families of tests/test_families.c (DIR, default
+ *       tests/fixtures: hf-<name> HF checkpoints and their GGUF conversions:
+ *       Llama-3.1 llama3 RoPE, YaRN, dynamic NTK, linear, Qwen2 biases, Qwen3
+ *       q/k norms and decoupled head_dim, Mistral's sliding window), each in
+ *       exact and native weights: GPU logits vs the CPU (<= 1e-5 relative L2)
+ *       and vs transformers' float32 reference (ref.bin, <= 1e-4); the
+ *       backward pass (loss, dK pre/post-RoPE, dV, Fisher, prefix and input
+ *       embedding gradients, <= 1e-4) and the attention statistics CPU vs GPU
+ *       with a 3-token prefix; then synthetic models with every new part at a
+ *       size where the kernels tile (head_dim 64/128, q/k/v/o biases, q/k
+ *       norms, sliding windows of 40 and 100 over 300 tokens after a prefix,
+ *       YaRN RoPE, bf16 weights held on the host).
  *   gpu_check --model M --text T --fisher N
  *       Fisher information (squared dL/dK pre-RoPE and dL/dV of the mean
  *       cross-entropy) of N calibration windows of --ctx tokens, CPU vs GPU,
@@ -40,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_info.h"
 #include "device.h"
@@ -415,19 +429,19 @@ static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_
     TRYE(kvq_model_alloc(m, &hp, &err));
     uint64_t s = seed;
     size_t qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
-    fill(m->tok_embd, (size_t)vocab * dim, 1.0f, &s);
-    fill(m->output, (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
+    fill(kvq_mat_f32(&m->tok_embd), (size_t)vocab * dim, 1.0f, &s);
+    fill(kvq_mat_f32(&m->output), (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
     for (int i = 0; i < dim; i++) m->out_norm[i] = 1.0f + 0.1f * rng_u(&s);
     for (int l = 0; l < n_layers; l++) {
         kvq_layer_weights *w = &m->layers[l];
         for (int i = 0; i < dim; i++) w->attn_norm[i] = 1.0f + 0.1f * rng_u(&s), w->ffn_norm[i] = 1.0f + 0.1f * rng_u(&s);
-        fill(w->wq, qd * dim, 2 * sqrtf(3.0f / dim), &s);
-        fill(w->wk, kvd * dim, 2 * sqrtf(3.0f / dim), &s);
-        fill(w->wv, kvd * dim, sqrtf(3.0f / dim), &s);
-        fill(w->wo, dim * qd, sqrtf(3.0f / qd), &s);
-        fill(w->w_gate, (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
-        fill(w->w_up, (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
-        fill(w->w_down, (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
+        fill(kvq_mat_f32(&w->wq), qd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wk), kvd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wv), kvd * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wo), dim * qd, sqrtf(3.0f / qd), &s);
+        fill(kvq_mat_f32(&w->w_gate), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->w_up), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->w_down), (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
     }
 }
 
@@ -876,6 +890,201 @@ static int run_backward_synthetic(kvq_device gdev)
     return all_ok;
 }
 
+/* ---- the model families: fixtures and synthetic models with the new parts ------------- */
+
+/* a synthetic model with biases, q/k norms, a sliding window and YaRN (any subset) */
+static void synth_model_ex(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int head_dim, int hidden, int vocab,
+                           int bias, int qk_norm, int window, int yarn, uint64_t seed)
+{
+    kvq_hparams hp = {.n_layers = n_layers, .dim = dim, .hidden_dim = hidden, .n_heads = n_heads, .n_kv_heads = n_kv,
+                      .head_dim = head_dim, .vocab_size = vocab, .ctx_len = 4096, .rope_dim = head_dim,
+                      .rope_theta = 10000.0f, .rope_scaling = KVQ_ROPE_SCALING_NONE, .rope_scale_factor = 1, .rope_attn_factor = 1,
+                      .norm_eps = 1e-5f, .tied_embeddings = false, .attn_qkv_bias = bias, .attn_out_bias = bias,
+                      .qk_norm = qk_norm, .sliding_window = window, .swa_first_layer = window ? 1 : 0};
+    if (yarn) {
+        hp.rope_scaling = KVQ_ROPE_SCALING_YARN;
+        hp.rope_scale_factor = 4;
+        hp.rope_orig_ctx = 64;
+        hp.rope_beta_fast = 32;
+        hp.rope_beta_slow = 1;
+        hp.rope_yarn_truncate = true;
+        hp.rope_attn_factor = (float)(0.1 * log(4.0) + 1.0);
+    }
+    kvq_err err = {0};
+    TRYE(kvq_model_alloc(m, &hp, &err));
+    uint64_t s = seed;
+    size_t qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
+    fill(kvq_mat_f32(&m->tok_embd), (size_t)vocab * dim, 1.0f, &s);
+    fill(kvq_mat_f32(&m->output), (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
+    for (int i = 0; i < dim; i++) m->out_norm[i] = 1.0f + 0.1f * rng_u(&s);
+    for (int l = 0; l < n_layers; l++) {
+        kvq_layer_weights *w = &m->layers[l];
+        for (int i = 0; i < dim; i++) w->attn_norm[i] = 1.0f + 0.1f * rng_u(&s), w->ffn_norm[i] = 1.0f + 0.1f * rng_u(&s);
+        fill(kvq_mat_f32(&w->wq), qd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wk), kvd * dim, 2 * sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wv), kvd * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->wo), dim * qd, sqrtf(3.0f / qd), &s);
+        fill(kvq_mat_f32(&w->w_gate), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->w_up), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
+        fill(kvq_mat_f32(&w->w_down), (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
+        if (bias) {
+            fill(w->bq, qd, 0.5f, &s);
+            fill(w->bk, kvd, 0.5f, &s);
+            w->bk[3] += 8.0f; /* a Qwen2-like dominant key channel */
+            fill(w->bv, kvd, 0.5f, &s);
+            fill(w->bo, (size_t)dim, 0.2f, &s);
+        }
+        if (qk_norm)
+            for (int i = 0; i < head_dim; i++) w->q_norm[i] = 1.0f + 0.3f * rng_u(&s), w->k_norm[i] = 1.0f + 0.3f * rng_u(&s);
+    }
+}
+
+/* fixture tokens and transformers' logits (tests/scripts/hf_family_fixtures.py ref.bin) */
+typedef struct {
+    int V, T;
+    int32_t tokens[64];
+    float *logits;
+} fam_ref;
+
+static int fam_ref_read(const char *path, fam_ref *r)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char magic[8];
+    int ok = fread(magic, 8, 1, f) == 1 && !memcmp(magic, "KVQREF1\0", 8) && fread(&r->V, 4, 1, f) == 1 && fread(&r->T, 4, 1, f) == 1 &&
+             r->T > 0 && r->T <= 64 && r->V > 0 && fread(r->tokens, 4, (size_t)r->T, f) == (size_t)r->T;
+    r->logits = ok ? malloc((size_t)r->T * r->V * 4) : NULL;
+    ok = ok && r->logits && fread(r->logits, 4, (size_t)r->T * r->V, f) == (size_t)r->T * r->V;
+    fclose(f);
+    return ok;
+}
+
+/* observe: post-RoPE K and V of every layer into [n_layers][T][kv_dim] (a real prefix) */
+typedef struct {
+    float *k, *v;
+} kv_cap;
+static kvq_status kv_cap_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err)
+{
+    (void)err;
+    kv_cap *c = user;
+    size_t n = (size_t)ctx->T * ctx->n_kv_heads * ctx->head_dim;
+    memcpy(c->k + (size_t)ctx->layer * n, obs->k_post, n * 4);
+    memcpy(c->v + (size_t)ctx->layer * n, obs->v, n * 4);
+    return KVQ_OK;
+}
+
+/* forward CPU vs GPU over tokens[0..Tfull) (and vs ref_logits when given); then the backward of window
+ * tokens[P..P+Tb) after the prefix tokens[0..P) and the attention statistics, CPU vs GPU; returns pass */
+static int family_check(const char *label, const kvq_model *m, const int32_t *tokens, int Tfull, const float *ref_logits, int Tb,
+                        int P, kvq_device gdev)
+{
+    kvq_err err = {0};
+    const kvq_hparams *hp = &m->hp;
+    int ok = 1;
+    {
+        kvq_engine cpu, gpu;
+        TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, m, Tfull, 0, 0, &err));
+        TRYE(kvq_engine_init(&gpu, gdev, KVQ_CUDA_EXACT, m, Tfull, 0, 0, &err));
+        size_t n = (size_t)Tfull * hp->vocab_size;
+        float *lc = malloc(n * 4), *lg = malloc(n * 4);
+        kvq_fwd_io io = {.tokens = tokens, .T = Tfull, .pos0 = 0, .logits = lc};
+        kvq_fwd_result rc, rg;
+        TRYE(kvq_engine_run(&cpu, &io, &rc, &err));
+        io.logits = lg;
+        TRYE(kvq_engine_run(&gpu, &io, &rg, &err));
+        double e = rel_l2(lg, lc, n), el = fabs(rg.loss - rc.loss) / fabs(rc.loss), er = ref_logits ? rel_l2(lg, ref_logits, n) : 0;
+        int pass = e <= 1e-5 && el <= 1e-5 && er <= 1e-4;
+        printf("\n%s: forward of %d tokens: GPU vs CPU logits rel L2 %.2e, loss %.2e; GPU vs transformers %s%.2e: %s\n\n", label, Tfull,
+               e, el, ref_logits ? "" : "(no reference) ", er, pass ? "PASS" : "FAIL");
+        ok &= pass;
+        free(lc), free(lg);
+        kvq_engine_free(&cpu);
+        kvq_engine_free(&gpu);
+    }
+    size_t pn = (size_t)hp->n_layers * P * kvq_kv_dim(hp);
+    float *pk = malloc(pn * 4 + 4), *pv = malloc(pn * 4 + 4);
+    kvq_prefix px = {.P = P, .k = pk, .v = pv};
+    if (P) {
+        kvq_forward fw;
+        TRYE(kvq_forward_init(&fw, m, P, 0, 0, &err));
+        kv_cap c = {pk, pv};
+        kvq_hooks hk = {.user = &c, .observe = kv_cap_observe};
+        kvq_fwd_io io = {.tokens = tokens, .T = P, .pos0 = 0, .hooks = &hk};
+        kvq_fwd_result r;
+        TRYE(kvq_forward_run(&fw, &io, &r, &err));
+        kvq_forward_free(&fw);
+    }
+    const kvq_prefix *pp = P ? &px : NULL;
+    kvq_engine cpu, gpu;
+    TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, m, Tb, P, KVQ_ENGINE_BACKWARD, &err));
+    TRYE(kvq_engine_init(&gpu, gdev, KVQ_CUDA_EXACT, m, Tb, P, KVQ_ENGINE_BACKWARD, &err));
+    kvq_kv_desc fp = {0};
+    fp.q.kind = KVQ_SCHEME_FP32;
+    bwd_header();
+    ok &= bwd_compare(&cpu, &gpu, hp, &fp, 0, label, tokens + P, Tb, pp, 1e-4);
+    printf("\n| scheme | layer | mass | entropy | sum(mass)/(heads*T) | |\n|---|---|---|---|---|---|\n");
+    for (int l = 0; l < hp->n_layers; l++) ok &= stats_check(&cpu, &gpu, hp, &fp, label, tokens + P, Tb, pp, l);
+    kvq_engine_free(&cpu);
+    kvq_engine_free(&gpu);
+    free(pk), free(pv);
+    return ok;
+}
+
+static int run_families(const char *dir, kvq_device gdev)
+{
+    static const char *const names[] = {"llama31", "llama-yarn", "llama-dynamic", "llama-linear", "qwen2", "qwen3", "mistral"};
+    int all_ok = 1;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char ck[4096], gg[4096], rp[4200];
+        snprintf(ck, sizeof ck, "%s/hf-%s", dir, names[i]);
+        snprintf(gg, sizeof gg, "%s/hf-%s.gguf", dir, names[i]);
+        snprintf(rp, sizeof rp, "%s/ref.bin", ck);
+        fam_ref ref;
+        if (!fam_ref_read(rp, &ref)) DIE("%s: cannot read the reference (tests/scripts/hf_family_fixtures.py writes it)", rp);
+        const char *paths[2] = {ck, gg};
+        for (int src = 0; src < 2; src++) {
+            if (src == 1 && access(gg, R_OK) != 0) continue;
+            for (int w = 0; w < 2; w++) {
+                kvq_model m;
+                kvq_err err = {0};
+                kvq_load_opts lo = {.weights = w ? KVQ_WEIGHTS_NATIVE : KVQ_WEIGHTS_F32};
+                TRYE(kvq_model_load_opts(paths[src], &lo, &m, &err));
+                char label[256];
+                snprintf(label, sizeof label, "%s (%s, %s weights)", names[i], src ? "GGUF" : "HF", m.weights_desc);
+                printf("\n### family %s: %s, head_dim %d, RoPE %s, window %d\n", label, kvq_arch_name(m.hp.arch), m.hp.head_dim,
+                       kvq_rope_scaling_name(m.hp.rope_scaling), m.hp.sliding_window);
+                /* transformers' logits are for the HF weights; the llama3 GGUF's frequency table differs in the last bits */
+                all_ok &= family_check(label, &m, ref.tokens, ref.T, ref.logits, 24, 3, gdev);
+                kvq_model_free(&m);
+            }
+        }
+        free(ref.logits);
+    }
+    /* synthetic models with every new part, sized so that the kernels' query and key tiles and the window's tile
+     * skipping are exercised: head_dim 128 (16 queries per block) and 64 (32) */
+    struct { int L, dim, nh, nkv, hd, hid, V, bias, qkn, win, yarn, T, P; } cfg[] = {
+        {2, 256, 4, 2, 128, 512, 600, 1, 1, 40, 0, 300, 5},   /* Qwen3-like: q/k norm, head_dim 128 > dim/heads, window 40 */
+        {3, 256, 4, 2, 64, 512, 500, 1, 0, 100, 1, 300, 5},   /* Qwen2-like biases, YaRN, window 100 (layers 1, 2) */
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        kvq_model m;
+        synth_model_ex(&m, cfg[c].L, cfg[c].dim, cfg[c].nh, cfg[c].nkv, cfg[c].hd, cfg[c].hid, cfg[c].V, cfg[c].bias, cfg[c].qkn,
+                       cfg[c].win, cfg[c].yarn, 3000 + c);
+        int Tall = cfg[c].T + cfg[c].P;
+        uint64_t s = 555 + c;
+        int32_t *tok = malloc((size_t)Tall * sizeof *tok);
+        for (int i = 0; i < Tall; i++) tok[i] = (int32_t)(rng_next(&s) % (uint64_t)cfg[c].V);
+        char label[200];
+        snprintf(label, sizeof label, "synthetic %zu (head_dim %d, bias %d, q/k norm %d, window %d from layer 1, yarn %d)", c, cfg[c].hd,
+                 cfg[c].bias, cfg[c].qkn, cfg[c].win, cfg[c].yarn);
+        printf("\n### family %s\n", label);
+        all_ok &= family_check(label, &m, tok, Tall, NULL, cfg[c].T, cfg[c].P, gdev);
+        free(tok);
+        kvq_model_free(&m);
+    }
+    return all_ok;
+}
+
 /* Fisher information of calibration windows on the real model, CPU vs GPU. */
 static int run_fisher_model(const char *model_path, const char *text_path, int ctx, int n_win, kvq_device gdev)
 {
@@ -1120,12 +1329,14 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *dev = "auto";
     int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, backward = 0, fisher = 0;
+    const char *families = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--synthetic")) synthetic = 1;
         else if (!strcmp(a, "--no-bench")) bench = 0;
         else if (!strcmp(a, "--backward")) backward = 1;
+        else if (!strcmp(a, "--families")) families = v && v[0] != '-' ? (i++, v) : "tests/fixtures";
         else if (!strcmp(a, "--fisher") && v) fisher = atoi(v), i++;
         else if (!strcmp(a, "--model") && v) model = v, i++;
         else if (!strcmp(a, "--text") && v) text = v, i++;
@@ -1142,6 +1353,7 @@ int main(int argc, char **argv)
     int ok = 1;
     if (synthetic) ok &= run_synthetic(d);
     if (backward) ok &= run_backward_synthetic(d);
+    if (families) ok &= run_families(families, d);
     if (model) {
         if (!text) DIE("--model needs --text");
         if (ctx < 2) DIE("--ctx must be >= 2");

@@ -36,7 +36,8 @@ ROOT_ATTRS = [
     "sample_offsets", "dtype", "has_q", "has_fisher", "has_attn_stats", "layer_first", "layer_last",
     "command_line", "samples_done",
 ]
-OPTIONAL_ATTRS = {"compute_mode": "exact", "compute_device": ""}  # added later; older files read as these
+OPTIONAL_ATTRS = {"compute_mode": "exact", "compute_device": "", "rope_params": "",
+                  "attention": ""}  # added later; older files read as these
 DATASETS = ["k_pre_rope", "k", "v", "q", "fisher_k_pre_rope", "fisher_v", "attn_received", "attn_entropy"]
 
 failures = []
@@ -67,9 +68,35 @@ def rope_inv_freq(a):
         scaled = np.where(wavelen > orig / lo, freq / factor, freq)
         mid = (wavelen <= orig / lo) & (wavelen >= orig / hi)
         freq = np.where(mid, (1 - smooth) * freq / factor + smooth * freq, scaled)
+    elif scaling == "yarn":  # transformers _compute_yarn_parameters
+        prm = dict(kv.split("=") for kv in attr_str(a["rope_params"]).split())
+        bf, bs, trunc = float(prm["beta_fast"]), float(prm["beta_slow"]), prm["truncate"] == "1"
+        orig = float(a["rope_orig_ctx"])
+        cd = lambda rot: rd * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(theta))
+        lo, hi = cd(bf), cd(bs)
+        if trunc:
+            lo, hi = np.floor(lo), np.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, rd - 1)
+        if lo == hi:
+            hi += 0.001
+        extra = 1 - np.clip((np.arange(rd // 2) - lo) / (hi - lo), 0, 1)
+        freq = (freq / factor) * (1 - extra) + freq * extra
+    elif scaling == "dynamic":  # transformers _compute_dynamic_ntk_parameters at seq_len = max(ctx_len, L)
+        S = max(int(a["ctx_len"]), int(a["seq_len"]))
+        base = theta * ((factor * S / int(a["ctx_len"])) - (factor - 1)) ** (rd / (rd - 2))
+        freq = base ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
+    elif scaling == "freq_factors":
+        return None  # the dump holds the factors' digest only: the RoPE check is skipped
     elif scaling != "none":
         raise ValueError(f"unknown rope_scaling {scaling!r}")
     return freq
+
+
+def rope_scale(a):
+    """The factor cos and sin carry (YaRN's attention factor), 1 otherwise."""
+    if attr_str(a["rope_scaling"]) != "yarn":
+        return 1.0
+    return float(dict(kv.split("=") for kv in attr_str(a["rope_params"]).split())["attn_factor"])
 
 
 def rope(kp, inv_freq):
@@ -176,10 +203,11 @@ def main():
             if d.shape != shape or d.dtype != dt:
                 fail(f"/layers/{i}/{name}: expected {shape} {np.dtype(dt).name}, found {d.shape} {d.dtype}")
         print(f"  layer {i}: " + ", ".join(parts))
-        if "k" in g and "k_pre_rope" in g:
+        if "k" in g and "k_pre_rope" in g and inv_freq is not None:
             kp = g["k_pre_rope"][...].astype(np.float64)
             k = g["k"][...].astype(np.float64)
             ref = rope(kp, inv_freq)
+            ref[..., : 2 * inv_freq.shape[0]] *= rope_scale(a)
             err = np.abs(k - ref)
             pn = np.zeros_like(kp)  # |pair| of k_pre_rope, per element
             rd = int(a["rope_dim"])
