@@ -490,6 +490,8 @@ int main(int argc, char **argv)
         const bool json_stdout = o.json && !strcmp(o.json, "-");
         FILE *tf = json_stdout ? stderr : stdout;
         const kvq_status ts = (!json_stdout || !o.quiet) ? kvq_ppl_report_table(tf, &rep, &e) : KVQ_OK;
+        /* saturated values and outlier fractions far above the nominal: on stderr too (also under --quiet) */
+        if (tf != stderr || o.quiet) kvq_ppl_report_warnings(stderr, &rep, "kveval: warning: ");
         if (js) fail("--json", &je, 1);
         if (ts) fail(NULL, &e, 1);
         rc = js || ts ? 1 : 0;

@@ -702,6 +702,10 @@ START_TEST(test_long_window_memory)
     /* the default model's shape (SmolLM2-135M: 30 layers, dim 576, 9/3 heads, hidden 1536, vocab 49152); no weights needed */
     m.hp = (kvq_hparams){.n_layers = 30, .dim = 576, .hidden_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64,
                          .vocab_size = 49152, .ctx_len = 8192, .rope_dim = 64, .rope_theta = 100000, .norm_eps = 1e-5f};
+    /* matrices described as fp32 (kvq_mat type 0) without data: the workspace needs no weight scratch */
+    kvq_layer_weights *lw = calloc((size_t)m.hp.n_layers, sizeof *lw);
+    ck_assert_ptr_nonnull(lw);
+    m.layers = lw;
     size_t bytes[3];
     const int Ts[3] = {2048, 4096, 8192};
     for (int i = 0; i < 3; i++) {
@@ -717,6 +721,7 @@ START_TEST(test_long_window_memory)
     ck_assert_msg(bytes[1] <= 2.05 * bytes[0] && bytes[2] <= 2.05 * bytes[1], "workspace grows faster than the window: %zu %zu %zu",
                   bytes[0], bytes[1], bytes[2]);
     ck_assert_msg(bytes[2] < ((size_t)512 << 20), "workspace at 8192 tokens: %zu bytes", bytes[2]);
+    free(lw);
     /* a long window on a small synthetic model: runs; its first rows equal a shorter window's */
     kvq_hparams hp = {.n_layers = 2, .dim = 32, .hidden_dim = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8, .vocab_size = 64,
                       .ctx_len = 8192, .rope_dim = 8, .rope_theta = 10000, .norm_eps = 1e-5f, .tied_embeddings = false};

@@ -430,6 +430,8 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                     results[s].xform = KVQ_PPL_XF_GPU;
                     results[s].k_counts.n_outliers += s1.k_outliers - s0.k_outliers;
                     results[s].v_counts.n_outliers += s1.v_outliers - s0.v_outliers;
+                    results[s].k_counts.n_clipped += s1.k_clipped - s0.k_clipped;
+                    results[s].v_counts.n_clipped += s1.v_clipped - s0.v_clipped;
                 }
                 if (!st && prog) kvq_progress_update(prog, ++done);
             }
@@ -455,6 +457,8 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                 results[s].xform = KVQ_PPL_XF_GPU;
                 results[s].k_counts.n_outliers += s1.k_outliers - s0.k_outliers;
                 results[s].v_counts.n_outliers += s1.v_outliers - s0.v_outliers;
+                results[s].k_counts.n_clipped += s1.k_clipped - s0.k_clipped;
+                results[s].v_counts.n_clipped += s1.v_clipped - s0.v_clipped;
             }
         }
         if (!st) st = kvq_engine_set_kv(&e, NULL, err);

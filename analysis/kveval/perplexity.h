@@ -191,6 +191,17 @@ typedef struct {
  * f cannot be written. */
 kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err);
 
+/* Findings a reader of the numbers must see, one line each to f (when not
+ * NULL) after prefix; returns their count. (1) Values saturated by the
+ * storage format (quant.h n_clipped: fp16 |x| >= 65520, which a real fp16
+ * cache stores as Inf; fp8 saturation), with their share of the cache. (2) A
+ * realised sparse-outlier fraction of the keys above KVQ_OUTLIER_WARN_RATIO x
+ * the scheme's nominal one (key thresholds from other data or another model;
+ * values' outliers are chosen per token, a fixed count). The table prints them as "- warning: " notes; kveval
+ * also on stderr. */
+#define KVQ_OUTLIER_WARN_RATIO 2.0
+size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *prefix);
+
 /* The same numbers plus every protocol detail (window offsets, per-window
  * NLL, quantizer counters, timings, paired differences and their se, the KLD
  * statistics and per-window means; null for what does not apply or is not

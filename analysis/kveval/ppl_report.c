@@ -121,6 +121,11 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
         }
         fputc('\n', f);
     }
+    if (kvq_ppl_report_warnings(NULL, r, "")) {
+        if (!notes) fputc('\n', f);
+        notes = true;
+        kvq_ppl_report_warnings(f, r, "- warning: ");
+    }
     for (size_t i = 0; i < r->n_skipped; i++) {
         if (!notes) fputc('\n', f);
         notes = true;
@@ -158,8 +163,49 @@ static cJSON *counts_json(const kvq_quant_counts *c)
     cJSON_AddNumberToObject(o, "outliers", (double)c->n_outliers);
     cJSON_AddNumberToObject(o, "sink", (double)c->n_sink);
     cJSON_AddNumberToObject(o, "exact_other", (double)c->n_exact);
+    cJSON_AddNumberToObject(o, "high_precision", (double)c->n_high);
+    cJSON_AddNumberToObject(o, "clipped", (double)c->n_clipped);
     cJSON_AddNumberToObject(o, "outlier_fraction", c->n_elems ? (double)c->n_outliers / (double)c->n_elems : 0.0);
     return o;
+}
+
+/* the share of the quantized elements (not sink, not exact for other reasons) kept as sparse outliers */
+static double realised_outlier_frac(const kvq_quant_counts *c)
+{
+    const uint64_t dense = c->n_elems - c->n_sink - c->n_exact;
+    return dense ? (double)c->n_outliers / (double)dense : 0.0;
+}
+
+size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *prefix)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_schemes; i++) {
+        const kvq_eval_scheme *s = &r->schemes[i];
+        const kvq_ppl_result *res = &r->results[i];
+        const kvq_quant_counts *kc = &res->k_counts, *vc = &res->v_counts;
+        if (kc->n_clipped || vc->n_clipped) {
+            const uint64_t tot = kc->n_elems + vc->n_elems;
+            if (f)
+                fprintf(f, "%s%s: %llu key and %llu value elements (%.3g%% of the cache) lay beyond the format's range and were "
+                           "saturated to its largest value (a real %s cache would hold %s there)\n",
+                        prefix, s->name, (unsigned long long)kc->n_clipped, (unsigned long long)vc->n_clipped,
+                        tot ? 100.0 * (double)(kc->n_clipped + vc->n_clipped) / (double)tot : 0.0,
+                        s->s.q.fam->name, !strcmp(s->s.q.fam->name, "fp16") ? "Inf" : "the saturated value too");
+            n++;
+        }
+        const double nominal = s->s.q.outlier_frac;
+        /* keys only: their thresholds are calibrated offline, so the realised share measures the match of
+         * tables and data; values' outliers are chosen per token (a fixed count, 2 k_side / kv_dim) */
+        const double got = realised_outlier_frac(kc);
+        if (nominal > 0 && got > KVQ_OUTLIER_WARN_RATIO * nominal) {
+            if (f)
+                fprintf(f, "%s%s: %.3g%% of the keys went to the sparse outliers, %.1fx the nominal %.3g%% (tables calibrated on "
+                           "other data or another model?); the bits column counts the realised fraction\n",
+                        prefix, s->name, 100.0 * got, got / nominal, 100.0 * nominal);
+            n++;
+        }
+    }
+    return n;
 }
 
 static cJSON *build(const kvq_ppl_report *r)

@@ -325,12 +325,16 @@ __device__ inline float nuq_one(float x, double zp, double r, const float *lv, s
     return (float)__dadd_rn(__dmul_rn((double)lv[i], r), zp);
 }
 
-__global__ void q_fp16_k(float *x, size_t n0, size_t n1)
+// saturated values (|x| >= 65520, quant.h KVQ_FP16_OVERFLOW) counted in *clipped when given
+__global__ void q_fp16_k(float *x, size_t n0, size_t n1, unsigned long long *clipped)
 {
+    unsigned long long c = 0;
     for (size_t i = n0 + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n1; i += (size_t)gridDim.x * blockDim.x) {
         float v = x[i];
+        c += fabsf(v) >= 65520.0f;
         x[i] = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : __half2float(__float2half_rn(v));
     }
+    if (clipped && c) atomicAdd(clipped, c);
 }
 
 // One warp per (token, group).
@@ -570,11 +574,11 @@ cudaError_t kvq_cu_attention(const kvq_cu_attn *a, cudaStream_t st)
     }
 }
 
-cudaError_t kvq_cu_q_fp16(float *x, size_t T, size_t n, size_t ns, cudaStream_t st)
+cudaError_t kvq_cu_q_fp16(float *x, size_t T, size_t n, size_t ns, unsigned long long *clipped, cudaStream_t st)
 {
     if (ns >= T) return cudaSuccess;
     size_t cnt = (T - ns) * n;
-    q_fp16_k<<<grid_for(cnt, kThreads * 4), kThreads, 0, st>>>(x, ns * n, T * n);
+    q_fp16_k<<<grid_for(cnt, kThreads * 4), kThreads, 0, st>>>(x, ns * n, T * n, clipped);
     return cudaGetLastError();
 }
 

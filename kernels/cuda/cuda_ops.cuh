@@ -95,7 +95,7 @@ cudaError_t kvq_cu_nonfinite(const float *x, size_t n, int *flag, cudaStream_t s
 // ---- KV quantize→dequantize (quant.h rules, bit-exact: double arithmetic,
 // ---- explicit _rn intrinsics so nothing is contracted into an FMA) ----
 // Rows [ns, T) of x[T][n]: fp16 round trip with saturation at ±65504.
-cudaError_t kvq_cu_q_fp16(float *x, size_t T, size_t n, size_t ns, cudaStream_t st);
+cudaError_t kvq_cu_q_fp16(float *x, size_t T, size_t n, size_t ns, unsigned long long *clipped, cudaStream_t st);
 // kvq_quant_int_token: out may equal in; rows < ns copied.
 cudaError_t kvq_cu_q_int_token(float *out, const float *in, size_t T, size_t kvd, size_t group, int bits, size_t ns,
                                cudaStream_t st);

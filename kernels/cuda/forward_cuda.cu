@@ -244,7 +244,7 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         a.take(&g->tg, T);
         a.take(&g->kb, T);
         a.take(&g->vb, T);
-        a.take(&g->cnt, 2);
+        a.take(&g->cnt, 4);
         a.take(&g->lse, (size_t)hp->n_heads * T);
         a.take(&g->mass, (size_t)hp->n_heads * (T + P));
         a.take(&g->entropy, (size_t)hp->n_heads * T);
@@ -276,7 +276,7 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         hbc.take(&g->h_vatt, T * kvd);
         hbc.take(&g->h_kalt, T * kvd);
         hbc.take(&g->h_valt, T * kvd);
-        hbc.take(&g->h_cnt, 2);
+        hbc.take(&g->h_cnt, 4);
         hbc.take(&g->h_mass, (size_t)hp->n_heads * (T + P));
         hbc.take(&g->h_ent, (size_t)hp->n_heads * T);
         if (pass == 0) {
@@ -566,7 +566,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         CU(cudaMemcpyAsync(g->kb, g->h_kb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
         CU(cudaMemcpyAsync(g->vb, g->h_vb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
     }
-    CU(cudaMemsetAsync(g->cnt, 0, 2 * sizeof(unsigned long long), g->st));
+    CU(cudaMemsetAsync(g->cnt, 0, 4 * sizeof(unsigned long long), g->st));
     if (g->bf16) CU(kvq_cu_embed_bf16(g->x, reinterpret_cast<const unsigned short *>(g->tok_embd), g->tok, T, dim, g->st));
     else CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
 
@@ -649,11 +649,13 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     for (int t = 0; t < T; t++) n_tg += tg[t] >= 0;
     if (!io->logits && (io->skip_loss || n_tg == 0)) {
         // no LM head: the caller computes the loss itself (backward), or no row is scored
-        CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
+        CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
         CU(cudaStreamSynchronize(g->st));
         CU(cudaGetLastError());
         g->stats.k_outliers += g->h_cnt[0];
         g->stats.v_outliers += g->h_cnt[1];
+        g->stats.k_clipped += g->h_cnt[2];
+        g->stats.v_clipped += g->h_cnt[3];
         res->n_scored = n_tg;
         if (io->nll && !io->skip_loss)
             for (int t = 0; t < T; t++) io->nll[t] = NAN;
@@ -714,11 +716,13 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     CU(cudaMemcpyAsync(g->h_row_max, g->row_max, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
     CU(cudaMemcpyAsync(g->h_row_tgt, g->row_tgt, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->st));
     CU(cudaMemcpyAsync(g->h_row_sum, g->row_sum, (size_t)T * sizeof(double), cudaMemcpyDeviceToHost, g->st));
-    CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
     CU(cudaStreamSynchronize(g->st));
     CU(cudaGetLastError());
     g->stats.k_outliers += g->h_cnt[0];
     g->stats.v_outliers += g->h_cnt[1];
+    g->stats.k_clipped += g->h_cnt[2];
+    g->stats.v_clipped += g->h_cnt[3];
 
     if (io->head && io->logits) { // the full-logits path: the head outputs from the logits on the host
         if (io->head->hidden)

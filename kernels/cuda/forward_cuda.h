@@ -119,6 +119,7 @@ typedef struct {
     uint64_t host_transforms;   /* layer calls whose transform ran on the host */
     uint64_t native_transforms; /* layer calls transformed on the GPU */
     uint64_t k_outliers, v_outliers; /* sparse outliers kept exact by native transforms */
+    uint64_t k_clipped, v_clipped;   /* values saturated by native transforms (quant.h n_clipped) */
     double seconds;             /* wall time inside kvq_forward_cuda_run */
 } kvq_cuda_stats;
 

@@ -54,8 +54,13 @@ float kvq_round_fp16(float x)
 
 void kvq_quant_fp16(float *out, const float *in, size_t n, kvq_quant_counts *counts)
 {
-    for (size_t i = 0; i < n; i++) out[i] = kvq_round_fp16(in[i]);
+    uint64_t clipped = 0;
+    for (size_t i = 0; i < n; i++) {
+        clipped += fabsf(in[i]) >= KVQ_FP16_OVERFLOW;
+        out[i] = kvq_round_fp16(in[i]);
+    }
     count_add(counts, n, 0, 0, 0);
+    if (counts) counts->n_clipped += clipped;
 }
 
 /* ---- uniform -------------------------------------------------------------- */

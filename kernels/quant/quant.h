@@ -46,13 +46,21 @@ typedef struct {
     uint64_t n_sink;     /* kept exact because the token is an attention-sink token */
     uint64_t n_exact;    /* kept exact for other reasons (KIVI incomplete group / residual, a recent window) */
     uint64_t n_high;     /* kept at a mixed-precision scheme's high precision (heavy hitters) */
+    uint64_t n_clipped;  /* beyond the storage format's range and saturated to its largest finite value:
+                          * fp16 |x| >= 65520 (a real fp16 cache would hold Inf), fp8 |x / s| at or past
+                          * the saturation midpoint (kvq_fp8_saturation_edge) */
 } kvq_quant_counts;
+
+/* The smallest |x| fp16 round-to-nearest-even takes to Inf (65504 + half its last step). */
+#define KVQ_FP16_OVERFLOW 65520.0f
 
 /* ---- fp16 ----------------------------------------------------------------
  * out[i] = (float)(half)in[i]: IEEE binary16, round-to-nearest-even, values
  * beyond the half range become ±65504 (saturated, never Inf: an fp16 KV cache
  * that overflowed would be a model bug, not a quantization effect to
- * simulate), subnormals kept. This is what an fp16 KV cache holds. */
+ * simulate), subnormals kept. This is what an fp16 KV cache holds. The
+ * saturated values (|x| >= KVQ_FP16_OVERFLOW) are counted in n_clipped, so a
+ * report can say that a real fp16 cache would have overflowed. */
 void kvq_quant_fp16(float *out, const float *in, size_t n, kvq_quant_counts *counts);
 /* One value, same rule. */
 float kvq_round_fp16(float x);

@@ -243,3 +243,21 @@ kvq_status kvq_fp8_calib_heads(kvq_fp8_format f, const float *x, size_t n_tokens
     }
     return KVQ_OK;
 }
+
+float kvq_fp8_saturation_edge(kvq_fp8_format f)
+{
+    return f == KVQ_FP8_E4M3FN ? 464.0f : 61440.0f;
+}
+
+uint64_t kvq_fp8_count_saturated(kvq_fp8_format f, const float *x, size_t n_tokens, size_t n_kv_heads, size_t head_dim,
+                                 const float *scales, size_t n_scales)
+{
+    const float edge = kvq_fp8_saturation_edge(f);
+    const size_t kvd = n_kv_heads * head_dim;
+    uint64_t n = 0;
+    for (size_t i = 0; i < n_tokens * kvd; i++) {
+        const float sc = scales[n_scales == 1 ? 0 : (i % kvd) / head_dim];
+        n += fabsf(x[i] / sc) >= edge;
+    }
+    return n;
+}

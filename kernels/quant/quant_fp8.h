@@ -44,6 +44,14 @@ typedef enum {
 
 /* Largest finite magnitude: 448 (E4M3FN), 57344 (E5M2). */
 float kvq_fp8_max(kvq_fp8_format f);
+/* The smallest |x / s| that saturates: the rounding midpoint above the largest
+ * finite value (448 + 32/2 = 464 for E4M3FN, 57344 + 8192/2 = 61440 for E5M2);
+ * below it round-to-nearest gives the largest value anyway. */
+float kvq_fp8_saturation_edge(kvq_fp8_format f);
+/* How many elements of x[n_tokens][n_kv_heads][head_dim] a round trip with
+ * scales (1 or n_kv_heads) saturates: |x / s_h| >= kvq_fp8_saturation_edge. */
+uint64_t kvq_fp8_count_saturated(kvq_fp8_format f, const float *x, size_t n_tokens, size_t n_kv_heads, size_t head_dim,
+                                 const float *scales, size_t n_scales);
 /* "e4m3fn" / "e5m2" */
 const char *kvq_fp8_name(kvq_fp8_format f);
 

@@ -187,7 +187,7 @@ typedef struct {
     const float *k_src, *v_src;   /* [T][kv_dim]: keys in the descriptor's stage, values (read only) */
     float *k, *v;                 /* in-place outputs: hold copies of k_src / v_src on entry */
     float *k_alt, *v_alt;         /* alternative outputs (families with cuda->alt) */
-    unsigned long long *counters; /* [2]: key, value outliers (added) */
+    unsigned long long *counters; /* [4]: key, value outliers; key, value clipped (quant.h n_clipped) (added) */
     void *stream;                 /* cudaStream_t */
 } kvq_cu_kv_args;
 

@@ -5,8 +5,8 @@ static kvq_status transform(const kvq_kv_desc *d, const void *state, const kvq_c
 {
     (void)state;
     cudaStream_t st = (cudaStream_t)a->stream;
-    KVQ_FCU(kvq_cu_q_fp16(a->k, a->T, a->kv_dim, d->q.n_sink, st));
-    KVQ_FCU(kvq_cu_q_fp16(a->v, a->T, a->kv_dim, d->q.n_sink, st));
+    KVQ_FCU(kvq_cu_q_fp16(a->k, a->T, a->kv_dim, d->q.n_sink, a->counters + 2, st));
+    KVQ_FCU(kvq_cu_q_fp16(a->v, a->T, a->kv_dim, d->q.n_sink, a->counters + 3, st));
     return KVQ_OK;
 }
 

@@ -139,7 +139,9 @@ static kvq_status quantize_fp8(const kvq_kv_desc *d, int layer, char side, float
         n_sc = t->n_fp8_scales;
     }
     if (out != in) memmove(out, in, ns * kvd * sizeof(float));
-    if (T > ns) KVQ_TRY(kvq_fp8_kv_roundtrip((kvq_fp8_format)(d->q.variant & 1), in + ns * kvd, out + ns * kvd, T - ns, H, hd, sc, n_sc, err));
+    const kvq_fp8_format f = (kvq_fp8_format)(d->q.variant & 1);
+    if (c && T > ns) c->n_clipped += kvq_fp8_count_saturated(f, in + ns * kvd, T - ns, H, hd, sc, n_sc);
+    if (T > ns) KVQ_TRY(kvq_fp8_kv_roundtrip(f, in + ns * kvd, out + ns * kvd, T - ns, H, hd, sc, n_sc, err));
     if (c) {
         c->n_elems += T * kvd;
         c->n_sink += ns * kvd;
@@ -208,14 +210,8 @@ static kvq_status fit_fp8(const kvq_artifact_params *p, char side, const kvq_fit
     /* clipped by saturation: |x / s| at or beyond the rounding midpoint above the largest finite
      * value (448 + 32/2 for E4M3FN, 57344 + 8192/2 for E5M2); below it round-to-nearest gives the
      * max anyway (absmax scales can land a hair above 448 in float32) */
-    float edge = kvq_fp8_max(f) * (f == KVQ_FP8_E4M3FN ? 464.0f / 448.0f : 61440.0f / 57344.0f);
-    uint64_t sat = 0;
-    for (size_t i = 0; i < rows * kvd; i++) {
-        float sc = out->fp8_scale[p->per_head ? (i % kvd) / D : 0];
-        if (fabsf(x[i] / sc) >= edge) sat++;
-    }
     out->n_elems = out->n_points = (uint64_t)rows * kvd;
-    out->n_outliers = sat;
+    out->n_outliers = kvq_fp8_count_saturated(f, x, rows, H, D, out->fp8_scale, n_sc);
     return KVQ_OK;
 }
 
