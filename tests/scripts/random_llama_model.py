@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write a random-weight HF Llama checkpoint of a real model's shape, for the
-memory and speed benchmarks (scripts/bench_large_model.sh, docs/BENCHMARKS.md).
+memory and speed benchmarks (scripts/gpu_families_check.sh step 3, docs/BENCHMARKS.md).
 Nothing here is a test fixture: the output is large (16 GB for llama3-8b in
 bf16) and belongs in a scratch directory (/tmp), never in the repository.
 
