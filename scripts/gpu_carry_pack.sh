@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
-# gpu_carry_pack.sh — package a kveval GPU run for a machine that has the CUDA
-# driver and cuBLAS but not our build dependencies (hdf5, cjson, openblas, ...)
-# and that receives at most LIMIT MiB per transfer (the device tool: 64 MiB
+# gpu_carry_pack.sh — package GPU runs for a machine that has the CUDA driver
+# and cuBLAS but not our build dependencies (hdf5, cjson, openblas, ...) and
+# that receives at most LIMIT MiB per transfer (the device tool: 64 MiB
 # including the repository's own tree).
 #
 #   scripts/gpu_carry_pack.sh DEST MODEL TEXT ARTDIR [PART_MIB]
 #     DEST     output folder (emptied): DEST/p1 .. DEST/pN, one per transfer
 #     MODEL    the model file (split into PART_MIB-MiB pieces, default 38)
 #     TEXT     the evaluation text (wiki.test.raw)
-#     ARTDIR   kvcalib artifacts nuq{4,3,2}.safetensors, nuq{4,3,2}-1pct.safetensors
+#     ARTDIR   kvcalib artifacts (every *.safetensors in it is carried): gpu_kveval.sh needs
+#              nuq{4,3,2}.safetensors, nuq{4,3,2}-1pct.safetensors; gpu_kveval_fidelity.sh also
+#              fp8-tensor, fp8-head, e5m2-head
 # DEST/pN (the last transfer) also holds kveval (linked --as-needed from this
-# build's build/libkvq.a), libs.tar.xz (every shared library it needs except
-# glibc, libstdc++, libgcc_s and cuBLAS), the text, the artifacts,
-# scripts/gpu_kveval.sh and run.sh. On the GPU machine: copy p1 .. p(N-1)
-# into STASH as they arrive, then with pN in place run
-#     bash pN/run.sh STASH OUTDIR
+# build's build/libkvq.a), gpu_check and test_kvcache_cuda when built
+# (make gpu-tests), libs.tar.xz (every shared library they need except glibc,
+# libstdc++, libgcc_s and cuBLAS), the text, the artifacts, the run scripts
+# and run.sh. On the GPU machine: copy p1 .. p(N-1) into STASH as they arrive,
+# then with pN in place run
+#     bash pN/run.sh STASH OUTDIR [STEPS]
 # which reassembles the model, checks its sha256 against scripts/models.sha256,
-# unpacks the libraries and runs scripts/gpu_kveval.sh.
+# unpacks the libraries and runs STEPS (default "kveval"): "kveval" is
+# scripts/gpu_kveval.sh; "checks" gpu_check --synthetic, test_kvcache_cuda and
+# gpu_check --families tests/fixtures (run from a checkout); "fidelity"
+# scripts/gpu_kveval_fidelity.sh (issue 41's tables and passkey).
 set -euo pipefail
 if [ $# -lt 4 ]; then
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 DEST=$(realpath -m "$1") MODEL=$(realpath "$2") TEXT=$(realpath "$3") ART=$(realpath "$4") PART=${5:-38}
 cd "$(dirname "$0")/.."
-[ -f build/cmd/kveval.o ] && [ -f build/libkvq.a ] || { echo "gpu_carry_pack: run make (CUDA build) first" >&2; exit 2; }
+# the objects must match the library: a kveval.o older than a header it includes reads the library's
+# structures with the old layout (a heap corrupted on the GPU machine, nowhere else)
+make -j"$(nproc)" CUDA=1 all gpu-tests >/dev/null || { echo "gpu_carry_pack: the CUDA build failed (make CUDA=1 all gpu-tests)" >&2; exit 2; }
 rm -rf "$DEST"
 mkdir -p "$DEST/tmp"
 T=$DEST/tmp
@@ -33,8 +41,12 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 cc -std=c17 -O2 -fopenmp build/cmd/kveval.o -Wl,--as-needed build/libkvq.a \
     $(pkg-config --libs hdf5 libcjson libpcre2-8 openblas libcrypto) -lz -lm -lpthread \
     -L"$CUDA_HOME/lib64" -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++ -o "$T/kveval"
+bins=("$T/kveval")
+for g in gpu_check test_kvcache_cuda; do
+    [ -x "build/gpu/$g" ] && cp "build/gpu/$g" "$T/" && bins+=("$T/$g")
+done
 mkdir -p "$T/lib"
-ldd "$T/kveval" | awk '/=>/{print $1, $3}' | while read -r name path; do
+ldd "${bins[@]}" | awk '/=>/{print $1, $3}' | while read -r name path; do
     case "$name" in
     libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libgcc_s.so.*|libstdc++.so.*|libresolv.so.*|libcublas*) ;;
     *) [ -e "$path" ] || { echo "gpu_carry_pack: $name not found here" >&2; exit 1; }; cp -L "$path" "$T/lib/" ;;
@@ -47,10 +59,10 @@ n=${#parts[@]}
 for i in $(seq 1 "$n"); do mkdir -p "$DEST/p$i"; mv "${parts[$((i - 1))]}" "$DEST/p$i/"; done
 L=$DEST/p$n
 mkdir -p "$L/art"
-cp "$T/kveval" "$T/libs.tar.xz" "$L/"
+cp "${bins[@]}" "$T/libs.tar.xz" "$L/"
 cp "$TEXT" "$L/text.raw"
-cp "$ART"/nuq[432].safetensors "$ART"/nuq[432]-1pct.safetensors "$L/art/"
-cp scripts/gpu_kveval.sh "$L/"
+cp "$ART"/*.safetensors "$L/art/"
+cp scripts/gpu_kveval.sh scripts/gpu_kveval_fidelity.sh "$L/"
 sum=$(awk -v f="$(basename "$MODEL")" '$2 == f {print $1}' scripts/models.sha256)
 cat >"$L/run.sh" <<EOF
 #!/usr/bin/env bash
@@ -70,7 +82,22 @@ if ldd "\$HERE/kveval" | grep 'libcublas.so.13 => not found' >/dev/null; then
     [ -n "\$c" ] && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(dirname "\$c")
 fi
 if ldd "\$HERE/kveval" | grep 'not found'; then echo "run.sh: libraries missing" >&2; exit 1; fi
-KVQ_KVEVAL=\$HERE/kveval bash "\$HERE/gpu_kveval.sh" /tmp/kvq_model/model.gguf "\$HERE/text.raw" "\$HERE/art" "\$OUT"
+chmod +x "\$HERE"/gpu_check "\$HERE"/test_kvcache_cuda 2>/dev/null || true
+rc=0
+for step in \${3:-kveval}; do
+    echo "== run.sh: \$step"
+    case "\$step" in
+    kveval) KVQ_KVEVAL=\$HERE/kveval bash "\$HERE/gpu_kveval.sh" /tmp/kvq_model/model.gguf "\$HERE/text.raw" "\$HERE/art" "\$OUT" || rc=1 ;;
+    checks)
+        "\$HERE/gpu_check" --synthetic >"\$OUT/synthetic.txt" 2>&1 || rc=1; tail -3 "\$OUT/synthetic.txt"
+        "\$HERE/test_kvcache_cuda" >"\$OUT/test_kvcache_cuda.txt" 2>&1 || rc=1; tail -3 "\$OUT/test_kvcache_cuda.txt"
+        "\$HERE/gpu_check" --families tests/fixtures >"\$OUT/families.txt" 2>&1 || rc=1; tail -3 "\$OUT/families.txt" ;;
+    fidelity) KVQ_KVEVAL=\$HERE/kveval KVQ_GPU_CHECK=/nonexistent bash "\$HERE/gpu_kveval_fidelity.sh" /tmp/kvq_model/model.gguf \
+                  "\$HERE/text.raw" "\$HERE/art" "\$OUT" || rc=1 ;;
+    *) echo "run.sh: unknown step \$step" >&2; rc=2 ;;
+    esac
+done
+exit \$rc
 EOF
 rm -rf "$T"
 du -sh "$DEST"/p*

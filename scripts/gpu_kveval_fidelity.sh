@@ -14,7 +14,10 @@
 #               bin/kvcalib d.h5 --method nuq --bits B [--outliers 0] -o ARTDIR/nuqB[-1pct].safetensors
 #               bin/kvcalib d.h5 --method fp8 --scale tensor|head [--fp8-format e5m2] -o ARTDIR/...
 #     OUTDIR  ctx2048.md/.json, ctxmax.md/.json, passkey.md/.json, gpu_check.txt
-# Environment: KVQ_KVEVAL (default bin/kveval), KVQ_GPU_CHECK (default build/gpu/gpu_check), KVQ_DEVICE (cuda).
+# Environment: KVQ_KVEVAL (default bin/kveval), KVQ_GPU_CHECK (default build/gpu/gpu_check), KVQ_DEVICE (cuda),
+# KVQ_FIDELITY_STEPS (default "ctx2048 ctxmax passkey", run in that order), KVQ_PASSKEY_SCHEMES (default
+# every scheme), KVQ_PASSKEY_TRIALS (4), KVQ_PASSKEY_DEPTHS (0,25,50,75,100). On an H100 the ctx-2048 run
+# takes ~5 min, the --ctx max run ~7 min (SmolLM2, 25 schemes, the whole split).
 set -euo pipefail
 if [ $# -lt 4 ]; then
     sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
@@ -39,13 +42,20 @@ fi
 schemes=()
 for s in fp16 int4+sink1 int3+sink1 int2+sink1 int4-pc-1% kivi4 kivi2 nuq4-1% nuq3-1% nuq2-1% nuq4 nuq3 nuq2 \
          fp8 e5m2 fp8-tensor fp8-head e5m2-head q8_0 q5_1 q5_0 q4_1 q4_0 iq4_nl; do schemes+=(--scheme "$s"); done
-for run in "2048 ctx2048" "max ctxmax"; do
-    set -- $run
-    "$KVEVAL" --device "$DEV" --model "$MODEL" --text "$TEXT" --ctx "$1" "${arts[@]}" "${schemes[@]}" \
-        --json "$OUT/$2.json" >"$OUT/$2.md" 2>"$OUT/$2.err" || { cat "$OUT/$2.err" >&2; exit 1; }
-    cat "$OUT/$2.md"
+for step in ${KVQ_FIDELITY_STEPS:-ctx2048 ctxmax passkey}; do
+    case "$step" in
+    ctx2048|ctxmax)
+        ctx=$([ "$step" = ctx2048 ] && echo 2048 || echo max)
+        "$KVEVAL" --device "$DEV" --model "$MODEL" --text "$TEXT" --ctx "$ctx" "${arts[@]}" "${schemes[@]}" \
+            --json "$OUT/$step.json" >"$OUT/$step.md" 2>"$OUT/$step.err" || { cat "$OUT/$step.err" >&2; exit 1; }
+        cat "$OUT/$step.md" ;;
+    passkey)
+        pks=()
+        if [ -n "${KVQ_PASSKEY_SCHEMES:-}" ]; then for s in $KVQ_PASSKEY_SCHEMES; do pks+=(--scheme "$s"); done; else pks=("${schemes[@]}"); fi
+        "$KVEVAL" --device "$DEV" --task passkey --model "$MODEL" "${arts[@]}" --passkey-lengths 512,1024,2048,4096,max \
+            --passkey-depths "${KVQ_PASSKEY_DEPTHS:-0,25,50,75,100}" --passkey-trials "${KVQ_PASSKEY_TRIALS:-4}" "${pks[@]}" \
+            --json "$OUT/passkey.json" >"$OUT/passkey.md" 2>"$OUT/passkey.err" || { cat "$OUT/passkey.err" >&2; exit 1; }
+        cat "$OUT/passkey.md" ;;
+    *) echo "gpu_kveval_fidelity: unknown step $step" >&2; exit 2 ;;
+    esac
 done
-"$KVEVAL" --device "$DEV" --task passkey --model "$MODEL" "${arts[@]}" --passkey-lengths 512,1024,2048,4096,max \
-    --passkey-depths 0,25,50,75,100 --passkey-trials 4 "${schemes[@]}" --json "$OUT/passkey.json" \
-    >"$OUT/passkey.md" 2>"$OUT/passkey.err" || { cat "$OUT/passkey.err" >&2; exit 1; }
-cat "$OUT/passkey.md"

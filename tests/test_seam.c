@@ -241,6 +241,12 @@ START_TEST(test_registry_round_trip)
         ck_assert_str_eq(s2.name, s.name);
         ck_assert_ptr_eq(s2.s.q.fam, s.s.q.fam);
         ck_assert(memcmp(&s2.s.q, &s.s.q, sizeof s.s.q) == 0);
+        /* what a GPU engine is handed: the descriptor only for a family with a native CUDA part (the KL
+         * divergence's GPU path once handed fp8's to the engine, which refused it); the rest run on the host */
+        const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(&s), *g = kvq_eval_scheme_gpu_desc(&s);
+        ck_assert_ptr_eq(g, s.s.q.fam->cuda ? d : NULL);
+        if (i == 0) ck_assert_ptr_null(d);
+        if (i >= 4) ck_assert_msg(d && !g, "%s: a descriptor, run on the host", specs[i]);
     }
     /* the syntax line and kvcalib's methods list every family of the registry */
     char syn[KVQ_SCHEME_SYNTAX_MAX], methods[256];

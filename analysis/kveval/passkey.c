@@ -231,7 +231,7 @@ kvq_status kvq_passkey_run(kvq_ppl_exec *x, const kvq_model *m, const kvq_tokeni
     uint64_t done = 0;
     for (size_t c = 0; !st && c < res->n_cases; c++)
         for (size_t s = 0; !st && s < n_schemes; s++) {
-            const kvq_kv_desc *d = dev == KVQ_DEVICE_CUDA ? kvq_eval_scheme_kv_desc(&schemes[s]) : NULL;
+            const kvq_kv_desc *d = dev == KVQ_DEVICE_CUDA ? kvq_eval_scheme_gpu_desc(&schemes[s]) : NULL;
             if (dev == KVQ_DEVICE_CUDA) st = kvq_engine_set_kv(&e, d, err);
             if (!st)
                 st = run_case(&e, tok, &schemes[s], d != NULL, &res->cases[c], targets, argmax, &res->out[c * n_schemes + s], err);

@@ -414,7 +414,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
             for (size_t k = 0; st == KVQ_OK && k < n_schemes; k++) {
                 const size_t s = k == 0 ? base : k <= base ? k - 1 : k;
                 kw.is_base = s == base;
-                const kvq_kv_desc *d = dev == KVQ_DEVICE_CUDA ? kvq_eval_scheme_kv_desc(&schemes[s]) : NULL;
+                const kvq_kv_desc *d = dev == KVQ_DEVICE_CUDA ? kvq_eval_scheme_gpu_desc(&schemes[s]) : NULL;
                 kvq_cuda_stats s0 = {0}, s1 = {0};
                 if (dev == KVQ_DEVICE_CUDA) {
                     st = kvq_engine_set_kv(&e, d, err);
@@ -439,8 +439,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
     } else {
         for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++) {
             /* natively on the GPU when the family has a CUDA part, else the hook on the host */
-            const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(&schemes[s]);
-            if (d && !d->q.fam->cuda) d = NULL;
+            const kvq_kv_desc *d = kvq_eval_scheme_gpu_desc(&schemes[s]);
             st = kvq_engine_set_kv(&e, d, err);
             if (st) {
                 kvq_err_prefix(err, "scheme %s", schemes[s].name);

@@ -346,6 +346,12 @@ const kvq_kv_desc *kvq_eval_scheme_kv_desc(const kvq_eval_scheme *s)
     return s->s.q.fam && !kvq_kv_desc_is_identity(&s->desc) ? &s->desc : NULL;
 }
 
+const kvq_kv_desc *kvq_eval_scheme_gpu_desc(const kvq_eval_scheme *s)
+{
+    const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(s);
+    return d && d->q.fam->cuda ? d : NULL;
+}
+
 int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv)
 {
     const kvq_scheme *q = &s->s.q;

@@ -151,6 +151,12 @@ bool kvq_eval_scheme_is_identity(const kvq_eval_scheme *s);
  * NULL when there is no transform (fp32). Points into s. */
 const kvq_kv_desc *kvq_eval_scheme_kv_desc(const kvq_eval_scheme *s);
 
+/* What a GPU engine is given (kvq_engine_set_kv): the descriptor when the
+ * family has a native CUDA part, else NULL, and the caller runs the scheme's
+ * hooks (kvq_scheme_hooks) on the host between GPU layers (fp8, the llama.cpp
+ * block formats, hh). Every GPU path of kveval chooses through this. */
+const kvq_kv_desc *kvq_eval_scheme_gpu_desc(const kvq_eval_scheme *s);
+
 /* Code bits of K and V for the table: 32 / 16 for fp32 / fp16. */
 int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv);
 
