@@ -628,7 +628,7 @@ static int run_synthetic(kvq_device gdev)
         }
         all_ok &= bitexact_all(&gpu, hp, &L, tokens, T, P ? &px : NULL);
         for (int i = 0; i < L.n; i++)
-            if (L.d[i].q.kind == KVQ_SCHEME_INT) {
+            if (L.d[i].q.fam == KVQ_FAM("int")) {
                 all_ok &= head_check(&cpu, &gpu, hp, &L.d[i], L.name[i], tokens, T, P ? &px : NULL);
                 break;
             }
@@ -1019,7 +1019,7 @@ static int family_check(const char *label, const kvq_model *m, const int32_t *to
     TRYE(kvq_engine_init(&cpu, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, m, Tb, P, KVQ_ENGINE_BACKWARD, &err));
     TRYE(kvq_engine_init(&gpu, gdev, KVQ_CUDA_EXACT, m, Tb, P, KVQ_ENGINE_BACKWARD, &err));
     kvq_kv_desc fp = {0};
-    fp.q.kind = KVQ_SCHEME_FP32;
+    fp.q.fam = KVQ_FAM("fp32");
     bwd_header();
     ok &= bwd_compare(&cpu, &gpu, hp, &fp, 0, label, tokens + P, Tb, pp, 1e-4);
     printf("\n| scheme | layer | mass | entropy | sum(mass)/(heads*T) | |\n|---|---|---|---|---|---|\n");
