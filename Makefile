@@ -84,7 +84,9 @@ BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 # GPU checks and benchmarks (tests/gpu, CUDA=1 only; run by scripts/gpu_kvcache_bench.sh and
 # scripts/gpu_check_bench.sh, never by CI).
 # --as-needed keeps the binaries free of libraries they do not use (the device image lacks most).
-GPU_SRC := $(wildcard tests/gpu/*.c)
+# gpu_check is one binary from gpu_check.c and its parts tests/gpu/gpu_check_*.c (their own rule below).
+GPU_CHECK_PARTS := $(wildcard tests/gpu/gpu_check_*.c)
+GPU_SRC := $(filter-out $(GPU_CHECK_PARTS),$(wildcard tests/gpu/*.c))
 GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 
 .PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu-tests
@@ -168,6 +170,11 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $< -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/gpu/gpu_check: tests/gpu/gpu_check.c $(GPU_CHECK_PARTS) tests/gpu/gpu_check.h $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) tests/gpu/gpu_check.c $(GPU_CHECK_PARTS) -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
 
 setup:
 	bash scripts/setup.sh
