@@ -55,7 +55,7 @@ CU_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
 # compiles them in parallel (nvcc compiles the kernels of one unit one after another): kv::kivi_fast per (key bits,
 # value bits), 44 kernels each, and the NUQ decode kernels per key bits. The units are written here
 # ($(BUILD)/gen/kvcache_cuda_inst_<group>.cu); the groups are those of the extern template declarations in
-# kvcache_cuda_kivi.cuh and kvcache_cuda_nuq.cuh (a unit missing here fails the link). Each unit costs about a second
+# kvcache_cuda_kivi_fast.cuh and kvcache_cuda_nuq.cuh (a unit missing here fails the link). Each unit costs about a second
 # of CPU of its own (headers, host side), so the groups are no smaller than a parallel build needs.
 KVC_INST := kivi_2_2 kivi_2_4 kivi_4_2 kivi_4_4 nuq_2 nuq_3 nuq_4
 KVC_INST_OBJ := $(KVC_INST:%=$(BUILD)/gen/kvcache_cuda_inst_%.cu.o)
@@ -84,7 +84,9 @@ BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 # GPU checks and benchmarks (tests/gpu, CUDA=1 only; run by scripts/gpu_kvcache_bench.sh and
 # scripts/gpu_check_bench.sh, never by CI).
 # --as-needed keeps the binaries free of libraries they do not use (the device image lacks most).
-GPU_SRC := $(wildcard tests/gpu/*.c)
+# gpu_check is one binary from gpu_check.c and its parts tests/gpu/gpu_check_*.c (their own rule below).
+GPU_CHECK_PARTS := $(wildcard tests/gpu/gpu_check_*.c)
+GPU_SRC := $(filter-out $(GPU_CHECK_PARTS),$(wildcard tests/gpu/*.c))
 GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 
 .PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu-tests
@@ -148,7 +150,7 @@ $(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
 
-$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvcache_synth.h kernels/kvcache/kvcache_cuda_dec.cuh kernels/kvcache/kvcache_cuda_kivi.cuh $(LIB)
+$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvcache_synth.h kernels/kvcache/kvcache_cuda_dec.cuh $(wildcard kernels/kvcache/kvcache_cuda_kivi*.cuh) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  CXX   $@',true)
 	$(Q)$(CXX) -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \
@@ -168,6 +170,11 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $< -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/gpu/gpu_check: tests/gpu/gpu_check.c $(GPU_CHECK_PARTS) tests/gpu/gpu_check.h $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) tests/gpu/gpu_check.c $(GPU_CHECK_PARTS) -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
 
 setup:
 	bash scripts/setup.sh

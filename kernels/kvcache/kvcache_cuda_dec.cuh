@@ -4,7 +4,7 @@
 // same source on the host (KVQ_EMU: one std::thread per CUDA thread) to check the index arithmetic
 // against the CPU reference without a GPU. See formats/KVCACHE.md "Decode attention (GPU)".
 // The kernel templates' instances are compiled in translation units of their own, written by the Makefile
-// (build/gen/kvcache_cuda_inst_*.cu; see kvcache_cuda_nuq.cuh and kvcache_cuda_kivi.cuh), which define
+// (build/gen/kvcache_cuda_inst_*.cu; see kvcache_cuda_nuq.cuh and kvcache_cuda_kivi_fast.cuh), which define
 // KVQ_KVCACHE_CUDA_INST: the kernels that are not templates (exact_decode, combine, and KIVI's kivi_generic,
 // kivi_tail, combine_par, combine_par_wide) and the __device__ functions that are neither templates nor inline (whose
 // host-side stubs would be defined twice) are then left out, so that they are defined once, in kvcache_cuda.cu.
