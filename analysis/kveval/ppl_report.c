@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "outfile.h"
+#include "version.h"
 #include "perplexity.h"
 
 /* a family's parameters into the scheme's JSON object (kvq_param_sink) */
@@ -169,7 +170,7 @@ static cJSON *build(const kvq_ppl_report *r)
     const kvq_hparams *hp = &r->m->hp;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "tool", "kveval");
-    cJSON_AddStringToObject(root, "version", "0.1.0");
+    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
     cJSON *m = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(m, "path", r->m->path);
     if (r->model_fingerprint) cJSON_AddStringToObject(m, "fingerprint", r->model_fingerprint);
