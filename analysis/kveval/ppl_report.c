@@ -169,6 +169,9 @@ static cJSON *build(const kvq_ppl_report *r)
     const kvq_ppl_plan *pl = r->plan;
     const kvq_hparams *hp = &r->m->hp;
     cJSON *root = cJSON_CreateObject();
+    cJSON *schema = cJSON_AddObjectToObject(root, "schema"); /* docs/JSON.md */
+    cJSON_AddStringToObject(schema, "name", "kvq.kveval");
+    cJSON_AddNumberToObject(schema, "version", KVQ_JSON_KVEVAL_VERSION);
     cJSON_AddStringToObject(root, "tool", "kveval");
     cJSON_AddStringToObject(root, "version", KVQ_VERSION);
     cJSON *m = cJSON_AddObjectToObject(root, "model");
