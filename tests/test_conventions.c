@@ -143,6 +143,10 @@ START_TEST(test_one_meaning_per_option)
     static opt_set s;
     KVQ_SKIP_IF(!all_options(&s), "the binaries are not built");
     ck_assert_int_gt(s.n, 60); /* the parser read the tables */
+    for (int i = 0; i < s.n; i++) { /* a default written into the help text as well as generated from the target */
+        const char *d = strstr(s.r[i].help, "[default ");
+        ck_assert_msg(!d || !strstr(d + 1, "[default "), "%s --%s: two defaults: %s", s.r[i].tool, s.r[i].lng, s.r[i].help);
+    }
     for (int i = 0; i < s.n; i++)
         for (int j = 0; j < i; j++) {
             const opt_row *a = &s.r[i], *b = &s.r[j];
