@@ -84,7 +84,7 @@ typedef struct {
 static int option_table(cli_args *a, kvq_opt *t, const char *methods)
 {
     const kvq_opt tab[] = {
-        {"method", 'm', KVQ_OPT_CHOICE, &a->method, "M", "quantization scheme (the methods below)", methods, 0, 0, false},
+        {"method", 0, KVQ_OPT_CHOICE, &a->method, "M", "quantization scheme (the methods below)", methods, 0, 0, false},
         {"bits", 'b', KVQ_OPT_INT, &a->bits, "B", "code bits of keys and values, 1..8 (required to calibrate)", NULL, 1, 8,
          false},
         {"outliers", 0, KVQ_OPT_FLOAT, &a->outliers, "F",
@@ -116,13 +116,13 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
         {"bits-ctx", 0, KVQ_OPT_INT, &a->bits_ctx, "N", "context length of the bits accounting (0: the dump's seq_len)",
          NULL, 0, 1e9, false},
         {"seed", 0, KVQ_OPT_INT, &a->seed, "S", "nuq: k-means++ seed", NULL, 0, 9e15, false},
-        {"threads", 'j', KVQ_OPT_INT, &a->threads, "N", "worker threads (0: OpenMP default)", NULL, 0, 4096, false},
+        kvq_cli_common(KVQ_COPT_THREADS, &a->threads, false),
         {"out", 'o', KVQ_OPT_STRING, &a->out, "FILE", "artifact to write (required to calibrate)", NULL, 0, 0, false},
         {"force", 'f', KVQ_OPT_FLAG, &a->force, NULL, "replace an existing --out file", NULL, 0, 0, false},
-        {"quiet", 'q', KVQ_OPT_FLAG, &a->quiet, NULL, "no progress or summary (errors only)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_QUIET, &a->quiet, false),
         {"inspect", 0, KVQ_OPT_STRING, &a->inspect, "FILE", "print a readable summary of an artifact and exit", NULL, 0,
          0, false},
-        {"version", 0, KVQ_OPT_FLAG, &a->version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_VERSION, &a->version, false),
     };
     memcpy(t, tab, sizeof tab);
     return (int)(sizeof tab / sizeof *tab);
@@ -241,6 +241,8 @@ static const char IKV_SUMMARY[] =
     "(IntactKV_[P]+Cal): Adam on 1/2 sum over layers of the mean squared difference between the\n"
     "layer outputs with the full-precision cache and with the base scheme's quantized cache\n"
     "(straight-through estimator), on calibration windows sampled as KVQuant does.\n"
+    "--text (the calibration text, e.g. wikitext-2 wiki.train.tokens), --format and --device\n"
+    "apply to --train only (the exactness mode on a GPU).\n"
     "Training defaults: the IntactKV reference (intactkv_train.py, train.sh) uses 128 ShareGPT samples\n"
     "of <= 1024 tokens, 16 per step, 160 steps (20 epochs), lr 2e-4 (constant), clip 0.3, AdamW\n"
     "without weight decay. Kept here: lr 2e-4, clip 0.3, Adam (0.9, 0.999, 1e-8). Scaled down for a\n"
@@ -398,11 +400,10 @@ static int cmd_intactkv(int argc, char **argv)
                   .cache_mib = (long)d.target_cache_mib, .lr = d.lr, .clip = d.clip, .beta1 = d.beta1, .beta2 = d.beta2,
                   .eps = d.eps};
     kvq_opt tab[] = {
-        {"model", 'm', KVQ_OPT_STRING, &a.model, "PATH", "model (GGUF, HF directory or llama2.c .bin)", NULL, 0, 0, true},
-        {"tokenizer", 0, KVQ_OPT_STRING, &a.tokenizer, "FILE", "tokenizer (needed for llama2.c models; default: the model's own)",
-         NULL, 0, 0, false},
-        {"base", 'b', KVQ_OPT_STRING, &a.base, "FILE", "base artifact (any scheme) whose tables the output keeps", NULL, 0, 0, true},
-        {"prefix", 'p', KVQ_OPT_STRING, &a.prefix, "P", "'bos' (the BOS token alone) or the prefix text", NULL, 0, 0, true},
+        kvq_cli_common(KVQ_COPT_MODEL, &a.model, true),
+        kvq_cli_common(KVQ_COPT_TOKENIZER, &a.tokenizer, false),
+        {"base", 0, KVQ_OPT_STRING, &a.base, "FILE", "base artifact (any scheme) whose tables the output keeps", NULL, 0, 0, true},
+        {"prefix", 0, KVQ_OPT_STRING, &a.prefix, "P", "'bos' (the BOS token alone) or the prefix text", NULL, 0, 0, true},
         {"special", 0, KVQ_OPT_FLAG, &a.special, NULL, "recognise special tokens (e.g. <|im_start|>) in the prefix text", NULL, 0,
          0, false},
         {"add-bos", 0, KVQ_OPT_FLAG, &a.add_bos, NULL, "prepend the BOS token to the prefix text", NULL, 0, 0, false},
@@ -412,10 +413,8 @@ static int cmd_intactkv(int argc, char **argv)
          "accept a base artifact whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
         {"train", 0, KVQ_OPT_FLAG, &a.train, NULL, "calibrate the prefix K/V against the base scheme (needs --text)", NULL, 0, 0,
          false},
-        {"text", 't', KVQ_OPT_STRING, &a.text, "FILE", "--train: calibration text (e.g. wikitext-2 wiki.train.tokens)", NULL, 0, 0,
-         false},
-        {"format", 0, KVQ_OPT_CHOICE, &a.format, "FMT", "--train: text format (default: from the file name)", "raw|wikitext-tokens|jsonl", 0,
-         0, false},
+        kvq_cli_common(KVQ_COPT_TEXT, &a.text, false),
+        kvq_cli_common(KVQ_COPT_FORMAT, &a.format, false),
         {"scheme", 's', KVQ_OPT_STRING, &a.scheme, "SPEC",
          "--train: kveval scheme quantizing the window (default: the base artifact's own)", NULL, 0, 0, false},
         {"samples", 'n', KVQ_OPT_INT, &a.samples, "N", "--train: calibration windows (reference: 128)", NULL, 1, 1e6, false},
@@ -438,9 +437,8 @@ static int cmd_intactkv(int argc, char **argv)
          false},
         {"loss-csv", 0, KVQ_OPT_STRING, &a.loss_csv, "FILE", "--train: also write step,loss,grad_norm,seconds per step", NULL, 0,
          0, false},
-        {"device", 0, KVQ_OPT_STRING, &a.device, "DEV",
-         "--train: cpu, cuda, cuda:N or auto (default: cuda when a GPU is present; exactness mode)", NULL, 0, 0, false},
-        {"quiet", 'q', KVQ_OPT_FLAG, &a.quiet, NULL, "no progress or summary (errors only)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_DEVICE, &a.device, false),
+        kvq_cli_common(KVQ_COPT_QUIET, &a.quiet, false),
     };
     int n_tab = (int)(sizeof tab / sizeof *tab);
     kvq_err e = {0};
@@ -453,9 +451,11 @@ static int cmd_intactkv(int argc, char **argv)
         fprintf(stderr, "%s intactkv: --train needs --text FILE (calibration text)\n", PROG);
         return EXIT_USAGE;
     }
-    if (!a.train) /* every "--train:" option given without --train is a usage error, not silently ignored */
+    if (!a.train) /* every "--train:" option (and the shared --text, --format, --device, which only --train uses) given
+                   * without --train is a usage error, not silently ignored */
         for (int k = 0; k < n_tab; k++)
-            if (given_at[k] && !strncmp(tab[k].help, "--train:", 8)) {
+            if (given_at[k] && (!strncmp(tab[k].help, "--train:", 8) || !strcmp(tab[k].name, "text") ||
+                                !strcmp(tab[k].name, "format") || !strcmp(tab[k].name, "device"))) {
                 const char *w = argv[given_at[k]];
                 fprintf(stderr, "%s intactkv: %.*s applies to --train only (the --train: options of --help)\n", PROG,
                         (int)strcspn(w, "="), w);
@@ -584,7 +584,7 @@ static int cmd_export_vllm(int argc, char **argv)
     kvq_opt tab[] = {
         {"out", 'o', KVQ_OPT_STRING, &out, "FILE", "safetensors file to write", NULL, 0, 0, true},
         {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "replace an existing --out file", NULL, 0, 0, false},
-        {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no summary", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_QUIET, &quiet, false),
     };
     kvq_strlist pos = {0};
     bool help = false;
@@ -640,7 +640,7 @@ static int cmd_calibrate(int argc, char **argv)
     }
     if (help) return 0;
     if (a.version) {
-        printf("kvcalib (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+        kvq_cli_print_version(stdout, "kvcalib", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
         return 0;
     }
     if (a.inspect) {

@@ -1,6 +1,7 @@
 /* kvdump — run a model over calibration text and capture per-layer pre-/post-RoPE
  * keys, values, attention statistics and Fisher information into HDF5. */
 #include <signal.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,13 +35,13 @@ int main(int argc, char **argv)
     kvq_capture_opts o = kvq_capture_opts_default();
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
                *layers = NULL, *device = NULL, *overlap = NULL, *math = NULL, *weights = NULL;
-    long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate;
+    long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate, threads = 0;
     bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false, version = false;
     kvq_opt opts[] = {
-        {"model", 'm', KVQ_OPT_STRING, &model, "PATH", "model file: GGUF, llama2.c .bin, or HF directory", NULL, 0, 0, true},
-        {"text", 't', KVQ_OPT_STRING, &text, "FILE", "calibration text (e.g. wikitext-2/wiki.valid.tokens)", NULL, 0, 0, true},
-        {"format", 0, KVQ_OPT_CHOICE, &format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl", 0, 0, false},
-        {"tokenizer", 0, KVQ_OPT_STRING, &tokenizer, "FILE", "tokenizer (needed for llama2.c models; default: the model's own)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_MODEL, &model, true),
+        kvq_cli_common(KVQ_COPT_TEXT, &text, true),
+        kvq_cli_common(KVQ_COPT_FORMAT, &format, false),
+        kvq_cli_common(KVQ_COPT_TOKENIZER, &tokenizer, false),
         {"samples", 'n', KVQ_OPT_INT, &samples, "N", "calibration windows", NULL, 1, 1e6, false},
         {"seq-len", 'L', KVQ_OPT_INT, &seq_len, "L", "tokens per window; 0 = min(2048, model context)", NULL, 0, 1 << 20, false},
         {"seed", 0, KVQ_OPT_INT, &seed, "S", "sampling seed (Python random.seed)", NULL, 0, 2147483647.0, false},
@@ -54,21 +55,15 @@ int main(int argc, char **argv)
          0, 9, false},
         {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
         {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
-        {"device", 0, KVQ_OPT_STRING, &device, "DEV",
-         "cpu, cuda, cuda:N or auto (default: cuda when a GPU is present)", NULL, 0,
-         0, false},
-        {"math", 0, KVQ_OPT_CHOICE, &math, "M",
-         "GPU arithmetic: exact (fp32, TF32 off), tf32 or bf16 (bf16 weights/GEMM inputs); fast modes are named in the "
-         "device line [default exact]", "exact|tf32|bf16", 0, 0, false},
-        {"weights", 0, KVQ_OPT_CHOICE, &weights, "W",
-         "how the weight matrices are held: f32 (exact), bf16, f16, native (as stored in the file: GGUF blocks, "
-         "bf16/f16 safetensors; lossless) or auto (f32 up to 6 GiB of fp32 matrices, else native with fp32 files as bf16); "
-         "arithmetic is fp32 [default auto]", "auto|f32|bf16|f16|native", 0, 0, false},
+        kvq_cli_common(KVQ_COPT_DEVICE, &device, false),
+        kvq_cli_common(KVQ_COPT_MATH, &math, false),
+        kvq_cli_common(KVQ_COPT_WEIGHTS, &weights, false),
+        kvq_cli_common(KVQ_COPT_THREADS, &threads, false),
         {"write-behind", 0, KVQ_OPT_CHOICE, &overlap, "W",
          "write sample i to HDF5 in a background thread while sample i+1 computes (default auto: on a GPU)", "auto|on|off", 0,
          0, false},
-        {"quiet", 'q', KVQ_OPT_FLAG, &quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
-        {"version", 0, KVQ_OPT_FLAG, &version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_QUIET, &quiet, false),
+        kvq_cli_common(KVQ_COPT_VERSION, &version, false),
     };
     kvq_err e = {0};
     bool help = false;
@@ -81,9 +76,10 @@ int main(int argc, char **argv)
     if (resume && !quiet && kvq_cli_given(opts, (int)(sizeof opts / sizeof *opts), given, "deflate")) /* (it was silently kept) */
         fprintf(stderr, "kvdump: note: --deflate applies when a dump is created; the resumed dump keeps the filters it records\n");
     if (version) {
-        printf("kvdump (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+        kvq_cli_print_version(stdout, "kvdump", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
         return 0;
     }
+    if (threads > 0) omp_set_num_threads((int)threads);
     { /* the dump must be writable and replace no input (with --force it could replace --text) */
         const kvq_cli_file outs[1] = {{"--out", out}},
                            ins[3] = {{"--model", model}, {"--text", text}, {"--tokenizer", tokenizer}};

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,7 @@ static const char *summary_text(char *buf, size_t n)
 typedef struct {
     const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math, *ctx_s, *weights;
     const char *task, *pk_lengths, *pk_depths;
-    long ctx, max_windows, pk_trials, seed;
+    long ctx, max_windows, pk_trials, seed, threads;
     bool ctx_max;
     kvq_strlist artifacts, schemes;
     bool quiet, version, allow_mismatch, fast, no_kld;
@@ -177,20 +178,19 @@ int main(int argc, char **argv)
     signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
     kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1};
     kvq_opt tab[] = {
-        {"model", 'm', KVQ_OPT_STRING, &o.model, "PATH", "model (GGUF, HF directory or llama2.c .bin)", NULL, 0, 0, true},
-        {"text", 't', KVQ_OPT_STRING, &o.text, "FILE", "evaluation text (required by --task ppl)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_MODEL, &o.model, true),
+        kvq_cli_common(KVQ_COPT_TEXT, &o.text, false),
         {"task", 0, KVQ_OPT_CHOICE, &o.task, "T",
          "ppl: perplexity, KL divergence and top-1 agreement over --text; passkey: retrieval of a number hidden in "
-         "filler text at several lengths and depths (greedy, decode-equivalent; fp16 first) [default ppl]",
+         "filler text at several lengths and depths (greedy, decode-equivalent; fp16 first)",
          "ppl|passkey", 0, 0, false},
         {"passkey-lengths", 0, KVQ_OPT_STRING, &o.pk_lengths, "L,...",
          "passkey window lengths in tokens, or max (the model's context) [default 512,1024,2048,4096,max]", NULL, 0, 0, false},
         {"passkey-depths", 0, KVQ_OPT_STRING, &o.pk_depths, "D,...",
          "passkey depths in percent of the filler before the key [default 0,25,50,75,100]", NULL, 0, 0, false},
-        {"passkey-trials", 0, KVQ_OPT_INT, &o.pk_trials, "N", "passkey keys per length and depth [default 1]", NULL, 1, 1000, false},
-        {"seed", 0, KVQ_OPT_INT, &o.seed, "S", "passkey keys: random.seed(S) [default 0]", NULL, 0, 1L << 31, false},
-        {"format", 0, KVQ_OPT_CHOICE, &o.format, "FMT", "text format (default: from the file name)", "raw|wikitext-tokens|jsonl",
-         0, 0, false},
+        {"passkey-trials", 0, KVQ_OPT_INT, &o.pk_trials, "N", "passkey keys per length and depth", NULL, 1, 1000, false},
+        {"seed", 0, KVQ_OPT_INT, &o.seed, "S", "passkey keys: random.seed(S)", NULL, 0, 1L << 31, false},
+        kvq_cli_common(KVQ_COPT_FORMAT, &o.format, false),
         {"protocol", 0, KVQ_OPT_CHOICE, &o.protocol, "P",
          "kvquant: windows of ctx, all but the first position scored; llamacpp: BOS first, second half scored",
          "kvquant|llamacpp", 0, 0, false},
@@ -208,46 +208,40 @@ int main(int argc, char **argv)
          NULL, 0, 0, false},
         {"scheme", 's', KVQ_OPT_LIST, &o.schemes, "SPEC", "KV-cache scheme (repeatable); fp32 baseline always included", NULL,
          0, 0, true},
-        {"json", 'j', KVQ_OPT_STRING, &o.json, "FILE",
+        {"json", 0, KVQ_OPT_STRING, &o.json, "FILE",
          "also write the results and protocol details as JSON ('-' = stdout; the table then goes to stderr)", NULL, 0, 0, false},
-        {"tokenizer", 0, KVQ_OPT_STRING, &o.tokenizer, "FILE", "tokenizer (default: the model's own)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_TOKENIZER, &o.tokenizer, false),
         {"bos", 0, KVQ_OPT_CHOICE, &o.bos, "POLICY", "BOS: as the model's tokenizer says, always or never", "model|always|never",
          0, 0, false},
         {"allow-model-mismatch", 0, KVQ_OPT_FLAG, &o.allow_mismatch, NULL,
          "load artifacts whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
-        {"device", 0, KVQ_OPT_STRING, &o.device, "DEV",
-         "where the model runs: cpu, cuda, cuda:N (GPU N) or auto (default: cuda when a GPU is present, else cpu)", NULL, 0, 0,
-         false},
+        kvq_cli_common(KVQ_COPT_DEVICE, &o.device, false),
         {"fast", 0, KVQ_OPT_FLAG, &o.fast, NULL,
          "GPU fast mode: TF32 tensor cores for the GEMMs (~1e-3 relative; labelled in the output); = --math tf32", NULL,
          0, 0, false},
-        {"math", 0, KVQ_OPT_CHOICE, &o.math, "M",
-         "GPU arithmetic: exact (fp32 weights, TF32 off), tf32, or bf16 (bf16 weights and GEMM inputs, fp32 accumulation, "
-         "~1e-2 relative); fast modes are labelled in the output [default exact]",
-         "exact|tf32|bf16", 0, 0, false},
+        kvq_cli_common(KVQ_COPT_MATH, &o.math, false),
         {"no-kld", 0, KVQ_OPT_FLAG, &o.no_kld, NULL,
          "skip the KL divergence and top-1 agreement against the fp32 baseline (they cost one more LM-head GEMM per "
          "window in the baseline's run)",
          NULL, 0, 0, false},
-        {"weights", 0, KVQ_OPT_CHOICE, &o.weights, "W",
-         "how the weight matrices are held: f32 (exact), bf16, f16, native (as stored in the file: GGUF blocks, "
-         "bf16/f16 safetensors; lossless) or auto (f32 up to 6 GiB of fp32 matrices, else native with fp32 files as bf16); "
-         "arithmetic is fp32 [default auto]", "auto|f32|bf16|f16|native", 0, 0, false},
-        {"quiet", 'q', KVQ_OPT_FLAG, &o.quiet, NULL, "no progress on stderr", NULL, 0, 0, false},
-        {"version", 0, KVQ_OPT_FLAG, &o.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_WEIGHTS, &o.weights, false),
+        kvq_cli_common(KVQ_COPT_THREADS, &o.threads, false),
+        kvq_cli_common(KVQ_COPT_QUIET, &o.quiet, false),
+        kvq_cli_common(KVQ_COPT_VERSION, &o.version, false),
     };
     int n_tab = (int)(sizeof tab / sizeof *tab);
     kvq_err e = {0};
     bool help = false;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--version")) {
-            printf("kveval (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+            kvq_cli_print_version(stdout, "kveval", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
             return 0;
         }
     char summary[4096];
     if (kvq_cli_parse("kveval", summary_text(summary, sizeof summary), tab, n_tab, argc, argv, NULL, &help, &e))
         return fail(NULL, &e, 2);
     if (help) return 0;
+    if (o.threads > 0) omp_set_num_threads((int)o.threads);
     const bool passkey = !strcmp(o.task, "passkey");
     if (!passkey && !o.text) {
         fprintf(stderr, "kveval: missing required option --text (the perplexity task's text)\n");

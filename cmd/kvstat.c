@@ -282,17 +282,17 @@ int main(int argc, char **argv)
         {"outlier-stat", 0, KVQ_OPT_CHOICE, &a.outlier_stat, "S", "channel statistic for outliers", "mean|absmax|p99", 0, 0, false},
         {"sink-share", 0, KVQ_OPT_FLOAT, &a.sink_share, "X", "sink: mean attention probability from the queries that see the position >= X", NULL, 1e-6, 1, false},
         {"top", 0, KVQ_OPT_INT, &a.top, "N", "outlier channels / sinks listed per layer in the tables", NULL, 1, 1000, false},
-        {"json", 'j', KVQ_OPT_STRING, &a.json, "FILE", "write every number as JSON ('-' = stdout, instead of the markdown)", NULL, 0, 0, false},
+        {"json", 0, KVQ_OPT_STRING, &a.json, "FILE", "write every number as JSON ('-' = stdout, instead of the markdown)", NULL, 0, 0, false},
         {"html", 0, KVQ_OPT_STRING, &a.html, "DIR", "write DIR/index.html, one self-contained page (plots embedded)", NULL, 0, 0, false},
         {"plots", 'p', KVQ_OPT_STRING, &a.plots, "DIR", "write the figures into DIR (default with --html: the html DIR)", NULL, 0, 0, false},
         {"plot", 0, KVQ_OPT_LIST, &a.plot, "NAME", "only these figures (repeatable): " PLOT_NAMES, NULL, 0, 0, false},
-        {"format", 0, KVQ_OPT_CHOICE, &a.format, "F", "figure files (--html also writes the PNGs it embeds)", "png|svg|both", 0, 0,
+        {"plot-format", 0, KVQ_OPT_CHOICE, &a.format, "F", "figure files (--html also writes the PNGs it embeds)", "png|svg|both", 0, 0,
          false},
         {"attn-scale", 0, KVQ_OPT_CHOICE, &a.attn_scale, "S", "y axis of the attention-by-position plot", "log|linear", 0, 0, false},
-        {"markdown", 'm', KVQ_OPT_STRING, &a.markdown, "FILE", "markdown tables ('-' = stdout)", NULL, 0, 0, false},
+        {"markdown", 0, KVQ_OPT_STRING, &a.markdown, "FILE", "markdown tables ('-' = stdout)", NULL, 0, 0, false},
         {"chunk", 0, KVQ_OPT_INT, &a.chunk, "N", "positions read per slab (memory vs HDF5 calls)", NULL, 1, 1 << 20, false},
-        {"quiet", 'q', KVQ_OPT_FLAG, &a.quiet, NULL, "no progress or notes on stderr", NULL, 0, 0, false},
-        {"version", 0, KVQ_OPT_FLAG, &a.version, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+        kvq_cli_common(KVQ_COPT_QUIET, &a.quiet, false),
+        kvq_cli_common(KVQ_COPT_VERSION, &a.version, false),
     };
     int n_opts = (int)(sizeof opts / sizeof *opts);
     const char *summary = "kvstat DUMP: channel and token outlier statistics, attention sinks, pre- vs post-RoPE spread\n"
@@ -308,7 +308,7 @@ int main(int argc, char **argv)
     }
     if (help) return 0;
     if (a.version) {
-        printf("kvstat (kvq) 0.1.0, %s build\n", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
+        kvq_cli_print_version(stdout, "kvstat", kvq_cuda_compiled() ? "CUDA" : "CPU-only");
         return 0;
     }
     for (int i = 0; i < a.plot.n; i++) {
@@ -326,7 +326,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!a.plots && !a.html) { /* figure options without a place for figures did nothing (exit 0) */
-        static const char *const fig[] = {"plot", "format", "attn-scale"};
+        static const char *const fig[] = {"plot", "plot-format", "attn-scale"};
         for (size_t i = 0; i < sizeof fig / sizeof *fig; i++)
             if (kvq_cli_given(opts, n_opts, given, fig[i])) {
                 fprintf(stderr, "kvstat: --%s: selects figures, which only --plots DIR or --html DIR write\n", fig[i]);

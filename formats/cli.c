@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "version.h"
+
 bool kvq_parse_long(const char *s, long *out)
 {
     if (!s || !*s) return false;
@@ -28,6 +30,61 @@ bool kvq_parse_double(const char *s, double *out)
     if (errno || *end || !isfinite(v)) return false;
     *out = v;
     return true;
+}
+
+/* the shared options (cli.h); targets are filled in by kvq_cli_common */
+static const kvq_opt COMMON[KVQ_COPT_COUNT] = {
+    [KVQ_COPT_MODEL] = {"model", 'm', KVQ_OPT_STRING, NULL, "PATH", "model: GGUF file, HF directory or llama2.c .bin", NULL, 0, 0,
+                        false},
+    [KVQ_COPT_TEXT] = {"text", 't', KVQ_OPT_STRING, NULL, "FILE",
+                       "text the model reads: raw, WikiText-2 .tokens (e.g. wikitext-2/wiki.valid.tokens) or JSONL", NULL, 0, 0,
+                       false},
+    [KVQ_COPT_FORMAT] = {"format", 0, KVQ_OPT_CHOICE, NULL, "FMT", "format of --text (default: from the file name)",
+                         "raw|wikitext-tokens|jsonl", 0, 0, false},
+    [KVQ_COPT_TOKENIZER] = {"tokenizer", 0, KVQ_OPT_STRING, NULL, "FILE",
+                            "tokenizer (needed for llama2.c models; default: the model's own)", NULL, 0, 0, false},
+    [KVQ_COPT_DEVICE] = {"device", 0, KVQ_OPT_STRING, NULL, "DEV",
+                         "where the model runs: cpu, cuda, cuda:N (GPU N) or auto (default: cuda when a GPU is present, else cpu)",
+                         NULL, 0, 0, false},
+    [KVQ_COPT_MATH] = {"math", 0, KVQ_OPT_CHOICE, NULL, "M",
+                       "GPU arithmetic: exact (fp32 weights, TF32 off), tf32, or bf16 (bf16 weights and GEMM inputs, fp32 "
+                       "accumulation, ~1e-2 relative); fast modes are labelled in the output [default exact]",
+                       "exact|tf32|bf16", 0, 0, false},
+    [KVQ_COPT_WEIGHTS] = {"weights", 0, KVQ_OPT_CHOICE, NULL, "W",
+                          "how the weight matrices are held: f32 (exact), bf16, f16, native (as stored in the file: GGUF blocks, "
+                          "bf16/f16 safetensors; lossless) or auto (f32 up to 6 GiB of fp32 matrices, else native with fp32 files "
+                          "as bf16); arithmetic is fp32 [default auto]",
+                          "auto|f32|bf16|f16|native", 0, 0, false},
+    [KVQ_COPT_THREADS] = {"threads", 'j', KVQ_OPT_INT, NULL, "N", "CPU worker threads (0: OpenMP default)", NULL, 0, 4096, false},
+    [KVQ_COPT_QUIET] = {"quiet", 'q', KVQ_OPT_FLAG, NULL, NULL, "no progress, notes or summary lines (errors and the requested outputs only)", NULL,
+                        0, 0, false},
+    [KVQ_COPT_VERSION] = {"version", 0, KVQ_OPT_FLAG, NULL, NULL, "print the kvq version and build (CPU/CUDA)", NULL, 0, 0, false},
+};
+
+kvq_opt kvq_cli_common(kvq_common_opt which, void *target, bool required)
+{
+    kvq_opt o = {0};
+    if ((unsigned)which >= KVQ_COPT_COUNT) return o;
+    o = COMMON[which];
+    o.target = target;
+    o.required = required;
+    return o;
+}
+
+static const struct {
+    const char *alias, *name;
+} ALIASES[] = {{"ctx-size", "ctx"}, {"file", "text"}};
+
+const char *kvq_cli_alias_of(const char *name)
+{
+    for (size_t i = 0; i < sizeof ALIASES / sizeof *ALIASES; i++)
+        if (!strcmp(ALIASES[i].alias, name)) return ALIASES[i].name;
+    return NULL;
+}
+
+void kvq_cli_print_version(FILE *f, const char *prog, const char *build)
+{
+    fprintf(f, "%s (kvq) %s, %s build\n", prog, KVQ_VERSION, build);
 }
 
 static bool choice_ok(const char *choices, const char *v)
@@ -121,6 +178,10 @@ kvq_status kvq_cli_parse_given(const char *prog, const char *summary, const kvq_
             size_t len = eq ? (size_t)(eq - name) : strlen(name);
             for (int k = 0; k < n_opts; k++)
                 if (strlen(opts[k].name) == len && !strncmp(opts[k].name, name, len)) { o = &opts[k]; idx = k; }
+            for (size_t j = 0; !o && j < sizeof ALIASES / sizeof *ALIASES; j++) /* --ctx-size = --ctx, ... */
+                if (strlen(ALIASES[j].alias) == len && !strncmp(ALIASES[j].alias, name, len))
+                    for (int k = 0; k < n_opts; k++)
+                        if (!strcmp(opts[k].name, ALIASES[j].name)) { o = &opts[k]; idx = k; }
             if (eq) val = eq + 1;
         } else if (a[2] == 0) {
             for (int k = 0; k < n_opts; k++)
@@ -156,7 +217,11 @@ void kvq_cli_usage(FILE *f, const char *prog, const char *summary, const kvq_opt
         const char *mv = o->metavar ? o->metavar : (o->type == KVQ_OPT_FLAG ? "" : "VALUE");
         if (o->short_name) snprintf(left, sizeof left, "-%c, --%s%s%s", o->short_name, o->name, *mv ? " " : "", mv);
         else snprintf(left, sizeof left, "    --%s%s%s", o->name, *mv ? " " : "", mv);
-        fprintf(f, "  %-30s %s", left, o->help ? o->help : "");
+        /* help from column 33, on the next line after a long left column (tests/test_conventions.c reads it) */
+        if (strlen(left) > 30) fprintf(f, "  %s\n%33s%s", left, "", o->help ? o->help : "");
+        else fprintf(f, "  %-30s %s", left, o->help ? o->help : "");
+        for (size_t j = 0; j < sizeof ALIASES / sizeof *ALIASES; j++)
+            if (!strcmp(ALIASES[j].name, o->name)) fprintf(f, " (alias --%s)", ALIASES[j].alias);
         if (o->required) fprintf(f, " (required)");
         else switch (o->type) {
         case KVQ_OPT_INT: fprintf(f, " [default %ld]", *(long *)o->target); break;

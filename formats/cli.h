@@ -92,6 +92,41 @@ kvq_status kvq_cli_check_renamed_outputs(const kvq_cli_file *outs, int n_outs, k
  * kvq_cli_check_outputs ("directory 'x' does not exist", "'x' is not a directory"). */
 kvq_status kvq_cli_check_out_dir(const char *opt, const char *dir, const char *what, kvq_err *err);
 
+/* ---- options shared by the tools -------------------------------------------------------------
+ * Declared once (formats/cli.c) so that every tool that takes one gives it the same long name,
+ * short letter, metavar, help text and choices (tests/test_conventions.c checks every binary's
+ * --help). A tool puts kvq_cli_common(KVQ_COPT_MODEL, &model, true) in its option table; only
+ * the target and whether the option is required differ between tools. Targets: const char **
+ * for MODEL, TEXT, FORMAT, TOKENIZER, DEVICE, MATH, WEIGHTS; long * for THREADS; bool * for
+ * QUIET and VERSION. Short letters: -m model, -t text, -j threads, -q quiet; no tool gives these
+ * letters another meaning. */
+typedef enum {
+    KVQ_COPT_MODEL,     /* -m, --model PATH */
+    KVQ_COPT_TEXT,      /* -t, --text FILE (alias --file) */
+    KVQ_COPT_FORMAT,    /* --format FMT {raw|wikitext-tokens|jsonl} */
+    KVQ_COPT_TOKENIZER, /* --tokenizer FILE */
+    KVQ_COPT_DEVICE,    /* --device DEV */
+    KVQ_COPT_MATH,      /* --math M {exact|tf32|bf16} */
+    KVQ_COPT_WEIGHTS,   /* --weights W {auto|f32|bf16|f16|native} */
+    KVQ_COPT_THREADS,   /* -j, --threads N, 0..4096 */
+    KVQ_COPT_QUIET,     /* -q, --quiet */
+    KVQ_COPT_VERSION,   /* --version */
+    KVQ_COPT_COUNT
+} kvq_common_opt;
+
+/* The shared entry `which` with its target set (a copy; NULL target if `which` is out of range). */
+kvq_opt kvq_cli_common(kvq_common_opt which, void *target, bool required);
+
+/* Long aliases (the names llama.cpp users type): --ctx-size = --ctx, --file = --text. The parser
+ * accepts an alias wherever the table has its option, and --help lists it on that option's line
+ * ("(alias --ctx-size)"). Returns the option an alias stands for, or NULL if `name` (without
+ * "--") is no alias. */
+const char *kvq_cli_alias_of(const char *name);
+
+/* The kvq version line of --version: "PROG (kvq) VERSION, BUILD build\n" (build: "CUDA" or
+ * "CPU-only"). */
+void kvq_cli_print_version(FILE *f, const char *prog, const char *build);
+
 /* Parse a whole string as a number (no trailing garbage); false on failure. */
 bool kvq_parse_long(const char *s, long *out);
 bool kvq_parse_double(const char *s, double *out);

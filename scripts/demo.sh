@@ -100,7 +100,7 @@ step "kveval (ctx $CTX, ${WINDOWS/#0/all} windows of wiki.test.raw, ${#schemes[@
 
 step "kvstat --html (with the nuq3-1% artifact)" \
   "$BIN/kvstat" "$OUT/dump.h5" --artifact "$OUT/nuq3-1pct.safetensors" --html "$OUT/report" --json "$OUT/kvstat.json" \
-  -m "$OUT/kvstat.md" -q
+  --markdown "$OUT/kvstat.md" -q
 
 python3 scripts/results_table.py "$OUT/kveval.json" > "$OUT/results.md"
 {

@@ -154,7 +154,7 @@ END_TEST
 
 /* kvq_cli_check_outputs: an output never replaces an input (same inode, or the same canonical
  * path when it does not exist yet), nor another output; its directory must exist and it must
- * not be a directory. kveval --json TOKENIZER used to overwrite the tokenizer, kvstat -j DUMP the
+ * not be a directory. kveval --json TOKENIZER used to overwrite the tokenizer, kvstat --json DUMP the
  * dump, kvcalib -o DUMP -f the dump; kveval --json nodir/x failed only after the whole run */
 START_TEST(test_check_outputs)
 {

@@ -206,15 +206,15 @@ START_TEST(test_cli_end_to_end)
     ck_assert(kvq_artifact_write(art2, &a, &e) == KVQ_OK);
     kvq_artifact_free(&a);
 
-    /* an output that is an input is refused before any work, both intact (-j DUMP, -m ARTIFACT used
-     * to replace them, exit 0) */
+    /* an output that is an input is refused before any work, both intact (--json DUMP, --markdown
+     * ARTIFACT used to replace them, exit 0) */
     {
         size_t nd0 = 0, nd1 = 0, na0 = 0, na1 = 0;
         char *d0 = kvq_test_slurp(dump, &nd0), *a0 = kvq_test_slurp(art, &na0);
-        snprintf(cmd, sizeof cmd, "%s '%s' -j '%s' -q", kvstat, dump, dump);
+        snprintf(cmd, sizeof cmd, "%s '%s' --json '%s' -q", kvstat, dump, dump);
         int orc = run_cmd(cmd, out, sizeof out);
         ck_assert_msg(orc == 2 && strstr(out, "--json") && strstr(out, "the same file as DUMP"), "rc %d: %s", orc, out);
-        snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' -m '%s/./a.safetensors' -q", kvstat, dump, art, dir);
+        snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' --markdown '%s/./a.safetensors' -q", kvstat, dump, art, dir);
         orc = run_cmd(cmd, out, sizeof out);
         ck_assert_msg(orc == 2 && strstr(out, "the same file as --artifact"), "rc %d: %s", orc, out);
         char *d1 = kvq_test_slurp(dump, &nd1), *a1 = kvq_test_slurp(art, &na1);
@@ -284,7 +284,7 @@ START_TEST(test_cli_end_to_end)
     ck_assert_msg(root != NULL, "stdout is not JSON: %.300s", out);
     ck_assert(cJSON_IsArray(cJSON_GetObjectItem(root, "layers")) && cJSON_IsString(cJSON_GetObjectItem(root, "tool")));
     cJSON_Delete(root);
-    snprintf(cmd, sizeof cmd, "%s '%s' --json - -m '%s/t.md' -q", kvstat, dump, dir);
+    snprintf(cmd, sizeof cmd, "%s '%s' --json - --markdown '%s/t.md' -q", kvstat, dump, dir);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 0 && out[0] == '{', "rc %d: %.200s", rc, out);
     snprintf(p, sizeof p, "%s/t.md", dir);
@@ -295,7 +295,7 @@ START_TEST(test_cli_end_to_end)
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 2 && strstr(out, "both on stdout"), "rc %d: %s", rc, out);
     /* an unfinished dump (kvdump's .partial) is reported with a note saying so (kvcalib refuses one) */
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s.partial' && %s '%s.partial' -m '%s/partial.md'", dump, dump, kvstat, dump, dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s.partial' && %s '%s.partial' --markdown '%s/partial.md'", dump, dump, kvstat, dump, dir);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 0 && strstr(out, "is an unfinished dump: statistics over its 3 complete samples"), "rc %d: %s", rc, out);
     snprintf(p, sizeof p, "%s.partial", dump);
@@ -311,7 +311,7 @@ START_TEST(test_cli_end_to_end)
         {"'%1$s' --plot qerr --plots '%1$s.figs'", 1, "need --artifact"},
         /* figure options without --plots / --html did nothing, exit 0 */
         {"'%s' --plot heatmap", 2, "--plot: selects figures, which only --plots DIR or --html DIR write"},
-        {"'%s' --format svg", 2, "--format: selects figures"},
+        {"'%s' --plot-format svg", 2, "--plot-format: selects figures"},
         {"'%s' --attn-scale linear", 2, "--attn-scale: selects figures"},
         {"'%s' extra.h5", 2, "expected one dump file"},
         /* an output directory that is a file or has no parent: refused before any work (a file failed

@@ -134,7 +134,7 @@ START_TEST(test_failures_keep_the_old_file)
 END_TEST
 
 /* Special files are written in place, never renamed over (a rename replaced /dev/null with a
- * regular file when kvstat -m /dev/null ran as root); a symbolic link's target is replaced and the
+ * regular file when kvstat --markdown /dev/null ran as root); a symbolic link's target is replaced and the
  * link kept (a rename would have replaced the link itself) */
 START_TEST(test_fifo_and_symlink)
 {

@@ -103,10 +103,10 @@ START_TEST(test_fifo_inputs_refused)
         {"kvcalib DUMP", "%s/kvcalib FIFO --method nuq --bits 3 --out OUT -q"},
         {"kvcalib --inspect", "%s/kvcalib --inspect FIFO"},
         {"kvcalib export-vllm", "%s/kvcalib export-vllm FIFO --out OUT"},
-        {"kvcalib intactkv --model", "%s/kvcalib intactkv -m FIFO --tokenizer TOK -b ART --prefix bos --out OUT -q"},
-        {"kvcalib intactkv --base", "%s/kvcalib intactkv -m MODEL --tokenizer TOK -b FIFO --prefix bos --out OUT -q"},
-        {"kvcalib intactkv --tokenizer", "%s/kvcalib intactkv -m MODEL --tokenizer FIFO -b ART --prefix bos --out OUT -q"},
-        {"kvcalib intactkv --text", "%s/kvcalib intactkv -m MODEL --tokenizer TOK -b ART --prefix bos --out OUT --train --text FIFO "
+        {"kvcalib intactkv --model", "%s/kvcalib intactkv -m FIFO --tokenizer TOK --base ART --prefix bos --out OUT -q"},
+        {"kvcalib intactkv --base", "%s/kvcalib intactkv -m MODEL --tokenizer TOK --base FIFO --prefix bos --out OUT -q"},
+        {"kvcalib intactkv --tokenizer", "%s/kvcalib intactkv -m MODEL --tokenizer FIFO --base ART --prefix bos --out OUT -q"},
+        {"kvcalib intactkv --text", "%s/kvcalib intactkv -m MODEL --tokenizer TOK --base ART --prefix bos --out OUT --train --text FIFO "
                                     "--samples 1 --seq-len 16 --steps 1 -q"},
         {"kvstat DUMP", "%s/kvstat FIFO -q"},
         {"kvstat --artifact", "%s/kvstat DUMP --artifact FIFO -q"},
@@ -171,8 +171,8 @@ START_TEST(test_file_size_limit)
         {"kvcalib --out", "%s/kvcalib %s --method nuq --bits 3 --out %s -q", true},
         {"kvcalib --method fp8 --export-vllm", "%s/kvcalib %s --method fp8 --out %s.art --export-vllm %s -q", true},
         {"kvcalib export-vllm", "%s/kvcalib export-vllm %s --out %s", true},
-        {"kvcalib intactkv", "%s/kvcalib intactkv -m %s --tokenizer %s -b %s --prefix bos --out %s -q", true},
-        {"kvcalib intactkv --train", "%s/kvcalib intactkv -m %s --tokenizer %s -b %s --prefix bos --out %s -q --train --text %s "
+        {"kvcalib intactkv", "%s/kvcalib intactkv -m %s --tokenizer %s --base %s --prefix bos --out %s -q", true},
+        {"kvcalib intactkv --train", "%s/kvcalib intactkv -m %s --tokenizer %s --base %s --prefix bos --out %s -q --train --text %s "
                                      "--samples 2 --seq-len 16 --steps 1", true},
         {"kveval --json", "%s/kveval -m %s --tokenizer %s -t tests/fixtures/crlf_sample.txt --ctx 64 --scheme int4 --json %s -q", false},
         {"kvstat --json", "%s/kvstat %s --json %s -q", false},

@@ -1,5 +1,6 @@
 /* capture.c — see capture.h. */
 #include "capture.h"
+#include "version.h"
 #include "half.h"
 
 #include <pthread.h>
@@ -16,7 +17,6 @@
 #include "progress.h"
 #include "tokenizer.h"
 
-#define KVQ_VERSION_STRING "0.1.0"
 
 kvq_capture_opts kvq_capture_opts_default(void)
 {
@@ -390,7 +390,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     }
     if (!o->quiet) fprintf(stderr, "kvdump: device: %s\n", rep->device);
     /* root attributes */
-    snprintf(meta.kvq_version, sizeof meta.kvq_version, "%s", KVQ_VERSION_STRING);
+    snprintf(meta.kvq_version, sizeof meta.kvq_version, "%s", KVQ_VERSION);
     snprintf(meta.model_path, sizeof meta.model_path, "%s", o->model_path);
     if ((s = kvq_sha256_path(o->model_path, meta.model_sha256, err))) goto done;
     snprintf(meta.model_arch, sizeof meta.model_arch, "llama");

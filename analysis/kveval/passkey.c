@@ -9,6 +9,7 @@
 #include "forward.h"
 #include "outfile.h"
 #include "text.h"
+#include "version.h"
 
 static const char TASK[] = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                            "I will quiz you about the important information there.";
@@ -348,7 +349,11 @@ kvq_status kvq_passkey_report_json(const char *path, const kvq_model *m, const k
     bool keep[KVQ_PASSKEY_MAX];
     summary_lengths(o, r, keep);
     cJSON *root = cJSON_CreateObject();
+    cJSON *schema = cJSON_AddObjectToObject(root, "schema"); /* docs/JSON.md */
+    cJSON_AddStringToObject(schema, "name", "kvq.kveval.passkey");
+    cJSON_AddNumberToObject(schema, "version", KVQ_JSON_PASSKEY_VERSION);
     cJSON_AddStringToObject(root, "tool", "kveval");
+    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
     cJSON_AddStringToObject(root, "task", "passkey");
     cJSON *mj = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(mj, "path", m->path);

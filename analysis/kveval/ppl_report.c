@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "outfile.h"
+#include "version.h"
 #include "perplexity.h"
 
 /* a family's parameters into the scheme's JSON object (kvq_param_sink) */
@@ -214,8 +215,11 @@ static cJSON *build(const kvq_ppl_report *r)
     const kvq_ppl_plan *pl = r->plan;
     const kvq_hparams *hp = &r->m->hp;
     cJSON *root = cJSON_CreateObject();
+    cJSON *schema = cJSON_AddObjectToObject(root, "schema"); /* docs/JSON.md */
+    cJSON_AddStringToObject(schema, "name", "kvq.kveval");
+    cJSON_AddNumberToObject(schema, "version", KVQ_JSON_KVEVAL_VERSION);
     cJSON_AddStringToObject(root, "tool", "kveval");
-    cJSON_AddStringToObject(root, "version", "0.1.0");
+    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
     cJSON *m = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(m, "path", r->m->path);
     if (r->model_fingerprint) cJSON_AddStringToObject(m, "fingerprint", r->model_fingerprint);

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "outfile.h"
+#include "version.h"
 
 /* ---- tables ------------------------------------------------------------------------- */
 
@@ -490,7 +491,11 @@ static cJSON *build_json(const kvq_report *r)
 {
     const kvq_kvstats *s = r->s;
     cJSON *root = cJSON_CreateObject();
+    cJSON *schema = cJSON_AddObjectToObject(root, "schema"); /* docs/JSON.md */
+    cJSON_AddStringToObject(schema, "name", "kvq.kvstat");
+    cJSON_AddNumberToObject(schema, "version", KVQ_JSON_KVSTAT_VERSION);
     cJSON_AddStringToObject(root, "tool", "kvstat");
+    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
     cJSON_AddStringToObject(root, "model", s->model);
     if (r->dump_path) cJSON_AddStringToObject(root, "dump", r->dump_path);
     if (r->artifact_path) cJSON_AddStringToObject(root, "artifact", r->artifact_path);
