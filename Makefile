@@ -89,7 +89,7 @@ GPU_CHECK_PARTS := $(wildcard tests/gpu/gpu_check_*.c)
 GPU_SRC := $(filter-out $(GPU_CHECK_PARTS),$(wildcard tests/gpu/*.c))
 GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 
-.PHONY: all lib tools tests test check-deps asan bench demo setup clean help gpu-tests
+.PHONY: all lib tools tests test check-deps check-symbols asan bench demo setup clean help gpu-tests
 all: check-deps $(LIB) $(TOOL_BINS)
 lib: $(LIB)
 tools: $(TOOL_BINS)
@@ -182,7 +182,15 @@ setup:
 # Tests run from the repo root; ../shared and models/ are optional (tests skip with a message).
 test: setup
 	$(MAKE) all tests
+	@$(MAKE) --no-print-directory check-symbols
 	@KVQ_BIN_DIR=$(BIN) bash scripts/run_tests.sh $(TEST_BINS)
+
+# Every symbol the library exports carries the kvq prefix (kvq_ public, kvqi_ shared between the files
+# of one component): a short name such as file_exists or put_attr would clash with a user's program.
+check-symbols: $(LIB)
+	@bad=$$(nm -g --defined-only $(LIB) | awk '$$2 ~ /^[TDBRV]$$/ {print $$3}' | grep -v '^kvq\|^_\|^DW\.ref\.' | sort -u); \
+	if [ -n "$$bad" ]; then echo "check-symbols: $(LIB) exports names without the kvq prefix:"; echo "$$bad"; exit 1; fi; \
+	echo "check-symbols: every exported symbol of $(LIB) has the kvq prefix"
 
 asan:
 	bash scripts/setup.sh --no-model

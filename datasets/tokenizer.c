@@ -77,7 +77,7 @@ static int ivec_push(ivec *a, int32_t x)
     return 0;
 }
 
-int bvec_put(bvec *a, const char *s, size_t n)
+int kvqi_bvec_put(bvec *a, const char *s, size_t n)
 {
     if (n > ((size_t)-1 >> 2) - a->n) return 1;
     if (a->n + n + 1 > a->cap) {
@@ -95,7 +95,7 @@ int bvec_put(bvec *a, const char *s, size_t n)
 
 /* ---------- vocabulary construction ---------- */
 
-kvq_tokenizer *tok_alloc(int32_t n_vocab, size_t blob_cap)
+kvq_tokenizer *kvqi_tok_alloc(int32_t n_vocab, size_t blob_cap)
 {
     kvq_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
@@ -153,7 +153,7 @@ static int cmp_special(const void *a, const void *b, void *ctx)
 
 /* Validate texts, build the text hash, byte tokens, the special list and the
  * pre-tokenizer; `src` names the file for messages. */
-kvq_status tok_finish(kvq_tokenizer *t, const char *src, kvq_err *err)
+kvq_status kvqi_tok_finish(kvq_tokenizer *t, const char *src, kvq_err *err)
 {
     size_t cap = 16;
     while (cap < (size_t)t->n_vocab * 2) cap <<= 1;
@@ -234,7 +234,7 @@ kvq_status tok_finish(kvq_tokenizer *t, const char *src, kvq_err *err)
 }
 
 /* Add merges "A B" (texts); the pair table is sized for n. */
-kvq_status merges_alloc(kvq_tokenizer *t, size_t n, const char *src, kvq_err *err)
+kvq_status kvqi_merges_alloc(kvq_tokenizer *t, size_t n, const char *src, kvq_err *err)
 {
     size_t cap = 16;
     while (cap < n * 2 + 2) cap <<= 1;
@@ -247,7 +247,7 @@ kvq_status merges_alloc(kvq_tokenizer *t, size_t n, const char *src, kvq_err *er
     return KVQ_OK;
 }
 
-kvq_status merge_add(kvq_tokenizer *t, const char *a, size_t na, const char *b, size_t nb, int32_t rank,
+kvq_status kvqi_merge_add(kvq_tokenizer *t, const char *a, size_t na, const char *b, size_t nb, int32_t rank,
                      const char *src, const char *field, kvq_err *err)
 {
     int32_t ia = kvq_tokenizer_find(t, a, na), ib = kvq_tokenizer_find(t, b, nb);
@@ -275,14 +275,14 @@ kvq_status merge_add(kvq_tokenizer *t, const char *a, size_t na, const char *b, 
 }
 
 /* Split a merge line "A B" at its single separating space. */
-kvq_status merge_add_line(kvq_tokenizer *t, const char *s, size_t n, int32_t rank, const char *src,
+kvq_status kvqi_merge_add_line(kvq_tokenizer *t, const char *s, size_t n, int32_t rank, const char *src,
                           const char *field, kvq_err *err)
 {
     const char *sp = memchr(s, ' ', n);
     if (!sp || sp == s || sp == s + n - 1 || memchr(sp + 1, ' ', n - (size_t)(sp - s) - 1))
         return kvq_fail(err, KVQ_EFORMAT, "%s: %s[%d] = \"%.*s\": expected \"LEFT RIGHT\" with one space", src, field, rank,
                         (int)(n > 64 ? 64 : n), s);
-    return merge_add(t, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp - s) - 1, rank, src, field, err);
+    return kvqi_merge_add(t, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp - s) - 1, rank, src, field, err);
 }
 
 /* ---------- encode ---------- */
@@ -442,16 +442,16 @@ static kvq_status spm_fragment(enc_ctx *c, const char *s, size_t n, bool prefix)
 {
     c->buf.n = 0;
     int e = 0;
-    if (prefix) e |= bvec_put(&c->buf, "\xe2\x96\x81", 3);
+    if (prefix) e |= kvqi_bvec_put(&c->buf, "\xe2\x96\x81", 3);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] == ' ') {
-            e |= bvec_put(&c->buf, s + run, i - run);
-            e |= bvec_put(&c->buf, "\xe2\x96\x81", 3);
+            e |= kvqi_bvec_put(&c->buf, s + run, i - run);
+            e |= kvqi_bvec_put(&c->buf, "\xe2\x96\x81", 3);
             run = i + 1;
         }
     }
-    e |= bvec_put(&c->buf, s + run, n - run);
+    e |= kvqi_bvec_put(&c->buf, s + run, n - run);
     if (e || c->buf.n > INT32_MAX / 2 || ensure_sym(c, c->buf.n))
         return kvq_fail(c->err, KVQ_ENOMEM, "tokenizer: out of memory (fragment of %zu bytes)", n);
     const char *b = c->buf.v;
@@ -542,7 +542,7 @@ kvq_status kvq_tokenizer_encode(const kvq_tokenizer *t, const char *text, size_t
         else if (t->add_space_prefix && prev_special && p[0] != ' ') {
             /* HF ByteLevel(add_prefix_space): a space before the fragment */
             c.buf.n = 0;
-            if (bvec_put(&c.buf, " ", 1) || bvec_put(&c.buf, p, l)) { s = kvq_fail(err, KVQ_ENOMEM, "tokenizer: out of memory"); goto done; }
+            if (kvqi_bvec_put(&c.buf, " ", 1) || kvqi_bvec_put(&c.buf, p, l)) { s = kvq_fail(err, KVQ_ENOMEM, "tokenizer: out of memory"); goto done; }
             bvec copy = c.buf;
             c.buf = (bvec){0};
             s = pretok(&c, 0, copy.v, copy.n);
@@ -578,7 +578,7 @@ kvq_status kvq_tokenizer_decode(const kvq_tokenizer *t, const int32_t *ids, size
     *text = NULL;
     *len = 0;
     bvec o = {0};
-    int e = bvec_put(&o, "", 0);
+    int e = kvqi_bvec_put(&o, "", 0);
     bool strip = t->add_space_prefix && !(flags & KVQ_TOK_KEEP_LEADING_SPACE);
     for (size_t i = 0; i < n && !e; i++) {
         int32_t id = ids[i];
@@ -591,27 +591,27 @@ kvq_status kvq_tokenizer_decode(const kvq_tokenizer *t, const int32_t *ids, size
         int ty = t->type[id];
         size_t before = o.n;
         if (ty == KVQ_TOKTYPE_CONTROL || ty == KVQ_TOKTYPE_UNKNOWN || ty == KVQ_TOKTYPE_UNUSED) {
-            if (flags & KVQ_TOK_DECODE_SPECIAL) e |= bvec_put(&o, s, l);
+            if (flags & KVQ_TOK_DECODE_SPECIAL) e |= kvqi_bvec_put(&o, s, l);
             continue; /* does not consume the leading-space strip */
         }
-        if (ty == KVQ_TOKTYPE_USER_DEFINED) e |= bvec_put(&o, s, l);
+        if (ty == KVQ_TOKTYPE_USER_DEFINED) e |= kvqi_bvec_put(&o, s, l);
         else if (ty == KVQ_TOKTYPE_BYTE && l == 6 && hexval(s[3]) >= 0 && hexval(s[4]) >= 0) {
             char b = (char)(hexval(s[3]) * 16 + hexval(s[4]));
-            e |= bvec_put(&o, &b, 1);
+            e |= kvqi_bvec_put(&o, &b, 1);
         } else if (t->kind == KVQ_TOK_BPE_BYTES) {
             for (size_t k = 0; k < l && !e;) {
                 uint32_t cp;
                 size_t q = utf8_seq((const uint8_t *)s + k, l - k, &cp);
-                if (q == 0) { e |= bvec_put(&o, s + k, 1); k++; continue; }
-                if (cp < 324 && t->cp2b[cp] >= 0) { char b = (char)t->cp2b[cp]; e |= bvec_put(&o, &b, 1); }
-                else e |= bvec_put(&o, s + k, q);
+                if (q == 0) { e |= kvqi_bvec_put(&o, s + k, 1); k++; continue; }
+                if (cp < 324 && t->cp2b[cp] >= 0) { char b = (char)t->cp2b[cp]; e |= kvqi_bvec_put(&o, &b, 1); }
+                else e |= kvqi_bvec_put(&o, s + k, q);
                 k += q;
             }
         } else {
             size_t run = 0;
             for (size_t k = 0; k + 3 <= l; k++)
-                if (!memcmp(s + k, "\xe2\x96\x81", 3)) { e |= bvec_put(&o, s + run, k - run); e |= bvec_put(&o, " ", 1); run = k + 3; k += 2; }
-            e |= bvec_put(&o, s + run, l - run);
+                if (!memcmp(s + k, "\xe2\x96\x81", 3)) { e |= kvqi_bvec_put(&o, s + run, k - run); e |= kvqi_bvec_put(&o, " ", 1); run = k + 3; k += 2; }
+            e |= kvqi_bvec_put(&o, s + run, l - run);
         }
         if (strip) {
             if (o.n > before && o.v[before] == ' ') { memmove(o.v + before, o.v + before + 1, o.n - before); o.n--; }

@@ -43,13 +43,13 @@ struct kvq_tokenizer {
 
 typedef struct { char *v; size_t n, cap; } bvec;
 
-int bvec_put(bvec *a, const char *s, size_t n);
-kvq_tokenizer *tok_alloc(int32_t n_vocab, size_t blob_cap);
-kvq_status tok_finish(kvq_tokenizer *t, const char *src, kvq_err *err);
-kvq_status merges_alloc(kvq_tokenizer *t, size_t n, const char *src, kvq_err *err);
-kvq_status merge_add(kvq_tokenizer *t, const char *a, size_t na, const char *b, size_t nb, int32_t rank,
+int kvqi_bvec_put(bvec *a, const char *s, size_t n);
+kvq_tokenizer *kvqi_tok_alloc(int32_t n_vocab, size_t blob_cap);
+kvq_status kvqi_tok_finish(kvq_tokenizer *t, const char *src, kvq_err *err);
+kvq_status kvqi_merges_alloc(kvq_tokenizer *t, size_t n, const char *src, kvq_err *err);
+kvq_status kvqi_merge_add(kvq_tokenizer *t, const char *a, size_t na, const char *b, size_t nb, int32_t rank,
                      const char *src, const char *field, kvq_err *err);
-kvq_status merge_add_line(kvq_tokenizer *t, const char *s, size_t n, int32_t rank, const char *src,
+kvq_status kvqi_merge_add_line(kvq_tokenizer *t, const char *s, size_t n, int32_t rank, const char *src,
                           const char *field, kvq_err *err);
 
 #endif

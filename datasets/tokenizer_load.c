@@ -66,7 +66,7 @@ static kvq_status from_gguf(const kvq_gguf *g, kvq_tokenizer **out, kvq_err *err
     }
     size_t blob = 0;
     for (int32_t i = 0; i < n; i++) blob += toks->arr_str[i].len; /* bounded by the file size */
-    kvq_tokenizer *t = tok_alloc(n, blob);
+    kvq_tokenizer *t = kvqi_tok_alloc(n, blob);
     if (!t) return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate a vocabulary of %d tokens", src, n);
     t->kind = kind;
     t->pre = prek;
@@ -110,11 +110,11 @@ static kvq_status from_gguf(const kvq_gguf *g, kvq_tokenizer **out, kvq_err *err
     t->add_space_prefix = b;
     if (t->add_bos && t->bos < 0) t->add_bos = false;
     if (t->add_eos && t->eos < 0) t->add_eos = false;
-    if ((s = tok_finish(t, src, err))) goto fail;
+    if ((s = kvqi_tok_finish(t, src, err))) goto fail;
     if (merges) {
-        if ((s = merges_alloc(t, merges->arr_n, src, err))) goto fail;
+        if ((s = kvqi_merges_alloc(t, merges->arr_n, src, err))) goto fail;
         for (uint64_t i = 0; i < merges->arr_n; i++)
-            if ((s = merge_add_line(t, merges->arr_str[i].str, merges->arr_str[i].len, (int32_t)i, src,
+            if ((s = kvqi_merge_add_line(t, merges->arr_str[i].str, merges->arr_str[i].len, (int32_t)i, src,
                                     "tokenizer.ggml.merges", err)))
                 goto fail;
     }
@@ -150,7 +150,7 @@ static kvq_status slurp(const char *path, char **data, size_t *n, kvq_err *err)
     char buf[1 << 16];
     size_t got;
     while ((got = fread(buf, 1, sizeof buf, f)) > 0)
-        if (bvec_put(&b, buf, got)) { fclose(f); free(b.v); return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory reading", path); }
+        if (kvqi_bvec_put(&b, buf, got)) { fclose(f); free(b.v); return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory reading", path); }
     int bad = ferror(f);
     fclose(f);
     if (bad) { free(b.v); return kvq_fail(err, KVQ_EIO, "%s: read error", path); }
@@ -214,7 +214,7 @@ kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_
     }
     if (vocab_size > 0 && cnt < vocab_size) { s = kvq_fail(err, KVQ_EFORMAT, "%s: %d token records, expected vocab_size %d", path, cnt, vocab_size); goto done; }
     if (cnt < 3) { s = kvq_fail(err, KVQ_EFORMAT, "%s: %d token records (expected at least <unk>, BOS, EOS)", path, cnt); goto done; }
-    t = tok_alloc(cnt, blob);
+    t = kvqi_tok_alloc(cnt, blob);
     if (!t) { s = kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate %d tokens", path, cnt); goto done; }
     t->kind = KVQ_TOK_SPM;
     at = 4;
@@ -243,7 +243,7 @@ kvq_status kvq_tokenizer_from_llama2c(const char *path, int32_t vocab_size, kvq_
     t->type[1] = t->type[2] = KVQ_TOKTYPE_CONTROL;
     t->add_bos = true;
     t->add_space_prefix = true;
-    if ((s = tok_finish(t, path, err))) goto done;
+    if ((s = kvqi_tok_finish(t, path, err))) goto done;
     snprintf(t->desc, sizeof t->desc, "llama2c spm vocab %d", cnt);
     if (t->n_dup) snprintf(t->desc + strlen(t->desc), sizeof t->desc - strlen(t->desc), " duplicates %d", t->n_dup);
     *out = t;
@@ -423,7 +423,7 @@ static kvq_status from_hf(const cJSON *root, const char *path, const cJSON *tcfg
                         "a vocabulary numbered 0..n-1, with few holes)", path, (long long)maxid, (long long)n_entries,
                         (long long)(2 * n_entries + 1024));
     int32_t n = (int32_t)maxid + 1;
-    kvq_tokenizer *t = tok_alloc(n, blob);
+    kvq_tokenizer *t = kvqi_tok_alloc(n, blob);
     if (!t) return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate %d tokens", path, n);
     kvq_status s = KVQ_OK;
     t->kind = bytelevel ? KVQ_TOK_BPE_BYTES : KVQ_TOK_SPM;
@@ -463,13 +463,13 @@ static kvq_status from_hf(const cJSON *root, const char *path, const cJSON *tcfg
         if (cJSON_GetArraySize(single) > 1 && cJSON_IsString(se)) { t->eos = hf_token_id(root, vocab, se->valuestring); t->add_eos = t->eos >= 0; }
     }
     if (tcfg && (s = apply_tcfg(t, root, vocab, tcfg, tcfg_path, err))) goto fail;
-    if ((s = tok_finish(t, path, err))) goto fail;
-    if ((s = merges_alloc(t, (size_t)cJSON_GetArraySize(merges), path, err))) goto fail;
+    if ((s = kvqi_tok_finish(t, path, err))) goto fail;
+    if ((s = kvqi_merges_alloc(t, (size_t)cJSON_GetArraySize(merges), path, err))) goto fail;
     int32_t rank = 0;
     for (const cJSON *e = merges->child; e; e = e->next, rank++) {
-        if (cJSON_IsString(e)) s = merge_add_line(t, e->valuestring, strlen(e->valuestring), rank, path, "model.merges", err);
+        if (cJSON_IsString(e)) s = kvqi_merge_add_line(t, e->valuestring, strlen(e->valuestring), rank, path, "model.merges", err);
         else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) && cJSON_IsString(e->child->next))
-            s = merge_add(t, e->child->valuestring, strlen(e->child->valuestring), e->child->next->valuestring,
+            s = kvqi_merge_add(t, e->child->valuestring, strlen(e->child->valuestring), e->child->next->valuestring,
                           strlen(e->child->next->valuestring), rank, path, "model.merges", err);
         else s = kvq_fail(err, KVQ_EFORMAT, "%s: model.merges[%d]: expected \"A B\" or [\"A\", \"B\"]", path, rank);
         if (s) goto fail;

@@ -17,19 +17,19 @@
 
 /* ---- dataset table -------------------------------------------------------- */
 
-const char *const DS_NAMES[KVQ_DUMP_N_DS] = {
+const char *const kvqi_DS_NAMES[KVQ_DUMP_N_DS] = {
     "k_pre_rope", "k", "v", "q", "fisher_k_pre_rope", "fisher_v", "attn_received", "attn_entropy",
 };
 
 const char *kvq_dump_ds_name(kvq_dump_ds ds)
 {
-    return (unsigned)ds < KVQ_DUMP_N_DS ? DS_NAMES[ds] : "?";
+    return (unsigned)ds < KVQ_DUMP_N_DS ? kvqi_DS_NAMES[ds] : "?";
 }
 
 kvq_status kvq_dump_ds_from_name(const char *name, kvq_dump_ds *out, kvq_err *err)
 {
     for (int i = 0; i < KVQ_DUMP_N_DS; i++)
-        if (name && strcmp(name, DS_NAMES[i]) == 0) {
+        if (name && strcmp(name, kvqi_DS_NAMES[i]) == 0) {
             *out = (kvq_dump_ds)i;
             return KVQ_OK;
         }
@@ -290,7 +290,7 @@ kvq_dump_opts kvq_dump_opts_default(void)
 
 /* ---- HDF5 plumbing ---------------------------------------------------------- */
 
-void quiet_begin(h5_quiet *q)
+void kvqi_quiet_begin(h5_quiet *q)
 {
     /* HDF5 1.10.8 frees a file's struct when its close fails (flush after disk
      * full / file-size limit) but keeps the ID; the library's atexit cleanup
@@ -305,7 +305,7 @@ void quiet_begin(h5_quiet *q)
     }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
-void quiet_end(const h5_quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->func, q->data); }
+void kvqi_quiet_end(const h5_quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->func, q->data); }
 
 static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *ud)
 {
@@ -324,7 +324,7 @@ static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *ud)
 
 /* Copy the current HDF5 error stack's useful lines. Call it right after the
  * failing HDF5 call: any later API call (even a close) clears the stack. */
-void h5_capture(h5_errtext *t)
+void kvqi_h5_capture(h5_errtext *t)
 {
     t->inner[0] = t->os[0] = 0;
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, t);
@@ -332,21 +332,21 @@ void h5_capture(h5_errtext *t)
 
 /* HDF5's own lock (1.10+, file locking on): another process has the file open for writing,
  * reported as "errno = 11, error message = 'Resource temporarily unavailable'" */
-const char IN_USE[] = "in use by another process (it holds the file's lock: a running kvdump?); let that run finish or stop it first";
+const char kvqi_IN_USE[] = "in use by another process (it holds the file's lock: a running kvdump?); let that run finish or stop it first";
 
 static kvq_status h5_vfail(kvq_err *err, kvq_status code, const h5_errtext *t, const char *fmt, va_list ap)
 {
     char msg[KVQ_ERR_MSG_MAX];
     vsnprintf(msg, sizeof msg, fmt, ap);
     int en = 0;
-    if (t->os[0] && sscanf(t->os, "errno = %d", &en) == 1 && en == EWOULDBLOCK) return kvq_fail(err, code, "%s: %s", msg, IN_USE);
+    if (t->os[0] && sscanf(t->os, "errno = %d", &en) == 1 && en == EWOULDBLOCK) return kvq_fail(err, code, "%s: %s", msg, kvqi_IN_USE);
     if (t->os[0]) return kvq_fail(err, code, "%s (%s)", msg, t->os);
     if (t->inner[0]) return kvq_fail(err, code, "%s (HDF5: %s)", msg, t->inner);
     return kvq_fail(err, code, "%s", msg);
 }
 
 /* kvq_fail with a captured HDF5 error line appended. */
-__attribute__((format(printf, 4, 5))) kvq_status h5_fail_at(kvq_err *err, kvq_status code, const h5_errtext *t,
+__attribute__((format(printf, 4, 5))) kvq_status kvqi_h5_fail_at(kvq_err *err, kvq_status code, const h5_errtext *t,
                                                             const char *fmt, ...)
 {
     va_list ap;
@@ -357,10 +357,10 @@ __attribute__((format(printf, 4, 5))) kvq_status h5_fail_at(kvq_err *err, kvq_st
 }
 
 /* kvq_fail with the current HDF5 error stack's most useful line appended. */
-__attribute__((format(printf, 3, 4))) kvq_status h5_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) kvq_status kvqi_h5_fail(kvq_err *err, kvq_status code, const char *fmt, ...)
 {
     h5_errtext t;
-    h5_capture(&t);
+    kvqi_h5_capture(&t);
     va_list ap;
     va_start(ap, fmt);
     kvq_status s = h5_vfail(err, code, &t, fmt, ap);
@@ -375,7 +375,7 @@ static void close_id(hid_t *id)
 }
 
 /* IEEE binary16 as h5py builds it (h5py/h5t.pyx IEEE_F16LE). */
-hid_t make_f16_type(H5T_order_t order)
+hid_t kvqi_make_f16_type(H5T_order_t order)
 {
     hid_t t = H5Tcopy(H5T_IEEE_F32LE);
     if (t < 0) return t;
@@ -396,7 +396,7 @@ static bool type_is_f16(hid_t t)
 }
 
 /* Full file dims of a layer dataset: [N][L][heads][head_dim] or [N][n_heads][L]. */
-int ds_full_dims(const kvq_dump_meta *m, kvq_dump_ds ds, hsize_t dims[4])
+int kvqi_ds_full_dims(const kvq_dump_meta *m, kvq_dump_ds ds, hsize_t dims[4])
 {
     int rank;
     int64_t d[3];
@@ -406,14 +406,14 @@ int ds_full_dims(const kvq_dump_meta *m, kvq_dump_ds ds, hsize_t dims[4])
     return rank + 1;
 }
 
-void dump_init(h5_dump *d)
+void kvqi_dump_init(h5_dump *d)
 {
     memset(d, 0, sizeof *d);
     d->file = d->tokens = d->f16_mem = d->crcs = H5I_INVALID_HID;
 }
 
 /* Close everything; returns H5Fclose's result (< 0: the final flush failed). */
-herr_t dump_close_file(h5_dump *d)
+herr_t kvqi_dump_close_file(h5_dump *d)
 {
     herr_t rc = 0;
     if (d->broken) { /* leak the handles on purpose: closing would flush (and fail) again */
@@ -434,7 +434,7 @@ herr_t dump_close_file(h5_dump *d)
     return rc;
 }
 
-void dump_free(h5_dump *d)
+void kvqi_dump_free(h5_dump *d)
 {
     free(d->ds);
     free(d->offsets);
@@ -445,7 +445,7 @@ void dump_free(h5_dump *d)
 }
 
 /* Copy meta into d (deep-copying sample_offsets) and size the handle table. */
-kvq_status dump_set_meta(h5_dump *d, const kvq_dump_meta *m, kvq_err *err)
+kvq_status kvqi_dump_set_meta(h5_dump *d, const kvq_dump_meta *m, kvq_err *err)
 {
     d->meta = *m;
     size_t nb;
@@ -465,29 +465,29 @@ kvq_status dump_set_meta(h5_dump *d, const kvq_dump_meta *m, kvq_err *err)
     if (!(d->scratch = malloc(mx * sizeof(uint16_t))))
         return kvq_fail(err, KVQ_ENOMEM, "%s: cannot allocate a %zu-element conversion buffer", d->path, mx);
     d->scratch_n = mx;
-    if ((d->f16_mem = make_f16_type(H5Tget_order(H5T_NATIVE_FLOAT))) < 0)
-        return h5_fail(err, KVQ_EIO, "%s: cannot build the f16 datatype", d->path);
+    if ((d->f16_mem = kvqi_make_f16_type(H5Tget_order(H5T_NATIVE_FLOAT))) < 0)
+        return kvqi_h5_fail(err, KVQ_EIO, "%s: cannot build the f16 datatype", d->path);
     return KVQ_OK;
 }
 
 /* ---- attributes: write ------------------------------------------------------ */
 
-kvq_status put_attr(hid_t loc, const char *fname, const char *name, hid_t ftype, hid_t mtype, hid_t space,
+kvq_status kvqi_put_attr(hid_t loc, const char *fname, const char *name, hid_t ftype, hid_t mtype, hid_t space,
                     const void *buf, kvq_err *err)
 {
     if (H5Aexists(loc, name) > 0 && H5Adelete(loc, name) < 0)
-        return h5_fail(err, KVQ_EIO, "%s: cannot replace attribute '%s'", fname, name);
+        return kvqi_h5_fail(err, KVQ_EIO, "%s: cannot replace attribute '%s'", fname, name);
     hid_t a = H5Acreate2(loc, name, ftype, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0) return h5_fail(err, KVQ_EIO, "%s: cannot create attribute '%s'", fname, name);
+    if (a < 0) return kvqi_h5_fail(err, KVQ_EIO, "%s: cannot create attribute '%s'", fname, name);
     h5_errtext et = {{0}, {0}};
     herr_t rc = H5Awrite(a, mtype, buf);
-    if (rc < 0) h5_capture(&et);
+    if (rc < 0) kvqi_h5_capture(&et);
     H5Aclose(a);
-    if (rc < 0) return h5_fail_at(err, KVQ_EIO, &et, "%s: cannot write attribute '%s'", fname, name);
+    if (rc < 0) return kvqi_h5_fail_at(err, KVQ_EIO, &et, "%s: cannot write attribute '%s'", fname, name);
     return KVQ_OK;
 }
 
-hid_t vlen_str_type(void)
+hid_t kvqi_vlen_str_type(void)
 {
     hid_t t = H5Tcopy(H5T_C_S1);
     if (t >= 0 && (H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0)) {
@@ -500,19 +500,19 @@ hid_t vlen_str_type(void)
 static kvq_status put_i64(hid_t loc, const char *fname, const char *name, int64_t v, kvq_err *err)
 {
     hid_t sp = H5Screate(H5S_SCALAR);
-    if (sp < 0) return h5_fail(err, KVQ_EIO, "%s: H5Screate failed", fname);
-    kvq_status s = put_attr(loc, fname, name, H5T_STD_I64LE, H5T_NATIVE_INT64, sp, &v, err);
+    if (sp < 0) return kvqi_h5_fail(err, KVQ_EIO, "%s: H5Screate failed", fname);
+    kvq_status s = kvqi_put_attr(loc, fname, name, H5T_STD_I64LE, H5T_NATIVE_INT64, sp, &v, err);
     H5Sclose(sp);
     return s;
 }
 
-kvq_status write_root_attrs(h5_dump *d, kvq_err *err)
+kvq_status kvqi_write_root_attrs(h5_dump *d, kvq_err *err)
 {
     const kvq_dump_meta *m = &d->meta;
-    hid_t sp = H5Screate(H5S_SCALAR), st = vlen_str_type();
+    hid_t sp = H5Screate(H5S_SCALAR), st = kvqi_vlen_str_type();
     kvq_status s = KVQ_OK;
     if (sp < 0 || st < 0) {
-        s = h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", d->fname);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", d->fname);
         goto out;
     }
     if ((s = put_i64(d->file, d->fname, "schema_version", KVQ_DUMP_SCHEMA_VERSION, err))) goto out;
@@ -520,11 +520,11 @@ kvq_status write_root_attrs(h5_dump *d, kvq_err *err)
         const attr_desc *a = &ATTRS[i];
         if (a->kind == AK_STR || a->kind == AK_DTYPE) {
             const char *p = a->kind == AK_STR ? (const char *)m + a->off : dtype_name(m->dtype);
-            s = put_attr(d->file, d->fname, a->name, st, st, sp, &p, err);
+            s = kvqi_put_attr(d->file, d->fname, a->name, st, st, sp, &p, err);
         } else if (a->kind == AK_F64) {
             double v;
             memcpy(&v, (const char *)m + a->off, sizeof v);
-            s = put_attr(d->file, d->fname, a->name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, sp, &v, err);
+            s = kvqi_put_attr(d->file, d->fname, a->name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, sp, &v, err);
         } else {
             s = put_i64(d->file, d->fname, a->name, attr_get_int(m, a), err);
         }
@@ -533,10 +533,10 @@ kvq_status write_root_attrs(h5_dump *d, kvq_err *err)
     hsize_t n = (hsize_t)m->n_samples;
     hid_t sp1 = H5Screate_simple(1, &n, NULL);
     if (sp1 < 0) {
-        s = h5_fail(err, KVQ_EIO, "%s: H5Screate_simple failed", d->fname);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: H5Screate_simple failed", d->fname);
         goto out;
     }
-    s = put_attr(d->file, d->fname, "sample_offsets", H5T_STD_I64LE, H5T_NATIVE_INT64, sp1, m->sample_offsets, err);
+    s = kvqi_put_attr(d->file, d->fname, "sample_offsets", H5T_STD_I64LE, H5T_NATIVE_INT64, sp1, m->sample_offsets, err);
     H5Sclose(sp1);
     if (!s) s = put_i64(d->file, d->fname, "samples_done", 0, err);
 out:
@@ -553,10 +553,10 @@ static kvq_status open_attr(hid_t loc, const char *fname, const char *name, H5T_
     static const char *const cls[] = {"integer", "float", "time", "string", "bitfield", "opaque",
                                       "compound", "reference", "enum", "vlen", "array"};
     htri_t ex = H5Aexists(loc, name);
-    if (ex < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot query root attribute '%s'", fname, name);
+    if (ex < 0) return kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot query root attribute '%s'", fname, name);
     if (ex == 0) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s' is missing", fname, name);
     if ((*a = H5Aopen(loc, name, H5P_DEFAULT)) < 0)
-        return h5_fail(err, KVQ_EFORMAT, "%s: cannot open root attribute '%s'", fname, name);
+        return kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot open root attribute '%s'", fname, name);
     *t = H5Aget_type(*a);
     hid_t sp = H5Aget_space(*a);
     *npoints = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
@@ -582,7 +582,7 @@ static kvq_status get_num(hid_t loc, const char *fname, const char *name, H5T_cl
     H5Tclose(t);
     H5Aclose(a);
     if (np != 1) return kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 value, found %lld", fname, name, (long long)np);
-    if (rc < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+    if (rc < 0) return kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
     return KVQ_OK;
 }
 
@@ -606,10 +606,10 @@ static kvq_status get_str(hid_t loc, const char *fname, const char *name, char *
     if (np != 1) {
         s = kvq_fail(err, KVQ_EFORMAT, "%s: root attribute '%s': expected 1 string, found %lld", fname, name, (long long)np);
     } else if (H5Tis_variable_str(t) > 0) {
-        hid_t mt = vlen_str_type();
+        hid_t mt = kvqi_vlen_str_type();
         char *p = NULL;
         if (mt < 0 || H5Aread(a, mt, &p) < 0) {
-            s = h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+            s = kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
         } else {
             size_t n = p ? strlen(p) : 0;
             if (n >= cap)
@@ -626,7 +626,7 @@ static kvq_status get_str(hid_t loc, const char *fname, const char *name, char *
         } else {
             hid_t mt = H5Tcopy(t);
             memset(buf, 0, cap);
-            if (mt < 0 || H5Aread(a, mt, buf) < 0) s = h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
+            if (mt < 0 || H5Aread(a, mt, buf) < 0) s = kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute '%s'", fname, name);
             if (mt >= 0) H5Tclose(mt);
             buf[n] = 0;
         }
@@ -637,7 +637,7 @@ static kvq_status get_str(hid_t loc, const char *fname, const char *name, char *
 }
 
 /* Read the root attributes of an open file into d->meta (+ d->offsets, d->samples_done). */
-kvq_status read_root_attrs(h5_dump *d, kvq_err *err)
+kvq_status kvqi_read_root_attrs(h5_dump *d, kvq_err *err)
 {
     int64_t v;
     hid_t f = d->file;
@@ -700,7 +700,7 @@ kvq_status read_root_attrs(h5_dump *d, kvq_err *err)
     }
     herr_t rc = H5Aread(a, H5T_NATIVE_INT64, d->offsets);
     H5Aclose(a);
-    if (rc < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute 'sample_offsets'", d->fname);
+    if (rc < 0) return kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot read root attribute 'sample_offsets'", d->fname);
     m->sample_offsets = d->offsets;
     KVQ_TRY(get_i64(f, d->fname, "samples_done", &v, err));
     if (v < 0 || v > m->n_samples)
@@ -711,7 +711,7 @@ kvq_status read_root_attrs(h5_dump *d, kvq_err *err)
 }
 
 /* First attribute where `file` and `req` differ (resume check). */
-kvq_status compare_meta(const char *fname, const kvq_dump_meta *file, const kvq_dump_meta *req, kvq_err *err)
+kvq_status kvqi_compare_meta(const char *fname, const kvq_dump_meta *file, const kvq_dump_meta *req, kvq_err *err)
 {
     for (size_t i = 0; i < N_ATTRS; i++) {
         const attr_desc *a = &ATTRS[i];
@@ -761,7 +761,7 @@ kvq_status compare_meta(const char *fname, const kvq_dump_meta *file, const kvq_
 
 /* ---- datasets ---------------------------------------------------------------- */
 
-void chunk_dims(const kvq_dump_meta *m, kvq_dump_ds ds, const hsize_t full[4], int rank, hsize_t chunk[4])
+void kvqi_chunk_dims(const kvq_dump_meta *m, kvq_dump_ds ds, const hsize_t full[4], int rank, hsize_t chunk[4])
 {
     size_t esize = ds_is_f16(m, ds) ? 2 : 4;
     for (int i = 0; i < rank; i++) chunk[i] = full[i];
@@ -782,24 +782,24 @@ static kvq_status create_dataset(h5_dump *d, hid_t loc, const char *name, const 
     kvq_status s = KVQ_OK;
     if (sp < 0 || dcpl < 0 || H5Pset_chunk(dcpl, rank, chunk) < 0 || H5Pset_obj_track_times(dcpl, 0) < 0 ||
         (level > 0 && (H5Pset_shuffle(dcpl) < 0 || H5Pset_deflate(dcpl, (unsigned)level) < 0))) {
-        s = h5_fail(err, KVQ_EIO, "%s: %s: cannot set up chunking/filters", d->fname, full_name);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: %s: cannot set up chunking/filters", d->fname, full_name);
     } else if ((*out = H5Dcreate2(loc, name, ftype, sp, H5P_DEFAULT, dcpl, dapl)) < 0) {
-        s = h5_fail(err, KVQ_EIO, "%s: cannot create dataset %s", d->fname, full_name);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot create dataset %s", d->fname, full_name);
     }
     if (sp >= 0) H5Sclose(sp);
     if (dcpl >= 0) H5Pclose(dcpl);
     return s;
 }
 
-kvq_status create_datasets(h5_dump *d, int level, kvq_err *err)
+kvq_status kvqi_create_datasets(h5_dump *d, int level, kvq_err *err)
 {
     const kvq_dump_meta *m = &d->meta;
     kvq_status s = KVQ_OK;
-    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS), gcpl = H5Pcreate(H5P_GROUP_CREATE), f16 = make_f16_type(H5T_ORDER_LE);
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS), gcpl = H5Pcreate(H5P_GROUP_CREATE), f16 = kvqi_make_f16_type(H5T_ORDER_LE);
     hid_t layers = H5I_INVALID_HID;
     /* no chunk cache: each whole-chunk write goes through the filters to disk at once */
     if (dapl < 0 || gcpl < 0 || f16 < 0 || H5Pset_chunk_cache(dapl, 0, 0, 1.0) < 0 || H5Pset_obj_track_times(gcpl, 0) < 0) {
-        s = h5_fail(err, KVQ_EIO, "%s: cannot set up property lists", d->fname);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot set up property lists", d->fname);
         goto out;
     }
     hsize_t tdims[2] = {(hsize_t)m->n_samples, (hsize_t)m->seq_len}, tchunk[2] = {1, (hsize_t)m->seq_len};
@@ -810,7 +810,7 @@ kvq_status create_datasets(h5_dump *d, int level, kvq_err *err)
     if ((s = create_dataset(d, d->file, "sample_crc32", "/sample_crc32", H5T_STD_U32LE, 2, cdims, cchunk, 0, dapl, &d->crcs, err)))
         goto out;
     if ((layers = H5Gcreate2(d->file, "layers", H5P_DEFAULT, gcpl, H5P_DEFAULT)) < 0) {
-        s = h5_fail(err, KVQ_EIO, "%s: cannot create group /layers", d->fname);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot create group /layers", d->fname);
         goto out;
     }
     for (int l = m->layer_first; l <= m->layer_last && !s; l++) {
@@ -818,17 +818,17 @@ kvq_status create_datasets(h5_dump *d, int level, kvq_err *err)
         snprintf(gname, sizeof gname, "%d", l);
         hid_t g = H5Gcreate2(layers, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
         if (g < 0) {
-            s = h5_fail(err, KVQ_EIO, "%s: cannot create group /layers/%d", d->fname, l);
+            s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot create group /layers/%d", d->fname, l);
             break;
         }
         for (int k = 0; k < KVQ_DUMP_N_DS && !s; k++) {
             kvq_dump_ds ds = (kvq_dump_ds)k;
             if (!kvq_dump_ds_enabled(m, ds)) continue;
             hsize_t full_dims[4], chunk[4];
-            int rank = ds_full_dims(m, ds, full_dims);
-            chunk_dims(m, ds, full_dims, rank, chunk);
-            snprintf(full, sizeof full, "/layers/%d/%s", l, DS_NAMES[k]);
-            s = create_dataset(d, g, DS_NAMES[k], full, ds_is_f16(m, ds) ? f16 : H5T_IEEE_F32LE, rank, full_dims, chunk,
+            int rank = kvqi_ds_full_dims(m, ds, full_dims);
+            kvqi_chunk_dims(m, ds, full_dims, rank, chunk);
+            snprintf(full, sizeof full, "/layers/%d/%s", l, kvqi_DS_NAMES[k]);
+            s = create_dataset(d, g, kvqi_DS_NAMES[k], full, ds_is_f16(m, ds) ? f16 : H5T_IEEE_F32LE, rank, full_dims, chunk,
                                level, dapl, ds_slot(d, l, ds), err);
         }
         H5Gclose(g);
@@ -848,7 +848,7 @@ static kvq_status open_checked(h5_dump *d, const char *full, H5T_class_t cls, si
     htri_t ex = H5Lexists(d->file, full, H5P_DEFAULT);
     if (ex <= 0) return kvq_fail(err, KVQ_EFORMAT, "%s: dataset %s is missing (the root attributes say it is present)", d->fname, full);
     hid_t ds = H5Dopen2(d->file, full, dapl);
-    if (ds < 0) return h5_fail(err, KVQ_EFORMAT, "%s: cannot open dataset %s", d->fname, full);
+    if (ds < 0) return kvqi_h5_fail(err, KVQ_EFORMAT, "%s: cannot open dataset %s", d->fname, full);
     hid_t t = H5Dget_type(ds), sp = H5Dget_space(ds);
     hsize_t got[8] = {0};
     int r = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
@@ -872,13 +872,13 @@ static kvq_status open_checked(h5_dump *d, const char *full, H5T_class_t cls, si
     return s;
 }
 
-kvq_status open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err)
+kvq_status kvqi_open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err)
 {
     const kvq_dump_meta *m = &d->meta;
     hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
     if (dapl < 0 || H5Pset_chunk_cache(dapl, cache_bytes ? 521 : 0, cache_bytes, 0.75) < 0) {
         if (dapl >= 0) H5Pclose(dapl);
-        return h5_fail(err, KVQ_EIO, "%s: cannot set up dataset access", d->fname);
+        return kvqi_h5_fail(err, KVQ_EIO, "%s: cannot set up dataset access", d->fname);
     }
     hsize_t tdims[2] = {(hsize_t)m->n_samples, (hsize_t)m->seq_len};
     kvq_status s = open_checked(d, "/tokens", H5T_INTEGER, 4, false, 2, tdims, dapl, &d->tokens, err);
@@ -891,9 +891,9 @@ kvq_status open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err)
             kvq_dump_ds ds = (kvq_dump_ds)k;
             if (!kvq_dump_ds_enabled(m, ds)) continue;
             char full[96];
-            snprintf(full, sizeof full, "/layers/%d/%s", l, DS_NAMES[k]);
+            snprintf(full, sizeof full, "/layers/%d/%s", l, kvqi_DS_NAMES[k]);
             hsize_t dims[4];
-            int rank = ds_full_dims(m, ds, dims);
+            int rank = kvqi_ds_full_dims(m, ds, dims);
             bool f16 = ds_is_f16(m, ds);
             s = open_checked(d, full, H5T_FLOAT, f16 ? 2 : 4, f16, rank, dims, dapl, ds_slot(d, l, ds), err);
         }
@@ -901,7 +901,7 @@ kvq_status open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err)
     return s;
 }
 
-hid_t make_fapl(void)
+hid_t kvqi_make_fapl(void)
 {
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0) return fapl;

@@ -32,7 +32,7 @@ typedef struct {
     hid_t *ds; /* [n_range * KVQ_DUMP_N_DS], invalid where absent */
     int n_range;
     int64_t samples_done;
-    bool broken; /* an HDF5 write/flush failed: never close (see quiet_begin), leave the file as last flushed */
+    bool broken; /* an HDF5 write/flush failed: never close (see kvqi_quiet_begin), leave the file as last flushed */
     uint16_t *scratch;
     size_t scratch_n;
 } h5_dump;
@@ -64,7 +64,7 @@ struct kvq_dump_writer {
 
 /* ---- dataset table (dump.c) ---------------------------------------------------- */
 
-extern const char *const DS_NAMES[KVQ_DUMP_N_DS];
+extern const char *const kvqi_DS_NAMES[KVQ_DUMP_N_DS];
 static inline bool ds_is_attn(kvq_dump_ds ds) { return ds == KVQ_DUMP_ATTN_RECEIVED || ds == KVQ_DUMP_ATTN_ENTROPY; }
 static inline bool ds_is_f16(const kvq_dump_meta *m, kvq_dump_ds ds) { return m->dtype == KVQ_DUMP_F16 && ds <= KVQ_DUMP_Q; }
 static inline int ds_heads(const kvq_dump_meta *m, kvq_dump_ds ds)
@@ -75,44 +75,44 @@ static inline hid_t *ds_slot(h5_dump *d, int layer, kvq_dump_ds ds)
 {
     return &d->ds[(size_t)(layer - d->meta.layer_first) * KVQ_DUMP_N_DS + (size_t)ds];
 }
-int ds_full_dims(const kvq_dump_meta *m, kvq_dump_ds ds, hsize_t dims[4]);
-void chunk_dims(const kvq_dump_meta *m, kvq_dump_ds ds, const hsize_t full[4], int rank, hsize_t chunk[4]);
+int kvqi_ds_full_dims(const kvq_dump_meta *m, kvq_dump_ds ds, hsize_t dims[4]);
+void kvqi_chunk_dims(const kvq_dump_meta *m, kvq_dump_ds ds, const hsize_t full[4], int rank, hsize_t chunk[4]);
 
 /* ---- HDF5 plumbing (dump.c) ----------------------------------------------------- */
 
-extern const char IN_USE[];
-void quiet_begin(h5_quiet *q);
-void quiet_end(const h5_quiet *q);
-void h5_capture(h5_errtext *t);
-__attribute__((format(printf, 4, 5))) kvq_status h5_fail_at(kvq_err *err, kvq_status code, const h5_errtext *t,
+extern const char kvqi_IN_USE[];
+void kvqi_quiet_begin(h5_quiet *q);
+void kvqi_quiet_end(const h5_quiet *q);
+void kvqi_h5_capture(h5_errtext *t);
+__attribute__((format(printf, 4, 5))) kvq_status kvqi_h5_fail_at(kvq_err *err, kvq_status code, const h5_errtext *t,
                                                             const char *fmt, ...);
-__attribute__((format(printf, 3, 4))) kvq_status h5_fail(kvq_err *err, kvq_status code, const char *fmt, ...);
-hid_t make_f16_type(H5T_order_t order);
-hid_t make_fapl(void);
-void dump_init(h5_dump *d);
-herr_t dump_close_file(h5_dump *d);
-void dump_free(h5_dump *d);
-kvq_status dump_set_meta(h5_dump *d, const kvq_dump_meta *m, kvq_err *err);
+__attribute__((format(printf, 3, 4))) kvq_status kvqi_h5_fail(kvq_err *err, kvq_status code, const char *fmt, ...);
+hid_t kvqi_make_f16_type(H5T_order_t order);
+hid_t kvqi_make_fapl(void);
+void kvqi_dump_init(h5_dump *d);
+herr_t kvqi_dump_close_file(h5_dump *d);
+void kvqi_dump_free(h5_dump *d);
+kvq_status kvqi_dump_set_meta(h5_dump *d, const kvq_dump_meta *m, kvq_err *err);
 
 /* ---- root attributes and datasets (dump.c) -------------------------------------- */
 
-kvq_status put_attr(hid_t loc, const char *fname, const char *name, hid_t ftype, hid_t mtype, hid_t space,
+kvq_status kvqi_put_attr(hid_t loc, const char *fname, const char *name, hid_t ftype, hid_t mtype, hid_t space,
                     const void *buf, kvq_err *err);
-hid_t vlen_str_type(void);
-kvq_status write_root_attrs(h5_dump *d, kvq_err *err);
-kvq_status read_root_attrs(h5_dump *d, kvq_err *err);
-kvq_status compare_meta(const char *fname, const kvq_dump_meta *file, const kvq_dump_meta *req, kvq_err *err);
-kvq_status create_datasets(h5_dump *d, int level, kvq_err *err);
-kvq_status open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err);
+hid_t kvqi_vlen_str_type(void);
+kvq_status kvqi_write_root_attrs(h5_dump *d, kvq_err *err);
+kvq_status kvqi_read_root_attrs(h5_dump *d, kvq_err *err);
+kvq_status kvqi_compare_meta(const char *fname, const kvq_dump_meta *file, const kvq_dump_meta *req, kvq_err *err);
+kvq_status kvqi_create_datasets(h5_dump *d, int level, kvq_err *err);
+kvq_status kvqi_open_datasets(h5_dump *d, size_t cache_bytes, kvq_err *err);
 
 /* ---- writer (dump_write.c), for dump_resume.c ------------------------------------ */
 
-bool file_exists(const char *p);
-bool locked_by_another(const char *fname);
-kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
+bool kvqi_file_exists(const char *p);
+bool kvqi_locked_by_another(const char *fname);
+kvq_status kvqi_writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
                         kvq_dump_writer **out, kvq_err *err);
-void hold_lock(kvq_dump_writer *w);
-void writer_free(kvq_dump_writer *w);
-kvq_status writer_filters(kvq_dump_writer *w, kvq_err *err);
+void kvqi_hold_lock(kvq_dump_writer *w);
+void kvqi_writer_free(kvq_dump_writer *w);
+kvq_status kvqi_writer_filters(kvq_dump_writer *w, kvq_err *err);
 
 #endif

@@ -36,7 +36,7 @@ static kvq_status verify_samples(h5_dump *d, kvq_err *err)
                             : -1;
             if (fs >= 0) H5Sclose(fs);
             if (ms >= 0) H5Sclose(ms);
-            if (rc < 0) s = h5_fail(err, KVQ_EFORMAT, "%s: sample %" PRId64 ": its checksums cannot be read: %s", d->fname, smp, again);
+            if (rc < 0) s = kvqi_h5_fail(err, KVQ_EFORMAT, "%s: sample %" PRId64 ": its checksums cannot be read: %s", d->fname, smp, again);
         }
         for (int j = 0; !s && j <= d->n_range; j++) {
             uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
@@ -50,11 +50,11 @@ static kvq_status verify_samples(h5_dump *d, kvq_err *err)
                 if (j < d->n_range) {
                     if (!kvq_dump_ds_enabled(m, ds)) continue;
                     id = *ds_slot(d, m->layer_first + j, ds);
-                    rank = ds_full_dims(m, ds, full);
+                    rank = kvqi_ds_full_dims(m, ds, full);
                     n = kvq_dump_ds_sample_elems(m, ds);
                     esize = ds_is_f16(m, ds) ? 2 : 4;
-                    mt = esize == 2 ? make_f16_type(H5T_ORDER_LE) : H5Tcopy(H5T_IEEE_F32LE);
-                    what = DS_NAMES[k];
+                    mt = esize == 2 ? kvqi_make_f16_type(H5T_ORDER_LE) : H5Tcopy(H5T_IEEE_F32LE);
+                    what = kvqi_DS_NAMES[k];
                 }
                 memcpy(count, full, sizeof count);
                 count[0] = 1;
@@ -68,7 +68,7 @@ static kvq_status verify_samples(h5_dump *d, kvq_err *err)
                 if (rc < 0) {
                     char where[96] = "";
                     if (j < d->n_range) snprintf(where, sizeof where, "layer %d ", m->layer_first + j);
-                    s = h5_fail(err, KVQ_EFORMAT, "%s: sample %" PRId64 ", %s%s: cannot be read back: %s", d->fname, smp, where, what,
+                    s = kvqi_h5_fail(err, KVQ_EFORMAT, "%s: sample %" PRId64 ", %s%s: cannot be read back: %s", d->fname, smp, where, what,
                                 again);
                     break;
                 }
@@ -94,60 +94,60 @@ kvq_status kvq_dump_resume(const char *path, const kvq_dump_meta *meta, const kv
                            kvq_dump_writer **out, kvq_err *err)
 {
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_dump_writer *w = NULL;
     h5_dump f; /* what the file holds */
-    dump_init(&f);
-    kvq_status s = writer_alloc(path, meta, opts, &w, err);
+    kvqi_dump_init(&f);
+    kvq_status s = kvqi_writer_alloc(path, meta, opts, &w, err);
     if (s) goto done;
     snprintf(f.fname, sizeof f.fname, "%s", w->d.fname);
-    if (!w->opts.force && file_exists(path)) {
+    if (!w->opts.force && kvqi_file_exists(path)) {
         s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
         goto done;
     }
-    if (!file_exists(w->d.fname)) {
+    if (!kvqi_file_exists(w->d.fname)) {
         s = kvq_fail(err, KVQ_EIO, "%s: no unfinished dump to resume", w->d.fname);
         goto done;
     }
     if ((s = kvq_check_regular(w->d.fname, "an unfinished kvdump dump (HDF5)", err))) goto done;
-    if (locked_by_another(w->d.fname)) { /* (before our own open, whose lock would answer the probe) */
-        s = kvq_fail(err, KVQ_EIO, "%s: cannot open for resuming: %s", w->d.fname, IN_USE);
+    if (kvqi_locked_by_another(w->d.fname)) { /* (before our own open, whose lock would answer the probe) */
+        s = kvq_fail(err, KVQ_EIO, "%s: cannot open for resuming: %s", w->d.fname, kvqi_IN_USE);
         goto done;
     }
-    hid_t fapl = make_fapl();
+    hid_t fapl = kvqi_make_fapl();
     if (fapl >= 0) {
         w->d.file = H5Fopen(w->d.fname, H5F_ACC_RDWR, fapl);
-        if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot open for resuming", w->d.fname);
-        else hold_lock(w);
+        if (w->d.file < 0) s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot open for resuming", w->d.fname);
+        else kvqi_hold_lock(w);
         H5Pclose(fapl);
     } else {
-        s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
     }
     if (s) goto done;
     f.file = w->d.file;
-    if ((s = read_root_attrs(&f, err))) goto done;
-    if ((s = compare_meta(w->d.fname, &f.meta, meta, err))) goto done;
+    if ((s = kvqi_read_root_attrs(&f, err))) goto done;
+    if ((s = kvqi_compare_meta(w->d.fname, &f.meta, meta, err))) goto done;
     w->d.samples_done = f.samples_done;
     /* command_line and compute_device: record the resuming invocation */
-    hid_t st = vlen_str_type(), sp = H5Screate(H5S_SCALAR);
+    hid_t st = kvqi_vlen_str_type(), sp = H5Screate(H5S_SCALAR);
     const char *cl = meta->command_line, *cd = meta->compute_device;
-    if (st < 0 || sp < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", w->d.fname);
-    else s = put_attr(w->d.file, w->d.fname, "command_line", st, st, sp, &cl, err);
-    if (!s) s = put_attr(w->d.file, w->d.fname, "compute_device", st, st, sp, &cd, err);
+    if (st < 0 || sp < 0) s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot build attribute types", w->d.fname);
+    else s = kvqi_put_attr(w->d.file, w->d.fname, "command_line", st, st, sp, &cl, err);
+    if (!s) s = kvqi_put_attr(w->d.file, w->d.fname, "compute_device", st, st, sp, &cd, err);
     if (st >= 0) H5Tclose(st);
     if (sp >= 0) H5Sclose(sp);
     if (s) goto done;
-    s = open_datasets(&w->d, 0, err);
+    s = kvqi_open_datasets(&w->d, 0, err);
     if (!s) s = verify_samples(&w->d, err);
-    if (!s) s = writer_filters(w, err);
+    if (!s) s = kvqi_writer_filters(w, err);
 done:
     f.file = H5I_INVALID_HID; /* owned by w */
-    dump_free(&f);
+    kvqi_dump_free(&f);
     if (s && w) {
-        writer_free(w);
+        kvqi_writer_free(w);
         w = NULL;
     }
     *out = w;
-    quiet_end(&q);
+    kvqi_quiet_end(&q);
     return s;
 }

@@ -92,7 +92,7 @@ static uint32_t tokens_crc(const int32_t *t, int64_t n)
     return crc;
 }
 
-bool file_exists(const char *p)
+bool kvqi_file_exists(const char *p)
 {
     struct stat st;
     return lstat(p, &st) == 0;
@@ -104,7 +104,7 @@ static bool is_dir(const char *p)
     return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* Whether another writer holds the file's lock (HDF5's own, or hold_lock's when HDF5's file locking is
+/* Whether another writer holds the file's lock (HDF5's own, or kvqi_hold_lock's when HDF5's file locking is
  * off); false when it cannot tell. */
 /* A new descriptor of fname holding an exclusive flock(), or -1 (errno EWOULDBLOCK: another
  * descriptor holds one). */
@@ -118,7 +118,7 @@ static int try_lock(const char *fname)
     return -1;
 }
 
-bool locked_by_another(const char *fname)
+bool kvqi_locked_by_another(const char *fname)
 {
     int fd = try_lock(fname);
     if (fd >= 0) close(fd);
@@ -141,7 +141,7 @@ static kvq_status remove_stale_partial(const char *fname, kvq_err *err)
     kvq_status s = KVQ_OK;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EWOULDBLOCK)
-            s = kvq_fail(err, KVQ_EIO, "%s: not replaced: %s", fname, IN_USE);
+            s = kvq_fail(err, KVQ_EIO, "%s: not replaced: %s", fname, kvqi_IN_USE);
         else
             s = kvq_fail(err, KVQ_EIO, "%s: cannot lock it to replace it: %s", fname, strerror(errno));
     } else if (unlink(fname) != 0 && errno != ENOENT) {
@@ -152,7 +152,7 @@ static kvq_status remove_stale_partial(const char *fname, kvq_err *err)
 }
 
 /* Lay out the chunks of one layer's datasets and their buffers (deflate > 0).
- * Chunk geometry is chunk_dims(), as in create_datasets(). */
+ * Chunk geometry is kvqi_chunk_dims(), as in kvqi_create_datasets(). */
 static kvq_status jobs_alloc(kvq_dump_writer *w, kvq_err *err)
 {
     const kvq_dump_meta *m = &w->d.meta;
@@ -163,11 +163,11 @@ static kvq_status jobs_alloc(kvq_dump_writer *w, kvq_err *err)
             kvq_dump_ds ds = (kvq_dump_ds)k;
             if (!kvq_dump_ds_enabled(m, ds)) continue;
             hsize_t full[4], chunk[4];
-            int rank = ds_full_dims(m, ds, full);
-            chunk_dims(m, ds, full, rank, chunk);
+            int rank = kvqi_ds_full_dims(m, ds, full);
+            kvqi_chunk_dims(m, ds, full, rank, chunk);
             int ax = ds_is_attn(ds) ? 2 : 1; /* the split axis */
             size_t elems = 1, esize = ds_is_f16(m, ds) ? 2 : 4;
-            for (int i = 1; i < rank; i++) elems *= (size_t)chunk[i]; /* <= 1 MiB / esize (chunk_dims) */
+            for (int i = 1; i < rank; i++) elems *= (size_t)chunk[i]; /* <= 1 MiB / esize (kvqi_chunk_dims) */
             size_t raw = elems * esize, zcap = (size_t)compressBound((uLong)raw);
             for (hsize_t c0 = 0; c0 < full[ax]; c0 += chunk[ax], j++) {
                 if (pass == 1) {
@@ -195,7 +195,7 @@ static kvq_status jobs_alloc(kvq_dump_writer *w, kvq_err *err)
     return KVQ_OK;
 }
 
-kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
+kvq_status kvqi_writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_dump_opts *opts,
                         kvq_dump_writer **out, kvq_err *err)
 {
     *out = NULL;
@@ -207,17 +207,17 @@ kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_d
         return kvq_fail(err, KVQ_EINVAL, "dump: deflate level %d, expected 0 (off) .. 9", o.deflate_level);
     kvq_dump_writer *w = calloc(1, sizeof *w);
     if (!w) return kvq_fail(err, KVQ_ENOMEM, "dump: out of memory");
-    dump_init(&w->d);
+    kvqi_dump_init(&w->d);
     w->opts = o;
     w->lock_fd = -1;
     snprintf(w->d.path, sizeof w->d.path, "%s", path);
     snprintf(w->d.fname, sizeof w->d.fname, "%s.partial", path);
-    kvq_status s = dump_set_meta(&w->d, meta, err);
+    kvq_status s = kvqi_dump_set_meta(&w->d, meta, err);
     if (!s && !(w->layer_done = calloc((size_t)w->d.n_range, 1))) s = kvq_fail(err, KVQ_ENOMEM, "dump: out of memory");
     if (!s && !(w->crc = calloc((size_t)w->d.n_range + 1, sizeof *w->crc))) s = kvq_fail(err, KVQ_ENOMEM, "dump: out of memory");
     if (s) {
-        dump_close_file(&w->d);
-        dump_free(&w->d);
+        kvqi_dump_close_file(&w->d);
+        kvqi_dump_free(&w->d);
         free(w->crc);
         free(w->layer_done);
         free(w->zlevel);
@@ -231,18 +231,18 @@ kvq_status writer_alloc(const char *path, const kvq_dump_meta *meta, const kvq_d
 }
 
 /* After HDF5 opened the .partial for writing: make sure some lock marks it as being written, so
- * that another kvdump's --force or --resume refuses it (locked_by_another). HDF5 (1.10+) holds an
+ * that another kvdump's --force or --resume refuses it (kvqi_locked_by_another). HDF5 (1.10+) holds an
  * exclusive flock() on its own descriptor unless its file locking is off (HDF5_USE_FILE_LOCKING=FALSE,
  * common on cluster file systems); then our lock on a second descriptor fails, and we close it. With
  * HDF5's locking off ours succeeds and is held until the writer is freed. Best effort: a file system
  * without flock() gets neither. */
-void hold_lock(kvq_dump_writer *w) { w->lock_fd = try_lock(w->d.fname); }
+void kvqi_hold_lock(kvq_dump_writer *w) { w->lock_fd = try_lock(w->d.fname); }
 
-void writer_free(kvq_dump_writer *w)
+void kvqi_writer_free(kvq_dump_writer *w)
 {
-    dump_close_file(&w->d);
+    kvqi_dump_close_file(&w->d);
     if (w->lock_fd >= 0) close(w->lock_fd); /* (after HDF5's close: releases our lock) */
-    dump_free(&w->d);
+    kvqi_dump_free(&w->d);
     free(w->layer_done);
     free(w->crc);
     free(w->zlevel);
@@ -254,7 +254,7 @@ void writer_free(kvq_dump_writer *w)
 /* After the datasets are created or opened: which ones carry exactly HDF5's
  * shuffle + deflate pipeline (their chunks are filtered by us, at the level the
  * file records, whatever opts say: a resumed file keeps its own filters). */
-kvq_status writer_filters(kvq_dump_writer *w, kvq_err *err)
+kvq_status kvqi_writer_filters(kvq_dump_writer *w, kvq_err *err)
 {
     size_t n = (size_t)w->d.n_range * KVQ_DUMP_N_DS;
     bool any = false;
@@ -264,7 +264,7 @@ kvq_status writer_filters(kvq_dump_writer *w, kvq_err *err)
         hid_t id = w->d.ds[i];
         if (id < 0) continue;
         hid_t dcpl = H5Dget_create_plist(id);
-        if (dcpl < 0) return h5_fail(err, KVQ_EIO, "%s: cannot read a dataset's creation properties", w->d.fname);
+        if (dcpl < 0) return kvqi_h5_fail(err, KVQ_EIO, "%s: cannot read a dataset's creation properties", w->d.fname);
         unsigned flags, cd0[4] = {0}, cd1[4] = {0};
         size_t n0 = 4, n1 = 4;
         hid_t t = H5Dget_type(id);
@@ -285,53 +285,53 @@ kvq_status kvq_dump_create(const char *path, const kvq_dump_meta *meta, const kv
                            kvq_dump_writer **out, kvq_err *err)
 {
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_dump_writer *w = NULL;
-    kvq_status s = writer_alloc(path, meta, opts, &w, err);
+    kvq_status s = kvqi_writer_alloc(path, meta, opts, &w, err);
     if (s) goto done;
-    if (!w->opts.force && file_exists(path)) {
+    if (!w->opts.force && kvqi_file_exists(path)) {
         s = kvq_fail(err, KVQ_EIO, "%s: already exists (use --force to replace it)", path);
     } else if (is_dir(w->d.fname)) { /* (it read "an unfinished dump is there (use --resume ...)") */
         s = kvq_fail(err, KVQ_EIO, "%s: is a directory, not an unfinished dump; move it away first", w->d.fname);
-    } else if (!w->opts.force && file_exists(w->d.fname)) {
-        if (locked_by_another(w->d.fname)) s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there, %s", w->d.fname, IN_USE);
+    } else if (!w->opts.force && kvqi_file_exists(w->d.fname)) {
+        if (kvqi_locked_by_another(w->d.fname)) s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there, %s", w->d.fname, kvqi_IN_USE);
         else s = kvq_fail(err, KVQ_EIO, "%s: an unfinished dump is there (use --resume to continue it or --force to start over)", w->d.fname);
     } else if (w->opts.force && (s = remove_stale_partial(w->d.fname, err)) != KVQ_OK) {
         /* (the error is set; nothing was touched) */
     } else {
-        hid_t fapl = make_fapl();
+        hid_t fapl = kvqi_make_fapl();
         if (fapl < 0) {
-            s = h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
+            s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot set up file access", w->d.fname);
         } else {
             /* no object timestamps (root group included): same inputs, same bytes */
             hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
             if (fcpl < 0 || H5Pset_obj_track_times(fcpl, 0) < 0) {
-                s = h5_fail(err, KVQ_EIO, "%s: cannot set up file creation", w->d.fname);
+                s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot set up file creation", w->d.fname);
             } else {
                 w->d.file = H5Fcreate(w->d.fname, H5F_ACC_EXCL, fcpl, fapl); /* (a stale partial was removed above) */
-                if (w->d.file < 0) s = h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
-                else hold_lock(w);
+                if (w->d.file < 0) s = kvqi_h5_fail(err, KVQ_EIO, "%s: cannot create", w->d.fname);
+                else kvqi_hold_lock(w);
             }
             if (fcpl >= 0) H5Pclose(fcpl);
             H5Pclose(fapl);
         }
-        if (!s) s = write_root_attrs(&w->d, err);
-        if (!s) s = create_datasets(&w->d, w->opts.deflate_level, err);
-        if (!s) s = writer_filters(w, err);
-        if (!s && H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) s = h5_fail(err, KVQ_EIO, "%s: flush failed", w->d.fname);
-        if (s && w->d.file >= 0) { /* nothing worth keeping: remove the half-made file (unclosed, see quiet_begin) */
+        if (!s) s = kvqi_write_root_attrs(&w->d, err);
+        if (!s) s = kvqi_create_datasets(&w->d, w->opts.deflate_level, err);
+        if (!s) s = kvqi_writer_filters(w, err);
+        if (!s && H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) s = kvqi_h5_fail(err, KVQ_EIO, "%s: flush failed", w->d.fname);
+        if (s && w->d.file >= 0) { /* nothing worth keeping: remove the half-made file (unclosed, see kvqi_quiet_begin) */
             w->d.broken = true;
-            dump_close_file(&w->d);
+            kvqi_dump_close_file(&w->d);
             unlink(w->d.fname);
         }
     }
     if (s) {
-        writer_free(w);
+        kvqi_writer_free(w);
         w = NULL;
     }
 done:
     *out = w;
-    quiet_end(&q);
+    kvqi_quiet_end(&q);
     return s;
 }
 
@@ -362,7 +362,7 @@ static kvq_status write_ds(kvq_dump_writer *w, int layer, kvq_dump_ds ds, int64_
     const kvq_dump_meta *m = &w->d.meta;
     hid_t id = *ds_slot(&w->d, layer, ds);
     hsize_t full[4], start[4] = {0}, count[4];
-    int rank = ds_full_dims(m, ds, full);
+    int rank = kvqi_ds_full_dims(m, ds, full);
     memcpy(count, full, sizeof count);
     start[0] = (hsize_t)sample;
     count[0] = 1;
@@ -378,13 +378,13 @@ static kvq_status write_ds(kvq_dump_writer *w, int layer, kvq_dump_ds ds, int64_
             rc = H5Dwrite(id, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, x);
         }
     }
-    if (rc < 0) h5_capture(&et);
+    if (rc < 0) kvqi_h5_capture(&et);
     if (fs >= 0) H5Sclose(fs);
     if (ms >= 0) H5Sclose(ms);
     if (rc < 0) {
         w->d.broken = true;
-        return h5_fail_at(err, KVQ_EIO, &et, "%s: writing /layers/%d/%s sample %" PRId64 " failed", w->d.fname, layer,
-                          DS_NAMES[ds], sample);
+        return kvqi_h5_fail_at(err, KVQ_EIO, &et, "%s: writing /layers/%d/%s sample %" PRId64 " failed", w->d.fname, layer,
+                          kvqi_DS_NAMES[ds], sample);
     }
     return KVQ_OK;
 }
@@ -473,15 +473,15 @@ static kvq_status write_layer_chunks(kvq_dump_writer *w, int layer, int64_t samp
         if (jobs[j].zrc != Z_OK)
             return kvq_fail(err, jobs[j].zrc == Z_MEM_ERROR ? KVQ_ENOMEM : KVQ_EIO,
                             "%s: compressing /layers/%d/%s sample %" PRId64 " failed: zlib error %d", w->d.fname, layer,
-                            DS_NAMES[jobs[j].ds], sample, jobs[j].zrc);
+                            kvqi_DS_NAMES[jobs[j].ds], sample, jobs[j].zrc);
     for (long j = 0; j < n; j++) {
         chunk_job *jb = &jobs[j];
         if (zlevel[jb->ds] < 0) continue;
         jb->offset[0] = (hsize_t)sample;
         if (H5Dwrite_chunk(*ds_slot(&w->d, layer, jb->ds), H5P_DEFAULT, 0, jb->offset, jb->zlen, jb->zbuf) < 0) {
             w->d.broken = true;
-            return h5_fail(err, KVQ_EIO, "%s: writing /layers/%d/%s sample %" PRId64 " failed", w->d.fname, layer,
-                           DS_NAMES[jb->ds], sample);
+            return kvqi_h5_fail(err, KVQ_EIO, "%s: writing /layers/%d/%s sample %" PRId64 " failed", w->d.fname, layer,
+                           kvqi_DS_NAMES[jb->ds], sample);
         }
     }
     return KVQ_OK;
@@ -502,7 +502,7 @@ static kvq_status write_layer_impl(kvq_dump_writer *w, int64_t sample, int layer
         if (!kvq_dump_ds_enabled(m, ds)) continue;
         const float *x = layer_ptr(d, ds);
         if (!x)
-            return kvq_fail(err, KVQ_EINVAL, "%s: layer %d: no data for %s, which the dump records", w->d.fname, layer, DS_NAMES[k]);
+            return kvq_fail(err, KVQ_EINVAL, "%s: layer %d: no data for %s, which the dump records", w->d.fname, layer, kvqi_DS_NAMES[k]);
         kvq_status s = kvq_dump_check_values(m, ds, x, layer, sample, ds_is_f16(m, ds) ? KVQ_DUMP_F16_MAX : 0.0f, err);
         if (s) return kvq_err_prefix(err, "%s", w->d.fname);
     }
@@ -525,9 +525,9 @@ kvq_status kvq_dump_write_layer(kvq_dump_writer *w, int64_t sample, int layer, c
 {
     if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_status s = write_layer_impl(w, sample, layer, d, err);
-    quiet_end(&q);
+    kvqi_quiet_end(&q);
     return s;
 }
 
@@ -550,11 +550,11 @@ static kvq_status commit_impl(kvq_dump_writer *w, int64_t sample, const int32_t 
     if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0)
         rc = H5Dwrite(w->d.tokens, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, tokens);
     h5_errtext et = {{0}, {0}};
-    if (rc < 0) h5_capture(&et);
+    if (rc < 0) kvqi_h5_capture(&et);
     if (fs >= 0) H5Sclose(fs);
     if (ms >= 0) H5Sclose(ms);
     if (rc < 0) w->d.broken = true;
-    if (rc < 0) return h5_fail_at(err, KVQ_EIO, &et, "%s: writing /tokens sample %" PRId64 " failed", w->d.fname, sample);
+    if (rc < 0) return kvqi_h5_fail_at(err, KVQ_EIO, &et, "%s: writing /tokens sample %" PRId64 " failed", w->d.fname, sample);
     if (w->d.crcs >= 0) { /* the sample's checksums, before the counter that declares it complete */
         w->crc[w->d.n_range] = tokens_crc(tokens, m->seq_len);
         hsize_t cs[2] = {(hsize_t)sample, 0}, cc[2] = {1, (hsize_t)w->d.n_range + 1};
@@ -562,31 +562,31 @@ static kvq_status commit_impl(kvq_dump_writer *w, int64_t sample, const int32_t 
         rc = -1;
         if (cfs >= 0 && cms >= 0 && H5Sselect_hyperslab(cfs, H5S_SELECT_SET, cs, NULL, cc, NULL) >= 0)
             rc = H5Dwrite(w->d.crcs, H5T_NATIVE_UINT32, cms, cfs, H5P_DEFAULT, w->crc);
-        if (rc < 0) h5_capture(&et);
+        if (rc < 0) kvqi_h5_capture(&et);
         if (cfs >= 0) H5Sclose(cfs);
         if (cms >= 0) H5Sclose(cms);
         if (rc < 0) {
             w->d.broken = true;
-            return h5_fail_at(err, KVQ_EIO, &et, "%s: writing /sample_crc32 sample %" PRId64 " failed", w->d.fname, sample);
+            return kvqi_h5_fail_at(err, KVQ_EIO, &et, "%s: writing /sample_crc32 sample %" PRId64 " failed", w->d.fname, sample);
         }
     }
     /* data first, then the counter that declares it complete */
     if (H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
         w->d.broken = true;
-        return h5_fail(err, KVQ_EIO, "%s: flushing sample %" PRId64 " failed", w->d.fname, sample);
+        return kvqi_h5_fail(err, KVQ_EIO, "%s: flushing sample %" PRId64 " failed", w->d.fname, sample);
     }
     hid_t a = H5Aopen(w->d.file, "samples_done", H5P_DEFAULT);
     int64_t done = sample + 1;
     rc = a >= 0 ? H5Awrite(a, H5T_NATIVE_INT64, &done) : -1;
-    if (rc < 0) h5_capture(&et);
+    if (rc < 0) kvqi_h5_capture(&et);
     if (a >= 0) H5Aclose(a);
     if (rc >= 0 && H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
         rc = -1;
-        h5_capture(&et);
+        kvqi_h5_capture(&et);
     }
     if (rc < 0) w->d.broken = true;
     if (rc < 0)
-        return h5_fail_at(err, KVQ_EIO, &et, "%s: recording sample %" PRId64 " as complete failed", w->d.fname, sample);
+        return kvqi_h5_fail_at(err, KVQ_EIO, &et, "%s: recording sample %" PRId64 " as complete failed", w->d.fname, sample);
     w->d.samples_done = done;
     memset(w->layer_done, 0, (size_t)w->d.n_range);
     return KVQ_OK;
@@ -596,9 +596,9 @@ kvq_status kvq_dump_commit_sample(kvq_dump_writer *w, int64_t sample, const int3
 {
     if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_status s = commit_impl(w, sample, tokens, err);
-    quiet_end(&q);
+    kvqi_quiet_end(&q);
     return s;
 }
 
@@ -633,10 +633,10 @@ static kvq_status finish_impl(kvq_dump_writer *w, kvq_err *err)
     if (d->samples_done != d->meta.n_samples) {
         kvq_fail(err, KVQ_EINVAL, "%s: dump incomplete: %" PRId64 " of %" PRId64 " samples written; kept as %s (use --resume)",
                  d->path, d->samples_done, d->meta.n_samples, d->fname);
-        dump_close_file(d);
+        kvqi_dump_close_file(d);
         return KVQ_EINVAL;
     }
-    if (dump_close_file(d) < 0) return h5_fail(err, KVQ_EIO, "%s: closing failed", d->fname);
+    if (kvqi_dump_close_file(d) < 0) return kvqi_h5_fail(err, KVQ_EIO, "%s: closing failed", d->fname);
     KVQ_TRY(fsync_path(d->fname, O_RDONLY, err));
     int rc;
     if (w->opts.force) {
@@ -667,10 +667,10 @@ kvq_status kvq_dump_finish(kvq_dump_writer *w, kvq_err *err)
 {
     if (!w) return kvq_fail(err, KVQ_EINVAL, "dump: NULL writer");
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_status s = finish_impl(w, err);
-    writer_free(w);
-    quiet_end(&q);
+    kvqi_writer_free(w);
+    kvqi_quiet_end(&q);
     return s;
 }
 
@@ -678,13 +678,13 @@ kvq_status kvq_dump_abort(kvq_dump_writer *w, kvq_err *err)
 {
     if (!w) return KVQ_OK;
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_status s = KVQ_OK;
-    if (dump_close_file(&w->d) < 0)
-        s = h5_fail(err, KVQ_EIO, "%s: closing after an interruption failed (the last sample may be lost; %" PRId64 " were committed)",
+    if (kvqi_dump_close_file(&w->d) < 0)
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: closing after an interruption failed (the last sample may be lost; %" PRId64 " were committed)",
                     w->d.fname, w->d.samples_done);
-    writer_free(w);
-    quiet_end(&q);
+    kvqi_writer_free(w);
+    kvqi_quiet_end(&q);
     return s;
 }
 
@@ -701,7 +701,7 @@ kvq_status kvq_dump_write_k_bias(kvq_dump_writer *w, const float *bias, kvq_err 
             return kvq_fail(err, KVQ_ENUMERIC, "%s: /k_bias: layer %d channel %llu is %g", w->d.fname, m->layer_first + (int)(i / dims[1]),
                             (unsigned long long)(i % dims[1]), (double)bias[i]);
     h5_quiet q;
-    quiet_begin(&q);
+    kvqi_quiet_begin(&q);
     kvq_status s = KVQ_OK;
     hid_t sp = -1, ds = -1;
     htri_t ex = H5Lexists(w->d.file, "k_bias", H5P_DEFAULT);
@@ -709,11 +709,11 @@ kvq_status kvq_dump_write_k_bias(kvq_dump_writer *w, const float *bias, kvq_err 
     else if ((sp = H5Screate_simple(2, dims, NULL)) >= 0)
         ds = H5Dcreate2(w->d.file, "k_bias", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, bias) < 0 || H5Fflush(w->d.file, H5F_SCOPE_LOCAL) < 0) {
-        s = h5_fail(err, KVQ_EIO, "%s: writing /k_bias failed", w->d.fname);
+        s = kvqi_h5_fail(err, KVQ_EIO, "%s: writing /k_bias failed", w->d.fname);
         w->d.broken = true;
     }
     if (ds >= 0 && !w->d.broken) H5Dclose(ds);
     if (sp >= 0) H5Sclose(sp);
-    quiet_end(&q);
+    kvqi_quiet_end(&q);
     return s;
 }
