@@ -91,6 +91,10 @@ int bwd_compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_hparams *hp, const k
                 const char *name, const int32_t *tokens, int T, const kvq_prefix *px, double tol);
 void bwd_header(void);
 void fill(float *x, size_t n, float a, uint64_t *s);
+/* a random-weight model (fp32 weights, draws from seed): biases, per-head q/k norms, a sliding window
+ * from layer 1 and YaRN when asked (gpu_check_synth.c) */
+void synth_model_ex(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int head_dim, int hidden, int vocab, int bias,
+                    int qk_norm, int window, int yarn, uint64_t seed);
 void fisher_of(grad_rec *g);
 void grad_rec_alloc(grad_rec *g, const kvq_hparams *hp, int T, int P);
 void grad_rec_free(grad_rec *g);

@@ -4,53 +4,6 @@
 
 /* ---- the model families: fixtures and synthetic models with the new parts ------------- */
 
-/* a synthetic model with biases, q/k norms, a sliding window and YaRN (any subset) */
-static void synth_model_ex(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int head_dim, int hidden, int vocab,
-                           int bias, int qk_norm, int window, int yarn, uint64_t seed)
-{
-    kvq_hparams hp = {.n_layers = n_layers, .dim = dim, .hidden_dim = hidden, .n_heads = n_heads, .n_kv_heads = n_kv,
-                      .head_dim = head_dim, .vocab_size = vocab, .ctx_len = 4096, .rope_dim = head_dim,
-                      .rope_theta = 10000.0f, .rope_scaling = KVQ_ROPE_SCALING_NONE, .rope_scale_factor = 1, .rope_attn_factor = 1,
-                      .norm_eps = 1e-5f, .tied_embeddings = false, .attn_qkv_bias = bias, .attn_out_bias = bias,
-                      .qk_norm = qk_norm, .sliding_window = window, .swa_first_layer = window ? 1 : 0};
-    if (yarn) {
-        hp.rope_scaling = KVQ_ROPE_SCALING_YARN;
-        hp.rope_scale_factor = 4;
-        hp.rope_orig_ctx = 64;
-        hp.rope_beta_fast = 32;
-        hp.rope_beta_slow = 1;
-        hp.rope_yarn_truncate = true;
-        hp.rope_attn_factor = (float)(0.1 * log(4.0) + 1.0);
-    }
-    kvq_err err = {0};
-    TRYE(kvq_model_alloc(m, &hp, &err));
-    uint64_t s = seed;
-    size_t qd = kvq_q_dim(&hp), kvd = kvq_kv_dim(&hp);
-    fill(kvq_mat_f32(&m->tok_embd), (size_t)vocab * dim, 1.0f, &s);
-    fill(kvq_mat_f32(&m->output), (size_t)vocab * dim, sqrtf(3.0f / dim), &s);
-    for (int i = 0; i < dim; i++) m->out_norm[i] = 1.0f + 0.1f * rng_u(&s);
-    for (int l = 0; l < n_layers; l++) {
-        kvq_layer_weights *w = &m->layers[l];
-        for (int i = 0; i < dim; i++) w->attn_norm[i] = 1.0f + 0.1f * rng_u(&s), w->ffn_norm[i] = 1.0f + 0.1f * rng_u(&s);
-        fill(kvq_mat_f32(&w->wq), qd * dim, 2 * sqrtf(3.0f / dim), &s);
-        fill(kvq_mat_f32(&w->wk), kvd * dim, 2 * sqrtf(3.0f / dim), &s);
-        fill(kvq_mat_f32(&w->wv), kvd * dim, sqrtf(3.0f / dim), &s);
-        fill(kvq_mat_f32(&w->wo), dim * qd, sqrtf(3.0f / qd), &s);
-        fill(kvq_mat_f32(&w->w_gate), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
-        fill(kvq_mat_f32(&w->w_up), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
-        fill(kvq_mat_f32(&w->w_down), (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
-        if (bias) {
-            fill(w->bq, qd, 0.5f, &s);
-            fill(w->bk, kvd, 0.5f, &s);
-            w->bk[3] += 8.0f; /* a Qwen2-like dominant key channel */
-            fill(w->bv, kvd, 0.5f, &s);
-            fill(w->bo, (size_t)dim, 0.2f, &s);
-        }
-        if (qk_norm)
-            for (int i = 0; i < head_dim; i++) w->q_norm[i] = 1.0f + 0.3f * rng_u(&s), w->k_norm[i] = 1.0f + 0.3f * rng_u(&s);
-    }
-}
-
 /* fixture tokens and transformers' logits (tests/scripts/hf_family_fixtures.py ref.bin) */
 typedef struct {
     int V, T;

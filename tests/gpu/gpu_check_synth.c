@@ -19,12 +19,24 @@ void fill(float *x, size_t n, float a, uint64_t *s)
     for (size_t i = 0; i < n; i++) x[i] = a * rng_u(s);
 }
 
-static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int hidden, int vocab, uint64_t seed)
+/* a synthetic model with biases, q/k norms, a sliding window and YaRN (any subset) */
+void synth_model_ex(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int head_dim, int hidden, int vocab,
+                    int bias, int qk_norm, int window, int yarn, uint64_t seed)
 {
     kvq_hparams hp = {.n_layers = n_layers, .dim = dim, .hidden_dim = hidden, .n_heads = n_heads, .n_kv_heads = n_kv,
-                      .head_dim = dim / n_heads, .vocab_size = vocab, .ctx_len = 4096, .rope_dim = dim / n_heads,
-                      .rope_theta = 10000.0f, .rope_scaling = KVQ_ROPE_SCALING_NONE, .rope_scale_factor = 1,
-                      .norm_eps = 1e-5f, .tied_embeddings = false};
+                      .head_dim = head_dim, .vocab_size = vocab, .ctx_len = 4096, .rope_dim = head_dim,
+                      .rope_theta = 10000.0f, .rope_scaling = KVQ_ROPE_SCALING_NONE, .rope_scale_factor = 1, .rope_attn_factor = 1,
+                      .norm_eps = 1e-5f, .tied_embeddings = false, .attn_qkv_bias = bias, .attn_out_bias = bias,
+                      .qk_norm = qk_norm, .sliding_window = window, .swa_first_layer = window ? 1 : 0};
+    if (yarn) {
+        hp.rope_scaling = KVQ_ROPE_SCALING_YARN;
+        hp.rope_scale_factor = 4;
+        hp.rope_orig_ctx = 64;
+        hp.rope_beta_fast = 32;
+        hp.rope_beta_slow = 1;
+        hp.rope_yarn_truncate = true;
+        hp.rope_attn_factor = (float)(0.1 * log(4.0) + 1.0);
+    }
     kvq_err err = {0};
     TRYE(kvq_model_alloc(m, &hp, &err));
     uint64_t s = seed;
@@ -42,7 +54,22 @@ static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_
         fill(kvq_mat_f32(&w->w_gate), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
         fill(kvq_mat_f32(&w->w_up), (size_t)hidden * dim, sqrtf(3.0f / dim), &s);
         fill(kvq_mat_f32(&w->w_down), (size_t)dim * hidden, sqrtf(3.0f / hidden), &s);
+        if (bias) {
+            fill(w->bq, qd, 0.5f, &s);
+            fill(w->bk, kvd, 0.5f, &s);
+            w->bk[3] += 8.0f; /* a Qwen2-like dominant key channel */
+            fill(w->bv, kvd, 0.5f, &s);
+            fill(w->bo, (size_t)dim, 0.2f, &s);
+        }
+        if (qk_norm)
+            for (int i = 0; i < head_dim; i++) w->q_norm[i] = 1.0f + 0.3f * rng_u(&s), w->k_norm[i] = 1.0f + 0.3f * rng_u(&s);
     }
+}
+
+/* a plain Llama model (head_dim = dim / n_heads): synth_model_ex with no family parts (same weights, same draws) */
+static void synth_model(kvq_model *m, int n_layers, int dim, int n_heads, int n_kv, int hidden, int vocab, uint64_t seed)
+{
+    synth_model_ex(m, n_layers, dim, n_heads, n_kv, dim / n_heads, hidden, vocab, 0, 0, 0, 0, seed);
 }
 
 /* Random window tokens [nw][T] and, when P > 0, a random prefix (pbuf owns its K and V; free it). */
