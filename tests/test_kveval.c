@@ -24,6 +24,7 @@
 
 #include "cuda_info.h"
 #include "device.h"
+#include "kveval_env.h"
 #include "kveval_util.h"
 #include "kvq_test.h"
 #include "quant_fp8.h"
@@ -482,47 +483,7 @@ START_TEST(test_decode_equivalence_production)
 }
 END_TEST
 
-/* ---------------- perplexity over text windows ---------------- */
-
-typedef struct {
-    kvq_model m;
-    kvq_tokenizer *tok;
-    kvq_text txt;
-    char text_path[256];
-} text_env;
-
-/* aidreams260K + its tokenizer + the first ~24 KB of wiki.valid.tokens */
-static int env_open(text_env *env)
-{
-    char mb[4096], tb[4096], db[4096];
-    const char *mp = kvq_test_shared(mb, sizeof mb, "models/llama2c/aidreams260K.bin");
-    const char *tp = kvq_test_shared(tb, sizeof tb, "models/llama2c/aidreams-tok512.bin");
-    const char *dp = kvq_test_shared(db, sizeof db, "datasets/wikitext-2/wiki.valid.tokens");
-    if (!mp || !tp || !dp) return 0;
-    kvq_err e = {0};
-    ck_assert_msg(kvq_model_load(mp, &env->m, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert_msg(kvq_tokenizer_load(tp, &env->tok, &e) == KVQ_OK, "%s", e.msg);
-    FILE *in = fopen(dp, "rb");
-    ck_assert(in);
-    char *buf = malloc(24000);
-    size_t n = fread(buf, 1, 24000, in);
-    fclose(in);
-    tmp_path(env->text_path, sizeof env->text_path, "text.tokens");
-    FILE *out = fopen(env->text_path, "wb");
-    ck_assert(out && fwrite(buf, 1, n, out) == n);
-    fclose(out);
-    free(buf);
-    ck_assert_msg(kvq_text_read(env->text_path, KVQ_TEXT_WIKITEXT_TOKENS, KVQ_EOL_TO_LF, &env->txt, &e) == KVQ_OK, "%s", e.msg);
-    return 1;
-}
-
-static void env_close(text_env *env)
-{
-    kvq_text_free(&env->txt);
-    kvq_tokenizer_free(env->tok);
-    kvq_model_free(&env->m);
-    remove(env->text_path);
-}
+/* ---------------- perplexity over text windows (kveval_env.h) ---------------- */
 
 START_TEST(test_fp32_is_plain_forward)
 {

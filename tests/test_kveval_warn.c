@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "identity.h"
+#include "kveval_env.h"
 #include "kveval_util.h"
 #include "kvq_test.h"
 #include "perplexity.h"
@@ -40,32 +41,6 @@ START_TEST(test_clip_counters)
 }
 END_TEST
 
-typedef struct {
-    kvq_model m;
-    kvq_tokenizer *tok;
-    kvq_text txt;
-} env_t;
-
-static int env_open(env_t *env)
-{
-    char mb[4096], tb[4096], db[4096];
-    const char *mp = kvq_test_shared(mb, sizeof mb, "models/llama2c/aidreams260K.bin");
-    const char *tp = kvq_test_shared(tb, sizeof tb, "models/llama2c/aidreams-tok512.bin");
-    const char *dp = kvq_test_shared(db, sizeof db, "datasets/wikitext-2/wiki.valid.tokens");
-    if (!mp || !tp || !dp) return 0;
-    kvq_err e = {0};
-    ck_assert_msg(kvq_model_load(mp, &env->m, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert_msg(kvq_tokenizer_load(tp, &env->tok, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert_msg(kvq_text_read(dp, KVQ_TEXT_WIKITEXT_TOKENS, KVQ_EOL_TO_LF, &env->txt, &e) == KVQ_OK, "%s", e.msg);
-    return 1;
-}
-
-static void env_close(env_t *env)
-{
-    kvq_text_free(&env->txt);
-    kvq_tokenizer_free(env->tok);
-    kvq_model_free(&env->m);
-}
 
 /* a scheme of the test's own: leaves K/V as they are and counts in n_high the
  * elements of K / V at or beyond fp16's overflow threshold */
@@ -99,7 +74,7 @@ static char *report_of(const kvq_ppl_report *rep)
  * fp32 none; the table says so in a warning line naming the counts. */
 START_TEST(test_fp16_clipping_reported)
 {
-    env_t env;
+    text_env env;
     KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
     kvq_err e = {0};
     float *wk = kvq_mat_f32(&env.m.layers[0].wk);
@@ -151,7 +126,7 @@ END_TEST
  * the untouched artifact warns about nothing. */
 START_TEST(test_outlier_fraction_warned)
 {
-    env_t env;
+    text_env env;
     KVQ_SKIP_IF(!env_open(&env), "tiny model, tokenizer or wikitext absent");
     kvq_err e = {0};
     char fp[65], path[256];
