@@ -351,6 +351,16 @@ kvq_status kvq_ppl_run(const kvq_model *m, const kvq_windows *win, const kvq_ppl
     return kvq_ppl_run_on(NULL, m, win, plan, schemes, n_schemes, prog, results, err);
 }
 
+/* what the GPU's native transforms counted between two stats snapshots, into a scheme's result */
+static void gpu_counts_add(kvq_ppl_result *r, const kvq_cuda_stats *s0, const kvq_cuda_stats *s1)
+{
+    r->xform = KVQ_PPL_XF_GPU;
+    r->k_counts.n_outliers += s1->k_outliers - s0->k_outliers;
+    r->v_counts.n_outliers += s1->v_outliers - s0->v_outliers;
+    r->k_counts.n_clipped += s1->k_clipped - s0->k_clipped;
+    r->v_counts.n_clipped += s1->v_clipped - s0->v_clipped;
+}
+
 kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan,
                           const kvq_eval_scheme *schemes, size_t n_schemes, kvq_progress *prog,
                           kvq_ppl_result *results, kvq_err *err)
@@ -427,11 +437,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                 st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, kld ? &kw : NULL, err);
                 if (!st && d) {
                     kvq_forward_cuda_stats(e.gpu, &s1);
-                    results[s].xform = KVQ_PPL_XF_GPU;
-                    results[s].k_counts.n_outliers += s1.k_outliers - s0.k_outliers;
-                    results[s].v_counts.n_outliers += s1.v_outliers - s0.v_outliers;
-                    results[s].k_counts.n_clipped += s1.k_clipped - s0.k_clipped;
-                    results[s].v_counts.n_clipped += s1.v_clipped - s0.v_clipped;
+                    gpu_counts_add(&results[s], &s0, &s1);
                 }
                 if (!st && prog) kvq_progress_update(prog, ++done);
             }
@@ -453,11 +459,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
             }
             kvq_forward_cuda_stats(e.gpu, &s1);
             if (d) {
-                results[s].xform = KVQ_PPL_XF_GPU;
-                results[s].k_counts.n_outliers += s1.k_outliers - s0.k_outliers;
-                results[s].v_counts.n_outliers += s1.v_outliers - s0.v_outliers;
-                results[s].k_counts.n_clipped += s1.k_clipped - s0.k_clipped;
-                results[s].v_counts.n_clipped += s1.v_clipped - s0.v_clipped;
+                gpu_counts_add(&results[s], &s0, &s1);
             }
         }
         if (!st) st = kvq_engine_set_kv(&e, NULL, err);

@@ -170,13 +170,6 @@ static cJSON *counts_json(const kvq_quant_counts *c)
     return o;
 }
 
-/* the share of the quantized elements (not sink, not exact for other reasons) kept as sparse outliers */
-static double realised_outlier_frac(const kvq_quant_counts *c)
-{
-    const uint64_t dense = c->n_elems - c->n_sink - c->n_exact;
-    return dense ? (double)c->n_outliers / (double)dense : 0.0;
-}
-
 size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *prefix)
 {
     size_t n = 0;
@@ -197,7 +190,7 @@ size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *pre
         const double nominal = s->s.q.outlier_frac;
         /* keys only: their thresholds are calibrated offline, so the realised share measures the match of
          * tables and data; values' outliers are chosen per token (a fixed count, 2 k_side / kv_dim) */
-        const double got = realised_outlier_frac(kc);
+        const double got = kvq_bits_outlier_frac(kc, nominal); /* the nominal itself when nothing was counted */
         if (nominal > 0 && got > KVQ_OUTLIER_WARN_RATIO * nominal) {
             if (f)
                 fprintf(f, "%s%s: %.3g%% of the keys went to the sparse outliers, %.1fx the nominal %.3g%% (tables calibrated on "

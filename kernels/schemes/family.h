@@ -302,6 +302,11 @@ void kvq_spec_fmt_pct(char *buf, size_t n, double frac);
  * fp16 (sink, residual) and the rest at `dense` bits per element. */
 double kvq_bits_mix16(double dense, size_t ctx, size_t n16);
 
+/* The share of the quantized elements (not sink, not exact for other reasons) a run kept as sparse
+ * outliers, counted in c; the nominal fraction when there are no counts, no such elements or no
+ * nominal fraction (nominal <= 0). The bits of nuq / int-pc and kveval's outlier warning use it. */
+double kvq_bits_outlier_frac(const kvq_quant_counts *c, double nominal);
+
 /* Apply a family's quantize to both sides of a window in place (the default transform):
  * run->k_counts / v_counts accumulate. */
 kvq_status kvq_family_transform_in_place(kvq_kv_desc_run *run, const kvq_layer_ctx *c, float *k, float *v,

@@ -128,15 +128,6 @@ static kvq_status quantize_int_pc(const kvq_kv_desc *d, int layer, char side, fl
     return kvq_quant_int_channel(out, in, T, kvd, t->k_lower, t->k_upper, q->k_bits, q->outlier_frac > 0, q->n_sink, c, err);
 }
 
-/* the realised key outlier fraction of a run (elements outside the sink), or the nominal one */
-double kvq_bits_outlier_frac(const kvq_quant_counts *c, double nominal);
-double kvq_bits_outlier_frac(const kvq_quant_counts *c, double nominal)
-{
-    if (!c || nominal <= 0) return nominal;
-    uint64_t dense = c->n_elems - c->n_sink - c->n_exact;
-    return dense ? (double)c->n_outliers / (double)dense : nominal;
-}
-
 /* keys: b + fp16 (scale, zero) per channel amortised over ctx + sparse outliers (f*32 + a 32-bit row
  * pointer per token); values: b + 32/g */
 static kvq_status bits_int_pc(const kvq_scheme *q, const kvq_bits_in *in, kvq_bits *out, kvq_err *err)

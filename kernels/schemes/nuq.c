@@ -17,7 +17,6 @@
 #include "tables.h"
 
 kvq_status kvq_check_key_thresholds(const kvq_kv_desc *d, const kvq_hparams *hp, const char *what, kvq_err *err);
-double kvq_bits_outlier_frac(const kvq_quant_counts *c, double nominal);
 
 static int parse_nuq(const char *b, const char *spec, kvq_scheme *q, kvq_err *err)
 {

@@ -119,6 +119,13 @@ kvq_status kvq_scheme_bits(const kvq_scheme *s, size_t ctx, size_t kv_dim, kvq_b
     return kvq_scheme_bits_ex(s, &in, out, err);
 }
 
+double kvq_bits_outlier_frac(const kvq_quant_counts *c, double nominal)
+{
+    if (!c || nominal <= 0) return nominal;
+    uint64_t dense = c->n_elems - c->n_sink - c->n_exact;
+    return dense ? (double)c->n_outliers / (double)dense : nominal;
+}
+
 double kvq_bits_mix16(double dense, size_t ctx, size_t n16)
 {
     if (n16 > ctx) n16 = ctx;
