@@ -32,6 +32,7 @@ kvq_calibrate_opts kvq_calibrate_defaults(const kvq_family *m)
     o.group_size = c->group;
     o.residual_length = c->residual;
     o.fp8_percentile = c->fp8_percentile;
+    for (int j = 0; j < KVQ_ARTIFACT_X; j++) o.x[j] = c->x[j];
     return o;
 }
 
@@ -83,6 +84,11 @@ kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
         return kvq_fail(err, KVQ_EINVAL, "group size: %s has none (%s), found %zu", mn,
                         c->fp8_opt ? "one scale per tensor or KV head" : "per-channel keys, per-token values", o->group_size);
     if (o->n_threads < 0) return kvq_fail(err, KVQ_EINVAL, "threads: expected >= 0, found %d", o->n_threads);
+    for (int j = 0; j < KVQ_ARTIFACT_X; j++) {
+        const char *nm = NULL;
+        for (int q = 0; ly->params && q <= j && ly->params[q]; q++) nm = q == j ? ly->params[q] : NULL;
+        if (!isfinite(o->x[j])) return kvq_fail(err, KVQ_EINVAL, "%s: expected a finite number, found %g", nm ? nm : "parameter", o->x[j]);
+    }
     return KVQ_OK;
 }
 
@@ -155,6 +161,63 @@ static kvq_status read_tensor(const work_ctx *c, int layer, kvq_dump_ds ds, floa
     return KVQ_OK;
 }
 
+/* ---- kvq_calib_src over the dump (family.h): any dataset of any layer, all samples ---- */
+
+static size_t src_per_sample(const kvq_dump_meta *m, int ds)
+{
+    size_t L = (size_t)m->seq_len, hd = (size_t)m->head_dim;
+    switch (ds) {
+    case KVQ_DUMP_K_PRE_ROPE: case KVQ_DUMP_K: case KVQ_DUMP_V: case KVQ_DUMP_FISHER_K_PRE_ROPE: case KVQ_DUMP_FISHER_V:
+        return L * (size_t)m->n_kv_heads * hd;
+    case KVQ_DUMP_Q: return L * (size_t)m->n_heads * hd;
+    case KVQ_DUMP_ATTN_RECEIVED: case KVQ_DUMP_ATTN_ENTROPY: return (size_t)m->n_heads * L;
+    default: return 0;
+    }
+}
+
+static kvq_status src_read(const kvq_calib_src *src, int layer, int ds, float *buf, kvq_err *err)
+{
+    const work_ctx *c = src->ctx;
+    const kvq_dump_meta *m = c->m;
+    if (ds < 0 || ds >= KVQ_DUMP_N_DS) return kvq_fail(err, KVQ_EINVAL, "%s: dataset %d: unknown", c->name, ds);
+    if (layer < 0 || layer >= m->n_layers)
+        return kvq_fail(err, KVQ_EINVAL, "%s: layer %d: expected 0..%d", c->name, layer, m->n_layers - 1);
+    if (!kvq_dump_has(c->r, layer, (kvq_dump_ds)ds)) {
+        const char *opt = ds == KVQ_DUMP_Q ? "--q" : ds >= KVQ_DUMP_ATTN_RECEIVED ? "--attn-stats"
+                        : ds >= KVQ_DUMP_FISHER_K_PRE_ROPE ? "--fisher" : "its defaults";
+        return kvq_fail(err, KVQ_EINVAL, "%s: layer %d: dataset %s is missing; method %s reads it (rerun kvdump with %s)", c->name,
+                        layer, kvq_dump_ds_name((kvq_dump_ds)ds), c->o->method->name, opt);
+    }
+    size_t per = src_per_sample(m, ds);
+    kvq_status s = KVQ_OK;
+#pragma omp critical(kvq_calibrate_hdf5)
+    {
+        for (int64_t smp = 0; smp < m->n_samples && s == KVQ_OK; smp++)
+            s = kvq_dump_read(c->r, layer, (kvq_dump_ds)ds, smp, buf + (size_t)smp * per, err);
+    }
+    if (s) return s;
+    for (int64_t smp = 0; smp < m->n_samples; smp++) {
+        const float *x = buf + (size_t)smp * per;
+        if (kvq_dump_check_values(m, (kvq_dump_ds)ds, x, layer, smp, 0.0f, err)) return kvq_err_prefix(err, "%s", c->name);
+        if (ds == KVQ_DUMP_FISHER_K_PRE_ROPE || ds == KVQ_DUMP_FISHER_V)
+            for (size_t i = 0; i < per; i++)
+                if (x[i] < 0)
+                    return kvq_fail(err, KVQ_ENUMERIC, "%s: %s: layer %d, sample %" PRId64 ", element %zu: value %g is negative "
+                                    "(squared gradients are >= 0)", c->name, kvq_dump_ds_name((kvq_dump_ds)ds), layer, smp, i,
+                                    (double)x[i]);
+    }
+    return KVQ_OK;
+}
+
+static kvq_calib_src make_src(const work_ctx *c)
+{
+    const kvq_dump_meta *m = c->m;
+    return (kvq_calib_src){.ctx = (void *)c, .n_samples = (size_t)m->n_samples, .seq_len = (size_t)m->seq_len,
+                           .n_layers = (size_t)m->n_layers, .n_heads = (size_t)m->n_heads, .n_kv_heads = (size_t)m->n_kv_heads,
+                           .head_dim = (size_t)m->head_dim, .rope_dim = (size_t)m->rope_dim, .has_q = m->has_q,
+                           .has_fisher = m->has_fisher, .has_attn_stats = m->has_attn_stats, .read = src_read};
+}
+
 /* Pre-RoPE Fisher → weights for post-RoPE keys: pair mean over rotary pairs (calibrate.h). */
 static void fisher_pair_mean(float *f, size_t n_rows, size_t n_heads, size_t hd, size_t rope_dim)
 {
@@ -201,6 +264,71 @@ static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *
     return s;
 }
 
+/* Families with a layer fit (family.h fit_layer): one work item per layer, both sides, then `finish`. */
+static kvq_status calibrate_layers(work_ctx *c, kvq_artifact *a, bool fit_k, bool fit_v, kvq_artifact *out, kvq_err *err)
+{
+    const kvq_calibrate_opts *o = c->o;
+    const kvq_family_calib *fc = o->method->calib;
+    const kvq_dump_meta *m = c->m;
+    int n_items = m->n_layers;
+    kvq_status *st = calloc((size_t)n_items, sizeof *st);
+    kvq_err *errs = calloc((size_t)n_items, sizeof *errs);
+    a->k = fit_k ? calloc(a->p.n_layers, sizeof *a->k) : NULL;
+    a->v = fit_v ? calloc(a->p.n_layers, sizeof *a->v) : NULL;
+    if (!st || !errs || (fit_k && !a->k) || (fit_v && !a->v)) {
+        free(st);
+        free(errs);
+        kvq_artifact_free(a);
+        return kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", c->name);
+    }
+    kvq_calib_src src = make_src(c);
+    int nt = o->n_threads > 0 ? o->n_threads : omp_get_max_threads();
+    if (nt > n_items) nt = n_items;
+    if (nt < 1) nt = 1;
+    int failed = 0, n_done = 0, total = n_items * ((fit_k ? 1 : 0) + (fit_v ? 1 : 0));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int l = 0; l < n_items; l++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        double t0 = kvq_now();
+        kvq_kv_table *tk = fit_k ? &a->k[l] : NULL, *tv = fit_v ? &a->v[l] : NULL;
+        st[l] = fc->fit_layer(&a->p, l, &src, tk, tv, &errs[l]);
+        if (st[l]) {
+            kvq_err_prefix(&errs[l], "%s: layer %d", c->name, l);
+#pragma omp atomic write
+            failed = 1;
+        } else if (o->on_table) {
+            double dt = kvq_now() - t0;
+#pragma omp critical(kvq_calibrate_progress)
+            {
+                if (tk) o->on_table(o->on_table_ctx, ++n_done, total, l, 'k', tk, dt);
+                if (tv) o->on_table(o->on_table_ctx, ++n_done, total, l, 'v', tv, dt);
+            }
+        }
+    }
+    kvq_status s = KVQ_OK;
+    for (int it = 0; it < n_items && !s; it++)
+        if (st[it]) {
+            s = st[it];
+            if (err) *err = errs[it];
+        }
+    free(st);
+    free(errs);
+    if (!s && fc->finish) {
+        s = fc->finish(&a->p, &src, a, err);
+        if (s) kvq_err_prefix(err, "%s", c->name);
+    }
+    if (!s) s = kvq_artifact_validate(a, err);
+    if (s) {
+        kvq_artifact_free(a);
+        return s;
+    }
+    *out = *a;
+    return KVQ_OK;
+}
+
 kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const kvq_calibrate_opts *o, kvq_artifact *out,
                               kvq_err *err)
 {
@@ -210,7 +338,8 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     const char *name = dump_name ? dump_name : "dump";
     const kvq_dump_meta *m = kvq_dump_reader_meta(r);
     const kvq_family_calib *fc = o->method->calib;
-    bool fit_k = fc->fit_k && fc->fit, fit_v = fc->fit_v && fc->fit, needs_data = fit_k || fit_v;
+    bool fit_k = fc->fit_k && (fc->fit || fc->fit_layer), fit_v = fc->fit_v && (fc->fit || fc->fit_layer),
+         needs_data = fit_k || fit_v;
     KVQ_TRY(check_against_dump(m, kvq_dump_reader_samples_done(r), name, o, needs_data, err));
 
     kvq_artifact a;
@@ -232,6 +361,8 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     p->n_layers = (size_t)m->n_layers;
     p->n_kv_heads = (size_t)m->n_kv_heads;
     p->head_dim = (size_t)m->head_dim;
+    for (int j = 0; j < KVQ_ARTIFACT_X; j++) p->x[j] = o->x[j];
+    if (o->method->artifact->check_params) KVQ_TRY(o->method->artifact->check_params(p, err)); /* before any work */
     KVQ_TRY(kvq_calib_fill_bits(p, o->bits_ctx ? o->bits_ctx : (size_t)m->seq_len, err));
     char hex[65];
     if (kvq_identity_model_from_dump(m, hex, err)) return kvq_err_prefix(err, "%s", name);
@@ -264,6 +395,7 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
         kvq_mul_size((size_t)m->seq_len, kv_dim, &c.per_sample) || kvq_mul_size(c.n_tokens, kv_dim, &tot) ||
         kvq_mul_size(tot, sizeof(float), &tot))
         return kvq_fail(err, KVQ_ENOMEM, "%s: n_samples x seq_len x kv_dim overflows", name);
+    if (fc->fit_layer) return calibrate_layers(&c, &a, fit_k, fit_v, out, err);
     int per_layer = (fit_k ? 1 : 0) + (fit_v ? 1 : 0), n_items = m->n_layers * per_layer;
     work_item *items = calloc((size_t)n_items, sizeof *items);
     kvq_status *st = calloc((size_t)n_items, sizeof *st);

@@ -76,6 +76,8 @@ typedef struct {
     size_t group_size;        /* int / int-pc: channels per token group (0 = whole token); kivi: G */
     size_t residual_length;   /* kivi: R */
     size_t bits_ctx;          /* context length of the bits accounting; 0 = the dump's seq_len */
+    double x[KVQ_ARTIFACT_X]; /* the family's own parameters (family.h artifact->params names them; defaults
+                                 calib->x; kvcalib --param NAME=VALUE), stored in the artifact as p.x */
     int n_threads;            /* 0 = OpenMP default (capped at the number of work items) */
     kvq_calib_table_fn on_table; /* optional progress hook */
     void *on_table_ctx;

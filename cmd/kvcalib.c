@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <inttypes.h>
+#include <math.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -65,6 +66,10 @@ static const char *summary_text(char *buf, size_t n)
         if (c->group_opt) el += (size_t)snprintf(extra + el, sizeof extra - el, " --group %zu", c->group);
         if (c->residual_opt) el += (size_t)snprintf(extra + el, sizeof extra - el, " --residual %zu", c->residual);
         if (c->fp8_opt) el += (size_t)snprintf(extra + el, sizeof extra - el, " --percentile %g", c->fp8_percentile);
+        for (int j = 0; f[i]->artifact && f[i]->artifact->params && j < KVQ_ARTIFACT_X && f[i]->artifact->params[j] &&
+                        el < sizeof extra;
+             j++)
+            el += (size_t)snprintf(extra + el, sizeof extra - el, " --param %s=%g", f[i]->artifact->params[j], c->x[j]);
         if (c->fisher_opt && el < sizeof extra)
             el += (size_t)snprintf(extra + el, sizeof extra - el, " %s", c->fisher ? "Fisher-weighted" : "unweighted");
         len += (size_t)snprintf(buf + len, n - len, "  %-7s %s\n          defaults: --bits %d --outliers %g --sink %zu --keys %s%s\n",
@@ -79,6 +84,7 @@ typedef struct {
     long bits, sink, group, residual, bits_ctx, threads, seed;
     double outliers, percentile;
     bool no_fisher, per_head, force, quiet, version;
+    kvq_strlist params;
 } cli_args;
 
 static int option_table(cli_args *a, kvq_opt *t, const char *methods)
@@ -113,6 +119,8 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          "e4m3|e5m2", 0, 0, false},
         {"export-vllm", 0, KVQ_OPT_STRING, &a->export_vllm, "FILE",
          "fp8: also write model.layers.<i>.self_attn.k_scale/v_scale (safetensors) for vLLM", NULL, 0, 0, false},
+        {"param", 0, KVQ_OPT_LIST, &a->params, "NAME=VALUE",
+         "a method's own parameter (repeatable; the methods' parameters and defaults are listed below)", NULL, 0, 0, false},
         {"bits-ctx", 0, KVQ_OPT_INT, &a->bits_ctx, "N", "context length of the bits accounting (0: the dump's seq_len)",
          NULL, 0, 1e9, false},
         {"seed", 0, KVQ_OPT_INT, &a->seed, "S", "nuq: k-means++ seed", NULL, 0, 9e15, false},
@@ -700,6 +708,29 @@ static int cmd_calibrate(int argc, char **argv)
     if (a.group >= 0) o.group_size = (size_t)a.group;
     if (a.residual >= 0) o.residual_length = (size_t)a.residual;
     if (a.keys) o.post_rope = !strcmp(a.keys, "post-rope");
+    for (int i = 0; i < (int)a.params.n; i++) { /* --param NAME=VALUE: the family's artifact->params */
+        const char *arg = a.params.v[i], *eq = strchr(arg, '=');
+        const char *const *names = m->artifact ? m->artifact->params : NULL;
+        int j = 0;
+        while (names && j < KVQ_ARTIFACT_X && names[j] && (!eq || strlen(names[j]) != (size_t)(eq - arg) ||
+                                                          strncmp(names[j], arg, (size_t)(eq - arg))))
+            j++;
+        char *end = NULL;
+        double v = eq ? strtod(eq + 1, &end) : 0;
+        if (!eq || !names || j >= KVQ_ARTIFACT_X || !names[j]) {
+            char known[160] = "";
+            for (int q = 0; names && q < KVQ_ARTIFACT_X && names[q]; q++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", q ? ", " : "", names[q]);
+            fprintf(stderr, "%s: --param %s: expected NAME=VALUE with NAME one of method %s's parameters (%s)\n", PROG, arg,
+                    a.method, known[0] ? known : "it has none");
+            return EXIT_USAGE;
+        }
+        if (!eq[1] || *end || !isfinite(v)) {
+            fprintf(stderr, "%s: --param %s: value of %s: expected a finite number, found \"%s\"\n", PROG, arg, names[j], eq + 1);
+            return EXIT_USAGE;
+        }
+        o.x[j] = v;
+    }
     if (!o.post_rope && !m->calib->pre_rope_ok) {
         /* kvstat and the IntactKV trainer read int/kivi artifacts as post-RoPE (kvq's int and KIVI
          * quantize the cached post-RoPE keys): the label would be wrong (it was accepted) */

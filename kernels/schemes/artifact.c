@@ -23,7 +23,62 @@ void kvq_kv_table_free(kvq_kv_table *t)
     free(t->obj_exact);
     free(t->chosen);
     free(t->fp8_scale);
+    for (size_t j = 0; j < t->n_ft && j < KVQ_FAM_TENSORS; j++) free(t->ft[j].data);
     memset(t, 0, sizeof *t);
+}
+
+size_t kvq_fam_tensor_len(const kvq_fam_tensor *x)
+{
+    size_t n = 1;
+    for (uint32_t d = 0; d < x->n_dims && d < KVQ_FAM_TENSOR_DIMS; d++) n *= (size_t)x->shape[d];
+    return n;
+}
+
+const kvq_fam_tensor *kvq_kv_table_get(const kvq_kv_table *t, const char *name)
+{
+    for (size_t j = 0; t && j < t->n_ft && j < KVQ_FAM_TENSORS; j++)
+        if (!strcmp(t->ft[j].name, name)) return &t->ft[j];
+    return NULL;
+}
+
+static bool fam_name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n >= sizeof(((kvq_fam_tensor *)0)->name)) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_')) return false;
+    }
+    return true;
+}
+
+kvq_status kvq_kv_table_add(kvq_kv_table *t, const char *name, uint32_t n_dims, const uint64_t *shape, float **data,
+                            kvq_err *err)
+{
+    if (data) *data = NULL;
+    if (!name || !fam_name_ok(name))
+        return kvq_fail(err, KVQ_EINVAL, "family table name \"%s\": expected 1..31 characters of [A-Za-z0-9_]", name ? name : "");
+    if (kvq_kv_table_get(t, name)) return kvq_fail(err, KVQ_EINVAL, "family table %s: already present", name);
+    if (t->n_ft >= KVQ_FAM_TENSORS)
+        return kvq_fail(err, KVQ_EINVAL, "family table %s: a table holds at most %d family tables", name, KVQ_FAM_TENSORS);
+    if (n_dims < 1 || n_dims > KVQ_FAM_TENSOR_DIMS)
+        return kvq_fail(err, KVQ_EINVAL, "family table %s: dimensions: expected 1..%d, found %u", name, KVQ_FAM_TENSOR_DIMS, n_dims);
+    size_t n = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        if (shape[d] == 0 || shape[d] > ((uint64_t)1 << 32) || kvq_mul_size(n, (size_t)shape[d], &n) || n > ((size_t)1 << 32))
+            return kvq_fail(err, KVQ_EINVAL, "family table %s: extent %u: expected 1..2^32 elements in all, found %llu", name, d,
+                            (unsigned long long)shape[d]);
+    }
+    kvq_fam_tensor *x = &t->ft[t->n_ft];
+    memset(x, 0, sizeof *x);
+    x->data = calloc(n, sizeof(float));
+    if (!x->data) return kvq_fail(err, KVQ_ENOMEM, "family table %s: cannot allocate %zu floats", name, n);
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->n_dims = n_dims;
+    for (uint32_t d = 0; d < n_dims; d++) x->shape[d] = shape[d];
+    t->n_ft++;
+    if (data) *data = x->data;
+    return KVQ_OK;
 }
 
 void kvq_artifact_free(kvq_artifact *a)
@@ -78,6 +133,41 @@ static bool has_v_levels(const kvq_family *m) { return layout(m) && layout(m)->v
 static bool has_k_thresholds(const kvq_family *m) { return layout(m) && layout(m)->k_thresholds; }
 static bool has_fp8(const kvq_family *m) { return layout(m) && layout(m)->fp8_scales; }
 static const char *mname(const kvq_family *m) { return m ? m->name : "?"; }
+/* the family's own tables for side kv under p (NULL-terminated; never NULL) */
+static const char *const *fam_tensors(const kvq_artifact_params *p, char kv)
+{
+    static const char *const none[] = {NULL};
+    const kvq_family_artifact *ly = layout(p->method);
+    const char *const *l = ly && ly->tensors ? ly->tensors(p, kv) : NULL;
+    return l ? l : none;
+}
+static bool has_fam_tensors(const kvq_artifact_params *p, char kv) { return fam_tensors(p, kv)[0] != NULL; }
+static size_t n_fam_params(const kvq_family *m)
+{
+    size_t n = 0;
+    while (layout(m) && layout(m)->params && n < KVQ_ARTIFACT_X && layout(m)->params[n]) n++;
+    return n;
+}
+
+/* every listed family table present, no other; then the family's own checks */
+static kvq_status check_fam_tables(const kvq_artifact_params *p, const kvq_kv_table *t, size_t layer, char kv, kvq_err *err)
+{
+    const char *const *l = fam_tensors(p, kv);
+    size_t n = 0;
+    for (; l[n]; n++) {
+        const kvq_fam_tensor *x = kvq_kv_table_get(t, l[n]);
+        if (!x || !x->data) return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.%s: missing (method %s)", layer, kv, l[n], mname(p->method));
+        size_t len = kvq_fam_tensor_len(x);
+        for (size_t j = 0; j < len; j++)
+            if (!isfinite(x->data[j])) return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c.%s[%zu]: not finite", layer, kv, l[n], j);
+    }
+    if (t->n_ft != n)
+        return kvq_fail(err, KVQ_EINVAL, "layers.%zu.%c: %zu family tables, method %s stores %zu", layer, kv, t->n_ft,
+                        mname(p->method), n);
+    const kvq_family_artifact *ly = layout(p->method);
+    if (n && ly->check_tensors) KVQ_TRY(ly->check_tensors(p, layer, kv, t, err));
+    return KVQ_OK;
+}
 
 static kvq_status check_fp8_table(const kvq_artifact_params *p, const kvq_kv_table *t, size_t layer, char kv,
                                   kvq_err *err)
@@ -240,11 +330,17 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
             KVQ_TRY(check_fp8_table(p, &a->k[i], i, 'k', err));
             KVQ_TRY(check_fp8_table(p, &a->v[i], i, 'v', err));
         }
-        return KVQ_OK;
     }
     for (size_t i = 0; i < p->n_layers; i++) {
         if (a->k && (lv || thr)) KVQ_TRY(check_table(p, &a->k[i], i, 'k', lv, thr, err));
         if (a->v && vlv) KVQ_TRY(check_table(p, &a->v[i], i, 'v', true, false, err));
+    }
+    bool fk = has_fam_tensors(p, 'k'), fv = has_fam_tensors(p, 'v');
+    if ((fk && !a->k) || (fv && !a->v))
+        return kvq_fail(err, KVQ_EINVAL, "method %s: %s tables missing", mname(p->method), fk && !a->k ? "key" : "value");
+    for (size_t i = 0; i < p->n_layers; i++) {
+        if (a->k) KVQ_TRY(check_fam_tables(p, &a->k[i], i, 'k', err));
+        if (a->v) KVQ_TRY(check_fam_tables(p, &a->v[i], i, 'v', err));
     }
     if (a->prefix) KVQ_TRY(check_prefix(p, a->prefix, err));
     return KVQ_OK;
@@ -331,6 +427,11 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     meta_add(&m, "kvq.bits_per_element.v", "%.17g", p->bits_v);
     meta_add(&m, "kvq.bits_ctx", "%zu", p->bits_ctx);
     meta_add(&m, "kvq.creator", "%s", "kvq kvcalib");
+    char pkeys[KVQ_ARTIFACT_X][96];
+    for (size_t j = 0; j < n_fam_params(p->method); j++) {
+        snprintf(pkeys[j], sizeof pkeys[j], "kvq.%s.%s", mname(p->method), layout(p->method)->params[j]);
+        meta_add(&m, pkeys[j], "%.17g", p->x[j]);
+    }
     if (has_fp8(p->method)) {
         meta_add(&m, "kvq.fp8_format", "%s", p->fp8_e5m2 ? "e5m2" : "e4m3fn");
         meta_add(&m, "kvq.fp8_percentile", "%.17g", p->fp8_percentile);
@@ -378,6 +479,8 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     if (a->k && (lv || thr)) per_layer += (lv ? 3 : 0) + (thr ? 2 : 0) + 1;
     if (a->v && vlv) per_layer += 4;
     if (f8) per_layer = 4;
+    bool fk = a->k && has_fam_tensors(p, 'k'), fv = a->v && has_fam_tensors(p, 'v');
+    per_layer += (fk ? KVQ_FAM_TENSORS + 1 : 0) + (fv ? KVQ_FAM_TENSORS + 1 : 0);
     if (px) per_layer += 3;
     size_t n_t = per_layer * p->n_layers + 3, nt = 0;
     kvq_st_entry *te = calloc(n_t ? n_t : 1, sizeof *te);
@@ -391,8 +494,8 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
         for (int which = 0; which < 2; which++) {
             const kvq_kv_table *t = which == 0 ? (a->k ? &a->k[i] : NULL) : (a->v ? &a->v[i] : NULL);
             char kv = which == 0 ? 'k' : 'v';
-            bool want_lv = which == 0 ? lv : vlv, want_thr = which == 0 && thr;
-            if (!t || (!want_lv && !want_thr && !f8)) continue;
+            bool want_lv = which == 0 ? lv : vlv, want_thr = which == 0 && thr, want_ft = which == 0 ? fk : fv;
+            if (!t || (!want_lv && !want_thr && !f8 && !want_ft)) continue;
             size_t nl = (size_t)1 << t->bits;
 #define ADD(suffix, dt, nd, s0, s1, ptr)                                                        \
     do {                                                                                       \
@@ -414,6 +517,13 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
             if (want_thr) {
                 ADD("channel_lower", KVQ_ST_F32, 1, kv_dim, 0, t->channel_lower);
                 ADD("channel_upper", KVQ_ST_F32, 1, kv_dim, 0, t->channel_upper);
+            }
+            for (size_t j = 0; want_ft && j < t->n_ft; j++) {
+                const kvq_fam_tensor *x = &t->ft[j];
+                snprintf(names[nt].name, sizeof names[nt].name, "layers.%zu.%c.%s", i, kv, x->name);
+                te[nt] = (kvq_st_entry){names[nt].name, KVQ_ST_F32, x->n_dims, {0}, x->data};
+                for (uint32_t d = 0; d < x->n_dims; d++) te[nt].shape[d] = x->shape[d];
+                nt++;
             }
             uint64_t *c = counts + 6 * i + 3 * which;
             c[0] = t->n_elems;
@@ -583,6 +693,19 @@ static kvq_status read_table(const kvq_safetensors *st, const kvq_artifact_param
         KVQ_TRY(get_tensor(st, i, kv, "channel_lower", KVQ_ST_F32, 1, kv_dim, 0, (void **)&t->channel_lower, err));
         KVQ_TRY(get_tensor(st, i, kv, "channel_upper", KVQ_ST_F32, 1, kv_dim, 0, (void **)&t->channel_upper, err));
     }
+    for (const char *const *l = fam_tensors(p, kv); *l; l++) {
+        char name[96];
+        snprintf(name, sizeof name, "layers.%zu.%c.%s", i, kv, *l);
+        const kvq_st_tensor *x = kvq_safetensors_find(st, name);
+        if (!x) return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s' missing (method %s stores it)", st->path, name, mname(p->method));
+        if (x->dtype != KVQ_ST_F32 || x->n_dims < 1 || x->n_dims > KVQ_FAM_TENSOR_DIMS)
+            return kvq_fail(err, KVQ_EFORMAT, "%s: tensor '%s': expected F32 with 1..%d dimensions, found %s with %u", st->path, name,
+                            KVQ_FAM_TENSOR_DIMS, kvq_st_dtype_name(x->dtype), x->n_dims);
+        float *d;
+        kvq_status s = kvq_kv_table_add(t, *l, x->n_dims, x->shape, &d, err);
+        if (s) return kvq_err_prefix(err, "%s: tensor '%s'", st->path, name);
+        memcpy(d, x->data, x->n_bytes);
+    }
     uint64_t *c;
     KVQ_TRY(get_tensor(st, i, kv, "calib_counts", KVQ_ST_U64, 1, 3, 0, (void **)&c, err));
     t->n_elems = c[0];
@@ -637,6 +760,11 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
     KVQ_TRY(meta_copy(st, "kvq.dump_fingerprint", p->dump_fingerprint, sizeof p->dump_fingerprint, err));
     p->model_rope[0] = 0; /* optional: absent in artifacts written before it was recorded */
     if (kvq_safetensors_meta(st, "kvq.model_rope")) KVQ_TRY(meta_copy(st, "kvq.model_rope", p->model_rope, sizeof p->model_rope, err));
+    for (size_t j = 0; j < n_fam_params(p->method); j++) {
+        char key[96];
+        snprintf(key, sizeof key, "kvq.%s.%s", mname(p->method), layout(p->method)->params[j]);
+        KVQ_TRY(meta_double(st, key, &p->x[j], err));
+    }
     if (has_fp8(p->method)) {
         bool e4;
         KVQ_TRY(meta_choice(st, "kvq.fp8_format", "e4m3fn", "e5m2", &e4, err));
@@ -731,8 +859,9 @@ kvq_status kvq_artifact_read(const char *path, kvq_artifact *a, kvq_err *err)
     kvq_status s = read_params(&st, &a->p, err);
     bool lv = s == KVQ_OK && has_levels(a->p.method), vlv = s == KVQ_OK && has_v_levels(a->p.method),
          thr = s == KVQ_OK && has_k_thresholds(a->p.method), f8 = s == KVQ_OK && has_fp8(a->p.method);
-    if (s == KVQ_OK && (lv || vlv || thr || f8)) {
-        bool kt = lv || thr || f8, vt = vlv || f8;
+    bool fk = s == KVQ_OK && has_fam_tensors(&a->p, 'k'), fv = s == KVQ_OK && has_fam_tensors(&a->p, 'v');
+    if (s == KVQ_OK && (lv || vlv || thr || f8 || fk || fv)) {
+        bool kt = lv || thr || f8 || fk, vt = vlv || f8 || fv;
         if (kt) a->k = calloc(a->p.n_layers, sizeof *a->k);
         if (vt) a->v = calloc(a->p.n_layers, sizeof *a->v);
         if ((kt && !a->k) || (vt && !a->v)) s = kvq_fail(err, KVQ_ENOMEM, "%s: out of memory", path);
@@ -812,6 +941,18 @@ static void print_table(FILE *f, size_t i, char kv, const kvq_kv_table *t)
         }
         fprintf(f, ", thresholds in [%.4g, %.4g]", (double)lo, (double)hi);
     }
+    for (size_t j = 0; j < t->n_ft; j++) {
+        const kvq_fam_tensor *x = &t->ft[j];
+        size_t n = kvq_fam_tensor_len(x);
+        float lo = x->data[0], hi = x->data[0];
+        for (size_t e = 1; e < n; e++) {
+            if (x->data[e] < lo) lo = x->data[e];
+            if (x->data[e] > hi) hi = x->data[e];
+        }
+        fprintf(f, ", %s [", x->name);
+        for (uint32_t d = 0; d < x->n_dims; d++) fprintf(f, "%s%llu", d ? "x" : "", (unsigned long long)x->shape[d]);
+        fprintf(f, "] in [%.4g, %.4g]", (double)lo, (double)hi);
+    }
     fputc('\n', f);
     size_t nl = (size_t)1 << t->bits;
     for (size_t h = 0; h < t->n_tables; h++) {
@@ -840,6 +981,8 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
     fprintf(f, "keys          %s, %s, %s\n", p->post_rope ? "post-RoPE" : "pre-RoPE", ly->k_axis, ly->k_scaling);
     fprintf(f, "values        %s, %s\n", ly->v_axis, ly->v_scaling);
     fprintf(f, "sink tokens   %zu (full precision)\n", p->n_sink);
+    for (size_t j = 0; j < n_fam_params(p->method); j++)
+        fprintf(f, "%-13s %.6g (kvq.%s.%s)\n", ly->params[j], p->x[j], mname(p->method), ly->params[j]);
     if (ly->inspect) ly->inspect(f, p);
     fprintf(f, "model         %zu layers x %zu KV heads x head_dim %zu\n", p->n_layers, p->n_kv_heads, p->head_dim);
     fprintf(f, "bits/element  K %.4f, V %.4f (ctx %zu; scales, zero points, outliers, sink and residual included)\n",

@@ -35,6 +35,7 @@
 #define KVQ_ARTIFACT_SCHEMA "kvq-calib-artifact"
 #define KVQ_ARTIFACT_VERSION 1
 #define KVQ_FINGERPRINT_MAX 256
+#define KVQ_ARTIFACT_X 4 /* family parameters in an artifact (= KVQ_SCHEME_X, family.h) */
 
 /* The method is a family of the scheme registry (family.h; one with an
  * artifact part): its name is kvq.method, and the family says which tables
@@ -44,6 +45,21 @@ struct kvq_family;
 
 /* Fit choice codes stored per table. */
 enum { KVQ_FIT_CHOSEN_NONE = 0, KVQ_FIT_CHOSEN_LLOYD = 1, KVQ_FIT_CHOSEN_EXACT = 2 };
+
+/* A family's own table of one (layer, K|V): float32, 1 to 3 dimensions,
+ * row-major, stored as tensor layers.<i>.<k|v>.<name> (ARTIFACT.md "Family
+ * tables"). Which names a family stores is its artifact part's `tensors`
+ * list (family.h); shapes and values are checked by its `check_tensors`.
+ * Examples: channel smoothing scales [kv_dim], a codebook
+ * [n_groups][n_codes][group_dim], a projection [n_kv_heads][rank][head_dim]. */
+#define KVQ_FAM_TENSORS 6      /* family tables per (layer, K|V) */
+#define KVQ_FAM_TENSOR_DIMS 3
+typedef struct {
+    char name[32];             /* the family's name (letters, digits, '_') */
+    uint32_t n_dims;           /* 1..KVQ_FAM_TENSOR_DIMS */
+    uint64_t shape[KVQ_FAM_TENSOR_DIMS];
+    float *data;               /* owned, prod(shape) floats */
+} kvq_fam_tensor;
 
 /* Tables for one (layer, K|V). Arrays owned (malloc) unless NULL. */
 typedef struct {
@@ -62,9 +78,21 @@ typedef struct {
     uint64_t n_outliers;    /* of those, outside the thresholds (realised outlier fraction);
                                fp8: |x| / scale clipped by saturation (>= 464 E4M3FN, 61440 E5M2) */
     uint64_t n_points;      /* points fitted (inliers with non-zero range and weight) */
+    kvq_fam_tensor ft[KVQ_FAM_TENSORS]; /* the family's own tables (family.h artifact->tensors) */
+    size_t n_ft;
 } kvq_kv_table;
 
 void kvq_kv_table_free(kvq_kv_table *t);
+
+/* Add a family table `name` of shape[n_dims] (zero-filled) to t; *data receives its storage.
+ * Errors: KVQ_EINVAL (name empty, too long, not [A-Za-z0-9_], already present, n_dims out of
+ * 1..3, a zero or too large extent, more than KVQ_FAM_TENSORS), KVQ_ENOMEM. */
+kvq_status kvq_kv_table_add(kvq_kv_table *t, const char *name, uint32_t n_dims, const uint64_t *shape, float **data,
+                            kvq_err *err);
+/* The family table `name` of t, or NULL. */
+const kvq_fam_tensor *kvq_kv_table_get(const kvq_kv_table *t, const char *name);
+/* Number of floats of a family table (product of its shape). */
+size_t kvq_fam_tensor_len(const kvq_fam_tensor *x);
 
 typedef struct kvq_artifact_params {
     const struct kvq_family *method; /* the family ("nuq", "int", "int-pc", "kivi", "fp8", ...) */
@@ -86,6 +114,8 @@ typedef struct kvq_artifact_params {
     char dump_fingerprint[KVQ_FINGERPRINT_MAX];  /* the dump's fingerprint */
     char model_rope[512];      /* the RoPE configuration calibrated under (identity.h kvq_identity_rope_desc),
                                   metadata kvq.model_rope; "" in artifacts written before it was recorded */
+    double x[KVQ_ARTIFACT_X];  /* the family's own parameters, named by its artifact part's `params`
+                                  (metadata kvq.<method>.<name>); unnamed entries are 0 */
 } kvq_artifact_params;
 
 /* Training summary of an IntactKV prefix (kvcalib intactkv --train; all

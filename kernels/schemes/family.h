@@ -63,6 +63,9 @@ typedef struct kvq_family kvq_family;
 /* ---- a scheme: a family and its parameters ------------------------------ */
 
 #define KVQ_SCHEME_X 4
+#ifndef __cplusplus
+_Static_assert(KVQ_SCHEME_X == KVQ_ARTIFACT_X, "family parameters: a scheme and an artifact hold the same number");
+#endif
 
 typedef struct kvq_scheme {
     const kvq_family *fam; /* the family (NULL only in a zeroed struct) */
@@ -149,6 +152,17 @@ typedef struct {
     kvq_status (*check_params)(const kvq_artifact_params *p, kvq_err *err);
     /* method lines of kvcalib --inspect (after "sink tokens"); NULL = none */
     void (*inspect)(FILE *f, const kvq_artifact_params *p);
+    /* the family's own per-(layer, side) tables (artifact.h kvq_fam_tensor): NULL-terminated names of
+     * the tables stored for side 'k' / 'v' under parameters p (NULL or an empty list = none). Every
+     * listed table is required; the writer stores and the reader loads exactly these. */
+    const char *const *(*tensors)(const kvq_artifact_params *p, char side);
+    /* shapes and values of those tables (called by kvq_artifact_validate per layer and side with a
+     * non-empty list); errors name the tensor ("layers.3.k.smooth[17]: expected > 0, found 0"). */
+    kvq_status (*check_tensors)(const kvq_artifact_params *p, size_t layer, char side, const kvq_kv_table *t,
+                                kvq_err *err);
+    /* names of the family's parameters p->x[0..] (NULL-terminated, at most KVQ_ARTIFACT_X): stored as
+     * metadata "kvq.<method>.<name>" (%.17g) and set by kvcalib --param NAME=VALUE */
+    const char *const *params;
 } kvq_family_artifact;
 
 /* One (layer, K|V) tensor of a dump, as a family's fit receives it. */
@@ -160,6 +174,23 @@ typedef struct {
     size_t n_kv_heads, head_dim;
     kvq_kmeans_opts fit;   /* datatype fit (nuq) */
 } kvq_fit_input;
+
+/* Read access to the whole dump for a family's layer fit (calib/calibrate.c fills it). */
+typedef struct kvq_calib_src {
+    void *ctx;
+    size_t n_samples, seq_len;      /* rows = n_samples * seq_len tokens (samples concatenated) */
+    size_t n_layers, n_heads, n_kv_heads, head_dim, rope_dim;
+    bool has_q, has_fisher, has_attn_stats;
+    /* Read dataset `ds` (formats/dump.h kvq_dump_ds: 0 k_pre_rope, 1 k, 2 v, 3 q, 4 fisher_k_pre_rope,
+     * 5 fisher_v, 6 attn_received, 7 attn_entropy) of `layer` (any layer, not only the one being fitted)
+     * into buf, all samples: [rows][n_kv_heads * head_dim] (k, v, Fisher), [rows][n_heads * head_dim] (q),
+     * [n_samples][n_heads][seq_len] (attention statistics). Values checked finite (Fisher >= 0).
+     * Errors name the dump, layer and dataset (missing dataset: KVQ_EINVAL with the kvdump option). */
+    kvq_status (*read)(const struct kvq_calib_src *src, int layer, int ds, float *buf, kvq_err *err);
+} kvq_calib_src;
+
+/* Floats kvq_calib_src.read writes for dataset ds (0 for an unknown ds). */
+size_t kvq_calib_src_len(const kvq_calib_src *src, int ds);
 
 /* How kvcalib calibrates a family from a dump (calib/calibrate.h). */
 typedef struct {
@@ -178,6 +209,17 @@ typedef struct {
     bool fit_k, fit_v;
     /* fit one (layer, side) table from the dump's tensor (keys pre- or post-RoPE per p->post_rope) */
     kvq_status (*fit)(const kvq_artifact_params *p, char side, const kvq_fit_input *in, kvq_kv_table *out, kvq_err *err);
+    /* instead of fit: one layer's key and value tables at once, reading whatever the family needs
+     * (queries, Fisher information, attention statistics, neighbouring layers) through src; k / v are
+     * the layer's zeroed tables (NULL when fit_k / fit_v is false). Layers run in parallel (OpenMP);
+     * results must not depend on the order. */
+    kvq_status (*fit_layer)(const kvq_artifact_params *p, int layer, const kvq_calib_src *src, kvq_kv_table *k,
+                            kvq_kv_table *v, kvq_err *err);
+    /* after every layer (optional): decisions across layers (which layers to merge, a global budget),
+     * with the tables of all layers in a (a->k / a->v [n_layers]) */
+    kvq_status (*finish)(const kvq_artifact_params *p, const kvq_calib_src *src, kvq_artifact *a, kvq_err *err);
+    /* defaults of the family's parameters p->x (named by artifact->params) */
+    double x[KVQ_ARTIFACT_X];
 } kvq_family_calib;
 
 /* Arguments of a native CUDA transform of one layer (all pointers on the device). */

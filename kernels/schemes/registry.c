@@ -196,3 +196,14 @@ void kvq_spec_fmt_pct(char *buf, size_t n, double frac)
     if (frac > 0) snprintf(buf, n, "-%g%%", frac * 100.0);
     else if (n) buf[0] = 0;
 }
+
+size_t kvq_calib_src_len(const kvq_calib_src *src, int ds)
+{
+    size_t rows = src->n_samples * src->seq_len, hd = src->head_dim;
+    switch (ds) {
+    case 0: case 1: case 2: case 4: case 5: return rows * src->n_kv_heads * hd; /* keys, values, Fisher */
+    case 3: return rows * src->n_heads * hd;                                     /* queries */
+    case 6: case 7: return src->n_samples * src->n_heads * src->seq_len;         /* attention statistics */
+    default: return 0;
+    }
+}
