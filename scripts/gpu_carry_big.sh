@@ -5,7 +5,8 @@
 #
 #   scripts/gpu_carry_big.sh DEST TEXT
 #     DEST  output folder (emptied): bin/ (kvdump, kveval, libs.tar.xz: scripts/gpu_carry_bins.sh),
-#           scripts/gpu_families_check.sh, tests/scripts/random_llama_model.py, text.raw, run.sh
+#           scripts/gpu_families_check.sh and gpu_gemm_shapes.py, tests/scripts/random_llama_model.py,
+#           text.raw, run.sh
 #     TEXT  the calibration and evaluation text (wiki.test.raw)
 # On the GPU machine (python3 with numpy; nvidia-smi):
 #     bash DEST/run.sh OUTDIR
@@ -13,7 +14,7 @@
 # environment (KVQ_BIG_RUNS, KVQ_BIG_WINDOWS, KVQ_BIG_DIR, KVQ_DEADLINE) passes through.
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 DEST=$(realpath -m "$1") TEXT=$(realpath "$2")
@@ -22,7 +23,7 @@ make -j"$(nproc)" CUDA=1 all >/dev/null || { echo "gpu_carry_big: the CUDA build
 rm -rf "$DEST"
 mkdir -p "$DEST/scripts" "$DEST/tests/scripts"
 bash scripts/gpu_carry_bins.sh "$DEST/bin" kvdump kveval
-cp scripts/gpu_families_check.sh "$DEST/scripts/"
+cp scripts/gpu_families_check.sh scripts/gpu_gemm_shapes.py "$DEST/scripts/"
 cp tests/scripts/random_llama_model.py "$DEST/tests/scripts/"
 cp "$TEXT" "$DEST/text.raw"
 cat >"$DEST/run.sh" <<'EOF'

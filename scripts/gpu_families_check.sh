@@ -24,6 +24,8 @@
 #        kvdump:MATH  kvdump 16 x 2048 --fisher --attn-stats --device cuda --math MATH (issue 42
 #                     target: <= 5 min wall including the model load and the HDF5 file; the dump is
 #                     deleted after its size is printed)
+#        gemms:CTX    scripts/gpu_gemm_shapes.py (python3 with torch): the GEMM-only floor of a CTX-token
+#                     window, the forward's products at the model's shapes timed alone
 #      Every run prints its wall time and the peak GPU memory (nvidia-smi, sampled every 0.5 s, into
 #      OUTDIR/gpu_mem.txt).
 # Environment: KVQ_STEPS the steps to run (default "1 2 3"); KVQ_PREBUILT=DIR use DIR/gpu_check,
@@ -32,7 +34,7 @@
 # KVQ_DEADLINE (epoch seconds): step 3's runs are stopped (timeout) at that time.
 # Exit status 0 when every check passes.
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 OUT=$(realpath -m "${1:-out/gpu_families}")
 TEXT=${2:-}
 [ -z "$TEXT" ] || TEXT=$(realpath "$TEXT")
@@ -124,7 +126,8 @@ PY
             [ -e "$OUT/dump8b.h5" ] && echo "dump: $(du -b "$OUT/dump8b.h5" | cut -f1) bytes"
             echo "kvdump 16 x 2048 --fisher --attn-stats --math $arg wall: $(secs "$s0" "$s1") s (target <= 300), peak GPU memory $(peak "$s0" "$s1")"
             rm -f "$OUT/dump8b.h5" "$OUT/dump8b.h5.partial" ;;
-        *) echo "KVQ_BIG_RUNS: unknown run '$r' (kveval:CTX or kvdump:MATH)" >&2; rc=2 ;;
+        gemms) run_limited python3 scripts/gpu_gemm_shapes.py "$BIG" "$arg" || rc=1 ;;
+        *) echo "KVQ_BIG_RUNS: unknown run '$r' (kveval:CTX, kvdump:MATH or gemms:CTX)" >&2; rc=2 ;;
         esac
     done
     [ -n "${KVQ_BIG_DIR:-}" ] || rm -rf "$BIG"
