@@ -34,7 +34,9 @@ static const char *summary_text(char *buf, size_t n)
              "nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped with a message\n"
              "for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"
              "Table on stdout, progress on stderr. The table adds DeltaPPL's paired standard error and the KL divergence of\n"
-             "each scheme's next-token distribution from fp32's (mean, median, p99, same top token %%).\n"
+             "each scheme's next-token distribution from fp32's (mean, median, p99, same top token %%). On a GPU the device line\n"
+             "gives each scheme's throughput: model FLOPs (2 x matmul parameters x tokens + causal attention) / seconds of\n"
+             "its forward calls (model load excluded; LM head included); --gemm-rate adds its ratio to cuBLAS's GEMM rate.\n"
              "--task passkey: a number hidden in filler text at several lengths and depths, retrieved by greedy decoding\n"
              "with each scheme's cache (fp16 first).",
              kvq_scheme_syntax(syn, sizeof syn));
@@ -47,7 +49,7 @@ typedef struct {
     long ctx, max_windows, pk_trials, seed, threads;
     bool ctx_max;
     kvq_strlist artifacts, schemes;
-    bool quiet, version, allow_mismatch, fast, no_kld;
+    bool quiet, version, allow_mismatch, fast, no_kld, gemm_rate;
 } kveval_opts;
 
 static int fail(const char *what, const kvq_err *e, int code)
@@ -224,6 +226,10 @@ int main(int argc, char **argv)
          "skip the KL divergence and top-1 agreement against the fp32 baseline (they cost one more LM-head GEMM per "
          "window in the baseline's run)",
          NULL, 0, 0, false},
+        {"gemm-rate", 0, KVQ_OPT_FLAG, &o.gemm_rate, NULL,
+         "GPU: measure cuBLAS's GEMM rate in the --math mode (8192^3, median of 7; bf16: bf16 inputs, fp32 accumulation) "
+         "before the windows and give each scheme's throughput as a fraction of it (device line, JSON)",
+         NULL, 0, 0, false},
         kvq_cli_common(KVQ_COPT_WEIGHTS, &o.weights, false),
         kvq_cli_common(KVQ_COPT_THREADS, &o.threads, false),
         kvq_cli_common(KVQ_COPT_QUIET, &o.quiet, false),
@@ -253,8 +259,9 @@ int main(int argc, char **argv)
     }
     if (passkey) { /* the perplexity task's options would be ignored silently */
         const char *unused = o.text ? "--text" : o.format ? "--format" : o.newlines ? "--newlines" : o.ctx_s ? "--ctx"
-                             : o.max_windows ? "--max-windows" : o.no_kld ? "--no-kld" : strcmp(o.protocol, "kvquant") ? "--protocol"
-                                                                                                                     : NULL;
+                             : o.max_windows ? "--max-windows" : o.no_kld ? "--no-kld" : o.gemm_rate ? "--gemm-rate"
+                             : strcmp(o.protocol, "kvquant") ? "--protocol"
+                                                             : NULL;
         if (unused) {
             fprintf(stderr, "kveval: %s applies to --task ppl, not to --task passkey (its lengths: --passkey-lengths)\n", unused);
             return 2;
@@ -313,6 +320,9 @@ int main(int argc, char **argv)
         if (exec.device == KVQ_DEVICE_CUDA) exec.math = mm;
         else if (!o.quiet) fprintf(stderr, "kveval: --fast / --math apply to the GPU only; the CPU runs exact fp32\n");
     }
+    exec.gemm_rate = o.gemm_rate;
+    if (o.gemm_rate && exec.device != KVQ_DEVICE_CUDA && !o.quiet)
+        fprintf(stderr, "kveval: --gemm-rate applies to the GPU only; nothing measured\n");
 
     int rc = 1;
     kvq_model m = {0};

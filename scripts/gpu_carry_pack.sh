@@ -11,12 +11,12 @@
 #     ARTDIR   kvcalib artifacts (every *.safetensors in it is carried): gpu_kveval.sh needs
 #              nuq{4,3,2}.safetensors, nuq{4,3,2}-1pct.safetensors; gpu_kveval_fidelity.sh also
 #              fp8-tensor, fp8-head, e5m2-head
-# DEST/pN (the last transfer) also holds kveval (linked --as-needed from this
-# build's build/libkvq.a), gpu_check and test_kvcache_cuda when built
-# (make gpu-tests), libs.tar.xz (every shared library they need except glibc,
-# libstdc++, libgcc_s and cuBLAS), the text, the artifacts, the run scripts
-# and run.sh. On the GPU machine: copy p1 .. p(N-1) into STASH as they arrive,
-# then with pN in place run
+# DEST/pN (the last transfer) also holds kveval and kvdump (linked --as-needed
+# from this build's build/libkvq.a), gpu_check and test_kvcache_cuda when built
+# (make gpu-tests), libs.tar.xz (scripts/gpu_carry_bins.sh: every shared library
+# they need except glibc, libstdc++, libgcc_s and cuBLAS), the text, the
+# artifacts, the run scripts and run.sh. On the GPU machine: copy p1 .. p(N-1)
+# into STASH as they arrive, then with pN in place run
 #     bash pN/run.sh STASH OUTDIR [STEPS]
 # which reassembles the model, checks its sha256 against scripts/models.sha256,
 # unpacks the libraries and runs STEPS (default "kveval"): "kveval" is
@@ -36,23 +36,9 @@ make -j"$(nproc)" CUDA=1 all gpu-tests >/dev/null || { echo "gpu_carry_pack: the
 rm -rf "$DEST"
 mkdir -p "$DEST/tmp"
 T=$DEST/tmp
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-# shellcheck disable=SC2046
-cc -std=c17 -O2 -fopenmp build/cmd/kveval.o -Wl,--as-needed build/libkvq.a \
-    $(pkg-config --libs hdf5 libcjson libpcre2-8 openblas libcrypto) -lz -lm -lpthread \
-    -L"$CUDA_HOME/lib64" -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++ -o "$T/kveval"
-bins=("$T/kveval")
-for g in gpu_check test_kvcache_cuda; do
-    [ -x "build/gpu/$g" ] && cp "build/gpu/$g" "$T/" && bins+=("$T/$g")
-done
-mkdir -p "$T/lib"
-ldd "${bins[@]}" | awk '/=>/{print $1, $3}' | while read -r name path; do
-    case "$name" in
-    libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libgcc_s.so.*|libstdc++.so.*|libresolv.so.*|libcublas*) ;;
-    *) [ -e "$path" ] || { echo "gpu_carry_pack: $name not found here" >&2; exit 1; }; cp -L "$path" "$T/lib/" ;;
-    esac
-done
-(cd "$T" && tar -cJf libs.tar.xz lib)
+bash scripts/gpu_carry_bins.sh "$T" kveval kvdump gpu_check test_kvcache_cuda
+bins=()
+for g in kveval kvdump gpu_check test_kvcache_cuda; do [ -x "$T/$g" ] && bins+=("$T/$g"); done
 (cd "$T" && split -b "${PART}M" "$MODEL" model.part.)
 parts=("$T"/model.part.*)
 n=${#parts[@]}
@@ -82,7 +68,7 @@ if ldd "\$HERE/kveval" | grep 'libcublas.so.13 => not found' >/dev/null; then
     [ -n "\$c" ] && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(dirname "\$c")
 fi
 if ldd "\$HERE/kveval" | grep 'not found'; then echo "run.sh: libraries missing" >&2; exit 1; fi
-chmod +x "\$HERE"/gpu_check "\$HERE"/test_kvcache_cuda 2>/dev/null || true
+chmod +x "\$HERE"/kvdump "\$HERE"/gpu_check "\$HERE"/test_kvcache_cuda 2>/dev/null || true
 rc=0
 for step in \${3:-kveval}; do
     echo "== run.sh: \$step"

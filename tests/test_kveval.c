@@ -1099,6 +1099,23 @@ START_TEST(test_device_paths)
         ck_assert(memcmp(&a[i].k_counts, &b[i].k_counts, sizeof a[i].k_counts) == 0);
         ck_assert_int_eq(b[i].xform, i == 0 ? KVQ_PPL_XF_NONE : KVQ_PPL_XF_CPU);
     }
+    /* model FLOPs of the passes (the throughput's numerator): per window 2 x (the loaded matrices' elements, the LM
+     * head included) x T multiply-adds, plus QK^T and PV over the causal keys of every query, each head and layer */
+    {
+        const kvq_model *m = &env.m;
+        double params = (double)m->output.rows * m->output.cols, keys = 0;
+        for (int l = 0; l < m->hp.n_layers; l++) {
+            const kvq_layer_weights *L = &m->layers[l];
+            const kvq_mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (int j = 0; j < 7; j++) params += (double)ws[j]->rows * ws[j]->cols;
+        }
+        for (int i = 0; i < 64; i++) keys += i + 1;
+        const double per_window = 2 * params * 64 + 2 * 2 * keys * m->hp.n_heads * m->hp.head_dim * m->hp.n_layers;
+        for (int i = 0; i < NS; i++)
+            ck_assert_msg(fabs(b[i].flops - (double)plan.n_windows * per_window) <= 1e-12 * per_window, "%s: %.17g FLOP, expected %.17g",
+                          specs[i], b[i].flops, plan.n_windows * per_window);
+        ck_assert(b[0].seconds > 0);
+    }
     /* fp16+sink1: every element counted, one sink token per window and layer */
     uint64_t per = (uint64_t)kvq_kv_dim(&env.m.hp) * env.m.hp.n_layers * plan.n_windows;
     ck_assert_uint_eq(a[1].k_counts.n_elems, per * 64);

@@ -436,6 +436,16 @@ START_TEST(test_cli_device)
     cJSON *ss = cJSON_GetObjectItem(root, "schemes");
     ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 0), "transform")->valuestring, "none");
     ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ss, 1), "transform")->valuestring, "cpu");
+    /* throughput: the same model FLOPs for every scheme (no prefix), over each one's seconds; no GEMM rate on the CPU */
+    for (int i = 0; i < 3; i++) {
+        cJSON *s0 = cJSON_GetArrayItem(ss, 0), *si = cJSON_GetArrayItem(ss, i);
+        const double fl = cJSON_GetObjectItem(si, "flops")->valuedouble, sec = cJSON_GetObjectItem(si, "seconds")->valuedouble;
+        ck_assert(fl > 0 && fl == cJSON_GetObjectItem(s0, "flops")->valuedouble && sec > 0);
+        ck_assert_double_eq_tol(cJSON_GetObjectItem(si, "tflops_per_s")->valuedouble, fl / sec / 1e12, 1e-9 * fl / sec / 1e12);
+        ck_assert_ptr_null(cJSON_GetObjectItem(si, "of_gemm_rate"));
+    }
+    ck_assert_ptr_null(cJSON_GetObjectItem(dev, "gemm_tflops_per_s"));
+    ck_assert_msg(!strstr(out, "throughput"), "the CPU's device line: %s", out);
     cJSON_Delete(root);
     free(js);
 
@@ -466,6 +476,9 @@ START_TEST(test_cli_device)
         ck_assert_msg(strstr(out, "- device: cpu, exact (fp32)"), "%s", out);
         ck_assert_msg(!cuda_build || strstr(err, "--device auto: no usable GPU"), "%s", err);
         ck_assert_msg(strstr(err, "--fast / --math apply to the GPU only"), "%s", err);
+        snprintf(args, sizeof args, "%s --scheme int4 --gemm-rate", base);
+        ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
+        ck_assert_msg(strstr(err, "--gemm-rate applies to the GPU only") && !strstr(out, "GEMM rate"), "%s", err);
         snprintf(args, sizeof args, "%s --scheme int4 --math bf16 -q", base);
         ck_assert(run(&e, args, out, sizeof out, err, sizeof err) == 0);
         ck_assert_msg(strstr(out, "- device: cpu, exact (fp32)"), "%s", out);
@@ -524,6 +537,7 @@ START_TEST(test_cli_passkey)
         {"", "missing required option --text", 2},
         {"--task passkey --text x.txt", "--text applies to --task ppl, not to --task passkey", 2},
         {"--task passkey --ctx 64", "--ctx applies to --task ppl", 2},
+        {"--task passkey --gemm-rate", "--gemm-rate applies to --task ppl", 2},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "--model %s --tokenizer %s --scheme int4 -q %s", e.model, e.tok, bad[i].a);

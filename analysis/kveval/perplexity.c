@@ -411,6 +411,16 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
         x->math = KVQ_CUDA_EXACT;
     }
     if (x) kvq_engine_describe(&e, x->described, sizeof x->described);
+    if (x) x->gemm_flops = 0;
+    if (x && x->gemm_rate && dev == KVQ_DEVICE_CUDA) { /* the throughput's baseline, same process, before the windows */
+        st = kvq_cuda_sgemm_rate(x->gpu, 8192, 7, x->math, &x->gemm_flops, err);
+        if (st) {
+            kvq_err_prefix(err, "--gemm-rate");
+            kvq_engine_free(&e);
+            kvq_ppl_results_free(results, n_schemes);
+            return st;
+        }
+    }
     int *targets = malloc(plan->ctx * sizeof *targets);
     double *nll = malloc(plan->ctx * sizeof *nll);
     if (!targets || !nll) st = kvq_fail(err, KVQ_ENOMEM, "perplexity: out of memory");
@@ -467,6 +477,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
     for (size_t s = 0; st == KVQ_OK && s < n_schemes; s++) {
         kvq_ppl_result *r = &results[s];
         r->ppl = r->n_scored ? exp(r->nll_sum / (double)r->n_scored) : NAN;
+        r->flops = (double)plan->n_windows * kvq_forward_flops(&m->hp, (int)plan->ctx, schemes[s].prefix ? schemes[s].prefix->P : 0);
         if (r->has_kld) kvq_kld_stats_compute(r->token_kld, (uint64_t)plan->n_windows * plan->scored_per_window, r->kld.same_top, &r->kld);
     }
     kld_ws_free(&kw);

@@ -76,6 +76,11 @@ typedef struct {
     bool auto_device;    /* device came from "auto": a GPU that cannot run the model falls back to the CPU */
     char described[256]; /* output of kvq_ppl_run_on: kvq_engine_describe of the engine that ran */
     char note[320];      /* output: why an "auto" GPU run fell back to the CPU ("" otherwise); device is then CPU */
+    /* The throughput's baseline (kveval --gemm-rate): on the GPU, cuBLAS's GEMM rate in the run's math mode
+     * (kvq_cuda_sgemm_rate: 8192^3, median of 7; FP32 pedantic, TF32, or bf16 inputs with fp32 accumulation)
+     * measured after the model is on the device and before the first window. Ignored on the CPU. */
+    bool gemm_rate;
+    double gemm_flops;   /* output: that rate in FLOP/s; 0 = not measured (not asked, or the run was on the CPU) */
 } kvq_ppl_exec;
 
 /* "exact (fp32)", "fast (TF32)" or "fast (BF16)": the math mode of x (the CPU is always exact). */
@@ -114,7 +119,12 @@ typedef struct {
     double nll_sum;            /* nats, over all scored tokens */
     uint64_t n_scored;
     double ppl;                /* exp(nll_sum / n_scored) */
-    double seconds;            /* wall time of this scheme's forward calls */
+    double seconds;            /* wall time of this scheme's forward calls (kvq_engine_run: embedding to the LM head's
+                                * loss, and the head's KL divergence work when on; not the model load, the
+                                * tokeniser, nor the host's per-token KLD dot products) */
+    double flops;              /* model FLOPs of those calls: windows x kvq_forward_flops(hp, ctx, prefix P) (the LM
+                                * head counted for every position; the KL divergence's expectation GEMM in the
+                                * baseline's pass is not counted); throughput = flops / seconds */
     double transform_seconds;  /* of which inside the scheme's K/V transform (quantize→dequantize) */
     kvq_quant_counts k_counts, v_counts; /* quantizer counters summed over layers and windows */
     double *window_nll;        /* [n_windows] mean NLL of each window (owned; kvq_ppl_results_free) */

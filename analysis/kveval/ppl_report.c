@@ -19,6 +19,15 @@ static const char *stage_name(kvq_key_stage s) { return s == KVQ_KEYS_PRE_ROPE ?
 
 static uint64_t scored_total(const kvq_ppl_report *r) { return (uint64_t)r->plan->n_windows * r->plan->scored_per_window; }
 
+/* model FLOPs / seconds of the forward calls, in TFLOP/s (NaN when no time was measured) */
+static double tflops(const kvq_ppl_result *res) { return res->seconds > 0 ? res->flops / res->seconds / 1e12 : NAN; }
+
+/* the arithmetic of kvq_cuda_sgemm_rate in the run's math mode */
+static const char *gemm_words(const kvq_ppl_exec *x)
+{
+    return x->math == KVQ_CUDA_TF32 ? "TF32" : x->math == KVQ_CUDA_BF16 ? "BF16 (fp32 accumulation)" : "FP32 (pedantic)";
+}
+
 /* What string was tokenised, in words: "the file's bytes (its 2891 CRLF kept; --newlines keep) less one
  * final LF, as llama-perplexity -f reads it" / "its 2891 rows (CRLF -> LF; --newlines lf) joined with
  * "\n\n", as the GPTQ/KVQuant harness joins the dataset's rows" */
@@ -58,13 +67,27 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
             (unsigned long long)scored_total(r), pl->scored_per_window, pl->first_scored,
             !w->bos ? "off" : pl->protocol == KVQ_PPL_LLAMACPP ? "overwrites each window's first token" : "at stream start",
             r->bos_policy);
-    if (r->exec)
-        fprintf(f, "- device: %s, %s%s: %s\n", kvq_device_name(r->exec->device), kvq_ppl_exec_mode(r->exec),
+    if (r->exec) {
+        fprintf(f, "- device: %s, %s%s: %s", kvq_device_name(r->exec->device), kvq_ppl_exec_mode(r->exec),
                 r->exec->device != KVQ_DEVICE_CUDA ? ""
                 : r->exec->math == KVQ_CUDA_TF32 ? " — GEMMs on TF32 tensor cores, ~1e-3 relative, not the exactness mode"
                 : r->exec->math == KVQ_CUDA_BF16 ? " — bf16 weights and GEMM inputs, ~1e-2 relative, not the exactness mode"
                                                  : "",
                 r->exec->described);
+        if (r->exec->device == KVQ_DEVICE_CUDA) { /* the GPU's throughput, and its ratio to the GEMM rate of the same run */
+            const double g = r->exec->gemm_flops;
+            fprintf(f, "; throughput (model FLOPs / seconds of the forward calls):");
+            for (size_t i = 0; i < r->n_schemes; i++) {
+                const double tf = tflops(&r->results[i]);
+                fprintf(f, "%s %s %.1f TFLOP/s", i ? "," : "", r->schemes[i].name, tf);
+                if (g > 0) fprintf(f, " (%.2f)", tf * 1e12 / g);
+            }
+            if (g > 0)
+                fprintf(f, "; (x) = fraction of cuBLAS's %s GEMM rate measured in this run, %.1f TFLOP/s (8192^3, median of 7)",
+                        gemm_words(r->exec), g / 1e12);
+        }
+        fputc('\n', f);
+    }
     bool kld = false;
     for (size_t i = 0; i < r->n_schemes; i++) kld |= r->results[i].has_kld;
     fprintf(f, "\n| scheme | K bits | V bits | eff. bits/elem | KV cache MiB @%zu | PPL | ΔPPL ± SE |%s\n", pl->ctx,
@@ -270,6 +293,10 @@ static cJSON *build(const kvq_ppl_report *r)
                                            : r->exec->math == KVQ_CUDA_BF16  ? "bf16"
                                                                              : "exact");
         cJSON_AddStringToObject(d, "description", r->exec->described);
+        if (r->exec->gemm_flops > 0) {
+            cJSON_AddNumberToObject(d, "gemm_tflops_per_s", r->exec->gemm_flops / 1e12);
+            cJSON_AddStringToObject(d, "gemm", gemm_words(r->exec));
+        }
     }
     cJSON *arts = cJSON_AddArrayToObject(root, "artifacts");
     for (size_t i = 0; r->arts && i < r->arts->n; i++) {
@@ -401,6 +428,9 @@ static cJSON *build(const kvq_ppl_report *r)
         cJSON_AddNumberToObject(o, "nll_sum", res->nll_sum);
         cJSON_AddNumberToObject(o, "scored_tokens", (double)res->n_scored);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
+        cJSON_AddNumberToObject(o, "flops", res->flops);
+        add_num_or_null(o, "tflops_per_s", tflops(res));
+        if (r->exec && r->exec->gemm_flops > 0) add_num_or_null(o, "of_gemm_rate", tflops(res) * 1e12 / r->exec->gemm_flops);
         cJSON_AddStringToObject(o, "transform", kvq_ppl_xform_name(res->xform));
         if (res->xform == KVQ_PPL_XF_GPU) cJSON_AddNullToObject(o, "transform_seconds"); /* inside the GPU forward */
         else cJSON_AddNumberToObject(o, "transform_seconds", res->transform_seconds);

@@ -4,7 +4,7 @@ memory and speed benchmarks (scripts/gpu_families_check.sh step 3, docs/BENCHMAR
 Nothing here is a test fixture: the output is large (16 GB for llama3-8b in
 bf16) and belongs in a scratch directory (/tmp), never in the repository.
 
-    python3 tests/scripts/random_llama_model.py --shape llama3-8b --out /tmp/kvq-llama3-8b [--dtype bf16] [--layers N]
+    python3 tests/scripts/random_llama_model.py --shape llama3-8b --out /tmp/kvq-llama3-8b [--dtype bf16] [--layers N] [--jobs N]
 
 Shapes (transformers LlamaConfig fields):
     llama3-8b   dim 4096, 32 layers, 32 query / 8 KV heads (head_dim 128), SwiGLU
@@ -18,13 +18,16 @@ A byte-level tokenizer.json with the model's vocabulary size is written
 beside (every byte a token; filler ids; 256 reserved special tokens on top).
 The weights are N(0, 0.02^2) (transformers' initializer_range), norms 1:
 activations stay finite through every layer; the values mean nothing. They
-are streamed tensor by tensor into safetensors shards of at most 5 GB with a
-model.safetensors.index.json (the layout of HF's own Llama checkpoints), so the
-script needs memory for one tensor (2.1 GB for the 128256 x 4096 embedding in
-float32), not for the model.
+are written into safetensors shards of at most 5 GB with a
+model.safetensors.index.json (the layout of HF's own Llama checkpoints) by
+--jobs worker processes (default: every core), each filling blocks of at most
+32 Mi elements in place (os.pwrite): memory is jobs x 128 MB of float32, not
+the model. Block b of the checkpoint draws from np.random.default_rng([1234, b]),
+so the file is the same for any --jobs.
 """
 import argparse
 import json
+import multiprocessing
 import os
 import struct
 
@@ -98,6 +101,32 @@ def write_tokenizer(path, vocab_size):
         json.dump(tok, f)
 
 
+BLOCK_ELEMS = 1 << 25  # elements per block of rows (128 MB as float32)
+
+
+def write_block(job):
+    """Fill one block of rows of one tensor in place: N(0, 0.02^2) weights (ones for a 1-D norm)."""
+    fname, offset, rows, cols, norm, dtype, b = job
+    if norm:
+        x = np.ones((rows, cols), dtype=np.float32)
+    else:
+        x = np.random.default_rng([1234, b]).standard_normal((rows, cols), dtype=np.float32)
+        x *= 0.02
+    if dtype == "bf16":
+        u = x.view(np.uint32)
+        u += 0x7FFF + ((u >> 16) & 1)  # round to nearest even (no NaN here)
+        data = (u >> 16).astype(np.uint16).tobytes()
+    else:
+        data = x.tobytes()
+    fd = os.open(fname, os.O_WRONLY)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.pwrite(fd, view[done:], offset + done)
+    finally:
+        os.close(fd)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
@@ -105,6 +134,7 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=5.0)
+    ap.add_argument("--jobs", type=int, default=0, help="worker processes (0: every core)")
     ap.add_argument("--tokenizer-only", action="store_true", help="write config.json and tokenizer.json only")
     a = ap.parse_args()
     c = dict(SHAPES[a.shape])
@@ -129,35 +159,37 @@ def main():
         cur.append((name, shape, nb))
         cur_bytes += nb
     shards.append(cur)
-    rng = np.random.default_rng(1234)
-    weight_map, total = {}, 0
+    # headers first (each file created at its full size), then the blocks of rows in parallel
+    weight_map, total, blocks = {}, 0, []
     for si, sh in enumerate(shards):
-        fname = f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors"
+        fname = os.path.join(a.out, f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors")
         header, off = {}, 0
         for name, shape, nb in sh:
             header[name] = dict(dtype="BF16" if a.dtype == "bf16" else "F32", shape=list(shape), data_offsets=[off, off + nb])
             off += nb
-            weight_map[name] = fname
+            weight_map[name] = os.path.basename(fname)
         hj = json.dumps(header, separators=(",", ":")).encode()
         hj += b" " * ((8 - len(hj) % 8) % 8)
-        with open(os.path.join(a.out, fname), "wb") as f:
+        with open(fname, "wb") as f:
             f.write(struct.pack("<Q", len(hj)))
             f.write(hj)
-            for name, shape, nb in sh:
-                if len(shape) == 1:
-                    x = np.ones(shape, dtype=np.float32)
-                else:
-                    x = rng.standard_normal(shape, dtype=np.float32)
-                    x *= 0.02
-                if a.dtype == "bf16":
-                    u = x.view(np.uint32)
-                    u += 0x7FFF + ((u >> 16) & 1)  # round to nearest even (no NaN here)
-                    f.write((u >> 16).astype(np.uint16).tobytes())
-                else:
-                    f.write(x.tobytes())
-                del x
+            f.truncate(8 + len(hj) + off)
+        pos = 8 + len(hj)
+        for name, shape, nb in sh:
+            cols = shape[-1]
+            rows = int(np.prod(shape)) // cols
+            step = max(1, BLOCK_ELEMS // cols)
+            for r0 in range(0, rows, step):
+                n = min(step, rows - r0)
+                blocks.append((fname, pos + r0 * cols * esize, n, cols, len(shape) == 1, a.dtype, len(blocks)))
+            pos += nb
         total += off
-        print(f"{fname}: {off / 1e9:.2f} GB", flush=True)
+    with multiprocessing.Pool(a.jobs or os.cpu_count()) as pool:
+        for _ in pool.imap_unordered(write_block, blocks):
+            pass
+    for si in range(len(shards)):
+        fname = f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors"
+        print(f"{fname}: {os.path.getsize(os.path.join(a.out, fname)) / 1e9:.2f} GB", flush=True)
     with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
         json.dump(dict(metadata=dict(total_size=total), weight_map=weight_map), f, indent=1)
     print(f"{a.out}: {a.shape}, {c['num_hidden_layers']} layers, {total / 1e9:.2f} GB of {a.dtype} weights")
