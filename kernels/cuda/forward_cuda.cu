@@ -336,7 +336,10 @@ extern "C" kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_
     g->has_desc = false;
     if (!d || kvq_kv_desc_is_identity(d)) return KVQ_OK;
     KVQ_TRY(kvq_kv_desc_validate(d, hp, err));
-    const kvq_family_cuda *fc = d->q.fam->cuda;
+    const kvq_family_cuda *fc = kvq_kv_desc_cuda(d);
+    if (!fc && d->rot.kind != KVQ_ROT_NONE)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: a rotated scheme (+%s) has no native CUDA transform (run it as a "
+                        "host transform hook)", kvq_rotation_kind_name(d->rot.kind));
     if (!fc)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: the %s family has no native CUDA transform (run it as a host "
                         "transform hook)", d->q.fam->name);

@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "hadamard.h"
 #include "status.h"
 
 #define KVQ_ARTIFACT_SCHEMA "kvq-calib-artifact"
@@ -86,6 +87,9 @@ typedef struct kvq_artifact_params {
     char dump_fingerprint[KVQ_FINGERPRINT_MAX];  /* the dump's fingerprint */
     char model_rope[512];      /* the RoPE configuration calibrated under (identity.h kvq_identity_rope_desc),
                                   metadata kvq.model_rope; "" in artifacts written before it was recorded */
+    kvq_rotation rotation;     /* the tables were fitted on rotated K / V (kvcalib --rotate; hadamard.h): metadata
+                                  kvq.rotation "hadamard" | "rht" (+ kvq.rotation_seed), absent = none; a spec binds
+                                  it only with the same +hadamard / +rht modifier */
 } kvq_artifact_params;
 
 /* Training summary of an IntactKV prefix (kvcalib intactkv --train; all
