@@ -3,7 +3,7 @@
 #include "scheme.h"
 
 #include <ctype.h>
-#include <limits.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,12 +82,14 @@ kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err
             out->stage_set = true;
         } else if (!strcmp(m, "hadamard") || kvq_spec_starts(m, "rht")) {
             kvq_rotation r = {.kind = m[0] == 'h' ? KVQ_ROT_HADAMARD : KVQ_ROT_RHT};
-            if (r.kind == KVQ_ROT_RHT && m[3]) {
-                p += 3;
-                if (!kvq_spec_uint(&p, ULONG_MAX / 10 - 1, &n) || *p)
-                    return kvq_fail(err, KVQ_EINVAL, "scheme '%s': modifier '+%s': expected +rht or +rht<seed> with a decimal seed",
-                                    spec, m);
-                r.seed = n;
+            if (r.kind == KVQ_ROT_RHT && m[3]) { /* a decimal 64-bit seed */
+                char *end;
+                errno = 0;
+                unsigned long long seed = strtoull(m + 3, &end, 10);
+                if (!isdigit((unsigned char)m[3]) || *end || errno)
+                    return kvq_fail(err, KVQ_EINVAL,
+                                    "scheme '%s': modifier '+%s': expected +rht or +rht<seed> with a decimal seed < 2^64", spec, m);
+                r.seed = (uint64_t)seed;
             }
             if (out->rot.kind != KVQ_ROT_NONE) {
                 char prev[48];
