@@ -29,6 +29,7 @@
 #include "kvq_test.h"
 #include "quant_fp8.h"
 #include "quant_ggml.h"
+#include "quant_pth.h"
 #include "identity.h"
 #include "passkey.h"
 #include "perplexity.h"
@@ -113,7 +114,17 @@ static kvq_status ref_quant_row_base(dec_state *d, int layer, int pos, float *k,
         if (ns) return KVQ_OK;
         KVQ_TRY(kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, k, k, 1, kvd / s->head_dim, s->head_dim, e));
         return kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, v, v, 1, kvd / s->head_dim, s->head_dim, e);
-    default: return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
+    default: {
+        /* vLLM's per-token-head caches: the token's own scales (kernels/quant/quant_pth.h) */
+        static const char *const pth[3] = {"int8-pth", "fp8-pth", "int4-pth"};
+        for (int i = 0; i < 3; i++)
+            if (q->fam == KVQ_FAM(pth[i])) {
+                size_t H = kvd / s->head_dim;
+                KVQ_TRY(kvq_quant_pth((kvq_pth_kind)i, k, k, 1, H, s->head_dim, ns, NULL, e));
+                return kvq_quant_pth((kvq_pth_kind)i, v, v, 1, H, s->head_dim, ns, NULL, e);
+            }
+        return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
+    }
     }
 }
 
@@ -384,7 +395,8 @@ static void decode_model(const char *path)
     kvq_artifact_set set;
     ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
     const char *specs[] = {"fp32", "int4", "kivi2-g4-r8", "nuq3-1%", "int2+hadamard", "int4+sink2", "kivi2-g4-r8+sink1",
-                           "kivi4-g4-r0", "nuq3", "fp16", "int3+rht5+sink2", "fp16+rht"};
+                           "kivi4-g4-r0", "nuq3", "fp16", "int3+rht5+sink2", "fp16+rht", "int4-pth", "int8-pth",
+                           "fp8-pth+sink2"};
     const char *only = getenv("KVQ_DECODE_SPEC"); /* debugging: one spec */
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         if (kvq_test_quick() && i >= 5) break;

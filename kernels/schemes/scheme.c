@@ -50,14 +50,27 @@ kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err
         return kvq_fail(err, KVQ_EINVAL, "scheme '%s': missing base name; expected one of %s", spec, kvq_scheme_syntax(syn, sizeof syn));
     size_t nf;
     const kvq_family *const *fams = kvq_families(&nf);
+    /* every family is asked; the first that parses the base wins. A family that finds a malformed name of
+     * its own (-1) loses to a later one that takes it (int's "int8-…" against int8-pth); with no taker the
+     * first malformed-name error is the answer. */
+    kvq_err first = {0};
+    bool malformed = false;
     for (size_t i = 0; i < nf && !out->q.fam; i++) {
         kvq_scheme q = {0};
-        int r = fams[i]->parse(base, out->spec, &q, err);
-        if (r < 0) return KVQ_EINVAL;
+        kvq_err e1 = {0};
+        int r = fams[i]->parse(base, out->spec, &q, &e1);
+        if (r < 0 && !malformed) {
+            first = e1;
+            malformed = true;
+        }
         if (r > 0) {
             out->q = q;
             out->q.fam = fams[i];
         }
+    }
+    if (!out->q.fam && malformed) {
+        if (err) *err = first;
+        return KVQ_EINVAL;
     }
     if (!out->q.fam)
         return kvq_fail(err, KVQ_EINVAL, "unknown scheme '%s' (base '%s'); valid: %s", spec, base, kvq_scheme_syntax(syn, sizeof syn));
