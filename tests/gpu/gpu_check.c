@@ -170,6 +170,10 @@ void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, s
     add_scheme(L, "nuq", 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, NULL);
     rotate_last(L, (kvq_rotation){KVQ_ROT_RHT, 7});
     strncat(L->name[L->n - 1], " (synthetic tables)", sizeof L->name[L->n - 1] - strlen(L->name[L->n - 1]) - 1);
+    /* vLLM's per-token-head caches (kernels/quant/quant_pth.h): no CUDA part, the host path */
+    add_scheme(L, "int8-pth", 8, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "int4-pth", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "fp8-pth", 8, 0, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, NULL);
 }
 
 void rotate_last(scheme_list *L, kvq_rotation r)
