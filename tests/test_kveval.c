@@ -30,6 +30,7 @@
 #include "quant_fp8.h"
 #include "quant_ggml.h"
 #include "quant_pth.h"
+#include "quant_tq.h"
 #include "identity.h"
 #include "passkey.h"
 #include "perplexity.h"
@@ -123,6 +124,18 @@ static kvq_status ref_quant_row_base(dec_state *d, int layer, int pos, float *k,
                 KVQ_TRY(kvq_quant_pth((kvq_pth_kind)i, k, k, 1, H, s->head_dim, ns, NULL, e));
                 return kvq_quant_pth((kvq_pth_kind)i, v, v, 1, H, s->head_dim, ns, NULL, e);
             }
+        if (q->fam == KVQ_FAM("turboquant")) { /* vLLM's boundary layers stay exact; the rest per head */
+            int nb = (int)q->x[0] < d->L / 2 ? (int)q->x[0] : d->L / 2;
+            if (ns || layer < nb || layer >= d->L - nb) return KVQ_OK;
+            float cent[16];
+            bool mse = q->k_bits <= 4, nc = q->k_bits <= 4;
+            if (mse) kvq_tq_centroids(s->head_dim, q->k_bits, cent);
+            for (size_t h = 0; h < kvd / s->head_dim; h++) {
+                kvq_tq_key(k + h * s->head_dim, k + h * s->head_dim, s->head_dim, q->k_bits, cent, nc);
+                kvq_tq_value(v + h * s->head_dim, v + h * s->head_dim, s->head_dim, q->v_bits);
+            }
+            return KVQ_OK;
+        }
         return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
     }
     }
@@ -396,7 +409,7 @@ static void decode_model(const char *path)
     ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
     const char *specs[] = {"fp32", "int4", "kivi2-g4-r8", "nuq3-1%", "int2+hadamard", "int4+sink2", "kivi2-g4-r8+sink1",
                            "kivi4-g4-r0", "nuq3", "fp16", "int3+rht5+sink2", "fp16+rht", "int4-pth", "int8-pth",
-                           "fp8-pth+sink2"};
+                           "fp8-pth+sink2", "turboquant-4bit-nc-b1", "turboquant-k3v4-nc-b1", "turboquant-k8v4-b0+sink1"};
     const char *only = getenv("KVQ_DECODE_SPEC"); /* debugging: one spec */
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         if (kvq_test_quick() && i >= 5) break;

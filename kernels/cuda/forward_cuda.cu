@@ -607,7 +607,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
             a.pk = g->pk + (size_t)l * P * kvd;
             a.pv = g->pv + (size_t)l * P * kvd;
         }
-        kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens};
+        kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens, hp->n_layers};
         bool attended = false;
         if (g->has_desc) {
             KVQ_TRY(native_transform(g, l, T, &a, err));

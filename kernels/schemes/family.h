@@ -102,6 +102,8 @@ typedef struct {
     size_t ctx;                      /* cache tokens (window tokens, prefix excluded), > 0 */
     size_t kv_dim;                   /* > 0 */
     size_t head_dim;                 /* 0 = unknown (fp8 per-head scales then fail with KVQ_EINVAL) */
+    size_t n_layers;                 /* the model's layers, 0 = unknown (per-layer policies: turboquant's
+                                        uncompressed boundary layers are then left out of the accounting) */
     const kvq_quant_counts *k, *v;   /* counts a run realised (outliers, high-precision tokens), or NULL:
                                         the nominal accounting from the parameters alone */
 } kvq_bits_in;

@@ -423,7 +423,8 @@ int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv)
 kvq_status kvq_eval_scheme_bits_run(const kvq_eval_scheme *s, size_t ctx, const kvq_hparams *hp, const kvq_quant_counts *k,
                                     const kvq_quant_counts *v, kvq_bits *out, kvq_err *err)
 {
-    kvq_bits_in in = {.ctx = ctx, .kv_dim = (size_t)kvq_kv_dim(hp), .head_dim = (size_t)hp->head_dim, .k = k, .v = v};
+    kvq_bits_in in = {.ctx = ctx, .kv_dim = (size_t)kvq_kv_dim(hp), .head_dim = (size_t)hp->head_dim,
+                      .n_layers = (size_t)hp->n_layers, .k = k, .v = v};
     KVQ_TRY(kvq_scheme_bits_ex(&s->s.q, &in, out, err));
     if (s->prefix && s->prefix->P > 0) {
         double P = s->prefix->P, full = s->s.q.fam->identity ? 32.0 : 16.0;

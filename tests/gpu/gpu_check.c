@@ -174,6 +174,11 @@ void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, s
     add_scheme(L, "int8-pth", 8, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
     add_scheme(L, "int4-pth", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
     add_scheme(L, "fp8-pth", 8, 0, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, NULL);
+    /* vLLM's turboquant_k3v4_nc with one boundary layer each side (the synthetic models have 2-3 layers) */
+    add_scheme(L, "turboquant", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    L->d[L->n - 1].q.k_bits = 3;
+    L->d[L->n - 1].q.x[0] = 1;
+    kvq_kv_desc_name(&L->d[L->n - 1], L->name[L->n - 1], sizeof L->name[L->n - 1]);
 }
 
 void rotate_last(scheme_list *L, kvq_rotation r)
