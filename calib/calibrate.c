@@ -89,6 +89,18 @@ kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
         for (int q = 0; ly->params && q <= j && ly->params[q]; q++) nm = q == j ? ly->params[q] : NULL;
         if (!isfinite(o->x[j])) return kvq_fail(err, KVQ_EINVAL, "%s: expected a finite number, found %g", nm ? nm : "parameter", o->x[j]);
     }
+    if (o->rotation.kind != KVQ_ROT_NONE && !(c->fit && (c->fit_k || c->fit_v))) {
+        char fitted[160] = "";
+        size_t nf, len = 0;
+        const kvq_family *const *f = kvq_families(&nf);
+        for (size_t i = 0; i < nf; i++)
+            if (f[i]->calib && f[i]->calib->fit && (f[i]->calib->fit_k || f[i]->calib->fit_v) && len < sizeof fitted)
+                len += (size_t)snprintf(fitted + len, sizeof fitted - len, "%s%s", len ? ", " : "", f[i]->name);
+        return kvq_fail(err, KVQ_EINVAL,
+                        "rotate: only methods with fitted tables (%s) are fitted on rotated K / V; method %s has none "
+                        "(use +%s on the scheme without an artifact)",
+                        fitted, mn, kvq_rotation_kind_name(o->rotation.kind));
+    }
     return KVQ_OK;
 }
 
@@ -108,6 +120,8 @@ static kvq_status check_against_dump(const kvq_dump_meta *m, int64_t done, const
     if (o->method->calib->group_opt && !o->method->calib->residual_opt && o->group_size && kv_dim % o->group_size)
         return kvq_fail(err, KVQ_EINVAL, "group size: expected 0 or a divisor of kv_dim %zu (from %s), found %zu", kv_dim,
                         name, o->group_size);
+    if (o->rotation.kind != KVQ_ROT_NONE && kvq_rotation_check(&o->rotation, hd, err))
+        return kvq_err_prefix(err, "rotate (head_dim from %s)", name);
     if (!needs_data) return KVQ_OK;
     if (m->layer_first != 0 || m->layer_last != m->n_layers - 1)
         return kvq_fail(err, KVQ_EINVAL,
@@ -218,6 +232,17 @@ static kvq_calib_src make_src(const work_ctx *c)
                            .has_fisher = m->has_fisher, .has_attn_stats = m->has_attn_stats, .read = src_read};
 }
 
+/* Fisher weights of rotated channels: the mean over each Hadamard block (calibrate.h). */
+static void fisher_block_mean(float *f, size_t n_rows, size_t kv_dim, size_t block)
+{
+    for (size_t i = 0; i < n_rows * kv_dim; i += block) {
+        double sum = 0;
+        for (size_t j = 0; j < block; j++) sum += f[i + j];
+        float mean = (float)(sum / (double)block);
+        for (size_t j = 0; j < block; j++) f[i + j] = mean;
+    }
+}
+
 /* Pre-RoPE Fisher → weights for post-RoPE keys: pair mean over rotary pairs (calibrate.h). */
 static void fisher_pair_mean(float *f, size_t n_rows, size_t n_heads, size_t hd, size_t rope_dim)
 {
@@ -248,11 +273,17 @@ static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *
     if (!s && f) s = read_tensor(c, w->layer, w->fds, f, err);
     if (!s && f && w->kv == 'k' && o->post_rope)
         fisher_pair_mean(f, c->n_tokens, (size_t)m->n_kv_heads, (size_t)m->head_dim, (size_t)m->rope_dim);
+    if (!s && o->rotation.kind != KVQ_ROT_NONE) {
+        size_t kvd = (size_t)m->n_kv_heads * (size_t)m->head_dim;
+        s = kvq_rotation_apply(&o->rotation, x, c->n_tokens, kvd, (size_t)m->head_dim, w->kv, false, err);
+        if (f) fisher_block_mean(f, c->n_tokens, kvd, kvq_hadamard_block((size_t)m->head_dim, w->kv));
+    }
     if (!s) {
         kvq_artifact_params p = {.method = o->method, .k_bits = o->k_bits, .v_bits = o->v_bits, .outlier_frac = o->outlier_frac,
                                  .n_sink = o->n_sink, .post_rope = o->post_rope, .per_head = o->per_head,
                                  .group_size = o->group_size, .residual_length = o->residual_length,
-                                 .fisher = o->fisher, .fp8_e5m2 = o->fp8_e5m2, .fp8_percentile = o->fp8_percentile};
+                                 .fisher = o->fisher, .fp8_e5m2 = o->fp8_e5m2, .fp8_percentile = o->fp8_percentile,
+                                 .rotation = o->rotation};
         kvq_fit_input in = {.x = x, .fisher = f, .n_tokens = c->n_tokens, .sample_len = (size_t)m->seq_len,
                             .n_kv_heads = (size_t)m->n_kv_heads, .head_dim = (size_t)m->head_dim, .fit = o->fit};
         s = o->method->calib->fit(&p, w->kv, &in, out, err);
@@ -357,6 +388,7 @@ kvq_status kvq_calibrate_dump(kvq_dump_reader *r, const char *dump_name, const k
     p->fisher = fc->fisher_opt && o->fisher;
     p->fp8_e5m2 = fc->fp8_opt && o->fp8_e5m2;
     p->fp8_percentile = fc->fp8_opt ? o->fp8_percentile : 0;
+    p->rotation = o->rotation;
     snprintf(p->fit, sizeof p->fit, "%s", fc->fit_opt ? kvq_fit_method_name(o->fit.method) : "");
     p->n_layers = (size_t)m->n_layers;
     p->n_kv_heads = (size_t)m->n_kv_heads;

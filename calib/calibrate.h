@@ -31,6 +31,16 @@
  * (f[2j] + f[2j+1]) / 2 (the expectation of the rotated split over a
  * uniform angle); channels >= rope_dim keep their own weight.
  *
+ * Rotated fits (kvcalib --rotate hadamard|rht[<seed>]): every (layer, K|V)
+ * tensor is rotated as the +hadamard / +rht modifier rotates the cache
+ * (kvq_rotation_apply: keys at the stage the method quantizes, so pre-RoPE
+ * for nuq), then fitted; the artifact records kvq.rotation and binds only to
+ * a spec with the same modifier. Fisher weights are squared gradients and do
+ * not rotate: the weight of a rotated channel is the mean squared gradient
+ * of its Hadamard block, i.e. E[(g·D·H)_j^2] over random signs D (exact in
+ * expectation for +rht, the cross terms dropped for +hadamard), in the
+ * spirit of the RoPE pair mean above.
+ *
  * Errors (all name the dump file; nothing is written on error):
  *   KVQ_EINVAL  bad option (field named: "bits: expected 1..8, found 9",
  *               "outlier fraction: ...", "method: ..."), an incomplete dump
@@ -79,6 +89,8 @@ typedef struct {
     double x[KVQ_ARTIFACT_X]; /* the family's own parameters (family.h artifact->params names them; defaults
                                  calib->x; kvcalib --param NAME=VALUE), stored in the artifact as p.x */
     int n_threads;            /* 0 = OpenMP default (capped at the number of work items) */
+    kvq_rotation rotation;    /* fit on rotated K / V (hadamard.h; kvcalib --rotate): the rotation a scheme applies
+                                 with +hadamard / +rht, recorded as kvq.rotation; methods with fitted tables only */
     kvq_calib_table_fn on_table; /* optional progress hook */
     void *on_table_ctx;
 } kvq_calibrate_opts;

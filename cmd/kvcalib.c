@@ -80,7 +80,7 @@ static const char *summary_text(char *buf, size_t n)
 }
 
 typedef struct {
-    const char *method, *keys, *fit, *out, *inspect, *scale, *fp8_format, *export_vllm;
+    const char *method, *keys, *fit, *out, *inspect, *scale, *fp8_format, *export_vllm, *rotate;
     long bits, sink, group, residual, bits_ctx, threads, seed;
     double outliers, percentile;
     bool no_fisher, per_head, force, quiet, version;
@@ -107,6 +107,10 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
         {"fit", 0, KVQ_OPT_CHOICE, &a->fit, "HOW",
          "nuq datatype fit: Lloyd's weighted k-means, the exact 1-D optimum, or the better of both", "auto|lloyd|exact", 0,
          0, false},
+        {"rotate", 0, KVQ_OPT_STRING, &a->rotate, "ROT",
+         "fit on K / V rotated as a scheme's +hadamard / +rht[<seed>] modifier does: hadamard, rht or rht<seed> "
+         "(methods with fitted tables; recorded as kvq.rotation, bound only by a spec with that modifier)",
+         NULL, 0, 0, false},
         {"group", 0, KVQ_OPT_INT, &a->group, "G", "int/int-pc: channels per token group; kivi: group size (-1: default)",
          NULL, -1, 1e9, false},
         {"residual", 0, KVQ_OPT_INT, &a->residual, "R", "kivi: full-precision recent tokens (-1: default)", NULL, -1, 1e9,
@@ -757,6 +761,24 @@ static int cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "%s: --export-vllm %s: already exists; not overwritten (use --force to replace it)\n", PROG,
                     a.export_vllm);
             return 1;
+        }
+    }
+    if (a.rotate) {
+        const char *r = a.rotate;
+        char *end = NULL;
+        bool bad = false;
+        if (!strcmp(r, "hadamard")) o.rotation.kind = KVQ_ROT_HADAMARD;
+        else if (!strncmp(r, "rht", 3)) {
+            o.rotation.kind = KVQ_ROT_RHT;
+            if (r[3]) {
+                errno = 0;
+                o.rotation.seed = strtoull(r + 3, &end, 10);
+                bad = *end || errno || r[3] < '0' || r[3] > '9';
+            }
+        } else bad = strcmp(r, "none") != 0;
+        if (bad) {
+            fprintf(stderr, "%s: --rotate: expected none, hadamard, rht or rht<seed> (decimal), found '%s'\n", PROG, r);
+            return EXIT_USAGE;
         }
     }
     o.fit.method = !strcmp(a.fit, "lloyd") ? KVQ_FIT_LLOYD : !strcmp(a.fit, "exact") ? KVQ_FIT_EXACT : KVQ_FIT_AUTO;

@@ -1176,6 +1176,54 @@ START_TEST(test_cli)
 }
 END_TEST
 
+/* kvcalib --rotate: int-pc thresholds fitted on keys rotated as +hadamard rotates them (kvq_rotation_apply, checked
+ * against the dense matrix in tests/test_rotation.c), recorded in the artifact; methods without fitted tables refuse */
+START_TEST(test_rotate)
+{
+    synth d;
+    synth_make(&d, 3);
+    char dump[256], out[256];
+    tmp(dump, sizeof dump, "rot.h5");
+    tmp(out, sizeof out, "rot.safetensors");
+    write_dump(dump, &d, &(dump_spec){.no_fisher = true});
+    kvq_err e = {0};
+    kvq_artifact a;
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("int-pc"));
+    o.k_bits = o.v_bits = 3;
+    o.outlier_frac = 0.02;
+    o.rotation = (kvq_rotation){KVQ_ROT_RHT, 77};
+    unlink(out);
+    ck_assert_msg(kvq_calibrate_file(dump, out, false, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_artifact_read(out, &a, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(a.p.rotation.kind, KVQ_ROT_RHT);
+    ck_assert(a.p.rotation.seed == 77);
+    float *xr = malloc(NTOK * KVD * sizeof *xr);
+    memcpy(xr, d.x[1][D_K], NTOK * KVD * sizeof *xr);
+    ck_assert(kvq_rotation_apply(&o.rotation, xr, NTOK, KVD, HD, 'k', false, &e) == KVQ_OK);
+    int moved = 0;
+    for (int c = 0; c < KVD; c++) {
+        float lo, hi, lo0, hi0;
+        size_t n;
+        ref_thresholds(xr, c, 1, 0.02, &lo, &hi, &n);
+        ref_thresholds(d.x[1][D_K], c, 1, 0.02, &lo0, &hi0, &n);
+        ck_assert(a.k[1].channel_lower[c] == lo && a.k[1].channel_upper[c] == hi);
+        moved += lo != lo0 || hi != hi0;
+    }
+    ck_assert_int_gt(moved, KVD / 2); /* teeth: the rotated fit is not the plain one */
+    free(xr);
+    kvq_artifact_free(&a);
+    /* int: the artifact is metadata only, nothing to fit on rotated data */
+    o = kvq_calibrate_defaults(KVQ_FAM("int"));
+    o.k_bits = o.v_bits = 4;
+    o.rotation.kind = KVQ_ROT_HADAMARD;
+    ck_assert_int_eq(kvq_calibrate_validate(&o, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "rotate") && strstr(e.msg, "int-pc") && strstr(e.msg, "method int"), "%s", e.msg);
+    unlink(out);
+    unlink(dump);
+    synth_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kvcalib");
@@ -1184,6 +1232,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_nuq_tables);
     tcase_add_test(tc, test_post_rope_and_per_head);
     tcase_add_test(tc, test_baselines);
+    tcase_add_test(tc, test_rotate);
     tcase_add_test(tc, test_deterministic);
     tcase_add_test(tc, test_fingerprints);
     tcase_add_test(tc, test_model_chain);

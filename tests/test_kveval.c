@@ -29,6 +29,8 @@
 #include "kvq_test.h"
 #include "quant_fp8.h"
 #include "quant_ggml.h"
+#include "quant_pth.h"
+#include "quant_tq.h"
 #include "identity.h"
 #include "passkey.h"
 #include "perplexity.h"
@@ -76,8 +78,8 @@ typedef struct {
 } dec_state;
 
 /* Quantize one appended token at absolute position pos (non-KIVI schemes),
- * keys in the scheme's stage. */
-static kvq_status ref_quant_row(dec_state *d, int layer, int pos, float *k, float *v, kvq_err *e)
+ * keys in the scheme's stage, as the family's quantizer (no rotation). */
+static kvq_status ref_quant_row_base(dec_state *d, int layer, int pos, float *k, float *v, kvq_err *e)
 {
     const kvq_eval_scheme *s = d->s;
     const kvq_scheme *q = &s->s.q;
@@ -113,8 +115,42 @@ static kvq_status ref_quant_row(dec_state *d, int layer, int pos, float *k, floa
         if (ns) return KVQ_OK;
         KVQ_TRY(kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, k, k, 1, kvd / s->head_dim, s->head_dim, e));
         return kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, v, v, 1, kvd / s->head_dim, s->head_dim, e);
-    default: return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
+    default: {
+        /* vLLM's per-token-head caches: the token's own scales (kernels/quant/quant_pth.h) */
+        static const char *const pth[3] = {"int8-pth", "fp8-pth", "int4-pth"};
+        for (int i = 0; i < 3; i++)
+            if (q->fam == KVQ_FAM(pth[i])) {
+                size_t H = kvd / s->head_dim;
+                KVQ_TRY(kvq_quant_pth((kvq_pth_kind)i, k, k, 1, H, s->head_dim, ns, NULL, e));
+                return kvq_quant_pth((kvq_pth_kind)i, v, v, 1, H, s->head_dim, ns, NULL, e);
+            }
+        if (q->fam == KVQ_FAM("turboquant")) { /* vLLM's boundary layers stay exact; the rest per head */
+            int nb = (int)q->x[0] < d->L / 2 ? (int)q->x[0] : d->L / 2;
+            if (ns || layer < nb || layer >= d->L - nb) return KVQ_OK;
+            float cent[16];
+            bool mse = q->k_bits <= 4, nc = q->k_bits <= 4;
+            if (mse) kvq_tq_centroids(s->head_dim, q->k_bits, cent);
+            for (size_t h = 0; h < kvd / s->head_dim; h++) {
+                kvq_tq_key(k + h * s->head_dim, k + h * s->head_dim, s->head_dim, q->k_bits, cent, nc);
+                kvq_tq_value(v + h * s->head_dim, v + h * s->head_dim, s->head_dim, q->v_bits);
+            }
+            return KVQ_OK;
+        }
+        return kvq_fail(e, KVQ_EINVAL, "ref_quant_row: unsupported kind");
     }
+    }
+}
+
+/* ... with the scheme's rotation (+hadamard / +rht): the cache holds Q(x·R), attention reads Q(x·R)·Rᵀ */
+static kvq_status ref_quant_row(dec_state *d, int layer, int pos, float *k, float *v, kvq_err *e)
+{
+    const kvq_rotation *r = &d->s->desc.rot;
+    size_t kvd = (size_t)d->kvd, hd = d->s->head_dim;
+    KVQ_TRY(kvq_rotation_apply(r, k, 1, kvd, hd, 'k', false, e));
+    KVQ_TRY(kvq_rotation_apply(r, v, 1, kvd, hd, 'v', false, e));
+    KVQ_TRY(ref_quant_row_base(d, layer, pos, k, v, e));
+    KVQ_TRY(kvq_rotation_apply(r, k, 1, kvd, hd, 'k', true, e));
+    return kvq_rotation_apply(r, v, 1, kvd, hd, 'v', true, e);
 }
 
 static kvq_status dec_transform(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
@@ -371,11 +407,12 @@ static void decode_model(const char *path)
     const char *pp[2] = {paths[0], paths[1]};
     kvq_artifact_set set;
     ck_assert_msg(kvq_artifact_set_load(&set, pp, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
-    const char *specs[] = {"fp32", "int4", "kivi2-g4-r8", "nuq3-1%", "int4+sink2", "kivi2-g4-r8+sink1", "kivi4-g4-r0",
-                           "nuq3", "fp16"};
+    const char *specs[] = {"fp32", "int4", "kivi2-g4-r8", "nuq3-1%", "int2+hadamard", "int4+sink2", "kivi2-g4-r8+sink1",
+                           "kivi4-g4-r0", "nuq3", "fp16", "int3+rht5+sink2", "fp16+rht", "int4-pth", "int8-pth",
+                           "fp8-pth+sink2", "turboquant-4bit-nc-b1", "turboquant-k3v4-nc-b1", "turboquant-k8v4-b0+sink1"};
     const char *only = getenv("KVQ_DECODE_SPEC"); /* debugging: one spec */
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
-        if (kvq_test_quick() && i >= 4) break;
+        if (kvq_test_quick() && i >= 5) break;
         if (only && strcmp(only, specs[i])) continue;
         decode_case(&m, &set, specs[i]);
     }
@@ -473,9 +510,9 @@ START_TEST(test_decode_equivalence_production)
     ck_assert_msg(kvq_model_load(hd32, &m, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_int_eq(m.hp.head_dim, 32);
     ck_assert_int_eq(m.hp.n_kv_heads, 1);
-    const char *bspecs[] = {"q4_0", "q8_0", "iq4_nl", "q4_1", "q5_0", "q5_1", "q4_0+sink1"};
+    const char *bspecs[] = {"q4_0", "q8_0", "q4_0+hadamard", "iq4_nl", "q4_1", "q5_0", "q5_1", "q4_0+sink1", "q8_0+rht"};
     for (size_t i = 0; i < sizeof bspecs / sizeof *bspecs; i++) {
-        if (kvq_test_quick() && i >= 3) break;
+        if (kvq_test_quick() && i >= 4) break;
         decode_case(&m, NULL, bspecs[i]);
     }
     kvq_model_free(&m);

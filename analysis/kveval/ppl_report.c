@@ -309,6 +309,8 @@ static cJSON *build(const kvq_ppl_report *r)
         cJSON_AddNumberToObject(a, "outlier_fraction", ap->outlier_frac);
         cJSON_AddNumberToObject(a, "n_sink", (double)ap->n_sink);
         cJSON_AddStringToObject(a, "key_position", ap->post_rope ? "post-rope" : "pre-rope");
+        cJSON_AddStringToObject(a, "rotation", kvq_rotation_kind_name(ap->rotation.kind));
+        if (ap->rotation.kind == KVQ_ROT_RHT) cJSON_AddNumberToObject(a, "rotation_seed", (double)ap->rotation.seed);
         cJSON_AddStringToObject(a, "model_fingerprint", ap->model_fingerprint);
         cJSON_AddStringToObject(a, "dump_fingerprint", ap->dump_fingerprint);
         cJSON_AddNumberToObject(a, "intactkv_prefix_entries", r->arts->prefix[i].P);
@@ -369,6 +371,8 @@ static cJSON *build(const kvq_ppl_report *r)
             }
         }
         cJSON_AddStringToObject(o, "key_stage", stage_name(s->s.key_stage));
+        cJSON_AddStringToObject(o, "rotation", kvq_rotation_kind_name(s->desc.rot.kind));
+        if (s->desc.rot.kind == KVQ_ROT_RHT) cJSON_AddNumberToObject(o, "rotation_seed", (double)s->desc.rot.seed);
         cJSON_AddNumberToObject(o, "n_sink", (double)s->s.q.n_sink);
         if (s->s.q.outlier_frac > 0) cJSON_AddNumberToObject(o, "outlier_fraction", s->s.q.outlier_frac);
         if (s->s.q.fam->describe) {

@@ -132,8 +132,10 @@ kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *s
     st->head_dim = p->head_dim;
     char frac[32] = "";
     if (p->outlier_frac > 0) snprintf(frac, sizeof frac, "-%g%%", p->outlier_frac * 100);
-    snprintf(st->name, sizeof st->name, "%s%d/%d%s%s (artifact)", p->method->name, p->k_bits, p->v_bits, frac,
-             p->post_rope ? " post-RoPE" : "");
+    char rot[48] = ""; /* fitted on rotated K / V (kvcalib --rotate): quantized through the same rotation */
+    kvq_rotation_spec(&p->rotation, rot, sizeof rot);
+    snprintf(st->name, sizeof st->name, "%s%d/%d%s%s%s (artifact)", p->method->name, p->k_bits, p->v_bits, frac,
+             p->post_rope ? " post-RoPE" : "", rot);
     if (a->k && a->v) {
         st->calib_k = calloc(p->n_layers, sizeof(double));
         st->calib_v = calloc(p->n_layers, sizeof(double));

@@ -264,7 +264,8 @@ kvq_status backward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bw
     const size_t mT = g->max_T, n = (size_t)T * dim;
     for (int l = hp->n_layers - 1; l >= 0; l--) {
         if (spec->upstream) {
-            kvq_layer_ctx ctx = {l, T, io->pos0, g->P_last, hp->n_heads, hp->n_kv_heads, hp->head_dim, io->tokens};
+            kvq_layer_ctx ctx = {l, T, io->pos0, g->P_last, hp->n_heads, hp->n_kv_heads, hp->head_dim, io->tokens,
+                                 hp->n_layers};
             KVQ_TRY(d2h(g, g->hb_x, g->xs + (size_t)(l + 1) * mT * dim, n, err));
             KVQ_TRY(d2h(g, g->hb_dx, g->b_dx, n, err));
             CU(cudaStreamSynchronize(g->st));

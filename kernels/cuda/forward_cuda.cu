@@ -336,7 +336,10 @@ extern "C" kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_
     g->has_desc = false;
     if (!d || kvq_kv_desc_is_identity(d)) return KVQ_OK;
     KVQ_TRY(kvq_kv_desc_validate(d, hp, err));
-    const kvq_family_cuda *fc = d->q.fam->cuda;
+    const kvq_family_cuda *fc = kvq_kv_desc_cuda(d);
+    if (!fc && d->rot.kind != KVQ_ROT_NONE)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: a rotated scheme (+%s) has no native CUDA transform (run it as a "
+                        "host transform hook)", kvq_rotation_kind_name(d->rot.kind));
     if (!fc)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: the %s family has no native CUDA transform (run it as a host "
                         "transform hook)", d->q.fam->name);
@@ -604,7 +607,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
             a.pk = g->pk + (size_t)l * P * kvd;
             a.pv = g->pv + (size_t)l * P * kvd;
         }
-        kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens};
+        kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens, hp->n_layers};
         bool attended = false;
         if (g->has_desc) {
             KVQ_TRY(native_transform(g, l, T, &a, err));

@@ -141,7 +141,7 @@ static kvq_status layer_recompute(kvq_backward *bw, const kvq_fwd_io *io, int l,
     const int P = io->prefix ? io->prefix->P : 0;
     const size_t kvn = (size_t)T * kvd;
     kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
-                         .tokens = io->tokens};
+                         .tokens = io->tokens, .n_layers = hp->n_layers};
     qkv_recompute(bw, w, x, T, bw->q, bw->k_pre, bw->v_att);
     kvq_rope_apply(bw->q, T, nh, hd, rd, bw->rope_cos, bw->rope_sin, 0);
     a->q = bw->q;
@@ -331,7 +331,8 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
     for (int l = hp->n_layers - 1; l >= 0; l--) {
         if (spec->upstream) {
             kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = hp->n_heads,
-                                 .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim, .tokens = io->tokens};
+                                 .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim, .tokens = io->tokens,
+                                 .n_layers = hp->n_layers};
             kvq_status s = spec->upstream(spec->user, &ctx, kvq_forward_layer_input(&bw->fw, l + 1), bw->dx, err);
             if (s) return kvq_err_prefix(err, "backward: layer %d: upstream callback", l);
         }

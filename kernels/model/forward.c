@@ -173,7 +173,7 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
     const int P = px ? px->P : 0;
     size_t kvn = (size_t)T * kvd;
     kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = hp->n_heads,
-                         .n_kv_heads = nkv, .head_dim = hd, .tokens = io->tokens};
+                         .n_kv_heads = nkv, .head_dim = hd, .tokens = io->tokens, .n_layers = hp->n_layers};
 
     memcpy(fw->k_post, fw->k_pre, kvn * sizeof(float));
     kvq_rope_apply(fw->q, T, hp->n_heads, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);

@@ -79,6 +79,8 @@ typedef struct {
     int P;       /* prefix entries attended before the window (0 = none) */
     int n_heads, n_kv_heads, head_dim;
     const int *tokens; /* [T] window token ids */
+    int n_layers;      /* the model's layers (0 = unknown: contexts built by hand); families with a per-layer
+                          policy read it (turboquant's boundary layers) */
 } kvq_layer_ctx;
 
 /* Observed tensors of one layer; all row-major fp32, valid only during the call. */

@@ -262,6 +262,8 @@ static kvq_status validate_params(const kvq_artifact_params *p, kvq_err *err)
         return kvq_fail(err, KVQ_EINVAL, "n_kv_heads, head_dim: expected 1..65536, found %zu, %zu", p->n_kv_heads,
                         p->head_dim);
     if (ly->check_params) KVQ_TRY(ly->check_params(p, err));
+    if (p->rotation.kind != KVQ_ROT_NONE && kvq_rotation_check(&p->rotation, p->head_dim, err))
+        return kvq_err_prefix(err, "rotation");
     if (p->per_head && !ly->per_head) {
         char who[128];
         return kvq_fail(err, KVQ_EINVAL, "granularity: per-head datatypes or scales apply to %s only, method is %s",
@@ -444,6 +446,10 @@ kvq_status kvq_artifact_write(const char *path, const kvq_artifact *a, kvq_err *
     if (p->model_rope[0]) {
         m.kv[m.n].key = "kvq.model_rope";
         m.kv[m.n++].value = p->model_rope;
+    }
+    if (p->rotation.kind != KVQ_ROT_NONE) { /* absent = none (artifacts before rotation stay byte-identical) */
+        meta_add(&m, "kvq.rotation", "%s", kvq_rotation_kind_name(p->rotation.kind));
+        if (p->rotation.kind == KVQ_ROT_RHT) meta_add(&m, "kvq.rotation_seed", "%llu", (unsigned long long)p->rotation.seed);
     }
 
     const kvq_artifact_prefix *px = a->prefix;
@@ -765,6 +771,23 @@ static kvq_status read_params(const kvq_safetensors *st, kvq_artifact_params *p,
         snprintf(key, sizeof key, "kvq.%s.%s", mname(p->method), layout(p->method)->params[j]);
         KVQ_TRY(meta_double(st, key, &p->x[j], err));
     }
+    p->rotation = (kvq_rotation){0}; /* optional: absent = fitted on unrotated K / V */
+    if (kvq_safetensors_meta(st, "kvq.rotation")) {
+        KVQ_TRY(meta_str(st, "kvq.rotation", &v, err));
+        if (!kvq_rotation_kind_parse(v, &p->rotation.kind))
+            return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.rotation': expected \"none\", \"hadamard\" or \"rht\", found \"%s\"",
+                            st->path, v);
+        if (p->rotation.kind == KVQ_ROT_RHT) {
+            KVQ_TRY(meta_str(st, "kvq.rotation_seed", &v, err));
+            char *end;
+            errno = 0;
+            unsigned long long seed = strtoull(v, &end, 10);
+            if (!*v || *end || errno || *v == '-')
+                return kvq_fail(err, KVQ_EFORMAT, "%s: metadata 'kvq.rotation_seed': expected an unsigned 64-bit integer, found \"%s\"",
+                                st->path, v);
+            p->rotation.seed = (uint64_t)seed;
+        }
+    }
     if (has_fp8(p->method)) {
         bool e4;
         KVQ_TRY(meta_choice(st, "kvq.fp8_format", "e4m3fn", "e5m2", &e4, err));
@@ -983,6 +1006,12 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
     fprintf(f, "sink tokens   %zu (full precision)\n", p->n_sink);
     for (size_t j = 0; j < n_fam_params(p->method); j++)
         fprintf(f, "%-13s %.6g (kvq.%s.%s)\n", ly->params[j], p->x[j], mname(p->method), ly->params[j]);
+    if (p->rotation.kind != KVQ_ROT_NONE) {
+        char rd[64], sp[48];
+        kvq_rotation_describe(&p->rotation, rd, sizeof rd);
+        kvq_rotation_spec(&p->rotation, sp, sizeof sp);
+        fprintf(f, "rotation      fitted on %s K / V (schemes bind it with %s)\n", rd, sp);
+    }
     if (ly->inspect) ly->inspect(f, p);
     fprintf(f, "model         %zu layers x %zu KV heads x head_dim %zu\n", p->n_layers, p->n_kv_heads, p->head_dim);
     fprintf(f, "bits/element  K %.4f, V %.4f (ctx %zu; scales, zero points, outliers, sink and residual included)\n",

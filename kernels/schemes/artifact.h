@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "hadamard.h"
 #include "status.h"
 
 #define KVQ_ARTIFACT_SCHEMA "kvq-calib-artifact"
@@ -116,6 +117,9 @@ typedef struct kvq_artifact_params {
                                   metadata kvq.model_rope; "" in artifacts written before it was recorded */
     double x[KVQ_ARTIFACT_X];  /* the family's own parameters, named by its artifact part's `params`
                                   (metadata kvq.<method>.<name>); unnamed entries are 0 */
+    kvq_rotation rotation;     /* the tables were fitted on rotated K / V (kvcalib --rotate; hadamard.h): metadata
+                                  kvq.rotation "hadamard" | "rht" (+ kvq.rotation_seed), absent = none; a spec binds
+                                  it only with the same +hadamard / +rht modifier */
 } kvq_artifact_params;
 
 /* Training summary of an IntactKV prefix (kvcalib intactkv --train; all

@@ -40,6 +40,14 @@
  * decisions taken at steps < i (tests/test_kveval.c holds the step-by-step
  * cache-loop oracles).
  *
+ * The generic rotation (kvq_kv_desc.rot: the +hadamard / +rht modifiers) is
+ * no family's code: kv_desc.c rotates each head vector of the window (keys in
+ * the descriptor's stage, values) before the family's transform / quantize
+ * and un-rotates every output after it (in place, the alternatives, each
+ * distinct schedule buffer). Per-token and orthonormal, it keeps every form
+ * decode-equivalent. On the GPU a rotated descriptor runs on the host path
+ * (kvq_kv_desc_cuda is NULL for it).
+ *
  * Layout of every tensor: one layer's keys or values x[n_tokens][kv_dim],
  * row-major fp32, kv_dim = n_kv_heads * head_dim, channel c = h*head_dim + d.
  */
@@ -53,6 +61,7 @@
 
 #include "artifact.h"
 #include "forward.h"
+#include "hadamard.h"
 #include "kmeans.h"
 #include "kvcache.h"
 #include "quant.h"
@@ -96,6 +105,8 @@ typedef struct {
     size_t ctx;                      /* cache tokens (window tokens, prefix excluded), > 0 */
     size_t kv_dim;                   /* > 0 */
     size_t head_dim;                 /* 0 = unknown (fp8 per-head scales then fail with KVQ_EINVAL) */
+    size_t n_layers;                 /* the model's layers, 0 = unknown (per-layer policies: turboquant's
+                                        uncompressed boundary layers are then left out of the accounting) */
     const kvq_quant_counts *k, *v;   /* counts a run realised (outliers, high-precision tokens), or NULL:
                                         the nominal accounting from the parameters alone */
 } kvq_bits_in;
@@ -123,6 +134,9 @@ typedef struct {
 typedef struct kvq_kv_desc {
     kvq_scheme q;                      /* family and parameters */
     kvq_key_stage key_stage;           /* which keys are quantized */
+    kvq_rotation rot;                  /* +hadamard / +rht (hadamard.h): every family, generically (kv_desc.c): each
+                                        * cached key / value head vector x is held as Q(x·R) and read back as
+                                        * Q(x·R)·Rᵀ, keys in key_stage; zero = none */
     const kvq_kv_layer_tables *layers; /* [n_layers] views of the artifact's tables (int-pc, nuq), else NULL */
     int n_layers;                      /* entries of layers (0 when NULL) */
     const kvq_artifact *art;           /* the artifact of the tables (fp8 scales, ...), or NULL */

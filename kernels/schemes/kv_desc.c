@@ -12,12 +12,22 @@ kvq_status kvq_kv_desc_validate(const kvq_kv_desc *d, const kvq_hparams *hp, kvq
     if (d->key_stage != KVQ_KEYS_PRE_ROPE && d->key_stage != KVQ_KEYS_POST_ROPE)
         return kvq_fail(err, KVQ_EINVAL, "kv descriptor: key stage: unknown value %d", (int)d->key_stage);
     const kvq_family *f = d->q.fam;
+    if (d->rot.kind != KVQ_ROT_NONE && kvq_rotation_check(&d->rot, (size_t)hp->head_dim, err))
+        return kvq_err_prefix(err, "kv descriptor");
     if (f->check_model) KVQ_TRY(f->check_model(&d->q, "kv descriptor", hp, err));
     if (f->check_tables) KVQ_TRY(f->check_tables(d, hp, err));
     return KVQ_OK;
 }
 
-bool kvq_kv_desc_is_identity(const kvq_kv_desc *d) { return !d || !d->q.fam || d->q.fam->identity; }
+bool kvq_kv_desc_is_identity(const kvq_kv_desc *d)
+{
+    return !d || !d->q.fam || (d->q.fam->identity && d->rot.kind == KVQ_ROT_NONE);
+}
+
+const kvq_family_cuda *kvq_kv_desc_cuda(const kvq_kv_desc *d)
+{
+    return d && d->q.fam && d->rot.kind == KVQ_ROT_NONE ? d->q.fam->cuda : NULL;
+}
 
 void kvq_kv_desc_name(const kvq_kv_desc *d, char *buf, size_t n)
 {
@@ -29,6 +39,8 @@ void kvq_kv_desc_name(const kvq_kv_desc *d, char *buf, size_t n)
     d->q.fam->format(&d->q, buf, n);
     size_t w = strlen(buf);
     if (w < n && d->q.n_sink && !d->q.fam->identity) snprintf(buf + w, n - w, "+sink%zu", d->q.n_sink);
+    w = strlen(buf);
+    if (w < n) kvq_rotation_spec(&d->rot, buf + w, n - w);
 }
 
 bool kvq_kv_desc_alt_bounds(const kvq_kv_desc *d, size_t T, int *kb, int *vb)
@@ -52,24 +64,69 @@ void kvq_kv_desc_run_free(kvq_kv_desc_run *run)
     if (run) run->state = NULL;
 }
 
+/* Un-rotate what the family's transform produced: k, v in place, and the alternatives or each distinct
+ * buffer of a schedule (a buffer may be shared between representations, or be k / v themselves). */
+static kvq_status unrotate_outputs(const kvq_kv_desc *d, size_t T, size_t kvd, size_t hd, float *k, float *v,
+                                   const kvq_kv_alt *alt, kvq_err *err)
+{
+    KVQ_TRY(kvq_rotation_apply(&d->rot, k, T, kvd, hd, 'k', true, err));
+    KVQ_TRY(kvq_rotation_apply(&d->rot, v, T, kvd, hd, 'v', true, err));
+    if (!alt) return KVQ_OK;
+    if (alt->sched) {
+        const kvq_kv_sched *s = alt->sched;
+        float *done[2 * KVQ_KV_MAX_REPS + 2] = {k, v};
+        size_t n_done = 2;
+        for (int side = 0; side < 2; side++)
+            for (int r = 0; r < (side ? s->n_v : s->n_k) && r < KVQ_KV_MAX_REPS; r++) {
+                float *b = side ? s->v[r] : s->k[r];
+                bool seen = !b;
+                for (size_t i = 0; i < n_done && !seen; i++) seen = done[i] == b;
+                if (seen) continue;
+                done[n_done++] = b;
+                KVQ_TRY(kvq_rotation_apply(&d->rot, b, T, kvd, hd, side ? 'v' : 'k', true, err));
+            }
+        return KVQ_OK;
+    }
+    if (alt->use_k) KVQ_TRY(kvq_rotation_apply(&d->rot, alt->k, T, kvd, hd, 'k', true, err));
+    if (alt->use_v) KVQ_TRY(kvq_rotation_apply(&d->rot, alt->v, T, kvd, hd, 'v', true, err));
+    return KVQ_OK;
+}
+
 kvq_status kvq_kv_desc_transform(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
 {
     kvq_kv_desc_run *run = user;
-    const kvq_family *f = run->d->q.fam;
+    const kvq_kv_desc *d = run->d;
+    const kvq_family *f = d->q.fam;
     if (!f) return kvq_fail(err, KVQ_EINVAL, "kv descriptor: no family");
-    if (f->identity) return KVQ_OK;
-    if (f->transform) return f->transform(run, c, k, v, alt, err);
-    return kvq_family_transform_in_place(run, c, k, v, err);
+    if (kvq_kv_desc_is_identity(d)) return KVQ_OK;
+    bool rot = d->rot.kind != KVQ_ROT_NONE;
+    size_t T = (size_t)c->T, hd = (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * hd;
+    if (rot) {
+        KVQ_TRY(kvq_rotation_apply(&d->rot, k, T, kvd, hd, 'k', false, err));
+        KVQ_TRY(kvq_rotation_apply(&d->rot, v, T, kvd, hd, 'v', false, err));
+    }
+    kvq_status s = f->identity ? KVQ_OK
+                   : f->transform ? f->transform(run, c, k, v, alt, err)
+                                  : kvq_family_transform_in_place(run, c, k, v, err);
+    if (s || !rot) return s;
+    return unrotate_outputs(d, T, kvd, hd, k, v, alt, err);
 }
 
 kvq_status kvq_kv_desc_quantize(const kvq_kv_desc *d, int layer, char side, float *out, const float *in, size_t n_tokens,
                                 size_t kv_dim, size_t head_dim, kvq_quant_counts *c, kvq_err *err)
 {
-    if (!d || !d->q.fam || !d->q.fam->quantize) return kvq_fail(err, KVQ_EINVAL, "kv descriptor: no quantizer");
+    bool rot = d && d->rot.kind != KVQ_ROT_NONE;
+    if (!d || !d->q.fam || (!d->q.fam->quantize && !(rot && d->q.fam->identity)))
+        return kvq_fail(err, KVQ_EINVAL, "kv descriptor: no quantizer");
     if (side != 'k' && side != 'v') return kvq_fail(err, KVQ_EINVAL, "kv descriptor: side '%c': expected 'k' or 'v'", side);
     if (head_dim == 0 || kv_dim % head_dim)
         return kvq_fail(err, KVQ_EINVAL, "kv descriptor: head_dim %zu does not divide kv_dim %zu", head_dim, kv_dim);
-    return d->q.fam->quantize(d, layer, side, out, in, n_tokens, kv_dim, head_dim, c, err);
+    if (!rot) return d->q.fam->quantize(d, layer, side, out, in, n_tokens, kv_dim, head_dim, c, err);
+    /* the cache holds Q(x·R); read back as Q(x·R)·Rᵀ */
+    if (out != in) memmove(out, in, n_tokens * kv_dim * sizeof *out);
+    KVQ_TRY(kvq_rotation_apply(&d->rot, out, n_tokens, kv_dim, head_dim, side, false, err));
+    if (!d->q.fam->identity) KVQ_TRY(d->q.fam->quantize(d, layer, side, out, out, n_tokens, kv_dim, head_dim, c, err));
+    return kvq_rotation_apply(&d->rot, out, n_tokens, kv_dim, head_dim, side, true, err);
 }
 
 void kvq_kv_desc_hooks(kvq_kv_desc_run *run, const kvq_kv_desc *d, kvq_hooks *hooks)
@@ -111,6 +168,7 @@ kvq_status kvq_kv_desc_from_artifact(const kvq_artifact *a, kvq_kv_desc *d, kvq_
     f->from_params(&a->p, &d->q);
     bool post = a->p.post_rope || (f->artifact && f->artifact->post_rope_only);
     d->key_stage = post ? KVQ_KEYS_POST_ROPE : KVQ_KEYS_PRE_ROPE;
+    d->rot = a->p.rotation; /* tables fitted on rotated K / V are read through the same rotation */
     KVQ_TRY(kvq_kv_layer_tables_view(a, tables, err));
     d->layers = *tables;
     d->n_layers = (int)a->p.n_layers;

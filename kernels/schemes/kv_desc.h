@@ -9,6 +9,10 @@
  * transform is the family's (family.h, "the cache-simulation contract"):
  * in place by default (quantize of both sides), or an alternative with
  * per-query boundaries (KIVI), or a per-key schedule (heavy hitters).
+ * With a rotation (d->rot, +hadamard / +rht; hadamard.h) every head vector
+ * of k and v is rotated before the family's transform and every output
+ * un-rotated after it; kvq_kv_desc_quantize likewise. Rotation is per token
+ * and orthonormal: decode equivalence and the bits are unchanged.
  */
 #ifndef KVQ_KV_DESC_H
 #define KVQ_KV_DESC_H
@@ -26,10 +30,15 @@
  * name the layer and field. */
 kvq_status kvq_kv_desc_validate(const kvq_kv_desc *d, const kvq_hparams *hp, kvq_err *err);
 
-/* True when the descriptor leaves K/V unchanged (fp32, or no family). */
+/* True when the descriptor leaves K/V unchanged (fp32 without a rotation, or no family). */
 bool kvq_kv_desc_is_identity(const kvq_kv_desc *d);
 
-/* Canonical short label, e.g. "int4-g64", "kivi2-g32-r128", "nuq4-1%+sink1". */
+/* The native CUDA transform the GPU forward runs for d: the family's `cuda` part, or NULL (no
+ * such part, or a rotated descriptor: +hadamard / +rht run as the host transform, which rotates
+ * around the family's CPU transform; the simple correct choice, no device rotation kernel). */
+const kvq_family_cuda *kvq_kv_desc_cuda(const kvq_kv_desc *d);
+
+/* Canonical short label, e.g. "int4-g64", "kivi2-g32-r128", "nuq4-1%+sink1", "q4_0+hadamard". */
 void kvq_kv_desc_name(const kvq_kv_desc *d, char *buf, size_t n);
 
 /* The per-query boundaries of a family whose transform gives alternatives
@@ -63,7 +72,8 @@ kvq_status kvq_kv_layer_tables_view(const kvq_artifact *a, kvq_kv_layer_tables *
 
 /* The artifact's own scheme as a descriptor: the family and its parameters
  * from the artifact (family.h from_params), keys as the artifact says
- * (post-RoPE for families whose artifacts are post-RoPE only), tables viewed
+ * (post-RoPE for families whose artifacts are post-RoPE only), the artifact's
+ * rotation (kvcalib --rotate), tables viewed
  * from it (*tables is owned by the caller: free). Errors: KVQ_EUNSUPPORTED
  * for a method that has no scheme of its own. Not validated against a model
  * (kvq_kv_desc_validate). */

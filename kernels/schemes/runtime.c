@@ -18,6 +18,13 @@ kvq_status kvq_kvcache_config_from_artifact(kvq_kvcache_config *cfg, const kvq_a
         return kvq_fail(err, KVQ_EUNSUPPORTED, "artifact: method %s: the packed cache supports %s",
                         p->method ? p->method->name : "?", who);
     }
+    if (p->rotation.kind != KVQ_ROT_NONE) {
+        char rd[64];
+        kvq_rotation_describe(&p->rotation, rd, sizeof rd);
+        return kvq_fail(err, KVQ_EUNSUPPORTED,
+                        "artifact: fitted on %s K / V (kvq.rotation): the packed cache has no rotation; calibrate without "
+                        "--rotate for it", rd);
+    }
     cfg->n_kv_heads = p->n_kv_heads;
     cfg->head_dim = p->head_dim;
     cfg->k_bits = p->k_bits;

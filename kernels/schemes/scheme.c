@@ -3,6 +3,7 @@
 #include "scheme.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 
 /* ---- the valid forms --------------------------------------------------------------- */
 
-static const char MODIFIERS[] = "+sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N>";
+static const char MODIFIERS[] = "+sink<N>, +pre-rope, +post-rope, +intactkv, +artifact<N>, +hadamard, +rht[<seed>]";
 
 const char *kvq_scheme_syntax(char *buf, size_t cap)
 {
@@ -26,7 +27,8 @@ const char *kvq_scheme_syntax(char *buf, size_t cap)
         if (w > 0) len += (size_t)w;
     }
     if (len < cap)
-        snprintf(buf + len, cap - len, "; b = 1..8; modifiers %s (e.g. int4, kivi2-g32-r128, nuq3-1%%+sink1)", MODIFIERS);
+        snprintf(buf + len, cap - len, "; b = 1..8; modifiers %s (e.g. int4, kivi2-g32-r128, nuq3-1%%+sink1, q4_0+hadamard)",
+                 MODIFIERS);
     return buf;
 }
 
@@ -48,14 +50,27 @@ kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err
         return kvq_fail(err, KVQ_EINVAL, "scheme '%s': missing base name; expected one of %s", spec, kvq_scheme_syntax(syn, sizeof syn));
     size_t nf;
     const kvq_family *const *fams = kvq_families(&nf);
+    /* every family is asked; the first that parses the base wins. A family that finds a malformed name of
+     * its own (-1) loses to a later one that takes it (int's "int8-…" against int8-pth); with no taker the
+     * first malformed-name error is the answer. */
+    kvq_err first = {0};
+    bool malformed = false;
     for (size_t i = 0; i < nf && !out->q.fam; i++) {
         kvq_scheme q = {0};
-        int r = fams[i]->parse(base, out->spec, &q, err);
-        if (r < 0) return KVQ_EINVAL;
+        kvq_err e1 = {0};
+        int r = fams[i]->parse(base, out->spec, &q, &e1);
+        if (r < 0 && !malformed) {
+            first = e1;
+            malformed = true;
+        }
         if (r > 0) {
             out->q = q;
             out->q.fam = fams[i];
         }
+    }
+    if (!out->q.fam && malformed) {
+        if (err) *err = first;
+        return KVQ_EINVAL;
     }
     if (!out->q.fam)
         return kvq_fail(err, KVQ_EINVAL, "unknown scheme '%s' (base '%s'); valid: %s", spec, base, kvq_scheme_syntax(syn, sizeof syn));
@@ -78,6 +93,23 @@ kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err
                                 out->key_stage == KVQ_KEYS_PRE_ROPE ? "pre-rope" : "post-rope");
             out->key_stage = m[1] == 'r' ? KVQ_KEYS_PRE_ROPE : KVQ_KEYS_POST_ROPE;
             out->stage_set = true;
+        } else if (!strcmp(m, "hadamard") || kvq_spec_starts(m, "rht")) {
+            kvq_rotation r = {.kind = m[0] == 'h' ? KVQ_ROT_HADAMARD : KVQ_ROT_RHT};
+            if (r.kind == KVQ_ROT_RHT && m[3]) { /* a decimal 64-bit seed */
+                char *end;
+                errno = 0;
+                unsigned long long seed = strtoull(m + 3, &end, 10);
+                if (!isdigit((unsigned char)m[3]) || *end || errno)
+                    return kvq_fail(err, KVQ_EINVAL,
+                                    "scheme '%s': modifier '+%s': expected +rht or +rht<seed> with a decimal seed < 2^64", spec, m);
+                r.seed = (uint64_t)seed;
+            }
+            if (out->rot.kind != KVQ_ROT_NONE) {
+                char prev[48];
+                kvq_rotation_spec(&out->rot, prev, sizeof prev);
+                return kvq_fail(err, KVQ_EINVAL, "scheme '%s': a rotation given twice (+%s after %s)", spec, m, prev);
+            }
+            out->rot = r;
         } else if (!strcmp(m, "intactkv")) {
             if (out->intactkv) return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +intactkv given twice", spec);
             out->intactkv = true;
@@ -236,6 +268,12 @@ static void append(char *buf, size_t n, const char *str, long num)
     else snprintf(buf + l, n - l, "%s", str);
 }
 
+/* can the artifact serve the spec: the family's rule and the same rotation (kvcalib --rotate) */
+static bool art_match(const kvq_scheme_spec *spec, const kvq_artifact_params *p)
+{
+    return spec->q.fam->match(&spec->q, spec->stage_set, spec->key_stage, p) && kvq_rotation_equal(&spec->rot, &p->rotation);
+}
+
 kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_set *set, const kvq_hparams *hp,
                                 kvq_eval_scheme *out, kvq_err *err)
 {
@@ -250,36 +288,54 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         return kvq_fail(err, KVQ_EINVAL, "scheme '%s': +artifact%d: only %zu --artifact file(s) given", spec->spec,
                         spec->artifact_index, n_art);
     if (f->needs_artifact && f->needs_artifact(&spec->q)) {
-        char need[256];
+        char need[320];
         f->describe_need(&spec->q, spec->stage_set, spec->key_stage, need, sizeof need);
+        bool any_rot = spec->rot.kind != KVQ_ROT_NONE;
+        for (size_t i = 0; i < n_art; i++) any_rot |= set->a[i].p.rotation.kind != KVQ_ROT_NONE;
+        if (any_rot) { /* the rotation the tables must have been fitted on (kvcalib --rotate) */
+            char rd[64];
+            kvq_rotation_describe(&spec->rot, rd, sizeof rd);
+            size_t l = strlen(need);
+            if (l < sizeof need) snprintf(need + l, sizeof need - l, ", fitted on %s K / V", rd);
+        }
         if (n_art == 0)
             return kvq_fail(err, KVQ_EINVAL, "scheme '%s' needs %s; none given (--artifact FILE, written by kvcalib)",
                             spec->spec, need);
         int pick = -1;
         if (want >= 0) {
-            if (!f->match(&spec->q, spec->stage_set, spec->key_stage, &set->a[want].p))
-                return kvq_fail(err, KVQ_EMISMATCH, "scheme '%s' needs %s; --artifact %s is method %s, %d/%d bits, %g%% outliers, %s keys",
+            if (!art_match(spec, &set->a[want].p)) {
+                char rd[64];
+                kvq_rotation_describe(&set->a[want].p.rotation, rd, sizeof rd);
+                return kvq_fail(err, KVQ_EMISMATCH,
+                                "scheme '%s' needs %s; --artifact %s is method %s, %d/%d bits, %g%% outliers, %s keys, fitted on "
+                                "%s K / V",
                                 spec->spec, need, set->path[want], set->a[want].p.method->name, set->a[want].p.k_bits,
                                 set->a[want].p.v_bits, set->a[want].p.outlier_frac * 100,
-                                set->a[want].p.post_rope ? "post-RoPE" : "pre-RoPE");
+                                set->a[want].p.post_rope ? "post-RoPE" : "pre-RoPE", rd);
+            }
             pick = want;
         } else {
             /* first match; with +intactkv prefer a matching artifact that holds a prefix */
             for (size_t i = 0; i < n_art && pick < 0; i++)
-                if (f->match(&spec->q, spec->stage_set, spec->key_stage, &set->a[i].p) && (!spec->intactkv || set->prefix[i].P > 0))
-                    pick = (int)i;
+                if (art_match(spec, &set->a[i].p) && (!spec->intactkv || set->prefix[i].P > 0)) pick = (int)i;
             for (size_t i = 0; i < n_art && pick < 0; i++)
-                if (f->match(&spec->q, spec->stage_set, spec->key_stage, &set->a[i].p)) pick = (int)i;
+                if (art_match(spec, &set->a[i].p)) pick = (int)i;
         }
         if (pick < 0) {
-            char seen[512] = "";
+            char seen[768] = "";
             for (size_t i = 0; i < n_art; i++) {
                 const kvq_artifact_params *p = &set->a[i].p;
+                char rd[80] = "";
+                if (any_rot) {
+                    rd[0] = ',';
+                    rd[1] = ' ';
+                    kvq_rotation_describe(&p->rotation, rd + 2, sizeof rd - 2);
+                }
                 size_t l = strlen(seen);
                 if (l < sizeof seen)
-                    snprintf(seen + l, sizeof seen - l, "%s%s (%s, %d/%d bits, %g%% outliers, %s)", i ? "; " : "", set->path[i],
+                    snprintf(seen + l, sizeof seen - l, "%s%s (%s, %d/%d bits, %g%% outliers, %s%s)", i ? "; " : "", set->path[i],
                              p->method->name, p->k_bits, p->v_bits, p->outlier_frac * 100,
-                             p->post_rope ? "post-RoPE" : "pre-RoPE");
+                             p->post_rope ? "post-RoPE" : "pre-RoPE", rd);
             }
             return kvq_fail(err, KVQ_EINVAL, "scheme '%s' needs %s; none of the %zu given matches: %s", spec->spec, need,
                             n_art, seen);
@@ -310,19 +366,24 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         out->prefix_index = pick;
     }
     if (f->check_model) KVQ_TRY(f->check_model(&out->s.q, spec->spec, hp, err));
-    out->desc = (kvq_kv_desc){.q = out->s.q, .key_stage = out->s.key_stage};
+    out->desc = (kvq_kv_desc){.q = out->s.q, .key_stage = out->s.key_stage, .rot = spec->rot};
     if (out->art) {
         out->desc.layers = set->tables[out->art_index];
         out->desc.n_layers = (int)out->art->p.n_layers;
         out->desc.art = out->art;
     }
-    if (!f->identity && kvq_kv_desc_validate(&out->desc, hp, err))
+    if (!kvq_kv_desc_is_identity(&out->desc) && kvq_kv_desc_validate(&out->desc, hp, err))
         return kvq_err_prefix(err, "scheme '%s'%s%s", spec->spec, out->art ? ": --artifact " : "", out->art ? out->art_path : "");
     /* canonical name */
     f->format(&out->s.q, out->name, sizeof out->name);
     if (out->s.q.n_sink) append(out->name, sizeof out->name, "+sink", (long)out->s.q.n_sink);
     if (!f->stage_free && out->s.key_stage != f->default_stage)
         append(out->name, sizeof out->name, out->s.key_stage == KVQ_KEYS_PRE_ROPE ? "+pre-rope" : "+post-rope", -1);
+    if (spec->rot.kind != KVQ_ROT_NONE) {
+        char r[48];
+        kvq_rotation_spec(&spec->rot, r, sizeof r);
+        append(out->name, sizeof out->name, r, -1);
+    }
     if (spec->intactkv) append(out->name, sizeof out->name, "+intactkv", -1);
     if (spec->artifact_index) append(out->name, sizeof out->name, "+artifact", spec->artifact_index);
     return KVQ_OK;
@@ -338,7 +399,7 @@ kvq_status kvq_eval_scheme_make(const char *spec, const kvq_artifact_set *set, c
 
 bool kvq_eval_scheme_is_identity(const kvq_eval_scheme *s)
 {
-    return (!s->s.q.fam || s->s.q.fam->identity) && !s->prefix;
+    return (!s->s.q.fam || kvq_kv_desc_is_identity(&s->desc)) && !s->prefix;
 }
 
 const kvq_kv_desc *kvq_eval_scheme_kv_desc(const kvq_eval_scheme *s)
@@ -349,7 +410,7 @@ const kvq_kv_desc *kvq_eval_scheme_kv_desc(const kvq_eval_scheme *s)
 const kvq_kv_desc *kvq_eval_scheme_gpu_desc(const kvq_eval_scheme *s)
 {
     const kvq_kv_desc *d = kvq_eval_scheme_kv_desc(s);
-    return d && d->q.fam->cuda ? d : NULL;
+    return kvq_kv_desc_cuda(d) ? d : NULL;
 }
 
 int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv)
@@ -362,7 +423,8 @@ int kvq_eval_scheme_code_bits(const kvq_eval_scheme *s, char kv)
 kvq_status kvq_eval_scheme_bits_run(const kvq_eval_scheme *s, size_t ctx, const kvq_hparams *hp, const kvq_quant_counts *k,
                                     const kvq_quant_counts *v, kvq_bits *out, kvq_err *err)
 {
-    kvq_bits_in in = {.ctx = ctx, .kv_dim = (size_t)kvq_kv_dim(hp), .head_dim = (size_t)hp->head_dim, .k = k, .v = v};
+    kvq_bits_in in = {.ctx = ctx, .kv_dim = (size_t)kvq_kv_dim(hp), .head_dim = (size_t)hp->head_dim,
+                      .n_layers = (size_t)hp->n_layers, .k = k, .v = v};
     KVQ_TRY(kvq_scheme_bits_ex(&s->s.q, &in, out, err));
     if (s->prefix && s->prefix->P > 0) {
         double P = s->prefix->P, full = s->s.q.fam->identity ? 32.0 : 16.0;
@@ -391,8 +453,7 @@ kvq_status kvq_scheme_transform(void *user, const kvq_layer_ctx *ctx, float *k, 
                                 kvq_err *err)
 {
     kvq_scheme_run *run = user;
-    const kvq_family *f = run->s->desc.q.fam;
-    if (!f || f->identity) return KVQ_OK;
+    if (kvq_kv_desc_is_identity(&run->s->desc)) return KVQ_OK;
     double t0 = kvq_now();
     kvq_kv_desc_run dr = {.d = &run->s->desc, .k_counts = run->k_counts, .v_counts = run->v_counts, .state = run->state};
     kvq_status s = kvq_kv_desc_transform(&dr, ctx, k, v, alt, err);
@@ -409,7 +470,7 @@ void kvq_scheme_hooks(kvq_scheme_run *run, const kvq_eval_scheme *s, kvq_hooks *
     run->s = s;
     memset(hooks, 0, sizeof *hooks);
     hooks->user = run;
-    hooks->transform = s->desc.q.fam && !s->desc.q.fam->identity ? kvq_scheme_transform : NULL;
+    hooks->transform = !kvq_kv_desc_is_identity(&s->desc) ? kvq_scheme_transform : NULL;
     hooks->key_stage = s->s.key_stage;
 }
 

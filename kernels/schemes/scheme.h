@@ -27,6 +27,17 @@
  *                             at P); error if no artifact holds one
  *   +artifact<N>              take tables / prefix from the N-th --artifact (1-based)
  *                             instead of the first matching one
+ *   +hadamard                 rotate every cached key / value head vector by
+ *                             llama.cpp's orthonormal Walsh-Hadamard blocks
+ *                             (kernels/quant/hadamard.h) before the family
+ *                             quantizes it and back after: the cache holds
+ *                             Q(x·H), attention reads Q(x·H)·Hᵀ. Any family;
+ *                             keys at the family's stage (pre-RoPE for nuq,
+ *                             int-pc). No stored bits. Artifact schemes need an
+ *                             artifact fitted on the same rotation (kvcalib
+ *                             --rotate hadamard)
+ *   +rht[<seed>]              the same after random ±1 signs per channel
+ *                             (QuaRot's randomised Hadamard), seed default 0
  * Unknown names → KVQ_EINVAL listing the valid forms (kvq_scheme_syntax).
  *
  * One implementation. A bound scheme carries a kvq_kv_desc (family.h: the
@@ -66,6 +77,7 @@ typedef struct {
     bool stage_set;                /* +pre-rope / +post-rope given */
     bool sink_set;                 /* +sink<N> given */
     bool intactkv;                 /* +intactkv */
+    kvq_rotation rot;              /* +hadamard / +rht[<seed>]; zero = none */
     int artifact_index;            /* +artifact<N>: 1-based index into the artifact set, 0 = auto */
 } kvq_scheme_spec;
 

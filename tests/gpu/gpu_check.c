@@ -163,7 +163,32 @@ void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, s
     add_scheme(L, "int-pc", 4, 16, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " value groups of 16 (synthetic tables)");
     add_scheme(L, "nuq", 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
     add_scheme(L, "nuq", 3, 0, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    /* rotated (+hadamard / +rht): no native transform, the GPU runs the host path (kvq_kv_desc_cuda); kept last so
+     * that the indices above stay what the callers use */
+    add_scheme(L, "int", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    rotate_last(L, (kvq_rotation){KVQ_ROT_HADAMARD, 0});
+    add_scheme(L, "nuq", 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, NULL);
+    rotate_last(L, (kvq_rotation){KVQ_ROT_RHT, 7});
+    strncat(L->name[L->n - 1], " (synthetic tables)", sizeof L->name[L->n - 1] - strlen(L->name[L->n - 1]) - 1);
+    /* vLLM's per-token-head caches (kernels/quant/quant_pth.h): no CUDA part, the host path */
+    add_scheme(L, "int8-pth", 8, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "int4-pth", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    add_scheme(L, "fp8-pth", 8, 0, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, NULL);
+    /* vLLM's turboquant_k3v4_nc with one boundary layer each side (the synthetic models have 2-3 layers) */
+    add_scheme(L, "turboquant", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);
+    L->d[L->n - 1].q.k_bits = 3;
+    L->d[L->n - 1].q.x[0] = 1;
+    kvq_kv_desc_name(&L->d[L->n - 1], L->name[L->n - 1], sizeof L->name[L->n - 1]);
 }
+
+void rotate_last(scheme_list *L, kvq_rotation r)
+{
+    kvq_kv_desc *d = &L->d[L->n - 1];
+    d->rot = r;
+    kvq_kv_desc_name(d, L->name[L->n - 1], sizeof L->name[L->n - 1]);
+}
+
+int gpu_native(const kvq_kv_desc *d) { return kvq_kv_desc_is_identity(d) || kvq_kv_desc_cuda(d) != NULL; }
 
 /* the 3-bit nuq row needs 3-bit levels: a second table set */
 void fix_bits(scheme_list *L, synth_tables *st3)
@@ -263,7 +288,7 @@ int bitexact_all(kvq_engine *gpu, const kvq_hparams *hp, const scheme_list *L, c
     printf("\nnative GPU transforms vs the CPU reference on the GPU's own K/V (every layer, bit for bit):\n\n");
     printf("| scheme | elements compared | mismatches | max abs diff | result |\n|---|---|---|---|---|\n");
     for (int i = 0; i < L->n; i++) {
-        if (L->d[i].q.fam == KVQ_FAM("fp32")) continue;
+        if (L->d[i].q.fam == KVQ_FAM("fp32") || !gpu_native(&L->d[i])) continue; /* rotated: host path, compared below */
         u.d = &L->d[i];
         u.compared = u.mismatches = 0;
         u.max_abs = 0;

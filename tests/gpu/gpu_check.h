@@ -76,6 +76,10 @@ kvq_status calib_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_o
 cmp_row compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_kv_desc *d, const int32_t *tokens, int n_windows, int T,
                 const kvq_prefix *px, int mode, float *lc, float *lg);
 void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, size_t kivi2_r);
+/* give the last scheme of L a rotation (+hadamard / +rht) and rename it */
+void rotate_last(scheme_list *L, kvq_rotation r);
+/* does the GPU engine run d natively (fp32, or a family CUDA part without rotation)? else the host hook */
+int gpu_native(const kvq_kv_desc *d);
 void fix_bits(scheme_list *L, synth_tables *st3);
 void header(void);
 int is_exact_scheme(const kvq_kv_desc *d);

@@ -307,8 +307,9 @@ int run_model(const char *model_path, const char *text_path, int ctx, int check_
         if (!lc || !lg) DIE("out of memory for logits");
         header();
         for (int i = 0; i < L.n; i++) {
-            cmp_row r = compare(&cpu, &gpu, &L.d[i], win.tokens, check_windows, ctx, NULL, 0, lc, lg);
-            all_ok &= report_row(L.name[i], "native", r, is_exact_scheme(&L.d[i]));
+            int native = gpu_native(&L.d[i]);
+            cmp_row r = compare(&cpu, &gpu, &L.d[i], win.tokens, check_windows, ctx, NULL, native ? 0 : 1, lc, lg);
+            all_ok &= report_row(L.name[i], native ? "native" : "host hook", r, is_exact_scheme(&L.d[i]));
             fflush(stdout);
         }
         cmp_row r = compare(&cpu, &gpu, &L.d[5], win.tokens, 1, ctx, NULL, 1, lc, lg);
@@ -352,20 +353,29 @@ int run_model(const char *model_path, const char *text_path, int ctx, int check_
                 e = &fast;
                 mode = kvq_cuda_math_name(mm);
             }
-            TRYE(kvq_engine_set_kv(e, d, &err));
+            /* rotated schemes: no native transform, the host hook between GPU layers (as kveval runs them) */
+            kvq_kv_desc_run hrun = {0};
+            kvq_hooks hh = {0};
+            int native = gpu_native(d);
+            TRYE(kvq_engine_set_kv(e, native ? d : NULL, &err));
+            if (!native) {
+                kvq_kv_desc_hooks(&hrun, d, &hh);
+                mode = "exact (FP32), host hook";
+            }
             double nll = 0;
             long n_sc = 0;
             double t1 = now_s();
             for (int w = 0; w < nwin; w++) {
                 const int32_t *wt = win.tokens + (size_t)w * ctx;
                 for (int t = 0; t < ctx; t++) targets[t] = t + 1 < ctx ? wt[t + 1] : -1;
-                kvq_fwd_io io = {.tokens = wt, .T = ctx, .targets = targets};
+                kvq_fwd_io io = {.tokens = wt, .T = ctx, .targets = targets, .hooks = native ? NULL : &hh};
                 kvq_fwd_result r;
                 TRYE(kvq_engine_run(e, &io, &r, &err));
                 nll += r.loss * r.n_scored;
                 n_sc += r.n_scored;
             }
             double sec = now_s() - t1;
+            kvq_kv_desc_run_free(&hrun);
             double fl = flops_win * nwin / sec;
             printf("| %s | %s | %.4f | %.2f | %.1f | %.2f |\n", i < L.n ? L.name[i] : "fp32", mode, exp(nll / n_sc), sec,
                    fl / 1e12, rate > 0 ? fl / (i == L.n ? rate32 : i > L.n ? rate16 : rate) : 0.0);
