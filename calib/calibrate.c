@@ -58,13 +58,16 @@ kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
     if (o->per_head && !ly->per_head)
         return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes or scales per KV head exist for %s only, method is %s",
                         kvq_family_list_artifact_flag(offsetof(kvq_family_artifact, per_head), w, sizeof w), mn);
-    if (c->fp8_opt && (o->k_bits != 8 || o->v_bits != 8))
-        return kvq_fail(err, KVQ_EINVAL, "bits: %s stores 8-bit codes, found %d / %d", mn, o->k_bits, o->v_bits);
+    if (c->fp8_opt && (o->k_bits != c->bits || o->v_bits != c->bits))
+        return kvq_fail(err, KVQ_EINVAL, "bits: %s stores %d-bit codes, found %d / %d", mn, c->bits, o->k_bits, o->v_bits);
     if (c->fp8_opt && !(o->fp8_percentile > 0 && o->fp8_percentile <= 100))
         return kvq_fail(err, KVQ_EINVAL, "percentile: expected (0, 100] (100 = absmax), found %g", o->fp8_percentile);
     if (!c->fp8_opt && (o->fp8_e5m2 || (o->fp8_percentile != 0 && o->fp8_percentile != 100)))
         return kvq_fail(err, KVQ_EINVAL, "percentile / fp8 format: fp8 scale options (%s), method is %s",
                         who(offsetof(kvq_family_calib, fp8_opt), w, sizeof w), mn);
+    if (o->fp8_e5m2 && !c->fp8_format_opt)
+        return kvq_fail(err, KVQ_EINVAL, "fp8 format e5m2: E5M2 scales exist for %s only, method is %s",
+                        who(offsetof(kvq_family_calib, fp8_format_opt), w, sizeof w), mn);
     if (o->fisher && !c->fisher_opt)
         return kvq_fail(err, KVQ_EINVAL, "fisher: only %s fits datatypes, method is %s",
                         who(offsetof(kvq_family_calib, fisher_opt), w, sizeof w), mn);
@@ -353,7 +356,7 @@ kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path
 {
     if (!a || !out_path) return kvq_fail(err, KVQ_EINVAL, "export-vllm: NULL argument");
     const kvq_artifact_params *p = &a->p;
-    if (!p->method || !p->method->artifact || !p->method->artifact->fp8_scales)
+    if (!p->method || !p->method->artifact || !p->method->artifact->vllm_export)
         return kvq_fail(err, KVQ_EINVAL, "export-vllm: the artifact is method %s; only fp8 artifacts hold k/v scales "
                         "(kvcalib DUMP --method fp8 ...)", p->method ? p->method->name : "?");
     if (!p->post_rope)

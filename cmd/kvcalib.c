@@ -45,11 +45,12 @@ static const char SUMMARY_HEAD[] =
     "\n"
     "  kvcalib DUMP --method M --bits B --out FILE [options]\n"
     "  kvcalib DUMP --method fp8 --out FILE [--scale tensor|head] [--percentile P] [--export-vllm FILE]\n"
+    "  kvcalib DUMP --method nvfp4 --out FILE [--percentile P]   NVFP4 per-tensor scales (amax / (448 * 6))\n"
     "  kvcalib export-vllm ARTIFACT --out FILE [--force]   k/v_scale tensors for a vLLM checkpoint\n"
     "  kvcalib --inspect FILE         print an artifact's summary\n"
     "  kvcalib intactkv ...           IntactKV prefix of a base artifact (kvcalib intactkv --help)\n"
     "\n"
-    "Methods (option defaults where -1 is given; docs/fp8-vllm.md for fp8):\n";
+    "Methods (option defaults where -1 is given; docs/fp8-vllm.md for fp8, docs/KVEVAL.md for nvfp4):\n";
 
 /* The --help summary: the head above, then one line per method of the registry (family.h) with its
  * defaults, so that the list and the defaults cannot drift from the code. */
@@ -105,10 +106,10 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          NULL, -1, 1e9, false},
         {"residual", 0, KVQ_OPT_INT, &a->residual, "R", "kivi: full-precision recent tokens (-1: default)", NULL, -1, 1e9,
          false},
-        {"scale", 0, KVQ_OPT_CHOICE, &a->scale, "GRAN", "fp8: one scale per layer tensor or per KV head (default tensor)",
+        {"scale", 0, KVQ_OPT_CHOICE, &a->scale, "GRAN", "fp8: one scale per layer tensor or per KV head (default tensor; nvfp4: tensor only)",
          "tensor|head", 0, 0, false},
         {"percentile", 0, KVQ_OPT_FLOAT, &a->percentile, "P",
-         "fp8: map this percentile of |x| to the format's max (default 100 = absmax)", NULL, 0, 0, false},
+         "fp8, nvfp4: map this percentile of |x| to the format's max (default 100 = absmax)", NULL, 0, 0, false},
         {"fp8-format", 0, KVQ_OPT_CHOICE, &a->fp8_format, "FMT", "fp8: scales for E4M3FN (vLLM \"fp8\", default) or E5M2",
          "e4m3|e5m2", 0, 0, false},
         {"export-vllm", 0, KVQ_OPT_STRING, &a->export_vllm, "FILE",
@@ -664,14 +665,21 @@ static int cmd_calibrate(int argc, char **argv)
         fprintf(stderr, "%s: --method: unknown method '%s'\n", PROG, a.method);
         return EXIT_USAGE;
     }
-    bool fp8 = m->calib->fp8_opt;
-    if (fp8 && !a.bits) a.bits = 8;
-    if (fp8 && a.bits != 8) {
-        fprintf(stderr, "%s: --bits: fp8 stores 8-bit codes, found %ld (omit --bits)\n", PROG, a.bits);
+    bool fp8 = m->calib->fp8_opt; /* calibrated scales (fp8, nvfp4): the code bits are the format's */
+    if (fp8 && !a.bits) a.bits = m->calib->bits;
+    if (fp8 && a.bits != m->calib->bits) {
+        fprintf(stderr, "%s: --bits: %s stores %d-bit codes, found %ld (omit --bits)\n", PROG, a.method, m->calib->bits, a.bits);
         return EXIT_USAGE;
     }
     if (!fp8 && (a.scale || a.percentile != -1 || a.fp8_format || a.export_vllm)) {
-        fprintf(stderr, "%s: --scale, --percentile, --fp8-format and --export-vllm apply to --method fp8 only\n", PROG);
+        char who[128];
+        fprintf(stderr, "%s: --scale, --percentile, --fp8-format and --export-vllm apply to --method %s only\n", PROG,
+                kvq_family_list_calib_flag(offsetof(kvq_family_calib, fp8_opt), who, sizeof who));
+        return EXIT_USAGE;
+    }
+    if ((a.fp8_format && !m->calib->fp8_format_opt) || (a.export_vllm && !m->artifact->vllm_export)) {
+        fprintf(stderr, "%s: --%s: applies to --method fp8 only (vLLM's FP8 k/v scales), method is %s\n", PROG,
+                a.fp8_format && !m->calib->fp8_format_opt ? "fp8-format" : "export-vllm", a.method);
         return EXIT_USAGE;
     }
     if (!a.bits) { fprintf(stderr, "%s: missing required option --bits B (see --help)\n", PROG); return EXIT_USAGE; }
@@ -712,7 +720,7 @@ static int cmd_calibrate(int argc, char **argv)
     o.per_head = a.per_head;
     if (fp8) {
         if (a.per_head) {
-            fprintf(stderr, "%s: --per-head is for nuq datatypes; fp8 takes --scale head\n", PROG);
+            fprintf(stderr, "%s: --per-head is for nuq datatypes; %s takes --scale\n", PROG, a.method);
             return EXIT_USAGE;
         }
         o.per_head = a.scale && !strcmp(a.scale, "head");
@@ -757,7 +765,7 @@ static int cmd_calibrate(int argc, char **argv)
     if (!a.quiet) warn_outlier_share(&art); /* (--quiet: errors only) */
     if (fp8 && !a.quiet) {
         for (size_t i = 0; i < art.p.n_layers; i++) {
-            printf("%s: layer %2zu fp8 scale K", PROG, i);
+            printf("%s: layer %2zu %s scale K", PROG, i, a.method);
             for (size_t h = 0; h < art.k[i].n_fp8_scales; h++) printf(" %.6g", (double)art.k[i].fp8_scale[h]);
             printf(" V");
             for (size_t h = 0; h < art.v[i].n_fp8_scales; h++) printf(" %.6g", (double)art.v[i].fp8_scale[h]);
