@@ -477,6 +477,23 @@ START_TEST(test_decode_equivalence_production)
     tmp_path(a_np, sizeof a_np, "nvfp4_tensor_p995.safetensors");
     ck_assert_msg(kvq_util_make_nvfp4_artifact(&m, tok, 4, 64, 100, fp, a_n, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_msg(kvq_util_make_nvfp4_artifact(&m, tok, 4, 64, 99.5, fp, a_np, &e) == KVQ_OK, "%s", e.msg);
+    kvq_test_python("check_artifact.py", a_n);
+    { /* the family's fit by hand: per-tensor scale = max |x| over the layer's post-RoPE keys / (448 * 6) */
+        kvq_util_capture cap;
+        ck_assert(kvq_util_capture_kv(&m, tok, 4, 64, true, &cap, &e) == KVQ_OK);
+        kvq_artifact an;
+        ck_assert_msg(kvq_artifact_read(a_n, &an, &e) == KVQ_OK, "%s", e.msg);
+        for (size_t l = 0; l < an.p.n_layers; l++) {
+            float mx = 0;
+            for (size_t i = 0; i < cap.n_rows * cap.kvd; i++) mx = fmaxf(mx, fabsf(cap.k[l * cap.n_rows * cap.kvd + i]));
+            ck_assert_msg(an.k[l].n_fp8_scales == 1 && an.k[l].fp8_scale[0] == (float)(mx / 2688.0),
+                          "layer %zu: %.9g vs %.9g", l, (double)an.k[l].fp8_scale[0], mx / 2688.0);
+            ck_assert_uint_eq(an.k[l].n_outliers, 0); /* absmax: nothing saturates */
+        }
+        kvq_artifact_free(&an);
+        free(cap.k);
+        free(cap.v);
+    }
     const char *np[2] = {a_n, a_np};
     ck_assert_msg(kvq_artifact_set_load(&set, np, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
     const char *f4specs[] = {"nvfp4", "nvfp4-tensor", "fp4_mx_block16", "nvfp4-tensor-p99.5", "nvfp4+sink2"};
