@@ -775,6 +775,34 @@ START_TEST(test_fp8_scales)
             /* no overwrite without force */
             ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, false, &e), KVQ_EIO);
             ck_assert_msg(strstr(e.msg, "already exists"), "%s", e.msg);
+            /* the three forms (vllm, llm-compressor's compressed-tensors + config.json fragment, ModelOpt's names),
+             * each read back by the Python safetensors package and compared with the artifact bit for bit */
+            for (int fm = 0; fm < 3; fm++) {
+                char xp[256], cj[256], args[1024];
+                tmp(xp, sizeof xp, fm == 0 ? "x_vllm.st" : fm == 1 ? "x_ct.st" : "x_mo.st");
+                tmp(cj, sizeof cj, "x_ct.json");
+                unlink(cj);
+                const char *cfg = fm == KVQ_SCALES_COMPRESSED_TENSORS ? cj : NULL;
+                kvq_status xs = kvq_calibrate_export_scales(&a, (kvq_kv_scale_form)fm, xp, cfg, true, &e);
+                if (fm == KVQ_SCALES_MODELOPT && cases[ci].head) { /* ModelOpt has one scale per layer */
+                    ck_assert_int_eq(xs, KVQ_EUNSUPPORTED);
+                    ck_assert_msg(strstr(e.msg, "modelopt form") && strstr(e.msg, "per-KV-head"), "%s", e.msg);
+                    continue;
+                }
+                ck_assert_msg(xs == KVQ_OK, "%s", e.msg);
+                snprintf(args, sizeof args, "%s %s %s %s", out, xp, kvq_kv_scale_form_name((kvq_kv_scale_form)fm),
+                         cfg ? cfg : "");
+                kvq_test_python("check_kv_exports.py", args);
+                if (cfg) { /* an existing fragment is kept without force, nothing written */
+                    unlink(xp);
+                    ck_assert_int_eq(kvq_calibrate_export_scales(&a, KVQ_SCALES_COMPRESSED_TENSORS, xp, cj, false, &e), KVQ_EIO);
+                    ck_assert_msg(strstr(e.msg, cj) && strstr(e.msg, "already exists") && !exists(xp), "%s", e.msg);
+                    ck_assert_int_eq(kvq_calibrate_export_scales(&a, KVQ_SCALES_VLLM, xp, cj, true, &e), KVQ_EINVAL);
+                    ck_assert_msg(strstr(e.msg, "compressed-tensors form"), "%s", e.msg);
+                    unlink(cj);
+                }
+                unlink(xp);
+            }
         }
         if (ci == 1) { /* validation names the tensor, head and value; the writer refuses */
             float keep = a.v[1].fp8_scale[1];
@@ -1182,6 +1210,20 @@ START_TEST(test_cli)
     snprintf(cmd, sizeof cmd, "%s export-vllm %s", bin, out);
     ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
     ck_assert_msg(strstr(buf, "--out"), "%s", buf);
+    /* the forms: compressed-tensors needs its config fragment, the fragment belongs to that form only */
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force --form compressed-tensors", bin, out, vl2);
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
+    ck_assert_msg(strstr(buf, "missing --config JSON"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force --form modelopt --config %s.json", bin, out, vl2, vl2);
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
+    ck_assert_msg(strstr(buf, "--config: the config.json fragment belongs to --form compressed-tensors"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force --form compressed-tensors --config %s.json", bin, out, vl2,
+             vl2);
+    ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0 && strstr(buf, "compressed-tensors form") && strstr(buf, "config fragment"),
+                  "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s.json", vl2);
+    ck_assert(exists(cmd));
+    unlink(cmd);
     unlink(vl);
     unlink(vl2);
     snprintf(cmd, sizeof cmd, "%s intactkv", bin);
