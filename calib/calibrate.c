@@ -59,13 +59,16 @@ kvq_status kvq_calibrate_validate(const kvq_calibrate_opts *o, kvq_err *err)
     if (o->per_head && !ly->per_head)
         return kvq_fail(err, KVQ_EINVAL, "per-head: datatypes or scales per KV head exist for %s only, method is %s",
                         kvq_family_list_artifact_flag(offsetof(kvq_family_artifact, per_head), w, sizeof w), mn);
-    if (c->fp8_opt && (o->k_bits != 8 || o->v_bits != 8))
-        return kvq_fail(err, KVQ_EINVAL, "bits: %s stores 8-bit codes, found %d / %d", mn, o->k_bits, o->v_bits);
+    if (c->fp8_opt && (o->k_bits != c->bits || o->v_bits != c->bits))
+        return kvq_fail(err, KVQ_EINVAL, "bits: %s stores %d-bit codes, found %d / %d", mn, c->bits, o->k_bits, o->v_bits);
     if (c->fp8_opt && !(o->fp8_percentile > 0 && o->fp8_percentile <= 100))
         return kvq_fail(err, KVQ_EINVAL, "percentile: expected (0, 100] (100 = absmax), found %g", o->fp8_percentile);
     if (!c->fp8_opt && (o->fp8_e5m2 || (o->fp8_percentile != 0 && o->fp8_percentile != 100)))
         return kvq_fail(err, KVQ_EINVAL, "percentile / fp8 format: fp8 scale options (%s), method is %s",
                         who(offsetof(kvq_family_calib, fp8_opt), w, sizeof w), mn);
+    if (o->fp8_e5m2 && !c->fp8_format_opt)
+        return kvq_fail(err, KVQ_EINVAL, "fp8 format e5m2: E5M2 scales exist for %s only, method is %s",
+                        who(offsetof(kvq_family_calib, fp8_format_opt), w, sizeof w), mn);
     if (o->fisher && !c->fisher_opt)
         return kvq_fail(err, KVQ_EINVAL, "fisher: only %s fits datatypes, method is %s",
                         who(offsetof(kvq_family_calib, fisher_opt), w, sizeof w), mn);
@@ -515,9 +518,15 @@ kvq_status kvq_calibrate_file(const char *dump_path, const char *out_path, bool 
 
 kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path, bool force, kvq_err *err)
 {
+    return kvq_calibrate_export_scales(a, KVQ_SCALES_VLLM, out_path, NULL, force, err);
+}
+
+kvq_status kvq_calibrate_export_scales(const kvq_artifact *a, kvq_kv_scale_form form, const char *out_path,
+                                       const char *config_path, bool force, kvq_err *err)
+{
     if (!a || !out_path) return kvq_fail(err, KVQ_EINVAL, "export-vllm: NULL argument");
     const kvq_artifact_params *p = &a->p;
-    if (!p->method || !p->method->artifact || !p->method->artifact->fp8_scales)
+    if (!p->method || !p->method->artifact || !p->method->artifact->vllm_export)
         return kvq_fail(err, KVQ_EINVAL, "export-vllm: the artifact is method %s; only fp8 artifacts hold k/v scales "
                         "(kvcalib DUMP --method fp8 ...)", p->method ? p->method->name : "?");
     if (!p->post_rope)
@@ -526,9 +535,18 @@ kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path
     if (p->fp8_e5m2)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "export-vllm: the artifact holds E5M2 scales; vLLM's fp8_e5m2 cache is "
                         "used without checkpoint scales (calibrate E4M3FN scales for kv_cache_dtype=\"fp8\")");
+    if (form == KVQ_SCALES_MODELOPT && p->per_head)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "export-vllm: the modelopt form has one k_scale / v_scale per layer "
+                        "(self_attn.k_proj.k_scale, shape [1]); the artifact holds per-KV-head scales (use the vllm or "
+                        "compressed-tensors form, strategy attn_head)");
+    if (config_path && form != KVQ_SCALES_COMPRESSED_TENSORS)
+        return kvq_fail(err, KVQ_EINVAL, "export-vllm: a config.json fragment belongs to the compressed-tensors form, "
+                        "form is %s", kvq_kv_scale_form_name(form));
     KVQ_TRY(kvq_artifact_validate(a, err));
     if (!force && access(out_path, F_OK) == 0)
         return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", out_path);
+    if (config_path && !force && access(config_path, F_OK) == 0)
+        return kvq_fail(err, KVQ_EIO, "%s: already exists; not overwritten (use --force to replace it)", config_path);
     size_t L = p->n_layers, n = p->per_head ? p->n_kv_heads : 1, tot;
     if (kvq_mul_size(L, n, &tot)) return kvq_fail(err, KVQ_ENOMEM, "export-vllm: size overflow");
     float *ks = malloc(tot * sizeof *ks), *vs = malloc(tot * sizeof *vs);
@@ -542,12 +560,13 @@ kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path
         memcpy(vs + i * n, a->v[i].fp8_scale, n * sizeof *vs);
     }
     kvq_vllm_kv_scales sc = {.n_layers = L, .n_kv_heads = p->n_kv_heads, .per_head = p->per_head, .k_scale = ks,
-                             .v_scale = vs};
+                             .v_scale = vs, .form = form};
     char pct[40], sink[32];
     snprintf(pct, sizeof pct, "%.17g", p->fp8_percentile);
     snprintf(sink, sizeof sink, "%zu", p->n_sink);
     const kvq_st_kv meta[] = {
         {"kvq.creator", "kvq kvcalib export-vllm"},
+        {"kvq.form", kvq_kv_scale_form_name(form)},
         {"kvq.fp8_format", "e4m3fn"},
         {"kvq.fp8_percentile", pct},
         {"kvq.granularity", p->per_head ? "per-head" : "per-tensor"},
@@ -559,5 +578,6 @@ kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path
     kvq_status s = kvq_vllm_scales_write(out_path, &sc, meta, sizeof meta / sizeof *meta, err);
     free(ks);
     free(vs);
+    if (!s && config_path) s = kvq_ct_config_write(config_path, p->per_head, err);
     return s;
 }

@@ -64,6 +64,7 @@
 #include "family.h"
 #include "kmeans.h"
 #include "status.h"
+#include "vllm_scales.h"
 
 /* Called once per finished (layer, K|V) table, serialised (never concurrently),
  * in completion order (not necessarily layer order): done = tables finished
@@ -140,5 +141,16 @@ kvq_status kvq_calibrate_file(const char *dump_path, const char *out_path, bool 
  * scales (KVQ_EUNSUPPORTED: vLLM's fp8_e5m2 cache is used without
  * checkpoint scales). Written atomically. */
 kvq_status kvq_calibrate_export_vllm(const kvq_artifact *a, const char *out_path, bool force, kvq_err *err);
+
+/* The same in a chosen form (formats/vllm_scales.h): vllm (as above),
+ * compressed-tensors (llm-compressor's shapes [1] / [n_kv_heads, 1, 1]; with
+ * config_path also the config.json fragment with quantization_config.
+ * kv_cache_scheme, strategy tensor or attn_head) or modelopt
+ * (self_attn.k_proj.k_scale / v_proj.v_scale, shape [1]; a per-head artifact
+ * is refused with KVQ_EUNSUPPORTED). config_path with another form:
+ * KVQ_EINVAL. An existing config_path is refused without force (KVQ_EIO),
+ * before anything is written. */
+kvq_status kvq_calibrate_export_scales(const kvq_artifact *a, kvq_kv_scale_form form, const char *out_path,
+                                       const char *config_path, bool force, kvq_err *err);
 
 #endif

@@ -5,7 +5,8 @@
  *   kvcalib DUMP --method M --bits B --out FILE [options]   calibrate (calib/calibrate.h)
  *   kvcalib DUMP --method fp8 --out FILE [--scale tensor|head] [--percentile P]
  *           [--fp8-format e4m3|e5m2] [--export-vllm FILE]     FP8 cache scales
- *   kvcalib export-vllm ARTIFACT --out FILE [--force]         vLLM k/v_scale safetensors
+ *   kvcalib export-vllm ARTIFACT --out FILE [--form vllm|compressed-tensors|modelopt] [--config JSON] [--force]
+ *                                                             k/v_scale safetensors (+ config.json fragment)
  *   kvcalib --inspect FILE                                   print an artifact
  *   kvcalib intactkv --model M --base A --prefix P --out F  IntactKV prefix (calib/intactkv.h)
  *
@@ -46,11 +47,12 @@ static const char SUMMARY_HEAD[] =
     "\n"
     "  kvcalib DUMP --method M --bits B --out FILE [options]\n"
     "  kvcalib DUMP --method fp8 --out FILE [--scale tensor|head] [--percentile P] [--export-vllm FILE]\n"
-    "  kvcalib export-vllm ARTIFACT --out FILE [--force]   k/v_scale tensors for a vLLM checkpoint\n"
+    "  kvcalib DUMP --method nvfp4 --out FILE [--percentile P]   NVFP4 per-tensor scales (amax / (448 * 6))\n"
+    "  kvcalib export-vllm ARTIFACT --out FILE [--form F] [--config JSON] [--force]   k/v_scale tensors for a checkpoint\n"
     "  kvcalib --inspect FILE         print an artifact's summary\n"
     "  kvcalib intactkv ...           IntactKV prefix of a base artifact (kvcalib intactkv --help)\n"
     "\n"
-    "Methods (option defaults where -1 is given; docs/fp8-vllm.md for fp8):\n";
+    "Methods (option defaults where -1 is given; docs/fp8-vllm.md for fp8, docs/KVEVAL.md for nvfp4):\n";
 
 /* The --help summary: the head above, then one line per method of the registry (family.h) with its
  * defaults, so that the list and the defaults cannot drift from the code. */
@@ -115,10 +117,10 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          NULL, -1, 1e9, false},
         {"residual", 0, KVQ_OPT_INT, &a->residual, "R", "kivi: full-precision recent tokens (-1: default)", NULL, -1, 1e9,
          false},
-        {"scale", 0, KVQ_OPT_CHOICE, &a->scale, "GRAN", "fp8: one scale per layer tensor or per KV head (default tensor)",
+        {"scale", 0, KVQ_OPT_CHOICE, &a->scale, "GRAN", "fp8: one scale per layer tensor or per KV head (default tensor; nvfp4: tensor only)",
          "tensor|head", 0, 0, false},
         {"percentile", 0, KVQ_OPT_FLOAT, &a->percentile, "P",
-         "fp8: map this percentile of |x| to the format's max (default 100 = absmax)", NULL, 0, 0, false},
+         "fp8, nvfp4: map this percentile of |x| to the format's max (default 100 = absmax)", NULL, 0, 0, false},
         {"fp8-format", 0, KVQ_OPT_CHOICE, &a->fp8_format, "FMT", "fp8: scales for E4M3FN (vLLM \"fp8\", default) or E5M2",
          "e4m3|e5m2", 0, 0, false},
         {"export-vllm", 0, KVQ_OPT_STRING, &a->export_vllm, "FILE",
@@ -593,8 +595,16 @@ static int cmd_export_vllm(int argc, char **argv)
 {
     const char *out = NULL;
     bool force = false, quiet = false;
+    const char *form = "vllm", *config = NULL;
     kvq_opt tab[] = {
         {"out", 'o', KVQ_OPT_STRING, &out, "FILE", "safetensors file to write", NULL, 0, 0, true},
+        {"form", 0, KVQ_OPT_CHOICE, &form, "F",
+         "tensor names and shapes: vllm (self_attn.k_scale, [] or [n_kv_heads]), compressed-tensors (llm-compressor: "
+         "[1] or [n_kv_heads,1,1]), modelopt (self_attn.k_proj.k_scale / v_proj.v_scale, [1]; per tensor only)",
+         "vllm|compressed-tensors|modelopt", 0, 0, false},
+        {"config", 0, KVQ_OPT_STRING, &config, "JSON",
+         "compressed-tensors: also write the config.json fragment (quantization_config.kv_cache_scheme) here", NULL, 0, 0,
+         false},
         {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "replace an existing --out file", NULL, 0, 0, false},
         kvq_cli_common(KVQ_COPT_QUIET, &quiet, false),
     };
@@ -602,9 +612,11 @@ static int cmd_export_vllm(int argc, char **argv)
     bool help = false;
     kvq_err e = {0};
     if (kvq_cli_parse(PROG " export-vllm",
-                      "Write an fp8 artifact's scales as model.layers.<i>.self_attn.k_scale / v_scale (float32, shape []\n"
-                      "or [n_kv_heads]) in a safetensors file to merge into a Hugging Face checkpoint for vLLM\n"
-                      "(docs/fp8-vllm.md).\n\n  kvcalib export-vllm ARTIFACT --out FILE [--force]",
+                      "Write an fp8 artifact's scales as model.layers.<i>.self_attn.k_scale / v_scale (float32) in a\n"
+                      "safetensors file to merge into a Hugging Face checkpoint for vLLM, in the names and shapes of\n"
+                      "kvq's vLLM file, llm-compressor (compressed-tensors, with the config.json fragment) or ModelOpt\n"
+                      "(docs/fp8-vllm.md).\n\n"
+                      "  kvcalib export-vllm ARTIFACT --out FILE [--form vllm|compressed-tensors|modelopt] [--config JSON] [--force]",
                       tab, (int)(sizeof tab / sizeof *tab), argc, argv, &pos, &help, &e)) {
         fprintf(stderr, "%s export-vllm: %s\n", PROG, e.msg);
         return EXIT_USAGE;
@@ -614,9 +626,22 @@ static int cmd_export_vllm(int argc, char **argv)
         fprintf(stderr, "%s export-vllm: expected one ARTIFACT file, found %d arguments\n", PROG, pos.n);
         return EXIT_USAGE;
     }
+    kvq_kv_scale_form f = !strcmp(form, "compressed-tensors") ? KVQ_SCALES_COMPRESSED_TENSORS
+                          : !strcmp(form, "modelopt")         ? KVQ_SCALES_MODELOPT
+                                                              : KVQ_SCALES_VLLM;
+    if (config && f != KVQ_SCALES_COMPRESSED_TENSORS) {
+        fprintf(stderr, "%s export-vllm: --config: the config.json fragment belongs to --form compressed-tensors, form is %s\n",
+                PROG, form);
+        return EXIT_USAGE;
+    }
+    if (!config && f == KVQ_SCALES_COMPRESSED_TENSORS) {
+        fprintf(stderr, "%s export-vllm: --form compressed-tensors: missing --config JSON (the quantization_config "
+                        "fragment vLLM needs to create the scale parameters)\n", PROG);
+        return EXIT_USAGE;
+    }
     {
-        const kvq_cli_file outs[1] = {{"--out", out}}, ins[1] = {{"ARTIFACT", pos.v[0]}};
-        if (kvq_cli_check_outputs(outs, 1, ins, 1, &e) || kvq_cli_check_renamed_outputs(outs, 1, &e)) {
+        const kvq_cli_file outs[2] = {{"--out", out}, {"--config", config}}, ins[1] = {{"ARTIFACT", pos.v[0]}};
+        if (kvq_cli_check_outputs(outs, 2, ins, 1, &e) || kvq_cli_check_renamed_outputs(outs, 2, &e)) {
             fprintf(stderr, "%s export-vllm: %s\n", PROG, e.msg);
             return EXIT_USAGE;
         }
@@ -626,11 +651,15 @@ static int cmd_export_vllm(int argc, char **argv)
         fprintf(stderr, "%s export-vllm: %s\n", PROG, e.msg);
         return 1;
     }
-    kvq_status s = kvq_calibrate_export_vllm(&a, out, force, &e);
+    kvq_status s = kvq_calibrate_export_scales(&a, f, out, config, force, &e);
     if (s) fprintf(stderr, "%s export-vllm: %s: %s\n", PROG, pos.v[0], e.msg);
-    else if (!quiet)
-        printf("%s: wrote %s: %zu layers, k_scale/v_scale %s\n", PROG, out, a.p.n_layers,
-               a.p.per_head ? "[n_kv_heads] per KV head" : "one scalar (shape []) per layer");
+    else if (!quiet) {
+        static const char *const shapes[3][2] = {{"one scalar (shape []) per layer", "[n_kv_heads] per KV head"},
+                                                 {"[1] per layer (strategy tensor)", "[n_kv_heads, 1, 1] (strategy attn_head)"},
+                                                 {"[1] per layer", "-"}};
+        printf("%s: wrote %s (%s form): %zu layers, k_scale/v_scale %s%s%s\n", PROG, out, form, a.p.n_layers,
+               shapes[f][a.p.per_head ? 1 : 0], config ? "; config fragment " : "", config ? config : "");
+    }
     kvq_artifact_free(&a);
     return s ? 1 : 0;
 }
@@ -676,14 +705,21 @@ static int cmd_calibrate(int argc, char **argv)
         fprintf(stderr, "%s: --method: unknown method '%s'\n", PROG, a.method);
         return EXIT_USAGE;
     }
-    bool fp8 = m->calib->fp8_opt;
-    if (fp8 && !a.bits) a.bits = 8;
-    if (fp8 && a.bits != 8) {
-        fprintf(stderr, "%s: --bits: fp8 stores 8-bit codes, found %ld (omit --bits)\n", PROG, a.bits);
+    bool fp8 = m->calib->fp8_opt; /* calibrated scales (fp8, nvfp4): the code bits are the format's */
+    if (fp8 && !a.bits) a.bits = m->calib->bits;
+    if (fp8 && a.bits != m->calib->bits) {
+        fprintf(stderr, "%s: --bits: %s stores %d-bit codes, found %ld (omit --bits)\n", PROG, a.method, m->calib->bits, a.bits);
         return EXIT_USAGE;
     }
     if (!fp8 && (a.scale || a.percentile != -1 || a.fp8_format || a.export_vllm)) {
-        fprintf(stderr, "%s: --scale, --percentile, --fp8-format and --export-vllm apply to --method fp8 only\n", PROG);
+        char who[128];
+        fprintf(stderr, "%s: --scale, --percentile, --fp8-format and --export-vllm apply to --method %s only\n", PROG,
+                kvq_family_list_calib_flag(offsetof(kvq_family_calib, fp8_opt), who, sizeof who));
+        return EXIT_USAGE;
+    }
+    if ((a.fp8_format && !m->calib->fp8_format_opt) || (a.export_vllm && !m->artifact->vllm_export)) {
+        fprintf(stderr, "%s: --%s: applies to --method fp8 only (vLLM's FP8 k/v scales), method is %s\n", PROG,
+                a.fp8_format && !m->calib->fp8_format_opt ? "fp8-format" : "export-vllm", a.method);
         return EXIT_USAGE;
     }
     if (!a.bits) { fprintf(stderr, "%s: missing required option --bits B (see --help)\n", PROG); return EXIT_USAGE; }
@@ -747,7 +783,7 @@ static int cmd_calibrate(int argc, char **argv)
     o.per_head = a.per_head;
     if (fp8) {
         if (a.per_head) {
-            fprintf(stderr, "%s: --per-head is for nuq datatypes; fp8 takes --scale head\n", PROG);
+            fprintf(stderr, "%s: --per-head is for nuq datatypes; %s takes --scale\n", PROG, a.method);
             return EXIT_USAGE;
         }
         o.per_head = a.scale && !strcmp(a.scale, "head");
@@ -810,7 +846,7 @@ static int cmd_calibrate(int argc, char **argv)
     if (!a.quiet) warn_outlier_share(&art); /* (--quiet: errors only) */
     if (fp8 && !a.quiet) {
         for (size_t i = 0; i < art.p.n_layers; i++) {
-            printf("%s: layer %2zu fp8 scale K", PROG, i);
+            printf("%s: layer %2zu %s scale K", PROG, i, a.method);
             for (size_t h = 0; h < art.k[i].n_fp8_scales; h++) printf(" %.6g", (double)art.k[i].fp8_scale[h]);
             printf(" V");
             for (size_t h = 0; h < art.v[i].n_fp8_scales; h++) printf(" %.6g", (double)art.v[i].fp8_scale[h]);

@@ -31,8 +31,9 @@ static const char *summary_text(char *buf, size_t n)
     snprintf(buf, n,
              "measure perplexity with the KV cache quantized by each scheme, next to the fp32 baseline of the same run\n"
              "(same tokens, same windows). Schemes: %s.\n"
-             "nuq, int-pc and fp8-tensor/-head read a kvcalib --artifact. llama.cpp formats are skipped with a message\n"
-             "for a head_dim that is not a multiple of 32. Runs on a GPU when one is present (--device).\n"
+             "nuq, int-pc, fp8-tensor/-head and nvfp4-tensor read a kvcalib --artifact. llama.cpp formats and mxfp4 are\n"
+             "skipped with a message for a head_dim that is not a multiple of 32 (nvfp4, fp4_mx_block16: of 16).\n"
+             "Runs on a GPU when one is present (--device).\n"
              "Table on stdout, progress on stderr. The table adds DeltaPPL's paired standard error and the KL divergence of\n"
              "each scheme's next-token distribution from fp32's (mean, median, p99, same top token %%). On a GPU the device line\n"
              "gives each scheme's throughput: model FLOPs (2 x matmul parameters x tokens + causal attention) / seconds of\n"

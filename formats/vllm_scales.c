@@ -6,10 +6,46 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "outfile.h"
+
+const char *kvq_kv_scale_form_name(kvq_kv_scale_form f)
+{
+    return f == KVQ_SCALES_COMPRESSED_TENSORS ? "compressed-tensors" : f == KVQ_SCALES_MODELOPT ? "modelopt" : "vllm";
+}
+
+char *kvq_kv_scale_name(char *buf, size_t n, kvq_kv_scale_form form, size_t layer, int is_v)
+{
+    if (form == KVQ_SCALES_MODELOPT)
+        snprintf(buf, n, "model.layers.%zu.self_attn.%s", layer, is_v ? "v_proj.v_scale" : "k_proj.k_scale");
+    else
+        snprintf(buf, n, "model.layers.%zu.self_attn.%s", layer, is_v ? "v_scale" : "k_scale");
+    return buf;
+}
+
 char *kvq_vllm_scale_name(char *buf, size_t n, size_t layer, int is_v)
 {
-    snprintf(buf, n, "model.layers.%zu.self_attn.%s", layer, is_v ? "v_scale" : "k_scale");
-    return buf;
+    return kvq_kv_scale_name(buf, n, KVQ_SCALES_VLLM, layer, is_v);
+}
+
+kvq_status kvq_ct_config_write(const char *path, int per_head, kvq_err *err)
+{
+    kvq_outfile o;
+    KVQ_TRY(kvq_outfile_open(&o, path, err));
+    fprintf(o.f,
+            "{\n"
+            "  \"quantization_config\": {\n"
+            "    \"quant_method\": \"compressed-tensors\",\n"
+            "    \"kv_cache_scheme\": {\n"
+            "      \"num_bits\": 8,\n"
+            "      \"type\": \"float\",\n"
+            "      \"strategy\": \"%s\",\n"
+            "      \"dynamic\": false,\n"
+            "      \"symmetric\": true\n"
+            "    }\n"
+            "  }\n"
+            "}\n",
+            per_head ? "attn_head" : "tensor");
+    return kvq_outfile_commit(&o, err);
 }
 
 kvq_status kvq_vllm_scales_write(const char *path, const kvq_vllm_kv_scales *s, const kvq_st_kv *meta,
@@ -19,6 +55,10 @@ kvq_status kvq_vllm_scales_write(const char *path, const kvq_vllm_kv_scales *s, 
         return kvq_fail(err, KVQ_EINVAL, "%s: vLLM scales: no layers or no scale arrays", path);
     if (s->per_head && !s->n_kv_heads)
         return kvq_fail(err, KVQ_EINVAL, "%s: vLLM per-head scales with n_kv_heads 0", path);
+    if ((unsigned)s->form > KVQ_SCALES_MODELOPT) return kvq_fail(err, KVQ_EINVAL, "%s: unknown scale form %d", path, (int)s->form);
+    if (s->per_head && s->form == KVQ_SCALES_MODELOPT)
+        return kvq_fail(err, KVQ_EINVAL, "%s: the modelopt form has one k_scale / v_scale per layer (k_proj.k_scale, "
+                        "shape [1]); per-KV-head scales exist in the vllm and compressed-tensors forms only", path);
     const size_t per = s->per_head ? s->n_kv_heads : 1;
     size_t total, n_entries;
     if (kvq_mul_size(s->n_layers, per, &total) || kvq_mul_size(s->n_layers, 2, &n_entries))
@@ -49,10 +89,19 @@ kvq_status kvq_vllm_scales_write(const char *path, const kvq_vllm_kv_scales *s, 
     for (size_t l = 0; l < s->n_layers; l++)
         for (int v = 0; v < 2; v++) {
             kvq_st_entry *e = &ent[2 * l + (size_t)v];
-            e->name = kvq_vllm_scale_name(names + 64 * (2 * l + (size_t)v), 64, l, v);
+            e->name = kvq_kv_scale_name(names + 64 * (2 * l + (size_t)v), 64, s->form, l, v);
             e->dtype = KVQ_ST_F32;
-            e->n_dims = s->per_head ? 1 : 0;
-            e->shape[0] = s->per_head ? s->n_kv_heads : 0;
+            if (s->form == KVQ_SCALES_VLLM) { /* [] or [H] */
+                e->n_dims = s->per_head ? 1 : 0;
+                e->shape[0] = s->per_head ? s->n_kv_heads : 0;
+            } else if (s->per_head) { /* compressed-tensors attn_head: [H, 1, 1] */
+                e->n_dims = 3;
+                e->shape[0] = s->n_kv_heads;
+                e->shape[1] = e->shape[2] = 1;
+            } else { /* compressed-tensors tensor, modelopt: [1] */
+                e->n_dims = 1;
+                e->shape[0] = 1;
+            }
             e->data = (v ? s->v_scale : s->k_scale) + l * per;
         }
     kv[0] = (kvq_st_kv){"format", "pt"};

@@ -168,4 +168,44 @@ static inline kvq_status kvq_util_make_fp8_artifact(const kvq_model *m, const in
     return s;
 }
 
+/* Method nvfp4 on a post-RoPE capture: the family's own fit (what kvcalib --method nvfp4 runs on a
+ * dump) per layer for K and V, absmax or a percentile, no sink tokens; written to path. */
+static inline kvq_status kvq_util_make_nvfp4_artifact(const kvq_model *m, const int *tokens, size_t n_samples,
+                                                      size_t sample_len, double percentile, const char *fingerprint,
+                                                      const char *path, kvq_err *err)
+{
+    const kvq_hparams *hp = &m->hp;
+    size_t L = (size_t)hp->n_layers, H = (size_t)hp->n_kv_heads, D = (size_t)hp->head_dim;
+    kvq_util_capture cap;
+    kvq_status s = kvq_util_capture_kv(m, tokens, n_samples, sample_len, true, &cap, err);
+    kvq_artifact a;
+    memset(&a, 0, sizeof a);
+    a.p.method = KVQ_FAM("nvfp4");
+    a.p.k_bits = a.p.v_bits = 4;
+    a.p.post_rope = true;
+    a.p.fp8_percentile = percentile;
+    a.p.n_layers = L;
+    a.p.n_kv_heads = H;
+    a.p.head_dim = D;
+    snprintf(a.p.model_fingerprint, sizeof a.p.model_fingerprint, "%s", fingerprint);
+    snprintf(a.p.dump_fingerprint, sizeof a.p.dump_fingerprint, "in-process capture");
+    a.k = (kvq_kv_table *)calloc(L, sizeof *a.k);
+    a.v = (kvq_kv_table *)calloc(L, sizeof *a.v);
+    float *x = s ? NULL : (float *)malloc(cap.n_rows * cap.kvd * sizeof(float));
+    if (!s && (!a.k || !a.v || !x)) s = kvq_fail(err, KVQ_ENOMEM, "nvfp4 artifact: out of memory");
+    for (size_t l = 0; !s && l < L; l++)
+        for (int w = 0; !s && w < 2; w++) {
+            memcpy(x, (w ? cap.v : cap.k) + l * cap.n_rows * cap.kvd, cap.n_rows * cap.kvd * sizeof(float));
+            kvq_fit_input in = {.x = x, .n_tokens = cap.n_rows, .sample_len = sample_len, .n_kv_heads = H, .head_dim = D};
+            s = a.p.method->calib->fit(&a.p, w ? 'v' : 'k', &in, w ? &a.v[l] : &a.k[l], err);
+        }
+    free(x);
+    if (!s) s = kvq_calib_fill_bits(&a.p, sample_len, err);
+    if (!s) s = kvq_artifact_write(path, &a, err);
+    kvq_artifact_free(&a);
+    free(cap.k);
+    free(cap.v);
+    return s;
+}
+
 #endif

@@ -23,10 +23,10 @@
 
 /* The registry's families as a switchable index (tests that branch on the family). */
 enum { KVQ_TEST_FP32, KVQ_TEST_FP16, KVQ_TEST_INT, KVQ_TEST_INT_PC, KVQ_TEST_NUQ, KVQ_TEST_KIVI, KVQ_TEST_FP8, KVQ_TEST_GGML,
-       KVQ_TEST_OTHER };
+       KVQ_TEST_NVFP4, KVQ_TEST_MXFP4, KVQ_TEST_OTHER };
 static inline int kvq_test_fam(const kvq_family *f)
 {
-    static const char *const names[] = {"fp32", "fp16", "int", "int-pc", "nuq", "kivi", "fp8", "llama.cpp"};
+    static const char *const names[] = {"fp32", "fp16", "int", "int-pc", "nuq", "kivi", "fp8", "llama.cpp", "nvfp4", "mxfp4"};
     for (int i = 0; f && i < KVQ_TEST_OTHER; i++)
         if (!strcmp(f->name, names[i])) return i;
     return KVQ_TEST_OTHER;

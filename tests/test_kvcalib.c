@@ -775,6 +775,34 @@ START_TEST(test_fp8_scales)
             /* no overwrite without force */
             ck_assert_int_eq(kvq_calibrate_export_vllm(&a, vl, false, &e), KVQ_EIO);
             ck_assert_msg(strstr(e.msg, "already exists"), "%s", e.msg);
+            /* the three forms (vllm, llm-compressor's compressed-tensors + config.json fragment, ModelOpt's names),
+             * each read back by the Python safetensors package and compared with the artifact bit for bit */
+            for (int fm = 0; fm < 3; fm++) {
+                char xp[256], cj[256], args[1024];
+                tmp(xp, sizeof xp, fm == 0 ? "x_vllm.st" : fm == 1 ? "x_ct.st" : "x_mo.st");
+                tmp(cj, sizeof cj, "x_ct.json");
+                unlink(cj);
+                const char *cfg = fm == KVQ_SCALES_COMPRESSED_TENSORS ? cj : NULL;
+                kvq_status xs = kvq_calibrate_export_scales(&a, (kvq_kv_scale_form)fm, xp, cfg, true, &e);
+                if (fm == KVQ_SCALES_MODELOPT && cases[ci].head) { /* ModelOpt has one scale per layer */
+                    ck_assert_int_eq(xs, KVQ_EUNSUPPORTED);
+                    ck_assert_msg(strstr(e.msg, "modelopt form") && strstr(e.msg, "per-KV-head"), "%s", e.msg);
+                    continue;
+                }
+                ck_assert_msg(xs == KVQ_OK, "%s", e.msg);
+                snprintf(args, sizeof args, "%s %s %s %s", out, xp, kvq_kv_scale_form_name((kvq_kv_scale_form)fm),
+                         cfg ? cfg : "");
+                kvq_test_python("check_kv_exports.py", args);
+                if (cfg) { /* an existing fragment is kept without force, nothing written */
+                    unlink(xp);
+                    ck_assert_int_eq(kvq_calibrate_export_scales(&a, KVQ_SCALES_COMPRESSED_TENSORS, xp, cj, false, &e), KVQ_EIO);
+                    ck_assert_msg(strstr(e.msg, cj) && strstr(e.msg, "already exists") && !exists(xp), "%s", e.msg);
+                    ck_assert_int_eq(kvq_calibrate_export_scales(&a, KVQ_SCALES_VLLM, xp, cj, true, &e), KVQ_EINVAL);
+                    ck_assert_msg(strstr(e.msg, "compressed-tensors form"), "%s", e.msg);
+                    unlink(cj);
+                }
+                unlink(xp);
+            }
         }
         if (ci == 1) { /* validation names the tensor, head and value; the writer refuses */
             float keep = a.v[1].fp8_scale[1];
@@ -827,6 +855,18 @@ START_TEST(test_fp8_scales)
     o = kvq_calibrate_defaults(KVQ_FAM("int"));
     o.fp8_percentile = 99;
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"percentile", "method is int", NULL});
+    /* nvfp4 (calibrated by the family's fit, tests/test_kveval.c): its rules, and head_dim 8 refused naming the block */
+    o = kvq_calibrate_defaults(KVQ_FAM("nvfp4"));
+    ck_assert(o.post_rope && o.n_sink == 0 && o.k_bits == 4 && o.fp8_percentile == 100);
+    expect_fail(dump, &o, KVQ_EUNSUPPORTED, (const char *const[]){"head_dim 8", "16-value block", NULL});
+    o.k_bits = o.v_bits = 8;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"bits", "nvfp4 stores 4-bit codes", NULL});
+    o = kvq_calibrate_defaults(KVQ_FAM("nvfp4"));
+    o.fp8_e5m2 = true;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"e5m2", "fp8 only", "method is nvfp4", NULL});
+    o = kvq_calibrate_defaults(KVQ_FAM("nvfp4"));
+    o.per_head = true;
+    expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"per-head", "method is nvfp4", NULL});
     o = kvq_calibrate_defaults(KVQ_FAM("fp8"));
     write_dump(dump, &d, &(dump_spec){.no_fisher = true, .layer_first = 1, .layer_last = 1});
     expect_fail(dump, &o, KVQ_EINVAL, (const char *const[]){"layers 1..1", "method fp8", NULL});
@@ -1030,7 +1070,7 @@ START_TEST(test_cli)
         {"%s %s --method nuq --bits 3 --out %s --quiet --force", 0, {NULL}},
         {"%s %s --method nuq --bits 9 --out %s", 2, {"--bits: expected 1..8, found 9"}},
         {"%s %s --method nuq --bits 3 --outliers 0.5 --out %s", 2, {"outlier fraction: expected [0, 0.5), found 0.5"}},
-        {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi|fp8, found 'foo'"}},
+        {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi|fp8|nvfp4, found 'foo'"}},
         {"%s %s --bits 3 --out %s", 2, {"missing required option --method"}},
         {"%s %s --method int --bits 3 --outliers 0.01 --out %s", 2, {"outlier fraction", "method int"}},
         {"%s %s --method nuq --bits 0 --out %s", 2, {"--bits: expected 1..8, found 0"}}, /* was "missing required option" */
@@ -1047,6 +1087,13 @@ START_TEST(test_cli)
         /* int and kivi artifacts are read as post-RoPE: a pre-RoPE label was accepted and then ignored */
         {"%s %s --method kivi --bits 2 --group 8 --keys pre-rope --out %s --force", 2, {"--keys pre-rope: method kivi quantizes post-RoPE keys"}},
         {"%s %s --method int --bits 4 --keys pre-rope --out %s --force", 2, {"--keys pre-rope: method int quantizes post-RoPE keys"}},
+        /* nvfp4: 4-bit codes, per-tensor E4M3-block scales only, no vLLM FP8 export; head_dim 8 has no 16-value block */
+        {"%s %s --method nvfp4 --bits 8 --out %s --force", 2, {"--bits: nvfp4 stores 4-bit codes, found 8"}},
+        {"%s %s --method nvfp4 --fp8-format e5m2 --out %s --force", 2, {"--fp8-format: applies to --method fp8 only", "method is nvfp4"}},
+        {"%s %s --method nvfp4 --export-vllm /tmp/kvq_never.st --out %s --force", 2, {"--export-vllm: applies to --method fp8 only"}},
+        {"%s %s --method nvfp4 --scale head --out %s --force", 2, {"per KV head exist for nuq and fp8 only, method is nvfp4"}},
+        {"%s %s --method nvfp4 --out %s --force", 1, {"head_dim 8 is not a multiple of the 16-value block"}},
+        {"%s %s --method int --bits 4 --percentile 99 --out %s --force", 2, {"apply to --method fp8 and nvfp4 only"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(cmd, sizeof cmd, cases[i].args, bin, dump, out);
@@ -1145,7 +1192,7 @@ START_TEST(test_cli)
     } fcases[] = {
         {"%s %s --method fp8 --bits 4 --out %s --force", 2, "fp8 stores 8-bit codes"},
         {"%s %s --method fp8 --percentile 0 --out %s --force", 2, "percentile: expected (0, 100]"},
-        {"%s %s --method int --bits 4 --scale head --out %s --force", 2, "apply to --method fp8 only"},
+        {"%s %s --method int --bits 4 --scale head --out %s --force", 2, "apply to --method fp8 and nvfp4 only"},
         {"%s %s --method fp8 --scale chan --out %s --force", 2, "--scale: expected one of tensor|head"},
         {"%s %s --method fp8 --fp8-format e5m2 --export-vllm /tmp/x.st --out %s --force", 2, "fp8_e5m2"},
     };
@@ -1163,6 +1210,20 @@ START_TEST(test_cli)
     snprintf(cmd, sizeof cmd, "%s export-vllm %s", bin, out);
     ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
     ck_assert_msg(strstr(buf, "--out"), "%s", buf);
+    /* the forms: compressed-tensors needs its config fragment, the fragment belongs to that form only */
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force --form compressed-tensors", bin, out, vl2);
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
+    ck_assert_msg(strstr(buf, "missing --config JSON"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force --form modelopt --config %s.json", bin, out, vl2, vl2);
+    ck_assert_int_eq(run_cmd(cmd, buf, sizeof buf), 2);
+    ck_assert_msg(strstr(buf, "--config: the config.json fragment belongs to --form compressed-tensors"), "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s export-vllm %s --out %s --force --form compressed-tensors --config %s.json", bin, out, vl2,
+             vl2);
+    ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0 && strstr(buf, "compressed-tensors form") && strstr(buf, "config fragment"),
+                  "%s", buf);
+    snprintf(cmd, sizeof cmd, "%s.json", vl2);
+    ck_assert(exists(cmd));
+    unlink(cmd);
     unlink(vl);
     unlink(vl2);
     snprintf(cmd, sizeof cmd, "%s intactkv", bin);

@@ -27,6 +27,7 @@
 #include "kveval_env.h"
 #include "kveval_util.h"
 #include "kvq_test.h"
+#include "quant_fp4.h"
 #include "quant_fp8.h"
 #include "quant_ggml.h"
 #include "quant_pth.h"
@@ -115,6 +116,16 @@ static kvq_status ref_quant_row_base(dec_state *d, int layer, int pos, float *k,
         if (ns) return KVQ_OK;
         KVQ_TRY(kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, k, k, 1, kvd / s->head_dim, s->head_dim, e));
         return kvq_ggml_kv_roundtrip((kvq_ggml_type)s->s.q.variant, v, v, 1, kvd / s->head_dim, s->head_dim, e);
+    case KVQ_TEST_NVFP4: { /* one token's 16-value blocks under the layer's per-tensor scale (1.0 or the artifact's) */
+        if (ns) return KVQ_OK;
+        float gk = s->art ? s->art->k[layer].fp8_scale[0] : 1.0f, gv = s->art ? s->art->v[layer].fp8_scale[0] : 1.0f;
+        KVQ_TRY(kvq_fp4_kv_roundtrip(KVQ_FP4_NVFP4, k, k, 1, kvd / s->head_dim, s->head_dim, gk, NULL, e));
+        return kvq_fp4_kv_roundtrip(KVQ_FP4_NVFP4, v, v, 1, kvd / s->head_dim, s->head_dim, gv, NULL, e);
+    }
+    case KVQ_TEST_MXFP4:
+        if (ns) return KVQ_OK;
+        KVQ_TRY(kvq_fp4_kv_roundtrip((kvq_fp4_format)q->variant, k, k, 1, kvd / s->head_dim, s->head_dim, 1.0f, NULL, e));
+        return kvq_fp4_kv_roundtrip((kvq_fp4_format)q->variant, v, v, 1, kvd / s->head_dim, s->head_dim, 1.0f, NULL, e);
     default: {
         /* vLLM's per-token-head caches: the token's own scales (kernels/quant/quant_pth.h) */
         static const char *const pth[3] = {"int8-pth", "fp8-pth", "int4-pth"};
@@ -495,6 +506,45 @@ START_TEST(test_decode_equivalence_production)
         if (kvq_test_quick() && i >= 3) break;
         decode_case(&m, &set, fspecs[i]);
     }
+    kvq_artifact_set_free(&set);
+    /* FP4 (head_dim 16): NVFP4 with g = 1 and with kvcalib-style per-tensor scales (the family's own fit,
+     * absmax and percentile 99.5), SGLang's 16-value blocks; MXFP4's 32-value blocks refuse head_dim 16 */
+    char a_n[256], a_np[256];
+    tmp_path(a_n, sizeof a_n, "nvfp4_tensor.safetensors");
+    tmp_path(a_np, sizeof a_np, "nvfp4_tensor_p995.safetensors");
+    ck_assert_msg(kvq_util_make_nvfp4_artifact(&m, tok, 4, 64, 100, fp, a_n, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_util_make_nvfp4_artifact(&m, tok, 4, 64, 99.5, fp, a_np, &e) == KVQ_OK, "%s", e.msg);
+    kvq_test_python("check_artifact.py", a_n);
+    { /* the family's fit by hand: per-tensor scale = max |x| over the layer's post-RoPE keys / (448 * 6) */
+        kvq_util_capture cap;
+        ck_assert(kvq_util_capture_kv(&m, tok, 4, 64, true, &cap, &e) == KVQ_OK);
+        kvq_artifact an;
+        ck_assert_msg(kvq_artifact_read(a_n, &an, &e) == KVQ_OK, "%s", e.msg);
+        for (size_t l = 0; l < an.p.n_layers; l++) {
+            float mx = 0;
+            for (size_t i = 0; i < cap.n_rows * cap.kvd; i++) mx = fmaxf(mx, fabsf(cap.k[l * cap.n_rows * cap.kvd + i]));
+            ck_assert_msg(an.k[l].n_fp8_scales == 1 && an.k[l].fp8_scale[0] == (float)(mx / 2688.0),
+                          "layer %zu: %.9g vs %.9g", l, (double)an.k[l].fp8_scale[0], mx / 2688.0);
+            ck_assert_uint_eq(an.k[l].n_outliers, 0); /* absmax: nothing saturates */
+        }
+        kvq_artifact_free(&an);
+        free(cap.k);
+        free(cap.v);
+    }
+    const char *np[2] = {a_n, a_np};
+    ck_assert_msg(kvq_artifact_set_load(&set, np, 2, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    const char *f4specs[] = {"nvfp4", "nvfp4-tensor", "fp4_mx_block16", "nvfp4-tensor-p99.5", "nvfp4+sink2"};
+    for (size_t i = 0; i < sizeof f4specs / sizeof *f4specs; i++) {
+        if (kvq_test_quick() && i >= 3) break;
+        decode_case(&m, &set, f4specs[i]);
+    }
+    {
+        kvq_eval_scheme s4;
+        ck_assert_int_eq(kvq_eval_scheme_make("mxfp4", &set, &m.hp, &s4, &e), KVQ_EUNSUPPORTED);
+        ck_assert_msg(strstr(e.msg, "head_dim 16") && strstr(e.msg, "32-value MXFP4 block"), "%s", e.msg);
+    }
+    remove(a_n);
+    remove(a_np);
     /* head_dim 16: every block format refuses, naming head_dim and llama.cpp */
     const char *blk[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
     kvq_eval_scheme s;
@@ -510,7 +560,8 @@ START_TEST(test_decode_equivalence_production)
     ck_assert_msg(kvq_model_load(hd32, &m, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_int_eq(m.hp.head_dim, 32);
     ck_assert_int_eq(m.hp.n_kv_heads, 1);
-    const char *bspecs[] = {"q4_0", "q8_0", "q4_0+hadamard", "iq4_nl", "q4_1", "q5_0", "q5_1", "q4_0+sink1", "q8_0+rht"};
+    const char *bspecs[] = {"q4_0", "mxfp4", "q8_0", "q4_0+hadamard", "iq4_nl", "q4_1", "q5_0", "q5_1", "q4_0+sink1", "q8_0+rht",
+                            "mxfp4+sink1"};
     for (size_t i = 0; i < sizeof bspecs / sizeof *bspecs; i++) {
         if (kvq_test_quick() && i >= 4) break;
         decode_case(&m, NULL, bspecs[i]);
@@ -907,6 +958,9 @@ START_TEST(test_parse_names_bits)
         {"q5_0", "q5_0", 5, KVQ_KEYS_POST_ROPE},
         {"q5_1+pre-rope", "q5_1+pre-rope", 5, KVQ_KEYS_PRE_ROPE},
         {"iq4_nl", "iq4_nl", 4, KVQ_KEYS_POST_ROPE},
+        {"nvfp4", "nvfp4", 4, KVQ_KEYS_POST_ROPE},
+        {"mxfp4+sink1", "mxfp4+sink1", 4, KVQ_KEYS_POST_ROPE},
+        {"fp4_mx_block16", "fp4_mx_block16", 4, KVQ_KEYS_POST_ROPE},
     };
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         ck_assert_msg(kvq_eval_scheme_make(ok[i].spec, NULL, &hp, &s, &e) == KVQ_OK, "%s: %s", ok[i].spec, e.msg);
@@ -931,6 +985,16 @@ START_TEST(test_parse_names_bits)
         ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
         ck_assert_msg(fabs(b.k - blocks[i].bits) < 1e-12 && fabs(b.v - blocks[i].bits) < 1e-12, "%s: %g", blocks[i].spec, b.k);
     }
+    /* FP4: 4 + 8 bits per block (E8M0 / E4M3 / exponent byte); NVFP4 + one float32 per-tensor scale per layer
+     * amortised over 2048 x 192 elements (kept also when it is 1.0) */
+    const struct { const char *spec; double bits; } fp4[] = {
+        {"mxfp4", 4.25}, {"fp4_mx_block16", 4.5}, {"nvfp4", 4.5 + 32.0 / (2048 * 192)},
+        {"mxfp4+sink1", (2047 * 4.25 + 16) / 2048}};
+    for (size_t i = 0; i < sizeof fp4 / sizeof *fp4; i++) {
+        ck_assert(kvq_eval_scheme_make(fp4[i].spec, NULL, &hp, &s, &e) == KVQ_OK);
+        ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+        ck_assert_msg(fabs(b.k - fp4[i].bits) < 1e-12 && fabs(b.v - fp4[i].bits) < 1e-12, "%s: %g", fp4[i].spec, b.k);
+    }
     /* fp8: 8 + one float32 scale per layer amortised over 2048 x 192 elements */
     ck_assert(kvq_eval_scheme_make("fp8", NULL, &hp, &s, &e) == KVQ_OK);
     ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
@@ -951,6 +1015,8 @@ START_TEST(test_parse_names_bits)
         {"fp8-tensor", "method fp8 with E4M3FN per-tensor scales"}, {"e5m2-head-p99.9", "E5M2 per-KV-head scales (percentile) 99.9"},
         {"fp8-chan", "expected fp8, e5m2"}, {"fp8-tensor-p0", "percentile"}, {"fp8-head-p101", "percentile"},
         {"fp8-tensor-pX", "percentile"}, {"q3_0", "unknown scheme"},
+        {"nvfp4-tensor", "method nvfp4 (per-tensor scales, absmax"}, {"nvfp4-head", "expected nvfp4 or nvfp4-tensor"},
+        {"nvfp4-tensor-p0", "percentile"}, {"nvfp4-tensor-x", "expected nvfp4 or nvfp4-tensor"}, {"mxfp8", "unknown scheme"},
         /* a modifier given twice (the last one silently won: fp8+pre-rope+post-rope ran post-RoPE) */
         {"int4+sink1+sink5", "+sink given twice (+sink1, then +sink5)"}, {"int4+pre-rope+post-rope", "key stage given twice"},
         {"int4+post-rope+post-rope", "key stage given twice"}, {"nuq3-1%+intactkv+intactkv", "+intactkv given twice"},

@@ -219,6 +219,9 @@ START_TEST(test_one_implementation)
     fit_artifact(&a, "fp8", 8, 0, 0, true, k, v);
     consumers("fp8-head", &a, k, v, false);
     kvq_artifact_free(&a);
+    fit_artifact(&a, "nvfp4", 4, 0, 0, false, k, v);
+    consumers("nvfp4-tensor", &a, k, v, false);
+    kvq_artifact_free(&a);
 }
 END_TEST
 
@@ -230,9 +233,10 @@ START_TEST(test_registry_round_trip)
     hp.rope_dim = 64;
     size_t n;
     const kvq_family *const *f = kvq_families(&n);
-    ck_assert_uint_ge(n, 9);
+    ck_assert_uint_ge(n, 11);
     /* one spec per family that needs no artifact, plus its canonical name parsed back */
-    const char *specs[] = {"fp32", "fp16+sink2", "int3-g32", "kivi2", "fp8", "e5m2+sink1", "q4_0", "hh2-i8-15%-w16"};
+    const char *specs[] = {"fp32", "fp16+sink2", "int3-g32", "kivi2", "fp8", "e5m2+sink1", "q4_0", "hh2-i8-15%-w16",
+                           "nvfp4", "mxfp4+sink1", "fp4_mx_block16"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         kvq_err e = {0};
         kvq_eval_scheme s, s2;
@@ -259,7 +263,7 @@ START_TEST(test_registry_round_trip)
         ck_assert(f[i]->parse && f[i]->format && f[i]->quantize && f[i]->bits);
         if (f[i]->calib) ck_assert(f[i]->artifact && f[i]->from_params);
     }
-    ck_assert_str_eq(methods, "nuq|int|int-pc|kivi|fp8");
+    ck_assert_str_eq(methods, "nuq|int|int-pc|kivi|fp8|nvfp4");
 }
 END_TEST
 

@@ -72,12 +72,12 @@ START_TEST(test_write_read_back)
     char p[256];
     kvq_err e = {0};
     const kvq_st_kv mt[] = {{"kvq_granularity", "tensor"}, {"kvq_calibration", "absmax/448"}};
-    const kvq_vllm_kv_scales st = {L, H, 0, kt, vt};
+    const kvq_vllm_kv_scales st = {L, H, 0, kt, vt, KVQ_SCALES_VLLM};
     ck_assert_msg(kvq_vllm_scales_write(tmp_path(p, sizeof p, "tensor.safetensors"), &st, mt, 2, &e) == KVQ_OK, "%s",
                   e.msg);
     check_file(p, 0);
     const kvq_st_kv mh[] = {{"kvq_granularity", "attn_head"}};
-    const kvq_vllm_kv_scales sh = {L, H, 1, kh, vh};
+    const kvq_vllm_kv_scales sh = {L, H, 1, kh, vh, KVQ_SCALES_VLLM};
     ck_assert_msg(kvq_vllm_scales_write(tmp_path(p, sizeof p, "head.safetensors"), &sh, mh, 1, &e) == KVQ_OK, "%s",
                   e.msg);
     check_file(p, 1);
@@ -85,6 +85,32 @@ START_TEST(test_write_read_back)
     kvq_test_python("check_vllm_scales.py", "build/tmp/test_vllm_scales");
     char name[64];
     ck_assert_str_eq(kvq_vllm_scale_name(name, sizeof name, 17, 1), "model.layers.17.self_attn.v_scale");
+    ck_assert_str_eq(kvq_kv_scale_name(name, sizeof name, KVQ_SCALES_MODELOPT, 3, 0), "model.layers.3.self_attn.k_proj.k_scale");
+    ck_assert_str_eq(kvq_kv_scale_name(name, sizeof name, KVQ_SCALES_MODELOPT, 3, 1), "model.layers.3.self_attn.v_proj.v_scale");
+    /* the other forms' shapes through kvq's reader: compressed-tensors [1] / [H, 1, 1], modelopt [1] */
+    const struct { kvq_kv_scale_form f; int head; int nd; uint64_t s0; } forms[] = {
+        {KVQ_SCALES_COMPRESSED_TENSORS, 0, 1, 1}, {KVQ_SCALES_COMPRESSED_TENSORS, 1, 3, H}, {KVQ_SCALES_MODELOPT, 0, 1, 1}};
+    for (size_t i = 0; i < 3; i++) {
+        kvq_vllm_kv_scales sf = forms[i].head ? sh : st;
+        sf.form = forms[i].f;
+        ck_assert_msg(kvq_vllm_scales_write(tmp_path(p, sizeof p, "form.safetensors"), &sf, NULL, 0, &e) == KVQ_OK, "%s", e.msg);
+        kvq_safetensors sr;
+        ck_assert(kvq_safetensors_open(p, &sr, &e) == KVQ_OK);
+        for (int l = 0; l < L; l++)
+            for (int v = 0; v < 2; v++) {
+                const kvq_st_tensor *t = kvq_safetensors_find(&sr, kvq_kv_scale_name(name, sizeof name, forms[i].f, (size_t)l, v));
+                ck_assert_msg(t != NULL, "%s missing", name);
+                ck_assert_uint_eq(t->n_dims, (unsigned)forms[i].nd);
+                ck_assert_uint_eq(t->shape[0], forms[i].s0);
+                if (forms[i].nd == 3) ck_assert(t->shape[1] == 1 && t->shape[2] == 1);
+                float got[H];
+                size_t n = forms[i].head ? H : 1;
+                ck_assert(kvq_safetensors_read_f32(&sr, t, got, n, &e) == KVQ_OK);
+                for (size_t h = 0; h < n; h++) ck_assert(got[h] == scale_value(l, (int)h, v));
+            }
+        kvq_safetensors_close(&sr);
+        remove(p);
+    }
 }
 END_TEST
 
@@ -96,7 +122,7 @@ START_TEST(test_errors)
     kvq_err e = {0};
     tmp_path(p, sizeof p, "bad.safetensors");
     v[2 * H + 4] = 0.0f;
-    kvq_vllm_kv_scales s = {L, H, 1, k, v};
+    kvq_vllm_kv_scales s = {L, H, 1, k, v, KVQ_SCALES_VLLM};
     ck_assert_int_eq(kvq_vllm_scales_write(p, &s, NULL, 0, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "layer 2 v_scale[4] = 0"), "%s", e.msg);
     v[2 * H + 4] = 0.01f;
@@ -112,6 +138,10 @@ START_TEST(test_errors)
     s.n_kv_heads = 0;
     ck_assert_int_eq(kvq_vllm_scales_write(p, &s, NULL, 0, &e), KVQ_EINVAL);
     s.n_kv_heads = H;
+    s.form = KVQ_SCALES_MODELOPT; /* ModelOpt has no per-head k_scale */
+    ck_assert_int_eq(kvq_vllm_scales_write(p, &s, NULL, 0, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "modelopt form"), "%s", e.msg);
+    s.form = KVQ_SCALES_VLLM;
     const kvq_st_kv bad[] = {{"format", "np"}};
     ck_assert_int_eq(kvq_vllm_scales_write(p, &s, bad, 1, &e), KVQ_EINVAL);
     struct stat sb;

@@ -220,6 +220,14 @@ static kvq_status group_stat(const float *x, size_t n_tokens, size_t n_kv_heads,
     return KVQ_OK;
 }
 
+kvq_status kvq_fp8_calib_stat(const float *x, size_t n_tokens, size_t n_kv_heads, size_t head_dim, double percentile,
+                              double *stat, kvq_err *err)
+{
+    size_t total;
+    KVQ_TRY(check_calib("per-tensor calibration", x, n_tokens, n_kv_heads, head_dim, percentile, &total, err));
+    return group_stat(x, n_tokens, n_kv_heads, head_dim, n_kv_heads, percentile, stat, err);
+}
+
 kvq_status kvq_fp8_calib_tensor(kvq_fp8_format f, const float *x, size_t n_tokens, size_t n_kv_heads,
                                 size_t head_dim, double percentile, float *scale, kvq_err *err)
 {

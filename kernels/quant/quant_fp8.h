@@ -98,6 +98,11 @@ double kvq_fp8_bits_per_element(size_t n_scales, size_t n_tokens, size_t n_kv_he
  * between order statistics at rank (p/100)*(n-1) (numpy's default
  * "linear" method); values above it then saturate. */
 
+/* The statistic itself (absmax or percentile of |x| over the whole tensor),
+ * with the same checks; NVFP4's per-tensor scale is stat / (448 * 6)
+ * (quant_fp4.h). */
+kvq_status kvq_fp8_calib_stat(const float *x, size_t n_tokens, size_t n_kv_heads, size_t head_dim, double percentile,
+                              double *stat, kvq_err *err);
 /* One scale for the whole tensor: *scale. */
 kvq_status kvq_fp8_calib_tensor(kvq_fp8_format f, const float *x, size_t n_tokens, size_t n_kv_heads,
                                 size_t head_dim, double percentile, float *scale, kvq_err *err);

@@ -157,7 +157,9 @@ typedef struct kvq_kv_desc_run {
 typedef struct {
     bool k_levels, v_levels;   /* layers.<i>.{k,v}.levels + fit_objective + fit_chosen (nuq datatypes) */
     bool k_thresholds;         /* layers.<i>.k.channel_lower / channel_upper */
-    bool fp8_scales;           /* layers.<i>.{k,v}.fp8_scale + kvq.fp8_format, kvq.fp8_percentile */
+    bool fp8_scales;           /* layers.<i>.{k,v}.fp8_scale + kvq.fp8_format, kvq.fp8_percentile: one float32 scale
+                                  per layer tensor or KV head (fp8's k/v scale; nvfp4's per-tensor scale) */
+    bool vllm_export;          /* kvcalib export-vllm takes it: the fp8_scale are vLLM FP8 k_scale / v_scale (fp8) */
     bool outliers;             /* kvq.outlier_fraction may be > 0 */
     bool per_head;             /* kvq.granularity per-head applies (datatypes or scales) */
     bool post_rope_only;       /* readers take the keys as post-RoPE whatever kvq.key_position says (int, kivi) */
@@ -214,11 +216,13 @@ typedef struct {
     size_t sink, group, residual;
     bool post_rope;            /* --keys */
     bool fisher;               /* Fisher-weighted fit by default */
-    double fp8_percentile;     /* fp8: 100 = absmax; 0 for other families */
+    double fp8_percentile;     /* fp8, nvfp4: 100 = absmax; 0 for other families */
     /* which options apply (others are refused, naming the method) */
     bool pre_rope_ok;          /* --keys pre-rope */
     bool fisher_opt, fit_opt;  /* Fisher weights; --fit / --seed (nuq datatypes) */
-    bool group_opt, residual_opt, fp8_opt;
+    bool group_opt, residual_opt;
+    bool fp8_opt;              /* calibrated scales (fp8_scales): --scale, --percentile; --bits fixed at `bits` */
+    bool fp8_format_opt;       /* --fp8-format e4m3|e5m2 (fp8) */
     /* work items: (layer, K) and (layer, V) tensors fitted (neither: the metadata is the whole artifact) */
     bool fit_k, fit_v;
     /* fit one (layer, side) table from the dump's tensor (keys pre- or post-RoPE per p->post_rope) */

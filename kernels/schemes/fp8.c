@@ -217,6 +217,7 @@ static kvq_status fit_fp8(const kvq_artifact_params *p, char side, const kvq_fit
 
 static const kvq_family_artifact art_fp8 = {
     .fp8_scales = true,
+    .vllm_export = true,
     .per_head = true,
     .k_axis = "per-element",
     .v_axis = "per-element",
@@ -234,6 +235,7 @@ static const kvq_family_calib calib_fp8 = {
     .fp8_percentile = 100,
     .pre_rope_ok = true,
     .fp8_opt = true,
+    .fp8_format_opt = true,
     .fit_k = true,
     .fit_v = true,
     .fit = fit_fp8,

@@ -11,8 +11,8 @@
 #include "cli.h" /* kvq_parse_double */
 
 extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_family_int_pc, kvq_family_kivi,
-    kvq_family_nuq, kvq_family_fp8, kvq_family_ggml, kvq_family_hh, kvq_family_int8_pth, kvq_family_int4_pth,
-    kvq_family_fp8_pth, kvq_family_turboquant;
+    kvq_family_nuq, kvq_family_fp8, kvq_family_nvfp4, kvq_family_mxfp4, kvq_family_ggml, kvq_family_hh,
+    kvq_family_int8_pth, kvq_family_int4_pth, kvq_family_fp8_pth, kvq_family_turboquant;
 
 /* Listing order (kveval --help, kvcalib --method, error messages): the baselines, then KVQuant's
  * nuqX (the method the suite is built around), the uniform and KIVI families, the production
@@ -20,8 +20,8 @@ extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_fa
  * share a prefix with another's answers 0 for those (int answers 0 for int<b>-pc). */
 static const kvq_family *const families[] = {
     &kvq_family_fp32, &kvq_family_fp16, &kvq_family_nuq,  &kvq_family_int, &kvq_family_int_pc,
-    &kvq_family_kivi, &kvq_family_fp8,  &kvq_family_ggml, &kvq_family_int8_pth, &kvq_family_int4_pth,
-    &kvq_family_fp8_pth, &kvq_family_turboquant, &kvq_family_hh,
+    &kvq_family_kivi, &kvq_family_fp8,  &kvq_family_nvfp4, &kvq_family_mxfp4, &kvq_family_ggml, &kvq_family_int8_pth,
+    &kvq_family_int4_pth, &kvq_family_fp8_pth, &kvq_family_turboquant, &kvq_family_hh,
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 

@@ -146,6 +146,19 @@ void add_scheme(scheme_list *L, const char *family, int bits, size_t group, size
     L->n++;
 }
 
+/* a family with sub-formats (kvq_scheme.variant): NVFP4 with unit per-tensor scales, OCP MXFP4, SGLang's
+ * fp4_mx_block16; no native CUDA transform: the GPU forward runs the family's host transform */
+void add_variant(scheme_list *L, const char *family, int bits, int variant, size_t sink, const char *suffix)
+{
+    if (L->n >= MAX_SCHEMES) DIE("scheme list full (MAX_SCHEMES %d)", MAX_SCHEMES);
+    kvq_kv_desc *d = &L->d[L->n];
+    *d = (kvq_kv_desc){.q = {.fam = KVQ_FAM(family), .k_bits = bits, .v_bits = bits, .n_sink = sink, .variant = variant},
+                       .key_stage = KVQ_KEYS_POST_ROPE};
+    kvq_kv_desc_name(d, L->name[L->n], sizeof L->name[L->n]);
+    if (suffix) strncat(L->name[L->n], suffix, sizeof L->name[L->n] - strlen(L->name[L->n]) - 1);
+    L->n++;
+}
+
 void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, size_t kivi2_r)
 {
     L->n = 0;
@@ -163,6 +176,12 @@ void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, s
     add_scheme(L, "int-pc", 4, 16, 0, 0.01, 0, KVQ_KEYS_PRE_ROPE, st, " value groups of 16 (synthetic tables)");
     add_scheme(L, "nuq", 4, 0, 0, 0.01, (size_t)sink, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
     add_scheme(L, "nuq", 3, 0, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables)");
+    /* FP4 block formats where head_dim is a multiple of the block (host transform) */
+    if (hd % 16 == 0) {
+        add_variant(L, "nvfp4", 4, KVQ_FP4_NVFP4, 0, " (host)");
+        add_variant(L, "mxfp4", 4, KVQ_FP4_MX16_SGL, (size_t)sink, " (host)");
+    }
+    if (hd % 32 == 0) add_variant(L, "mxfp4", 4, KVQ_FP4_MXFP4, 0, " (host)");
     /* rotated (+hadamard / +rht): no native transform, the GPU runs the host path (kvq_kv_desc_cuda); kept last so
      * that the indices above stay what the callers use */
     add_scheme(L, "int", 4, 0, 0, 0, 0, KVQ_KEYS_POST_ROPE, st, NULL);

@@ -20,6 +20,7 @@
 #include "kv_desc.h"
 #include "model.h"
 #include "ops.h"
+#include "quant_fp4.h"
 #include "select.h"
 #include "text.h"
 #include "tokenizer.h"
@@ -75,6 +76,7 @@ int bitexact_all(kvq_engine *gpu, const kvq_hparams *hp, const scheme_list *L, c
 kvq_status calib_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_obs *obs, kvq_err *err);
 cmp_row compare(kvq_engine *cpu, kvq_engine *gpu, const kvq_kv_desc *d, const int32_t *tokens, int n_windows, int T,
                 const kvq_prefix *px, int mode, float *lc, float *lg);
+void add_variant(scheme_list *L, const char *family, int bits, int variant, size_t sink, const char *suffix);
 void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, size_t kivi2_r);
 /* give the last scheme of L a rotation (+hadamard / +rht) and rename it */
 void rotate_last(scheme_list *L, kvq_rotation r);

@@ -31,6 +31,7 @@ METHODS = {
     "int-pc": (False, False, True, False),
     "kivi": (False, False, False, False),
     "fp8": (False, False, False, True),
+    "nvfp4": (False, False, False, True),  # fp8_scale: NVFP4's float32 per-tensor scale, shape [1]
 }
 
 
