@@ -1035,7 +1035,7 @@ START_TEST(test_cli)
         {"%s %s --method int --bits 3 --outliers 0.01 --out %s", 2, {"outlier fraction", "method int"}},
         {"%s %s --method nuq --bits 0 --out %s", 2, {"--bits: expected 1..8, found 0"}}, /* was "missing required option" */
         /* the nuq fit's options with another method were silently ignored */
-        {"%s %s --method int --bits 4 --no-fisher --out %s --force", 2, {"--no-fisher: applies to --method nuq only", "method is int"}},
+        {"%s %s --method int --bits 4 --no-fisher --out %s --force", 2, {"--no-fisher: applies to --method nuq", "method is int"}},
         {"%s %s --method fp8 --fit exact --out %s --force", 2, {"--fit: applies to --method nuq only", "method is fp8"}},
         {"%s %s --method kivi --bits 2 --group 8 --seed 3 --out %s --force", 2, {"--seed: applies to --method nuq only", "method is kivi"}},
         {"%s %s --method int-pc --bits 4 --keys pre-rope --out %s --force --quiet", 0, {NULL}},  /* (pre-RoPE keys are int-pc's own) */
