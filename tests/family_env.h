@@ -226,10 +226,11 @@ static kvq_quant_counts fenv_decode_case(const kvq_model *m, const kvq_eval_sche
         kvq_scheme_run_free(&rn);
         d_naive = fabs(r.loss - loss_d) / loss_d;
     }
+    char naive[64] = "";
+    if (past_only) snprintf(naive, sizeof naive, ", vs every token quantized %.2e", d_naive);
     fprintf(stderr, "INFO decode %-22s %s: batched %.9f decode %.9f, %zu logits and %zu/%zu cache elements differ, first NLL "
-                    "difference at %d; vs fp32 %.2e%s%.2e\n",
-            s->name, m->path, loss_b, loss_d, logit_diff, cache_diff, 2 * cn, first_div, d_fp32,
-            past_only ? ", vs every token quantized " : "", d_naive);
+                    "difference at %d; vs fp32 %.2e%s\n",
+            s->name, m->path, loss_b, loss_d, logit_diff, cache_diff, 2 * cn, first_div, d_fp32, naive);
     ck_assert_msg(cache_diff == 0, "%s: %zu cache elements differ between the decode loop and the batched pass", s->name, cache_diff);
     ck_assert_msg(logit_diff == 0 && first_div < 0 && fabs(loss_b - loss_d) <= 1e-12 * loss_d,
                   "%s: batched %.12g vs decode %.12g, %zu logits differ, first NLL difference at %d", s->name, loss_b, loss_d,
