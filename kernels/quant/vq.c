@@ -35,14 +35,12 @@ size_t kvq_vq_nearest_t(const float *x, const float *cbt, size_t K, size_t c, fl
             dist[k] += e * e;
         }
     }
-    size_t best = 0;
-    float bd = dist[0];
-    for (size_t k = 1; k < K; k++)
-        if (dist[k] < bd) {
-            bd = dist[k];
-            best = k;
-        }
-    return best;
+    float m = dist[0];
+#pragma omp simd reduction(min : m)
+    for (size_t k = 1; k < K; k++) m = dist[k] < m ? dist[k] : m;
+    for (size_t k = 0; k < K; k++) /* the lowest index of the minimum */
+        if (dist[k] == m) return k;
+    return 0; /* not reached: the minimum is one of the distances */
 }
 
 static uint64_t splitmix(uint64_t *s)
