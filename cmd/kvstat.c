@@ -162,11 +162,16 @@ static int run(const args_t *a, const char *dump_path)
         kvq_qscheme sch[3];
         if (kvq_qscheme_from_artifact(&art, &qs[0], &sch[0], &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
         n_qs = 1;
-        /* baselines at the artifact's bits: uniform per-token intX, KIVI with its default group size */
+        /* baselines at the artifact's code bits per element (its family's code_bits: cq-c4b8 codes 2 bits per
+         * channel): uniform per-token intX, KIVI with its default group size */
         const kvq_family *fi = kvq_family_find("int"), *fk = kvq_family_find("kivi");
-        kvq_scheme base = {.fam = fi, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink};
+        kvq_scheme own = {.fam = art.p.method, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits};
+        if (own.fam->from_params) own.fam->from_params(&art.p, &own);
+        int bk = own.fam->code_bits ? own.fam->code_bits(&own, 'k') : art.p.k_bits,
+            bv = own.fam->code_bits ? own.fam->code_bits(&own, 'v') : art.p.v_bits;
+        kvq_scheme base = {.fam = fi, .k_bits = bk, .v_bits = bv, .n_sink = art.p.n_sink};
         if (art.p.method != fi && kvq_qscheme_plain(&base, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
-        kvq_scheme kivi = {.fam = fk, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink,
+        kvq_scheme kivi = {.fam = fk, .k_bits = bk, .v_bits = bv, .n_sink = art.p.n_sink,
                            .group = fk->calib->group, .residual = fk->calib->residual};
         if (art.p.method != fk && src.head_dim % (int)fk->calib->group == 0 &&
             kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;

@@ -310,6 +310,17 @@ START_TEST(test_cq_artifact_and_cli)
                       strstr(out, "4 channels per 3-bit code (0.75 code bits per channel)") && strstr(out, "Fisher-weighted") &&
                       strstr(out, "codebook [") && strstr(out, "x8x4] in ["),
                   "%s", out);
+    /* kvstat's quantization error through the family's quantize, labelled with the canonical spec, baselines at
+     * the code bits per element (round(3 / 4) = 1: int1, kivi1) */
+    char kvstat_bin[4096], md[256];
+    ck_assert_msg(kvq_test_bin(kvstat_bin, sizeof kvstat_bin, "kvstat"), "%s: kvstat not built", kvstat_bin);
+    tmp(md, sizeof md, "kvstat.md");
+    snprintf(cmd, sizeof cmd, "%s %s --artifact %s --markdown %s -q", kvstat_bin, dump, a, md);
+    ck_assert_msg(fenv_run(cmd, out, sizeof out) == 0, "%s", out);
+    char *rep = kvq_test_slurp(md, NULL);
+    ck_assert_msg(rep && strstr(rep, "| 0 | cq-c4b3 (artifact) |") && strstr(rep, "| 0 | int1/1 per-token |"), "%s", rep ? rep : md);
+    free(rep);
+    unlink(md);
     /* kvcalib options: the rules named, nothing written */
     struct { const char *args; int code; const char *want; } cases[] = {
         {"--group 3", 1, "group size: expected 0 or a divisor of kv_dim 64"},
