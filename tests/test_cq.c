@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "artifact.h"
 #include "calibrate.h"
 #include "dump.h"
@@ -315,11 +317,41 @@ START_TEST(test_cq_artifact_and_cli)
     char kvstat_bin[4096], md[256];
     ck_assert_msg(kvq_test_bin(kvstat_bin, sizeof kvstat_bin, "kvstat"), "%s: kvstat not built", kvstat_bin);
     tmp(md, sizeof md, "kvstat.md");
-    snprintf(cmd, sizeof cmd, "%s %s --artifact %s --markdown %s -q", kvstat_bin, dump, a, md);
+    char js[256];
+    tmp(js, sizeof js, "kvstat.json");
+    snprintf(cmd, sizeof cmd, "%s %s --artifact %s --markdown %s --json %s -q", kvstat_bin, dump, a, md, js);
     ck_assert_msg(fenv_run(cmd, out, sizeof out) == 0, "%s", out);
     char *rep = kvq_test_slurp(md, NULL);
-    ck_assert_msg(rep && strstr(rep, "| 0 | cq-c4b3 (artifact) |") && strstr(rep, "| 0 | int1/1 per-token |"), "%s", rep ? rep : md);
+    ck_assert_msg(rep && strstr(rep, "| 0 | cq-c4b3 (artifact) |") && strstr(rep, "| 0 | int1/1 per-token |") &&
+                      strstr(rep, "### Coupled-quantization codebooks") && strstr(rep, "(4 channels per 3-bit code)"),
+                  "%s", rep ? rep : md);
     free(rep);
+    /* the codebook view (nearest codeword counts, per-group squared error) against the quantization-error view (the
+     * family's quantize, x - x_hat): the mean over the groups of the per-group MSE is the layer's MSE */
+    char *jt = kvq_test_slurp(js, NULL);
+    cJSON *root = cJSON_Parse(jt);
+    ck_assert_ptr_nonnull(root);
+    cJSON *cqj = cJSON_GetObjectItem(root, "cq_codebooks"), *qe = cJSON_GetObjectItem(root, "quant_error");
+    ck_assert_ptr_nonnull(cqj);
+    ck_assert_ptr_nonnull(qe);
+    int G = cJSON_GetObjectItem(cqj, "n_groups")->valueint, nl = cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(cqj, "k"), "used_mean"));
+    cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItem(qe, "schemes"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(s0, "name")->valuestring, "cq-c4b3 (artifact)");
+    for (int w = 0; w < 2; w++) {
+        cJSON *side = cJSON_GetObjectItem(cqj, w ? "v" : "k"), *mse = cJSON_GetObjectItem(side, "mse_per_group");
+        for (int j = 0; j < nl; j++) {
+            double m = 0;
+            for (int g = 0; g < G; g++) m += cJSON_GetArrayItem(mse, j * G + g)->valuedouble / G;
+            double want = cJSON_GetArrayItem(cJSON_GetObjectItem(s0, w ? "mse_v" : "mse_k"), j)->valuedouble;
+            ck_assert_msg(fabs(m - want) <= 1e-5 * want, "layer %d %c: codebook view %g, quantization error %g", j, w ? 'v' : 'k', m, want);
+            double used = cJSON_GetArrayItem(cJSON_GetObjectItem(side, "used_mean"), j)->valuedouble,
+                   ent = cJSON_GetArrayItem(cJSON_GetObjectItem(side, "entropy_bits_mean"), j)->valuedouble;
+            ck_assert_msg(used >= 1 && used <= 8 && ent > 0 && ent <= 3 + 1e-9, "layer %d: used %g, entropy %g", j, used, ent);
+        }
+    }
+    cJSON_Delete(root);
+    free(jt);
+    unlink(js);
     unlink(md);
     /* kvcalib options: the rules named, nothing written */
     struct { const char *args; int code; const char *want; } cases[] = {
