@@ -99,7 +99,7 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          "attention-sink tokens per sample excluded from calibration, kept exact (-1: method default)", NULL, -1, 1e9,
          false},
         {"keys", 0, KVQ_OPT_CHOICE, &a->keys, "POS",
-         "keys before or after RoPE (default: pre-rope for nuq, post-rope otherwise)", "pre-rope|post-rope", 0, 0, false},
+         "keys before or after RoPE (default: the method's, listed below: pre-rope for nuq and cq)", "pre-rope|post-rope", 0, 0, false},
         {"no-fisher", 0, KVQ_OPT_FLAG, &a->no_fisher, NULL, "nuq, cq: plain (unweighted) k-means instead of Fisher weights",
          NULL, 0, 0, false},
         {"per-head", 0, KVQ_OPT_FLAG, &a->per_head, NULL, "nuq: one datatype per KV head instead of per layer", NULL, 0,
