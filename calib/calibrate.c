@@ -286,7 +286,9 @@ static kvq_status run_item(const work_ctx *c, const work_item *w, kvq_kv_table *
                                  .n_sink = o->n_sink, .post_rope = o->post_rope, .per_head = o->per_head,
                                  .group_size = o->group_size, .residual_length = o->residual_length,
                                  .fisher = o->fisher, .fp8_e5m2 = o->fp8_e5m2, .fp8_percentile = o->fp8_percentile,
-                                 .rotation = o->rotation};
+                                 .rotation = o->rotation, .n_layers = (size_t)m->n_layers, .n_kv_heads = (size_t)m->n_kv_heads,
+                                 .head_dim = (size_t)m->head_dim};
+        for (int j = 0; j < KVQ_ARTIFACT_X; j++) p.x[j] = o->x[j]; /* the family's parameters (artifact->params) */
         kvq_fit_input in = {.x = x, .fisher = f, .n_tokens = c->n_tokens, .sample_len = (size_t)m->seq_len,
                             .n_kv_heads = (size_t)m->n_kv_heads, .head_dim = (size_t)m->head_dim, .fit = o->fit};
         s = o->method->calib->fit(&p, w->kv, &in, out, err);

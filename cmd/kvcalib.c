@@ -101,8 +101,8 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          "attention-sink tokens per sample excluded from calibration, kept exact (-1: method default)", NULL, -1, 1e9,
          false},
         {"keys", 0, KVQ_OPT_CHOICE, &a->keys, "POS",
-         "keys before or after RoPE (default: pre-rope for nuq, post-rope otherwise)", "pre-rope|post-rope", 0, 0, false},
-        {"no-fisher", 0, KVQ_OPT_FLAG, &a->no_fisher, NULL, "nuq: plain (unweighted) k-means instead of Fisher weights",
+         "keys before or after RoPE (default: the method's, listed below: pre-rope for nuq and cq)", "pre-rope|post-rope", 0, 0, false},
+        {"no-fisher", 0, KVQ_OPT_FLAG, &a->no_fisher, NULL, "nuq, cq: plain (unweighted) k-means instead of Fisher weights",
          NULL, 0, 0, false},
         {"per-head", 0, KVQ_OPT_FLAG, &a->per_head, NULL, "nuq: one datatype per KV head instead of per layer", NULL, 0,
          0, false},
@@ -731,15 +731,19 @@ static int cmd_calibrate(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (!m->calib->fit_opt) { /* the datatype fit's options would be silently ignored */
+    { /* the fits' options would be silently ignored: --no-fisher where the method weights by Fisher (fisher_opt),
+       * --fit / --seed for the datatype fit (fit_opt) */
         static const char *const fit_opts[] = {"no-fisher", "fit", "seed"};
-        for (size_t i = 0; i < sizeof fit_opts / sizeof *fit_opts; i++)
-            if (kvq_cli_given(tab, n, given, fit_opts[i])) {
+        for (size_t i = 0; i < sizeof fit_opts / sizeof *fit_opts; i++) {
+            size_t flag = i ? offsetof(kvq_family_calib, fit_opt) : offsetof(kvq_family_calib, fisher_opt);
+            if (!*(const bool *)((const char *)m->calib + flag) && kvq_cli_given(tab, n, given, fit_opts[i])) {
                 char who[128];
-                fprintf(stderr, "%s: --%s: applies to --method %s only (the datatype fit), method is %s\n", PROG, fit_opts[i],
-                        kvq_family_list_calib_flag(offsetof(kvq_family_calib, fit_opt), who, sizeof who), a.method);
+                fprintf(stderr, "%s: --%s: applies to --method %s only (%s), method is %s\n", PROG, fit_opts[i],
+                        kvq_family_list_calib_flag(flag, who, sizeof who), i ? "the datatype fit" : "Fisher-weighted fits",
+                        a.method);
                 return EXIT_USAGE;
             }
+        }
     }
     kvq_calibrate_opts o = kvq_calibrate_defaults(m);
     o.k_bits = o.v_bits = (int)a.bits;

@@ -112,6 +112,8 @@ static int run(const args_t *a, const char *dump_path)
     bool have_q = false;
     kvq_qscheme_state qs[3];
     int n_qs = 0;
+    kvq_cqstats cqs;
+    bool have_cq = false;
     float *k_bias = NULL;
     int rc = 1;
     bool made_dir = false;
@@ -162,16 +164,25 @@ static int run(const args_t *a, const char *dump_path)
         kvq_qscheme sch[3];
         if (kvq_qscheme_from_artifact(&art, &qs[0], &sch[0], &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
         n_qs = 1;
-        /* baselines at the artifact's bits: uniform per-token intX, KIVI with its default group size */
+        /* baselines at the artifact's code bits per element (its family's code_bits: cq-c4b8 codes 2 bits per
+         * channel): uniform per-token intX, KIVI with its default group size */
         const kvq_family *fi = kvq_family_find("int"), *fk = kvq_family_find("kivi");
-        kvq_scheme base = {.fam = fi, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink};
+        kvq_scheme own = {.fam = art.p.method, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits};
+        if (own.fam->from_params) own.fam->from_params(&art.p, &own);
+        int bk = own.fam->code_bits ? own.fam->code_bits(&own, 'k') : art.p.k_bits,
+            bv = own.fam->code_bits ? own.fam->code_bits(&own, 'v') : art.p.v_bits;
+        kvq_scheme base = {.fam = fi, .k_bits = bk, .v_bits = bv, .n_sink = art.p.n_sink};
         if (art.p.method != fi && kvq_qscheme_plain(&base, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
-        kvq_scheme kivi = {.fam = fk, .k_bits = art.p.k_bits, .v_bits = art.p.v_bits, .n_sink = art.p.n_sink,
+        kvq_scheme kivi = {.fam = fk, .k_bits = bk, .v_bits = bv, .n_sink = art.p.n_sink,
                            .group = fk->calib->group, .residual = fk->calib->residual};
         if (art.p.method != fk && src.head_dim % (int)fk->calib->group == 0 &&
             kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
         if (kvq_qerr_compute(&src, sch, n_qs, a->quiet, &q, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
         have_q = true;
+        if (art.p.method == kvq_family_find("cq")) { /* the codebooks' usage and per-group error */
+            if (kvq_cqstats_compute(&src, &art, a->quiet, &cqs, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+            have_cq = true;
+        }
     }
     /* plots */
     images_t im = {.n = 0};
@@ -242,7 +253,7 @@ static int run(const args_t *a, const char *dump_path)
     }
     kvq_report r = {.s = s, .q = have_q ? &q : NULL, .dump_path = dump_path, .artifact_path = a->artifact,
                     .detail_layer = layer, .top_n = (int)a->top, .n_images = im.n, .image_paths = im.pp,
-                    .image_captions = im.cp, .k_bias = have_kb ? k_bias : NULL};
+                    .image_captions = im.cp, .k_bias = have_kb ? k_bias : NULL, .cq = have_cq ? &cqs : NULL};
     if (a->markdown) { /* NULL when the JSON takes stdout */
         kvq_outfile mf;
         st = kvq_outfile_open(&mf, a->markdown, &err);
@@ -261,6 +272,7 @@ out:
     free(k_bias);
     if (rc && made_dir) rmdir(a->plots ? a->plots : a->html); /* (only when empty: a failure on the first figure) */
     if (have_q) kvq_qerr_free(&q);
+    if (have_cq) kvq_cqstats_free(&cqs);
     for (int i = 0; i < n_qs; i++) kvq_qscheme_state_free(&qs[i]);
     kvq_kvstats_free(s);
     if (have_art) kvq_artifact_free(&art);

@@ -136,6 +136,11 @@ kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *s
     kvq_rotation_spec(&p->rotation, rot, sizeof rot);
     snprintf(st->name, sizeof st->name, "%s%d/%d%s%s%s (artifact)", p->method->name, p->k_bits, p->v_bits, frac,
              p->post_rope ? " post-RoPE" : "", rot);
+    if (p->method->code_bits) { /* bits per code are not bits per element (cq-c4b8): the canonical spec instead */
+        char spec[40];
+        p->method->format(&st->desc.q, spec, sizeof spec);
+        snprintf(st->name, sizeof st->name, "%s%s%s (artifact)", spec, p->post_rope ? " post-RoPE" : "", rot);
+    }
     if (a->k && a->v) {
         st->calib_k = calloc(p->n_layers, sizeof(double));
         st->calib_v = calloc(p->n_layers, sizeof(double));

@@ -130,7 +130,7 @@ static void html_table(FILE *f, const table_t *t)
 
 /* ---- the tables ----------------------------------------------------------------------- */
 
-#define MAX_TABLES 10
+#define MAX_TABLES 16
 
 typedef struct {
     table_t t[MAX_TABLES];
@@ -433,6 +433,34 @@ static kvq_status build_tables(const kvq_report *r, tables_t *T, kvq_err *err)
                 }
         }
     }
+    /* 8 coupled-quantization codebooks */
+    if (r->cq && ok) {
+        const kvq_cqstats *c = r->cq;
+        snprintf(note, sizeof note, "The cq artifact's codebooks (%d channels per %d-bit code) over the dump: used = codewords "
+                 "chosen at least once (mean over the %d groups, of %d); entropy = of the index distribution, bits (mean over the "
+                 "groups; %d = uniform use); MSE per element, mean over the groups and the worst group (its first channel).",
+                 c->c, c->bits, c->n_groups, 1 << c->bits, c->bits);
+        NEW_TABLE("Coupled-quantization codebooks", note, "layer", "K used", "K entropy", "K MSE", "K worst MSE", "V used", "V entropy",
+                  "V MSE", "V worst MSE");
+        if (ok) {
+            table_t *t = &T->t[T->n - 1];
+            for (int j = 0; j < c->n_stat_layers && ok; j++) {
+                char (*row)[CELL_MAX] = ROW(t);
+                if (!(ok = row)) break;
+                cellf(row[0], "%d", c->layer_first + j);
+                for (int w = 0; w < 2; w++) {
+                    kvq_cq_summary sm;
+                    kvq_cqstats_summary(c, j, w ? 'v' : 'k', &sm);
+                    cellf(row[1 + 4 * w], "%.1f", sm.used);
+                    cellf(row[2 + 4 * w], "%.2f", sm.entropy_bits);
+                    num(row[3 + 4 * w], sm.mse_mean);
+                    char wm[CELL_MAX];
+                    num(wm, sm.mse_worst);
+                    cellf(row[4 + 4 * w], "%s (ch %d)", wm, sm.worst_group * c->c);
+                }
+            }
+        }
+    }
 #undef NEW_TABLE
 #undef ROW
     if (!ok) { tables_free(T); return kvq_fail(err, KVQ_ENOMEM, "report: out of memory"); }
@@ -644,6 +672,40 @@ static cJSON *build_json(const kvq_report *r)
             cJSON_AddItemToObject(x, "calib_outlier_frac_k", jdarray(q->calib_k + off, n));
             cJSON_AddItemToObject(x, "calib_outlier_frac_v", jdarray(q->calib_v + off, n));
             cJSON_AddItemToArray(sc, x);
+        }
+    }
+    if (r->cq) {
+        const kvq_cqstats *c = r->cq;
+        cJSON *cj = cJSON_AddObjectToObject(root, "cq_codebooks");
+        jadd(cj, "layer_first", c->layer_first);
+        jadd(cj, "channels_per_group", c->c);
+        jadd(cj, "bits", c->bits);
+        jadd(cj, "n_groups", c->n_groups);
+        jadd(cj, "vectors_per_group", (double)c->n_vectors);
+        size_t nl = (size_t)c->n_stat_layers, G = (size_t)c->n_groups, n = (size_t)c->n_vectors;
+        for (int w = 0; w < 2; w++) {
+            cJSON *side = cJSON_AddObjectToObject(cj, w ? "v" : "k");
+            double *used = malloc(nl * sizeof(double)), *ent = malloc(nl * sizeof(double)), *mse = malloc(nl * G * sizeof(double));
+            if (!used || !ent || !mse) {
+                free(used);
+                free(ent);
+                free(mse);
+                break;
+            }
+            for (size_t j = 0; j < nl; j++) {
+                kvq_cq_summary sm;
+                kvq_cqstats_summary(c, (int)j, w ? 'v' : 'k', &sm);
+                used[j] = sm.used;
+                ent[j] = sm.entropy_bits;
+                for (size_t g = 0; g < G; g++)
+                    mse[j * G + g] = n ? (w ? c->sse_v : c->sse_k)[j * G + g] / ((double)n * c->c) : NAN;
+            }
+            cJSON_AddItemToObject(side, "used_mean", jdarray(used, nl));
+            cJSON_AddItemToObject(side, "entropy_bits_mean", jdarray(ent, nl));
+            cJSON_AddItemToObject(side, "mse_per_group", jdarray(mse, nl * G)); /* [n_stat_layers][n_groups], row-major */
+            free(used);
+            free(ent);
+            free(mse);
         }
     }
     return root;

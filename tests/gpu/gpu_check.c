@@ -100,6 +100,47 @@ kvq_status calib_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_o
     return KVQ_OK;
 }
 
+/* Synthetic family tables in artifacts of their own (the seam's kvq_kv_table.ft): wkvq's channel shift and
+ * scale, cq's codebooks (4 channels per 6-bit code) with deterministic pseudo-random centroids. */
+static kvq_artifact *fam_tables(const kvq_hparams *hp)
+{
+    kvq_artifact *a = calloc(2, sizeof *a);
+    if (!a) DIE("out of memory");
+    size_t L = (size_t)hp->n_layers, kvd = (size_t)kvq_kv_dim(hp);
+    uint32_t r = 12345;
+    for (int w = 0; w < 2; w++) {
+        a[w].p = (kvq_artifact_params){.method = KVQ_FAM(w ? "cq" : "wkvq"), .k_bits = w ? 6 : 4, .v_bits = w ? 6 : 4,
+                                       .group_size = w ? 4 : 0, .n_layers = L, .n_kv_heads = (size_t)hp->n_kv_heads,
+                                       .head_dim = (size_t)hp->head_dim};
+        a[w].k = calloc(L, sizeof *a[w].k);
+        a[w].v = calloc(L, sizeof *a[w].v);
+        if (!a[w].k || !a[w].v) DIE("out of memory");
+        for (size_t l = 0; l < L; l++)
+            for (int side = 0; side < 2; side++) {
+                kvq_kv_table *t = side ? &a[w].v[l] : &a[w].k[l];
+                float *x;
+                if (w) {
+                    uint64_t sh[3] = {kvd / 4, 64, 4};
+                    CHECK(kvq_kv_table_add(t, "codebook", 3, sh, &x, &e_));
+                    for (size_t i = 0; i < kvd * 64; i++) {
+                        r = r * 1664525u + 1013904223u;
+                        x[i] = ((float)(r >> 8) / 16777216.0f - 0.5f) * (side ? 2.0f : 6.0f);
+                    }
+                } else {
+                    uint64_t sh[1] = {kvd};
+                    float *y;
+                    CHECK(kvq_kv_table_add(t, "shift", 1, sh, &x, &e_));
+                    CHECK(kvq_kv_table_add(t, "scale", 1, sh, &y, &e_));
+                    for (size_t c = 0; c < kvd; c++) {
+                        x[c] = 0.1f * (float)sin((double)c + (double)l);
+                        y[c] = 1.0f + 0.5f * (float)cos((double)c);
+                    }
+                }
+            }
+    }
+    return a;
+}
+
 void synth_alloc(synth_tables *st, const kvq_hparams *hp, int bits)
 {
     st->n_layers = hp->n_layers;
@@ -118,6 +159,7 @@ void synth_alloc(synth_tables *st, const kvq_hparams *hp, int bits)
         st->lt[l].k_lut = (kvq_nuq_lut){.bits = bits, .n_tables = 1, .head_dim = (size_t)hp->head_dim, .levels = st->k_levels};
         st->lt[l].v_lut = (kvq_nuq_lut){.bits = bits, .n_tables = 1, .head_dim = (size_t)hp->head_dim, .levels = st->v_levels};
     }
+    st->fam_art = fam_tables(hp);
 }
 
 void synth_free(synth_tables *st)
@@ -127,6 +169,8 @@ void synth_free(synth_tables *st)
     free(st->k_levels);
     free(st->v_levels);
     free(st->lt);
+    for (int w = 0; st->fam_art && w < 2; w++) kvq_artifact_free(&st->fam_art[w]);
+    free(st->fam_art);
 }
 
 void add_scheme(scheme_list *L, const char *family, int bits, size_t group, size_t residual, double f, size_t sink,
@@ -141,6 +185,8 @@ void add_scheme(scheme_list *L, const char *family, int bits, size_t group, size
         d->layers = st->lt;
         d->n_layers = st->n_layers;
     }
+    if (fam == KVQ_FAM("wkvq")) d->art = &st->fam_art[0];
+    if (fam == KVQ_FAM("cq")) d->art = &st->fam_art[1];
     kvq_kv_desc_name(d, L->name[L->n], sizeof L->name[L->n]);
     if (suffix) strncat(L->name[L->n], suffix, sizeof L->name[L->n] - strlen(L->name[L->n]) - 1);
     L->n++;
@@ -198,6 +244,8 @@ void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, s
     L->d[L->n - 1].q.k_bits = 3;
     L->d[L->n - 1].q.x[0] = 1;
     kvq_kv_desc_name(&L->d[L->n - 1], L->name[L->n - 1], sizeof L->name[L->n - 1]);
+    add_scheme(L, "wkvq", 4, 0, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, " (synthetic tables, host)");
+    add_scheme(L, "cq", 6, 4, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables, host)");
 }
 
 void rotate_last(scheme_list *L, kvq_rotation r)
