@@ -176,6 +176,7 @@ void synth_free(synth_tables *st)
 void add_scheme(scheme_list *L, const char *family, int bits, size_t group, size_t residual, double f, size_t sink,
                 kvq_key_stage stage, const synth_tables *st, const char *suffix)
 {
+    if (L->n >= MAX_SCHEMES) DIE("scheme list full (MAX_SCHEMES %d)", MAX_SCHEMES);
     kvq_kv_desc *d = &L->d[L->n];
     const kvq_family *fam = KVQ_FAM(family);
     *d = (kvq_kv_desc){.q = {.fam = fam, .k_bits = bits, .v_bits = bits, .outlier_frac = f, .n_sink = sink, .group = group,

@@ -43,7 +43,7 @@ typedef struct {
     int T;
 } calib_user;
 
-#define MAX_SCHEMES 16
+#define MAX_SCHEMES 48
 typedef struct {
     kvq_kv_desc d[MAX_SCHEMES];
     char name[MAX_SCHEMES][64];
