@@ -134,6 +134,13 @@ static void consumers(const char *spec, const kvq_artifact *a, const float *k, c
     kvq_qscheme qs;
     ck_assert_msg(kvq_qscheme_from_artifact(a, &st, &qs, &e) == KVQ_OK, "%s", e.msg);
     ck_assert(qs.keys_post_rope == !pre);
+    { /* kvstat's label: a family name ending in a digit is followed by its spec, not the bits ("nvfp44/4") */
+        const char *fn = a->p.method->name;
+        char spec[64];
+        kvq_artifact_scheme_spec(&a->p, spec, sizeof spec);
+        if (fn[strlen(fn) - 1] >= '0' && fn[strlen(fn) - 1] <= '9')
+            ck_assert_msg(!strncmp(st.name, spec, strlen(spec)), "label '%s', expected it to start with '%s'", st.name, spec);
+    }
     static float sk[T * KVD], sv[T * KVD];
     uint64_t no = 0, ne = 0, vo = 0, vn = 0;
     ck_assert(qs.quantize(qs.ctx, 0, false, ks, T, KVD, sk, &no, &ne, &e) == KVQ_OK);
