@@ -7,10 +7,12 @@
 // Block: 4 warps, 64 queries of one query head (16 rows per warp), keys in tiles of 64.
 //  - Q: each warp's 16 x head_dim rows, times scale * log2(e), rounded to bf16 straight into the
 //    A-operand registers (scores in base 2: exp2 below).
-//  - K / V tile: read as fp32 from the [T][n_kv_heads][head_dim] buffers (prefix keys from pk / pv),
-//    rounded to bf16 into shared memory: K row-major [key][channel] (the B operand of Q Kᵀ is Kᵀ in
-//    column-major order), V transposed [channel][key] (the B operand of P V). Rows padded by 8 bf16 so
-//    that the fragment loads of a warp hit 32 different banks.
+//  - K / V tile: copied as fp32 from the [T][n_kv_heads][head_dim] buffers (prefix keys from pk / pv)
+//    into a shared-memory staging area with cp.async, the next tile's copy in flight while the warps
+//    work on the current one; then rounded to bf16 within shared memory: K row-major [key][channel]
+//    (the B operand of Q Kᵀ is Kᵀ in column-major order), V transposed [channel][key] (the B operand of
+//    P V). Rows padded by 8 bf16 so that the fragment loads of a warp hit 32 different banks. 103 KB of
+//    shared memory per block at head_dim 128 (two blocks per H100 multiprocessor).
 //  - Per tile and warp: S (16 x 64, fp32 registers) = Q Kᵀ; the mask (causal, window, rows past T) only
 //    on tiles that need it; row max over the 4 lanes that share a row; rescale of the running sum and
 //    of O; P = exp2(S - max) rounded to bf16 and fed from the accumulator registers to the A operand of
@@ -52,15 +54,32 @@ __device__ __forceinline__ const float *kv_row(const kvq_cu_attn &a, const float
                     : win + ((size_t)(jj - a.P) * a.n_kv_heads + kvh) * a.head_dim;
 }
 
+// 16-byte asynchronous copy global -> shared (L2 only), and its completion by this thread.
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 constexpr int TC_BQ = 64, TC_BK = 64, TC_THREADS = 128;
+
+// Shared memory of attn_tc_k<HD>: fp32 staging of K and V [BK][HD + 4], bf16 K [BK][HD + 8], bf16 Vᵀ [HD][BK + 8].
+template <int HD>
+constexpr size_t tc_smem_bytes()
+{
+    return 2 * (size_t)TC_BK * (HD + 4) * sizeof(float) + ((size_t)TC_BK * (HD + 8) + (size_t)HD * (TC_BK + 8)) * 2;
+}
 
 template <int HD>
 __global__ void __launch_bounds__(TC_THREADS) attn_tc_k(kvq_cu_attn a, float qscale)
 {
-    constexpr int BQ = TC_BQ, BK = TC_BK, LDK = HD + 8, LDV = BK + 8, KC = HD / 16, NS = BK / 8, NO = HD / 8;
+    constexpr int BQ = TC_BQ, BK = TC_BK, LDF = HD + 4, LDK = HD + 8, LDV = BK + 8, KC = HD / 16, NS = BK / 8, NO = HD / 8;
     constexpr int HD4 = HD / 4;
-    __shared__ __align__(16) __nv_bfloat16 Ks[BK * LDK];
-    __shared__ __align__(16) __nv_bfloat16 Vt[HD * LDV];
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    float *Kf = reinterpret_cast<float *>(tc_smem), *Vf = Kf + BK * LDF;
+    __nv_bfloat16 *Ks = reinterpret_cast<__nv_bfloat16 *>(Vf + BK * LDF), *Vt = Ks + BK * LDK;
     const int h = blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ; // heaviest (latest) query tiles first
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -91,30 +110,44 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_k(kvq_cu_attn a, float qsc
     const bool w_active = w0 < a.T;
     const int w_key_last = a.P + min(w0 + 15, a.T - 1);        // the last key any row of the warp sees
     const int w_key_first = w_active ? win_first_key(a, w0) : 0; // keys before it: masked for every row of the warp
-    for (int k0 = k_first; k0 < n_keys; k0 += BK) {
-        // K tile: [key][channel] bf16, 4 channels (one float4) per thread and step
+    // the fp32 rows of tile k0 (keys at or past n_keys: not copied, zeroed at conversion) into Kf / Vf
+    auto issue = [&](int k0) {
         for (int idx = tid; idx < BK * HD4; idx += TC_THREADS) {
             const int r = idx / HD4, c = (idx % HD4) * 4, jj = k0 + r;
+            if (jj < n_keys) {
+                cp_async16(Kf + r * LDF + c, kv_row(a, a.pk, a.k, kvh, jj) + c);
+                cp_async16(Vf + r * LDF + c, kv_row(a, a.pv, a.v, kvh, jj) + c);
+            }
+        }
+        cp_async_commit();
+    };
+    if (k_first < n_keys) issue(k_first);
+    for (int k0 = k_first; k0 < n_keys; k0 += BK) {
+        cp_async_wait_all();
+        __syncthreads(); // tile k0 staged; every warp done with the previous Ks / Vt
+        // K: [key][channel] bf16, one float4 per thread and step
+        for (int idx = tid; idx < BK * HD4; idx += TC_THREADS) {
+            const int r = idx / HD4, c = (idx % HD4) * 4;
             float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (jj < n_keys) x = *reinterpret_cast<const float4 *>(kv_row(a, a.pk, a.k, kvh, jj) + c);
+            if (k0 + r < n_keys) x = *reinterpret_cast<const float4 *>(Kf + r * LDF + c);
             *reinterpret_cast<uint2 *>(Ks + r * LDK + c) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
         }
-        // V tile transposed: [channel][key]; a warp takes 8 key pairs x 4 float4 columns per step (64-byte
-        // runs of a row from global memory; 2-way bank conflicts on the 4-byte stores)
+        // V transposed: [channel][key]; a warp takes 8 key pairs x 4 float4 columns per step
         for (int idx = tid; idx < (BK / 2) * HD4; idx += TC_THREADS) {
             constexpr int PG = BK / 16; // groups of 8 key pairs
             const int rest = idx >> 5, p = (rest % PG) * 8 + (idx & 7), c = ((rest / PG) * 4 + ((idx >> 3) & 3)) * 4;
             const int j0 = k0 + 2 * p;
             float4 x = make_float4(0.f, 0.f, 0.f, 0.f), y = x;
-            if (j0 < n_keys) x = *reinterpret_cast<const float4 *>(kv_row(a, a.pv, a.v, kvh, j0) + c);
-            if (j0 + 1 < n_keys) y = *reinterpret_cast<const float4 *>(kv_row(a, a.pv, a.v, kvh, j0 + 1) + c);
+            if (j0 < n_keys) x = *reinterpret_cast<const float4 *>(Vf + 2 * p * LDF + c);
+            if (j0 + 1 < n_keys) y = *reinterpret_cast<const float4 *>(Vf + (2 * p + 1) * LDF + c);
             uint32_t *vt = reinterpret_cast<uint32_t *>(Vt + c * LDV + 2 * p);
             vt[0] = pack_bf16(x.x, y.x);
             vt[LDV / 2] = pack_bf16(x.y, y.y);
             vt[LDV] = pack_bf16(x.z, y.z);
             vt[3 * LDV / 2] = pack_bf16(x.w, y.w);
         }
-        __syncthreads();
+        __syncthreads(); // Ks / Vt ready, the staging area free: the next tile's copy runs during the products
+        if (k0 + BK < n_keys) issue(k0 + BK);
         if (w_active && k0 <= w_key_last && k0 + BK > w_key_first) {
             float s[NS][4];
 #pragma unroll
@@ -127,7 +160,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_k(kvq_cu_attn a, float qsc
                     mma_bf16(s[n], qa[kc], *reinterpret_cast<const uint32_t *>(kr), *reinterpret_cast<const uint32_t *>(kr + 8));
                 }
             }
-            // every key of the tile visible to every row of the warp: no mask
+            // the mask, unless every key of the tile is visible to every row of the warp
             if (a.window > 0 || k0 + BK - 1 > a.P + w0 || w0 + 15 >= a.T) {
 #pragma unroll
                 for (int n = 0; n < NS; n++) {
@@ -185,7 +218,6 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_k(kvq_cu_attn a, float qsc
                 }
             }
         }
-        __syncthreads();
     }
 #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
@@ -214,7 +246,10 @@ cudaError_t attn_tc_launch(const kvq_cu_attn *a, cudaStream_t st)
 {
     dim3 grid((unsigned)((a->T + TC_BQ - 1) / TC_BQ), (unsigned)a->n_heads);
     const float qscale = 1.4426950408889634f / sqrtf((float)HD); // 1/sqrt(head_dim) * log2(e)
-    attn_tc_k<HD><<<grid, TC_THREADS, 0, st>>>(*a, qscale);
+    constexpr size_t smem = tc_smem_bytes<HD>();
+    cudaError_t e = cudaFuncSetAttribute(attn_tc_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    attn_tc_k<HD><<<grid, TC_THREADS, smem, st>>>(*a, qscale);
     return cudaGetLastError();
 }
 
