@@ -106,14 +106,15 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         const char *tc = getenv("KVQ_ATTN_TC");
         g->attn_tc = g->bf16 && !(tc && !strcmp(tc, "0"));
     }
-    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s, attention %s", prop.name, prop.major,
-             prop.minor, prop.totalGlobalMem / 1073741824.0, g->bf16 ? "bf16" : "fp32",
+    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s%s", prop.name, prop.major, prop.minor,
+             prop.totalGlobalMem / 1073741824.0, g->bf16 ? "bf16" : "fp32",
              math == KVQ_CUDA_TF32   ? "TF32 tensor cores (fast mode, ~1e-3)"
              : math == KVQ_CUDA_BF16 ? "BF16 GEMMs with fp32 accumulation (fast mode, ~1e-2)"
                                      : "FP32 pedantic (TF32 off, exactness mode)",
-             !g->attn_tc ? "fp32"
-             : hp->head_dim == 64 || hp->head_dim == 128 ? "bf16 tensor cores"
-                                                         : "fp32 (bf16 tensor cores need head_dim 64 or 128)");
+             !g->bf16                                     ? ""
+             : !g->attn_tc                                ? ", attention fp32 (KVQ_ATTN_TC=0)"
+             : hp->head_dim == 64 || hp->head_dim == 128 ? ", attention bf16 tensor cores"
+                                                          : ", attention fp32 (bf16 tensor cores need head_dim 64 or 128)");
 
     // ---- weights ----
     const size_t dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
