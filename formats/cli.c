@@ -48,7 +48,8 @@ static const kvq_opt COMMON[KVQ_COPT_COUNT] = {
                          NULL, 0, 0, false},
     [KVQ_COPT_MATH] = {"math", 0, KVQ_OPT_CHOICE, NULL, "M",
                        "GPU arithmetic: exact (fp32 weights, TF32 off), tf32, or bf16 (bf16 weights and GEMM inputs, fp32 "
-                       "accumulation, ~1e-2 relative); fast modes are labelled in the output [default exact]",
+                       "accumulation, attention on bf16 tensor cores, ~1e-2 relative); fast modes are labelled in the "
+                       "output [default exact]",
                        "exact|tf32|bf16", 0, 0, false},
     [KVQ_COPT_WEIGHTS] = {"weights", 0, KVQ_OPT_CHOICE, NULL, "W",
                           "how the weight matrices are held: f32 (exact), bf16, f16, native (as stored in the file: GGUF blocks, "

@@ -20,7 +20,8 @@
 #      (default "kveval:2048 kvdump:exact"):
 #        kveval:CTX   kveval --math bf16 --gemm-rate, fp32 scheme, CTX-token windows ($KVQ_BIG_WINDOWS
 #                     of 2048 tokens' worth, default 32): model FLOPs / forward seconds as a fraction of
-#                     the bf16 GEMM rate measured in the same process (issue 42 target >= 0.5)
+#                     the bf16 GEMM rate measured in the same process (issue 42 target >= 0.5); with
+#                     KVQ_ATTN_TC=0 in the environment the fp32 attention kernel instead of the bf16 one
 #        kvdump:MATH  kvdump 16 x 2048 --fisher --attn-stats --device cuda --math MATH (issue 42
 #                     target: <= 5 min wall including the model load and the HDF5 file; the dump is
 #                     deleted after its size is printed)
@@ -34,7 +35,7 @@
 # KVQ_DEADLINE (epoch seconds): step 3's runs are stopped (timeout) at that time.
 # Exit status 0 when every check passes.
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 OUT=$(realpath -m "${1:-out/gpu_families}")
 TEXT=${2:-}
 [ -z "$TEXT" ] || TEXT=$(realpath "$TEXT")

@@ -564,6 +564,7 @@ int kvq_cu_attn_supported(int hd) { return hd == 8 || hd == 16 || hd == 32 || hd
 
 cudaError_t kvq_cu_attention(const kvq_cu_attn *a, cudaStream_t st)
 {
+    if (a->bf16_tc && kvq_cu_attn_tc_supported(a)) return kvq_cu_attention_tc(a, st);
     switch (a->head_dim) {
     case 8: return attn_launch<8, 1, 32>(a, st);
     case 16: return attn_launch<16, 1, 32>(a, st);

@@ -56,10 +56,17 @@ struct kvq_cu_attn {
     float *lse; // optional [n_heads][T]: log sum_c exp(score_c) of each query row (scaled scores), for the backward
     int window; // > 0: sliding window (attention.h kvq_attn_key_lo): key position > query position - window
     int pos0;   // position of window query/key 0 (prefix entry j is at position j); used with window
+    int bf16_tc; // 1: the bf16 tensor-core kernel (cuda_attn_tc.cu) where it applies (kvq_cu_attn_tc_supported);
+                 // 0: the fp32 kernel. Only the KVQ_CUDA_BF16 math mode sets it; the backward ignores it.
 };
 // 0 if head_dim is supported (8, 16, 32, 64, 128), else -1.
 int kvq_cu_attn_supported(int head_dim);
+// The fp32 kernel (cuda_ops.cu attn_k), or with a->bf16_tc and kvq_cu_attn_tc_supported the bf16 one.
 cudaError_t kvq_cu_attention(const kvq_cu_attn *a, cudaStream_t st);
+// The bf16 tensor-core forward (cuda_attn_tc.cu): head_dim 64 or 128 without the alternative K/V (kq, vq);
+// cudaErrorInvalidValue otherwise. kvq_cu_attn_tc_supported: 1 when it applies.
+int kvq_cu_attn_tc_supported(const kvq_cu_attn *a);
+cudaError_t kvq_cu_attention_tc(const kvq_cu_attn *a, cudaStream_t st);
 
 // Backward of kvq_cu_attention (attention_backward.h semantics; FlashAttention-2,
 // Dao 2023, Algorithm 2): needs a->out and a->lse of the forward on the same

@@ -101,11 +101,20 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
                                    : math == KVQ_CUDA_BF16 ? CUBLAS_DEFAULT_MATH
                                                            : CUBLAS_PEDANTIC_MATH));
     g->bf16 = math == KVQ_CUDA_BF16;
-    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s", prop.name, prop.major, prop.minor,
+    {
+        // KVQ_ATTN_TC=0: the bf16 mode keeps the fp32 attention kernel (same-run comparisons, forward_cuda.h)
+        const char *tc = getenv("KVQ_ATTN_TC");
+        g->attn_tc = g->bf16 && !(tc && !strcmp(tc, "0"));
+    }
+    snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s%s", prop.name, prop.major, prop.minor,
              prop.totalGlobalMem / 1073741824.0, g->bf16 ? "bf16" : "fp32",
              math == KVQ_CUDA_TF32   ? "TF32 tensor cores (fast mode, ~1e-3)"
              : math == KVQ_CUDA_BF16 ? "BF16 GEMMs with fp32 accumulation (fast mode, ~1e-2)"
-                                     : "FP32 pedantic (TF32 off, exactness mode)");
+                                     : "FP32 pedantic (TF32 off, exactness mode)",
+             !g->bf16                                     ? ""
+             : !g->attn_tc                                ? ", attention fp32 (KVQ_ATTN_TC=0)"
+             : hp->head_dim == 64 || hp->head_dim == 128 ? ", attention bf16 tensor cores"
+                                                          : ", attention fp32 (bf16 tensor cores need head_dim 64 or 128)");
 
     // ---- weights ----
     const size_t dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
@@ -603,6 +612,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         a.lse = acts ? g->s_lse + l * nh * mT : stats ? g->lse : NULL;
         a.window = kvq_layer_window(hp, l);
         a.pos0 = io->pos0;
+        a.bf16_tc = g->attn_tc;
         if (P > 0) {
             a.pk = g->pk + (size_t)l * P * kvd;
             a.pv = g->pv + (size_t)l * P * kvd;
@@ -861,4 +871,80 @@ done:
     cudaFree(buf);
     (void)cudaGetLastError();
     return s;
+}
+
+extern "C" kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda_math math, const float *q,
+                                         const float *k, const float *v, const float *pk, const float *pv, float *out,
+                                         float *lse, int reps, double *ms, kvq_err *err)
+{
+    if (ms) *ms = 0;
+    if (s->T <= 0 || s->P < 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 || s->n_heads % s->n_kv_heads || reps < 0 ||
+        kvq_cu_attn_supported(s->head_dim) || (s->P > 0 && (!pk || !pv)))
+        return kvq_fail(err, KVQ_EINVAL,
+                        "attention: T %d, P %d (prefix %s), heads %d/%d, head_dim %d, reps %d: expected T > 0, P >= 0 with "
+                        "pk/pv, n_heads a multiple of n_kv_heads, head_dim 8/16/32/64/128, reps >= 0",
+                        s->T, s->P, pk && pv ? "given" : "missing", s->n_heads, s->n_kv_heads, s->head_dim, reps);
+    CU(cudaSetDevice(device));
+    const size_t nq = (size_t)s->T * s->n_heads * s->head_dim, nk = (size_t)s->T * s->n_kv_heads * s->head_dim,
+                 np = (size_t)s->P * s->n_kv_heads * s->head_dim, nl = (size_t)s->n_heads * s->T;
+    const size_t total = 2 * nq + 2 * nk + 2 * np + nl;
+    float *buf = NULL;
+    cudaError_t e = cudaMalloc(&buf, total * sizeof(float));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kvq_fail(err, KVQ_ENOMEM, "attention: cannot allocate %zu floats on the GPU: %s", total, cudaGetErrorString(e));
+    }
+    kvq_cu_attn a = {};
+    a.T = s->T;
+    a.P = s->P;
+    a.n_heads = s->n_heads;
+    a.n_kv_heads = s->n_kv_heads;
+    a.head_dim = s->head_dim;
+    a.window = s->window;
+    a.pos0 = s->pos0;
+    a.bf16_tc = math == KVQ_CUDA_BF16;
+    float *dq = buf, *dk = dq + nq, *dv = dk + nk, *dpk = dv + nk, *dpv = dpk + np, *dout = dpv + np, *dlse = dout + nq;
+    a.q = dq, a.k = dk, a.v = dv, a.out = dout, a.lse = dlse;
+    if (s->P > 0) a.pk = dpk, a.pv = dpv;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    std::vector<float> t;
+    kvq_status st = KVQ_OK;
+#define ATT_CU(call)                                                      \
+    do {                                                                  \
+        if ((e = (call)) != cudaSuccess) {                                \
+            st = cu_fail(err, e, #call, __FILE__, __LINE__);              \
+            goto done;                                                    \
+        }                                                                 \
+    } while (0)
+    ATT_CU(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
+    ATT_CU(cudaMemcpy(dk, k, nk * sizeof(float), cudaMemcpyHostToDevice));
+    ATT_CU(cudaMemcpy(dv, v, nk * sizeof(float), cudaMemcpyHostToDevice));
+    if (np) {
+        ATT_CU(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
+        ATT_CU(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    ATT_CU(cudaEventCreate(&e0));
+    ATT_CU(cudaEventCreate(&e1));
+    for (int r = -1; r < reps; r++) {
+        ATT_CU(cudaEventRecord(e0, 0));
+        ATT_CU(kvq_cu_attention(&a, 0));
+        ATT_CU(cudaEventRecord(e1, 0));
+        ATT_CU(cudaEventSynchronize(e1));
+        float x = 0;
+        ATT_CU(cudaEventElapsedTime(&x, e0, e1));
+        if (r >= 0) t.push_back(x);
+    }
+    ATT_CU(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    if (lse) ATT_CU(cudaMemcpy(lse, dlse, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    if (ms && !t.empty()) {
+        std::sort(t.begin(), t.end());
+        *ms = t[t.size() / 2];
+    }
+#undef ATT_CU
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(buf);
+    (void)cudaGetLastError();
+    return st;
 }

@@ -11,7 +11,8 @@
  *    causal GQA attention with prefix, boundaries and the model's sliding
  *    window (a fused flash-style kernel: online softmax over key tiles in
  *    shared memory, never a [T][T] matrix; tiles before a query block's
- *    window skipped), SwiGLU, the LM head in vocabulary
+ *    window skipped; fp32 CUDA cores, bf16 tensor cores in the bf16 mode),
+ *    SwiGLU, the LM head in vocabulary
  *    blocks with an online log-sum-exp in double (blockwise cross-entropy; the
  *    CPU's loss-only rule), and the built-in KV transforms of kv_desc.h
  *    (fp16, int, int-pc, nuq, kivi) natively, bit-for-bit the rules of
@@ -61,8 +62,23 @@
  *    token embedding) are stored as bf16 (round to nearest even at upload:
  *    half the device memory), each GEMM's activation input is rounded to
  *    bf16 on the fly, cublasGemmEx accumulates in fp32 and writes fp32; the
- *    rest (norms, RoPE, attention, softmax, KV transforms) stays fp32. ~1e-2
+ *    rest (norms, RoPE, softmax, KV transforms) stays fp32. ~1e-2
  *    relative on logits; label results "BF16".
+ *    Attention forward at head_dim 64 and 128 without alternative K/V
+ *    (kq/vq: KIVI-style boundaries): a FlashAttention-2 kernel on tensor
+ *    cores (cuda_attn_tc.cu): q (times the softmax scale), k, v and the
+ *    probabilities rounded to bf16, S = QK^T and O = PV accumulated in fp32,
+ *    online softmax and the log-sum-exp in fp32. Tolerance against the fp32
+ *    kernel (gpu_check --attn, random inputs with scores of standard
+ *    deviation ~2, prefixes, windows, GQA): output relative L2 <= 2e-2
+ *    (measured 3.5e-3 .. 4.3e-3 on an H100) and |lse difference| <= 5e-2
+ *    (measured 7.6e-3 .. 1.4e-2). The backward, the attention statistics
+ *    (mass, entropy) and every other head_dim use the fp32 kernels; the
+ *    backward recomputes probabilities from this forward's lse, so they sum
+ *    to 1 within that tolerance.
+ *    KVQ_ATTN_TC=0 in the environment keeps the fp32 attention forward in
+ *    this mode (same-run comparisons); the describe line names the kernel
+ *    (", attention bf16 tensor cores" / ", attention fp32 (KVQ_ATTN_TC=0)").
  *
  * Memory (device): weights fp32 (4 bytes per parameter; bf16 mode: 2 for the GEMM weights; LM head shared when
  * tied; whatever the host holds, model.h kvq_weights fp32, bf16 or GGUF blocks, is converted in row blocks at
@@ -170,5 +186,22 @@ void kvq_forward_cuda_describe(const kvq_forward_cuda *g, char *buf, size_t n);
  * a warm-up, in FLOP/s (2 n^3 per GEMM), with the given math mode. Random
  * (non-zero) operands. For "fraction of the cuBLAS rate" reports. */
 kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_math math, double *flops_per_s, kvq_err *err);
+
+/* One causal GQA attention forward on `device` from host arrays, the forward's kernel for the math mode
+ * (for gpu_check --attn): KVQ_CUDA_BF16 the bf16 tensor-core kernel where it applies (head_dim 64 or 128;
+ * KVQ_ATTN_TC is not read here), every other mode (and other head dims) the fp32 kernel.
+ * q [T][n_heads][head_dim], k, v [T][n_kv_heads][head_dim], pk, pv [P][n_kv_heads][head_dim] (NULL when
+ * P = 0; prefix entry j at position j, window token t at pos0 + t); window > 0: a key is seen when its
+ * position > the query's - window (attention.h kvq_attn_key_lo). Out: out [T][n_heads][head_dim], lse
+ * [n_heads][T] (natural log of the sum of exp of the scaled scores; may be NULL). *ms (may be NULL): the
+ * median kernel time in milliseconds of `reps` timed calls after one warm-up (CUDA events); 0 when
+ * reps = 0. Errors: KVQ_EINVAL (shapes, head_dim not 8/16/32/64/128), KVQ_ENOMEM, KVQ_EIO (CUDA),
+ * KVQ_EUNSUPPORTED (no CUDA build). */
+typedef struct {
+    int T, P, n_heads, n_kv_heads, head_dim, window, pos0;
+} kvq_cuda_attn_shape;
+kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda_math math, const float *q, const float *k,
+                              const float *v, const float *pk, const float *pv, float *out, float *lse, int reps,
+                              double *ms, kvq_err *err);
 
 #endif

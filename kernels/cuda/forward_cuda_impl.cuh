@@ -98,6 +98,7 @@ struct kvq_forward_cuda {
     // KVQ_CUDA_BF16: GEMM weights (and tok_embd / output) hold bf16 bits behind their float* type;
     // xb = bf16 copy of a GEMM's activation input ([max_T][max(dim, q_dim, hidden_dim, v_chunk)])
     bool bf16;
+    bool attn_tc; // the bf16 tensor-core attention forward (bf16 mode, unless KVQ_ATTN_TC=0)
     unsigned short *xb;
     size_t xb_elems;
     // KVQ_FWD_SAVE_LAYER_INPUTS / KVQ_FWD_SAVE_ACTIVATIONS store (device, one arena), for the backward

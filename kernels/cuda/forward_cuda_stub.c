@@ -56,4 +56,12 @@ kvq_status kvq_cuda_sgemm_rate(int device, int n, int reps, kvq_cuda_math math, 
     *flops_per_s = 0;
     return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
 }
+kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda_math math, const float *q, const float *k,
+                              const float *v, const float *pk, const float *pv, float *out, float *lse, int reps,
+                              double *ms, kvq_err *err)
+{
+    (void)device, (void)s, (void)math, (void)q, (void)k, (void)v, (void)pk, (void)pv, (void)out, (void)lse, (void)reps;
+    if (ms) *ms = 0;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
 #endif

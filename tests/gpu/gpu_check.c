@@ -7,7 +7,12 @@
  *       are not tile multiples): CPU vs GPU for every built-in KV scheme, the
  *       host-transform path, the observe hook and the LM-head outputs of
  *       kveval's KL divergence (kvq_fwd_head: hidden, lse, top token,
- *       expectation) with the per-row KL of fp32 vs an int scheme.
+ *       expectation) with the per-row KL of fp32 vs an int scheme; then --attn.
+ *   gpu_check --attn
+ *       the bf16 mode's tensor-core attention forward vs the fp32 kernel on
+ *       random inputs (head_dim 64/128, T off the tiles, GQA, prefixes,
+ *       windows): output relative L2 and max |dlse| under forward_cuda.h's
+ *       bounds; the two kernels' times alone at a Llama-3-8B layer's shape.
  *   gpu_check --model M --text wiki.test.raw [--ctx 2048] [--check-windows 2]
  *             [--max-windows 0] [--no-bench] [--device cuda|cpu]
  *       the real model: logits/PPL CPU vs GPU on the first windows for every
@@ -446,12 +451,13 @@ int is_exact_scheme(const kvq_kv_desc *d) { return d->q.fam == KVQ_FAM("fp32"); 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *dev = "auto";
-    int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, backward = 0, fisher = 0;
+    int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, attn = 0, backward = 0, fisher = 0;
     const char *families = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--synthetic")) synthetic = 1;
+        else if (!strcmp(a, "--attn")) attn = 1;
         else if (!strcmp(a, "--no-bench")) bench = 0;
         else if (!strcmp(a, "--backward")) backward = 1;
         else if (!strcmp(a, "--families")) families = v && v[0] != '-' ? (i++, v) : "tests/fixtures";
@@ -470,6 +476,7 @@ int main(int argc, char **argv)
     printf("gpu_check: device %s (%s build)\n", kvq_device_name(d), kvq_cuda_compiled() ? "CUDA" : "CPU-only");
     int ok = 1;
     if (synthetic) ok &= run_synthetic(d);
+    if (synthetic || attn) ok &= run_attn_check();
     if (backward) ok &= run_backward_synthetic(d);
     if (families) ok &= run_families(families, d);
     if (model) {

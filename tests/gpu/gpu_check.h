@@ -109,6 +109,8 @@ uint64_t rng_next(uint64_t *s);
 float rng_u(uint64_t *s);
 int run_backward_synthetic(kvq_device gdev);
 int run_synthetic(kvq_device gdev);
+/* gpu_check --attn: the bf16 tensor-core attention vs the fp32 kernel (gpu_check_attn.c) */
+int run_attn_check(void);
 int stats_check(kvq_engine *cpu, kvq_engine *gpu, const kvq_hparams *hp, const kvq_kv_desc *d, const char *name,
                 const int32_t *tokens, int T, const kvq_prefix *px, int layer);
 
