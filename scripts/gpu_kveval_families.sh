@@ -5,20 +5,25 @@
 # at ctx 2048 (kvquant protocol) with PPL, ΔPPL ± SE and the KL-divergence columns.
 #
 #   scripts/gpu_kveval_families.sh STEP MODEL CALIB TEXT WORK
-#     STEP   calib   kvdump (GPU) + every kvcalib artifact into WORK/art (list below), with timings
-#            eval    kveval of the transform families (in place / with boundaries) over the whole split
-#            sched   kveval of the attention-driven schedule families (hh, mikv, zipcache): their
-#                    attention runs on the host for every layer (host sched path), so they take the
-#                    first KVQ_SCHED_WINDOWS windows (default 24) of the split, with the baselines
-#                    again on the same windows
+#     STEP   calib   kvdump (GPU) + every kvcalib artifact into WORK/art (list below, 8 fits at a
+#                    time), with timings in WORK/calib.log
+#            eval    kveval in six groups side by side on the one GPU (each group its own process with
+#                    its own fp32 baseline pass, KVQ_GROUP_THREADS OpenMP threads, killed after
+#                    KVQ_EVAL_TIMEOUT s, default 450): five groups of transform families (in place or
+#                    with per-query boundaries; the host-path ones transform on the CPU between GPU
+#                    layers) over the whole split, and the attention-driven schedules (hh, mikv,
+#                    zipcache: attention on the host for every layer) on the first KVQ_SCHED_WINDOWS
+#                    windows (default 24) with baselines on the same windows. WORK/<group>.md/.json/.err
 #     MODEL  models/SmolLM2-135M-Instruct.Q4_1.gguf
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens (the calibration text)
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw (the evaluation text)
 #     WORK   dump, artifacts (WORK/art) and outputs (WORK/<step>.md/.json/.err, WORK/calib.log)
-# Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda).
+# Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda), and the above;
+# for a smoke test on a small model: KVQ_SAMPLES, KVQ_SEQ_LEN (the dump, default 16 x 2048), KVQ_CTX
+# (2048), KVQ_MAX_WINDOWS (all).
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 STEP=$1 MODEL=$2 CALIB=$3 TEXT=$4 WORK=$5
@@ -47,35 +52,61 @@ ARTS=(
     "cq-c4b8|--method cq --group 4 --bits 8"
     "cq-c8b8|--method cq --group 8 --bits 8"
 )
-# transform families, the whole split (the artifacts above bind by method and bits)
-EVAL=(fp16 int4+sink1 int2+sink1 kivi4 kivi2 nuq4-1% nuq3-1% nuq2-1% nuq4-1%+hadamard nuq3-1%+hadamard
-      fp8 q8_0 q4_0 q4_0+hadamard q4_0+rht int4+hadamard int3+hadamard kivi2+hadamard
-      int8-pth fp8-pth int4-pth turboquant-k8v4 turboquant-4bit-nc turboquant-k3v4-nc turboquant-3bit-nc
-      nvfp4 nvfp4-tensor mxfp4 fp4_mx_block16
-      skvq2-w32 skvq3-w32 skvq4-w32 skvq2-w128 wkvq2 wkvq3 wkvq4 cq-c2b8 cq-c4b8 cq-c8b8)
-SCHED=(kivi2 nuq2-1% nuq3-1% nuq4-1% hh3-20%-w32 hh4-20%-w32
-       mikv-h8-l2-b20%-w32 mikv-h8-l3-b20%-w32 mikv-h8-l4-b20%-w32 mikv-h4-l2-b20%-w32 mikv-h8-l2-b20%-w32-nobal
-       zipcache-h4-l2-b40% zipcache-h4-l3-b40% zipcache-h8-l4-b40%)
+# transform families over the whole split, in groups run side by side (each kveval process also runs
+# its own fp32 baseline pass; the host-path families transform on the CPU cores between GPU layers)
+G1=(fp16 int4+sink1 kivi2 kivi4 nuq4-1% nuq3-1% nuq2-1% fp8 q8_0 q4_0)
+G2=(q4_0+hadamard int4+hadamard nuq4-1%+hadamard nuq3-1%+hadamard int8-pth fp8-pth int4-pth)
+G3=(turboquant-k8v4 turboquant-4bit-nc turboquant-3bit-nc nvfp4 nvfp4-tensor mxfp4 fp4_mx_block16)
+G4=(wkvq4 wkvq3 wkvq2-g64 skvq2-w32 skvq3-w32 skvq4-w32 skvq2-w128)
+G5=(cq-c4b4 cq-c4b6 cq-c8b8 cq-c4b8 cq-c2b8)
+# attention-driven schedules (host attention for every layer): the first KVQ_SCHED_WINDOWS windows
+SCHED=(kivi2 nuq2-1% nuq3-1% nuq4-1% hh4-20%-w32
+       mikv-h8-l2-b20%-w32 mikv-h8-l3-b20%-w32 mikv-h8-l4-b20%-w32 mikv-h4-l2-b20%-w32
+       zipcache-h4-l2-b60%-w100 zipcache-h4-l3-b60%-w100 zipcache-h8-l4-b60%-w100)
 
 arts=()
 for a in "${ARTS[@]}"; do arts+=(--artifact "$ART/${a%%|*}.safetensors"); done
 schemes() { local s out=(); for s in "$@"; do out+=(--scheme "$s"); done; printf '%s\n' "${out[@]}"; }
 
+run_group() { # name, window args..., --, schemes...
+    local name=$1 win=() sc=()
+    shift
+    while [ "$1" != -- ]; do win+=("$1"); shift; done
+    shift
+    for x in "$@"; do sc+=(--scheme "$x"); done
+    OMP_NUM_THREADS=${KVQ_GROUP_THREADS:-4} timeout "${KVQ_EVAL_TIMEOUT:-450}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
+        --text "$TEXT" --ctx "${KVQ_CTX:-2048}" "${win[@]}" "${arts[@]}" "${sc[@]}" --quiet --json "$WORK/$name.json" >"$WORK/$name.md" \
+        2>"$WORK/$name.err" || echo "$name: exit $? (see $name.err)" >>"$WORK/eval.status"
+}
+
 case "$STEP" in
 calib)
     : >"$WORK/calib.log"
-    t "$BIN/kvdump" --model "$MODEL" --text "$CALIB" --samples 16 --seq-len 2048 --fisher --q --device "$DEV" --force \
+    t "$BIN/kvdump" --model "$MODEL" --text "$CALIB" --samples "${KVQ_SAMPLES:-16}" --seq-len "${KVQ_SEQ_LEN:-2048}" --fisher --q --device "$DEV" --force \
         --quiet -o "$WORK/dump.h5"
+    pids=()
     for a in "${ARTS[@]}"; do
         # shellcheck disable=SC2086
-        t "$BIN/kvcalib" "$WORK/dump.h5" ${a#*|} --force --quiet -o "$ART/${a%%|*}.safetensors"
+        OMP_NUM_THREADS=2 t "$BIN/kvcalib" "$WORK/dump.h5" ${a#*|} --force --quiet -o "$ART/${a%%|*}.safetensors" &
+        pids+=($!)
+        while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 0.2; done
     done
-    cat "$WORK/calib.log" ;;
-eval|sched)
-    if [ "$STEP" = eval ]; then list=("${EVAL[@]}") win=(); else list=("${SCHED[@]}") win=(--max-windows "${KVQ_SCHED_WINDOWS:-24}"); fi
-    mapfile -t sc < <(schemes "${list[@]}")
-    "$BIN/kveval" --device "$DEV" --model "$MODEL" --text "$TEXT" --ctx 2048 "${win[@]}" "${arts[@]}" "${sc[@]}" \
-        --json "$WORK/$STEP.json" >"$WORK/$STEP.md" 2>"$WORK/$STEP.err" || { tail -20 "$WORK/$STEP.err" >&2; exit 1; }
-    cat "$WORK/$STEP.md" ;;
-*) echo "gpu_kveval_families: unknown step $STEP (calib, eval, sched)" >&2; exit 2 ;;
+    for p in "${pids[@]}"; do wait "$p" || echo "kvcalib failed (calib.log)" >&2; done
+    sort -k3 "$WORK/calib.log" ;;
+eval)
+    : >"$WORK/eval.status"
+    s0=$(date +%s)
+    all=()
+    [ -z "${KVQ_MAX_WINDOWS:-}" ] || all=(--max-windows "$KVQ_MAX_WINDOWS")
+    run_group g1 "${all[@]}" -- "${G1[@]}" &
+    run_group g2 "${all[@]}" -- "${G2[@]}" &
+    run_group g3 "${all[@]}" -- "${G3[@]}" &
+    run_group g4 "${all[@]}" -- "${G4[@]}" &
+    run_group g5 "${all[@]}" -- "${G5[@]}" &
+    run_group sched --max-windows "${KVQ_SCHED_WINDOWS:-24}" -- "${SCHED[@]}" &
+    wait
+    echo "eval: $(($(date +%s) - s0)) s for the six groups side by side" | tee -a "$WORK/eval.status"
+    cat "$WORK/eval.status"
+    for g in g1 g2 g3 g4 g5 sched; do echo "### $g"; cat "$WORK/$g.md"; done ;;
+*) echo "gpu_kveval_families: unknown step $STEP (calib, eval)" >&2; exit 2 ;;
 esac
