@@ -237,6 +237,31 @@ int run_synthetic(kvq_device gdev)
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
         }
+        /* mikv: the same host schedule with balanced keys (a fixed balancer table per layer, as kvcalib writes it) */
+        {
+            size_t kvd = (size_t)kvq_kv_dim(hp);
+            kvq_artifact ma = {.p = {.method = KVQ_FAM("mikv"), .k_bits = 2, .v_bits = 2, .post_rope = true,
+                                     .n_layers = (size_t)hp->n_layers, .n_kv_heads = (size_t)hp->n_kv_heads,
+                                     .head_dim = (size_t)hp->head_dim}};
+            ma.k = calloc((size_t)hp->n_layers, sizeof *ma.k);
+            for (int l = 0; l < hp->n_layers; l++) {
+                float *b;
+                uint64_t shape[1] = {kvd};
+                TRYE(kvq_kv_table_add(&ma.k[l], "balancer", 1, shape, &b, &err));
+                for (size_t c = 0; c < kvd; c++) b[c] = 0.5f + 0.25f * (float)((c + (size_t)l) % 7);
+            }
+            kvq_kv_desc mk = {.q = {.fam = KVQ_FAM("mikv"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 8, 1}},
+                              .key_stage = KVQ_KEYS_POST_ROPE, .art = &ma};
+            cmp_row r = compare(&cpu, &gpu, &mk, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            report_row("mikv-h8-l2-b25%-w8", "host sched", r, 0);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+            printf("mikv on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+                   ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+            for (int l = 0; l < hp->n_layers; l++) kvq_kv_table_free(&ma.k[l]);
+            free(ma.k);
+        }
         /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
         {
             size_t n = (size_t)T * kvq_kv_dim(hp);
