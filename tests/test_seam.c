@@ -263,6 +263,52 @@ START_TEST(test_registry_round_trip)
 }
 END_TEST
 
+/* The family-table container of the seam (artifact.h): names, shapes, limits, lookup. */
+START_TEST(test_family_tables)
+{
+    kvq_kv_table t = {0};
+    kvq_err e;
+    float *d = NULL;
+    const uint64_t sh[3] = {2, 3, 4};
+    ck_assert_int_eq(kvq_kv_table_add(&t, "codebook", 3, sh, &d, &e), KVQ_OK);
+    ck_assert_ptr_nonnull(d);
+    for (int i = 0; i < 24; i++) ck_assert(d[i] == 0.0f); /* zero-filled */
+    d[23] = 7.0f;
+    const kvq_fam_tensor *x = kvq_kv_table_get(&t, "codebook");
+    ck_assert_ptr_nonnull(x);
+    ck_assert_uint_eq(kvq_fam_tensor_len(x), 24);
+    ck_assert(x->data[23] == 7.0f && x->n_dims == 3 && x->shape[2] == 4);
+    ck_assert_ptr_null(kvq_kv_table_get(&t, "codebooks"));
+    /* refusals name the rule */
+    ck_assert_int_eq(kvq_kv_table_add(&t, "codebook", 1, sh, &d, &e), KVQ_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "already present"));
+    ck_assert_int_eq(kvq_kv_table_add(&t, "bad-name", 1, sh, &d, &e), KVQ_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "[A-Za-z0-9_]"));
+    ck_assert_int_eq(kvq_kv_table_add(&t, "four", 4, sh, &d, &e), KVQ_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "dimensions"));
+    const uint64_t zero[1] = {0};
+    ck_assert_int_eq(kvq_kv_table_add(&t, "empty", 1, zero, &d, &e), KVQ_EINVAL);
+    ck_assert_ptr_null(d);
+    for (int i = 1; i < KVQ_FAM_TENSORS; i++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "t%d", i);
+        ck_assert_int_eq(kvq_kv_table_add(&t, nm, 1, sh, &d, &e), KVQ_OK);
+    }
+    ck_assert_int_eq(kvq_kv_table_add(&t, "one_more", 1, sh, &d, &e), KVQ_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "at most"));
+    ck_assert_uint_eq(t.n_ft, KVQ_FAM_TENSORS);
+    kvq_kv_table_free(&t);
+    ck_assert_uint_eq(t.n_ft, 0);
+    /* what a layer fit may read, per dataset */
+    kvq_calib_src src = {.n_samples = 3, .seq_len = 5, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8};
+    ck_assert_uint_eq(kvq_calib_src_len(&src, 0), 3 * 5 * 2 * 8);  /* k_pre_rope */
+    ck_assert_uint_eq(kvq_calib_src_len(&src, 3), 3 * 5 * 4 * 8);  /* q */
+    ck_assert_uint_eq(kvq_calib_src_len(&src, 5), 3 * 5 * 2 * 8);  /* fisher_v */
+    ck_assert_uint_eq(kvq_calib_src_len(&src, 6), 3 * 4 * 5);      /* attn_received */
+    ck_assert_uint_eq(kvq_calib_src_len(&src, 8), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("seam");
@@ -270,6 +316,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_one_implementation);
     tcase_add_test(tc, test_registry_round_trip);
+    tcase_add_test(tc, test_family_tables);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -949,7 +949,7 @@ static void print_table(FILE *f, size_t i, char kv, const kvq_kv_table *t)
             if (x->data[e] < lo) lo = x->data[e];
             if (x->data[e] > hi) hi = x->data[e];
         }
-        fprintf(f, ", %s [", x->name);
+        fprintf(f, "%s%s [", j || t->n_elems || t->fp8_scale || t->channel_lower ? ", " : " ", x->name);
         for (uint32_t d = 0; d < x->n_dims; d++) fprintf(f, "%s%llu", d ? "x" : "", (unsigned long long)x->shape[d]);
         fprintf(f, "] in [%.4g, %.4g]", (double)lo, (double)hi);
     }
