@@ -24,6 +24,7 @@
 #include "backward.h"
 #include "family.h"
 #include "forward.h"
+#include "importance.h"
 #include "kv_desc.h"
 #include "kvq_test.h"
 #include "scheme.h"
@@ -53,6 +54,10 @@ typedef struct {
     int bits, hi_bits, group, W, ns;
     double f;
     const float *bal;    /* [L][kvd] mikv's key balancer, or NULL: a low / int key is Q(k * b) / b */
+    bool zc;             /* zipcache: normalised importance, probe votes, block representations */
+    bool kt;             /* zipcache -kt: keys channel-separable token-wise (else per-channel over the block) */
+    double probe;        /* zipcache: probe share (0: every query votes) */
+    int blk;             /* zipcache: tokens per normalisation block */
     float *ck, *cv;      /* [L][N][kvd] exact post-RoPE keys / values as appended */
     unsigned char *cls;  /* [L][H][N] */
     double *score;       /* [L][H][N] */
@@ -60,6 +65,64 @@ typedef struct {
     float *mass;         /* [L][n_heads][N + 1]: the last step's attention probabilities */
     long demotions, direct_low;
 } ref_cache;
+
+/* zipcache: token j's head h of layer l at class c, from the block of r->blk tokens holding j (all of
+ * them already in the cache: a token is read below the exact class only after its whole block was
+ * appended); values (and -kt keys) divided per channel by sqrt(max |x|) over the block, quantized per
+ * token in groups, multiplied back; keys per channel between the block's min and max */
+static void zc_ref_rep(const ref_cache *r, int l, int j, int h, int c, bool key, int step, float *y)
+{
+    kvq_err e = {0};
+    const float *base = (key ? r->ck : r->cv) + (size_t)l * r->N * r->kvd;
+    const float *xh = base + (size_t)j * r->kvd + (size_t)h * r->hd;
+    float *yh = y + (size_t)h * r->hd;
+    if (c == C_EXACT) {
+        memcpy(yh, xh, (size_t)r->hd * sizeof(float));
+        return;
+    }
+    if (c == C_HIGH && r->hi_bits == 16) {
+        kvq_quant_fp16(yh, xh, (size_t)r->hd, NULL);
+        return;
+    }
+    int b0 = j / r->blk * r->blk, bits = c == C_HIGH ? r->hi_bits : r->bits;
+    ck_assert_msg(b0 + r->blk <= step, "token %d read quantized at step %d before its block [%d, %d) was complete", j, step, b0,
+                  b0 + r->blk);
+    float a[256], b[256], t[256];
+    ck_assert_int_le(r->hd, 256);
+    for (int d = 0; d < r->hd; d++) {
+        a[d] = b[d] = base[(size_t)b0 * r->kvd + (size_t)h * r->hd + d];
+        for (int u = b0; u < b0 + r->blk; u++) {
+            float x = base[(size_t)u * r->kvd + (size_t)h * r->hd + d];
+            a[d] = x < a[d] ? x : a[d];
+            b[d] = x > b[d] ? x : b[d];
+        }
+    }
+    if (key && !r->kt) {
+        ck_assert(kvq_quant_int_channel(yh, xh, 1, (size_t)r->hd, a, b, bits, false, 0, NULL, &e) == KVQ_OK);
+        return;
+    }
+    size_t g = r->group ? (size_t)r->group : (size_t)r->hd;
+    for (int d = 0; d < r->hd; d++) {
+        float m = fabsf(a[d]) > fabsf(b[d]) ? fabsf(a[d]) : fabsf(b[d]), n = sqrtf(m);
+        if (!(n > 0)) n = 1;
+        a[d] = n;
+        t[d] = xh[d] / n;
+    }
+    ck_assert(kvq_quant_int_token(t, t, 1, (size_t)r->hd, g, bits, 0, NULL, &e) == KVQ_OK);
+    for (int d = 0; d < r->hd; d++) yh[d] = t[d] * a[d];
+}
+
+/* does window query i vote (zipcache probes: the family's fixed hash, importance.h kvq_imp_is_probe)? */
+static bool ref_votes(const ref_cache *r, int i) { return !r->zc || kvq_imp_is_probe(i, r->probe); }
+
+/* importance of token j after step t: accumulated attention, or (zipcache) divided by the voting queries in [j, t] */
+static double ref_importance(const ref_cache *r, const double *sc, int j, int t)
+{
+    if (!r->zc) return sc[j];
+    int n = 0;
+    for (int i = j; i <= t; i++) n += ref_votes(r, i);
+    return n > 0 ? sc[j] / n : 0.0;
+}
 
 /* one token's head h of layer l: its representation for class c (keys balanced when r->bal) */
 static void ref_rep(const ref_cache *r, const float *x, float *y, int c, int h, int l, bool key)
@@ -103,7 +166,7 @@ static void ref_after_step(ref_cache *r, int t, int n_heads)
             double *sc = r->score + ((size_t)l * r->H + h) * r->N;
             unsigned char *cl = r->cls + ((size_t)l * r->H + h) * r->N;
             const float *m = r->mass + (size_t)l * n_heads * (r->N + 1);
-            for (int j = 0; j <= t; j++) {
+            for (int j = 0; j <= t && ref_votes(r, t); j++) {
                 double a = 0;
                 for (int q = 0; q < r->gs; q++) a += m[(size_t)(h * r->gs + q) * (t + 1) + j];
                 sc[j] += a;
@@ -118,11 +181,13 @@ static void ref_after_step(ref_cache *r, int t, int n_heads)
                 continue;
             }
             int best = e, slot = -1;
-            for (int k = 0; k < *nh; k++)
-                if (sc[hv[k]] < sc[best] || (sc[hv[k]] == sc[best] && hv[k] < best)) {
+            for (int k = 0; k < *nh; k++) {
+                double ik = ref_importance(r, sc, hv[k], t), ib = ref_importance(r, sc, best, t);
+                if (ik < ib || (ik == ib && hv[k] < best)) {
                     best = hv[k];
                     slot = k;
                 }
+            }
             if (slot < 0) {
                 cl[e] = C_LOW;
                 r->direct_low++;
@@ -162,6 +227,12 @@ static void hh_decode_case(const kvq_model *m, const char *spec, bool expect_dem
     const kvq_scheme *q = &s.s.q;
     ref_cache r = {.L = L, .H = H, .hd = m->hp.head_dim, .kvd = kvd, .gs = m->hp.n_heads / H, .N = N, .bits = q->k_bits,
                    .hi_bits = (int)q->x[1], .group = (int)q->group, .W = (int)q->residual, .ns = (int)q->n_sink, .f = q->x[0]};
+    if (!strcmp(q->fam->name, "zipcache")) { /* zipcache.c: x = {budget, high bits, probe share, block}, variant = -kt */
+        r.zc = true;
+        r.probe = q->x[2];
+        r.blk = (int)q->x[3];
+        r.kt = q->variant == 1;
+    }
     float *bal = NULL;
     if (s.desc.art && s.desc.art->k) { /* mikv: the bound artifact's balancer, copied per layer */
         bal = malloc((size_t)L * kvd * sizeof(float));
@@ -190,6 +261,11 @@ static void hh_decode_case(const kvq_model *m, const char *spec, bool expect_dem
                 for (int h = 0; h < H; h++) {
                     size_t src = ((size_t)l * N + j) * kvd, dst = ((size_t)l * t + j) * kvd;
                     int c = r.cls[((size_t)l * H + h) * N + j];
+                    if (r.zc) {
+                        zc_ref_rep(&r, l, j, h, c, true, t, pk + dst);
+                        zc_ref_rep(&r, l, j, h, c, false, t, pv + dst);
+                        continue;
+                    }
                     ref_rep(&r, r.ck + src, pk + dst, c, h, l, true);
                     ref_rep(&r, r.cv + src, pv + dst, c, h, l, false);
                 }
@@ -340,6 +416,150 @@ START_TEST(test_mikv_decode_equivalence)
         mikv_art_free(&x);
         kvq_model_free(&m);
     }
+}
+END_TEST
+
+/* ---------------- zipcache: normalised importance, probes, block representations, the same oracle ---------------- */
+
+START_TEST(test_zipcache_decode_equivalence)
+{
+    char buf[4096];
+    /* channel-wise keys / channel-separable values with blocks shorter than the window; probes with fp16 salient
+     * tokens and a sink; -kt (channel-separable keys) with groups and probes; block = window */
+    const char *specs[] = {"zipcache-h4-l2-b30%-w8-n4", "zipcache-h16-l2-b20%-w3-n2-p50%+sink1",
+                           "zipcache-h8-l3-b25%-w6-g4-p30%-kt+sink2", "zipcache-h4-l2-b40%-w5-kt"};
+    const char *models[] = {"models/llama2c/stories260K.bin", "models/llama2c/aidreams260K.bin"};
+    for (int mi = 0; mi < 2; mi++) {
+        const char *p = kvq_test_shared(buf, sizeof buf, models[mi]);
+        KVQ_SKIP_IF(!p, "../shared/models/llama2c tiny models absent");
+        kvq_model m;
+        kvq_err e = {0};
+        ck_assert_msg(kvq_model_load(p, &m, &e) == KVQ_OK, "%s", e.msg);
+        for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+            if (mi == 0 && i == 2) continue; /* -g4 needs head_dim 16 */
+            hh_decode_case(&m, specs[i], true, NULL);
+        }
+        kvq_model_free(&m);
+    }
+}
+END_TEST
+
+/* teeth of the normalisation and the probes: on the same tokens the decisions (hence the loss) differ from H2O's
+ * accumulated attention and from every-query voting */
+static double zc_loss(const kvq_model *m, const char *spec)
+{
+    kvq_err e = {0};
+    kvq_eval_scheme s;
+    ck_assert_msg(kvq_eval_scheme_make(spec, NULL, &m->hp, &s, &e) == KVQ_OK, "%s", e.msg);
+    int tok[48];
+    make_tokens(tok, 48, m->hp.vocab_size, 4242);
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, m, 48, 48, KVQ_FWD_ROW_INVARIANT, &e) == KVQ_OK);
+    kvq_scheme_run run;
+    kvq_hooks hk;
+    kvq_scheme_hooks(&run, &s, &hk);
+    kvq_fwd_io io = {.tokens = tok, .T = 48, .hooks = &hk};
+    kvq_fwd_result res;
+    ck_assert_msg(kvq_forward_run(&fw, &io, &res, &e) == KVQ_OK, "%s", e.msg);
+    kvq_scheme_run_free(&run);
+    kvq_forward_free(&fw);
+    return res.loss;
+}
+
+START_TEST(test_zipcache_policy_matters)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/aidreams260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c/aidreams260K.bin absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert(kvq_model_load(p, &m, &e) == KVQ_OK);
+    double all = zc_loss(&m, "zipcache-h8-l2-b30%-w4-n4"), probe = zc_loss(&m, "zipcache-h8-l2-b30%-w4-n4-p30%");
+    fprintf(stderr, "INFO zipcache every query %.9f, 30%% probes %.9f\n", all, probe);
+    ck_assert_msg(all != probe, "probes changed nothing (%.12g)", all);
+    kvq_model_free(&m);
+}
+END_TEST
+
+START_TEST(test_zipcache_spec_bits)
+{
+    kvq_hparams hp = {.n_layers = 30, .dim = 576, .hidden_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64,
+                      .vocab_size = 49152, .ctx_len = 8192, .rope_dim = 64, .rope_theta = 100000, .norm_eps = 1e-5f};
+    kvq_err e = {0};
+    kvq_eval_scheme s;
+    ck_assert_msg(kvq_eval_scheme_make("zipcache", NULL, &hp, &s, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(s.name, "zipcache-h4-l2-b60%-w100-n100");
+    ck_assert(!s.desc.q.fam->needs_artifact);
+    /* nominal bits at ctx 2048: 100 window tokens exact (16); floor(0.6 * 2048) = 1228 salient, 720 low.
+     * Values: H / L + 32/64 (fp16 scale and zero point per (token, head)) + 16/100 (fp16 channel normaliser per
+     * 100-token block). Keys channel-wise: H / L + (1 + 16)/64 (saliency flag and score per (token, head)) + 2 x 32/100
+     * (fp16 min and scale per channel per block, for the salient and the low tokens) */
+    kvq_bits b;
+    ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+    ck_assert_double_eq_tol(b.v, (100.0 * 16 + 1228.0 * 4.5 + 720.0 * 2.5) / 2048 + 0.16, 1e-12);
+    ck_assert_double_eq_tol(b.k, (100.0 * 16 + 1228.0 * (4 + 17.0 / 64) + 720.0 * (2 + 17.0 / 64)) / 2048 + 0.64, 1e-12);
+    /* -kt, groups of 32, fp16 salient tokens, a sink: keys as values plus the saliency metadata */
+    ck_assert_msg(kvq_eval_scheme_make("zipcache-h16-l3-b12.5%-w64-n32-g32-p10%-kt+sink1", NULL, &hp, &s, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(s.name, "zipcache-h16-l3-b12.5%-w64-n32-g32-p10%-kt+sink1");
+    ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
+    ck_assert_double_eq_tol(b.v, (65.0 * 16 + 256.0 * 16 + 1727.0 * 4) / 2048 + 0.5, 1e-12);
+    ck_assert_double_eq_tol(b.k, (65.0 * 16 + 256.0 * (16 + 17.0 / 64) + 1727.0 * (4 + 17.0 / 64)) / 2048 + 0.5, 1e-12);
+    /* realised: of the 700 elements outside sink and window a run kept 100 salient */
+    kvq_quant_counts c = {.n_elems = 1000, .n_sink = 100, .n_exact = 200, .n_high = 100};
+    ck_assert(kvq_eval_scheme_bits_run(&s, 2048, &hp, &c, &c, &b, &e) == KVQ_OK);
+    double fh = 100.0 / 700 * 1983 / 2048;
+    ck_assert_double_eq_tol(b.v, 65.0 / 2048 * 16 + fh * 16 + (1 - 65.0 / 2048 - fh) * 4 + 0.5, 1e-12);
+    /* kvstat's resting values: sink and the last W exact, the rest at L bits, channel normalisers per block of N from row 0 */
+    ck_assert(kvq_eval_scheme_make("zipcache-h4-l2-w4-n3+sink1", NULL, &hp, &s, &e) == KVQ_OK);
+    enum { T = 12, KVD = 192 };
+    static float x[T * KVD], y[T * KVD], lo[T * KVD];
+    for (int i = 0; i < T * KVD; i++) x[i] = sinf(0.37f * (float)i) * 3.0f * (1 + (float)(i % KVD % 7));
+    kvq_quant_counts qc = {0};
+    ck_assert(kvq_kv_desc_quantize(&s.desc, 0, 'v', y, x, T, KVD, 64, &qc, &e) == KVQ_OK);
+    for (int b0 = 0; b0 < T; b0 += 3) {
+        float n[KVD];
+        for (int ch = 0; ch < KVD; ch++) {
+            double mx = 0;
+            for (int t = b0; t < b0 + 3; t++) mx = fmax(mx, fabs(x[t * KVD + ch]));
+            n[ch] = sqrtf((float)mx);
+        }
+        for (int t = b0; t < b0 + 3; t++)
+            for (int ch = 0; ch < KVD; ch++) lo[t * KVD + ch] = x[t * KVD + ch] / n[ch];
+        ck_assert(kvq_quant_int_token(lo + b0 * KVD, lo + b0 * KVD, 3, KVD, 64, 2, 0, NULL, &e) == KVQ_OK);
+        for (int t = b0; t < b0 + 3; t++)
+            for (int ch = 0; ch < KVD; ch++) lo[t * KVD + ch] *= n[ch];
+    }
+    ck_assert_uint_eq(n_bits_differ(y, x, KVD), 0);
+    ck_assert_uint_eq(n_bits_differ(y + KVD, lo + KVD, (T - 5) * KVD), 0);
+    ck_assert_uint_eq(n_bits_differ(y + (T - 4) * KVD, x + (T - 4) * KVD, 4 * KVD), 0);
+    ck_assert_uint_eq(qc.n_exact, 4 * KVD);
+    ck_assert_uint_eq(qc.n_sink, KVD);
+    /* teeth: the normaliser matters (plain per-token 2-bit values differ) */
+    ck_assert(kvq_quant_int_token(lo, x, T, KVD, 64, 2, 0, NULL, &e) == KVQ_OK);
+    ck_assert_uint_gt(n_bits_differ(y + KVD, lo + KVD, (T - 5) * KVD), 0);
+    /* bad parameters, the rule named, before any work */
+    const struct { const char *spec, *needle; } bad[] = {
+        {"zipcache-b0%", "salient share"},
+        {"zipcache-b101%", "salient share"},
+        {"zipcache-h2-l2", "must exceed the low bit width"},
+        {"zipcache-h12", "high bit width after -h"},
+        {"zipcache-w0", "recent window"},
+        {"zipcache-w8-n9", "normalisation block 9: expected 1..W"},
+        {"zipcache-n0", "normalisation block after -n"},
+        {"zipcache-g48", "does not divide head_dim 64"},
+        {"zipcache-p100%", "probe share"},
+        {"zipcache-p0%", "probe share"},
+        {"zipcache-kc", "expected zipcache"},
+        {"zipcache-h4-l2+sink1-x", "zipcache"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_int_ne(kvq_eval_scheme_make(bad[i].spec, NULL, &hp, &s, &e), KVQ_OK);
+        ck_assert_msg(strstr(e.msg, bad[i].needle), "%s: %s", bad[i].spec, e.msg);
+    }
+    ck_assert(kvq_eval_scheme_make("zipcache-w511+sink1", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert_int_ne(s.desc.q.fam->check_ctx(&s.desc.q, s.name, 512, &e), KVQ_OK);
+    ck_assert_msg(strstr(e.msg, "shorter than the context"), "%s", e.msg);
+    ck_assert_int_eq(s.desc.q.fam->check_ctx(&s.desc.q, s.name, 513, &e), KVQ_OK);
 }
 END_TEST
 
@@ -637,6 +857,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_mikv_decode_equivalence);
     tcase_add_test(tc, test_mikv_fit_balancer);
     tcase_add_test(tc, test_mikv_spec_bits);
+    tcase_add_test(tc, test_zipcache_decode_equivalence);
+    tcase_add_test(tc, test_zipcache_policy_matters);
+    tcase_add_test(tc, test_zipcache_spec_bits);
     suite_add_tcase(s, tc);
     return s;
 }
