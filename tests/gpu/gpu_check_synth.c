@@ -262,6 +262,19 @@ int run_synthetic(kvq_device gdev)
             for (int l = 0; l < hp->n_layers; l++) kvq_kv_table_free(&ma.k[l]);
             free(ma.k);
         }
+        /* zipcache: the same host schedule with normalised importance, probe votes and block-normalised
+         * representations (kernels/schemes/zipcache.c: x = {salient share, high bits, probe share, block}) */
+        {
+            kvq_kv_desc zc = {.q = {.fam = KVQ_FAM("zipcache"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 4, 0.5, 4}},
+                              .key_stage = KVQ_KEYS_POST_ROPE};
+            cmp_row r = compare(&cpu, &gpu, &zc, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            report_row("zipcache-h4-l2-b25%-w8-n4-p50%", "host sched", r, 0);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+            printf("zipcache on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+                   ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+        }
         /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
         {
             size_t n = (size_t)T * kvq_kv_dim(hp);
