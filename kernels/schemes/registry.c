@@ -13,7 +13,7 @@
 extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_family_int_pc, kvq_family_kivi,
     kvq_family_nuq, kvq_family_fp8, kvq_family_ggml, kvq_family_hh;
 extern const kvq_family kvq_family_mikv;
-extern const kvq_family kvq_family_zipcache;
+extern const kvq_family kvq_family_zipcache, kvq_family_skvq;
 
 /* Listing order (kveval --help, kvcalib --method, error messages): the baselines, then KVQuant's
  * nuqX (the method the suite is built around), the uniform and KIVI families, the production
@@ -22,7 +22,7 @@ extern const kvq_family kvq_family_zipcache;
 static const kvq_family *const families[] = {
     &kvq_family_fp32, &kvq_family_fp16, &kvq_family_nuq,  &kvq_family_int, &kvq_family_int_pc,
     &kvq_family_kivi, &kvq_family_fp8,  &kvq_family_ggml, &kvq_family_hh,
-    &kvq_family_mikv, &kvq_family_zipcache,
+    &kvq_family_mikv, &kvq_family_zipcache, &kvq_family_skvq,
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 
