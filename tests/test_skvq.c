@@ -425,9 +425,9 @@ START_TEST(test_skvq_kvcalib_chain)
                         ck_assert_msg(own <= pow(mn[c] - cen[h][0], 2) + pow(mx[c] - cen[h][1], 2) + 1e-9 * (1 + own),
                                       "layer %d %c: channel %d is nearer to group %zu than to its own %zu", l, w ? 'v' : 'k', c, h, g);
                 }
-            /* the clip ratio: the least squared error over 1.00 .. 0.80 (written out here in double) */
+            /* the clip ratio: the least squared error over 1.00 .. 0.50 (written out here in double) */
             double best = INFINITY, at = 0;
-            for (int i = 100; i >= 80; i--) {
+            for (int i = 100; i >= 50; i--) {
                 kvq_kv_table tt = *t; /* the same tables with clip i/100 */
                 float cv = (float)i / 100.0f;
                 kvq_fam_tensor clt = *cl;

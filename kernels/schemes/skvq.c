@@ -23,7 +23,7 @@
  *   perm        [kv_dim]         reordered position r holds channel perm[r] (a permutation of 0..kv_dim-1, as floats);
  *   group_start [n_groups + 1]   reordered positions where each group starts, 0 first, kv_dim last, increasing;
  *   clip        [1]              the clip ratio a, (0, 1];
- * parameter kvq.skvq.clip: 0 (default) searches a per layer and side over 1.00, 0.99, ..., 0.80 for the
+ * parameter kvq.skvq.clip: 0 (default) searches a per layer and side over 1.00, 0.99, ..., 0.50 for the
  * least squared reconstruction error of the dump's tokens (sink tokens excluded); a value in (0, 1]
  * fixes it (the reference README's "unified clipping", 0.91-0.97).
  *
@@ -58,7 +58,7 @@
 #include "family.h"
 
 enum { SK_W = 128, SK_SINK = 5, SK_G = 128, SK_RESTARTS = 10, SK_ITERS = 300 };
-#define SK_CLIP_LO 0.80
+#define SK_CLIP_LO 0.50
 
 /* ---- spec ------------------------------------------------------------------------------ */
 
@@ -505,7 +505,7 @@ static kvq_status fit_side(const kvq_artifact_params *p, int layer, char side, c
     if (!s) {
         int bits = side == 'k' ? p->k_bits : p->v_bits;
         float a = (float)p->x[0];
-        if (a == 0) { /* search: 1.00 down to 0.80, the least error (ties: the larger ratio) */
+        if (a == 0) { /* search: 1.00 down to 0.50, the least error (ties: the larger ratio) */
             double be = INFINITY;
             for (int i = 100; i >= (int)lround(SK_CLIP_LO * 100); i--) {
                 float r = (float)i / 100.0f;
