@@ -107,7 +107,7 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
         {"fit", 0, KVQ_OPT_CHOICE, &a->fit, "HOW",
          "nuq datatype fit: Lloyd's weighted k-means, the exact 1-D optimum, or the better of both", "auto|lloyd|exact", 0,
          0, false},
-        {"group", 0, KVQ_OPT_INT, &a->group, "G", "int/int-pc: channels per token group; kivi: group size (-1: default)",
+        {"group", 0, KVQ_OPT_INT, &a->group, "G", "int/int-pc: channels per token group; kivi: group size; skvq: kv_dim / G channel clusters (-1: default)",
          NULL, -1, 1e9, false},
         {"residual", 0, KVQ_OPT_INT, &a->residual, "R", "kivi: full-precision recent tokens (-1: default)", NULL, -1, 1e9,
          false},
