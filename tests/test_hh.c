@@ -492,12 +492,12 @@ START_TEST(test_zipcache_spec_bits)
     ck_assert(!s.desc.q.fam->needs_artifact);
     /* nominal bits at ctx 2048: 100 window tokens exact (16); floor(0.6 * 2048) = 1228 salient, 720 low.
      * Values: H / L + 32/64 (fp16 scale and zero point per (token, head)) + 16/100 (fp16 channel normaliser per
-     * 100-token block). Keys channel-wise: H / L + (1 + 16)/64 (saliency flag and score per (token, head)) + 2 x 32/100
-     * (fp16 min and scale per channel per block, for the salient and the low tokens) */
+     * 100-token block). Keys channel-wise: H / L + (1 + 16)/64 (saliency flag and score per (token, head)) + 32/100
+     * (an fp16 min and max per channel per block, shared by the salient and the low tokens) */
     kvq_bits b;
     ck_assert(kvq_eval_scheme_bits(&s, 2048, &hp, &b, &e) == KVQ_OK);
     ck_assert_double_eq_tol(b.v, (100.0 * 16 + 1228.0 * 4.5 + 720.0 * 2.5) / 2048 + 0.16, 1e-12);
-    ck_assert_double_eq_tol(b.k, (100.0 * 16 + 1228.0 * (4 + 17.0 / 64) + 720.0 * (2 + 17.0 / 64)) / 2048 + 0.64, 1e-12);
+    ck_assert_double_eq_tol(b.k, (100.0 * 16 + 1228.0 * (4 + 17.0 / 64) + 720.0 * (2 + 17.0 / 64)) / 2048 + 0.32, 1e-12);
     /* -kt, groups of 32, fp16 salient tokens, a sink: keys as values plus the saliency metadata */
     ck_assert_msg(kvq_eval_scheme_make("zipcache-h16-l3-b12.5%-w64-n32-g32-p10%-kt+sink1", NULL, &hp, &s, &e) == KVQ_OK, "%s", e.msg);
     ck_assert_str_eq(s.name, "zipcache-h16-l3-b12.5%-w64-n32-g32-p10%-kt+sink1");

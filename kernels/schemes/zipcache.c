@@ -46,8 +46,9 @@
  * Bits per element (realised salient share, importance.h kvq_imp_bits): exact (window, sink) 16;
  *   token-wise side: L + 32/G (low) or H + 32/G (high; 16 for fp16), plus 16/N for the fp16
  *     channel normaliser of every block;
- *   channel-wise keys: L or H (16 for fp16), plus 32/N per range (fp16 min and scale per channel
- *     per block) for each of the two ranges (low and high tokens; one when H = 16);
+ *   channel-wise keys: L or H (16 for fp16), plus 32/N: one fp16 min and max per channel per block,
+ *     from which both bit widths derive their scale (the salient and the other tokens of a block share
+ *     the range);
  *   keys also carry the saliency metadata per (token, KV head) outside the window: a 1-bit flag
  *     and the 16-bit accumulated score the streaming policy compares, (1 + 16) / head_dim.
  *
@@ -333,7 +334,7 @@ static kvq_status bits_zc(const kvq_scheme *q, const kvq_bits_in *in, kvq_bits *
     double h = ZC_HIGH(q), N = ZC_BLOCK(q), G = (double)g;
     kvq_imp_cost v = {.lo = q->v_bits + 32.0 / G, .hi = h == 16 ? 16.0 : h + 32.0 / G, .fixed = 16.0 / N};
     kvq_imp_cost k = v;
-    if (!ZC_KT(q)) k = (kvq_imp_cost){.lo = q->k_bits, .hi = h, .fixed = (h == 16 ? 32.0 : 64.0) / N};
+    if (!ZC_KT(q)) k = (kvq_imp_cost){.lo = q->k_bits, .hi = h, .fixed = 32.0 / N};
     double meta = 17.0 / (double)hd; /* saliency flag + accumulated score per (token, KV head) */
     k.lo += meta;
     k.hi += meta;
