@@ -232,7 +232,8 @@ START_TEST(test_registry_round_trip)
     const kvq_family *const *f = kvq_families(&n);
     ck_assert_uint_ge(n, 9);
     /* one spec per family that needs no artifact, plus its canonical name parsed back */
-    const char *specs[] = {"fp32", "fp16+sink2", "int3-g32", "kivi2", "fp8", "e5m2+sink1", "q4_0", "hh2-i8-15%-w16"};
+    const char *specs[] = {"fp32", "fp16+sink2", "int3-g32", "kivi2", "fp8", "e5m2+sink1", "q4_0", "hh2-i8-15%-w16",
+                           "zipcache-h8-l3-b25%-w16-n8-g32-p10%-kt+sink1", "mikv-h4-l2-nobal"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         kvq_err e = {0};
         kvq_eval_scheme s, s2;
@@ -259,7 +260,7 @@ START_TEST(test_registry_round_trip)
         ck_assert(f[i]->parse && f[i]->format && f[i]->quantize && f[i]->bits);
         if (f[i]->calib) ck_assert(f[i]->artifact && f[i]->from_params);
     }
-    ck_assert_str_eq(methods, "nuq|int|int-pc|kivi|fp8");
+    ck_assert_str_eq(methods, "nuq|int|int-pc|kivi|fp8|mikv|skvq");
 }
 END_TEST
 
