@@ -1,7 +1,10 @@
 /* skvq.c — SKVQ: sliding-window KV cache quantization with channel reordering and clipped dynamic
  * group quantization (Duanmu et al., "SKVQ: Sliding-window Key and Value Cache Quantization for Large
  * Language Models", arXiv 2405.06219, COLM 2024; reference code github.com/cat538/SKVQ:
- * calibration.py, KV_process.py, KVcache_manager.py).
+ * calibration.py, KV_process.py, KVcache_manager.py). Only the abstract of the paper could be read here:
+ * the section numbers below (§3.1 clipped dynamic quantization with channel reorder, §3.2 the sliding
+ * window and its filter rules) were not checked against the PDF; every rule was checked against the
+ * reference code, which the lines name.
  *   §3.1 channel reordering: the channels of a layer's keys (and values) are clustered offline by
  *        their calibration (min, max) with k-means into kv_dim / G clusters, the channels are permuted
  *        so that every cluster is contiguous and each cluster is one quantization group (groups of

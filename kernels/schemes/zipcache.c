@@ -2,7 +2,10 @@
  * low one, with channel-separable token-wise quantization (He et al., "ZipCache: Accurate and
  * Efficient KV Cache Quantization with Salient Token Identification", arXiv 2405.14256, NeurIPS 2024;
  * reference code github.com/ThisisBillhe/ZipCache, zipcache/models/modeling_llama.py and
- * CompressUtils/compress_function.py).
+ * CompressUtils/compress_function.py). Only the abstract of the paper could be read here: the section
+ * numbers below follow its method section's order (channel-separable quantization, normalised attention,
+ * probe approximation) and were not checked against the PDF; every rule was checked against the
+ * reference code, which the lines name.
  *   §4.1 channel-separable token-wise quantization: every channel c is divided by
  *        n_c = sqrt(max_t |x_tc|), then each token is quantized asymmetrically (min/max) per token,
  *        and multiplied back by n_c: one normaliser per channel plus a scale and zero point per
