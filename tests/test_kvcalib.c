@@ -1030,7 +1030,7 @@ START_TEST(test_cli)
         {"%s %s --method nuq --bits 3 --out %s --quiet --force", 0, {NULL}},
         {"%s %s --method nuq --bits 9 --out %s", 2, {"--bits: expected 1..8, found 9"}},
         {"%s %s --method nuq --bits 3 --outliers 0.5 --out %s", 2, {"outlier fraction: expected [0, 0.5), found 0.5"}},
-        {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi|fp8, found 'foo'"}},
+        {"%s %s --method foo --bits 3 --out %s", 2, {"--method: expected one of nuq|int|int-pc|kivi|fp8|mikv|skvq, found 'foo'"}},
         {"%s %s --bits 3 --out %s", 2, {"missing required option --method"}},
         {"%s %s --method int --bits 3 --outliers 0.01 --out %s", 2, {"outlier fraction", "method int"}},
         {"%s %s --method nuq --bits 0 --out %s", 2, {"--bits: expected 1..8, found 0"}}, /* was "missing required option" */
