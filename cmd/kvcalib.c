@@ -113,7 +113,7 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          "fit on K / V rotated as a scheme's +hadamard / +rht[<seed>] modifier does: hadamard, rht or rht<seed> "
          "(methods with fitted tables; recorded as kvq.rotation, bound only by a spec with that modifier)",
          NULL, 0, 0, false},
-        {"group", 0, KVQ_OPT_INT, &a->group, "G", "int/int-pc: channels per token group; kivi: group size (-1: default)",
+        {"group", 0, KVQ_OPT_INT, &a->group, "G", "int/int-pc: channels per token group; kivi: group size; skvq: kv_dim / G channel clusters (-1: default)",
          NULL, -1, 1e9, false},
         {"residual", 0, KVQ_OPT_INT, &a->residual, "R", "kivi: full-precision recent tokens (-1: default)", NULL, -1, 1e9,
          false},

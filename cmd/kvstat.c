@@ -19,6 +19,7 @@
 #include "outfile.h"
 #include "plot.h"
 #include "report.h"
+#include "scheme.h"
 
 #define PLOT_NAMES "profile|heatmap|outliers|attention|hist|qerr"
 #define MAX_IMAGES 16
@@ -28,6 +29,7 @@ typedef struct {
     long layer, head, sample, top, chunk;
     double outlier_mult, sink_share;
     kvq_strlist plot;
+    kvq_strlist scheme; /* --scheme: table-free schemes whose quantization error is reported (repeatable) */
     bool quiet, version;
 } args_t;
 
@@ -110,7 +112,9 @@ static int run(const args_t *a, const char *dump_path)
     kvq_kvstats *s = NULL;
     kvq_qerr q;
     bool have_q = false;
-    kvq_qscheme_state qs[3];
+    enum { MAX_SCHEMES = 3 + 8 }; /* the artifact's, two baselines, up to 8 --scheme */
+    kvq_qscheme_state qs[MAX_SCHEMES];
+    kvq_qscheme sch[MAX_SCHEMES];
     int n_qs = 0;
     kvq_cqstats cqs;
     bool have_cq = false;
@@ -140,8 +144,12 @@ static int run(const args_t *a, const char *dump_path)
         fprintf(stderr, "kvstat: --plot attention: %s has no attn_received; re-run kvdump with --attn-stats\n", dump_path);
         goto out;
     }
-    if ((explicitly(a, "qerr") || explicitly(a, "hist")) && !a->artifact) {
-        fprintf(stderr, "kvstat: --plot qerr/hist need --artifact FILE (a kvcalib artifact)\n");
+    if ((explicitly(a, "qerr") && !a->artifact && a->scheme.n == 0) || (explicitly(a, "hist") && !a->artifact)) {
+        fprintf(stderr, "kvstat: --plot qerr/hist need --artifact FILE (a kvcalib artifact; qerr also takes --scheme SPEC)\n");
+        goto out;
+    }
+    if (a->scheme.n > MAX_SCHEMES - 3) {
+        fprintf(stderr, "kvstat: --scheme: at most %d schemes, found %d\n", MAX_SCHEMES - 3, a->scheme.n);
         goto out;
     }
     if (a->artifact) {
@@ -161,7 +169,6 @@ static int run(const args_t *a, const char *dump_path)
     o.quiet = a->quiet;
     if (kvq_kvstats_compute(&src, &o, &s, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", dump_path, err.msg); goto out; }
     if (have_art) {
-        kvq_qscheme sch[3];
         if (kvq_qscheme_from_artifact(&art, &qs[0], &sch[0], &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
         n_qs = 1;
         /* baselines at the artifact's code bits per element (its family's code_bits: cq-c4b8 codes 2 bits per
@@ -177,6 +184,22 @@ static int run(const args_t *a, const char *dump_path)
                            .group = fk->calib->group, .residual = fk->calib->residual};
         if (art.p.method != fk && src.head_dim % (int)fk->calib->group == 0 &&
             kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
+    }
+    /* --scheme: families without tables (zipcache, hh, int, kivi, ...), the resting cache as the family's quantize
+     * gives it (post-RoPE keys), checked against the dump's head_dim before the pass */
+    for (int i = 0; i < a->scheme.n; i++) {
+        kvq_scheme_spec ss;
+        kvq_hparams hp = {.n_layers = src.layer_last + 1, .n_heads = src.n_heads, .n_kv_heads = src.n_kv_heads,
+                          .head_dim = src.head_dim};
+        if (kvq_scheme_parse(a->scheme.v[i], &ss, &err) != KVQ_OK ||
+            (ss.q.fam->check_model && ss.q.fam->check_model(&ss.q, a->scheme.v[i], &hp, &err) != KVQ_OK) ||
+            kvq_qscheme_plain(&ss.q, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) != KVQ_OK) {
+            fprintf(stderr, "kvstat: --scheme %s: %s\n", a->scheme.v[i], err.msg);
+            goto out;
+        }
+        n_qs++;
+    }
+    if (n_qs > 0) {
         if (kvq_qerr_compute(&src, sch, n_qs, a->quiet, &q, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
         have_q = true;
         if (art.p.method == kvq_family_find("cq")) { /* the codebooks' usage and per-group error */
@@ -297,6 +320,8 @@ int main(int argc, char **argv)
         {"json", 0, KVQ_OPT_STRING, &a.json, "FILE", "write every number as JSON ('-' = stdout, instead of the markdown)", NULL, 0, 0, false},
         {"html", 0, KVQ_OPT_STRING, &a.html, "DIR", "write DIR/index.html, one self-contained page (plots embedded)", NULL, 0, 0, false},
         {"plots", 'p', KVQ_OPT_STRING, &a.plots, "DIR", "write the figures into DIR (default with --html: the html DIR)", NULL, 0, 0, false},
+        {"scheme", 's', KVQ_OPT_LIST, &a.scheme, "SPEC", "also report the quantization error of this table-free kveval scheme "
+         "(repeatable, post-RoPE keys; e.g. zipcache-h4-l2-b60%, int4)", NULL, 0, 0, false},
         {"plot", 0, KVQ_OPT_LIST, &a.plot, "NAME", "only these figures (repeatable): " PLOT_NAMES, NULL, 0, 0, false},
         {"plot-format", 0, KVQ_OPT_CHOICE, &a.format, "F", "figure files (--html also writes the PNGs it embeds)", "png|svg|both", 0, 0,
          false},

@@ -327,6 +327,32 @@ START_TEST(test_cli_end_to_end)
         rc = run_cmd(cmd, out, sizeof out);
         ck_assert_msg(rc == cases[i].rc && strstr(out, cases[i].needle), "case %zu: rc %d, output: %s", i, rc, out);
     }
+    /* --scheme: a table-free family's resting error (zipcache: the last W tokens exact, the rest at L bits) beside
+     * another, no artifact; a scheme that needs tables or does not fit the dump's head_dim is refused before the pass.
+     * (Blocks of 4 tokens: with 2, every key is its block's channel min or max and 8-bit codes hit it exactly.) */
+    snprintf(cmd, sizeof cmd, "%s '%s' --scheme zipcache-h16-l8-w4 -s int2 --json - -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 0 && out[0] == '{', "rc %d: %.300s", rc, out);
+    root = cJSON_Parse(out);
+    ck_assert(root != NULL);
+    sc = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "quant_error"), "schemes");
+    ck_assert_int_eq(cJSON_GetArraySize(sc), 2);
+    s0 = cJSON_GetArrayItem(sc, 0);
+    s1 = cJSON_GetArrayItem(sc, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(s0, "name")->valuestring, "zipcache-h16-l8-b60%-w4-n4");
+    for (int j = 0; j < SY_NL; j++)
+        for (int w = 0; w < 2; w++) {
+            double z = cJSON_GetArrayItem(cJSON_GetObjectItem(s0, w ? "mse_v" : "mse_k"), j)->valuedouble;
+            double i2 = cJSON_GetArrayItem(cJSON_GetObjectItem(s1, w ? "mse_v" : "mse_k"), j)->valuedouble;
+            ck_assert_msg(z > 0 && z < i2, "layer %d %c: zipcache 8-bit resting MSE %g vs int2 %g", j, w ? 'v' : 'k', z, i2);
+        }
+    cJSON_Delete(root);
+    snprintf(cmd, sizeof cmd, "%s '%s' --scheme zipcache-g5 -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "--scheme zipcache-g5") && strstr(out, "does not divide head_dim 16"), "rc %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s '%s' --scheme mikv-h8-l2 -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "needs an artifact"), "rc %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s '%s' --plot attention --plots '%s/p' -q", kvstat, noattn, dir);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "re-run kvdump with --attn-stats"), "rc %d: %s", rc, out);

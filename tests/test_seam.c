@@ -243,7 +243,8 @@ START_TEST(test_registry_round_trip)
     ck_assert_uint_ge(n, 11);
     /* one spec per family that needs no artifact, plus its canonical name parsed back */
     const char *specs[] = {"fp32", "fp16+sink2", "int3-g32", "kivi2", "fp8", "e5m2+sink1", "q4_0", "hh2-i8-15%-w16",
-                           "nvfp4", "mxfp4+sink1", "fp4_mx_block16"};
+                           "nvfp4", "mxfp4+sink1", "fp4_mx_block16",
+                           "zipcache-h8-l3-b25%-w16-n8-g32-p10%-kt+sink1", "mikv-h4-l2-nobal"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         kvq_err e = {0};
         kvq_eval_scheme s, s2;
@@ -272,7 +273,8 @@ START_TEST(test_registry_round_trip)
     }
     /* the original methods first, in listing order (families added later follow: wkvq, cq, ...) */
     ck_assert_msg(!strncmp(methods, "nuq|int|int-pc|kivi|fp8|", 24), "%s", methods);
-    ck_assert_msg(strstr(methods, "|wkvq") && strstr(methods, "|cq") && strstr(methods, "|nvfp4"), "%s", methods);
+    ck_assert_msg(strstr(methods, "|wkvq") && strstr(methods, "|cq") && strstr(methods, "|nvfp4") && strstr(methods, "|mikv") &&
+                  strstr(methods, "|skvq"), "%s", methods);
 }
 END_TEST
 

@@ -188,6 +188,12 @@ kvq_status kvq_passkey_run(kvq_ppl_exec *x, const kvq_model *m, const kvq_tokeni
             return kvq_fail(err, KVQ_EINVAL, "passkey: length %zu%s exceeds the model's context length %d", o->lengths[i],
                             max_P ? " after an IntactKV prefix" : "", m->hp.ctx_len);
         if (o->lengths[i] > max_len) max_len = o->lengths[i];
+        /* a scheme's rules against the window (a recent window longer than it), before any work */
+        for (size_t s = 0; s < n_schemes; s++) {
+            const kvq_family *f = schemes[s].desc.q.fam;
+            if (f && f->check_ctx && f->check_ctx(&schemes[s].desc.q, schemes[s].name, o->lengths[i], err))
+                return kvq_err_prefix(err, "passkey: length %zu", o->lengths[i]);
+        }
     }
     res->n_schemes = n_schemes;
     res->n_cases = o->n_lengths * o->n_depths * o->trials;

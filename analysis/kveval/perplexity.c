@@ -382,6 +382,8 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
             return kvq_fail(err, KVQ_EINVAL, "perplexity: scheme %s: prefix of %d + ctx %zu exceeds the model's context length %d",
                             schemes[s].name, P, plan->ctx, m->hp.ctx_len);
         if (P > max_P) max_P = P;
+        const kvq_family *f = schemes[s].desc.q.fam;
+        if (f && f->check_ctx) KVQ_TRY(f->check_ctx(&schemes[s].desc.q, schemes[s].name, plan->ctx, err));
     }
     const size_t nw = plan->n_windows ? plan->n_windows : 1, nt = nw * plan->scored_per_window;
     for (size_t s = 0; s < n_schemes; s++) {

@@ -283,6 +283,10 @@ struct kvq_family {
     kvq_status (*validate)(const kvq_scheme *q, kvq_err *err);       /* parameter rules; NULL = generic only */
     /* sizes against the model (divisibility); NULL = none. Errors name the scheme (spec). */
     kvq_status (*check_model)(const kvq_scheme *q, const char *spec, const kvq_hparams *hp, kvq_err *err);
+    /* sizes against the evaluation's context of ctx tokens (a window longer than the context); NULL = none.
+     * Called by kveval's perplexity run (ctx) and passkey task (every --passkey-lengths value) before any work;
+     * `name` is the scheme's canonical name. */
+    kvq_status (*check_ctx)(const kvq_scheme *q, const char *name, size_t ctx, kvq_err *err);
 
     /* artifacts */
     bool (*needs_artifact)(const kvq_scheme *q);  /* NULL: never */

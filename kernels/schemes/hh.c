@@ -19,23 +19,10 @@
  * Keys post-RoPE by default (what a cache holds); +sink<N> keeps the first N
  * tokens exact and out of the competition.
  *
- * Decode semantics, per layer and KV head h (GQA: the query heads of h's
- * group vote together), for the query at step i (window token i):
- *   - tokens j in (i - W, i] (the recent window) and sink tokens are exact;
- *   - after query i has attended, every window key j <= i gains
- *     s_j += sum over the group's query heads of their attention probability
- *     p_ij (the probability as the simulated cache produced it, rounded to
- *     float; the sum over heads in double, added in head order);
- *   - then token e = i + 1 - W leaves the window (if e >= n_sink): with fewer
- *     than C(i + 2) = floor(f * (i + 2)) heavy hitters it joins them (high
- *     precision from step i + 1 on); otherwise the token with the lowest s
- *     among the heavy hitters and e (ties: the lowest index) goes to the low
- *     precision from step i + 1 on, for good (no token is ever promoted back:
- *     a real cache no longer has its high-precision copy), and e takes its
- *     place unless it was e itself.
- * This is the kvq_kv_sched contract (forward.h): three representations
- * (exact, high, low) per key and value, switch times per (KV head, token)
- * decided by the step callback after every query row.
+ * Decode semantics: the attention-importance schedule of importance.h (shared
+ * with mikv.c and zipcache.c) with budget f and window W, every query voting,
+ * importance = accumulated attention (H2O). Three representations (exact,
+ * high, low) per key and value, the kvq_kv_sched contract (forward.h).
  *
  * Bits: from the resting cache the last query saw, per element: exact tokens
  * (window and sink) at 16, high at 16 (or 8 + 32/G) plus a 16-bit token index
@@ -60,6 +47,7 @@
 #include <string.h>
 
 #include "family.h"
+#include "importance.h"
 
 #define HH_BUDGET(q) ((q)->x[0]) /* heavy-hitter fraction, (0, 1] */
 #define HH_HIGH(q) ((q)->x[1])   /* high precision bits: 16 (fp16) or 8 */
@@ -166,199 +154,34 @@ static kvq_status quantize_hh(const kvq_kv_desc *d, int layer, char side, float 
 {
     (void)layer;
     (void)side;
-    const kvq_scheme *q = &d->q;
-    size_t ns = q->n_sink < T ? q->n_sink : T, w = T - ns < q->residual ? T - ns : q->residual, lo = T - w;
+    size_t lo0, n_lo;
+    kvq_imp_resting(&d->q, T, kvd, &lo0, &n_lo, c);
     if (out != in) memmove(out, in, T * kvd * sizeof(float));
-    if (lo > ns) KVQ_TRY(low_rep(q, out + ns * kvd, in + ns * kvd, lo - ns, kvd, hd, q->k_bits, err));
-    if (c) {
-        c->n_elems += T * kvd;
-        c->n_sink += ns * kvd;
-        c->n_exact += w * kvd;
-    }
-    return KVQ_OK;
+    return n_lo ? low_rep(&d->q, out + lo0 * kvd, in + lo0 * kvd, n_lo, kvd, hd, d->q.k_bits, err) : KVQ_OK;
 }
 
-/* ---- the streaming policy ---------------------------------------------------------------- */
+/* ---- the streaming policy (importance.h, shared with mikv and zipcache) ------------------- */
 
-typedef struct {
-    size_t cap_T, H, kvd;
-    float *k_hi, *k_lo, *v_hi, *v_lo; /* [cap_T][kvd] */
-    int *from;                        /* [2][H][cap_T]: first query reading the high / low representation */
-    double *score;                    /* [H][cap_T] accumulated attention */
-    int *heavy;                       /* [H][cap_T] heavy-hitter token indices */
-    int *n_heavy;                     /* [H] */
-    uint64_t *cnt;                    /* [H][4]: elements, sink, exact, high of the last query (per head) */
-    bool pending;                     /* cnt holds a layer not yet added to the run's counters */
-    int T, P, ns, W;
-    double f;
-    size_t hd;
-    kvq_kv_sched sched;
-} hh_state;
-
-static void flush_counts(kvq_kv_desc_run *run, hh_state *st)
+static kvq_imp_policy policy_hh(const kvq_scheme *q)
 {
-    if (!st->pending) return;
-    for (size_t h = 0; h < st->H; h++)
-        for (int w = 0; w < 2; w++) {
-            kvq_quant_counts *c = w ? &run->v_counts : &run->k_counts;
-            const uint64_t *x = st->cnt + 4 * h;
-            c->n_elems += x[0];
-            c->n_sink += x[1];
-            c->n_exact += x[2];
-            c->n_high += x[3];
-        }
-    st->pending = false;
+    return (kvq_imp_policy){.budget = HH_BUDGET(q), .window = q->residual};
 }
 
-static void free_state(hh_state *st)
+static kvq_status reps_hh(const kvq_kv_desc *d, const kvq_layer_ctx *c, const float *k, const float *v, float *k_hi, float *k_lo,
+                          float *v_hi, float *v_lo, kvq_err *err)
 {
-    if (!st) return;
-    free(st->k_hi);
-    free(st->k_lo);
-    free(st->v_hi);
-    free(st->v_lo);
-    free(st->from);
-    free(st->score);
-    free(st->heavy);
-    free(st->n_heavy);
-    free(st->cnt);
-    free(st);
-}
-
-static void run_free_hh(kvq_kv_desc_run *run)
-{
-    hh_state *st = run->state;
-    if (!st) return;
-    flush_counts(run, st);
-    free_state(st);
-    run->state = NULL;
-}
-
-/* floor(f n), with a margin for f n that should be an integer (0.29 * 100) */
-static int capacity(double f, int n) { return (int)floor(f * (double)n + 1e-9); }
-
-static kvq_status step_hh(void *user, const kvq_sched_step *s, kvq_kv_sched *sc, kvq_err *err)
-{
-    (void)sc;
-    (void)err;
-    hh_state *st = user;
-    const int h = s->kv_head, i = s->i, T = st->T, n = s->P + i + 1;
-    double *score = st->score + (size_t)h * T;
-    int *f_hi = st->from + (size_t)h * T, *f_lo = st->from + ((size_t)st->H + h) * T;
-    if (i == T - 1) { /* the resting cache as the last query reads it */
-        uint64_t *c = st->cnt + 4 * h, hd = st->hd;
-        c[0] = (uint64_t)T * hd;
-        c[1] = (uint64_t)(st->ns < T ? st->ns : T) * hd;
-        c[2] = c[3] = 0;
-        for (int j = st->ns; j < T; j++) {
-            if (f_hi[j] > i && f_lo[j] > i) c[2] += hd;
-            else if (f_lo[j] > i) c[3] += hd;
-        }
-    }
-    for (int j = 0; j <= i; j++) {
-        double a = 0;
-        for (int q = 0; q < s->n_q; q++) a += s->probs[(size_t)q * n + s->P + j];
-        score[j] += a;
-    }
-    const int e = i + 1 - st->W;
-    if (e < st->ns || e < 0) return KVQ_OK;
-    int *heavy = st->heavy + (size_t)h * T, *nh = &st->n_heavy[h];
-    if (*nh < capacity(st->f, i + 2)) {
-        heavy[(*nh)++] = e;
-        f_hi[e] = i + 1;
-        return KVQ_OK;
-    }
-    int m = -1, mk = e; /* slot of the minimum, its token */
-    for (int k = 0; k < *nh; k++) {
-        int t = heavy[k];
-        if (score[t] < score[mk] || (score[t] == score[mk] && t < mk)) {
-            m = k;
-            mk = t;
-        }
-    }
-    if (m < 0) { /* e itself: straight to the low precision */
-        f_hi[e] = f_lo[e] = i + 1;
-        return KVQ_OK;
-    }
-    f_lo[mk] = i + 1;
-    heavy[m] = e;
-    f_hi[e] = i + 1;
-    return KVQ_OK;
-}
-
-static kvq_status grow(hh_state *st, size_t T, size_t H, size_t kvd, kvq_err *err)
-{
-    if (st->cap_T >= T && st->H == H && st->kvd == kvd) return KVQ_OK;
-    size_t n = T * kvd;
-    float *b[4];
-    for (int i = 0; i < 4; i++) b[i] = malloc(n * sizeof(float));
-    int *from = malloc(2 * H * T * sizeof(int)), *heavy = malloc(H * T * sizeof(int)), *nh = malloc(H * sizeof(int));
-    double *score = malloc(H * T * sizeof(double));
-    uint64_t *cnt = calloc(4 * H, sizeof(uint64_t));
-    if (!b[0] || !b[1] || !b[2] || !b[3] || !from || !heavy || !nh || !score || !cnt) {
-        for (int i = 0; i < 4; i++) free(b[i]);
-        free(from);
-        free(heavy);
-        free(nh);
-        free(score);
-        free(cnt);
-        return kvq_fail(err, KVQ_ENOMEM, "hh: cannot allocate the cache simulation for %zu tokens x %zu channels", T, kvd);
-    }
-    free(st->k_hi);
-    free(st->k_lo);
-    free(st->v_hi);
-    free(st->v_lo);
-    free(st->from);
-    free(st->heavy);
-    free(st->n_heavy);
-    free(st->score);
-    free(st->cnt);
-    st->k_hi = b[0];
-    st->k_lo = b[1];
-    st->v_hi = b[2];
-    st->v_lo = b[3];
-    st->from = from;
-    st->heavy = heavy;
-    st->n_heavy = nh;
-    st->score = score;
-    st->cnt = cnt;
-    st->cap_T = T;
-    st->H = H;
-    st->kvd = kvd;
-    return KVQ_OK;
+    const kvq_scheme *q = &d->q;
+    size_t T = (size_t)c->T, hd = (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * hd;
+    KVQ_TRY(low_rep(q, k_lo, k, T, kvd, hd, q->k_bits, err));
+    KVQ_TRY(low_rep(q, v_lo, v, T, kvd, hd, q->v_bits, err));
+    KVQ_TRY(high_rep(q, k_hi, k, T, kvd, hd, err));
+    return high_rep(q, v_hi, v, T, kvd, hd, err);
 }
 
 static kvq_status transform_hh(kvq_kv_desc_run *run, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
 {
-    const kvq_scheme *q = &run->d->q;
-    size_t T = (size_t)c->T, H = (size_t)c->n_kv_heads, hd = (size_t)c->head_dim, kvd = H * hd;
-    hh_state *st = run->state;
-    if (!st) {
-        st = calloc(1, sizeof *st);
-        if (!st) return kvq_fail(err, KVQ_ENOMEM, "hh: out of memory");
-        run->state = st;
-    }
-    flush_counts(run, st); /* the previous layer's resting cache */
-    KVQ_TRY(grow(st, T, H, kvd, err));
-    KVQ_TRY(low_rep(q, st->k_lo, k, T, kvd, hd, q->k_bits, err));
-    KVQ_TRY(low_rep(q, st->v_lo, v, T, kvd, hd, q->v_bits, err));
-    KVQ_TRY(high_rep(q, st->k_hi, k, T, kvd, hd, err));
-    KVQ_TRY(high_rep(q, st->v_hi, v, T, kvd, hd, err));
-    st->T = (int)T;
-    st->P = c->P;
-    st->ns = (int)(q->n_sink < T ? q->n_sink : T);
-    st->W = (int)(q->residual < T ? q->residual : T);
-    st->f = HH_BUDGET(q);
-    st->hd = hd;
-    for (size_t x = 0; x < 2 * H * T; x++) st->from[x] = (int)T; /* T: never, within this window */
-    memset(st->score, 0, H * T * sizeof(double));
-    memset(st->n_heavy, 0, H * sizeof(int));
-    memset(st->cnt, 0, 4 * H * sizeof(uint64_t));
-    st->pending = true;
-    st->sched = (kvq_kv_sched){.n_k = 3, .n_v = 3, .k = {k, st->k_hi, st->k_lo}, .v = {v, st->v_hi, st->v_lo},
-                               .k_from = st->from, .v_from = st->from, .step = step_hh, .user = st};
-    alt->sched = &st->sched;
-    return KVQ_OK;
+    kvq_imp_policy pol = policy_hh(&run->d->q);
+    return kvq_imp_transform(run, c, k, v, alt, &pol, reps_hh, err);
 }
 
 /* ---- bits ---------------------------------------------------------------------------------- */
@@ -367,22 +190,10 @@ static kvq_status bits_hh(const kvq_scheme *q, const kvq_bits_in *in, kvq_bits *
 {
     size_t hd = in->head_dim, g = q->group ? q->group : hd;
     if (g == 0) return kvq_fail(err, KVQ_EINVAL, "scheme bits: hh: the per-head group needs head_dim (kvq_scheme_bits_ex)");
-    double lo = q->k_bits + 32.0 / (double)g, hi = (HH_HIGH(q) == 8 ? 8 + 32.0 / (double)g : 16.0) + 16.0 / (double)hd;
-    size_t ctx = in->ctx, ns = q->n_sink < ctx ? q->n_sink : ctx, win = ctx - ns < q->residual ? ctx - ns : q->residual;
-    size_t rest = ctx - ns - win, heavy = (size_t)capacity(HH_BUDGET(q), (int)ctx);
-    if (heavy > rest) heavy = rest;
-    for (int w = 0; w < 2; w++) {
-        const kvq_quant_counts *c = w ? in->v : in->k;
-        /* the sink and the window are exact at any ctx; of the other tokens, the share a run kept at the high
-         * precision (realised), else the budget's */
-        double fe = (double)(ns + win) / (double)ctx, fh = (double)heavy / (double)ctx;
-        if (c && c->n_elems > c->n_sink + c->n_exact)
-            fh = (double)c->n_high / (double)(c->n_elems - c->n_sink - c->n_exact) * (double)rest / (double)ctx;
-        double b = fe * 16.0 + fh * hi + (1.0 - fe - fh) * lo;
-        if (w) out->v = b;
-        else out->k = b;
-    }
-    return KVQ_OK;
+    kvq_imp_cost x = {.lo = q->k_bits + 32.0 / (double)g,
+                      .hi = (HH_HIGH(q) == 8 ? 8 + 32.0 / (double)g : 16.0) + 16.0 / (double)hd};
+    kvq_imp_policy pol = policy_hh(q);
+    return kvq_imp_bits(q, &pol, &x, &x, in, out, err);
 }
 
 const kvq_family kvq_family_hh = {
@@ -398,7 +209,7 @@ const kvq_family kvq_family_hh = {
     .check_model = check_model_hh,
     .quantize = quantize_hh,
     .transform = transform_hh,
-    .run_free = run_free_hh,
+    .run_free = kvq_imp_run_free,
     .no_backward = true,
     .describe = describe_hh,
     .bits = bits_hh,

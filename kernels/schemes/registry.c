@@ -14,6 +14,7 @@ extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_fa
     kvq_family_nuq, kvq_family_fp8, kvq_family_nvfp4, kvq_family_mxfp4, kvq_family_ggml, kvq_family_hh,
     kvq_family_int8_pth, kvq_family_int4_pth, kvq_family_fp8_pth, kvq_family_turboquant;
 extern const kvq_family kvq_family_wkvq, kvq_family_cq;
+extern const kvq_family kvq_family_mikv, kvq_family_zipcache, kvq_family_skvq;
 
 /* Listing order (kveval --help, kvcalib --method, error messages): the baselines, then KVQuant's
  * nuqX (the method the suite is built around), the uniform and KIVI families, the production
@@ -24,6 +25,7 @@ static const kvq_family *const families[] = {
     &kvq_family_kivi, &kvq_family_fp8,  &kvq_family_nvfp4, &kvq_family_mxfp4, &kvq_family_ggml, &kvq_family_int8_pth,
     &kvq_family_int4_pth, &kvq_family_fp8_pth, &kvq_family_turboquant, &kvq_family_hh,
     &kvq_family_wkvq, &kvq_family_cq,
+    &kvq_family_mikv, &kvq_family_zipcache, &kvq_family_skvq,
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 

@@ -10,7 +10,8 @@
  * fitting code as kvcalib, tests/kveval_util.h). Every round runs all
  * schemes window by window (interleaved, so load on the shared machine hits
  * them alike); the best round per scheme is reported.
- * Usage: bench_kveval [ctx [windows [rounds]]]
+ * Usage: bench_kveval [ctx [windows [rounds [-a ARTIFACT]... [SPEC]...]]]: extra kvcalib artifacts (mikv,
+ * skvq, ...) and extra scheme specs run after the default list, in the same interleaved rounds.
  *
  * Calibration mode (a stand-in for kvdump | kvcalib until those commands
  * land): bench_kveval --calibrate OUTDIR [samples [len]] captures pre-RoPE K
@@ -107,8 +108,16 @@ int main(int argc, char **argv)
     }
     size_t ctx = argc > 1 ? (size_t)atol(argv[1]) : 512, nw = argc > 2 ? (size_t)atol(argv[2]) : 2;
     int rounds = argc > 3 ? atoi(argv[3]) : 2;
+    enum { MAX_EXTRA = 16 };
+    const char *extra_art[MAX_EXTRA], *extra_spec[MAX_EXTRA];
+    int n_ea = 0, n_es = 0;
+    for (int i = 4; i < argc; i++) {
+        if (!strcmp(argv[i], "-a") && i + 1 < argc && n_ea < MAX_EXTRA) extra_art[n_ea++] = argv[++i];
+        else if (argv[i][0] != '-' && n_es < MAX_EXTRA) extra_spec[n_es++] = argv[i];
+        else ctx = 0; /* usage */
+    }
     if (ctx < 2 || nw < 1 || rounds < 1) {
-        fprintf(stderr, "usage: bench_kveval [ctx [windows [rounds]]] | --calibrate OUTDIR [samples [len]]\n");
+        fprintf(stderr, "usage: bench_kveval [ctx [windows [rounds [-a ARTIFACT]... [SPEC]...]]] | --calibrate OUTDIR [samples [len]]\n");
         return 2;
     }
 
@@ -122,8 +131,9 @@ int main(int argc, char **argv)
         return die("calibration", &e);
     kvq_windows_free(&cw);
     kvq_artifact_set set;
-    const char *ap[1] = {art};
-    if (kvq_artifact_set_load(&set, ap, 1, &m, fp, false, NULL, &e)) return die(art, &e);
+    const char *ap[1 + MAX_EXTRA] = {art};
+    for (int i = 0; i < n_ea; i++) ap[1 + i] = extra_art[i];
+    if (kvq_artifact_set_load(&set, ap, 1 + (size_t)n_ea, &m, fp, false, NULL, &e)) return die(art, &e);
     remove(art);
 
     kvq_text t;
@@ -133,15 +143,17 @@ int main(int argc, char **argv)
     kvq_ppl_plan plan;
     if (kvq_ppl_plan_make(&w, KVQ_PPL_KVQUANT, nw, &plan, &e)) return die("plan", &e);
 
-    const char *specs[] = {"fp32", "fp16", "int4", "int2", "int4-pc-1%", "kivi4", "kivi2", "nuq3-1%", "hh2"};
-    enum { NS = sizeof specs / sizeof *specs };
-    kvq_eval_scheme s[NS];
+    const char *specs[9 + MAX_EXTRA] = {"fp32", "fp16", "int4", "int2", "int4-pc-1%", "kivi4", "kivi2", "nuq3-1%", "hh2"};
+    enum { NS_MAX = 9 + MAX_EXTRA };
+    const int NS = 9 + n_es;
+    for (int i = 0; i < n_es; i++) specs[9 + i] = extra_spec[i];
+    kvq_eval_scheme s[NS_MAX];
     for (int i = 0; i < NS; i++)
         if (kvq_eval_scheme_make(specs[i], &set, &m.hp, &s[i], &e)) return die(specs[i], &e);
-    double best[NS], ppl[NS], share[NS];
+    double best[NS_MAX], ppl[NS_MAX], share[NS_MAX];
     for (int i = 0; i < NS; i++) best[i] = 1e300;
     for (int r = 0; r < rounds; r++) {
-        kvq_ppl_result res[NS];
+        kvq_ppl_result res[NS_MAX];
         if (kvq_ppl_run(&m, &w, &plan, s, NS, NULL, res, &e)) return die("run", &e);
         for (int i = 0; i < NS; i++) {
             if (res[i].seconds < best[i]) {

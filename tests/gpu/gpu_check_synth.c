@@ -238,6 +238,81 @@ int run_synthetic(kvq_device gdev)
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
         }
+        /* mikv: the same host schedule with balanced keys (a fixed balancer table per layer, as kvcalib writes it) */
+        {
+            size_t kvd = (size_t)kvq_kv_dim(hp);
+            kvq_artifact ma = {.p = {.method = KVQ_FAM("mikv"), .k_bits = 2, .v_bits = 2, .post_rope = true,
+                                     .n_layers = (size_t)hp->n_layers, .n_kv_heads = (size_t)hp->n_kv_heads,
+                                     .head_dim = (size_t)hp->head_dim}};
+            ma.k = calloc((size_t)hp->n_layers, sizeof *ma.k);
+            for (int l = 0; l < hp->n_layers; l++) {
+                float *b;
+                uint64_t shape[1] = {kvd};
+                TRYE(kvq_kv_table_add(&ma.k[l], "balancer", 1, shape, &b, &err));
+                for (size_t c = 0; c < kvd; c++) b[c] = 0.5f + 0.25f * (float)((c + (size_t)l) % 7);
+            }
+            kvq_kv_desc mk = {.q = {.fam = KVQ_FAM("mikv"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 8, 1}},
+                              .key_stage = KVQ_KEYS_POST_ROPE, .art = &ma};
+            cmp_row r = compare(&cpu, &gpu, &mk, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            report_row("mikv-h8-l2-b25%-w8", "host sched", r, 0);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+            printf("mikv on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+                   ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+            for (int l = 0; l < hp->n_layers; l++) kvq_kv_table_free(&ma.k[l]);
+            free(ma.k);
+        }
+        /* zipcache: the same host schedule with normalised importance, probe votes and block-normalised
+         * representations (kernels/schemes/zipcache.c: x = {salient share, high bits, probe share, block}) */
+        {
+            kvq_kv_desc zc = {.q = {.fam = KVQ_FAM("zipcache"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 4, 0.5, 4}},
+                              .key_stage = KVQ_KEYS_POST_ROPE};
+            cmp_row r = compare(&cpu, &gpu, &zc, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            report_row("zipcache-h4-l2-b25%-w8-n4-p50%", "host sched", r, 0);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+            printf("zipcache on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+                   ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+        }
+        /* skvq: the sliding-window boundaries with its tables (a reversed channel order, groups of head_dim / 2,
+         * clip 0.95, as kvcalib --method skvq writes them), pre-RoPE keys, on the host between GPU layers */
+        {
+            size_t kvd = (size_t)kvq_kv_dim(hp), gsz = (size_t)hp->head_dim / 2, ng = kvd / gsz;
+            kvq_artifact sa = {.p = {.method = KVQ_FAM("skvq"), .k_bits = 2, .v_bits = 2, .n_sink = 1, .group_size = gsz,
+                                     .n_layers = (size_t)hp->n_layers, .n_kv_heads = (size_t)hp->n_kv_heads,
+                                     .head_dim = (size_t)hp->head_dim}};
+            sa.k = calloc((size_t)hp->n_layers, sizeof *sa.k);
+            sa.v = calloc((size_t)hp->n_layers, sizeof *sa.v);
+            for (int l = 0; l < hp->n_layers; l++)
+                for (int w = 0; w < 2; w++) {
+                    kvq_kv_table *t = w ? &sa.v[l] : &sa.k[l];
+                    float *pm, *gs, *cl;
+                    uint64_t sp[1] = {kvd}, sg[1] = {ng + 1}, sc[1] = {1};
+                    TRYE(kvq_kv_table_add(t, "perm", 1, sp, &pm, &err));
+                    TRYE(kvq_kv_table_add(t, "group_start", 1, sg, &gs, &err));
+                    TRYE(kvq_kv_table_add(t, "clip", 1, sc, &cl, &err));
+                    for (size_t c = 0; c < kvd; c++) pm[c] = (float)(kvd - 1 - c);
+                    for (size_t g = 0; g <= ng; g++) gs[g] = (float)(g * gsz);
+                    cl[0] = 0.95f;
+                }
+            kvq_kv_desc sk = {.q = {.fam = KVQ_FAM("skvq"), .k_bits = 2, .v_bits = 2, .n_sink = 1, .group = gsz, .residual = 8},
+                              .key_stage = KVQ_KEYS_PRE_ROPE, .art = &sa};
+            cmp_row r = compare(&cpu, &gpu, &sk, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
+            report_row("skvq2-w8+sink1 (synthetic tables)", "host hook", r, 0);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+            printf("skvq on the GPU (host hook): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+                   ok ? "PASS" : "FAIL");
+            all_ok &= ok;
+            TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
+            for (int l = 0; l < hp->n_layers; l++) {
+                kvq_kv_table_free(&sa.k[l]);
+                kvq_kv_table_free(&sa.v[l]);
+            }
+            free(sa.k);
+            free(sa.v);
+        }
         /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
         {
             size_t n = (size_t)T * kvq_kv_dim(hp);
