@@ -8,12 +8,12 @@
 #     STEP   calib   kvdump (GPU) + every kvcalib artifact into WORK/art (list below, 8 fits at a
 #                    time), with timings in WORK/calib.log
 #            eval    kveval in six groups side by side on the one GPU (each group its own process with
-#                    its own fp32 baseline pass, KVQ_GROUP_THREADS OpenMP threads, killed after
+#                    its own fp32 baseline pass, KVQ_GROUP_THREADS OpenMP threads (default 2; the schedule group KVQ_SCHED_THREADS, 6), killed after
 #                    KVQ_EVAL_TIMEOUT s, default 450): five groups of transform families (in place or
 #                    with per-query boundaries; the host-path ones transform on the CPU between GPU
 #                    layers) over the whole split, and the attention-driven schedules (hh, mikv,
 #                    zipcache: attention on the host for every layer) on the first KVQ_SCHED_WINDOWS
-#                    windows (default 24) with baselines on the same windows. WORK/<group>.md/.json/.err
+#                    windows (default 6) with baselines on the same windows. WORK/<group>.md/.json/.err
 #     MODEL  models/SmolLM2-135M-Instruct.Q4_1.gguf
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens (the calibration text)
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw (the evaluation text)
@@ -45,12 +45,12 @@ ARTS=(
     "skvq2|--method skvq --bits 2 --group 32"
     "skvq3|--method skvq --bits 3 --group 32"
     "skvq4|--method skvq --bits 4 --group 32"
-    "wkvq2|--method wkvq --bits 2"
-    "wkvq3|--method wkvq --bits 3"
-    "wkvq4|--method wkvq --bits 4"
-    "cq-c2b8|--method cq --group 2 --bits 8"
-    "cq-c4b8|--method cq --group 4 --bits 8"
+    "wkvq|--method wkvq --bits 4"
+    "cq-c4b4|--method cq --group 4 --bits 4"
+    "cq-c4b6|--method cq --group 4 --bits 6"
     "cq-c8b8|--method cq --group 8 --bits 8"
+    "cq-c4b8|--method cq --group 4 --bits 8"
+    "cq-c2b8|--method cq --group 2 --bits 8"
 )
 # transform families over the whole split, in groups run side by side (each kveval process also runs
 # its own fp32 baseline pass; the host-path families transform on the CPU cores between GPU layers)
@@ -61,8 +61,8 @@ G4=(wkvq4 wkvq3 wkvq2-g64 skvq2-w32 skvq3-w32 skvq4-w32 skvq2-w128)
 G5=(cq-c4b4 cq-c4b6 cq-c8b8 cq-c4b8 cq-c2b8)
 # attention-driven schedules (host attention for every layer): the first KVQ_SCHED_WINDOWS windows
 SCHED=(kivi2 nuq2-1% nuq3-1% nuq4-1% hh4-20%-w32
-       mikv-h8-l2-b20%-w32 mikv-h8-l3-b20%-w32 mikv-h8-l4-b20%-w32 mikv-h4-l2-b20%-w32
-       zipcache-h4-l2-b60%-w100 zipcache-h4-l3-b60%-w100 zipcache-h8-l4-b60%-w100)
+       mikv-h8-l2-b20%-w32 mikv-h8-l3-b20%-w32 mikv-h4-l2-b20%-w32 mikv-h8-l2-b20%-w32-nobal
+       zipcache-h4-l2-b10%-w32 zipcache-h3-l2-b20%-w64 zipcache-h4-l3-b20%-w64)
 
 arts=()
 for a in "${ARTS[@]}"; do arts+=(--artifact "$ART/${a%%|*}.safetensors"); done
@@ -74,7 +74,7 @@ run_group() { # name, window args..., --, schemes...
     while [ "$1" != -- ]; do win+=("$1"); shift; done
     shift
     for x in "$@"; do sc+=(--scheme "$x"); done
-    OMP_NUM_THREADS=${KVQ_GROUP_THREADS:-4} timeout "${KVQ_EVAL_TIMEOUT:-450}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
+    OMP_NUM_THREADS=${THREADS:-${KVQ_GROUP_THREADS:-2}} timeout "${KVQ_EVAL_TIMEOUT:-450}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
         --text "$TEXT" --ctx "${KVQ_CTX:-2048}" "${win[@]}" "${arts[@]}" "${sc[@]}" --quiet --json "$WORK/$name.json" >"$WORK/$name.md" \
         2>"$WORK/$name.err" || echo "$name: exit $? (see $name.err)" >>"$WORK/eval.status"
 }
@@ -103,7 +103,7 @@ eval)
     run_group g3 "${all[@]}" -- "${G3[@]}" &
     run_group g4 "${all[@]}" -- "${G4[@]}" &
     run_group g5 "${all[@]}" -- "${G5[@]}" &
-    run_group sched --max-windows "${KVQ_SCHED_WINDOWS:-24}" -- "${SCHED[@]}" &
+    THREADS=${KVQ_SCHED_THREADS:-6} run_group sched --max-windows "${KVQ_SCHED_WINDOWS:-6}" -- "${SCHED[@]}" &
     wait
     echo "eval: $(($(date +%s) - s0)) s for the six groups side by side" | tee -a "$WORK/eval.status"
     cat "$WORK/eval.status"
