@@ -2,43 +2,45 @@
 # gpu_carry_families.sh — package scripts/gpu_kveval_families.sh (the method-family tables of issues
 # 43–45) for a GPU machine without our build dependencies that receives at most ~60 MiB per transfer.
 #
-#   scripts/gpu_carry_families.sh DEST MODEL CALIB TEXT [PART_MIB]
-#     DEST   output folder (emptied): DEST/p1 (the model's first PART_MIB MiB, default 45) and DEST/p2
-#            (the rest of the model, kvdump / kvcalib / kveval / gpu_check with libs.tar.xz
-#            (scripts/gpu_carry_bins.sh), the two texts, the scripts, run.sh)
+#   scripts/gpu_carry_families.sh DEST MODEL CALIB TEXT
+#     DEST   output folder (emptied): DEST/p1, DEST/p2 (the model in two halves: with the repository's
+#            ~11 MB tree a transfer holds ~50 MB) and DEST/p3 (kvdump / kvcalib / kveval / gpu_check with
+#            libs.tar.xz (scripts/gpu_carry_bins.sh), the two texts, the scripts, run.sh)
 #     MODEL  models/SmolLM2-135M-Instruct.Q4_1.gguf (checked against scripts/models.sha256 there)
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw
-# On the GPU machine: copy p1/model.part.* into STASH (first call), then with p2 in place (second
-# call, within the machine's idle window)
-#     bash p2/run.sh STASH WORK [STEPS]
-# reassembles the model, unpacks the libraries and runs gpu_kveval_families.sh for each of STEPS
-# (default "calib eval"; see that script), with KVQ_BIN pointing at the carried binaries.
+# On the GPU machine: copy p1/model.part.* and p2/model.part.* into STASH (first and second call),
+# then with p3 in place (third call, each within the machine's idle window after the previous one)
+#     bash p3/run.sh STASH WORK [STEPS]
+# reassembles the model, unpacks the libraries, starts gpu_check --synthetic (CPU vs GPU for every
+# family's GPU path, WORK/synthetic.txt) and runs gpu_kveval_families.sh for each of STEPS (default
+# "calib eval"; see that script) beside it, with KVQ_BIN pointing at the carried binaries.
 set -euo pipefail
 if [ $# -lt 4 ]; then
     sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
-DEST=$(realpath -m "$1") MODEL=$(realpath "$2") CALIB=$(realpath "$3") TEXT=$(realpath "$4") PART=${5:-45}
+DEST=$(realpath -m "$1") MODEL=$(realpath "$2") CALIB=$(realpath "$3") TEXT=$(realpath "$4")
 cd "$(dirname "$0")/.."
 make -j"$(nproc)" CUDA=1 all gpu-tests >/dev/null || { echo "gpu_carry_families: the CUDA build failed (make CUDA=1 all gpu-tests)" >&2; exit 2; }
 rm -rf "$DEST"
-mkdir -p "$DEST/p1" "$DEST/p2/bin"
-head -c "$((PART * 1024 * 1024))" "$MODEL" >"$DEST/p1/model.part.a"
-tail -c "+$((PART * 1024 * 1024 + 1))" "$MODEL" >"$DEST/p2/model.part.b"
-bash scripts/gpu_carry_bins.sh "$DEST/p2/bin" kvdump kvcalib kveval gpu_check
-cp scripts/gpu_kveval_families.sh "$DEST/p2/"
-cp "$CALIB" "$DEST/p2/calib.tokens"
-cp "$TEXT" "$DEST/p2/text.raw"
+mkdir -p "$DEST/p1" "$DEST/p2" "$DEST/p3/bin"
+half=$((($(stat -c %s "$MODEL") + 1) / 2))
+head -c "$half" "$MODEL" >"$DEST/p1/model.part.a"
+tail -c "+$((half + 1))" "$MODEL" >"$DEST/p2/model.part.b"
+bash scripts/gpu_carry_bins.sh "$DEST/p3/bin" kvdump kvcalib kveval gpu_check
+cp scripts/gpu_kveval_families.sh "$DEST/p3/"
+cp "$CALIB" "$DEST/p3/calib.tokens"
+cp "$TEXT" "$DEST/p3/text.raw"
 sum=$(awk -v f="$(basename "$MODEL")" '$2 == f {print $1}' scripts/models.sha256)
-cat >"$DEST/p2/run.sh" <<EOF
+cat >"$DEST/p3/run.sh" <<EOF
 #!/usr/bin/env bash
 # run.sh STASH WORK [STEPS] — written by scripts/gpu_carry_families.sh
 set -euo pipefail
 HERE=\$(cd "\$(dirname "\$0")" && pwd)
 STASH=\$1 WORK=\$2
 mkdir -p "\$WORK" /tmp/kvq_model
-cat "\$STASH"/model.part.a "\$HERE"/model.part.b >/tmp/kvq_model/model.gguf
+cat "\$STASH"/model.part.a "\$STASH"/model.part.b >/tmp/kvq_model/model.gguf
 sha256sum /tmp/kvq_model/model.gguf | tee "\$WORK/sha256.txt"
 [ -z "$sum" ] || grep -q "$sum" "\$WORK/sha256.txt" || { echo "run.sh: model sha256 differs from $sum" >&2; exit 1; }
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "\$HERE/bin/libs.tar.xz" "\$HERE/bin"
@@ -50,11 +52,16 @@ if ldd "\$HERE/bin/kveval" | grep 'libcublas.*not found' >/dev/null; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "\$WORK/gpu.txt" || true
 rc=0
+# the CPU-vs-GPU check of every family's GPU path (gpu_check --synthetic) beside the calibration
+"\$HERE/bin/gpu_check" --synthetic >"\$WORK/synthetic.txt" 2>&1 &
+chk=\$!
 for step in \${3:-calib eval}; do
     echo "== run.sh: \$step"
     KVQ_BIN=\$HERE/bin bash "\$HERE/gpu_kveval_families.sh" "\$step" /tmp/kvq_model/model.gguf "\$HERE/calib.tokens" \\
         "\$HERE/text.raw" "\$WORK" || rc=1
 done
+wait "\$chk" || { rc=1; grep -E 'FAIL' "\$WORK/synthetic.txt" | head -20; }
+tail -1 "\$WORK/synthetic.txt"
 exit \$rc
 EOF
 du -sh "$DEST"/p*

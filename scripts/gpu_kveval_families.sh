@@ -9,7 +9,7 @@
 #                    time), with timings in WORK/calib.log
 #            eval    kveval in six groups side by side on the one GPU (each group its own process with
 #                    its own fp32 baseline pass, KVQ_GROUP_THREADS OpenMP threads (default 2; the schedule group KVQ_SCHED_THREADS, 6), killed after
-#                    KVQ_EVAL_TIMEOUT s, default 450): five groups of transform families (in place or
+#                    KVQ_EVAL_TIMEOUT s, default 400): five groups of transform families (in place or
 #                    with per-query boundaries; the host-path ones transform on the CPU between GPU
 #                    layers) over the whole split, and the attention-driven schedules (hh, mikv,
 #                    zipcache: attention on the host for every layer) on the first KVQ_SCHED_WINDOWS
@@ -74,7 +74,7 @@ run_group() { # name, window args..., --, schemes...
     while [ "$1" != -- ]; do win+=("$1"); shift; done
     shift
     for x in "$@"; do sc+=(--scheme "$x"); done
-    OMP_NUM_THREADS=${THREADS:-${KVQ_GROUP_THREADS:-2}} timeout "${KVQ_EVAL_TIMEOUT:-450}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
+    OMP_NUM_THREADS=${THREADS:-${KVQ_GROUP_THREADS:-2}} timeout "${KVQ_EVAL_TIMEOUT:-400}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
         --text "$TEXT" --ctx "${KVQ_CTX:-2048}" "${win[@]}" "${arts[@]}" "${sc[@]}" --quiet --json "$WORK/$name.json" >"$WORK/$name.md" \
         2>"$WORK/$name.err" || echo "$name: exit $? (see $name.err)" >>"$WORK/eval.status"
 }
