@@ -110,10 +110,11 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  NVCC  $<',true)
-	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $@.d -c $< -o $@
 
-# nvcc writes no dependency files: every CUDA object depends on every internal .cuh header
-$(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(KVC_INST_OBJ): $(wildcard kernels/*/*.cuh)
+# every header a CUDA unit includes (.h and .cuh) is a prerequisite through nvcc's dependency file
+# ($@.d, read by the -include at the end); without it a .cu object kept the layout of a C struct
+# (kvq_family, kvq_kv_desc) from before a header change and the GPU binaries crashed at run time
 
 # an instance unit (KVC_INST), rewritten only when its text changes (editing the Makefile recompiles nothing)
 comma := ,
@@ -133,7 +134,7 @@ $(BUILD)/gen/kvcache_cuda_inst_nuq_%.cu: Makefile
 $(BUILD)/gen/%.cu.o: $(BUILD)/gen/%.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  NVCC  $<',true)
-	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $@.d -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -2,13 +2,15 @@
 # gpu_carry_families.sh — package scripts/gpu_kveval_families.sh (the method-family tables of issues
 # 43–45) for a GPU machine without our build dependencies that receives at most ~60 MiB per transfer.
 #
-#   scripts/gpu_carry_families.sh DEST MODEL CALIB TEXT
+#   scripts/gpu_carry_families.sh DEST MODEL CALIB TEXT [ARTDIR]
 #     DEST   output folder (emptied): DEST/p1, DEST/p2 (the model in two halves: with the repository's
 #            ~11 MB tree a transfer holds ~50 MB) and DEST/p3 (kvdump / kvcalib / kveval / gpu_check with
 #            libs.tar.xz (scripts/gpu_carry_bins.sh), the two texts, the scripts, run.sh)
 #     MODEL  models/SmolLM2-135M-Instruct.Q4_1.gguf (checked against scripts/models.sha256 there)
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw
+#     ARTDIR artifacts made by an earlier calib step (its WORK/art): DEST/art holds them as one more
+#            transfer; copy it to STASH/art and run the eval step with KVQ_ART=STASH/art
 # On the GPU machine: copy p1/model.part.* and p2/model.part.* into STASH (first and second call),
 # then with p3 in place (third call, each within the machine's idle window after the previous one)
 #     bash p3/run.sh STASH WORK [STEPS]
@@ -20,7 +22,7 @@ if [ $# -lt 4 ]; then
     sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
-DEST=$(realpath -m "$1") MODEL=$(realpath "$2") CALIB=$(realpath "$3") TEXT=$(realpath "$4")
+DEST=$(realpath -m "$1") MODEL=$(realpath "$2") CALIB=$(realpath "$3") TEXT=$(realpath "$4") ARTDIR=${5:-}
 cd "$(dirname "$0")/.."
 make -j"$(nproc)" CUDA=1 all gpu-tests >/dev/null || { echo "gpu_carry_families: the CUDA build failed (make CUDA=1 all gpu-tests)" >&2; exit 2; }
 rm -rf "$DEST"
@@ -32,6 +34,7 @@ bash scripts/gpu_carry_bins.sh "$DEST/p3/bin" kvdump kvcalib kveval gpu_check
 cp scripts/gpu_kveval_families.sh "$DEST/p3/"
 cp "$CALIB" "$DEST/p3/calib.tokens"
 cp "$TEXT" "$DEST/p3/text.raw"
+if [ -n "$ARTDIR" ]; then mkdir -p "$DEST/art" && cp "$ARTDIR"/*.safetensors "$DEST/art/"; fi
 sum=$(awk -v f="$(basename "$MODEL")" '$2 == f {print $1}' scripts/models.sha256)
 cat >"$DEST/p3/run.sh" <<EOF
 #!/usr/bin/env bash

@@ -18,20 +18,23 @@
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens (the calibration text)
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw (the evaluation text)
 #     WORK   dump, artifacts (WORK/art) and outputs (WORK/<step>.md/.json/.err, WORK/calib.log)
-# Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda), and the above;
-# for a smoke test on a small model: KVQ_SAMPLES, KVQ_SEQ_LEN (the dump, default 16 x 2048), KVQ_CTX
-# (2048), KVQ_MAX_WINDOWS (all).
+# Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda), KVQ_ART
+# (the artifacts' folder, default WORK/art: eval can use artifacts made elsewhere), KVQ_GROUPS (the eval
+# groups, default "g1 g2 g3 g4 g5 sched"), KVQ_MAX_WINDOWS (the
+# host-path groups g2..g5 on the first N windows; g1, the native baselines, always runs the whole split),
+# and the above; for a smoke test on a small model: KVQ_SAMPLES, KVQ_SEQ_LEN (the dump, default
+# 16 x 2048), KVQ_CTX (2048).
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 STEP=$1 MODEL=$2 CALIB=$3 TEXT=$4 WORK=$5
 BIN=${KVQ_BIN:-bin}
 DEV=${KVQ_DEVICE:-cuda}
-ART=$WORK/art
+ART=${KVQ_ART:-$WORK/art}
 mkdir -p "$ART"
-t() { local s0 s1; s0=$(date +%s.%N); "$@"; s1=$(date +%s.%N); printf '%8.1f s  %s\n' "$(echo "$s1 - $s0" | bc)" "${*:1:6}" >>"$WORK/calib.log"; }
+t() { local s0 s1; s0=$(date +%s.%N); "$@"; s1=$(date +%s.%N); awk -v a="$s0" -v b="$s1" -v c="${*:2:8}" 'BEGIN { printf "%8.1f s  %s\n", b - a, c }' >>"$WORK/calib.log"; }
 
 # artifacts: name | kvcalib arguments
 ARTS=(
@@ -98,15 +101,21 @@ eval)
     s0=$(date +%s)
     all=()
     [ -z "${KVQ_MAX_WINDOWS:-}" ] || all=(--max-windows "$KVQ_MAX_WINDOWS")
-    run_group g1 "${all[@]}" -- "${G1[@]}" &
-    run_group g2 "${all[@]}" -- "${G2[@]}" &
-    run_group g3 "${all[@]}" -- "${G3[@]}" &
-    run_group g4 "${all[@]}" -- "${G4[@]}" &
-    run_group g5 "${all[@]}" -- "${G5[@]}" &
-    THREADS=${KVQ_SCHED_THREADS:-6} run_group sched --max-windows "${KVQ_SCHED_WINDOWS:-6}" -- "${SCHED[@]}" &
+    groups=${KVQ_GROUPS:-g1 g2 g3 g4 g5 sched}
+    for g in $groups; do
+        case "$g" in
+        g1) run_group g1 -- "${G1[@]}" & ;;
+        g2) run_group g2 "${all[@]}" -- "${G2[@]}" & ;;
+        g3) run_group g3 "${all[@]}" -- "${G3[@]}" & ;;
+        g4) run_group g4 "${all[@]}" -- "${G4[@]}" & ;;
+        g5) run_group g5 "${all[@]}" -- "${G5[@]}" & ;;
+        sched) THREADS=${KVQ_SCHED_THREADS:-6} run_group sched --max-windows "${KVQ_SCHED_WINDOWS:-6}" -- "${SCHED[@]}" & ;;
+        *) echo "gpu_kveval_families: unknown group $g" >&2; exit 2 ;;
+        esac
+    done
     wait
-    echo "eval: $(($(date +%s) - s0)) s for the six groups side by side" | tee -a "$WORK/eval.status"
+    echo "eval: $(($(date +%s) - s0)) s for the groups ($groups) side by side" | tee -a "$WORK/eval.status"
     cat "$WORK/eval.status"
-    for g in g1 g2 g3 g4 g5 sched; do echo "### $g"; cat "$WORK/$g.md"; done ;;
+    for g in $groups; do echo "### $g"; cat "$WORK/$g.md"; done ;;
 *) echo "gpu_kveval_families: unknown step $STEP (calib, eval)" >&2; exit 2 ;;
 esac
