@@ -417,6 +417,29 @@ START_TEST(test_json_keys_documented)
 }
 END_TEST
 
+/* Every compile rule of the Makefile writes a dependency file, nvcc's too: a CUDA object that did not
+ * depend on the C headers it includes kept the layout of kvq_family / kvq_kv_desc from before a header
+ * change, and the GPU binaries crashed at run time (no CI machine runs them). */
+START_TEST(test_build_dependencies)
+{
+    size_t n;
+    char *mk = kvq_test_slurp("Makefile", &n);
+    ck_assert_msg(mk, "cannot read the Makefile");
+    ck_assert_msg(strstr(mk, "-MMD -MP"), "CFLAGS lack -MMD -MP");
+    int rules = 0;
+    for (char *line = strtok(mk, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] != '\t') continue; /* recipe lines only */
+        bool cc = strstr(line, "$(CC) $(CFLAGS) -c") != NULL, nv = strstr(line, "$(NVCC) $(NVCCFLAGS)") && strstr(line, " -c ");
+        if (!cc && !nv) continue;
+        rules++;
+        if (nv) ck_assert_msg(strstr(line, "-MMD") && strstr(line, "-MP") && strstr(line, "-MF"),
+                              "an nvcc compile rule without a dependency file (-MMD -MP -MF): %s", line);
+    }
+    ck_assert_int_ge(rules, 3);
+    free(mk);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("conventions");
@@ -426,6 +449,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_one_meaning_per_option);
     tcase_add_test(tc, test_aliases);
     tcase_add_test(tc, test_json_keys_documented);
+    tcase_add_test(tc, test_build_dependencies);
     suite_add_tcase(s, tc);
     return s;
 }
