@@ -34,7 +34,7 @@ typedef struct {
     kvq_kv_desc desc;               /* family, parameters, tables */
     kvq_kv_layer_tables *tables;    /* owned views of the artifact's tables, or NULL */
     size_t head_dim;
-    char name[64];
+    char name[128];
     double *calib_k, *calib_v;      /* [n_layers] calibrated outlier fraction, or NULL */
 } kvq_qscheme_state;
 
