@@ -101,7 +101,8 @@ START_TEST(test_vq_kmeans)
         ck_assert_double_eq_tol(cb2[d], s / sw, 1e-4 * (fabs(s / sw) + 1));
     }
     /* fewer distinct points than codewords: every point a centre, J = 0 */
-    ck_assert(kvq_vq_kmeans(x, NULL, 3, C, 8, &o, cb2, &rep, &e) == KVQ_OK);
+    float cb8[8 * C]; /* 8 codewords: a buffer of 8 * C (the K-codeword cb2 is too small; ASan caught it) */
+    ck_assert(kvq_vq_kmeans(x, NULL, 3, C, 8, &o, cb8, &rep, &e) == KVQ_OK);
     ck_assert_double_eq(rep.objective, 0);
     /* errors */
     for (int i = 0; i < N; i++) w[i] = 0;
