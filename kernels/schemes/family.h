@@ -366,6 +366,10 @@ void kvq_spec_fmt_pct(char *buf, size_t n, double frac);
  * fp16 (sink, residual) and the rest at `dense` bits per element. */
 double kvq_bits_mix16(double dense, size_t ctx, size_t n16);
 
+/* A per-side fit's input without each sample's first n_sink rows: compacts in->x in place (the driver's
+ * buffer, the fit's to use) and returns the rows left (fp8's and nvfp4's scale fits). */
+size_t kvq_fit_drop_sink(const kvq_fit_input *in, size_t n_sink);
+
 /* The share of the quantized elements (not sink, not exact for other reasons) a run kept as sparse
  * outliers, counted in c; the nominal fraction when there are no counts, no such elements or no
  * nominal fraction (nominal <= 0). The bits of nuq / int-pc and kveval's outlier warning use it. */

@@ -185,14 +185,9 @@ static void inspect_fp8(FILE *f, const kvq_artifact_params *p)
 static kvq_status fit_fp8(const kvq_artifact_params *p, char side, const kvq_fit_input *in, kvq_kv_table *out, kvq_err *err)
 {
     (void)side;
-    size_t H = in->n_kv_heads, D = in->head_dim, kvd = H * D, L = in->sample_len ? in->sample_len : in->n_tokens;
-    size_t ns = p->n_sink < L ? p->n_sink : L, rows = 0;
+    size_t H = in->n_kv_heads, D = in->head_dim, kvd = H * D;
     float *x = (float *)in->x; /* the driver's buffer, ours to compact */
-    for (size_t t = 0; t < in->n_tokens; t++)
-        if (t % L >= ns) {
-            if (rows != t) memmove(x + rows * kvd, x + t * kvd, kvd * sizeof *x);
-            rows++;
-        }
+    size_t rows = kvq_fit_drop_sink(in, p->n_sink);
     kvq_fp8_format f = p->fp8_e5m2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3FN;
     size_t n_sc = p->per_head ? H : 1;
     memset(out, 0, sizeof *out);

@@ -218,14 +218,9 @@ static kvq_status fit_nvfp4(const kvq_artifact_params *p, char side, const kvq_f
                             kvq_err *err)
 {
     (void)side;
-    size_t H = in->n_kv_heads, D = in->head_dim, kvd = H * D, L = in->sample_len ? in->sample_len : in->n_tokens;
-    size_t ns = p->n_sink < L ? p->n_sink : L, rows = 0;
+    size_t H = in->n_kv_heads, D = in->head_dim, kvd = H * D;
     float *x = (float *)in->x; /* the driver's buffer, ours to compact */
-    for (size_t t = 0; t < in->n_tokens; t++)
-        if (t % L >= ns) {
-            if (rows != t) memmove(x + rows * kvd, x + t * kvd, kvd * sizeof *x);
-            rows++;
-        }
+    size_t rows = kvq_fit_drop_sink(in, p->n_sink);
     double stat;
     KVQ_TRY(kvq_fp8_calib_stat(x, rows, H, D, p->fp8_percentile, &stat, err));
     memset(out, 0, sizeof *out);

@@ -213,3 +213,16 @@ size_t kvq_calib_src_len(const kvq_calib_src *src, int ds)
     default: return 0;
     }
 }
+
+size_t kvq_fit_drop_sink(const kvq_fit_input *in, size_t n_sink)
+{
+    size_t kvd = in->n_kv_heads * in->head_dim, L = in->sample_len ? in->sample_len : in->n_tokens;
+    size_t ns = n_sink < L ? n_sink : L, rows = 0;
+    float *x = (float *)in->x;
+    for (size_t t = 0; t < in->n_tokens; t++)
+        if (t % L >= ns) {
+            if (rows != t) memmove(x + rows * kvd, x + t * kvd, kvd * sizeof *x);
+            rows++;
+        }
+    return rows;
+}
