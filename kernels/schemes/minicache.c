@@ -63,8 +63,9 @@
  *     norm over dim (per head) as well, its retention index set per token is not verified against code;
  *   - merged pairs: the paper merges fixed pairs from the middle; kvcalib (-cal) chooses them from the
  *     dump's cross-layer distances (the paper's Fig. 2 observation);
- *   - a window run in one call (C >= window, kvstat, a forward without the engine) never merges: the
- *     pair layers' states stay exact; kvstat's quantization error (quantize) shows the per-vector
+ *   - a window run in one call (C >= window, a forward without the engine) lets no query read a merged
+ *     state: the pair layers' states stay exact for the window (its resting cache is merged and counted);
+ *     kvstat's quantization error (quantize) shows the per-vector
  *     quantizer only; its cross-layer view is kvstat's layer-similarity report. */
 #include <math.h>
 #include <stdlib.h>
