@@ -32,6 +32,7 @@
 #include "kv_desc.h"
 #include "kvq_test.h"
 #include "scheme.h"
+#include "xlayer.h"
 
 /* ---------------- the reference: the step-by-step cache, written out again ---------------- */
 
@@ -387,6 +388,49 @@ START_TEST(test_minicache_calib_finish)
         ck_assert(kvq_kv_table_get(&a.v[l], "merge")->data[0] == want[l]);
         for (int side = 0; side < 2; side++)
             ck_assert_msg(f->artifact->check_tensors(&a.p, (size_t)l, side ? 'v' : 'k', side ? &a.v[l] : &a.k[l], &e) == KVQ_OK, "%s", e.msg);
+    }
+    /* kvstat's cross-layer view over the same data (a kvq_kvsrc over the arrays): the mean distance and the
+     * retained share by hand, with the paper's rule (no sink) and with the artifact's thresholds (sink 1) */
+    {
+        const float *kp[SL], *vp[SL];
+        for (int l = 0; l < SL; l++) kp[l] = &d->x[l][0][0][0], vp[l] = &d->x[l][1][0][0];
+        int32_t toks[SROWS] = {0};
+        kvq_kvsrc_mem mem = {.tokens = toks};
+        mem.t[KVQ_KVT_K_PRE_ROPE] = kp;
+        mem.t[KVQ_KVT_K] = kp;
+        mem.t[KVQ_KVT_V] = vp;
+        kvq_kvsrc xs = {.n_layers = SL, .layer_first = 0, .layer_last = SL - 1, .n_heads = SH, .n_kv_heads = SH, .head_dim = SD,
+                        .n_samples = 2, .seq_len = SROWS / 2};
+        strcpy(xs.model, "synthetic");
+        ck_assert(kvq_kvsrc_mem_init(&xs, &mem, &e) == KVQ_OK);
+        for (int with_art = 0; with_art < 2; with_art++) {
+            kvq_xlayer xl;
+            ck_assert_msg(kvq_xlayer_compute(&xs, with_art ? &a : NULL, 0.3, 0, true, &xl, &e) == KVQ_OK, "%s", e.msg);
+            ck_assert_int_eq(xl.n_pairs, SL - 1);
+            ck_assert_uint_eq(xl.n_vectors, (uint64_t)(with_art ? SROWS - 2 : SROWS) * SH);
+            for (int l = 0; l + 1 < SL; l++)
+                for (int side = 0; side < 2; side++) {
+                    double sum = 0, sc = 0;
+                    int n = 0, ret = 0;
+                    for (int h = 0; h < SH; h++) {
+                        double mn = 2, mx = -1, dd[SROWS];
+                        for (int r = 0; r < SROWS; r++) {
+                            double na, nb;
+                            dd[r] = ref_dist(&d->x[l][side][r][h * SD], &d->x[l + 1][side][r][h * SD], SD, &na, &nb);
+                            if (with_art && r % (SROWS / 2) < 1) dd[r] = -1; /* sink */
+                        }
+                        for (int r = 0; r < SROWS; r++)
+                            if (dd[r] >= 0) mn = fmin(mn, dd[r]), mx = fmax(mx, dd[r]), sum += dd[r], sc += cos(dd[r] * M_PI), n++;
+                        double th = with_art ? kvq_kv_table_get(side ? &a.v[l] : &a.k[l], "theta")->data[h] : mn + (mx - mn) * 0.3;
+                        for (int r = 0; r < SROWS; r++) ret += dd[r] >= 0 && dd[r] > th;
+                    }
+                    ck_assert_double_eq_tol((side ? xl.dist_v : xl.dist_k)[l], sum / n, 1e-9);
+                    ck_assert_double_eq_tol((side ? xl.cos_v : xl.cos_k)[l], sc / n, 1e-6);
+                    ck_assert_double_eq_tol((side ? xl.ret_v : xl.ret_k)[l], (double)ret / n, 1e-12);
+                }
+            for (int l = 0; l + 1 < SL; l++) ck_assert_int_eq(xl.merged[l], with_art ? want[l] : -1);
+            kvq_xlayer_free(&xl);
+        }
     }
     /* from = 3: (2,3) is out of reach; (4,5) then (3,4)? overlaps: one pair only fits with from = 4 */
     for (int l = 0; l < SL; l++)
