@@ -13,6 +13,10 @@
  *    pairs refused; kvdump -> kvcalib --method minicache on aidreams260K: the pairs are the greedy
  *    choice over the mean angular distances recomputed here from the dump; the artifact read back
  *    drives minicache<b>-cal through the same decode oracle;
+ *  - the seam: a per-token transform run in steps of 7 tokens (the cache as the prefix) gives the same
+ *    logits, NLLs and LM-head outputs bit for bit as the window at once; steps after an IntactKV prefix
+ *    and a workspace without room for the steps' prefix are refused;
+ *  - kvstat's cross-layer view (xlayer.h) by hand on the synthetic layers, with and without an artifact;
  *  - spec, canonical name, bits by hand (nominal and from counts), refusals naming the rule. */
 #include <math.h>
 #include <stdint.h>
@@ -552,6 +556,100 @@ START_TEST(test_minicache_kvcalib_chain)
 }
 END_TEST
 
+/* ---------------- the seam: a window in steps equals the window at once for a per-token transform ---------------- */
+
+typedef struct {
+    int L, kvd, N;
+    float *ck, *cv, *pk, *pv; /* [L][N][kvd] the cache; the packed prefix */
+} step_cache;
+
+static kvq_status step_transform(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *e)
+{
+    (void)alt;
+    step_cache *sc = user;
+    KVQ_TRY(kvq_quant_int_token(k, k, (size_t)c->T, (size_t)sc->kvd, (size_t)c->head_dim, 3, 0, NULL, e));
+    KVQ_TRY(kvq_quant_int_token(v, v, (size_t)c->T, (size_t)sc->kvd, (size_t)c->head_dim, 3, 0, NULL, e));
+    size_t o = ((size_t)c->layer * sc->N + c->pos0) * sc->kvd, n = (size_t)c->T * sc->kvd;
+    memcpy(sc->ck + o, k, n * sizeof(float));
+    memcpy(sc->cv + o, v, n * sizeof(float));
+    return KVQ_OK;
+}
+
+static kvq_status step_cache_fn(void *user, int P, kvq_prefix *out, kvq_err *e)
+{
+    (void)e;
+    step_cache *sc = user;
+    for (int l = 0; l < sc->L; l++) {
+        memcpy(sc->pk + (size_t)l * P * sc->kvd, sc->ck + (size_t)l * sc->N * sc->kvd, (size_t)P * sc->kvd * sizeof(float));
+        memcpy(sc->pv + (size_t)l * P * sc->kvd, sc->cv + (size_t)l * sc->N * sc->kvd, (size_t)P * sc->kvd * sizeof(float));
+    }
+    *out = (kvq_prefix){.P = P, .k = sc->pk, .v = sc->pv};
+    return KVQ_OK;
+}
+
+START_TEST(test_engine_window_in_steps)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c tiny models absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(p, &m, &e) == KVQ_OK, "%s", e.msg);
+    enum { N = 40 };
+    const int V = m.hp.vocab_size, D = m.hp.dim, L = m.hp.n_layers, kvd = kvq_kv_dim(&m.hp);
+    int tok[N];
+    fenv_tokens(tok, N, V, 5);
+    size_t cn = (size_t)L * N * kvd;
+    step_cache sc = {.L = L, .kvd = kvd, .N = N, .ck = calloc(cn, 4), .cv = calloc(cn, 4), .pk = calloc(cn, 4), .pv = calloc(cn, 4)};
+    kvq_engine eng;
+    ck_assert(kvq_engine_init(&eng, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, N, N, KVQ_FWD_ROW_INVARIANT, &e) == KVQ_OK);
+    float *lg[2], *hid[2], *ex[2];
+    double nll[2][N], lse[2][N], loss[2];
+    int am[2][N];
+    for (int r = 0; r < 2; r++) {
+        lg[r] = malloc((size_t)N * V * sizeof(float));
+        hid[r] = malloc((size_t)N * D * sizeof(float));
+        ex[r] = malloc((size_t)N * D * sizeof(float));
+        kvq_hooks hk = {.user = &sc, .transform = step_transform, .key_stage = KVQ_KEYS_POST_ROPE, .chunk = r ? 7 : 0,
+                        .cache = r ? step_cache_fn : NULL};
+        kvq_fwd_head head = {.hidden = hid[r], .lse = lse[r], .argmax = am[r], .expect = ex[r]};
+        kvq_fwd_io io = {.tokens = tok, .T = N, .hooks = &hk, .logits = lg[r], .nll = nll[r], .head = &head};
+        kvq_fwd_result res;
+        ck_assert_msg(kvq_engine_run(&eng, &io, &res, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_int_eq(res.n_scored, N - 1);
+        loss[r] = res.loss;
+    }
+    ck_assert_uint_eq(fenv_bits_differ(lg[0], lg[1], (size_t)N * V), 0);
+    ck_assert_uint_eq(fenv_bits_differ(hid[0], hid[1], (size_t)N * D), 0);
+    ck_assert_uint_eq(fenv_bits_differ(ex[0], ex[1], (size_t)(N - 1) * D), 0);
+    for (int t = 0; t + 1 < N; t++) {
+        ck_assert(memcmp(&nll[0][t], &nll[1][t], sizeof(double)) == 0);
+        ck_assert(memcmp(&lse[0][t], &lse[1][t], sizeof(double)) == 0);
+        ck_assert_int_eq(am[0][t], am[1][t]);
+    }
+    ck_assert_double_eq_tol(loss[0], loss[1], 1e-12 * loss[0]);
+    /* refusals: after an IntactKV prefix; without room for the steps' prefix */
+    kvq_hooks hk = {.user = &sc, .transform = step_transform, .key_stage = KVQ_KEYS_POST_ROPE, .chunk = 7, .cache = step_cache_fn};
+    kvq_prefix px = {.P = 2, .k = sc.pk, .v = sc.pv};
+    kvq_fwd_io io = {.tokens = tok, .T = N - 2, .pos0 = 2, .prefix = &px, .hooks = &hk};
+    kvq_fwd_result res;
+    ck_assert_int_ne(kvq_engine_run(&eng, &io, &res, &e), KVQ_OK);
+    ck_assert_msg(strstr(e.msg, "IntactKV"), "%s", e.msg);
+    kvq_engine_free(&eng);
+    ck_assert(kvq_engine_init(&eng, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, N, 8, 0, &e) == KVQ_OK);
+    kvq_fwd_io io2 = {.tokens = tok, .T = N, .hooks = &hk};
+    ck_assert_int_ne(kvq_engine_run(&eng, &io2, &res, &e), KVQ_OK);
+    ck_assert_msg(strstr(e.msg, "room for a prefix of up to 35"), "%s", e.msg);
+    kvq_engine_free(&eng);
+    for (int r = 0; r < 2; r++) free(lg[r]), free(hid[r]), free(ex[r]);
+    free(sc.ck);
+    free(sc.cv);
+    free(sc.pk);
+    free(sc.pv);
+    kvq_model_free(&m);
+}
+END_TEST
+
 /* ---------------- spec, bits, refusals ---------------- */
 
 START_TEST(test_minicache_spec_bits)
@@ -605,6 +703,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_minicache_spec_bits);
+    tcase_add_test(tc, test_engine_window_in_steps);
     tcase_add_test(tc, test_minicache_calib_finish);
     tcase_add_test(tc, test_minicache_decode_equivalence);
     tcase_add_test(tc, test_minicache_kvcalib_chain);
