@@ -788,7 +788,7 @@ static const kvq_family_calib calib_mc = {
 
 const kvq_family kvq_family_minicache = {
     .name = "minicache",
-    .syntax = "minicache[<b>][-s<S>|-cal][-t<t>][-g<gamma>][-c<C>] (default S=n_layers/2, t=0.6, gamma=0.05, C=1)",
+    .syntax = "minicache[<b>][-s<S>|-cal][-t<t>][-g<g>][-c<C>] (default S=layers/2, t=0.6, g=0.05, C=1)",
     .summary = "MiniCache (arXiv 2405.14366 §4): adjacent layers' K/V directions merged by SLERP from layer S on, per-layer "
                "magnitudes, unmergeable tokens retained; b-bit per-vector integer or fp16 storage; windows in steps of C tokens",
     .default_stage = KVQ_KEYS_POST_ROPE,
