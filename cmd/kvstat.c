@@ -353,7 +353,7 @@ int main(int argc, char **argv)
         {"attn-scale", 0, KVQ_OPT_CHOICE, &a.attn_scale, "S", "y axis of the attention-by-position plot", "log|linear", 0, 0, false},
         {"markdown", 0, KVQ_OPT_STRING, &a.markdown, "FILE", "markdown tables ('-' = stdout)", NULL, 0, 0, false},
         {"cross-layer", 0, KVQ_OPT_FLAG, &a.cross_layer, NULL, "adjacent layers' K/V cosine similarity and MiniCache's retained fraction (on by default with a minicache --artifact)", NULL, 0, 0, false},
-        {"gamma", 0, KVQ_OPT_FLOAT, &a.gamma, "G", "--cross-layer without a minicache artifact: retention threshold d_min + (d_max - d_min) G of MiniCache", NULL, 0, 1, false},
+        {"gamma", 0, KVQ_OPT_FLOAT, &a.gamma, "G", "--cross-layer without a minicache artifact: retention threshold d_max - (d_max - d_min) G of MiniCache", NULL, 0, 1, false},
         {"chunk", 0, KVQ_OPT_INT, &a.chunk, "N", "positions read per slab (memory vs HDF5 calls)", NULL, 1, 1 << 20, false},
         kvq_cli_common(KVQ_COPT_QUIET, &a.quiet, false),
         kvq_cli_common(KVQ_COPT_VERSION, &a.version, false),

@@ -127,7 +127,7 @@ static void ref_merge(ref_t *r, int p0, int p1)
                     if (j < (int)r->q->n_sink) continue;
                     double na, nb, d = ref_dist(a, b, r->hd, &na, &nb);
                     double th = r->art ? (double)kvq_kv_table_get(side ? &r->art->v[l] : &r->art->k[l], "theta")->data[h]
-                                       : r->dmin[l][side][h] + (r->dmax[l][side][h] - r->dmin[l][side][h]) * g;
+                                       : r->dmax[l][side][h] - (r->dmax[l][side][h] - r->dmin[l][side][h]) * g;
                     if (d >= 1 || d > th) {
                         ref_q(r->q, ca, r->hd);
                         ref_q(r->q, cb, r->hd);
@@ -266,9 +266,9 @@ START_TEST(test_minicache_decode_equivalence)
         ck_assert_int_ge(m.hp.n_layers, 4);
         double f32;
         double l1 = mc_decode_case(&m, "minicache4", NULL, &f32);                    /* S = L/2, t 0.6, gamma 0.05, C 1 */
-        mc_decode_case(&m, "minicache-s0-g1", NULL, &f32);                           /* fp16, nothing retained */
-        mc_decode_case(&m, "minicache3-s1-t0.3-g0.5-c5+sink2", NULL, &f32);          /* steps of 5, sink tokens */
-        double l0 = mc_decode_case(&m, "minicache2-s0-g0-c3", NULL, &f32);           /* retain all but the nearest */
+        mc_decode_case(&m, "minicache-s0-g0", NULL, &f32);                           /* fp16, nothing retained */
+        mc_decode_case(&m, "minicache3-s1-t0.3-g0.2-c5+sink2", NULL, &f32);          /* steps of 5, sink tokens */
+        double l0 = mc_decode_case(&m, "minicache2-s0-g1-c3", NULL, &f32);           /* retain all but the nearest */
         (void)l0;
         /* one step of the whole window: no query reads a merged state (the pair layers' stay exact) */
         kvq_eval_scheme s;
@@ -380,7 +380,7 @@ START_TEST(test_minicache_calib_finish)
                 }
                 const kvq_kv_table *t = side ? &a.v[l] : &a.k[l];
                 ck_assert_double_eq_tol(kvq_kv_table_get(t, "dist")->data[h], s / n, 1e-6);
-                ck_assert_double_eq_tol(kvq_kv_table_get(t, "theta")->data[h], mn + (mx - mn) * 0.05, 1e-6);
+                ck_assert_double_eq_tol(kvq_kv_table_get(t, "theta")->data[h], mx - (mx - mn) * 0.05, 1e-6);
                 ck_assert(kvq_kv_table_get(t, "merge")->data[0] == 0);
             }
     ck_assert(kvq_kv_table_get(&a.k[SL - 1], "dist")->data[0] == 0);
@@ -425,7 +425,7 @@ START_TEST(test_minicache_calib_finish)
                         }
                         for (int r = 0; r < SROWS; r++)
                             if (dd[r] >= 0) mn = fmin(mn, dd[r]), mx = fmax(mx, dd[r]), sum += dd[r], sc += cos(dd[r] * M_PI), n++;
-                        double th = with_art ? kvq_kv_table_get(side ? &a.v[l] : &a.k[l], "theta")->data[h] : mn + (mx - mn) * 0.3;
+                        double th = with_art ? kvq_kv_table_get(side ? &a.v[l] : &a.k[l], "theta")->data[h] : mx - (mx - mn) * 0.3;
                         for (int r = 0; r < SROWS; r++) ret += dd[r] >= 0 && dd[r] > th;
                     }
                     ck_assert_double_eq_tol((side ? xl.dist_v : xl.dist_k)[l], sum / n, 1e-9);

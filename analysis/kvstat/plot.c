@@ -856,7 +856,7 @@ static kvq_status draw_xlayer(fig_t *f, const void *varg, kvq_err *err)
         panel_t p = {95, top + w * (ph + gap), f->w - 95 - 30, ph, {0, 1, false}, {0, 1, false}, false};
         char sub[160];
         if (w && x->artifact) snprintf(sub, sizeof sub, "retained unmerged (the minicache artifact's thresholds)");
-        else if (w) snprintf(sub, sizeof sub, "retained unmerged (distance > d_min + (d_max - d_min) %g per KV head)", x->gamma);
+        else if (w) snprintf(sub, sizeof sub, "retained unmerged (distance > d_max - (d_max - d_min) %g per KV head)", x->gamma);
         else snprintf(sub, sizeof sub, "mean angular distance arccos(cos) / pi per (token, KV head): 0 = same direction, 0.5 = orthogonal");
         subtitle(f, &p, sub);
         draw_bars(f, &p, &bars, w ? "first layer l of the pair" : NULL, w ? "fraction" : "angular distance");

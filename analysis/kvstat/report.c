@@ -472,7 +472,7 @@ static kvq_status build_tables(const kvq_report *r, tables_t *T, kvq_err *err)
         else
             snprintf(note, sizeof note, "Adjacent layers' post-RoPE keys and values per (token, KV head), %llu vectors per pair: "
                      "mean cosine similarity, mean angular distance arccos(cos) / pi, and the share MiniCache's retention rule "
-                     "(§4.1: distance > d_min + (d_max - d_min) gamma per KV head over the dump, gamma = %g) keeps unmerged.",
+                     "(§4.1: distance > d_max - (d_max - d_min) gamma per KV head over the dump, gamma = %g) keeps unmerged.",
                      (unsigned long long)x->n_vectors, x->gamma);
         NEW_TABLE("Cross-layer similarity (MiniCache)", note, "layers", "K cos", "K distance", "K retained", "V cos",
                   "V distance", "V retained", "merged");

@@ -111,7 +111,7 @@ kvq_status kvq_xlayer_compute(const kvq_kvsrc *src, const kvq_artifact *a, doubl
                         mn = fmin(mn, d[i]);
                         mx = fmax(mx, d[i]);
                     }
-                double thr = a ? (double)th->data[h] : mn + (mx - mn) * gamma;
+                double thr = a ? (double)th->data[h] : mx - (mx - mn) * gamma;
                 for (size_t i = (size_t)h; i < nv; i += (size_t)H) ret += d[i] > thr;
             }
             double n = nv ? (double)nv : NAN;

@@ -4,7 +4,7 @@
  * keys, values), over every (token, KV head) of the dump (positions >= n_sink in every sample):
  *   - the mean cosine similarity and mean angular distance d = arccos(cos) / pi of the two head vectors;
  *   - the retained fraction: the share of (token, KV head) with d above the retention threshold, per KV
- *     head d_min + (d_max - d_min) gamma over the dump (the paper's rule, as kvcalib --method minicache
+ *     head d_max - (d_max - d_min) gamma over the dump (the paper's rule, as kvcalib --method minicache
  *     computes it), or the thresholds of a minicache artifact (its layers.<l>.<k|v>.theta) and which
  *     pairs it merges. Zero-norm vectors count as distance 1 (never merged). */
 #ifndef KVQ_XLAYER_H

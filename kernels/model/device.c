@@ -106,6 +106,10 @@ void kvq_engine_free(kvq_engine *e)
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
 {
     if (e->dev == KVQ_DEVICE_CUDA) {
+        if (kvq_kv_desc_chunk(d) > 0) /* the CUDA forward's own host hook has no steps: the caller's hooks do */
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "forward: a KV scheme that runs windows in steps (%s) is given to the GPU "
+                                                   "engine as hooks (kvq_kv_desc_hooks), not as its built-in scheme",
+                            d->q.fam->name);
         KVQ_TRY(kvq_forward_cuda_set_kv(e->gpu, d, err));
     } else if (d) {
         KVQ_TRY(kvq_kv_desc_validate(d, &cpu_fw(e)->m->hp, err));

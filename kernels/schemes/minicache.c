@@ -10,8 +10,11 @@
  *        (t weights the deeper layer; t = 0.6 as the paper's default) and stored once for the pair with
  *        both layers' magnitudes; each layer restores x^ = e ||x|| (Eq. 2-3);
  *   §4.1 unmergeable-token retention: the angular distance d = W / pi of a pair of states; a token whose
- *        d exceeds d_min + (d_max - d_min) gamma (d over the tokens) is kept unmerged in both layers, with
- *        its index;
+ *        d exceeds d_max - (d_max - d_min) gamma (d over the tokens: the most distinct gamma-slice of the
+ *        range) is kept unmerged in both layers, with its index; a larger gamma retains more (the paper's
+ *        ablation: "increasing gamma improves performance but reduces compression", gamma = 0.05 retaining
+ *        a small share). The exact form of the paper's Eq. could not be read here: the direction of the
+ *        rule is taken from that ablation;
  *   §4.1 merging starts from the middle of the model (S = n_layers / 2) and merges (S, S+1), (S+2, S+3),
  *        ...; §5 reports MiniCache combined with 4-bit KV quantization (KIVI-4) of the merged cache.
  *
@@ -24,7 +27,7 @@
  *          method minicache (kvcalib --method minicache chooses the pairs from the dump);
  *   t      SLERP parameter in (0, 1), default 0.6;
  *   gamma  retention threshold in [0, 1], default 0.05 (without -cal: d_min / d_max over the window's
- *          tokens merged so far in that pair, side and KV head; 1 retains nothing);
+ *          tokens merged so far in that pair, side and KV head; 0 retains nothing, 1 all but the nearest);
  *   C      tokens per step, default 1 (a token-by-token decode; see below).
  * Keys post-RoPE (what the cache holds); no +pre-rope, no rotation.
  *
@@ -38,7 +41,7 @@
  *
  * Tables (artifact of method minicache, per layer and side k / v; ARTIFACT.md):
  *   dist  [n_kv_heads]  mean angular distance between layer l and l+1 over the dump's tokens (0 for the last layer);
- *   theta [n_kv_heads]  retention threshold d_min + (d_max - d_min) gamma over the dump's tokens of (l, l+1);
+ *   theta [n_kv_heads]  retention threshold d_max - (d_max - d_min) gamma over the dump's tokens of (l, l+1);
  *   merge [1]           1: layer l and l+1 are a merged pair (l is its first layer), else 0; the same on k and v;
  * parameters kvq.minicache.t (0.6), gamma (0.05), pairs (0: the paper's count, (n_layers - n_layers / 2) / 2),
  * from (lowest first layer of a pair, default 0). calib->finish chooses `pairs` disjoint pairs (l, l+1),
@@ -49,7 +52,9 @@
  * Bits per element: q = b + 32 / head_dim (or 16 for fp16); unpaired and retained states q; a retained
  * (token, KV head) adds a 32-bit index shared by the two layers (16 / head_dim per element); a merged
  * state q / 2 (the direction, once per pair) + 16 / head_dim (its layer's fp16 magnitude); sink tokens
- * 16; from the realised counts (nominal: the spec's pairs of n_layers, nothing retained).
+ * 16; from the realised counts (nominal: the spec's pairs of n_layers, nothing retained; with -cal the
+ * nominal figure, e.g. kvcalib's bits_per_element, counts no pair: the pairs live in the artifact's
+ * tables, which the bits accounting does not see; kveval reports the realised counts).
  *
  * Where kvq differs from the reference (the paper):
  *   - quantization: the paper reports MiniCache on top of KIVI-4 (per-channel keys in groups of tokens,
@@ -482,14 +487,14 @@ static kvq_status merge_side(const kvq_kv_desc *d, mc_state *s, int l, int side,
     const bool cal = MC_START(q) == -2;
     const float *theta = cal ? kvq_kv_table_get(side ? &d->art->v[l] : &d->art->k[l], "theta")->data : NULL;
     double *dmn = s->dmin + ((size_t)l * 2 + side) * s->H, *dmx = s->dmax + ((size_t)l * 2 + side) * s->H;
-    double *dist = malloc((size_t)T * s->H * sizeof(double));
+    const size_t nd = (size_t)T * s->H;
+    double *dist = malloc(3 * nd * sizeof(double)), *norm_a = dist + nd, *norm_b = dist + 2 * nd;
     if (!dist) return kvq_fail(err, KVQ_ENOMEM, "minicache: cannot hold %d x %d distances", T, s->H);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < s->H; h++) {
-            double na, nb;
-            size_t o = (size_t)t * kvd + (size_t)h * hd;
-            double dd = ang_dist(a + o, b + o, hd, &na, &nb);
-            dist[(size_t)t * s->H + h] = dd;
+            size_t o = (size_t)t * kvd + (size_t)h * hd, i = (size_t)t * s->H + h;
+            double dd = ang_dist(a + o, b + o, hd, &norm_a[i], &norm_b[i]);
+            dist[i] = dd;
             if (!cal && (size_t)(p0 + t) >= q->n_sink && dd < 1.0) { /* the causal range: tokens merged so far */
                 if (dd < dmn[h]) dmn[h] = dd;
                 if (dd > dmx[h]) dmx[h] = dd;
@@ -508,15 +513,14 @@ static kvq_status merge_side(const kvq_kv_desc *d, mc_state *s, int l, int side,
                 continue;
             }
             double dd = dist[(size_t)t * s->H + h];
-            double th = cal ? (double)theta[h] : dmn[h] + (dmx[h] - dmn[h]) * MC_GAMMA(q);
+            double th = cal ? (double)theta[h] : dmx[h] - (dmx[h] - dmn[h]) * MC_GAMMA(q);
             if (dd >= 1.0 || dd > th) { /* unmergeable: both layers keep their own states */
                 cnt->n_high += 2 * hd;
                 st = store_vec(q, xa, hd, err);
                 if (!st) st = store_vec(q, xb, hd, err);
                 continue;
             }
-            double na, nb;
-            (void)ang_dist(a + o, b + o, hd, &na, &nb);
+            double na = norm_a[(size_t)t * s->H + h], nb = norm_b[(size_t)t * s->H + h];
             float e[512];
             slerp_dir(a + o, b + o, na, nb, dd, MC_T(q), hd, e);
             st = store_vec(q, e, hd, err);
@@ -663,7 +667,7 @@ static kvq_status bits_mc(const kvq_scheme *q, const kvq_bits_in *in, kvq_bits *
 /* ---- kvcalib -------------------------------------------------------------------------------------- */
 
 /* layer l against l+1 over every token of the dump but each sample's sink: per KV head the mean angular
- * distance and the threshold d_min + (d_max - d_min) gamma; merge = 0 (finish chooses) */
+ * distance and the threshold d_max - (d_max - d_min) gamma; merge = 0 (finish chooses) */
 static kvq_status fit_layer_mc(const kvq_artifact_params *p, int layer, const kvq_calib_src *src, kvq_kv_table *k,
                                kvq_kv_table *v, kvq_err *err)
 {
@@ -713,7 +717,7 @@ static kvq_status fit_layer_mc(const kvq_artifact_params *p, int layer, const kv
         }
         for (size_t h = 0; h < H; h++) {
             dist[side][h] = (float)(sum[h] / (double)cnt);
-            theta[side][h] = (float)(mn[h] + (mx[h] - mn[h]) * p->x[1]);
+            theta[side][h] = (float)(mx[h] - (mx[h] - mn[h]) * p->x[1]);
         }
     }
     free(a);
