@@ -1,7 +1,8 @@
 /* minicache.c — MiniCache: cross-layer merging of adjacent layers' KV states (Liu et al., "MiniCache: KV
  * Cache Compression in Depth Dimension for Large Language Models", arXiv 2405.14366, NeurIPS 2024). No
  * public implementation could be read here (github.com/AkideLiu/MiniCache holds the project page only);
- * the rules below follow the paper's text as recalled and the project page's method figure:
+ * the rules below follow the paper as recalled, its abstract, the project page's method figure and a
+ * public summary of its tables (section numbers and t = 0.6 are recalled, not checked against the PDF):
  *   §4.1 cross-layer compression: for a pair of adjacent layers (l, l+1) every token's K (and V) head
  *        vector is split into its magnitude ||x|| and direction x / ||x||; the two layers' directions
  *        are merged by SLERP,
@@ -70,8 +71,8 @@
  *     dump's cross-layer distances (the paper's Fig. 2 observation);
  *   - a window run in one call (C >= window, a forward without the engine) lets no query read a merged
  *     state: the pair layers' states stay exact for the window (its resting cache is merged and counted);
- *     kvstat's quantization error (quantize) shows the per-vector
- *     quantizer only; its cross-layer view is kvstat's layer-similarity report. */
+ *   - kvstat's quantization error (quantize) shows the per-vector quantizer only (one layer alone cannot
+ *     be merged); the cross-layer picture is kvstat --cross-layer (analysis/kvstat/xlayer.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
