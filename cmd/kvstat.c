@@ -21,16 +21,16 @@
 #include "report.h"
 #include "scheme.h"
 
-#define PLOT_NAMES "profile|heatmap|outliers|attention|hist|qerr"
+#define PLOT_NAMES "profile|heatmap|outliers|attention|hist|qerr|xlayer"
 #define MAX_IMAGES 16
 
 typedef struct {
     const char *artifact, *json, *html, *plots, *markdown, *outlier_stat, *format, *attn_scale;
     long layer, head, sample, top, chunk;
-    double outlier_mult, sink_share;
+    double outlier_mult, sink_share, gamma;
     kvq_strlist plot;
     kvq_strlist scheme; /* --scheme: table-free schemes whose quantization error is reported (repeatable) */
-    bool quiet, version;
+    bool quiet, version, cross_layer;
 } args_t;
 
 typedef struct {
@@ -118,6 +118,8 @@ static int run(const args_t *a, const char *dump_path)
     int n_qs = 0;
     kvq_cqstats cqs;
     bool have_cq = false;
+    kvq_xlayer xl;
+    bool have_xl = false;
     float *k_bias = NULL;
     int rc = 1;
     bool made_dir = false;
@@ -207,6 +209,22 @@ static int run(const args_t *a, const char *dump_path)
             have_cq = true;
         }
     }
+    /* adjacent layers' similarity (MiniCache): --cross-layer, --plot xlayer or a minicache artifact */
+    const bool mc_art = have_art && art.p.method == kvq_family_find("minicache");
+    if (a->cross_layer || explicitly(a, "xlayer") || mc_art) {
+        if (src.layer_last <= src.layer_first) {
+            if (a->cross_layer || explicitly(a, "xlayer")) {
+                fprintf(stderr, "kvstat: --cross-layer: %s holds one layer; adjacent pairs need two (kvdump --layers A-B)\n", dump_path);
+                goto out;
+            }
+        } else {
+            if (kvq_xlayer_compute(&src, mc_art ? &art : NULL, a->gamma, 0, a->quiet, &xl, &err) != KVQ_OK) {
+                fprintf(stderr, "kvstat: %s\n", err.msg);
+                goto out;
+            }
+            have_xl = true;
+        }
+    }
     /* plots */
     images_t im = {.n = 0};
     const char *pdir = a->plots ? a->plots : a->html;
@@ -261,6 +279,11 @@ static int run(const args_t *a, const char *dump_path)
             st = kvq_plot_qerr(base, &ps, &q, true, &err);
             if (st == KVQ_OK) add_image(&im, base, "Relative quantization error per layer and scheme");
         }
+        if (st == KVQ_OK && have_xl && want(a, "xlayer")) {
+            snprintf(base, sizeof base, "%s/cross_layer", pdir);
+            st = kvq_plot_xlayer(base, &ps, &xl, &err);
+            if (st == KVQ_OK) add_image(&im, base, "Adjacent layers' K/V similarity and MiniCache's retained fraction");
+        }
         if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
     }
     /* the model's key biases, when the dump holds them (Qwen2: kvdump writes /k_bias) */
@@ -276,7 +299,8 @@ static int run(const args_t *a, const char *dump_path)
     }
     kvq_report r = {.s = s, .q = have_q ? &q : NULL, .dump_path = dump_path, .artifact_path = a->artifact,
                     .detail_layer = layer, .top_n = (int)a->top, .n_images = im.n, .image_paths = im.pp,
-                    .image_captions = im.cp, .k_bias = have_kb ? k_bias : NULL, .cq = have_cq ? &cqs : NULL};
+                    .image_captions = im.cp, .k_bias = have_kb ? k_bias : NULL, .cq = have_cq ? &cqs : NULL,
+                    .xl = have_xl ? &xl : NULL};
     if (a->markdown) { /* NULL when the JSON takes stdout */
         kvq_outfile mf;
         st = kvq_outfile_open(&mf, a->markdown, &err);
@@ -296,6 +320,7 @@ out:
     if (rc && made_dir) rmdir(a->plots ? a->plots : a->html); /* (only when empty: a failure on the first figure) */
     if (have_q) kvq_qerr_free(&q);
     if (have_cq) kvq_cqstats_free(&cqs);
+    if (have_xl) kvq_xlayer_free(&xl);
     for (int i = 0; i < n_qs; i++) kvq_qscheme_state_free(&qs[i]);
     kvq_kvstats_free(s);
     if (have_art) kvq_artifact_free(&art);
@@ -307,7 +332,7 @@ int main(int argc, char **argv)
 {
     signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
     args_t a = {.layer = -1, .head = 0, .sample = 0, .top = 5, .chunk = 256, .outlier_mult = 4, .sink_share = 0.2,
-                .outlier_stat = "mean", .format = "both", .attn_scale = "log", .markdown = "-"};
+                .gamma = 0.05, .outlier_stat = "mean", .format = "both", .attn_scale = "log", .markdown = "-"};
     kvq_opt opts[] = {
         {"artifact", 'a', KVQ_OPT_STRING, &a.artifact, "FILE", "kvcalib artifact: adds quantization error, outlier fractions, nuq histograms", NULL, 0, 0, false},
         {"layer", 'l', KVQ_OPT_INT, &a.layer, "N", "layer of the detailed figures (-1 = the middle dumped layer)", NULL, -1, 1e6, false},
@@ -327,6 +352,8 @@ int main(int argc, char **argv)
          false},
         {"attn-scale", 0, KVQ_OPT_CHOICE, &a.attn_scale, "S", "y axis of the attention-by-position plot", "log|linear", 0, 0, false},
         {"markdown", 0, KVQ_OPT_STRING, &a.markdown, "FILE", "markdown tables ('-' = stdout)", NULL, 0, 0, false},
+        {"cross-layer", 0, KVQ_OPT_FLAG, &a.cross_layer, NULL, "adjacent layers' K/V cosine similarity and MiniCache's retained fraction (on by default with a minicache --artifact)", NULL, 0, 0, false},
+        {"gamma", 0, KVQ_OPT_FLOAT, &a.gamma, "G", "--cross-layer without a minicache artifact: retention threshold d_max - (d_max - d_min) G of MiniCache", NULL, 0, 1, false},
         {"chunk", 0, KVQ_OPT_INT, &a.chunk, "N", "positions read per slab (memory vs HDF5 calls)", NULL, 1, 1 << 20, false},
         kvq_cli_common(KVQ_COPT_QUIET, &a.quiet, false),
         kvq_cli_common(KVQ_COPT_VERSION, &a.version, false),
@@ -349,7 +376,7 @@ int main(int argc, char **argv)
         return 0;
     }
     for (int i = 0; i < a.plot.n; i++) {
-        static const char *const names[] = {"profile", "heatmap", "outliers", "attention", "hist", "qerr"};
+        static const char *const names[] = {"profile", "heatmap", "outliers", "attention", "hist", "qerr", "xlayer"};
         bool ok = false;
         for (size_t k = 0; k < sizeof names / sizeof *names; k++) ok = ok || !strcmp(a.plot.v[i], names[k]);
         if (!ok) {

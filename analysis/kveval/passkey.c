@@ -179,7 +179,7 @@ kvq_status kvq_passkey_run(kvq_ppl_exec *x, const kvq_model *m, const kvq_tokeni
                            kvq_err *err)
 {
     memset(res, 0, sizeof *res);
-    int max_P = 0;
+    int max_P = 0, step_P = 0;
     for (size_t s = 0; s < n_schemes; s++)
         if (schemes[s].prefix && schemes[s].prefix->P > max_P) max_P = schemes[s].prefix->P;
     size_t max_len = 0;
@@ -188,6 +188,8 @@ kvq_status kvq_passkey_run(kvq_ppl_exec *x, const kvq_model *m, const kvq_tokeni
             return kvq_fail(err, KVQ_EINVAL, "passkey: length %zu%s exceeds the model's context length %d", o->lengths[i],
                             max_P ? " after an IntactKV prefix" : "", m->hp.ctx_len);
         if (o->lengths[i] > max_len) max_len = o->lengths[i];
+        for (size_t s = 0; s < n_schemes; s++) /* windows in steps attend the earlier steps as a prefix */
+            if (kvq_kv_desc_chunk(&schemes[s].desc) > 0 && (int)o->lengths[i] > step_P) step_P = (int)o->lengths[i];
         /* a scheme's rules against the window (a recent window longer than it), before any work */
         for (size_t s = 0; s < n_schemes; s++) {
             const kvq_family *f = schemes[s].desc.q.fam;
@@ -221,7 +223,7 @@ kvq_status kvq_passkey_run(kvq_ppl_exec *x, const kvq_model *m, const kvq_tokeni
     kvq_device dev = x ? x->device : KVQ_DEVICE_CPU;
     kvq_engine e;
     st = kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m, (int)max_len,
-                                  max_P, o->engine_flags, x ? x->note : NULL, x ? sizeof x->note : 0, err);
+                                  max_P > step_P ? max_P : step_P, o->engine_flags, x ? x->note : NULL, x ? sizeof x->note : 0, err);
     if (st) {
         kvq_passkey_result_free(res);
         return st;

@@ -382,6 +382,9 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
             return kvq_fail(err, KVQ_EINVAL, "perplexity: scheme %s: prefix of %d + ctx %zu exceeds the model's context length %d",
                             schemes[s].name, P, plan->ctx, m->hp.ctx_len);
         if (P > max_P) max_P = P;
+        /* a scheme that runs windows in steps attends the earlier steps' cache as a prefix (kvq_hooks.chunk) */
+        int chunk = kvq_kv_desc_chunk(&schemes[s].desc);
+        if (chunk > 0 && (size_t)chunk < plan->ctx && (int)plan->ctx > max_P) max_P = (int)plan->ctx;
         const kvq_family *f = schemes[s].desc.q.fam;
         if (f && f->check_ctx) KVQ_TRY(f->check_ctx(&schemes[s].desc.q, schemes[s].name, plan->ctx, err));
     }

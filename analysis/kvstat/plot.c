@@ -834,6 +834,44 @@ kvq_status kvq_plot_qerr(const char *path, const kvq_plot_style *st, const kvq_q
     return render(path, st, 1000, 700, draw_qerr, &a, err);
 }
 
+/* ---- cross-layer similarity ---------------------------------------------------------------- */
+
+static kvq_status draw_xlayer(fig_t *f, const void *varg, kvq_err *err)
+{
+    const kvq_xlayer *x = varg;
+    int n = x->n_pairs;
+    double *v = malloc(2 * (size_t)n * sizeof(double));
+    if (!v) return kvq_fail(err, KVQ_ENOMEM, "plot: out of memory");
+    char b[512], mp[300];
+    model_prefix(mp, sizeof mp, f->st);
+    snprintf(b, sizeof b, "%sadjacent layers (l, l+1): similarity and MiniCache retention", mp);
+    title(f, b);
+    static const char *const names[2] = {"keys (post-RoPE)", "values"};
+    const rgb_t cols[2] = {PALETTE[0], PALETTE[1]};
+    double top = 80, bottom = 60, gap = 70, ph = (f->h - top - bottom - gap) / 2;
+    for (int w = 0; w < 2; w++) {
+        memcpy(v, w ? x->ret_k : x->dist_k, (size_t)n * sizeof(double));
+        memcpy(v + n, w ? x->ret_v : x->dist_v, (size_t)n * sizeof(double));
+        bars_t bars = {n, 2, v, names, x->layer_first, false};
+        panel_t p = {95, top + w * (ph + gap), f->w - 95 - 30, ph, {0, 1, false}, {0, 1, false}, false};
+        char sub[160];
+        if (w && x->artifact) snprintf(sub, sizeof sub, "retained unmerged (the minicache artifact's thresholds)");
+        else if (w) snprintf(sub, sizeof sub, "retained unmerged (distance > d_max - (d_max - d_min) %g per KV head)", x->gamma);
+        else snprintf(sub, sizeof sub, "mean angular distance arccos(cos) / pi per (token, KV head): 0 = same direction, 0.5 = orthogonal");
+        subtitle(f, &p, sub);
+        draw_bars(f, &p, &bars, w ? "first layer l of the pair" : NULL, w ? "fraction" : "angular distance");
+    }
+    legend(f, f->w - 30, 46, 2, cols, names, false);
+    free(v);
+    return KVQ_OK;
+}
+
+kvq_status kvq_plot_xlayer(const char *path, const kvq_plot_style *st, const kvq_xlayer *x, kvq_err *err)
+{
+    if (!x || x->n_pairs < 1) return kvq_fail(err, KVQ_EINVAL, "cross-layer plot: no data");
+    return render(path, st, 1000, 700, draw_xlayer, x, err);
+}
+
 /* ---- histogram ----------------------------------------------------------------------------- */
 
 typedef struct {

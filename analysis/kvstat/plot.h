@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "kvstats.h"
+#include "xlayer.h"
 #include "status.h"
 
 typedef struct {
@@ -78,5 +79,9 @@ kvq_status kvq_plot_histogram(const char *path, const kvq_plot_style *st, const 
  * two panels, log y. relative: MSE / mean x² (dimensionless) instead of MSE
  * (squared activation units). Default 1000x700. */
 kvq_status kvq_plot_qerr(const char *path, const kvq_plot_style *st, const kvq_qerr *q, bool relative, kvq_err *err);
+
+/* Adjacent layers' similarity (xlayer.h): mean angular distance of post-RoPE keys and values per pair
+ * (bars at the pair's first layer), and the MiniCache retained fraction. Default 1000x700. */
+kvq_status kvq_plot_xlayer(const char *path, const kvq_plot_style *st, const kvq_xlayer *x, kvq_err *err);
 
 #endif

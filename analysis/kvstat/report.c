@@ -461,6 +461,37 @@ static kvq_status build_tables(const kvq_report *r, tables_t *T, kvq_err *err)
             }
         }
     }
+    /* 9 cross-layer similarity (MiniCache) */
+    if (r->xl && ok) {
+        const kvq_xlayer *x = r->xl;
+        if (x->artifact)
+            snprintf(note, sizeof note, "Adjacent layers' post-RoPE keys and values per (token, KV head), %llu vectors per pair: "
+                     "mean cosine similarity, mean angular distance arccos(cos) / pi, and the share the minicache artifact's "
+                     "thresholds retain unmerged (MiniCache §4.1); merged = the artifact merges the pair.",
+                     (unsigned long long)x->n_vectors);
+        else
+            snprintf(note, sizeof note, "Adjacent layers' post-RoPE keys and values per (token, KV head), %llu vectors per pair: "
+                     "mean cosine similarity, mean angular distance arccos(cos) / pi, and the share MiniCache's retention rule "
+                     "(§4.1: distance > d_max - (d_max - d_min) gamma per KV head over the dump, gamma = %g) keeps unmerged.",
+                     (unsigned long long)x->n_vectors, x->gamma);
+        NEW_TABLE("Cross-layer similarity (MiniCache)", note, "layers", "K cos", "K distance", "K retained", "V cos",
+                  "V distance", "V retained", "merged");
+        if (ok) {
+            table_t *t = &T->t[T->n - 1];
+            for (int j = 0; j < x->n_pairs && ok; j++) {
+                char (*row)[CELL_MAX] = ROW(t);
+                if (!(ok = row)) break;
+                cellf(row[0], "%d-%d", x->layer_first + j, x->layer_first + j + 1);
+                cellf(row[1], "%.4f", x->cos_k[j]);
+                cellf(row[2], "%.4f", x->dist_k[j]);
+                cellf(row[3], "%.2f%%", 100 * x->ret_k[j]);
+                cellf(row[4], "%.4f", x->cos_v[j]);
+                cellf(row[5], "%.4f", x->dist_v[j]);
+                cellf(row[6], "%.2f%%", 100 * x->ret_v[j]);
+                cellf(row[7], "%s", x->merged[j] < 0 ? "-" : x->merged[j] ? "yes" : "no");
+            }
+        }
+    }
 #undef NEW_TABLE
 #undef ROW
     if (!ok) { tables_free(T); return kvq_fail(err, KVQ_ENOMEM, "report: out of memory"); }
@@ -672,6 +703,25 @@ static cJSON *build_json(const kvq_report *r)
             cJSON_AddItemToObject(x, "calib_outlier_frac_k", jdarray(q->calib_k + off, n));
             cJSON_AddItemToObject(x, "calib_outlier_frac_v", jdarray(q->calib_v + off, n));
             cJSON_AddItemToArray(sc, x);
+        }
+    }
+    if (r->xl) {
+        const kvq_xlayer *x = r->xl;
+        cJSON *xj = cJSON_AddObjectToObject(root, "cross_layer");
+        jadd(xj, "layer_first", x->layer_first);
+        jadd(xj, "n_pairs", x->n_pairs);
+        jadd(xj, "vectors_per_pair", (double)x->n_vectors);
+        if (x->artifact) cJSON_AddStringToObject(xj, "thresholds", "artifact");
+        else jadd(xj, "retention_gamma", x->gamma);
+        cJSON_AddItemToObject(xj, "cos_k", jdarray(x->cos_k, (size_t)x->n_pairs));
+        cJSON_AddItemToObject(xj, "cos_v", jdarray(x->cos_v, (size_t)x->n_pairs));
+        cJSON_AddItemToObject(xj, "angular_distance_k", jdarray(x->dist_k, (size_t)x->n_pairs));
+        cJSON_AddItemToObject(xj, "angular_distance_v", jdarray(x->dist_v, (size_t)x->n_pairs));
+        cJSON_AddItemToObject(xj, "retained_k", jdarray(x->ret_k, (size_t)x->n_pairs));
+        cJSON_AddItemToObject(xj, "retained_v", jdarray(x->ret_v, (size_t)x->n_pairs));
+        if (x->artifact) {
+            cJSON *m = cJSON_AddArrayToObject(xj, "merged");
+            for (int j = 0; j < x->n_pairs; j++) cJSON_AddItemToArray(m, cJSON_CreateBool(x->merged[j] == 1));
         }
     }
     if (r->cq) {

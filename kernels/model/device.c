@@ -1,6 +1,7 @@
 /* device.c — device selection and the CPU/GPU forward engine; see device.h. */
 #include "device.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,7 @@ kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_m
 {
     memset(e, 0, sizeof *e);
     e->dev = dev;
+    e->model = m;
     const bool bw = flags & KVQ_ENGINE_BACKWARD;
     flags &= ~(unsigned)KVQ_ENGINE_BACKWARD;
     if (dev == KVQ_DEVICE_CUDA)
@@ -104,6 +106,10 @@ void kvq_engine_free(kvq_engine *e)
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
 {
     if (e->dev == KVQ_DEVICE_CUDA) {
+        if (kvq_kv_desc_chunk(d) > 0) /* the CUDA forward's own host hook has no steps: the caller's hooks do */
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "forward: a KV scheme that runs windows in steps (%s) is given to the GPU "
+                                                   "engine as hooks (kvq_kv_desc_hooks), not as its built-in scheme",
+                            d->q.fam->name);
         KVQ_TRY(kvq_forward_cuda_set_kv(e->gpu, d, err));
     } else if (d) {
         KVQ_TRY(kvq_kv_desc_validate(d, &cpu_fw(e)->m->hp, err));
@@ -129,12 +135,20 @@ static kvq_status merged_transform(void *user, const kvq_layer_ctx *ctx, float *
     return kvq_kv_desc_transform(&e->run, ctx, k, v, alt, err);
 }
 
+static kvq_status merged_cache(void *user, int P, kvq_prefix *out, kvq_err *err)
+{
+    kvq_engine *e = user;
+    return kvq_kv_desc_cache(&e->run, P, out, err);
+}
+
 /* CPU with a descriptor: io2 = io with the descriptor's transform merged into the caller's hooks. */
 static void merge_hooks(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_io *io2)
 {
     e->run.d = &e->desc;
     e->caller = io->hooks;
-    e->merged = (kvq_hooks){.user = e, .transform = merged_transform, .key_stage = e->desc.key_stage};
+    e->merged = (kvq_hooks){.user = e, .transform = merged_transform, .key_stage = e->desc.key_stage,
+                            .chunk = kvq_kv_desc_chunk(&e->desc)};
+    if (e->merged.chunk) e->merged.cache = merged_cache;
     if (io->hooks && io->hooks->observe) {
         e->merged.observe = merged_observe;
         e->merged.attn_stats = io->hooks->attn_stats;
@@ -143,14 +157,83 @@ static void merge_hooks(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_io *io2)
     io2->hooks = &e->merged;
 }
 
+static kvq_status engine_run_one(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+{
+    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
+    return kvq_forward_run(cpu_fw(e), io, res, err);
+}
+
+/* kvq_hooks.chunk: the window as calls of at most `chunk` tokens, each after the cache the hooks built for
+ * the tokens before it (kvq_hooks.cache) as its prefix; per-position outputs land at their window rows. */
+static kvq_status run_chunked(kvq_engine *e, const kvq_fwd_io *io, const kvq_hooks *h, kvq_fwd_result *res, kvq_err *err)
+{
+    const int T = io->T, C = h->chunk;
+    if (io->prefix && io->prefix->P > 0)
+        return kvq_fail(err, KVQ_EINVAL, "forward: a transform that runs the window in steps of %d tokens cannot follow a "
+                                         "prefix of %d entries (IntactKV)", C, io->prefix->P);
+    if (!h->cache) return kvq_fail(err, KVQ_EINVAL, "forward: hooks with chunk %d have no cache callback", C);
+    if (T < 1) return kvq_fail(err, KVQ_EINVAL, "forward: T: expected >= 1, found %d", T);
+    if (e->dev != KVQ_DEVICE_CUDA && ((T - 1) / C) * C > cpu_fw(e)->max_P)
+        return kvq_fail(err, KVQ_EINVAL, "forward: a window of %d tokens in steps of %d needs room for a prefix of up to %d "
+                                         "entries, the workspace has %d", T, C, ((T - 1) / C) * C, cpu_fw(e)->max_P);
+    int *tg = malloc((size_t)T * sizeof *tg);
+    if (!tg) return kvq_fail(err, KVQ_ENOMEM, "forward: cannot allocate %d targets", T);
+    for (int t = 0; t < T; t++) tg[t] = io->targets ? io->targets[t] : t + 1 < T ? io->tokens[t + 1] : -1;
+    double sum = 0;
+    int n_scored = 0;
+    kvq_status st = KVQ_OK;
+    for (int t0 = 0; t0 < T && !st; t0 += C) {
+        int n = T - t0 < C ? T - t0 : C;
+        kvq_prefix px = {0};
+        if (t0 > 0 && (st = h->cache(h->user, t0, &px, err))) break;
+        if (t0 > 0 && px.P != t0) {
+            st = kvq_fail(err, KVQ_EINVAL, "forward: the hooks' cache holds %d entries, expected %d", px.P, t0);
+            break;
+        }
+        kvq_fwd_io c = *io;
+        c.tokens = io->tokens + t0;
+        c.T = n;
+        c.pos0 = io->pos0 + t0;
+        c.targets = tg + t0;
+        c.prefix = t0 > 0 ? &px : NULL;
+        c.logits = io->logits ? io->logits + (size_t)t0 * (size_t)e->model->hp.vocab_size : NULL;
+        c.nll = io->nll ? io->nll + t0 : NULL;
+        kvq_fwd_head hd;
+        if (io->head) {
+            size_t dim = (size_t)e->model->hp.dim;
+            hd = *io->head;
+            if (hd.hidden) hd.hidden += (size_t)t0 * dim;
+            if (hd.lse) hd.lse += t0;
+            if (hd.argmax) hd.argmax += t0;
+            if (hd.expect) hd.expect += (size_t)t0 * dim;
+            c.head = &hd;
+        }
+        kvq_fwd_result r;
+        st = engine_run_one(e, &c, &r, err);
+        if (!st && r.n_scored > 0) {
+            sum += r.loss * r.n_scored;
+            n_scored += r.n_scored;
+        }
+        if (st) kvq_err_prefix(err, "tokens %d..%d of the window", t0, t0 + n - 1);
+    }
+    free(tg);
+    if (st) return st;
+    res->n_scored = n_scored;
+    res->loss = n_scored && !io->skip_loss ? sum / n_scored : NAN;
+    return KVQ_OK;
+}
+
 kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
-    if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
-    if (!e->has_desc) return kvq_forward_run(cpu_fw(e), io, res, err);
+    if (e->dev == KVQ_DEVICE_CUDA || !e->has_desc) {
+        if (io->hooks && io->hooks->chunk > 0 && io->hooks->chunk < io->T) return run_chunked(e, io, io->hooks, res, err);
+        return engine_run_one(e, io, res, err);
+    }
     kvq_fwd_io io2;
     merge_hooks(e, io, &io2);
+    if (io2.hooks->chunk > 0 && io2.hooks->chunk < io->T) return run_chunked(e, &io2, io2.hooks, res, err);
     return kvq_forward_run(cpu_fw(e), &io2, res, err);
 }
 

@@ -46,6 +46,7 @@ enum { KVQ_ENGINE_BACKWARD = 1u << 8 };
 
 typedef struct {
     kvq_device dev;
+    const kvq_model *model;   /* the model of init */
     kvq_forward cpu;          /* dev == CPU, without KVQ_ENGINE_BACKWARD */
     kvq_backward bw;          /* dev == CPU, with KVQ_ENGINE_BACKWARD (its forward is bw.fw) */
     bool has_bw;

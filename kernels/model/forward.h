@@ -166,6 +166,8 @@ typedef struct {
     kvq_kv_sched *sched; /* a per-key schedule (NULL: in place or the boundaries above) */
 } kvq_kv_alt;
 
+struct kvq_prefix;
+
 /* Per-layer hooks. Any callback may be NULL. No global state: everything the
  * hook needs travels in `user`. A callback returning non-OK aborts the run with
  * its status and err message (prefixed with the layer). */
@@ -181,12 +183,20 @@ typedef struct {
      * are never passed to the transform. */
     kvq_status (*transform)(void *user, const kvq_layer_ctx *ctx, float *k, float *v, kvq_kv_alt *alt, kvq_err *err);
     kvq_key_stage key_stage;
+    /* A window in steps (kvq_engine_run; kvq_forward_run itself ignores both): for a transform whose cache
+     * entry of token j depends on states computed after j's own layer call (cross-layer merging: layer l
+     * stores a state shared with layer l+1), the window runs as calls of at most `chunk` tokens (pos0 +
+     * the tokens already run); before every call but the first, `cache` gives the cache the transform
+     * built for the P tokens already run (per layer, P post-RoPE keys and values, kvq_prefix), attended
+     * as that call's prefix. chunk == 1 is a token-by-token decode; 0 = the whole window in one call. */
+    int chunk;
+    kvq_status (*cache)(void *user, int P, struct kvq_prefix *out, kvq_err *err);
 } kvq_hooks;
 
 /* A cached full-precision prefix (IntactKV): per layer, P entries of post-RoPE
  * keys (at positions 0..P-1) and values. Attended by every window query in
  * every layer, never transformed. */
-typedef struct {
+typedef struct kvq_prefix {
     int P;
     const float *k; /* [n_layers][P][n_kv_heads][head_dim], post-RoPE */
     const float *v; /* [n_layers][P][n_kv_heads][head_dim] */

@@ -32,6 +32,13 @@
  *      the attention the simulated cache itself produced at earlier steps (a
  *      `step` callback after every query row). The forward then attends query
  *      rows in order (kvq_attention_sched: same O(T^2) work as attention).
+ *   4. a window in steps (chunk / cache below; kvq_hooks.chunk): the engine
+ *      runs the window as calls of at most `chunk` tokens, each attending the
+ *      cache the family built for the tokens before it as a prefix; within a
+ *      call the transform uses forms 1-3. For a cache entry of token j that
+ *      depends on states computed after j's own layer call (cross-layer
+ *      merging: layer l holds a state shared with layer l+1, which exists
+ *      only once j has passed layer l+1); chunk 1 is a token-by-token decode.
  * Families may carry state across the layers of a window (layers are called
  * in order 0..n_layers-1 for every window; kvq_kv_desc_run.state) and apply
  * per-layer transforms shared by all tokens (projections, permutations,
@@ -314,6 +321,12 @@ struct kvq_family {
     /* families whose transform gives alternatives with per-query boundaries: kb/vb [T] (<= i + 1) */
     void (*alt_bounds)(const kvq_scheme *q, size_t T, int *kb, int *vb);
     kvq_status (*run_init)(kvq_kv_desc_run *run, kvq_err *err); /* NULL: stateless */
+    /* a window in steps (forward.h kvq_hooks.chunk, "the cache-simulation contract" 4): tokens per step
+     * (> 0), or 0 for the whole window at once; NULL = 0 */
+    int (*chunk)(const kvq_scheme *q);
+    /* with chunk: the cache the run built for the first P window tokens, per layer P post-RoPE keys and
+     * values (out->k / v [n_layers][P][kv_dim] owned by the run state, valid until the next call) */
+    kvq_status (*cache)(kvq_kv_desc_run *run, int P, kvq_prefix *out, kvq_err *err);
     void (*run_free)(kvq_kv_desc_run *run);
     bool no_backward;          /* the transform has no straight-through backward (schedules) */
 

@@ -129,11 +129,25 @@ kvq_status kvq_kv_desc_quantize(const kvq_kv_desc *d, int layer, char side, floa
     return kvq_rotation_apply(&d->rot, out, n_tokens, kv_dim, head_dim, side, true, err);
 }
 
+int kvq_kv_desc_chunk(const kvq_kv_desc *d)
+{
+    return d && d->q.fam && d->q.fam->chunk && !kvq_kv_desc_is_identity(d) ? d->q.fam->chunk(&d->q) : 0;
+}
+
+kvq_status kvq_kv_desc_cache(void *user, int P, kvq_prefix *out, kvq_err *err)
+{
+    kvq_kv_desc_run *run = user;
+    const kvq_family *f = run->d ? run->d->q.fam : NULL;
+    if (!f || !f->cache) return kvq_fail(err, KVQ_EINVAL, "kv descriptor: family %s builds no cache", f ? f->name : "?");
+    return f->cache(run, P, out, err);
+}
+
 void kvq_kv_desc_hooks(kvq_kv_desc_run *run, const kvq_kv_desc *d, kvq_hooks *hooks)
 {
     run->d = d;
     *hooks = (kvq_hooks){.user = run, .transform = kvq_kv_desc_is_identity(d) ? NULL : kvq_kv_desc_transform,
-                         .key_stage = d ? d->key_stage : KVQ_KEYS_POST_ROPE};
+                         .key_stage = d ? d->key_stage : KVQ_KEYS_POST_ROPE, .chunk = kvq_kv_desc_chunk(d),
+                         .cache = kvq_kv_desc_chunk(d) ? kvq_kv_desc_cache : NULL};
 }
 
 kvq_status kvq_kv_layer_tables_view(const kvq_artifact *a, kvq_kv_layer_tables **out, kvq_err *err)

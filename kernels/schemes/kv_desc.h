@@ -61,7 +61,13 @@ kvq_status kvq_kv_desc_transform(void *user, const kvq_layer_ctx *ctx, float *k,
 kvq_status kvq_kv_desc_quantize(const kvq_kv_desc *d, int layer, char side, float *out, const float *in, size_t n_tokens,
                                 size_t kv_dim, size_t head_dim, kvq_quant_counts *c, kvq_err *err);
 
+/* Tokens per step of a family that runs windows in steps (family.h chunk; 0 = whole windows). */
+int kvq_kv_desc_chunk(const kvq_kv_desc *d);
+/* The kvq_hooks.cache callback (user is a kvq_kv_desc_run): the family's cache of the first P tokens. */
+kvq_status kvq_kv_desc_cache(void *user, int P, kvq_prefix *out, kvq_err *err);
+
 /* hooks = {transform = kvq_kv_desc_transform, user = run, key_stage = d->key_stage};
+ * chunk, cache = the family's (kvq_kv_desc_chunk, kvq_kv_desc_cache);
  * an identity descriptor gives no transform at all. run->d is set; its
  * counters and state are left as they are (call kvq_kv_desc_run_init first). */
 void kvq_kv_desc_hooks(kvq_kv_desc_run *run, const kvq_kv_desc *d, kvq_hooks *hooks);

@@ -464,6 +464,17 @@ kvq_status kvq_scheme_transform(void *user, const kvq_layer_ctx *ctx, float *k, 
     return s ? kvq_err_prefix(err, "scheme %s", run->s->name) : KVQ_OK;
 }
 
+static kvq_status scheme_cache(void *user, int P, kvq_prefix *out, kvq_err *err)
+{
+    kvq_scheme_run *run = user;
+    kvq_kv_desc_run dr = {.d = &run->s->desc, .k_counts = run->k_counts, .v_counts = run->v_counts, .state = run->state};
+    kvq_status s = kvq_kv_desc_cache(&dr, P, out, err);
+    run->k_counts = dr.k_counts;
+    run->v_counts = dr.v_counts;
+    run->state = dr.state;
+    return s ? kvq_err_prefix(err, "scheme %s", run->s->name) : KVQ_OK;
+}
+
 void kvq_scheme_hooks(kvq_scheme_run *run, const kvq_eval_scheme *s, kvq_hooks *hooks)
 {
     memset(run, 0, sizeof *run);
@@ -472,6 +483,8 @@ void kvq_scheme_hooks(kvq_scheme_run *run, const kvq_eval_scheme *s, kvq_hooks *
     hooks->user = run;
     hooks->transform = !kvq_kv_desc_is_identity(&s->desc) ? kvq_scheme_transform : NULL;
     hooks->key_stage = s->s.key_stage;
+    hooks->chunk = kvq_kv_desc_chunk(&s->desc);
+    if (hooks->chunk) hooks->cache = scheme_cache;
 }
 
 void kvq_scheme_run_free(kvq_scheme_run *run)

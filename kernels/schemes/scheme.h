@@ -88,7 +88,7 @@ kvq_status kvq_scheme_parse(const char *spec, kvq_scheme_spec *out, kvq_err *err
 /* One line listing the valid forms (for --help and errors), built from the
  * registry (family.h): the families' syntax, then the modifiers; into buf
  * (KVQ_SCHEME_SYNTAX_MAX bytes hold it), which is returned. */
-#define KVQ_SCHEME_SYNTAX_MAX 1024
+#define KVQ_SCHEME_SYNTAX_MAX 2048
 const char *kvq_scheme_syntax(char *buf, size_t n);
 
 /* ---- artifacts --------------------------------------------------------- */

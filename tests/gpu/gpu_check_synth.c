@@ -1,6 +1,7 @@
 /* gpu_check_synth.c — gpu_check --synthetic (random-weight models: every KV scheme CPU vs GPU, the LM-head outputs)
  * and --backward (the backward pass, Fisher information and attention statistics CPU vs GPU); see gpu_check.c. */
 #include "gpu_check.h"
+#include "scheme.h"
 
 /* ---- synthetic models ------------------------------------------------------------ */
 
@@ -312,6 +313,28 @@ int run_synthetic(kvq_device gdev)
             }
             free(sa.k);
             free(sa.v);
+        }
+        /* minicache: cross-layer merging, the window in steps (kvq_hooks.chunk) attending the cache the host transform
+         * built as a prefix; engines with room for that prefix, no IntactKV prefix (steps refuse one). A loose check
+         * (PPL within 1%, as hh): a last-bit difference moves an angular distance across the retention threshold; the
+         * semantics are checked bit for bit against a step-by-step cache in tests/test_minicache.c */
+        {
+            kvq_engine mc, mg;
+            TRYE(kvq_engine_init(&mc, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, T, 0, &err));
+            TRYE(kvq_engine_init(&mg, gdev, KVQ_CUDA_EXACT, &m, T, T, 0, &err));
+            const char *specs[] = {"minicache4-s0-c16", "minicache-c1"};
+            for (int i = 0; i < 2; i++) {
+                kvq_eval_scheme es;
+                TRYE(kvq_eval_scheme_make(specs[i], NULL, hp, &es, &err));
+                cmp_row r = compare(&mc, &mg, &es.desc, tokens, nw, T, NULL, 1, lc, lg);
+                report_row(es.name, "host steps", r, 0);
+                int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
+                printf("%s on the GPU (host hook, windows in steps): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", es.name, r.ppl_cpu,
+                       r.ppl_gpu, r.ppl_rel, ok ? "PASS" : "FAIL");
+                all_ok &= ok;
+            }
+            kvq_engine_free(&mc);
+            kvq_engine_free(&mg);
         }
         /* observe hook on the GPU: layer 0's k_att / v_att (fp32: the unquantized K/V) vs the CPU's */
         {
