@@ -15,6 +15,7 @@ extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_fa
     kvq_family_int8_pth, kvq_family_int4_pth, kvq_family_fp8_pth, kvq_family_turboquant;
 extern const kvq_family kvq_family_wkvq, kvq_family_cq;
 extern const kvq_family kvq_family_mikv, kvq_family_zipcache, kvq_family_skvq;
+extern const kvq_family kvq_family_qaq;
 
 /* Listing order (kveval --help, kvcalib --method, error messages): the baselines, then KVQuant's
  * nuqX (the method the suite is built around), the uniform and KIVI families, the production
@@ -26,6 +27,7 @@ static const kvq_family *const families[] = {
     &kvq_family_int4_pth, &kvq_family_fp8_pth, &kvq_family_turboquant, &kvq_family_hh,
     &kvq_family_wkvq, &kvq_family_cq,
     &kvq_family_mikv, &kvq_family_zipcache, &kvq_family_skvq,
+    &kvq_family_qaq,
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 
