@@ -8,15 +8,24 @@
  *    head_dim 16), with a sink token and a window of 1 and 3; the loop must see widths fall and rise (an
  *    exception re-quantized from the exact copy) and more than one width, and the run's realised counts
  *    (exact, outliers, code bits of the last query's cache) equal the loop's;
+ *  - kvdump --q -> kvcalib --method qaq on aidreams260K: qnorm2 per (layer, KV head) equals the 0.9
+ *    quantile (nearest rank) of ||q||^2 over the dump's queries of the group, computed here from the dump;
+ *    the artifact binds a spec without -q and kvstat's keys take that layer's table in the width formula;
+ *    a dump without queries is refused naming kvdump --q;
  *  - the selection form against the switch-time form (bit for bit) and its refusal of a bad index;
  *  - spec parsing, canonical names, refusals before any work (budgets, widths, the window against the
  *    context), bits from counts by hand, kvstat's resting representation. */
 #include <math.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "attention.h"
+#include "calibrate.h"
+#include "capture.h"
+#include "dump.h"
 #include "family.h"
 #include "forward.h"
+#include "identity.h"
 #include "kv_desc.h"
 #include "kvq_test.h"
 #include "scheme.h"
@@ -424,6 +433,136 @@ START_TEST(test_qaq_spec_bits)
 }
 END_TEST
 
+
+/* ---------------- kvcalib: the query-norm quantile ---------------- */
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+START_TEST(test_qaq_kvcalib_chain)
+{
+    char model[4096], tokf[4096], text[4096];
+    KVQ_SKIP_IF(!kvq_test_shared(model, sizeof model, "models/llama2c/aidreams260K.bin") ||
+                    !kvq_test_shared(tokf, sizeof tokf, "models/llama2c/aidreams-tok512.bin") ||
+                    !kvq_test_shared(text, sizeof text, "datasets/wikitext-2/wiki.valid.tokens"),
+                "../shared tiny model or WikiText-2 absent");
+    char dump[256], dump_noq[256], out[256];
+    snprintf(dump, sizeof dump, "/tmp/kvq_test_qaq_%d.h5", (int)getpid());
+    snprintf(dump_noq, sizeof dump_noq, "/tmp/kvq_test_qaq_noq_%d.h5", (int)getpid());
+    snprintf(out, sizeof out, "/tmp/kvq_test_qaq_%d.safetensors", (int)getpid());
+    unlink(dump);
+    unlink(dump_noq);
+    unlink(out);
+    kvq_capture_opts co = kvq_capture_opts_default();
+    co.model_path = model;
+    co.tokenizer_path = tokf;
+    co.text_path = text;
+    co.format = KVQ_TEXT_WIKITEXT_TOKENS;
+    co.samples = 3;
+    co.seq_len = 48;
+    co.quiet = true;
+    co.out_path = dump_noq;
+    co.command_line = "test_qaq";
+    kvq_capture_report rep;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_capture_run(&co, &rep, &e) == KVQ_OK, "%s", e.msg);
+    co.q = true;
+    co.out_path = dump;
+    ck_assert_msg(kvq_capture_run(&co, &rep, &e) == KVQ_OK, "%s", e.msg);
+    kvq_model m;
+    ck_assert_msg(kvq_model_load(model, &m, &e) == KVQ_OK, "%s", e.msg);
+
+    kvq_calibrate_opts o = kvq_calibrate_defaults(KVQ_FAM("qaq"));
+    ck_assert_int_eq(o.k_bits, 8);
+    ck_assert(o.x[0] == 0.9);
+    ck_assert_int_ne(kvq_calibrate_file(dump_noq, out, false, &o, NULL, &e), KVQ_OK);
+    ck_assert_msg(strstr(e.msg, "--q"), "%s", e.msg);
+    ck_assert(access(out, F_OK) != 0);
+    o.x[0] = 0; /* a quantile of 0 is refused before any work */
+    ck_assert_int_ne(kvq_calibrate_file(dump, out, false, &o, NULL, &e), KVQ_OK);
+    ck_assert_msg(strstr(e.msg, "kvq.qaq.quantile"), "%s", e.msg);
+    o.x[0] = 0.9;
+    ck_assert_msg(kvq_calibrate_file(dump, out, false, &o, NULL, &e) == KVQ_OK, "%s", e.msg);
+    kvq_artifact ar;
+    ck_assert_msg(kvq_artifact_read(out, &ar, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_str_eq(ar.p.method->name, "qaq");
+
+    kvq_dump_reader *dr = NULL;
+    ck_assert_msg(kvq_dump_open(dump, &dr, &e) == KVQ_OK, "%s", e.msg);
+    const kvq_dump_meta dm = *kvq_dump_reader_meta(dr);
+    const int NH = m.hp.n_heads, H = m.hp.n_kv_heads, HD = m.hp.head_dim, gs = NH / H;
+    const size_t SL = (size_t)dm.seq_len, rows = (size_t)dm.n_samples * SL;
+    float *q = malloc(rows * NH * HD * sizeof(float));
+    double *n2 = malloc(rows * gs * sizeof(double));
+    for (int l = 0; l < m.hp.n_layers; l++) {
+        for (int64_t smp = 0; smp < dm.n_samples; smp++)
+            ck_assert_msg(kvq_dump_read(dr, l, KVQ_DUMP_Q, smp, q + (size_t)smp * SL * NH * HD, &e) == KVQ_OK, "%s", e.msg);
+        const kvq_fam_tensor *t = kvq_kv_table_get(&ar.k[l], "qnorm2");
+        ck_assert_ptr_nonnull(t);
+        ck_assert_uint_eq(t->shape[0], (uint64_t)H);
+        for (int h = 0; h < H; h++) {
+            size_t n = 0;
+            for (size_t r = 0; r < rows; r++)
+                for (int g = 0; g < gs; g++) {
+                    double a = 0;
+                    for (int d = 0; d < HD; d++) a += pow(q[(r * NH + h * gs + g) * HD + d], 2);
+                    n2[n++] = a;
+                }
+            qsort(n2, n, sizeof *n2, cmp_d);
+            double want = n2[(size_t)ceil(0.9 * (double)n) - 1];
+            ck_assert_msg(fabs(t->data[h] - want) <= 1e-5 * want, "layer %d head %d: qnorm2 %g, quantile %g", l, h, (double)t->data[h], want);
+        }
+    }
+    kvq_dump_close(dr);
+    free(q);
+    free(n2);
+
+    /* the artifact binds a spec without -q; kvstat's keys of layer 1 take its table in the width formula */
+    kvq_artifact_set set;
+    char fp[65];
+    ck_assert(kvq_identity_model(&m, fp, &e) == KVQ_OK);
+    const char *paths[1] = {out};
+    ck_assert_msg(kvq_artifact_set_load(&set, paths, 1, &m, fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+    kvq_eval_scheme s;
+    ck_assert_msg(kvq_eval_scheme_make("qaq-k0.002-v0.1-o0%-w2-l1-h8", &set, &m.hp, &s, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_ptr_nonnull(s.desc.art);
+    enum { T = 20 };
+    const size_t kvd = (size_t)kvq_kv_dim(&m.hp);
+    float *x = malloc(T * kvd * sizeof(float)), *y = malloc(T * kvd * sizeof(float));
+    for (size_t i = 0; i < T * kvd; i++) x[i] = sinf(0.37f * (float)i) * 2.0f + 0.5f * cosf(0.05f * (float)i);
+    kvq_quant_counts qc = {0};
+    ck_assert(kvq_kv_desc_quantize(&s.desc, 1, 'k', y, x, T, kvd, (size_t)HD, &qc, &e) == KVQ_OK);
+    uint64_t want_bits = 8ull * HD * H; /* the last token (N - 1 = 1) at H */
+    const kvq_fam_tensor *t1 = kvq_kv_table_get(&ar.k[1], "qnorm2");
+    for (int j = 0; j < T - 1; j++)
+        for (int h = 0; h < H; h++) {
+            float mn = INFINITY, mx = -INFINITY;
+            for (int d = 0; d < HD; d++) {
+                mn = fminf(mn, x[j * kvd + h * HD + d]);
+                mx = fmaxf(mx, x[j * kvd + h * HD + d]);
+            }
+            double r = kvq_round_fp16(mx) - kvq_round_fp16(mn), Tn = T;
+            double sk = sqrt(log(Tn * Tn * Tn / (Tn - 1) * 0.002 * 0.002 + 1) / (t1->data[h] / HD));
+            int b = 1;
+            while (b < 8 && r > ldexp(2 * sqrt(3.0) * sk, b)) b++;
+            want_bits += (uint64_t)b * HD;
+        }
+    ck_assert_uint_eq(qc.n_code_bits, want_bits);
+    /* teeth: the table's norms put the widths strictly inside [L, H] */
+    fprintf(stderr, "INFO qaq kvstat keys of layer 1: %.3f code bits per element\n", (double)want_bits / (double)(T * kvd));
+    ck_assert(want_bits > (uint64_t)(T - 1) * kvd + 8ull * kvd && want_bits < 8ull * T * kvd);
+    kvq_artifact_set_free(&set);
+    kvq_artifact_free(&ar);
+    kvq_model_free(&m);
+    unlink(dump);
+    unlink(dump_noq);
+    unlink(out);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("qaq");
@@ -432,6 +571,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_qaq_selection_form);
     tcase_add_test(tc, test_qaq_spec_bits);
     tcase_add_test(tc, test_qaq_decode_equivalence);
+    tcase_add_test(tc, test_qaq_kvcalib_chain);
     suite_add_tcase(s, tc);
     return s;
 }

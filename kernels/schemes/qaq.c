@@ -10,8 +10,9 @@
  *   §4.1 the quantizer: the token's [min, max] split into 2^B equal segments, each value rounded to its
  *        segment's midpoint;
  *   §3.3 / §4.2 outliers: the values beyond the alpha quantiles at both ends of each token (here each
- *        (token, head) vector: ceil(alpha/2 head_dim) lowest and as many highest, the reference's
- *        kthvalue rule) are kept exact in a sparse matrix; min / max are those of the rest;
+ *        token's row of a layer, kv_dim values: beyond the (k+1)-th smallest / largest, k =
+ *        kvq_outliers_per_side(kv_dim, alpha), the rule of KVQuant's per-token values) are kept exact in a
+ *        sparse matrix; each head's min / max are those of the rest;
  *   §3.2 / §4.2 the attention window and its exceptions: the attention a token will receive is
  *        predicted as the maximum of its last N attention scores; bits are recomputed for every token
  *        at every generation step, a token whose new width is lower is quantized further, one whose
@@ -21,7 +22,7 @@
  * Spec: qaq-k<Ks>-v<Vs>[-o<f>%][-w<N>][-l<L>][-h<H>][-q<Q2>]
  *   Ks  sigma_S max, the key budget (std of the attention probabilities), > 0
  *   Vs  sigma_X max, the value budget (std of the attention output, value units), > 0
- *   f   outliers, percent of each (token, head) vector, [0, 50) (default 1, the paper's setting)
+ *   f   outliers, percent of each token's row of a layer, [0, 50) (default 1, the paper's setting)
  *   N   attention window, >= 1 (default 5, the paper's setting); n_sink + N must be shorter than the context
  *   L, H  the bit-width range, 0 <= L <= H <= 8 (default 1 and 8)
  *   Q2  a fixed squared query norm ||q||^2 for every layer and head (the reference's q_norm
@@ -45,9 +46,10 @@
  *
  * Bits per element (from a run's realised counts, kvq_quant_counts): sink and exact tokens 16; a
  * quantized (token, head) its width per element (n_code_bits), plus 32 / head_dim for its fp16 min and
- * max, 4 / head_dim for its width, and 32 per outlier (16-bit value, 16-bit index; the count per vector
- * is fixed by f, no row pointer); keys with an artifact add the table (32 bits per layer and KV head,
- * amortised: 32 / (ctx head_dim)). Nominal (no counts): every non-sink token at H bits.
+ * max, 4 / head_dim for its width, and 32 per outlier (16-bit value, 16-bit index; at most 2k per row,
+ * fixed by f: no row pointer); keys with an artifact add the table (32 bits per layer and KV head,
+ * amortised: 32 / (ctx head_dim)). Nominal (no counts): every non-sink token at H bits with 2k outliers
+ * per row.
  *
  * Where kvq differs from the reference code (and the paper):
  *   - importance: the reference computes the widths once, at prefill, from the full-precision attention
@@ -61,8 +63,10 @@
  *     the reference writes T and a half-width;
  *   - the reference's quantizer rounds mean-centred values to integers clamped to [-2^(B-1), 2^(B-1)-1]
  *     with step (max - min) / 2^B; kvq uses the paper's midpoint quantizer over [min, max] (fp16 min and
- *     max); outlier ties: the reference's thresholds take every value equal to the k-th, kvq exactly k
- *     per side (lowest index first);
+ *     max);
+ *   - outliers: the reference picks them per quantization unit (at its "head" level each head vector,
+ *     ceil(alpha/2 head_dim) per side, 3% of a 64-channel head at alpha = 1%); kvq per token row of a
+ *     layer (alpha of kv_dim), ties at the thresholds dense;
  *   - a width that falls is quantized from the exact token, not from the higher-width copy (the paper
  *     quantizes the quantized copy further);
  *   - GQA: a KV head's tokens take the largest attention of its group's query heads and the group's
