@@ -32,6 +32,8 @@
  *      the attention the simulated cache itself produced at earlier steps (a
  *      `step` callback after every query row). The forward then attends query
  *      rows in order (kvq_attention_sched: same O(T^2) work as attention).
+ *      Its selection form (k_sel / v_sel) lets a step move a token to any of up
+ *      to KVQ_KV_MAX_REPS representations, also back (QAQ's per-token widths).
  * Families may carry state across the layers of a window (layers are called
  * in order 0..n_layers-1 for every window; kvq_kv_desc_run.state) and apply
  * per-layer transforms shared by all tokens (projections, permutations,
