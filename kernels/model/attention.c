@@ -360,10 +360,19 @@ static kvq_status sched_check(const kvq_kv_sched *s, int T, int nkv, kvq_err *er
         if (!s->k[r]) return kvq_fail(err, KVQ_EINVAL, "attention schedule: key representation %d missing", r);
     for (int r = 0; r < s->n_v; r++)
         if (!s->v[r]) return kvq_fail(err, KVQ_EINVAL, "attention schedule: value representation %d missing", r);
-    if ((s->n_k > 1 && !s->k_from) || (s->n_v > 1 && !s->v_from))
+    if ((s->n_k > 1 && !s->k_from && !s->k_sel) || (s->n_v > 1 && !s->v_from && !s->v_sel))
         return kvq_fail(err, KVQ_EINVAL, "attention schedule: switch times missing");
     for (int w = 0; w < 2; w++) {
-        const int *from = w ? s->v_from : s->k_from, n = w ? s->n_v : s->n_k;
+        const signed char *sel = w ? s->v_sel : s->k_sel;
+        const int n = w ? s->n_v : s->n_k;
+        if (sel) {
+            for (size_t x = 0; x < (size_t)nkv * T; x++)
+                if (sel[x] < 0 || sel[x] >= n)
+                    return kvq_fail(err, KVQ_EINVAL, "attention schedule: %s of KV head %zu, token %zu selects representation %d, "
+                                    "expected 0..%d", w ? "value" : "key", x / T, x % T, sel[x], n - 1);
+            continue;
+        }
+        const int *from = w ? s->v_from : s->k_from;
         for (int r = 2; r < n; r++)
             for (size_t x = 0; x < (size_t)nkv * T; x++)
                 if (from[(size_t)(r - 1) * nkv * T + x] < from[(size_t)(r - 2) * nkv * T + x])
@@ -391,8 +400,11 @@ static kvq_status sched_head_run(const kvq_attn_args *a, kvq_kv_sched *sc, int l
     for (int i = 0; i < T; i++) {
         /* the representation every key <= i holds at step i */
         for (int j = 0; j <= i; j++) {
-            int rk = sc->n_k > 1 ? kvq_sched_rep(sc->k_from, sc->n_k, nkv, T, h, j, i) : 0;
-            int rv = sc->n_v > 1 ? kvq_sched_rep(sc->v_from, sc->n_v, nkv, T, h, j, i) : 0;
+            int rk = sc->k_sel ? sc->k_sel[(size_t)h * T + j] : sc->n_k > 1 ? kvq_sched_rep(sc->k_from, sc->n_k, nkv, T, h, j, i) : 0;
+            int rv = sc->v_sel ? sc->v_sel[(size_t)h * T + j] : sc->n_v > 1 ? kvq_sched_rep(sc->v_from, sc->n_v, nkv, T, h, j, i) : 0;
+            if (rk < 0 || rk >= sc->n_k || rv < 0 || rv >= sc->n_v)
+                return kvq_fail(err, KVQ_EINVAL, "attention schedule: KV head %d, token %d selects key representation %d / value "
+                                "representation %d at query %d, expected 0..%d / 0..%d", h, j, rk, rv, i, sc->n_k - 1, sc->n_v - 1);
             if (rk != w->rk[j]) {
                 const float *src = sc->k[rk] + j * stride + (size_t)h * hd;
                 for (int d = 0; d < hd; d++) KT_TILE(w->kt, hd, P + j)[d * KVQ_ATT_JT] = src[d];

@@ -117,8 +117,14 @@ typedef struct {
  * (all query heads of its GQA group), with the attention probabilities the
  * simulated cache produced; it may change from[][h][j] for j <= i to values
  * > i (decisions take effect at later queries only). Calls for different KV
- * heads may run concurrently: a step must touch only head h's state. */
-#define KVQ_KV_MAX_REPS 4
+ * heads may run concurrently: a step must touch only head h's state.
+ * Selection form (k_sel / v_sel instead of k_from / v_from, per side): the
+ * representation key j of head h holds now, sel[h][j] in 0..n-1 (the
+ * transform sets the initial values, read when key j joins at step j); a step
+ * after query row i may set sel[h][j] for any j <= i to any representation,
+ * also back to an earlier one (QAQ's re-quantization from the full-precision
+ * copy), read from query i + 1 on. The attention refuses a value out of range. */
+#define KVQ_KV_MAX_REPS 12
 
 typedef struct {
     int layer;
@@ -133,7 +139,8 @@ typedef struct kvq_kv_sched {
     int n_k, n_v;                  /* representations of keys / values, 1..KVQ_KV_MAX_REPS */
     float *k[KVQ_KV_MAX_REPS];     /* [T][n_kv_heads][head_dim] each */
     float *v[KVQ_KV_MAX_REPS];
-    int *k_from, *v_from;          /* [n - 1][n_kv_heads][T] (NULL when n == 1); may be the same array */
+    int *k_from, *v_from;          /* [n - 1][n_kv_heads][T] (NULL when n == 1 or with sel); may be the same array */
+    signed char *k_sel, *v_sel;    /* [n_kv_heads][T]: the selection form (above), else NULL */
     kvq_status (*step)(void *user, const kvq_sched_step *st, struct kvq_kv_sched *sched, kvq_err *err);
     void *user;
 } kvq_kv_sched;

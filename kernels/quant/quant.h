@@ -46,6 +46,8 @@ typedef struct {
     uint64_t n_sink;     /* kept exact because the token is an attention-sink token */
     uint64_t n_exact;    /* kept exact for other reasons (KIVI incomplete group / residual, a recent window) */
     uint64_t n_high;     /* kept at a mixed-precision scheme's high precision (heavy hitters) */
+    uint64_t n_code_bits;/* sum of the code bits of the elements a per-token variable-width scheme quantized (QAQ:
+                          * each (token, head) at its own width); 0 for fixed-width schemes */
     uint64_t n_clipped;  /* beyond the storage format's range and saturated to its largest finite value:
                           * fp16 |x| >= 65520 (a real fp16 cache would hold Inf), fp8 |x / s| at or past
                           * the saturation midpoint (kvq_fp8_saturation_edge) */

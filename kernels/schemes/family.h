@@ -32,6 +32,8 @@
  *      the attention the simulated cache itself produced at earlier steps (a
  *      `step` callback after every query row). The forward then attends query
  *      rows in order (kvq_attention_sched: same O(T^2) work as attention).
+ *      Its selection form (k_sel / v_sel) lets a step move a token to any of up
+ *      to KVQ_KV_MAX_REPS representations, also back (QAQ's per-token widths).
  *   4. a window in steps (chunk / cache below; kvq_hooks.chunk): the engine
  *      runs the window as calls of at most `chunk` tokens, each attending the
  *      cache the family built for the tokens before it as a prefix; within a

@@ -16,6 +16,7 @@ extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_fa
 extern const kvq_family kvq_family_wkvq, kvq_family_cq;
 extern const kvq_family kvq_family_mikv, kvq_family_zipcache, kvq_family_skvq;
 extern const kvq_family kvq_family_minicache;
+extern const kvq_family kvq_family_qaq;
 
 /* Listing order (kveval --help, kvcalib --method, error messages): the baselines, then KVQuant's
  * nuqX (the method the suite is built around), the uniform and KIVI families, the production
@@ -28,6 +29,7 @@ static const kvq_family *const families[] = {
     &kvq_family_wkvq, &kvq_family_cq,
     &kvq_family_mikv, &kvq_family_zipcache, &kvq_family_skvq,
     &kvq_family_minicache,
+    &kvq_family_qaq,
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 
