@@ -185,7 +185,11 @@ kvq_status kvq_qscheme_spec(const kvq_scheme_spec *ss, size_t head_dim, kvq_qsch
     KVQ_TRY(kvq_qscheme_plain(&ss->q, head_dim, st, out, err));
     st->desc.key_stage = ss->key_stage;
     st->desc.rot = ss->rot;
-    snprintf(st->name, sizeof st->name, "%s", ss->spec);
+    kvq_kv_desc_name(&st->desc, st->name, sizeof st->name); /* canonical, with +sink and the rotation */
+    if (ss->stage_set) {
+        size_t w = strlen(st->name);
+        snprintf(st->name + w, sizeof st->name - w, "%s", ss->key_stage == KVQ_KEYS_PRE_ROPE ? "+pre-rope" : "+post-rope");
+    }
     fill_qscheme(st, out);
     return KVQ_OK;
 }

@@ -49,7 +49,8 @@ kvq_status kvq_qscheme_plain(const kvq_scheme *sc, size_t head_dim, kvq_qscheme_
                              kvq_err *err);
 /* A parsed --scheme spec of a table-free family: kvq_qscheme_plain with the spec's key stage (the family's
  * default or +pre-rope / +post-rope) and rotation (+hadamard / +rht: every head vector rotated before the
- * family's quantize and un-rotated after it, kv_desc.h); named by the spec as given. KVQ_EINVAL for
+ * family's quantize and un-rotated after it, kv_desc.h); named canonically (kvq_kv_desc_name, +pre-rope /
+ * +post-rope when given). KVQ_EINVAL for
  * +intactkv (a trained prefix has no resting representation to measure). */
 kvq_status kvq_qscheme_spec(const kvq_scheme_spec *ss, size_t head_dim, kvq_qscheme_state *st, kvq_qscheme *out,
                             kvq_err *err);
