@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "artifact.h"
 #include "calibrate.h"
 #include "family.h"
@@ -526,6 +528,41 @@ START_TEST(test_lowrank_artifact_and_cli)
     ck_assert_msg(strstr(out, "method        lowrank") && strstr(out, "2 KV heads per group (32 channels)") &&
                       strstr(out, "plain second moment of the post-RoPE keys") && strstr(out, "basis [2x32x32]"),
                   "%s", out);
+    /* kvstat: the quantization-error view runs the artifact's own scheme; the explained-variance view on the
+     * calibration dump itself (plain weights, no sink) realises exactly the calibrated curve */
+    char kvstat_bin[4096], md[256], js[256];
+    ck_assert_msg(kvq_test_bin(kvstat_bin, sizeof kvstat_bin, "kvstat"), "%s: kvstat not built", kvstat_bin);
+    tmp(md, sizeof md, "kvstat.md");
+    tmp(js, sizeof js, "kvstat.json");
+    snprintf(cmd, sizeof cmd, "%s %s --artifact %s --markdown %s --json %s -q", kvstat_bin, dump, a, md, js);
+    ck_assert_msg(fenv_run(cmd, out, sizeof out) == 0, "%s", out);
+    char *rep = kvq_test_slurp(md, NULL);
+    ck_assert_msg(rep && strstr(rep, "| 0 | lowrank-g2-ev90 post-RoPE (artifact) |") && strstr(rep, "### Low-rank KV heads: explained variance") &&
+                      strstr(rep, "(groups of 2 KV heads, D = 32 channels)"),
+                  "%s", rep ? rep : md);
+    free(rep);
+    char *jt = kvq_test_slurp(js, NULL);
+    cJSON *root = cJSON_Parse(jt), *lj = cJSON_GetObjectItem(root, "lowrank_ev");
+    ck_assert_ptr_nonnull(lj);
+    ck_assert_int_eq(cJSON_GetObjectItem(lj, "channels_per_group")->valueint, 32);
+    ck_assert_int_eq(cJSON_GetObjectItem(lj, "n_groups")->valueint, 2);
+    for (int w = 0; w < 2; w++) {
+        cJSON *side = cJSON_GetObjectItem(lj, w ? "v" : "k"), *cal = cJSON_GetObjectItem(side, "calibrated"),
+              *real = cJSON_GetObjectItem(side, "realised");
+        int n = cJSON_GetArraySize(cal);
+        ck_assert_int_eq(n, 4 * 2 * 32);
+        ck_assert_int_eq(cJSON_GetArraySize(real), n);
+        for (int i = 0; i < n; i++) {
+            double c = cJSON_GetArrayItem(cal, i)->valuedouble, rr = cJSON_GetArrayItem(real, i)->valuedouble;
+            ck_assert_msg(fabs(c - rr) <= 1e-4, "%c entry %d: calibrated %.7f, realised on the same tokens %.7f", w ? 'v' : 'k', i, c, rr);
+            if (i % 32 == 31) ck_assert_double_eq_tol(rr, 1.0, 1e-5);
+            if (i % 32) ck_assert(c >= cJSON_GetArrayItem(cal, i - 1)->valuedouble);
+        }
+    }
+    cJSON_Delete(root);
+    free(jt);
+    unlink(md);
+    unlink(js);
     struct { const char *args; int code; const char *want; } cases[] = {
         {"--group 3", 1, "group size: expected 0 or a divisor of kv_dim 64"},
         {"--group 8", 1, "group_size: lowrank's KV heads per group must divide n_kv_heads 4"},

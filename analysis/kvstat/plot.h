@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "kvstats.h"
+#include "lrstats.h"
 #include "status.h"
 
 typedef struct {
@@ -78,5 +79,10 @@ kvq_status kvq_plot_histogram(const char *path, const kvq_plot_style *st, const 
  * two panels, log y. relative: MSE / mean x² (dimensionless) instead of MSE
  * (squared activation units). Default 1000x700. */
 kvq_status kvq_plot_qerr(const char *path, const kvq_plot_style *st, const kvq_qerr *q, bool relative, kvq_err *err);
+
+/* Low-rank KV heads (lrstats.h): the explained variance realised on the dump against the rank r = 1..D, keys
+ * and values in two panels, one line per layer (mean over its KV-head groups; colour viridis from the first
+ * layer, dark, to the last, yellow), the artifact's own target dashed. Default 1000x700. */
+kvq_status kvq_plot_lowrank(const char *path, const kvq_plot_style *st, const kvq_lrstats *s, kvq_err *err);
 
 #endif

@@ -10,7 +10,8 @@
  *   tokens; with an artifact, quantization error per layer and scheme; with
  *   key biases in the dump (Qwen2), their norm per layer and the channels they
  *   dominate (kvq_kbias_layer); with a cq artifact, its codebooks' usage and
- *   per-group error (cqstats.h).
+ *   per-group error (cqstats.h); with a lowrank artifact, the explained
+ *   variance of its subspaces per layer and KV-head group (lrstats.h).
  * JSON holds every number (per-channel arrays included); NaN is written as
  * null. HTML embeds each PNG as a base64 data: URI, so the page is one file
  * that opens offline.
@@ -21,6 +22,7 @@
 #include <stdio.h>
 
 #include "cqstats.h"
+#include "lrstats.h"
 #include "kvstats.h"
 #include "status.h"
 
@@ -36,6 +38,7 @@ typedef struct {
     const char *const *image_captions; /* [n_images] */
     const float *k_bias;             /* [n_stat_layers][kv_dim] the model's key biases (dump /k_bias, Qwen2), or NULL */
     const kvq_cqstats *cq;           /* codebook usage and per-group error of a cq artifact, or NULL (cqstats.h) */
+    const kvq_lrstats *lr;           /* explained variance of a lowrank artifact's subspaces, or NULL (lrstats.h) */
 } kvq_report;
 
 /* The key bias of one layer against its pre-RoPE keys (kvq_report.k_bias):
