@@ -108,7 +108,7 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
         {"no-fisher", 0, KVQ_OPT_FLAG, &a->no_fisher, NULL, "nuq, cq: plain (unweighted) k-means instead of Fisher weights",
          NULL, 0, 0, false},
         {"fisher", 0, KVQ_OPT_FLAG, &a->fisher, NULL,
-         "lowrank: weight each calibration token by its Fisher information (default: plain second moment, as the paper)", NULL, 0, 0,
+         "lowrank: weight each calibration token by its Fisher information (default: plain second moment, an SVD of the cache)", NULL, 0, 0,
          false},
         {"per-head", 0, KVQ_OPT_FLAG, &a->per_head, NULL, "nuq: one datatype per KV head instead of per layer", NULL, 0,
          0, false},

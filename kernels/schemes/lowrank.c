@@ -1,7 +1,7 @@
 /* lowrank.c — low-rank KV heads (Yu, Yang, Li, Li, Wu, "Effectively Compress
  * KV Heads for LLM", arXiv 2406.07056, 2024).
  *
- * The paper (§3) observes that the KV caches of a layer are low-rank: the
+ * The paper (its method part, cited as §3 below) observes that the KV caches of a layer are low-rank: the
  * concatenated keys (values) of a group of KV heads, [tokens][g * head_dim],
  * keep most of their energy in a few principal directions. It converts MHA
  * into GQA by replacing each group of g KV heads with fewer heads: an SVD of
@@ -10,23 +10,30 @@
  * error of the cache; the reduced heads cache c = Uᵀ x (r numbers per token
  * and group instead of g*head_dim), the keys' Uᵀ is absorbed into the query
  * side (q·(U c) = (Uᵀ q)·c) and the values' U into the output projection
- * (Σ_j a_j U c_j = U Σ_j a_j c_j). Keys under RoPE (§3, "key caches with
- * RoPE"): RoPE's position-dependent rotation sits between W_k and the cache,
- * so a projection of pre-RoPE keys could not be absorbed into the query; the
- * paper therefore computes the key SVD on the post-RoPE key cache and
- * projects post-RoPE keys (and, at inference, the post-RoPE query with the
- * same U). The paper then fine-tunes the compressed model; kvq does not.
+ * (Σ_j a_j U c_j = U Σ_j a_j c_j). Keys under RoPE: RoPE's position-dependent
+ * rotation sits between W_k and the cache, so the key projection cannot simply
+ * be folded into W_k / W_q; the abstract announces "specialized strategies
+ * for key caches with RoPE". Only the abstract and secondary summaries of the
+ * paper were available to us (no full text, no code), so kvq does not claim
+ * to reproduce those strategies. What kvq does instead, exactly: by default
+ * it fits and applies the projection to the post-RoPE keys (the cache holds
+ * Uᵀ RoPE(k), the post-RoPE query is projected by the same U: exact query
+ * absorption, an extra r x D product per query head at decode); with
+ * --keys pre-rope / +pre-rope it projects the pre-RoPE keys and the reader
+ * reconstructs U c and then rotates it (no query absorption). The paper also
+ * fine-tunes the compressed model; kvq does not.
  *
  * What kvq does: per layer, side and group of G consecutive KV heads
  * (D = G * head_dim channels), kvcalib --method lowrank stores the
  * eigendecomposition of the calibration second-moment matrix
  * C = Σ_t w_t x_t x_tᵀ / Σ_t w_t (LAPACK dsyevd in float64; the right singular
- * vectors of the cache matrix, as the paper's SVD, uncentred), w_t = 1 (the
- * paper: plain covariance, the default) or, with --fisher, the token's Fisher
- * information summed over the group's channels (an option of kvq's):
+ * vectors of the cache matrix: an uncentred SVD of the calibration cache),
+ * w_t = 1 (plain, the default: what the paper's summaries describe, an SVD of
+ * the caches) or, with --fisher, the token's Fisher information summed over
+ * the group's channels (an option of kvq's):
  *   layers.<i>.<k|v>.basis   [n_groups][D][D]  row j = principal direction j (unit, descending eigenvalue)
  *   layers.<i>.<k|v>.eigval  [n_groups][D]     eigenvalue j = mean squared coefficient on direction j
- * Keys post-RoPE by default (the paper); kvcalib --keys pre-rope calibrates
+ * Keys post-RoPE by default (above); kvcalib --keys pre-rope calibrates
  * pre-RoPE keys (spec +pre-rope). The spec picks the rank at evaluation time
  * from the stored eigenvalues, so one artifact serves every rank:
  *   lowrank-g<G>-r<R>[-q<b>]   rank R per group in every layer (R <= G*head_dim)
@@ -48,7 +55,7 @@
  * both linear, so q·(U_r ĉ) = (U_rᵀ q)·ĉ and Σ a_j U_r ĉ_j = U_r Σ a_j ĉ_j: a cache of reduced
  * heads holding ĉ with the query / output absorption computes the same scores and outputs as
  * the full-size cache holding U_r ĉ (up to fp32 rounding order). For post-RoPE keys the query
- * absorption is the paper's inference; for pre-RoPE keys the reader reconstructs U_r ĉ and
+ * is absorbed after its own rotation; for pre-RoPE keys the reader reconstructs U_r ĉ and
  * rotates it (the forward applies RoPE after the transform), which is what a pre-RoPE cache of
  * reduced heads reads. Per token the projection and the reconstruction are plain loops in a
  * fixed order (no GEMM blocking), so a token's entry does not depend on the window length
@@ -62,13 +69,14 @@
  * sink tokens at 16 bits. Nominal (no counts): f = R / D (rank), B / cb (budget), 1 (ev: an upper
  * bound; kveval reports the realised value).
  *
- * Differences from the reference: no fine-tuning after the conversion (the paper fine-tunes);
- * any rank r, not only multiples of head_dim (the paper keeps whole heads: g heads -> g/2, g/4);
- * per-layer ranks by explained variance or a global bits budget (the paper: one ratio for all
- * layers); optional quantization of the coefficients and Fisher-weighted calibration (kvq's);
- * calibration on the kvdump windows (the paper: its own calibration set); keys pre-RoPE as an
- * option; the paper's full text was read only through its abstract and summaries available to
- * us, so §-level details beyond those above follow our reading of its method, not its code. */
+ * Differences from the reference (the paper's abstract and summaries; its full text and code were not
+ * available to us, so the section reference above is to the method part as a whole and every point
+ * below that is not in the abstract is our reading): no uptraining after the conversion (kvq
+ * measures the training-free conversion); any rank r, not only whole heads (the paper turns g heads
+ * into g/2 or g/4 heads: r a multiple of head_dim, i.e. -r<k*head_dim>); per-layer ranks by explained
+ * variance or a global bits budget (the paper: one compression ratio for all layers); optional
+ * quantization of the coefficients and Fisher-weighted calibration (kvq's); calibration on the kvdump
+ * windows; the RoPE handling above instead of the paper's own key strategies. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -669,7 +677,7 @@ static const kvq_family_artifact art_lr = {
     .params = (const char *const[]){"ev", NULL},
 };
 
-/* the paper's setting: plain (unweighted) SVD of the cache, post-RoPE keys, no sink; groups of one KV head by
+/* plain (unweighted) SVD of the cache as the paper's summaries describe, post-RoPE keys (kvq's choice, header), no sink; groups of one KV head by
  * default (every model's n_kv_heads is a multiple of 1) */
 static const kvq_family_calib calib_lr = {
     .bits = 8,
