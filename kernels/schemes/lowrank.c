@@ -28,8 +28,8 @@
  * eigendecomposition of the calibration second-moment matrix
  * C = Σ_t w_t x_t x_tᵀ / Σ_t w_t (LAPACK dsyevd in float64; the right singular
  * vectors of the cache matrix: an uncentred SVD of the calibration cache),
- * w_t = 1 (plain, the default: what the paper's summaries describe, an SVD of
- * the caches) or, with --fisher, the token's Fisher information summed over
+ * w_t = 1 (plain, the default: the paper works from the low-rank structure of
+ * the caches themselves, with no weighting its summaries mention) or, with --fisher, the token's Fisher information summed over
  * the group's channels (an option of kvq's):
  *   layers.<i>.<k|v>.basis   [n_groups][D][D]  row j = principal direction j (unit, descending eigenvalue)
  *   layers.<i>.<k|v>.eigval  [n_groups][D]     eigenvalue j = mean squared coefficient on direction j
