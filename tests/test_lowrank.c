@@ -26,8 +26,8 @@
 #include "scheme.h"
 
 size_t kvq_lowrank_ev_rank(const float *eig, size_t D, double ev);
-kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, size_t D, const float *basis, const size_t *ranks,
-                             int qbits, size_t n_sink, kvq_quant_counts *cnt, kvq_err *err);
+kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, size_t D, const float *basis, const float *eigval,
+                             const size_t *ranks, int qbits, size_t n_sink, kvq_quant_counts *cnt, kvq_err *err);
 
 static void tmp(char *buf, size_t n, const char *tag) { snprintf(buf, n, "/tmp/kvq_test_lowrank_%d_%s", (int)getpid(), tag); }
 
@@ -193,7 +193,7 @@ START_TEST(test_lowrank_projection)
     kvq_err e = {0};
     for (size_t r = 1; r <= SY_KVD; r += 3) {
         kvq_quant_counts c = {0};
-        ck_assert_msg(kvq_lowrank_apply(y, x, SY_N, SY_KVD, SY_KVD, B, &r, 0, 2, &c, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_msg(kvq_lowrank_apply(y, x, SY_N, SY_KVD, SY_KVD, B, E, &r, 0, 2, &c, &e) == KVQ_OK, "%s", e.msg);
         ck_assert_uint_eq(c.n_elems, SY_N * SY_KVD);
         ck_assert_uint_eq(c.n_sink, 2 * SY_KVD);
         ck_assert_uint_eq(c.n_coef, (SY_N - 2) * r);
@@ -236,11 +236,12 @@ START_TEST(test_lowrank_projection)
         want = (tail * SY_N - sink_part) / (SY_N - 2);
         ck_assert_msg(fabs(mse - want) <= 1e-4 * tot, "rank %zu: MSE %.9g, dropped eigenvalues %.9g", r, mse, want);
     }
-    /* int coefficients: within half a step of the fp16 result's coefficients */
+    /* int coefficients, whitened: coefficient j within half a step of the whitened range times its own calibrated
+     * spread sqrt(λ_j) (a range shared by the unwhitened coefficients would leave the trailing ones far coarser) */
     size_t r = 4;
     float *yq = malloc(SY_N * SY_KVD * sizeof(float));
-    ck_assert(kvq_lowrank_apply(yq, x, SY_N, SY_KVD, SY_KVD, B, &r, 4, 0, NULL, &e) == KVQ_OK);
-    ck_assert(kvq_lowrank_apply(y, x, SY_N, SY_KVD, SY_KVD, B, &r, 0, 0, NULL, &e) == KVQ_OK);
+    ck_assert(kvq_lowrank_apply(yq, x, SY_N, SY_KVD, SY_KVD, B, E, &r, 4, 0, NULL, &e) == KVQ_OK);
+    ck_assert(kvq_lowrank_apply(y, x, SY_N, SY_KVD, SY_KVD, B, E, &r, 0, 0, NULL, &e) == KVQ_OK);
     ck_assert_uint_gt(fenv_bits_differ(y, yq, SY_N * SY_KVD), SY_N);
     for (int t0 = 0; t0 < SY_N; t0++) {
         double cq[SY_KVD], cf[SY_KVD], mn = INFINITY, mx = -INFINITY;
@@ -250,11 +251,12 @@ START_TEST(test_lowrank_projection)
                 cq[j] += (double)B[j * SY_KVD + i] * yq[t0 * SY_KVD + i];
                 cf[j] += (double)B[j * SY_KVD + i] * x[t0 * SY_KVD + i];
             }
-            mn = fmin(mn, cf[j]);
-            mx = fmax(mx, cf[j]);
+            mn = fmin(mn, cf[j] / sqrt(E[j]));
+            mx = fmax(mx, cf[j] / sqrt(E[j]));
         }
         for (size_t j = 0; j < r; j++)
-            ck_assert_msg(fabs(cq[j] - cf[j]) <= (mx - mn) / 15 / 2 * 1.001 + 1e-4, "token %d coefficient %zu: %g vs %g", t0, j, cq[j], cf[j]);
+            ck_assert_msg(fabs(cq[j] - cf[j]) <= sqrt(E[j]) * (mx - mn) / 15 / 2 * 1.001 + 1e-4, "token %d coefficient %zu: %g vs %g", t0,
+                          j, cq[j], cf[j]);
     }
     free(yq);
     /* the explained-variance rule */
@@ -263,9 +265,9 @@ START_TEST(test_lowrank_projection)
     const size_t want[] = {1, 1, 2, 2, 3, 3, 4, 4};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++) ck_assert_uint_eq(kvq_lowrank_ev_rank(eig, 4, ev[i]), want[i]);
     /* refusals of the primitive */
-    ck_assert_int_eq(kvq_lowrank_apply(y, x, SY_N, SY_KVD, 3, B, &r, 0, 0, NULL, &e), KVQ_EINVAL);
+    ck_assert_int_eq(kvq_lowrank_apply(y, x, SY_N, SY_KVD, 3, B, E, &r, 0, 0, NULL, &e), KVQ_EINVAL);
     r = SY_KVD + 1;
-    ck_assert_int_eq(kvq_lowrank_apply(y, x, SY_N, SY_KVD, SY_KVD, B, &r, 0, 0, NULL, &e), KVQ_EINVAL);
+    ck_assert_int_eq(kvq_lowrank_apply(y, x, SY_N, SY_KVD, SY_KVD, B, E, &r, 0, 0, NULL, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "rank 11 outside 1..10"), "%s", e.msg);
     kvq_kv_table_free(&t);
     free(x);
@@ -397,7 +399,8 @@ static void lr_ref(void *ctx, int layer, char side, int pos, float *x)
     const kvq_scheme *q = &r->s->s.q;
     if ((size_t)pos < q->n_sink) return;
     size_t D = q->group * (size_t)r->hd, ng = (size_t)r->kvd / D;
-    const float *B = kvq_kv_table_get(side == 'k' ? &r->s->art->k[layer] : &r->s->art->v[layer], "basis")->data;
+    const kvq_kv_table *tb = side == 'k' ? &r->s->art->k[layer] : &r->s->art->v[layer];
+    const float *B = kvq_kv_table_get(tb, "basis")->data, *E = kvq_kv_table_get(tb, "eigval")->data;
     for (size_t g = 0; g < ng; g++) {
         size_t k = r->ranks[side == 'v'][layer][g];
         const float *Bg = B + g * D * D;
@@ -408,8 +411,16 @@ static void lr_ref(void *ctx, int layer, char side, int pos, float *x)
             c[j] = s;
         }
         kvq_err e = {0};
-        if (q->x[1] > 0) ck_assert(kvq_quant_int_token(c, c, 1, k, 0, (int)q->x[1], 0, NULL, &e) == KVQ_OK);
-        else
+        if (q->x[1] > 0) { /* whitened by sqrt(λ_j) (1 where λ_j is 0) */
+            float sg[256];
+            for (size_t j = 0; j < k; j++) {
+                sg[j] = sqrtf(E[g * D + j]);
+                if (!(sg[j] > 0)) sg[j] = 1;
+                c[j] /= sg[j];
+            }
+            ck_assert(kvq_quant_int_token(c, c, 1, k, 0, (int)q->x[1], 0, NULL, &e) == KVQ_OK);
+            for (size_t j = 0; j < k; j++) c[j] *= sg[j];
+        } else
             for (size_t j = 0; j < k; j++) c[j] = kvq_round_fp16(c[j]);
         for (size_t j = 0; j < k; j++)
             for (size_t i = 0; i < D; i++) y[i] += c[j] * Bg[j * D + i];

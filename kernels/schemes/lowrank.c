@@ -44,10 +44,12 @@
  *                              bits), at least one direction per group, the rest given to the
  *                              directions of largest explained-variance fraction in any layer
  * Coefficients: fp16 (a cache of reduced heads in fp16) by default; -q<b>: the r coefficients of
- * each (token, group) quantized to b-bit uniform asymmetric integers with one (scale, zero) pair
- * (kvq_quant_int_token over the r coefficients; the principal-coordinate spread differs a lot
- * between the leading and the trailing directions, which is why the pair is per token and group,
- * never shared across groups). The first n_sink tokens (artifact) stay exact.
+ * each (token, group), each divided by its calibrated standard deviation sqrt(λ_j) (whitened: the
+ * leading coefficients are orders of magnitude larger than the trailing ones, and one shared range
+ * would leave the trailing ones a code or two), quantized to b-bit uniform asymmetric integers with
+ * one fp16 (scale, zero) pair per (token, group) (kvq_quant_int_token over the r values), then
+ * multiplied back; the sqrt(λ_j) are part of the projection (folded into U_r), not stored per
+ * token. The first n_sink tokens (artifact) stay exact.
  *
  * The cache (form 1 of the contract, in place): each non-sink token's group x is replaced by
  * x̂ = U_r Q(U_rᵀ x), U_r the first r rows of the basis. This is exact, not an approximation of
@@ -348,9 +350,18 @@ static kvq_status layer_ranks(const kvq_kv_desc *d, int layer, char side, size_t
     return KVQ_OK;
 }
 
-/* One token's group x[D] -> U_r Q(U_rᵀ x), fixed-order loops (B: r rows of D, the leading directions). */
-static kvq_status project_token(float *out, const float *x, const float *B, size_t D, size_t r, int qbits, float *coef,
-                                kvq_quant_counts *cc, kvq_err *err)
+/* The scale of coefficient j before integer quantization: its calibrated standard deviation sqrt(λ_j)
+ * (1 where λ_j is 0). */
+static float coef_sigma(float eig)
+{
+    float s = sqrtf(eig);
+    return s > 0 && isfinite(s) ? s : 1.0f;
+}
+
+/* One token's group x[D] -> U_r Q(U_rᵀ x), fixed-order loops (B: r rows of D, the leading directions;
+ * eig: their eigenvalues, the integer coefficients' whitening). */
+static kvq_status project_token(float *out, const float *x, const float *B, const float *eig, size_t D, size_t r, int qbits,
+                                float *coef, kvq_quant_counts *cc, kvq_err *err)
 {
     for (size_t j = 0; j < r; j++) {
         const float *bj = B + j * D;
@@ -358,8 +369,12 @@ static kvq_status project_token(float *out, const float *x, const float *B, size
         for (size_t i = 0; i < D; i++) s += bj[i] * x[i];
         coef[j] = s;
     }
-    if (qbits) KVQ_TRY(kvq_quant_int_token(coef, coef, 1, r, 0, qbits, 0, NULL, err));
-    else kvq_quant_fp16(coef, coef, r, cc);
+    if (qbits) { /* whitened: every coefficient in units of its own calibrated spread, then one (scale, zero) */
+        for (size_t j = 0; j < r; j++) coef[j] /= coef_sigma(eig[j]);
+        KVQ_TRY(kvq_quant_int_token(coef, coef, 1, r, 0, qbits, 0, NULL, err));
+        for (size_t j = 0; j < r; j++) coef[j] *= coef_sigma(eig[j]);
+    } else
+        kvq_quant_fp16(coef, coef, r, cc);
     float acc[LR_MAX_G * 256];
     float *a = D <= sizeof acc / sizeof *acc ? acc : out; /* out may alias x: accumulate aside when it fits */
     for (size_t i = 0; i < D; i++) a[i] = 0;
@@ -373,10 +388,10 @@ static kvq_status project_token(float *out, const float *x, const float *B, size
 }
 
 /* Every non-sink token's groups of D = G*head_dim channels replaced by their rank-ranks[g] projections. */
-kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, size_t D, const float *basis, const size_t *ranks,
-                             int qbits, size_t n_sink, kvq_quant_counts *cnt, kvq_err *err);
-kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, size_t D, const float *basis, const size_t *ranks,
-                             int qbits, size_t n_sink, kvq_quant_counts *cnt, kvq_err *err)
+kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, size_t D, const float *basis, const float *eigval,
+                             const size_t *ranks, int qbits, size_t n_sink, kvq_quant_counts *cnt, kvq_err *err);
+kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, size_t D, const float *basis, const float *eigval,
+                             const size_t *ranks, int qbits, size_t n_sink, kvq_quant_counts *cnt, kvq_err *err)
 {
     if (D == 0 || kvd % D || D > LR_MAX_G * 256)
         return kvq_fail(err, KVQ_EINVAL, "lowrank: group of %zu channels, kv_dim %zu (expected a divisor of kv_dim, at most %d)", D, kvd,
@@ -400,7 +415,8 @@ kvq_status kvq_lowrank_apply(float *out, const float *in, size_t T, size_t kvd, 
         for (long long i = 0; i < n; i++) {
             size_t t = ns + (size_t)i;
             for (size_t g = 0; g < ng && coef; g++)
-                if (project_token(out + t * kvd + g * D, in + t * kvd + g * D, basis + g * D * D, D, ranks[g], qbits, coef, &lc, &le)) {
+                if (project_token(out + t * kvd + g * D, in + t * kvd + g * D, basis + g * D * D, eigval + g * D, D, ranks[g], qbits,
+                                  coef, &lc, &le)) {
 #pragma omp atomic write
                     failed = 1;
                 }
@@ -438,7 +454,7 @@ static kvq_status quantize_lr(const kvq_kv_desc *d, int layer, char side, float 
     size_t *r = malloc(ng * sizeof *r);
     if (!r) return kvq_fail(err, KVQ_ENOMEM, "lowrank: cannot allocate %zu ranks", ng);
     kvq_status s = layer_ranks(d, layer, side, kvd, hd, r, err);
-    if (!s) s = kvq_lowrank_apply(out, in, T, kvd, D, t.basis, r, (int)d->q.x[LR_X_QBITS], d->q.n_sink, c, err);
+    if (!s) s = kvq_lowrank_apply(out, in, T, kvd, D, t.basis, t.eigval, r, (int)d->q.x[LR_X_QBITS], d->q.n_sink, c, err);
     free(r);
     return s;
 }
