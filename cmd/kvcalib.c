@@ -46,6 +46,7 @@ static const char SUMMARY_HEAD[] =
     "calibration artifact (safetensors; kernels/schemes/ARTIFACT.md).\n"
     "\n"
     "  kvcalib DUMP --method M --bits B --out FILE [options]\n"
+    "  kvcalib DUMP --method lowrank --group G --out FILE [--keys pre-rope] [--fisher]   low-rank KV heads (no --bits)\n"
     "  kvcalib DUMP --method fp8 --out FILE [--scale tensor|head] [--percentile P] [--export-vllm FILE]\n"
     "  kvcalib DUMP --method nvfp4 --out FILE [--percentile P]   NVFP4 per-tensor scales (amax / (448 * 6))\n"
     "  kvcalib export-vllm ARTIFACT --out FILE [--form F] [--config JSON] [--force]   k/v_scale tensors for a checkpoint\n"
@@ -74,8 +75,10 @@ static const char *summary_text(char *buf, size_t n)
             el += (size_t)snprintf(extra + el, sizeof extra - el, " --param %s=%g", f[i]->artifact->params[j], c->x[j]);
         if (c->fisher_opt && el < sizeof extra)
             el += (size_t)snprintf(extra + el, sizeof extra - el, " %s", c->fisher ? "Fisher-weighted" : "unweighted");
-        len += (size_t)snprintf(buf + len, n - len, "  %-7s %s\n          defaults: --bits %d --outliers %g --sink %zu --keys %s%s\n",
-                                f[i]->name, f[i]->summary, c->bits, c->outliers, c->sink, c->post_rope ? "post-rope" : "pre-rope",
+        char bits[32] = "";
+        if (!c->bits_free) snprintf(bits, sizeof bits, "--bits %d ", c->bits);
+        len += (size_t)snprintf(buf + len, n - len, "  %-7s %s\n          defaults: %s--outliers %g --sink %zu --keys %s%s\n",
+                                f[i]->name, f[i]->summary, bits, c->outliers, c->sink, c->post_rope ? "post-rope" : "pre-rope",
                                 extra);
     }
     return buf;
@@ -85,7 +88,7 @@ typedef struct {
     const char *method, *keys, *fit, *out, *inspect, *scale, *fp8_format, *export_vllm, *rotate;
     long bits, sink, group, residual, bits_ctx, threads, seed;
     double outliers, percentile;
-    bool no_fisher, per_head, force, quiet, version;
+    bool no_fisher, fisher, per_head, force, quiet, version;
     kvq_strlist params;
 } cli_args;
 
@@ -104,6 +107,9 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
          "keys before or after RoPE (default: the method's, listed below: pre-rope for nuq and cq)", "pre-rope|post-rope", 0, 0, false},
         {"no-fisher", 0, KVQ_OPT_FLAG, &a->no_fisher, NULL, "nuq, cq: plain (unweighted) k-means instead of Fisher weights",
          NULL, 0, 0, false},
+        {"fisher", 0, KVQ_OPT_FLAG, &a->fisher, NULL,
+         "lowrank: weight each calibration token by its Fisher information (default: plain second moment, an SVD of the cache)", NULL, 0, 0,
+         false},
         {"per-head", 0, KVQ_OPT_FLAG, &a->per_head, NULL, "nuq: one datatype per KV head instead of per layer", NULL, 0,
          0, false},
         {"fit", 0, KVQ_OPT_CHOICE, &a->fit, "HOW",
@@ -723,6 +729,12 @@ static int cmd_calibrate(int argc, char **argv)
                 a.fp8_format && !m->calib->fp8_format_opt ? "fp8-format" : "export-vllm", a.method);
         return EXIT_USAGE;
     }
+    if (m->calib->bits_free && a.bits) {
+        fprintf(stderr, "%s: --bits: %s's tables do not depend on code bits (its kveval spec picks them), found --bits %ld (omit it)\n",
+                PROG, a.method, a.bits);
+        return EXIT_USAGE;
+    }
+    if (m->calib->bits_free) a.bits = m->calib->bits;
     if (!a.bits) { fprintf(stderr, "%s: missing required option --bits B (see --help)\n", PROG); return EXIT_USAGE; }
     if (!a.out) { fprintf(stderr, "%s: missing required option --out FILE (see --help)\n", PROG); return EXIT_USAGE; }
     { /* outputs writable, replacing no input, not each other (-o DUMP -f used to replace the dump) */
@@ -734,13 +746,18 @@ static int cmd_calibrate(int argc, char **argv)
     }
     { /* the fits' options would be silently ignored: --no-fisher where the method weights by Fisher (fisher_opt),
        * --fit / --seed for the datatype fit (fit_opt) */
-        static const char *const fit_opts[] = {"no-fisher", "fit", "seed"};
+        static const char *const fit_opts[] = {"no-fisher", "fisher", "fit", "seed"};
+        if (a.fisher && a.no_fisher) { fprintf(stderr, "%s: --fisher and --no-fisher contradict each other\n", PROG); return EXIT_USAGE; }
+        if (a.fisher && m->calib->fisher) {
+            fprintf(stderr, "%s: --fisher: %s is Fisher-weighted already (omit it; --no-fisher calibrates unweighted)\n", PROG, a.method);
+            return EXIT_USAGE;
+        }
         for (size_t i = 0; i < sizeof fit_opts / sizeof *fit_opts; i++) {
-            size_t flag = i ? offsetof(kvq_family_calib, fit_opt) : offsetof(kvq_family_calib, fisher_opt);
+            size_t flag = i > 1 ? offsetof(kvq_family_calib, fit_opt) : offsetof(kvq_family_calib, fisher_opt);
             if (!*(const bool *)((const char *)m->calib + flag) && kvq_cli_given(tab, n, given, fit_opts[i])) {
                 char who[128];
                 fprintf(stderr, "%s: --%s: applies to --method %s only (%s), method is %s\n", PROG, fit_opts[i],
-                        kvq_family_list_calib_flag(flag, who, sizeof who), i ? "the datatype fit" : "Fisher-weighted fits",
+                        kvq_family_list_calib_flag(flag, who, sizeof who), i > 1 ? "the datatype fit" : "Fisher-weighted fits",
                         a.method);
                 return EXIT_USAGE;
             }
@@ -784,7 +801,7 @@ static int cmd_calibrate(int argc, char **argv)
                 kvq_family_list_calib_flag(offsetof(kvq_family_calib, pre_rope_ok), who, sizeof who));
         return EXIT_USAGE;
     }
-    o.fisher = m->calib->fisher_opt && m->calib->fisher && !a.no_fisher;
+    o.fisher = m->calib->fisher_opt && (m->calib->fisher || a.fisher) && !a.no_fisher;
     o.per_head = a.per_head;
     if (fp8) {
         if (a.per_head) {

@@ -21,7 +21,7 @@
 #include "report.h"
 #include "scheme.h"
 
-#define PLOT_NAMES "profile|heatmap|outliers|attention|hist|qerr|xlayer"
+#define PLOT_NAMES "profile|heatmap|outliers|attention|hist|qerr|xlayer|lowrank"
 #define MAX_IMAGES 16
 
 typedef struct {
@@ -120,6 +120,8 @@ static int run(const args_t *a, const char *dump_path)
     bool have_cq = false;
     kvq_xlayer xl;
     bool have_xl = false;
+    kvq_lrstats lrs;
+    bool have_lr = false;
     float *k_bias = NULL;
     int rc = 1;
     bool made_dir = false;
@@ -208,6 +210,10 @@ static int run(const args_t *a, const char *dump_path)
             if (kvq_cqstats_compute(&src, &art, a->quiet, &cqs, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
             have_cq = true;
         }
+        if (art.p.method == kvq_family_find("lowrank")) { /* explained variance of the subspaces per layer and group */
+            if (kvq_lrstats_compute(&src, &art, a->quiet, &lrs, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
+            have_lr = true;
+        }
     }
     /* adjacent layers' similarity (MiniCache): --cross-layer, --plot xlayer or a minicache artifact */
     const bool mc_art = have_art && art.p.method == kvq_family_find("minicache");
@@ -284,6 +290,11 @@ static int run(const args_t *a, const char *dump_path)
             st = kvq_plot_xlayer(base, &ps, &xl, &err);
             if (st == KVQ_OK) add_image(&im, base, "Adjacent layers' K/V similarity and MiniCache's retained fraction");
         }
+        if (st == KVQ_OK && have_lr && want(a, "lowrank")) {
+            snprintf(base, sizeof base, "%s/lowrank_ev", pdir);
+            st = kvq_plot_lowrank(base, &ps, &lrs, &err);
+            if (st == KVQ_OK) add_image(&im, base, "Low-rank KV heads: explained variance on the dump by rank, per layer");
+        }
         if (st != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }
     }
     /* the model's key biases, when the dump holds them (Qwen2: kvdump writes /k_bias) */
@@ -300,7 +311,8 @@ static int run(const args_t *a, const char *dump_path)
     kvq_report r = {.s = s, .q = have_q ? &q : NULL, .dump_path = dump_path, .artifact_path = a->artifact,
                     .detail_layer = layer, .top_n = (int)a->top, .n_images = im.n, .image_paths = im.pp,
                     .image_captions = im.cp, .k_bias = have_kb ? k_bias : NULL, .cq = have_cq ? &cqs : NULL,
-                    .xl = have_xl ? &xl : NULL};
+                    .xl = have_xl ? &xl : NULL,
+                    .lr = have_lr ? &lrs : NULL};
     if (a->markdown) { /* NULL when the JSON takes stdout */
         kvq_outfile mf;
         st = kvq_outfile_open(&mf, a->markdown, &err);
@@ -321,6 +333,7 @@ out:
     if (have_q) kvq_qerr_free(&q);
     if (have_cq) kvq_cqstats_free(&cqs);
     if (have_xl) kvq_xlayer_free(&xl);
+    if (have_lr) kvq_lrstats_free(&lrs);
     for (int i = 0; i < n_qs; i++) kvq_qscheme_state_free(&qs[i]);
     kvq_kvstats_free(s);
     if (have_art) kvq_artifact_free(&art);
@@ -376,7 +389,7 @@ int main(int argc, char **argv)
         return 0;
     }
     for (int i = 0; i < a.plot.n; i++) {
-        static const char *const names[] = {"profile", "heatmap", "outliers", "attention", "hist", "qerr", "xlayer"};
+        static const char *const names[] = {"profile", "heatmap", "outliers", "attention", "hist", "qerr", "xlayer", "lowrank"};
         bool ok = false;
         for (size_t k = 0; k < sizeof names / sizeof *names; k++) ok = ok || !strcmp(a.plot.v[i], names[k]);
         if (!ok) {

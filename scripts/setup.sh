@@ -18,6 +18,7 @@ for a in "$@"; do
   esac
 done
 
+# libopenblas-dev: BLAS and the LAPACK routines OpenBLAS bundles (dsyevd for kernels/schemes/lowrank.c)
 DEB_PKGS=(build-essential pkg-config libhdf5-dev zlib1g-dev libopenblas-dev libcjson-dev libpcre2-dev
           libcairo2-dev check libssl-dev python3-pip unzip chromium)
 missing=()

@@ -190,6 +190,7 @@ static cJSON *counts_json(const kvq_quant_counts *c)
     cJSON_AddNumberToObject(o, "high_precision", (double)c->n_high);
     cJSON_AddNumberToObject(o, "code_bits", (double)c->n_code_bits);
     cJSON_AddNumberToObject(o, "clipped", (double)c->n_clipped);
+    cJSON_AddNumberToObject(o, "stored_coefficients", (double)c->n_coef);
     cJSON_AddNumberToObject(o, "outlier_fraction", c->n_elems ? (double)c->n_outliers / (double)c->n_elems : 0.0);
     return o;
 }

@@ -940,3 +940,68 @@ kvq_status kvq_plot_histogram(const char *path, const kvq_plot_style *st, const 
     hist_arg a = {title_s, xlabel, levels_label, counts, n_bins, levels ? n_levels : 0, lo, hi, under, over, levels, log_y};
     return render(path, st, 1000, 500, draw_hist, &a, err);
 }
+
+/* ---- low-rank KV heads: explained variance by rank ------------------------------------------ */
+
+static kvq_status draw_lowrank(fig_t *f, const void *varg, kvq_err *err)
+{
+    (void)err;
+    const kvq_lrstats *s = varg;
+    cairo_t *cr = f->cr;
+    int nl = s->n_stat_layers, G = s->n_groups, D = s->D;
+    char b[512], mp[300];
+    model_prefix(mp, sizeof mp, f->st);
+    snprintf(b, sizeof b, "%slow-rank KV heads: explained variance on the dump by rank (groups of %d KV heads, %d channels)", mp, s->G,
+             D);
+    title(f, b);
+    double top = 80, bottom = 60, gap = 70, ph = (f->h - top - bottom - gap) / 2;
+    for (int w = 0; w < 2; w++) {
+        const double *ev = w ? s->dump_v : s->dump_k;
+        double lo = 1;
+        for (int j = 0; j < nl * G * D; j++)
+            if (ev[j] < lo) lo = ev[j];
+        lo = floor(fmax(0, lo) * 10) / 10;
+        panel_t p = {95, top + w * (ph + gap), f->w - 95 - 30, ph, {1, D > 1 ? D : 2, false}, {lo, 1.0, false}, false};
+        subtitle(f, &p, w ? "values (v)" : "keys (the artifact's stage)");
+        frame(f, &p, w ? "rank r (directions kept per group)" : NULL, "explained variance", true);
+        cairo_save(cr);
+        cairo_rectangle(cr, p.x, p.y, p.w, p.h);
+        cairo_clip(cr);
+        /* the artifact's own target */
+        cairo_set_source_rgb(cr, 0.84, 0.15, 0.16);
+        cairo_set_line_width(cr, 1.2);
+        double dash[2] = {6, 4};
+        cairo_set_dash(cr, dash, 2, 0);
+        cairo_move_to(cr, p.x, py(&p, s->ev_target));
+        cairo_line_to(cr, p.x + p.w, py(&p, s->ev_target));
+        cairo_stroke(cr);
+        cairo_set_dash(cr, NULL, 0, 0);
+        cairo_set_line_width(cr, 1.6);
+        for (int j = 0; j < nl; j++) { /* one line per layer: mean over the groups */
+            set_rgb(cr, viridis(nl > 1 ? (double)j / (nl - 1) : 0), 0.9);
+            for (int r = 0; r < D; r++) {
+                double m = 0;
+                for (int g = 0; g < G; g++) m += ev[((size_t)j * G + g) * D + r] / G;
+                double x = px(&p, r + 1), y = py(&p, m);
+                if (r == 0) cairo_move_to(cr, x, y);
+                else cairo_line_to(cr, x, y);
+            }
+            cairo_stroke(cr);
+        }
+        cairo_restore(cr);
+    }
+    rgb_t lc[3] = {viridis(0), viridis(1), {0.84, 0.15, 0.16}};
+    char l0[64], l1[64], l2[64];
+    snprintf(l0, sizeof l0, "layer %d", s->layer_first);
+    snprintf(l1, sizeof l1, "layer %d", s->layer_first + nl - 1);
+    snprintf(l2, sizeof l2, "artifact target %g%%", s->ev_target * 100);
+    const char *ll[3] = {l0, l1, l2};
+    legend(f, f->w - 30, 46, 3, lc, ll, true);
+    return KVQ_OK;
+}
+
+kvq_status kvq_plot_lowrank(const char *path, const kvq_plot_style *st, const kvq_lrstats *s, kvq_err *err)
+{
+    if (!s || s->n_stat_layers < 1 || s->D < 1) return kvq_fail(err, KVQ_EINVAL, "low-rank plot: no data");
+    return render(path, st, 1000, 700, draw_lowrank, s, err);
+}

@@ -19,6 +19,7 @@
 
 #include "kvstats.h"
 #include "xlayer.h"
+#include "lrstats.h"
 #include "status.h"
 
 typedef struct {
@@ -83,5 +84,9 @@ kvq_status kvq_plot_qerr(const char *path, const kvq_plot_style *st, const kvq_q
 /* Adjacent layers' similarity (xlayer.h): mean angular distance of post-RoPE keys and values per pair
  * (bars at the pair's first layer), and the MiniCache retained fraction. Default 1000x700. */
 kvq_status kvq_plot_xlayer(const char *path, const kvq_plot_style *st, const kvq_xlayer *x, kvq_err *err);
+/* Low-rank KV heads (lrstats.h): the explained variance realised on the dump against the rank r = 1..D, keys
+ * and values in two panels, one line per layer (mean over its KV-head groups; colour viridis from the first
+ * layer, dark, to the last, yellow), the artifact's own target dashed. Default 1000x700. */
+kvq_status kvq_plot_lowrank(const char *path, const kvq_plot_style *st, const kvq_lrstats *s, kvq_err *err);
 
 #endif

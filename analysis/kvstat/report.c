@@ -492,6 +492,34 @@ static kvq_status build_tables(const kvq_report *r, tables_t *T, kvq_err *err)
             }
         }
     }
+    /* 10 low-rank KV heads */
+    if (r->lr && ok) {
+        const kvq_lrstats *c = r->lr;
+        snprintf(note, sizeof note, "The lowrank artifact's subspaces (groups of %d KV heads, D = %d channels) per layer and group: "
+                 "r@%g%% = the rank its own target keeps (from the calibrated eigenvalues) and the explained variance that rank "
+                 "realises on this dump (%llu vectors per group); r@90%% / r@99%% = the ranks this dump needs for 90%% / 99%%.",
+                 c->G, c->D, c->ev_target * 100, (unsigned long long)c->n_vectors);
+        NEW_TABLE("Low-rank KV heads: explained variance", note, "layer", "group", "K r@target", "K EV (dump)", "K r@90% / r@99%",
+                  "V r@target", "V EV (dump)", "V r@90% / r@99%");
+        if (ok) {
+            table_t *t = &T->t[T->n - 1];
+            for (int j = 0; j < c->n_stat_layers && ok; j++)
+                for (int g = 0; g < c->n_groups && ok; g++) {
+                    char (*row)[CELL_MAX] = ROW(t);
+                    if (!(ok = row)) break;
+                    cellf(row[0], "%d", c->layer_first + j);
+                    cellf(row[1], "%d", g);
+                    for (int w = 0; w < 2; w++) {
+                        size_t off = ((size_t)j * c->n_groups + g) * c->D;
+                        const double *cal = (w ? c->cal_v : c->cal_k) + off, *dm = (w ? c->dump_v : c->dump_k) + off;
+                        int rt = kvq_lrstats_rank_at(cal, c->D, c->ev_target);
+                        cellf(row[2 + 3 * w], "%d", rt);
+                        cellf(row[3 + 3 * w], "%.4f", dm[rt - 1]);
+                        cellf(row[4 + 3 * w], "%d / %d", kvq_lrstats_rank_at(dm, c->D, 0.90), kvq_lrstats_rank_at(dm, c->D, 0.99));
+                    }
+                }
+        }
+    }
 #undef NEW_TABLE
 #undef ROW
     if (!ok) { tables_free(T); return kvq_fail(err, KVQ_ENOMEM, "report: out of memory"); }
@@ -722,6 +750,22 @@ static cJSON *build_json(const kvq_report *r)
         if (x->artifact) {
             cJSON *m = cJSON_AddArrayToObject(xj, "merged");
             for (int j = 0; j < x->n_pairs; j++) cJSON_AddItemToArray(m, cJSON_CreateBool(x->merged[j] == 1));
+        }
+    }
+    if (r->lr) {
+        const kvq_lrstats *c = r->lr;
+        cJSON *lj = cJSON_AddObjectToObject(root, "lowrank_ev");
+        jadd(lj, "layer_first", c->layer_first);
+        jadd(lj, "kv_heads_per_group", c->G);
+        jadd(lj, "channels_per_group", c->D);
+        jadd(lj, "n_groups", c->n_groups);
+        jadd(lj, "ev_target", c->ev_target);
+        jadd(lj, "vectors_per_group", (double)c->n_vectors);
+        size_t n = (size_t)c->n_stat_layers * (size_t)c->n_groups * (size_t)c->D;
+        for (int w = 0; w < 2; w++) { /* [n_stat_layers][n_groups][D] row-major: EV of the leading r = index + 1 directions */
+            cJSON *side = cJSON_AddObjectToObject(lj, w ? "v" : "k");
+            cJSON_AddItemToObject(side, "calibrated", jdarray(w ? c->cal_v : c->cal_k, n));
+            cJSON_AddItemToObject(side, "realised", jdarray(w ? c->dump_v : c->dump_k, n));
         }
     }
     if (r->cq) {

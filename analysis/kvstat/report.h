@@ -11,7 +11,9 @@
  *   key biases in the dump (Qwen2), their norm per layer and the channels they
  *   dominate (kvq_kbias_layer); with a cq artifact, its codebooks' usage and
  *   per-group error (cqstats.h); adjacent layers' K/V similarity and the
- *   MiniCache retained fraction (xlayer.h).
+ *   MiniCache retained fraction (xlayer.h);
+ *   with a lowrank artifact, the explained
+ *   variance of its subspaces per layer and KV-head group (lrstats.h).
  * JSON holds every number (per-channel arrays included); NaN is written as
  * null. HTML embeds each PNG as a base64 data: URI, so the page is one file
  * that opens offline.
@@ -23,6 +25,7 @@
 
 #include "cqstats.h"
 #include "xlayer.h"
+#include "lrstats.h"
 #include "kvstats.h"
 #include "status.h"
 
@@ -39,6 +42,7 @@ typedef struct {
     const float *k_bias;             /* [n_stat_layers][kv_dim] the model's key biases (dump /k_bias, Qwen2), or NULL */
     const kvq_cqstats *cq;           /* codebook usage and per-group error of a cq artifact, or NULL (cqstats.h) */
     const kvq_xlayer *xl;            /* adjacent layers' similarity and retained fraction (xlayer.h), or NULL */
+    const kvq_lrstats *lr;           /* explained variance of a lowrank artifact's subspaces, or NULL (lrstats.h) */
 } kvq_report;
 
 /* The key bias of one layer against its pre-RoPE keys (kvq_report.k_bias):

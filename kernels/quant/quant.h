@@ -51,6 +51,9 @@ typedef struct {
     uint64_t n_clipped;  /* beyond the storage format's range and saturated to its largest finite value:
                           * fp16 |x| >= 65520 (a real fp16 cache would hold Inf), fp8 |x / s| at or past
                           * the saturation midpoint (kvq_fp8_saturation_edge) */
+    uint64_t n_coef;     /* numbers a reduced representation stores in place of the non-sink elements it covers
+                          * (low-rank KV heads: the projected coefficients, kernels/schemes/lowrank.c); 0 for
+                          * the families that store one number per element */
 } kvq_quant_counts;
 
 /* The smallest |x| fp16 round-to-nearest-even takes to Inf (65504 + half its last step). */

@@ -232,6 +232,8 @@ typedef struct {
     bool group_opt, residual_opt;
     bool fp8_opt;              /* calibrated scales (fp8_scales): --scale, --percentile; --bits fixed at `bits` */
     bool fp8_format_opt;       /* --fp8-format e4m3|e5m2 (fp8) */
+    bool bits_free;            /* the tables do not depend on code bits (lowrank: the kveval spec picks the coefficient
+                                  bits): --bits refused, `bits` stored as the artifact's k_bits / v_bits */
     /* work items: (layer, K) and (layer, V) tensors fitted (neither: the metadata is the whole artifact) */
     bool fit_k, fit_v;
     /* fit one (layer, side) table from the dump's tensor (keys pre- or post-RoPE per p->post_rope) */

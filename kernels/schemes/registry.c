@@ -13,7 +13,7 @@
 extern const kvq_family kvq_family_fp32, kvq_family_fp16, kvq_family_int, kvq_family_int_pc, kvq_family_kivi,
     kvq_family_nuq, kvq_family_fp8, kvq_family_nvfp4, kvq_family_mxfp4, kvq_family_ggml, kvq_family_hh,
     kvq_family_int8_pth, kvq_family_int4_pth, kvq_family_fp8_pth, kvq_family_turboquant;
-extern const kvq_family kvq_family_wkvq, kvq_family_cq;
+extern const kvq_family kvq_family_wkvq, kvq_family_cq, kvq_family_lowrank;
 extern const kvq_family kvq_family_mikv, kvq_family_zipcache, kvq_family_skvq;
 extern const kvq_family kvq_family_minicache;
 extern const kvq_family kvq_family_qaq;
@@ -26,7 +26,7 @@ static const kvq_family *const families[] = {
     &kvq_family_fp32, &kvq_family_fp16, &kvq_family_nuq,  &kvq_family_int, &kvq_family_int_pc,
     &kvq_family_kivi, &kvq_family_fp8,  &kvq_family_nvfp4, &kvq_family_mxfp4, &kvq_family_ggml, &kvq_family_int8_pth,
     &kvq_family_int4_pth, &kvq_family_fp8_pth, &kvq_family_turboquant, &kvq_family_hh,
-    &kvq_family_wkvq, &kvq_family_cq,
+    &kvq_family_wkvq, &kvq_family_cq, &kvq_family_lowrank,
     &kvq_family_mikv, &kvq_family_zipcache, &kvq_family_skvq,
     &kvq_family_minicache,
     &kvq_family_qaq,

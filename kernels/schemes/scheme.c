@@ -322,6 +322,8 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
                 if (art_match(spec, &set->a[i].p)) pick = (int)i;
         }
         if (pick < 0) {
+            /* a spec no artifact could serve (sizes against the model) names its rule, not the missing artifact */
+            if (f->check_model) KVQ_TRY(f->check_model(&spec->q, spec->spec, hp, err));
             char seen[768] = "";
             for (size_t i = 0; i < n_art; i++) {
                 const kvq_artifact_params *p = &set->a[i].p;

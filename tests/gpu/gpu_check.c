@@ -106,10 +106,12 @@ kvq_status calib_observe(void *user, const kvq_layer_ctx *ctx, const kvq_layer_o
 }
 
 /* Synthetic family tables in artifacts of their own (the seam's kvq_kv_table.ft): wkvq's channel shift and
- * scale, cq's codebooks (4 channels per 6-bit code) with deterministic pseudo-random centroids. */
+ * scale, cq's codebooks (4 channels per 6-bit code) with deterministic pseudo-random centroids, lowrank's
+ * per-KV-head bases (groups of one head: a Householder reflection I - 2 u uᵀ, orthonormal rows) and
+ * descending eigenvalues. */
 static kvq_artifact *fam_tables(const kvq_hparams *hp)
 {
-    kvq_artifact *a = calloc(2, sizeof *a);
+    kvq_artifact *a = calloc(3, sizeof *a);
     if (!a) DIE("out of memory");
     size_t L = (size_t)hp->n_layers, kvd = (size_t)kvq_kv_dim(hp);
     uint32_t r = 12345;
@@ -143,6 +145,32 @@ static kvq_artifact *fam_tables(const kvq_hparams *hp)
                 }
             }
     }
+    size_t hd = (size_t)hp->head_dim, nh = (size_t)hp->n_kv_heads;
+    a[2].p = (kvq_artifact_params){.method = KVQ_FAM("lowrank"), .k_bits = 8, .v_bits = 8, .group_size = 1, .post_rope = true,
+                                   .n_layers = L, .n_kv_heads = nh, .head_dim = hd, .x = {90}};
+    a[2].k = calloc(L, sizeof *a[2].k);
+    a[2].v = calloc(L, sizeof *a[2].v);
+    if (!a[2].k || !a[2].v) DIE("out of memory");
+    for (size_t l = 0; l < L; l++)
+        for (int side = 0; side < 2; side++) {
+            kvq_kv_table *t = side ? &a[2].v[l] : &a[2].k[l];
+            uint64_t sb[3] = {nh, hd, hd}, se[2] = {nh, hd};
+            float *b, *ev;
+            CHECK(kvq_kv_table_add(t, "basis", 3, sb, &b, &e_));
+            CHECK(kvq_kv_table_add(t, "eigval", 2, se, &ev, &e_));
+            for (size_t h = 0; h < nh; h++) {
+                double u[512], n2 = 0;
+                if (hd > 512) DIE("lowrank synthetic basis: head_dim %zu above 512", hd);
+                for (size_t i = 0; i < hd; i++) {
+                    u[i] = sin(1.0 + (double)(i + 3 * h + 7 * l + side));
+                    n2 += u[i] * u[i];
+                }
+                for (size_t j = 0; j < hd; j++) {
+                    ev[h * hd + j] = 1.0f / (float)(j + 1);
+                    for (size_t i = 0; i < hd; i++) b[(h * hd + j) * hd + i] = (float)((i == j) - 2 * u[i] * u[j] / n2);
+                }
+            }
+        }
     return a;
 }
 
@@ -174,7 +202,7 @@ void synth_free(synth_tables *st)
     free(st->k_levels);
     free(st->v_levels);
     free(st->lt);
-    for (int w = 0; st->fam_art && w < 2; w++) kvq_artifact_free(&st->fam_art[w]);
+    for (int w = 0; st->fam_art && w < 3; w++) kvq_artifact_free(&st->fam_art[w]);
     free(st->fam_art);
 }
 
@@ -193,6 +221,13 @@ void add_scheme(scheme_list *L, const char *family, int bits, size_t group, size
     }
     if (fam == KVQ_FAM("wkvq")) d->art = &st->fam_art[0];
     if (fam == KVQ_FAM("cq")) d->art = &st->fam_art[1];
+    if (fam == KVQ_FAM("lowrank")) { /* groups of one KV head; `residual` is the rank, bits < 8 int coefficients, 8 fp16 */
+        d->art = &st->fam_art[2];
+        d->q.variant = 0;
+        d->q.x[0] = (double)residual;
+        d->q.x[1] = bits < 8 ? bits : 0;
+        d->q.residual = 0;
+    }
     kvq_kv_desc_name(d, L->name[L->n], sizeof L->name[L->n]);
     if (suffix) strncat(L->name[L->n], suffix, sizeof L->name[L->n] - strlen(L->name[L->n]) - 1);
     L->n++;
@@ -252,6 +287,8 @@ void default_schemes(scheme_list *L, const synth_tables *st, int hd, int sink, s
     kvq_kv_desc_name(&L->d[L->n - 1], L->name[L->n - 1], sizeof L->name[L->n - 1]);
     add_scheme(L, "wkvq", 4, 0, 0, 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, " (synthetic tables, host)");
     add_scheme(L, "cq", 6, 4, 0, 0, 0, KVQ_KEYS_PRE_ROPE, st, " (synthetic tables, host)");
+    add_scheme(L, "lowrank", 8, 1, (size_t)(hd / 2 ? hd / 2 : 1), 0, 0, KVQ_KEYS_POST_ROPE, st, " (synthetic tables, host)");
+    add_scheme(L, "lowrank", 4, 1, (size_t)(hd / 4 ? hd / 4 : 1), 0, (size_t)sink, KVQ_KEYS_POST_ROPE, st, " (synthetic tables, host)");
 }
 
 void rotate_last(scheme_list *L, kvq_rotation r)

@@ -35,7 +35,7 @@ typedef struct {
     float *lower, *upper;      /* [n_layers][kvd] */
     float *k_levels, *v_levels;/* [1 << bits] shared by all layers */
     kvq_kv_layer_tables *lt;   /* [n_layers] */
-    kvq_artifact *fam_art;     /* synthetic family tables (wkvq shift/scale, cq codebooks), gpu_check.c fam_tables */
+    kvq_artifact *fam_art;     /* synthetic family tables (wkvq shift/scale, cq codebooks, lowrank bases), gpu_check.c fam_tables */
 } synth_tables;
 
 typedef struct {
