@@ -8,7 +8,7 @@ constexpr int SCH_THREADS = 1024; // the policy kernel: one block per KV head
 constexpr int OUT_THREADS = 128;  // the output kernel: one block per (query row, KV head)
 
 template <int G>
-cudaError_t sched_launch(const kvq_cu_sched_args *a, cudaStream_t st)
+cudaError_t sched_launch(const kvq_cu_sched_args *a, cudaStream_t st, cudaEvent_t mid)
 {
     const size_t sm1 = sch_policy_smem(a->T, a->P, G, a->head_dim);
     const size_t sm2 = ((size_t)G * a->head_dim + (size_t)G * (a->P + a->T)) * sizeof(float) + (size_t)a->T;
@@ -17,6 +17,7 @@ cudaError_t sched_launch(const kvq_cu_sched_args *a, cudaStream_t st)
         e = cudaFuncSetAttribute(sched_out_k<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     if (e != cudaSuccess) return e;
     sched_policy_k<G><<<a->n_kv_heads, SCH_THREADS, sm1, st>>>(*a);
+    if (mid && (e = cudaEventRecord(mid, st)) != cudaSuccess) return e;
     sched_out_k<G><<<dim3(a->T, a->n_kv_heads), OUT_THREADS, sm2, st>>>(*a);
     return cudaGetLastError();
 }
@@ -40,17 +41,17 @@ const char *kvq_cu_sched_unsupported(int T, int P, int n_heads, int n_kv_heads, 
     return 0;
 }
 
-cudaError_t kvq_cu_sched_attention(const kvq_cu_sched_args *a, cudaStream_t st)
+cudaError_t kvq_cu_sched_attention(const kvq_cu_sched_args *a, cudaStream_t st, cudaEvent_t mid)
 {
     switch (a->n_heads / a->n_kv_heads) {
-    case 1: return sched_launch<1>(a, st);
-    case 2: return sched_launch<2>(a, st);
-    case 3: return sched_launch<3>(a, st);
-    case 4: return sched_launch<4>(a, st);
-    case 5: return sched_launch<5>(a, st);
-    case 6: return sched_launch<6>(a, st);
-    case 7: return sched_launch<7>(a, st);
-    case 8: return sched_launch<8>(a, st);
+    case 1: return sched_launch<1>(a, st, mid);
+    case 2: return sched_launch<2>(a, st, mid);
+    case 3: return sched_launch<3>(a, st, mid);
+    case 4: return sched_launch<4>(a, st, mid);
+    case 5: return sched_launch<5>(a, st, mid);
+    case 6: return sched_launch<6>(a, st, mid);
+    case 7: return sched_launch<7>(a, st, mid);
+    case 8: return sched_launch<8>(a, st, mid);
     default: return cudaErrorInvalidValue;
     }
 }

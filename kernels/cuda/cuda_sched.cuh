@@ -47,7 +47,8 @@ typedef struct {
 // 0 when the device path supports the shape (GQA group <= 8 query heads, head_dim a multiple of 4 up to
 // 256, the policy kernel's shared memory within the device's opt-in limit), else a reason (static string).
 const char *kvq_cu_sched_unsupported(int T, int P, int n_heads, int n_kv_heads, int head_dim, int device);
-cudaError_t kvq_cu_sched_attention(const kvq_cu_sched_args *a, cudaStream_t st);
+// mid (may be NULL): an event recorded between the policy and the output kernel (their times apart).
+cudaError_t kvq_cu_sched_attention(const kvq_cu_sched_args *a, cudaStream_t st, cudaEvent_t mid);
 #endif
 
 #endif

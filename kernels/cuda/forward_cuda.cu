@@ -507,7 +507,7 @@ kvq_status device_sched_attention(kvq_forward_cuda *g, const kvq_hooks *hk, cons
     sa.window = im->window;
     sa.n_sink = im->n_sink;
     sa.normalise = im->normalise;
-    CU(kvq_cu_sched_attention(&sa, g->st));
+    CU(kvq_cu_sched_attention(&sa, g->st, nullptr));
     g->h_sched_cnt.resize(4 * (size_t)nkv);
     CU(cudaMemcpyAsync(sc->k_from, g->sd_from, 2 * (size_t)nkv * T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
     CU(cudaMemcpyAsync(g->h_sched_cnt.data(), g->sd_cnt, 4 * (size_t)nkv * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
@@ -1040,7 +1040,7 @@ done:
 extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
                                                const float *pv, kvq_kv_sched *sc, float *out, double *ms, kvq_err *err)
 {
-    if (ms) *ms = 0;
+    if (ms) ms[0] = ms[1] = 0;
     if (s->T <= 0 || s->P < 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 || s->n_heads % s->n_kv_heads ||
         (s->P > 0 && (!pk || !pv)))
         return kvq_fail(err, KVQ_EINVAL, "attention schedule: T %d, P %d (prefix %s), heads %d/%d", s->T, s->P,
@@ -1080,7 +1080,7 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
     a.q = dq, a.out = dout, a.row_m = dm, a.row_s = ds, a.from = dfrom, a.counts = dcnt;
     if (s->P > 0) a.pk = dpk, a.pv = dpv;
     for (int r = 0; r < 3; r++) a.k[r] = dk + r * nk, a.v[r] = dk + (3 + r) * nk;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL, em = NULL;
     kvq_status st = KVQ_OK;
     std::vector<unsigned long long> cnt(4 * nkv);
 #define SCH_CU(call)                                                      \
@@ -1101,14 +1101,16 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
     }
     SCH_CU(cudaEventCreate(&e0));
     SCH_CU(cudaEventCreate(&e1));
+    SCH_CU(cudaEventCreate(&em));
     SCH_CU(cudaEventRecord(e0, 0));
-    SCH_CU(kvq_cu_sched_attention(&a, 0));
+    SCH_CU(kvq_cu_sched_attention(&a, 0, em));
     SCH_CU(cudaEventRecord(e1, 0));
     SCH_CU(cudaEventSynchronize(e1));
     if (ms) {
-        float x = 0;
-        SCH_CU(cudaEventElapsedTime(&x, e0, e1));
-        *ms = x;
+        float x = 0, y = 0;
+        SCH_CU(cudaEventElapsedTime(&x, e0, em));
+        SCH_CU(cudaEventElapsedTime(&y, em, e1));
+        ms[0] = x, ms[1] = y;
     }
     SCH_CU(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
     SCH_CU(cudaMemcpy(sc->k_from, dfrom, 2 * nkv * T * sizeof(int), cudaMemcpyDeviceToHost));
@@ -1118,6 +1120,7 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
 done:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    if (em) cudaEventDestroy(em);
     cudaFree(buf);
     (void)cudaGetLastError();
     return st;

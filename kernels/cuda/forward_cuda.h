@@ -213,8 +213,8 @@ kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda
  * the schedule's key representations post-RoPE, pk, pv [P][n_kv_heads][head_dim] (NULL when P = 0);
  * s->window and s->pos0 are ignored (no sliding window, as kvq_attention_sched). Out: out
  * [T][n_heads][head_dim]; the final switch times into sched->k_from and the realised counts into
- * sched->imp->counts, as kvq_attention_sched's steps leave them (the step is not called). *ms (may be
- * NULL): the device time of the policy and output kernels, milliseconds (CUDA events). Errors:
+ * sched->imp->counts, as kvq_attention_sched's steps leave them (the step is not called). ms (may be
+ * NULL): [2] the device times of the policy kernel and of the output kernel, milliseconds (CUDA events). Errors:
  * KVQ_EUNSUPPORTED (no declarative policy, a shape the device path does not take, no CUDA build),
  * KVQ_EINVAL, KVQ_ENOMEM, KVQ_EIO (CUDA). */
 kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,

@@ -16,7 +16,7 @@ extern "C" {
  * within this relative spread (sums of ~T float probabilities that differ in their last bits). */
 #define SCHED_TIE_REL 1e-5
 
-/* Runs the device path on one schedule (kvq_cuda_attention_sched's contract). */
+/* Runs the device path on one schedule (kvq_cuda_attention_sched's contract; ms: [2] policy and output kernel times). */
 typedef kvq_status (*sched_dev_fn)(void *user, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
                                    const float *pv, kvq_kv_sched *sc, float *out, double *ms, kvq_err *err);
 

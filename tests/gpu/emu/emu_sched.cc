@@ -50,7 +50,7 @@ static kvq_status emu_runner(void *, const kvq_cuda_attn_shape *s, const float *
     default: return kvq_fail(err, KVQ_EINVAL, "emu: group of %d query heads not instantiated here", s->n_heads / s->n_kv_heads);
     }
     for (size_t x = 0; x < cnt.size(); x++) im->counts[x] = cnt[x];
-    if (ms) *ms = 0;
+    if (ms) ms[0] = ms[1] = 0;
     return KVQ_OK;
 }
 
