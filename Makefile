@@ -62,7 +62,7 @@ KVC_INST_OBJ := $(KVC_INST:%=$(BUILD)/gen/kvcache_cuda_inst_%.cu.o)
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
-NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror $(INC_FLAGS)
+NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror,-fopenmp $(INC_FLAGS)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 # the longest compilations first, so that a parallel build does not end on one of them
 LIB_OBJ := $(KVC_INST_OBJ) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(LIB_SRC:%.c=$(BUILD)/%.o)
