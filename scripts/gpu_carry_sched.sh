@@ -14,7 +14,8 @@
 #   2. a random-weight model of SmolLM2-135M's shape (tests/scripts/random_llama_model.py --shape smollm2-135m,
 #      generated there: the real model is two transfers), then kveval at ctx 2048: the schedule schemes on the
 #      device path and, on the same window, on the host path (KVQ_SCHED_HOST=1): PPL, bits and seconds side by
-#      side (OUT/kveval_dev1.txt, kveval_host1.txt), and the device path over more windows (kveval_dev.txt);
+#      side (OUT/kveval_dev1.txt, kveval_host1.txt), and the device path over more windows (kveval_dev.txt), also
+#      with the scores of every representation computed ahead of the policy (KVQ_SCHED_PRESCORE=1, kveval_pre.txt);
 #   3. gpu_check --synthetic under a time limit of SYNTH_S seconds (default 60; 0 skips it): every family's GPU
 #      path vs the CPU (OUT/synthetic.txt).
 set -euo pipefail
@@ -65,6 +66,10 @@ echo "== kveval, 4 windows, device path ($(($(date +%s) - t0)) s)"
 timeout 90 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 4 --no-kld -s hh2 -s zipcache -s mikv-nobal \
     >"$OUT/kveval_dev.txt" 2>&1 || rc=1
 cat "$OUT/kveval_dev.txt" | grep -vi progress | tail -12
+echo "== kveval, 4 windows, device path, scores ahead of the policy (KVQ_SCHED_PRESCORE=1) ($(($(date +%s) - t0)) s)"
+KVQ_SCHED_PRESCORE=1 timeout 90 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 4 --no-kld -s hh2 -s zipcache \
+    -s mikv-nobal >"$OUT/kveval_pre.txt" 2>&1 || rc=1
+cat "$OUT/kveval_pre.txt" | grep -vi progress | tail -12
 if [ "${SYNTH_S:-60}" != 0 ]; then # SYNTH_S=0: skip
     echo "== gpu_check --synthetic ($(($(date +%s) - t0)) s)"
     timeout "${SYNTH_S:-60}" "$HERE/bin/gpu_check" --synthetic >"$OUT/synthetic.txt" 2>&1 ||

@@ -16,6 +16,7 @@ cudaError_t sched_launch(const kvq_cu_sched_args *a, cudaStream_t st, cudaEvent_
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(sched_out_k<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     if (e != cudaSuccess) return e;
+    if (a->S) sched_score_k<G><<<dim3(a->T, a->n_kv_heads, 3), OUT_THREADS, (size_t)G * a->head_dim * sizeof(float), st>>>(*a);
     sched_policy_k<G><<<a->n_kv_heads, SCH_THREADS, sm1, st>>>(*a);
     if (mid && (e = cudaEventRecord(mid, st)) != cudaSuccess) return e;
     sched_out_k<G><<<dim3(a->T, a->n_kv_heads), OUT_THREADS, sm2, st>>>(*a);

@@ -36,10 +36,18 @@ typedef struct {
     int *from;                  // out [2][n_kv_heads][T]: first query reading the high / low representation (T: never)
     float *row_m, *row_s;       // scratch [n_heads][T]: softmax max and sum of every row
     unsigned long long *counts; // out [n_kv_heads][4]: elements, sink, exact, high of the resting cache
+    float *S;                   // NULL, or scratch [3][n_heads][T][P + T]: every representation's scores computed ahead
+                                // of the policy by a parallel kernel (kvq_cu_sched_prescore_bytes), the same bits
     double budget, probe;       // kvq_sched_imp
     int window, n_sink;
     bool normalise;
 } kvq_cu_sched_args;
+
+// Bytes of kvq_cu_sched_args.S (3 n_heads T (P + T) floats).
+static inline size_t kvq_cu_sched_prescore_bytes(int T, int P, int n_heads)
+{
+    return 3 * (size_t)n_heads * (size_t)T * (size_t)(P + T) * sizeof(float);
+}
 
 #ifndef KVQ_EMU // tests/gpu/emu/emu_sched.cc: the kernels (cuda_sched_kern.cuh) without the CUDA runtime
 #include <cuda_runtime.h>

@@ -136,7 +136,12 @@ __global__ void __launch_bounds__(1024) sched_policy_k(kvq_cu_sched_args a)
 #pragma unroll
         for (int q = 0; q < G; q++) lm[q] = -INFINITY;
         for (int j = tid; j < n; j += nt) {
-            sch_dot<G>(acc, qs, sch_key(a, fhi, flo, j, i, h, false), hd);
+            if (a.S) { // precomputed (sched_score_k): the same bits
+                const int r = j < P ? 0 : sch_rep(fhi, flo, j - P, i);
+#pragma unroll
+                for (int q = 0; q < G; q++) acc[q] = a.S[(((size_t)r * a.n_heads + (size_t)h * G + q) * T + i) * ld + j];
+            } else
+                sch_dot<G>(acc, qs, sch_key(a, fhi, flo, j, i, h, false), hd);
 #pragma unroll
             for (int q = 0; q < G; q++) {
                 s[(size_t)q * ld + j] = acc[q];
@@ -266,7 +271,12 @@ __global__ void __launch_bounds__(128) sched_out_k(kvq_cu_sched_args a)
 #pragma unroll
     for (int q = 0; q < G; q++) m[q] = a.row_m[((size_t)h * G + q) * T + i];
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        sch_dot<G>(acc, qs, sch_key(a, fhi, flo, j, i, h, false), hd);
+        if (a.S) {
+            const int r = j < P ? 0 : rep[j - P];
+#pragma unroll
+            for (int q = 0; q < G; q++) acc[q] = a.S[(((size_t)r * a.n_heads + (size_t)h * G + q) * T + i) * (P + T) + j];
+        } else
+            sch_dot<G>(acc, qs, sch_key(a, fhi, flo, j, i, h, false), hd);
 #pragma unroll
         for (int q = 0; q < G; q++) p[(size_t)q * n + j] = expf(acc[q] - m[q]);
     }
@@ -289,6 +299,27 @@ __global__ void __launch_bounds__(128) sched_out_k(kvq_cu_sched_args a)
         for (; j <= i; j++) o = __fadd_rn(o, __fmul_rn(pq[P + j], a.v[rep[j]][(size_t)j * stride + (size_t)h * hd + d]));
         const float inv = __fdiv_rn(1.0f, a.row_s[((size_t)h * G + q) * T + i]);
         a.out[((size_t)i * a.n_heads + (size_t)h * G + q) * hd + d] = __fmul_rn(o, inv);
+    }
+}
+
+// The scores of every representation ahead of the policy (a.S given): block (query row i, KV head h, representation
+// r), keys 0..P+i, the group's heads; the same sch_dot as the kernels above, so the same bits. Prefix keys are
+// written for r = 0 only (they have one representation).
+template <int G>
+__global__ void __launch_bounds__(128) sched_score_k(kvq_cu_sched_args a)
+{
+    KVQ_DYN_SMEM(unsigned char, smem);
+    const int i = blockIdx.x, h = blockIdx.y, r = blockIdx.z, T = a.T, P = a.P, hd = a.head_dim, ld = P + T;
+    float *qs = reinterpret_cast<float *>(smem);
+    sch_load_q(a, qs, G, h, i);
+    __syncthreads();
+    const size_t stride = (size_t)a.n_kv_heads * hd;
+    float acc[G];
+    for (int j = (r ? P : 0) + threadIdx.x; j < P + i + 1; j += blockDim.x) {
+        const float *kr = j < P ? a.pk + (size_t)j * stride + (size_t)h * hd : a.k[r] + (size_t)(j - P) * stride + (size_t)h * hd;
+        sch_dot<G>(acc, qs, kr, hd);
+#pragma unroll
+        for (int q = 0; q < G; q++) a.S[(((size_t)r * a.n_heads + (size_t)h * G + q) * T + i) * ld + j] = acc[q];
     }
 }
 

@@ -39,6 +39,7 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFreeHost(g->hbuf);
     cudaFree(g->sbuf);
     cudaFree(g->sched_buf);
+    cudaFree(g->sd_S);
     cudaFree(g->bbuf);
     cudaFreeHost(g->hbbuf);
     if (g->b_ev) cudaEventDestroy(g->b_ev);
@@ -113,6 +114,8 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         g->attn_tc = g->bf16 && !(tc && !strcmp(tc, "0"));
         const char *sh = getenv("KVQ_SCHED_HOST");
         g->sched_host = sh && !strcmp(sh, "1");
+        const char *sp = getenv("KVQ_SCHED_PRESCORE");
+        g->sched_pre = sp && !strcmp(sp, "1");
     }
     snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s%s", prop.name, prop.major, prop.minor,
              prop.totalGlobalMem / 1073741824.0, g->bf16 ? "bf16" : "fp32",
@@ -515,6 +518,15 @@ kvq_status device_sched_attention(kvq_forward_cuda *g, const kvq_hooks *hk, cons
     sa.window = im->window;
     sa.n_sink = im->n_sink;
     sa.normalise = im->normalise;
+    if (g->sched_pre && !g->sd_S) {
+        // the scores of all three representations ahead of the policy; without the room, the policy computes them
+        if (cudaMalloc(&g->sd_S, kvq_cu_sched_prescore_bytes(g->max_T, g->max_P, hp->n_heads)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            g->sd_S = NULL;
+            g->sched_pre = false;
+        }
+    }
+    sa.S = g->sched_pre ? g->sd_S : NULL;
     CU(kvq_cu_sched_attention(&sa, g->st, nullptr));
     g->h_sched_cnt.resize(4 * (size_t)nkv);
     CU(cudaMemcpyAsync(sc->k_from, g->sd_from, 2 * (size_t)nkv * T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
@@ -1061,8 +1073,11 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
     CU(cudaSetDevice(device));
     const size_t T = s->T, nkv = s->n_kv_heads, nq = T * s->n_heads * s->head_dim, nk = T * nkv * s->head_dim,
                  np = (size_t)s->P * nkv * s->head_dim, nr = (size_t)s->n_heads * T;
-    const size_t floats = 2 * nq + 6 * nk + 2 * np + 2 * nr, bytes = floats * sizeof(float) + 2 * nkv * T * sizeof(int) +
-                                                                     4 * nkv * sizeof(unsigned long long) + 64;
+    const char *pre_env = getenv("KVQ_SCHED_PRESCORE");
+    const bool pre = pre_env && !strcmp(pre_env, "1");
+    const size_t nS = pre ? kvq_cu_sched_prescore_bytes(s->T, s->P, s->n_heads) / sizeof(float) : 0;
+    const size_t floats = 2 * nq + 6 * nk + 2 * np + 2 * nr + nS, bytes = floats * sizeof(float) + 2 * nkv * T * sizeof(int) +
+                                                                          4 * nkv * sizeof(unsigned long long) + 64;
     char *buf = NULL;
     cudaError_t e = cudaMalloc(&buf, bytes);
     if (e != cudaSuccess) {
@@ -1084,7 +1099,8 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
     unsigned long long *dcnt = (unsigned long long *)buf;
     float *f = (float *)(dcnt + 4 * nkv), *dq = f, *dout = dq + nq, *dpk = dout + nq, *dpv = dpk + np;
     float *dk = dpv + np, *dm = dk + 6 * nk, *ds = dm + nr;
-    int *dfrom = (int *)(ds + nr);
+    int *dfrom = (int *)(ds + nr + nS);
+    if (pre) a.S = ds + nr;
     a.q = dq, a.out = dout, a.row_m = dm, a.row_s = ds, a.from = dfrom, a.counts = dcnt;
     if (s->P > 0) a.pk = dpk, a.pv = dpv;
     for (int r = 0; r < 3; r++) a.k[r] = dk + r * nk, a.v[r] = dk + (3 + r) * nk;

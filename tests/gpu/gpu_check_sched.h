@@ -20,7 +20,8 @@ extern "C" {
 typedef kvq_status (*sched_dev_fn)(void *user, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
                                    const float *pv, kvq_kv_sched *sc, float *out, double *ms, kvq_err *err);
 
-/* The cases (quick: small ones for the emulator) against kvq_attention_sched; prints a table, returns 1 when all pass. */
+/* The cases (quick 1: small ones for the emulator; 2: every other one of those, the prefix and the probe cases)
+ * against kvq_attention_sched; prints a table, returns 1 when all pass. */
 int sched_cases_run(sched_dev_fn dev, void *user, int quick);
 /* gpu_check --sched: the cases on GPU 0, then one SmolLM2-135M-shaped layer timed (device / CPU / native attention). */
 int run_sched_check(void);
