@@ -14,6 +14,9 @@
 //      representations (a decision at step i only sets switch times > i, so the final switch times give
 //      every step's representations), p = expf(score - max) with the kept max, out = (sum_j p v) *
 //      (1 / sum) in key order (prefix first).
+// With args.S (KVQ_SCHED_PRESCORE=1 in the CUDA forward) a third kernel first computes the scores of all three
+// representations for every (query row, key) in parallel with the same dot product, and kernels 1 and 2 read them:
+// the same bits, the policy's sequential loop then reads one float per key and head instead of the key row.
 // Numerics against the CPU (kvq_attention_sched): the scores are bit-identical (q * (1/sqrt(hd)) in
 // fp32, then products and sums in d order without FMA contraction, as attention.c's -std=c17 build
 // computes them); the exponentials are CUDA's expf (the CPU uses its own vector exp: ~1 ulp apart) and
