@@ -78,6 +78,9 @@ TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # the CUDA decode kernels (v4) run on the host through tests/gpu/emu/cuda_emu.h (C++20, std::thread per CUDA thread)
 EMU_BIN := $(BUILD)/tests/test_kvcache_emu
 TEST_BINS += $(EMU_BIN)
+# the device importance schedule's kernels (kernels/cuda/cuda_sched_kern.cuh) on the host, with gpu_check --sched's harness
+SCHED_EMU_BIN := $(BUILD)/tests/test_sched_emu
+TEST_BINS += $(SCHED_EMU_BIN)
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
@@ -157,6 +160,15 @@ $(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvca
 	$(Q)$(CXX) -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \
 	  $(EMU_SANFLAGS) \
 	  $(INC_FLAGS) -Itests/gpu/emu $< $(LIB) $(LDLIBS) -o $@
+
+$(SCHED_EMU_BIN): tests/gpu/emu/emu_sched.cc tests/gpu/gpu_check_sched.c tests/gpu/gpu_check_sched.h tests/gpu/gpu_check.h \
+                  tests/gpu/emu/cuda_emu.h kernels/cuda/cuda_sched_kern.cuh kernels/cuda/cuda_sched.cuh $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  CXX   $@',true)
+	$(Q)$(CC) $(CFLAGS) -c tests/gpu/gpu_check_sched.c -o $@.harness.o
+	$(Q)$(CXX) -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \
+	  $(EMU_SANFLAGS) \
+	  $(INC_FLAGS) -Itests/gpu -Itests/gpu/emu $< $@.harness.o $(LIB) $(LDLIBS) -o $@
 
 $(BUILD)/bench/%: tests/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)

@@ -21,6 +21,7 @@ extern "C" {
 #include "ops.h"
 }
 #include "cuda_ops.cuh"
+#include "cuda_sched.cuh"
 #include "forward_cuda_impl.cuh"
 
 #define LAUNCH(expr) CU(expr)
@@ -37,6 +38,8 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFree(g->d_arg);
     cudaFreeHost(g->hbuf);
     cudaFree(g->sbuf);
+    cudaFree(g->sched_buf);
+    cudaFree(g->sd_S);
     cudaFree(g->bbuf);
     cudaFreeHost(g->hbbuf);
     if (g->b_ev) cudaEventDestroy(g->b_ev);
@@ -109,6 +112,10 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         // KVQ_ATTN_TC=0: the bf16 mode keeps the fp32 attention kernel (same-run comparisons, forward_cuda.h)
         const char *tc = getenv("KVQ_ATTN_TC");
         g->attn_tc = g->bf16 && !(tc && !strcmp(tc, "0"));
+        const char *sh = getenv("KVQ_SCHED_HOST");
+        g->sched_host = sh && !strcmp(sh, "1");
+        const char *sp = getenv("KVQ_SCHED_PRESCORE");
+        g->sched_pre = sp && !strcmp(sp, "1");
     }
     snprintf(g->name, sizeof g->name, "%.200s (sm_%d%d, %.1f GiB), %s weights, cuBLAS %s%s", prop.name, prop.major, prop.minor,
              prop.totalGlobalMem / 1073741824.0, g->bf16 ? "bf16" : "fp32",
@@ -446,6 +453,91 @@ kvq_status host_sched_attention(kvq_forward_cuda *g, const kvq_hooks *hk, const 
     return KVQ_OK;
 }
 
+// A schedule whose step has a declarative form (forward.h kvq_sched_imp): the representations up once,
+// RoPE'd on the device when pre-RoPE, the policy and the attention on the device (cuda_sched.cuh); the final
+// switch times and the realised counts down into the schedule (as the host steps leave them). Returns
+// KVQ_EUNSUPPORTED without side effects when the shape does not fit (the caller takes the host path).
+kvq_status device_sched_attention(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T,
+                                  kvq_kv_sched *sc, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const int nkv = hp->n_kv_heads, hd = hp->head_dim, l = ctx->layer, P = ctx->P;
+    const size_t kvd = kvq_kv_dim(hp), n = (size_t)T * kvd;
+    const kvq_sched_imp *im = sc->imp;
+    if (!im || sc->n_k != 3 || sc->n_v != 3 || !sc->k_from || sc->k_from != sc->v_from || !im->counts)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: the schedule has no declarative policy", l);
+    const char *why = kvq_cu_sched_unsupported(T, P, hp->n_heads, nkv, hd, g->dev);
+    if (why) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: device schedule: %s", l, why);
+    if (!g->sched_buf) {
+        const size_t mT = g->max_T, reps = 6 * mT * kvd * sizeof(float), fr = 2 * (size_t)nkv * mT * sizeof(int),
+                     rows = 2 * (size_t)hp->n_heads * mT * sizeof(float), cnt = 4 * (size_t)nkv * sizeof(unsigned long long);
+        KVQ_TRY(dev_alloc(g, &g->sched_buf, reps + fr + rows + cnt + 256, "the device schedule's representations", err));
+        char *b = (char *)g->sched_buf;
+        for (int r = 0; r < 3; r++) g->sd_k[r] = (float *)b, b += mT * kvd * sizeof(float);
+        for (int r = 0; r < 3; r++) g->sd_v[r] = (float *)b, b += mT * kvd * sizeof(float);
+        g->sd_m = (float *)b, b += (size_t)hp->n_heads * mT * sizeof(float);
+        g->sd_s = (float *)b, b += (size_t)hp->n_heads * mT * sizeof(float);
+        g->sd_cnt = (unsigned long long *)align_up((size_t)b, 16), b = (char *)(g->sd_cnt + 4 * (size_t)nkv);
+        g->sd_from = (int *)b;
+    }
+    kvq_cu_sched_args sa = {};
+    const bool pre = hk->key_stage == KVQ_KEYS_PRE_ROPE;
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < 3; r++) {
+            float *const *src = w ? sc->v : sc->k;
+            float **dst = w ? g->sd_v : g->sd_k;
+            const float **arg = w ? sa.v : sa.k;
+            int same = -1;
+            for (int r2 = 0; r2 < r; r2++)
+                if (src[r2] == src[r]) same = r2;
+            if (same >= 0) {
+                arg[r] = arg[same];
+                continue;
+            }
+            KVQ_TRY(h2d(g, dst[r], src[r], n, err));
+            if (pre && !w) CU(kvq_cu_rope(dst[r], T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+            arg[r] = dst[r];
+        }
+    sa.T = T;
+    sa.P = P;
+    sa.n_heads = hp->n_heads;
+    sa.n_kv_heads = nkv;
+    sa.head_dim = hd;
+    sa.q = g->q;
+    if (P > 0) {
+        sa.pk = g->pk + (size_t)l * P * kvd;
+        sa.pv = g->pv + (size_t)l * P * kvd;
+    }
+    sa.out = g->att;
+    sa.from = g->sd_from;
+    sa.row_m = g->sd_m;
+    sa.row_s = g->sd_s;
+    sa.counts = g->sd_cnt;
+    sa.budget = im->budget;
+    sa.probe = im->probe;
+    sa.window = im->window;
+    sa.n_sink = im->n_sink;
+    sa.normalise = im->normalise;
+    if (g->sched_pre && !g->sd_S) {
+        // the scores of all three representations ahead of the policy; without the room, the policy computes them
+        if (cudaMalloc(&g->sd_S, kvq_cu_sched_prescore_bytes(g->max_T, g->max_P, hp->n_heads)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            g->sd_S = NULL;
+            g->sched_pre = false;
+        }
+    }
+    sa.S = g->sched_pre ? g->sd_S : NULL;
+    CU(kvq_cu_sched_attention(&sa, g->st, nullptr));
+    g->h_sched_cnt.resize(4 * (size_t)nkv);
+    CU(cudaMemcpyAsync(sc->k_from, g->sd_from, 2 * (size_t)nkv * T * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    CU(cudaMemcpyAsync(g->h_sched_cnt.data(), g->sd_cnt, 4 * (size_t)nkv * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                       g->st));
+    CU(cudaStreamSynchronize(g->st));
+    for (size_t x = 0; x < 4 * (size_t)nkv; x++) im->counts[x] = g->h_sched_cnt[x];
+    g->stats.device_scheds++;
+    return KVQ_OK;
+}
+
 kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_cu_attn *a,
                           const kvq_prefix *px, bool *attended, kvq_err *err)
 {
@@ -460,7 +552,15 @@ kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_la
     kvq_status s = hk->transform(hk->user, ctx, g->h_katt, g->h_vatt, &alt, err);
     if (s) return kvq_err_prefix(err, "layer %d: KV transform", ctx->layer);
     if (alt.sched) {
-        KVQ_TRY(host_sched_attention(g, hk, ctx, T, alt.sched, px, err));
+        kvq_status ds = KVQ_EUNSUPPORTED;
+        if (alt.sched->imp && !g->sched_host && !hk->observe && !g->s_q && !g->xs) {
+            ds = device_sched_attention(g, hk, ctx, T, alt.sched, err);
+            if (ds && ds != KVQ_EUNSUPPORTED) return ds;
+        }
+        if (ds) {
+            KVQ_TRY(host_sched_attention(g, hk, ctx, T, alt.sched, px, err));
+            g->stats.host_scheds++;
+        }
         *attended = true;
         return KVQ_OK;
     }
@@ -952,6 +1052,99 @@ extern "C" kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *
 done:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    cudaFree(buf);
+    (void)cudaGetLastError();
+    return st;
+}
+
+extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
+                                               const float *pv, kvq_kv_sched *sc, float *out, double *ms, kvq_err *err)
+{
+    if (ms) ms[0] = ms[1] = 0;
+    if (s->T <= 0 || s->P < 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 || s->n_heads % s->n_kv_heads ||
+        (s->P > 0 && (!pk || !pv)))
+        return kvq_fail(err, KVQ_EINVAL, "attention schedule: T %d, P %d (prefix %s), heads %d/%d", s->T, s->P,
+                        pk && pv ? "given" : "missing", s->n_heads, s->n_kv_heads);
+    const kvq_sched_imp *im = sc->imp;
+    if (!im || sc->n_k != 3 || sc->n_v != 3 || !sc->k_from || sc->k_from != sc->v_from || !im->counts)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "attention schedule: no declarative policy (forward.h kvq_sched_imp)");
+    const char *why = kvq_cu_sched_unsupported(s->T, s->P, s->n_heads, s->n_kv_heads, s->head_dim, device);
+    if (why) return kvq_fail(err, KVQ_EUNSUPPORTED, "attention schedule on the device: %s", why);
+    CU(cudaSetDevice(device));
+    const size_t T = s->T, nkv = s->n_kv_heads, nq = T * s->n_heads * s->head_dim, nk = T * nkv * s->head_dim,
+                 np = (size_t)s->P * nkv * s->head_dim, nr = (size_t)s->n_heads * T;
+    const char *pre_env = getenv("KVQ_SCHED_PRESCORE");
+    const bool pre = pre_env && !strcmp(pre_env, "1");
+    const size_t nS = pre ? kvq_cu_sched_prescore_bytes(s->T, s->P, s->n_heads) / sizeof(float) : 0;
+    const size_t floats = 2 * nq + 6 * nk + 2 * np + 2 * nr + nS, bytes = floats * sizeof(float) + 2 * nkv * T * sizeof(int) +
+                                                                          4 * nkv * sizeof(unsigned long long) + 64;
+    char *buf = NULL;
+    cudaError_t e = cudaMalloc(&buf, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kvq_fail(err, KVQ_ENOMEM, "attention schedule: cannot allocate %zu bytes on the GPU: %s", bytes,
+                        cudaGetErrorString(e));
+    }
+    kvq_cu_sched_args a = {};
+    a.T = s->T;
+    a.P = s->P;
+    a.n_heads = s->n_heads;
+    a.n_kv_heads = s->n_kv_heads;
+    a.head_dim = s->head_dim;
+    a.budget = im->budget;
+    a.probe = im->probe;
+    a.window = im->window;
+    a.n_sink = im->n_sink;
+    a.normalise = im->normalise;
+    unsigned long long *dcnt = (unsigned long long *)buf;
+    float *f = (float *)(dcnt + 4 * nkv), *dq = f, *dout = dq + nq, *dpk = dout + nq, *dpv = dpk + np;
+    float *dk = dpv + np, *dm = dk + 6 * nk, *ds = dm + nr;
+    int *dfrom = (int *)(ds + nr + nS);
+    if (pre) a.S = ds + nr;
+    a.q = dq, a.out = dout, a.row_m = dm, a.row_s = ds, a.from = dfrom, a.counts = dcnt;
+    if (s->P > 0) a.pk = dpk, a.pv = dpv;
+    for (int r = 0; r < 3; r++) a.k[r] = dk + r * nk, a.v[r] = dk + (3 + r) * nk;
+    cudaEvent_t e0 = NULL, e1 = NULL, em = NULL;
+    kvq_status st = KVQ_OK;
+    std::vector<unsigned long long> cnt(4 * nkv);
+#define SCH_CU(call)                                                      \
+    do {                                                                  \
+        if ((e = (call)) != cudaSuccess) {                                \
+            st = cu_fail(err, e, #call, __FILE__, __LINE__);              \
+            goto done;                                                    \
+        }                                                                 \
+    } while (0)
+    SCH_CU(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
+    for (int r = 0; r < 3; r++) {
+        SCH_CU(cudaMemcpy((float *)a.k[r], sc->k[r], nk * sizeof(float), cudaMemcpyHostToDevice));
+        SCH_CU(cudaMemcpy((float *)a.v[r], sc->v[r], nk * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    if (np) {
+        SCH_CU(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
+        SCH_CU(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    SCH_CU(cudaEventCreate(&e0));
+    SCH_CU(cudaEventCreate(&e1));
+    SCH_CU(cudaEventCreate(&em));
+    SCH_CU(cudaEventRecord(e0, 0));
+    SCH_CU(kvq_cu_sched_attention(&a, 0, em));
+    SCH_CU(cudaEventRecord(e1, 0));
+    SCH_CU(cudaEventSynchronize(e1));
+    if (ms) {
+        float x = 0, y = 0;
+        SCH_CU(cudaEventElapsedTime(&x, e0, em));
+        SCH_CU(cudaEventElapsedTime(&y, em, e1));
+        ms[0] = x, ms[1] = y;
+    }
+    SCH_CU(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    SCH_CU(cudaMemcpy(sc->k_from, dfrom, 2 * nkv * T * sizeof(int), cudaMemcpyDeviceToHost));
+    SCH_CU(cudaMemcpy(cnt.data(), dcnt, cnt.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < cnt.size(); x++) im->counts[x] = cnt[x];
+#undef SCH_CU
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (em) cudaEventDestroy(em);
     cudaFree(buf);
     (void)cudaGetLastError();
     return st;

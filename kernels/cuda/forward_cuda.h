@@ -134,6 +134,10 @@ typedef struct {
     uint64_t runs;
     uint64_t host_transforms;   /* layer calls whose transform ran on the host */
     uint64_t native_transforms; /* layer calls transformed on the GPU */
+    uint64_t device_scheds;     /* layer calls whose per-key schedule (a declarative policy, forward.h kvq_sched_imp)
+                                   ran on the GPU (kernels/cuda/cuda_sched.cuh) */
+    uint64_t host_scheds;       /* layer calls whose per-key schedule ran on the host (kvq_attention_sched; also
+                                   every schedule when the environment sets KVQ_SCHED_HOST=1) */
     uint64_t k_outliers, v_outliers; /* sparse outliers kept exact by native transforms */
     uint64_t k_clipped, v_clipped;   /* values saturated by native transforms (quant.h n_clipped) */
     double seconds;             /* wall time inside kvq_forward_cuda_run */
@@ -203,5 +207,19 @@ typedef struct {
 kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda_math math, const float *q, const float *k,
                               const float *v, const float *pk, const float *pv, float *out, float *lse, int reps,
                               double *ms, kvq_err *err);
+
+/* The CUDA forward's device path for a per-key schedule with a declarative policy (forward.h kvq_sched_imp,
+ * kernels/cuda/cuda_sched.cuh) alone, on GPU `device` (for gpu_check --sched): q [T][n_heads][head_dim] and
+ * the schedule's key representations post-RoPE, pk, pv [P][n_kv_heads][head_dim] (NULL when P = 0);
+ * s->window and s->pos0 are ignored (no sliding window, as kvq_attention_sched). Out: out
+ * [T][n_heads][head_dim]; the final switch times into sched->k_from and the realised counts into
+ * sched->imp->counts, as kvq_attention_sched's steps leave them (the step is not called). ms (may be
+ * NULL): [2] the device times of the policy kernel and of the output kernel, milliseconds (CUDA events); with
+ * KVQ_SCHED_PRESCORE=1 in the environment the scores of all three representations are computed ahead of the
+ * policy (as the forward then does; included in the first time). Errors:
+ * KVQ_EUNSUPPORTED (no declarative policy, a shape the device path does not take, no CUDA build),
+ * KVQ_EINVAL, KVQ_ENOMEM, KVQ_EIO (CUDA). */
+kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
+                                    const float *pv, kvq_kv_sched *sched, float *out, double *ms, kvq_err *err);
 
 #endif

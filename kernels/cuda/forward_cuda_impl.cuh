@@ -94,6 +94,17 @@ struct kvq_forward_cuda {
     kvq_kv_desc desc;
     void *kv_state;                        // the family's uploaded tables (kvq_family_cuda.upload), or NULL
     std::vector<float> h_att;              // host attention output for a per-key schedule ([max_T][q_dim])
+    // a schedule with a declarative policy (forward.h kvq_sched_imp) on the device (cuda_sched.cuh), lazily:
+    // 3 key + 3 value representations [max_T][kv_dim], from [2][n_kv_heads][max_T], row max / sum
+    // [n_heads][max_T], counts [n_kv_heads][4]
+    bool sched_host; // KVQ_SCHED_HOST=1: every schedule on the host (same-run comparisons)
+    bool sched_pre;  // KVQ_SCHED_PRESCORE=1: every representation's scores ahead of the policy (cuda_sched.cuh S)
+    float *sd_S;     // [3][n_heads][max_T][max_P + max_T] for sched_pre, lazily (NULL: not allocated or too large)
+    void *sched_buf;
+    float *sd_k[3], *sd_v[3], *sd_m, *sd_s;
+    int *sd_from;
+    unsigned long long *sd_cnt;
+    std::vector<unsigned long long> h_sched_cnt;
     kvq_cuda_stats stats;
     // KVQ_CUDA_BF16: GEMM weights (and tok_embd / output) hold bf16 bits behind their float* type;
     // xb = bf16 copy of a GEMM's activation input ([max_T][max(dim, q_dim, hidden_dim, v_chunk)])

@@ -64,4 +64,11 @@ kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda
     if (ms) *ms = 0;
     return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
 }
+kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
+                                    const float *pv, kvq_kv_sched *sched, float *out, double *ms, kvq_err *err)
+{
+    (void)device, (void)s, (void)q, (void)pk, (void)pv, (void)sched, (void)out;
+    if (ms) ms[0] = ms[1] = 0;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
 #endif

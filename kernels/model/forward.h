@@ -135,6 +135,24 @@ typedef struct {
     const float *probs;/* [n_q][P + i + 1]: probabilities (prefix keys first), each (float)(exp / sum) in double */
 } kvq_sched_step;
 
+/* The declarative form of a schedule's step (optional): the attention-importance
+ * policy of kernels/schemes/importance.h, described so that a device can run
+ * it without the host callback (the CUDA forward, kernels/cuda/cuda_sched.cu).
+ * With it the schedule has n_k = n_v = 3 (0 exact, 1 high, 2 low), k_from ==
+ * v_from ([2][n_kv_heads][T]: first query reading the high / low representation,
+ * every entry T on entry) and `step` implements exactly this policy; a device
+ * run leaves in k_from the switch times the steps would have left and writes
+ * the realised counts the steps write. Values are already clipped to the
+ * window (window, n_sink <= T). */
+typedef struct {
+    double budget;  /* f: capacity floor(f (i + 2)) + 1e-9 margin, kvq_imp_capacity */
+    int window;     /* W >= 1 */
+    int n_sink;     /* exact sink tokens */
+    bool normalise; /* importance = accumulated attention / voting queries that could attend */
+    double probe;   /* 0: every query votes, else kvq_imp_is_probe(i, probe) */
+    uint64_t *counts; /* [n_kv_heads][4] out: elements, sink, exact, high of the resting cache the last query read */
+} kvq_sched_imp;
+
 typedef struct kvq_kv_sched {
     int n_k, n_v;                  /* representations of keys / values, 1..KVQ_KV_MAX_REPS */
     float *k[KVQ_KV_MAX_REPS];     /* [T][n_kv_heads][head_dim] each */
@@ -143,6 +161,7 @@ typedef struct kvq_kv_sched {
     signed char *k_sel, *v_sel;    /* [n_kv_heads][T]: the selection form (above), else NULL */
     kvq_status (*step)(void *user, const kvq_sched_step *st, struct kvq_kv_sched *sched, kvq_err *err);
     void *user;
+    const kvq_sched_imp *imp;      /* the step's declarative form, or NULL (host steps only) */
 } kvq_kv_sched;
 
 /* The representation index query i reads for key j of head h (n reps, from as above). */

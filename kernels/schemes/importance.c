@@ -21,6 +21,7 @@ typedef struct {
     kvq_imp_policy pol;
     size_t hd;
     kvq_kv_sched sched;
+    kvq_sched_imp desc; /* the step's declarative form (a device runs the policy itself) */
 } imp_state;
 
 int kvq_imp_capacity(double f, int n) { return (int)floor(f * (double)n + 1e-9); }
@@ -201,8 +202,10 @@ kvq_status kvq_imp_transform(kvq_kv_desc_run *run, const kvq_layer_ctx *c, float
     memset(st->n_heavy, 0, H * sizeof(int));
     memset(st->cnt, 0, 4 * H * sizeof(uint64_t));
     st->pending = true;
+    st->desc = (kvq_sched_imp){.budget = pol->budget, .window = st->W, .n_sink = st->ns, .normalise = pol->normalise,
+                               .probe = pol->probe, .counts = st->cnt};
     st->sched = (kvq_kv_sched){.n_k = 3, .n_v = 3, .k = {k, st->k_hi, st->k_lo}, .v = {v, st->v_hi, st->v_lo},
-                               .k_from = st->from, .v_from = st->from, .step = step_imp, .user = st};
+                               .k_from = st->from, .v_from = st->from, .step = step_imp, .user = st, .imp = &st->desc};
     alt->sched = &st->sched;
     return KVQ_OK;
 }

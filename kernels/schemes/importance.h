@@ -28,6 +28,12 @@
  *     step i + 1 on, for good (never promoted back), and e takes its place
  *     unless it was e itself.
  *
+ * The transform also describes the policy declaratively (forward.h kvq_sched_imp: budget, window, sink,
+ * normalise, probe), so the CUDA forward runs these semantics on the device (kernels/cuda/cuda_sched.cuh:
+ * the same sums in double in head order, the same capacity, hash and tie rule; its probabilities differ
+ * from the CPU's in the last bits of expf and the row sums, so a near-tie may be decided the other way)
+ * and writes back the switch times and counts the steps would have left.
+ *
  * Realised counts (kvq_quant_counts, added to the run's k_counts / v_counts
  * once per layer): of the resting cache the window's last query read,
  * n_elems, n_sink, n_exact (window) and n_high (important tokens), per

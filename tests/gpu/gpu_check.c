@@ -13,6 +13,12 @@
  *       random inputs (head_dim 64/128, T off the tiles, GQA, prefixes,
  *       windows): output relative L2 and max |dlse| under forward_cuda.h's
  *       bounds; the two kernels' times alone at a Llama-3-8B layer's shape.
+ *   gpu_check --sched
+ *       the attention-importance schedule (hh, mikv, zipcache) on the device
+ *       (kernels/cuda/cuda_sched.cuh) vs kvq_attention_sched with the host
+ *       steps on random data: switch decisions, counts, outputs (see
+ *       gpu_check_sched.c); one SmolLM2-shaped layer timed. Also run by
+ *       --synthetic.
  *   gpu_check --model M --text wiki.test.raw [--ctx 2048] [--check-windows 2]
  *             [--max-windows 0] [--no-bench] [--device cuda|cpu]
  *       the real model: logits/PPL CPU vs GPU on the first windows for every
@@ -55,6 +61,7 @@
  * (--synthetic, --backward) and gpu_check_models.c (--families, --model), what they share in gpu_check.h.
  */
 #include "gpu_check.h"
+#include "gpu_check_sched.h"
 
 double now_s(void)
 {
@@ -488,13 +495,15 @@ int is_exact_scheme(const kvq_kv_desc *d) { return d->q.fam == KVQ_FAM("fp32"); 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *dev = "auto";
-    int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, attn = 0, backward = 0, fisher = 0;
+    int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, attn = 0, backward = 0, fisher = 0,
+        sched = 0;
     const char *families = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--synthetic")) synthetic = 1;
         else if (!strcmp(a, "--attn")) attn = 1;
+        else if (!strcmp(a, "--sched")) sched = 1;
         else if (!strcmp(a, "--no-bench")) bench = 0;
         else if (!strcmp(a, "--backward")) backward = 1;
         else if (!strcmp(a, "--families")) families = v && v[0] != '-' ? (i++, v) : "tests/fixtures";
@@ -514,6 +523,7 @@ int main(int argc, char **argv)
     int ok = 1;
     if (synthetic) ok &= run_synthetic(d);
     if (synthetic || attn) ok &= run_attn_check();
+    if (synthetic || sched) ok &= run_sched_check();
     if (backward) ok &= run_backward_synthetic(d);
     if (families) ok &= run_families(families, d);
     if (model) {

@@ -224,22 +224,24 @@ int run_synthetic(kvq_device gdev)
             cmp_row r = compare(&cpu, &gpu, &L.d[i], tokens, nw, T, P ? &px : NULL, 1, lc, lg);
             all_ok &= report_row(L.name[i], "host hook", r, is_exact_scheme(&L.d[i]));
         }
-        /* heavy hitters: a per-key schedule decided by attention (kernels/schemes/hh.c); no CUDA part, so the GPU
-         * forward runs that layer's attention on the host from the GPU's q and K/V. Decisions at near-ties may flip
-         * between the two float paths: a loose check (PPL within 1%) that the plumbing holds, the semantics being
-         * the CPU's, checked bit for bit against a token-by-token cache in tests/test_hh.c */
+        /* heavy hitters: a per-key schedule decided by attention (kernels/schemes/hh.c); the host transform gives
+         * the representations and the declarative policy, the GPU forward attends the layer and takes the
+         * decisions on the device (kernels/cuda/cuda_sched.cuh). Decisions at near-ties may flip between the two
+         * float paths: a loose check (PPL within 1%) that the plumbing holds, the semantics being the CPU's,
+         * checked bit for bit against a token-by-token cache in tests/test_hh.c and kernel against CPU in
+         * gpu_check --sched */
         {
             kvq_kv_desc hh = {.q = {.fam = KVQ_FAM("hh"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 16}},
                               .key_stage = KVQ_KEYS_POST_ROPE};
             cmp_row r = compare(&cpu, &gpu, &hh, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
-            report_row("hh2-25%-w8", "host sched", r, 0);
+            report_row("hh2-25%-w8", "device sched", r, 0);
             int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
-            printf("hh on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+            printf("hh on the GPU (device schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
                    ok ? "PASS" : "FAIL");
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
         }
-        /* mikv: the same host schedule with balanced keys (a fixed balancer table per layer, as kvcalib writes it) */
+        /* mikv: the same device schedule with balanced keys (a fixed balancer table per layer, as kvcalib writes it) */
         {
             size_t kvd = (size_t)kvq_kv_dim(hp);
             kvq_artifact ma = {.p = {.method = KVQ_FAM("mikv"), .k_bits = 2, .v_bits = 2, .post_rope = true,
@@ -255,24 +257,24 @@ int run_synthetic(kvq_device gdev)
             kvq_kv_desc mk = {.q = {.fam = KVQ_FAM("mikv"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 8, 1}},
                               .key_stage = KVQ_KEYS_POST_ROPE, .art = &ma};
             cmp_row r = compare(&cpu, &gpu, &mk, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
-            report_row("mikv-h8-l2-b25%-w8", "host sched", r, 0);
+            report_row("mikv-h8-l2-b25%-w8", "device sched", r, 0);
             int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
-            printf("mikv on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+            printf("mikv on the GPU (device schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
                    ok ? "PASS" : "FAIL");
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
             for (int l = 0; l < hp->n_layers; l++) kvq_kv_table_free(&ma.k[l]);
             free(ma.k);
         }
-        /* zipcache: the same host schedule with normalised importance, probe votes and block-normalised
+        /* zipcache: the same device schedule with normalised importance, probe votes and block-normalised
          * representations (kernels/schemes/zipcache.c: x = {salient share, high bits, probe share, block}) */
         {
             kvq_kv_desc zc = {.q = {.fam = KVQ_FAM("zipcache"), .k_bits = 2, .v_bits = 2, .residual = 8, .x = {0.25, 4, 0.5, 4}},
                               .key_stage = KVQ_KEYS_POST_ROPE};
             cmp_row r = compare(&cpu, &gpu, &zc, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
-            report_row("zipcache-h4-l2-b25%-w8-n4-p50%", "host sched", r, 0);
+            report_row("zipcache-h4-l2-b25%-w8-n4-p50%", "device sched", r, 0);
             int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
-            printf("zipcache on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
+            printf("zipcache on the GPU (device schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
                    ok ? "PASS" : "FAIL");
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));

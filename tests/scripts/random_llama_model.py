@@ -12,6 +12,9 @@ Shapes (transformers LlamaConfig fields):
                 llama3 scaling (factor 8, original context 8192), context 131072
     llama2-7b   dim 4096, 32 layers, 32 / 32 heads, SwiGLU 11008, vocab 32000,
                 rope_theta 10000, context 4096
+    smollm2-135m  dim 576, 30 layers, 9 / 3 heads (head_dim 64), SwiGLU 1536, vocab
+                49152, rope_theta 100000, context 8192 (SmolLM2-135M's shape, its
+                embeddings untied here; scripts/gpu_carry_sched.sh)
 --layers keeps the shape but fewer layers (a quick variant).
 
 A byte-level tokenizer.json with the model's vocabulary size is written
@@ -39,6 +42,9 @@ SHAPES = {
                       rope_theta=500000.0,
                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                         original_max_position_embeddings=8192)),
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                         rope_theta=100000.0),
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
                       rope_theta=10000.0),

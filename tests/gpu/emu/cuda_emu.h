@@ -184,6 +184,28 @@ inline uint32_t kvq_hfma2(uint32_t a, uint32_t b, uint32_t c)
     }
     return r;
 }
+// a double through the shuffle (tests/gpu/emu/emu_sched.cc): the two halves of its bits
+inline double __shfl_xor_sync(unsigned m, double v, int off)
+{
+    int32_t h[2];
+    memcpy(h, &v, 8);
+    h[0] = __shfl_xor_sync(m, (int)h[0], off);
+    h[1] = __shfl_xor_sync(m, (int)h[1], off);
+    double r;
+    memcpy(&r, h, 8);
+    return r;
+}
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+    std::lock_guard<std::mutex> g(emu.atom);
+    unsigned long long o = *p;
+    *p = o + v;
+    return o;
+}
+// IEEE round-to-nearest fp32 operations, never contracted (the host build has no FMA contraction in ISO C++ either)
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
 inline int atomicMax(int *p, int v) { std::lock_guard<std::mutex> g(emu.atom); int o = *p; if (v > o) *p = v; return o; }
 inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
 inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
