@@ -1,0 +1,524 @@
+/* test_pipeline.c — pipeline parallelism by layers (kernels/model/pipeline.h,
+ * issue 47) on the CPU: --devices parsing, the layer partitioner against a
+ * brute-force search over every assignment, the loopback transport's NCCL
+ * semantics, and the staged forward / backward (stage loop over layer ranges,
+ * one workspace per stage, activations and gradients handed on through the
+ * transport) equal to the unstaged forward / backward bit for bit on the tiny
+ * models, with hooks, a prefix and a transform with alternative K/V. */
+#include <math.h>
+#include <stdint.h>
+
+#include "backward.h"
+#include "forward.h"
+#include "kvq_test.h"
+#include "model.h"
+#include "pipeline.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* ---- --devices ---- */
+static void dev_ok(const char *s, int n_avail, const int *want, int n_want)
+{
+    int ids[KVQ_PIPE_MAX_DEV], n = -1;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_devices_parse(s, n_avail, NULL, "--devices", ids, KVQ_PIPE_MAX_DEV, &n, &e) == KVQ_OK, "%s: %s", s, e.msg);
+    ck_assert_int_eq(n, n_want);
+    for (int i = 0; i < n; i++) ck_assert_int_eq(ids[i], want[i]);
+}
+
+static void dev_bad(const char *s, int n_avail, kvq_status code, const char *msg_part)
+{
+    int ids[4], n = -1;
+    kvq_err e = {0};
+    ck_assert_int_eq(kvq_devices_parse(s, n_avail, n_avail ? NULL : "no CUDA driver", "--devices", ids, 4, &n, &e), code);
+    ck_assert_msg(strstr(e.msg, msg_part), "'%s': message '%s' lacks '%s'", s ? s : "(null)", e.msg, msg_part);
+    ck_assert_int_eq(n, 0);
+}
+
+START_TEST(test_devices_parse)
+{
+    dev_ok("all", 4, (int[]){0, 1, 2, 3}, 4);
+    dev_ok("all", 1, (int[]){0}, 1);
+    dev_ok("cuda:0,1", 2, (int[]){0, 1}, 2);
+    dev_ok("cuda:3,1,0", 4, (int[]){3, 1, 0}, 3);
+    dev_ok("cuda:1,cuda:0", 2, (int[]){1, 0}, 2);
+    dev_ok("2,0", 3, (int[]){2, 0}, 2);
+    dev_ok("cuda:0", 8, (int[]){0}, 1);
+    dev_ok("cuda", 1, (int[]){0}, 1);
+    dev_bad("cuda:0,0", 2, KVQ_EINVAL, "GPU 0 listed twice");
+    dev_bad("cuda:1,0,cuda:1", 2, KVQ_EINVAL, "GPU 1 listed twice");
+    dev_bad("cuda:2", 2, KVQ_EINVAL, "only 2 GPU(s) found");
+    dev_bad("cuda:0,5", 4, KVQ_EINVAL, "GPU index 5");
+    dev_bad("cuda:x", 2, KVQ_EINVAL, "found 'cuda:x'");
+    dev_bad("cuda:0,", 2, KVQ_EINVAL, "trailing comma");
+    dev_bad("cuda:0,,1", 2, KVQ_EINVAL, "found ''");
+    dev_bad("cuda:-1", 2, KVQ_EINVAL, "found 'cuda:-1'");
+    dev_bad("cuda:1a", 2, KVQ_EINVAL, "found 'cuda:1a'");
+    dev_bad("cpu", 2, KVQ_EINVAL, "found 'cpu'");
+    dev_bad("", 2, KVQ_EINVAL, "empty");
+    dev_bad("cuda:0,1,2,3,0", 8, KVQ_EINVAL, "more than 4 devices");
+    dev_bad("all", 0, KVQ_EUNSUPPORTED, "no CUDA driver");
+    dev_bad("cuda:0", 0, KVQ_EUNSUPPORTED, "use --device cpu");
+}
+END_TEST
+
+/* ---- partitioner ---- */
+/* every contiguous assignment of L layers to n devices (each >= 1 layer),
+ * independently of the greedy search: the smallest largest stage that fits */
+static int brute_best(const kvq_pipe_need *nd, const double *fr, int n, int *first, int d, int best)
+{
+    const int L = nd->n_layers;
+    if (d == n) {
+        if (first[n] != L) return best;
+        int mx = 0;
+        for (int i = 0; i < n; i++) {
+            if (kvq_pipe_device_bytes(nd, first, n, i) > fr[i]) return best;
+            mx = first[i + 1] - first[i] > mx ? first[i + 1] - first[i] : mx;
+        }
+        return mx < best ? mx : best;
+    }
+    for (int c = 1; first[d] + c <= L - (n - 1 - d); c++) {
+        if (d == n - 1 && first[d] + c != L) continue;
+        first[d + 1] = first[d] + c;
+        best = brute_best(nd, fr, n, first, d + 1, best);
+    }
+    return best;
+}
+
+static uint64_t rng_state = 88172645463325252ull;
+static double urand(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+START_TEST(test_partition_small)
+{
+    double lb[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (int i = 0; i < 8; i++) lb[i] *= GIB;
+    kvq_pipe_need nd = {.n_layers = 8, .layer_bytes = lb};
+    int first[KVQ_PIPE_MAX_DEV + 1];
+    kvq_err e = {0};
+    /* one device: everything on it */
+    ck_assert(kvq_pipe_partition(&nd, (double[]){8.5 * GIB}, NULL, 1, first, &e) == KVQ_OK);
+    ck_assert(first[0] == 0 && first[1] == 8);
+    /* two equal devices: 4 + 4 */
+    ck_assert(kvq_pipe_partition(&nd, (double[]){10 * GIB, 10 * GIB}, NULL, 2, first, &e) == KVQ_OK);
+    ck_assert(first[1] == 4 && first[2] == 8);
+    /* uneven devices: the small one holds 2, so the large one takes 6 */
+    ck_assert(kvq_pipe_partition(&nd, (double[]){6.5 * GIB, 2.5 * GIB}, NULL, 2, first, &e) == KVQ_OK);
+    ck_assert(first[1] == 6 && first[2] == 8);
+    /* small one first */
+    ck_assert(kvq_pipe_partition(&nd, (double[]){2.5 * GIB, 6.5 * GIB}, NULL, 2, first, &e) == KVQ_OK);
+    ck_assert(first[1] == 2 && first[2] == 8);
+    /* the LM head (last device) and embedding (first): 3 equal devices, head worth 2 layers */
+    nd.first_bytes = 0.5 * GIB;
+    nd.last_bytes = 2 * GIB;
+    ck_assert(kvq_pipe_partition(&nd, (double[]){4 * GIB, 4 * GIB, 4 * GIB}, NULL, 3, first, &e) == KVQ_OK);
+    ck_assert_msg(first[1] == 3 && first[2] == 6 && first[3] == 8, "%d %d %d", first[1], first[2], first[3]);
+    /* tied embeddings: the head's copy counts on the last device only when it is not the first */
+    kvq_pipe_need tied = {.n_layers = 8, .layer_bytes = lb, .first_bytes = 1 * GIB, .tied_bytes = 1 * GIB};
+    ck_assert(kvq_pipe_partition(&tied, (double[]){9 * GIB}, NULL, 1, first, &e) == KVQ_OK);
+    ck_assert_msg(kvq_pipe_partition(&tied, (double[]){6 * GIB, 4.5 * GIB}, NULL, 2, first, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(first[1], 5); /* 4 + 4 would need 4 + 1 GiB on the second */
+    tied.tied_bytes = 0;
+    ck_assert(kvq_pipe_partition(&tied, (double[]){6 * GIB, 4.5 * GIB}, NULL, 2, first, &e) == KVQ_OK);
+    ck_assert_int_eq(first[1], 4);
+    /* refusals */
+    ck_assert_int_eq(kvq_pipe_partition(&nd, (double[]){8 * GIB}, (const char *const[]){"cuda:0"}, 1, first, &e), KVQ_ENOMEM);
+    ck_assert_msg(strstr(e.msg, "does not fit") && strstr(e.msg, "8 layers") && strstr(e.msg, "cuda:0 8.00 GiB"), "%s", e.msg);
+    double lb2[2] = {GIB, GIB};
+    kvq_pipe_need two = {.n_layers = 2, .layer_bytes = lb2};
+    ck_assert_int_eq(kvq_pipe_partition(&two, (double[]){9 * GIB, 9 * GIB, 9 * GIB}, NULL, 3, first, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "3 devices for a model of 2 layers"), "%s", e.msg);
+    ck_assert_int_eq(kvq_pipe_partition(&two, (double[]){9 * GIB}, NULL, 0, first, &e), KVQ_EINVAL);
+}
+END_TEST
+
+/* random needs and devices: the partition is feasible exactly when some
+ * assignment is, and its largest stage is the smallest possible */
+START_TEST(test_partition_brute)
+{
+    int n_fit = 0, n_refused = 0;
+    for (int c = 0; c < 400; c++) {
+        const int L = 2 + (int)(urand() * 9), n = 1 + (int)(urand() * (L < 4 ? L : 4));
+        double lb[12], fr[4];
+        for (int l = 0; l < L; l++) lb[l] = (0.5 + urand()) * GIB;
+        kvq_pipe_need nd = {.n_layers = L, .layer_bytes = lb, .first_bytes = urand() * GIB, .last_bytes = urand() * 2 * GIB,
+                            .tied_bytes = c % 2 ? urand() * GIB : 0, .device_bytes = urand() * 0.5 * GIB};
+        for (int d = 0; d < n; d++) fr[d] = (1 + urand() * (1.5 * L / n + 2)) * GIB;
+        int bf[5] = {0}, first[5];
+        int best = brute_best(&nd, fr, n, bf, 0, 1 << 30);
+        kvq_err e = {0};
+        kvq_status s = kvq_pipe_partition(&nd, fr, NULL, n, first, &e);
+        if (best == 1 << 30) {
+            ck_assert_msg(s == KVQ_ENOMEM && strstr(e.msg, "does not fit"), "case %d: expected a refusal, got %d", c, s);
+            n_refused++;
+            continue;
+        }
+        ck_assert_msg(s == KVQ_OK, "case %d: %s", c, e.msg);
+        int mx = 0;
+        ck_assert(first[0] == 0 && first[n] == L);
+        for (int d = 0; d < n; d++) {
+            ck_assert(first[d + 1] > first[d]);
+            ck_assert(kvq_pipe_device_bytes(&nd, first, n, d) <= fr[d]);
+            mx = first[d + 1] - first[d] > mx ? first[d + 1] - first[d] : mx;
+        }
+        ck_assert_msg(mx == best, "case %d: largest stage %d, best %d", c, mx, best);
+        n_fit++;
+    }
+    ck_assert(n_fit > 100 && n_refused > 20); /* both outcomes exercised */
+}
+END_TEST
+
+/* The memory model against published parameter counts: Llama-2-7B has
+ * 6,738,415,616 parameters (Touvron et al. 2023, untied, norms included);
+ * a 70B shape (Llama-2-70B: dim 8192, FFN 28672, 64 heads, 8 KV heads, 80
+ * layers, 68,976,648,192 parameters) in bf16 does not fit one 80 GB H100,
+ * fits two for the forward and needs four with the Fisher information's
+ * activation store at 2048 tokens. */
+START_TEST(test_need_llama)
+{
+    kvq_hparams h7 = {.n_layers = 32, .dim = 4096, .hidden_dim = 11008, .n_heads = 32, .n_kv_heads = 32, .head_dim = 128,
+                      .vocab_size = 32000};
+    double lb[80];
+    kvq_pipe_need nd;
+    kvq_pipe_need_llama(&h7, 4, 2048, 0, 1, false, 0, lb, &nd);
+    double w = nd.first_bytes + nd.last_bytes - 4.0 * 2048 * 32000; /* the logit block: 2048 x min(vocab, 2^28 / 2048) */
+    for (int l = 0; l < 32; l++) w += lb[l];
+    ck_assert_msg(w == 4.0 * 6738415616.0, "%.0f", w / 4);
+    kvq_hparams h70 = {.n_layers = 80, .dim = 8192, .hidden_dim = 28672, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
+                       .vocab_size = 32000};
+    kvq_pipe_need_llama(&h70, 2, 2048, 0, 1, false, KVQ_PIPE_RESERVE, lb, &nd);
+    w = nd.first_bytes + nd.last_bytes - 4.0 * 2048 * 32000;
+    for (int l = 0; l < 80; l++) w += lb[l];
+    ck_assert_msg(w == 2.0 * 68976648192.0 + 2.0 * 1318912, "%.0f", w / 2); /* the 161 norms' 1318912 weights stay fp32 */
+    const double h100 = 79.1 * GIB;
+    const char *const names[4] = {"cuda:0", "cuda:1", "cuda:2", "cuda:3"};
+    int first[5];
+    kvq_err e = {0};
+    ck_assert_int_eq(kvq_pipe_partition(&nd, (double[]){h100}, names, 1, first, &e), KVQ_ENOMEM);
+    ck_assert_msg(strstr(e.msg, "80 layers need 131.41 GiB") && strstr(e.msg, "cuda:0 79.10 GiB"), "%s", e.msg);
+    ck_assert_msg(kvq_pipe_partition(&nd, (double[]){h100, h100}, names, 2, first, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(first[1] == 40 && first[2] == 80);
+    kvq_pipe_need_llama(&h70, 2, 2048, 0, 1, true, KVQ_PIPE_RESERVE, lb, &nd);
+    ck_assert_int_eq(kvq_pipe_partition(&nd, (double[]){h100, h100}, names, 2, first, &e), KVQ_ENOMEM);
+    ck_assert_msg(strstr(e.msg, "cuda:1 79.10 GiB (158.20 GiB together)"), "%s", e.msg);
+    ck_assert_msg(kvq_pipe_partition(&nd, (double[]){h100, h100, h100, h100}, names, 4, first, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(first[1] == 20 && first[2] == 40 && first[3] == 60 && first[4] == 80);
+    /* uneven: an H200 (139.8 GiB) and an H100: 2.31 GiB per layer with the store; the H100 holds 32 (33 would need
+       79.6 GiB with its workspace and the LM head) */
+    ck_assert_msg(kvq_pipe_partition(&nd, (double[]){139.8 * GIB, h100}, names, 2, first, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(first[1], 48);
+    ck_assert(kvq_pipe_device_bytes(&nd, first, 2, 1) <= h100 && kvq_pipe_device_bytes(&nd, (int[]){0, 47, 80}, 2, 1) > h100);
+    kvq_pipe_need_llama(&h70, 2, 2048, 0, 1, false, KVQ_PIPE_RESERVE, lb, &nd);
+    ck_assert_msg(kvq_pipe_partition(&nd, (double[]){139.8 * GIB, h100}, names, 2, first, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_int_eq(first[1], 40); /* balance first: both hold 40 */
+    ck_assert_msg(kvq_pipe_partition(&nd, (double[]){139.8 * GIB, 30 * GIB}, names, 2, first, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(first[1] > 60 && kvq_pipe_device_bytes(&nd, first, 2, 1) <= 30 * GIB, "%d", first[1]);
+}
+END_TEST
+
+/* ---- loopback transport ---- */
+START_TEST(test_loopback)
+{
+    kvq_pipe_loopback lb;
+    kvq_pipe_loopback_init(&lb, 3);
+    kvq_pipe_xport xp = kvq_pipe_loopback_xport(&lb);
+    kvq_err e = {0};
+    float a[4] = {1, 2, 3, 4}, b[4] = {0}, c[4] = {0};
+    /* in a group: the receive may be posted first; the buffer is filled when the group ends */
+    ck_assert(xp.group_begin(xp.user, &e) == KVQ_OK);
+    ck_assert(xp.recv(xp.user, 1, 0, b, 4, &e) == KVQ_OK);
+    ck_assert(xp.send(xp.user, 0, 1, a, 4, &e) == KVQ_OK);
+    ck_assert(xp.send(xp.user, 1, 2, a + 1, 3, &e) == KVQ_OK);
+    ck_assert(xp.recv(xp.user, 2, 1, c, 3, &e) == KVQ_OK);
+    a[0] = 9; /* the send's data was taken at the send */
+    ck_assert(b[0] == 0);
+    ck_assert_msg(xp.group_end(xp.user, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert(b[0] == 1 && b[3] == 4 && c[0] == 2 && c[2] == 4 && lb.transfers == 2);
+    /* a receive outside a group with nothing sent: NCCL would hang; the loopback refuses */
+    ck_assert_int_eq(xp.recv(xp.user, 1, 0, b, 4, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "wait forever"), "%s", e.msg);
+    /* unmatched send, size mismatch, bad stages */
+    ck_assert_int_eq(kvq_pipe_xfer(&xp, 0, 1, a, b, 4, &e), KVQ_OK);
+    ck_assert(xp.group_begin(xp.user, &e) == KVQ_OK && xp.send(xp.user, 0, 2, a, 4, &e) == KVQ_OK);
+    ck_assert_int_eq(xp.group_end(xp.user, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "received nothing"), "%s", e.msg);
+    ck_assert(xp.group_begin(xp.user, &e) == KVQ_OK && xp.send(xp.user, 0, 2, a, 4, &e) == KVQ_OK &&
+              xp.recv(xp.user, 2, 0, b, 3, &e) == KVQ_OK);
+    ck_assert_int_eq(xp.group_end(xp.user, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "sent 4 floats to stage 2, which receives 3"), "%s", e.msg);
+    ck_assert_int_eq(xp.send(xp.user, 0, 3, a, 4, &e), KVQ_EINVAL);
+    ck_assert_int_eq(xp.group_end(xp.user, &e), KVQ_EINVAL);
+    kvq_pipe_loopback_free(&lb);
+}
+END_TEST
+
+/* ---- staged forward / backward == unstaged, bit for bit ---- */
+typedef struct {
+    double sum[64];  /* per layer: sum of k_pre, v, k_att (observe) */
+    int calls[64];
+    float step;      /* transform: round to multiples of step, alternative K/V with boundaries */
+} hook_rec;
+
+static kvq_status rec_observe(void *user, const kvq_layer_ctx *c, const kvq_layer_obs *o, kvq_err *err)
+{
+    (void)err;
+    hook_rec *r = user;
+    size_t n = (size_t)c->T * c->n_kv_heads * c->head_dim;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)o->k_pre[i] + 0.5 * o->v[i] + 0.25 * o->k_att[i];
+    r->sum[c->layer] = s;
+    r->calls[c->layer]++;
+    return KVQ_OK;
+}
+
+static kvq_status rec_transform(void *user, const kvq_layer_ctx *c, float *k, float *v, kvq_kv_alt *alt, kvq_err *err)
+{
+    (void)err;
+    hook_rec *r = user;
+    size_t n = (size_t)c->T * c->n_kv_heads * c->head_dim;
+    for (size_t i = 0; i < n; i++) {
+        alt->k[i] = r->step * roundf(k[i] / r->step);
+        alt->v[i] = r->step * roundf(v[i] / r->step);
+        k[i] += 1e-3f * (float)((int)(i % 7) - 3);
+    }
+    for (int i = 0; i < c->T; i++) alt->k_bound[i] = (i / 4) * 4, alt->v_bound[i] = i > 2 ? i - 2 : 0;
+    alt->use_k = alt->use_v = true;
+    return KVQ_OK;
+}
+
+/* a transport that loses what it carries (the stages must really depend on it) */
+static kvq_status lossy_send(void *user, int from, int to, const float *buf, size_t n, kvq_err *err)
+{
+    (void)buf;
+    float *z = calloc(n ? n : 1, sizeof(float));
+    kvq_pipe_xport lb = kvq_pipe_loopback_xport(user);
+    kvq_status s = lb.send(user, from, to, z, n, err);
+    free(z);
+    return s;
+}
+
+static kvq_status up_cb(void *user, const kvq_layer_ctx *c, const float *x_out, float *dx_out, kvq_err *err)
+{
+    (void)user, (void)err;
+    size_t n = (size_t)c->T * 8; /* dL/dx_out += 0.01 (l + 1) x_out on the first T * 8 entries (dim >= 8) */
+    for (size_t i = 0; i < n; i++) dx_out[i] += 0.01f * x_out[i] * (float)(c->layer + 1);
+    return KVQ_OK;
+}
+
+static void staged_case(const char *what, kvq_model *m, const int *tok, int T, int P)
+{
+    const kvq_hparams *hp = &m->hp;
+    const int L = hp->n_layers, dim = hp->dim, kvd = kvq_kv_dim(hp), V = hp->vocab_size;
+    kvq_err e = {0};
+    /* a prefix: P entries of post-RoPE K/V per layer (arbitrary values; never transformed) */
+    float *pk = NULL, *pv = NULL;
+    if (P) {
+        pk = malloc((size_t)L * P * kvd * 4), pv = malloc((size_t)L * P * kvd * 4);
+        for (size_t i = 0; i < (size_t)L * P * kvd; i++) pk[i] = 0.3f * sinf(0.7f * (float)i), pv[i] = 0.2f * cosf(0.3f * (float)i);
+    }
+    kvq_prefix px = {.P = P, .k = pk, .v = pv};
+    /* stage splits: 1 stage, every 2-stage split, 3 stages when L >= 3, one layer per stage */
+    int splits[16][9], ns[16], nsp = 0;
+    ns[nsp] = 1, splits[nsp][0] = 0, splits[nsp][1] = L, nsp++;
+    for (int a = 1; a < L && nsp < 12; a++) ns[nsp] = 2, splits[nsp][0] = 0, splits[nsp][1] = a, splits[nsp][2] = L, nsp++;
+    if (L >= 3) ns[nsp] = 3, splits[nsp][0] = 0, splits[nsp][1] = 1, splits[nsp][2] = L - 1, splits[nsp][3] = L, nsp++;
+    if (L <= 8) {
+        ns[nsp] = L;
+        for (int l = 0; l <= L; l++) splits[nsp][l] = l;
+        nsp++;
+    }
+    const size_t n = (size_t)L * T * kvd;
+    for (int hooks = 0; hooks < 3; hooks++) {
+        hook_rec r0 = {.step = 0.05f}, r1 = {.step = 0.05f};
+        kvq_hooks h0 = {.user = &r0, .observe = rec_observe, .transform = hooks == 2 ? rec_transform : NULL,
+                        .key_stage = KVQ_KEYS_PRE_ROPE},
+                  h1 = h0;
+        h1.user = &r1;
+        kvq_fwd_io io = {.tokens = tok, .T = T, .pos0 = P, .prefix = P ? &px : NULL};
+        /* unstaged reference */
+        kvq_forward fw;
+        ck_assert_msg(kvq_forward_init(&fw, m, T, P, 0, &e) == KVQ_OK, "%s", e.msg);
+        float *lg0 = malloc((size_t)T * V * 4), *lg1 = malloc((size_t)T * V * 4);
+        double nll0[64], nll1[64], bnll0[64], bnll1[64];
+        kvq_fwd_result f0, f1;
+        io.hooks = hooks ? &h0 : NULL;
+        io.logits = lg0;
+        io.nll = nll0;
+        ck_assert_msg(kvq_forward_run(&fw, &io, &f0, &e) == KVQ_OK, "%s", e.msg);
+        kvq_backward bw0;
+        ck_assert_msg(kvq_backward_init(&bw0, m, T, P, &e) == KVQ_OK, "%s", e.msg);
+        kvq_grad_store g0 = {.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4)}, g1 = g0;
+        g1 = (kvq_grad_store){.dk_pre = malloc(n * 4), .dk_post = malloc(n * 4), .dv = malloc(n * 4)};
+        float *de0 = malloc((size_t)T * dim * 4), *de1 = malloc((size_t)T * dim * 4);
+        kvq_bwd_spec sp0 = {.user = &g0, .xent = true, .grads = kvq_grad_store_cb, .d_embd = de0}, sp1 = sp0;
+        sp1.user = &g1, sp1.d_embd = de1;
+        if (hooks == 1 && dim >= 8) sp0.upstream = sp1.upstream = up_cb; /* an upstream term as IntactKV's training adds */
+        kvq_bwd_result b0, b1;
+        kvq_fwd_io bio = io;
+        bio.logits = NULL;
+        bio.nll = bnll0;
+        ck_assert_msg(kvq_backward_run(&bw0, &bio, &sp0, &b0, &e) == KVQ_OK, "%s", e.msg);
+        for (int sc = 0; sc < nsp; sc++) {
+            const int S = ns[sc], *first = splits[sc];
+            kvq_forward *fws[8];
+            kvq_backward *bws[8];
+            float *xb[8], *db[8];
+            for (int s = 0; s < S; s++) {
+                fws[s] = malloc(sizeof(kvq_forward));
+                bws[s] = malloc(sizeof(kvq_backward));
+                ck_assert(kvq_forward_init(fws[s], m, T, P, 0, &e) == KVQ_OK);
+                ck_assert(kvq_backward_init(bws[s], m, T, P, &e) == KVQ_OK);
+                xb[s] = malloc((size_t)T * dim * 4);
+                db[s] = malloc((size_t)T * dim * 4);
+            }
+            kvq_pipe_loopback lb;
+            kvq_pipe_loopback_init(&lb, S);
+            kvq_pipe_xport xp = kvq_pipe_loopback_xport(&lb);
+            memset(&r1, 0, sizeof r1);
+            r1.step = 0.05f;
+            io.hooks = hooks ? &h1 : NULL;
+            io.logits = lg1;
+            io.nll = nll1;
+            ck_assert_msg(kvq_pipe_cpu_forward(fws, xb, first, S, &xp, &io, &f1, &e) == KVQ_OK, "%s", e.msg);
+            ck_assert_int_eq(lb.transfers, S - 1);
+            ck_assert_msg(f0.loss == f1.loss && f0.n_scored == f1.n_scored, "%s stages %d: loss %.9g vs %.9g", what, S, f0.loss, f1.loss);
+            ck_assert_msg(!memcmp(lg0, lg1, (size_t)T * V * 4) && !memcmp(nll0, nll1, (size_t)T * 8), "%s: logits differ", what);
+            if (hooks)
+                for (int l = 0; l < L; l++) ck_assert(r1.calls[l] == 1 && r1.sum[l] == r0.sum[l]);
+            /* backward */
+            bio.hooks = io.hooks;
+            bio.nll = bnll1;
+            ck_assert_msg(kvq_pipe_cpu_backward(bws, xb, db, first, S, &xp, &bio, &sp1, &b1, &e) == KVQ_OK, "%s", e.msg);
+            ck_assert_int_eq(lb.transfers, 3 * (S - 1));
+            ck_assert_msg(b0.loss == b1.loss && b0.xent_loss == b1.xent_loss && b0.n_scored == b1.n_scored, "%s: %.9g vs %.9g", what,
+                          b0.loss, b1.loss);
+            ck_assert(!memcmp(g0.dk_pre, g1.dk_pre, n * 4) && !memcmp(g0.dk_post, g1.dk_post, n * 4) && !memcmp(g0.dv, g1.dv, n * 4));
+            ck_assert(!memcmp(de0, de1, (size_t)T * dim * 4) && !memcmp(bnll0, bnll1, (size_t)T * 8));
+            /* the stages really use what the transport carries: a lossy one changes the result */
+            if (S > 1) {
+                kvq_pipe_xport bad = xp;
+                bad.send = lossy_send;
+                ck_assert(kvq_pipe_cpu_forward(fws, xb, first, S, &bad, &io, &f1, &e) == KVQ_OK);
+                ck_assert(memcmp(lg0, lg1, (size_t)T * V * 4) != 0);
+                ck_assert(kvq_pipe_cpu_backward(bws, xb, db, first, S, &bad, &bio, &sp1, &b1, &e) == KVQ_OK);
+                ck_assert(memcmp(g0.dv, g1.dv, n * 4) != 0);
+            }
+            kvq_pipe_loopback_free(&lb);
+            for (int s = 0; s < S; s++) {
+                kvq_forward_free(fws[s]);
+                kvq_backward_free(bws[s]);
+                free(fws[s]), free(bws[s]), free(xb[s]), free(db[s]);
+            }
+        }
+        double gn = 0;
+        for (size_t i = 0; i < n; i++) gn += (double)g0.dv[i] * g0.dv[i];
+        ck_assert(gn > 0 && isfinite(f0.loss)); /* not vacuous */
+        fprintf(stderr, "INFO %s hooks %d: %d stage splits equal the unstaged run bit for bit (loss %.6f)\n", what, hooks, nsp, f0.loss);
+        kvq_forward_free(&fw);
+        kvq_backward_free(&bw0);
+        free(lg0), free(lg1), free(g0.dk_pre), free(g0.dk_post), free(g0.dv), free(g1.dk_pre), free(g1.dk_post), free(g1.dv);
+        free(de0), free(de1);
+    }
+    free(pk), free(pv);
+}
+
+static void hf_case(const char *name)
+{
+    char dir[200];
+    snprintf(dir, sizeof dir, "tests/fixtures/hf-%.64s", name);
+    kvq_model m;
+    kvq_err e = {0};
+    kvq_load_opts o = {.weights = KVQ_WEIGHTS_F32};
+    ck_assert_msg(kvq_model_load_opts(dir, &o, &m, &e) == KVQ_OK, "%s", e.msg);
+    int tok[24];
+    for (int i = 0; i < 24; i++) tok[i] = (i * 37 + 11) % m.hp.vocab_size;
+    staged_case(name, &m, tok, 24, 3);
+    kvq_model_free(&m);
+}
+
+START_TEST(test_staged_qwen2) { hf_case("qwen2"); }
+END_TEST
+START_TEST(test_staged_qwen3) { hf_case("qwen3"); }
+END_TEST
+START_TEST(test_staged_mistral) { hf_case("mistral"); }
+END_TEST
+
+START_TEST(test_staged_stories)
+{
+    char buf[4096];
+    const char *p = kvq_test_shared(buf, sizeof buf, "models/llama2c/stories260K.bin");
+    KVQ_SKIP_IF(!p, "../shared/models/llama2c absent");
+    kvq_model m;
+    kvq_err e = {0};
+    ck_assert_msg(kvq_model_load(p, &m, &e) == KVQ_OK, "%s", e.msg);
+    int tok[32];
+    for (int i = 0; i < 32; i++) tok[i] = (i * 53 + 7) % m.hp.vocab_size;
+    staged_case("stories260K", &m, tok, 32, 0);
+    kvq_model_free(&m);
+}
+END_TEST
+
+/* stage arguments refused before any work */
+START_TEST(test_stage_args)
+{
+    kvq_model m;
+    kvq_err e = {0};
+    kvq_load_opts o = {.weights = KVQ_WEIGHTS_F32};
+    ck_assert(kvq_model_load_opts("tests/fixtures/hf-qwen2", &o, &m, &e) == KVQ_OK);
+    const int L = m.hp.n_layers;
+    kvq_forward fw;
+    ck_assert(kvq_forward_init(&fw, &m, 8, 0, 0, &e) == KVQ_OK);
+    int tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvq_fwd_io io = {.tokens = tok, .T = 8};
+    kvq_fwd_result r;
+    ck_assert_int_eq(kvq_forward_stage(&fw, &io, 1, 1, fw.x, &r, &e), KVQ_EINVAL);
+    ck_assert_int_eq(kvq_forward_stage(&fw, &io, 0, L + 1, NULL, &r, &e), KVQ_EINVAL);
+    ck_assert_int_eq(kvq_forward_stage(&fw, &io, 1, L, NULL, &r, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "residual stream entering"), "%s", e.msg);
+    kvq_backward bw;
+    ck_assert(kvq_backward_init(&bw, &m, 8, 0, &e) == KVQ_OK);
+    kvq_bwd_spec sp = {.xent = true};
+    kvq_bwd_result br;
+    ck_assert_int_eq(kvq_backward_stage_backward(&bw, &io, &sp, 0, L, NULL, &br, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "without its forward"), "%s", e.msg);
+    ck_assert(kvq_backward_stage_forward(&bw, &io, &sp, 0, 1, NULL, &br, &e) == KVQ_OK);
+    ck_assert_int_eq(kvq_backward_stage_backward(&bw, &io, &sp, 0, 1, NULL, &br, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "needs dL/dx"), "%s", e.msg);
+    int first_bad[3] = {0, 0, L};
+    kvq_forward *fws[2] = {&fw, &fw};
+    float *xb[2] = {fw.x, fw.x};
+    kvq_pipe_loopback lb;
+    kvq_pipe_loopback_init(&lb, 2);
+    kvq_pipe_xport xp = kvq_pipe_loopback_xport(&lb);
+    ck_assert_int_eq(kvq_pipe_cpu_forward(fws, xb, first_bad, 2, &xp, &io, &r, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "stage 0 has no layers"), "%s", e.msg);
+    kvq_pipe_loopback_free(&lb);
+    kvq_forward_free(&fw);
+    kvq_backward_free(&bw);
+    kvq_model_free(&m);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("pipeline");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_devices_parse);
+    tcase_add_test(tc, test_partition_small);
+    tcase_add_test(tc, test_partition_brute);
+    tcase_add_test(tc, test_need_llama);
+    tcase_add_test(tc, test_loopback);
+    tcase_add_test(tc, test_stage_args);
+    tcase_add_test(tc, test_staged_qwen2);
+    tcase_add_test(tc, test_staged_qwen3);
+    tcase_add_test(tc, test_staged_mistral);
+    tcase_add_test(tc, test_staged_stories);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KVQ_TEST_MAIN(suite)
