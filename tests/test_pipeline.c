@@ -7,12 +7,16 @@
  * models, with hooks, a prefix and a transform with alternative K/V. */
 #include <math.h>
 #include <stdint.h>
+#include <sys/wait.h>
 
 #include "backward.h"
+#include "device.h"
 #include "forward.h"
 #include "kvq_test.h"
 #include "model.h"
+#include "cuda_info.h"
 #include "pipeline.h"
+#include "pipeline_nccl.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -502,6 +506,78 @@ START_TEST(test_stage_args)
 }
 END_TEST
 
+/* --devices in kvdump and kveval: refused before any work (nothing written),
+ * with the library's message (kvq_devices_resolve) and exit 2 for a bad
+ * request, 1 for what this build or machine lacks; --devices cuda:0,1 without
+ * NCCL or GPUs says which. */
+static void cli_case(const char *tool, const char *dev_args, int want_rc, const char *devices, const char *device)
+{
+    char bin[256];
+    if (!kvq_test_bin(bin, sizeof bin, tool)) {
+        kvq_test_skip_missing(tool, "binary not built");
+        return;
+    }
+    char dir[128], cmd[256], errf[256], full[4096];
+    snprintf(dir, sizeof dir, "/tmp/kvq_test_pipeline_%ld", (long)getpid());
+    snprintf(errf, sizeof errf, "%s/err.txt", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    ck_assert(system(cmd) == 0);
+    const bool dump = !strcmp(tool, "kvdump");
+    snprintf(full, sizeof full, "%s --model %s/none.gguf --text %s/none.txt %s %s/%s %s 2> %s", bin, dir, dir,
+             dump ? "--out" : "--scheme fp16 --json", dir, dump ? "x.h5" : "x.json", dev_args, errf);
+    int st = system(full);
+    ck_assert(st != -1 && WIFEXITED(st));
+    size_t n = 0;
+    char *msg = kvq_test_slurp(errf, &n);
+    ck_assert(msg);
+    int ids[KVQ_PIPE_MAX_DEV], nd = 0;
+    char one[32];
+    kvq_err e = {0};
+    kvq_status s = kvq_devices_resolve(devices, device, ids, KVQ_PIPE_MAX_DEV, &nd, one, sizeof one, &e);
+    if (s) {
+        ck_assert_msg(WEXITSTATUS(st) == want_rc, "%s %s: exit %d, expected %d (%s)", tool, dev_args, WEXITSTATUS(st), want_rc, msg);
+        ck_assert_msg(strstr(msg, e.msg), "%s %s: stderr '%s' lacks '%s'", tool, dev_args, msg, e.msg);
+    } else {
+        /* a machine with the GPUs asked for: the request passes --devices (and fails later on the absent model) */
+        ck_assert(WEXITSTATUS(st) != 0 && !strstr(msg, "--devices"));
+    }
+    snprintf(full, sizeof full, "%s/x.h5", dir);
+    ck_assert(access(full, F_OK) != 0);
+    snprintf(full, sizeof full, "%s/x.json", dir);
+    ck_assert(access(full, F_OK) != 0);
+    free(msg);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert(system(cmd) == 0);
+}
+
+START_TEST(test_cli_devices)
+{
+    const char *tools[2] = {"kvdump", "kveval"};
+    char why[512] = "";
+    const bool nccl = kvq_pipe_nccl_compiled(why, sizeof why);
+    for (int i = 0; i < 2; i++) {
+        cli_case(tools[i], "--devices cuda:0,0", 2, "cuda:0,0", NULL);
+        cli_case(tools[i], "--devices cuda:0,zz", 2, "cuda:0,zz", NULL);
+        cli_case(tools[i], "--devices cuda:0 --device cpu", 2, "cuda:0", "cpu");
+        cli_case(tools[i], "--devices cuda:0,1", 1, "cuda:0,1", NULL);
+        cli_case(tools[i], "--devices all", 1, "all", NULL);
+    }
+    /* without NCCL the two-GPU request names what the build lacks */
+    int ids[4], nd;
+    char one[32];
+    kvq_err e = {0};
+    if (!nccl) {
+        ck_assert_int_eq(kvq_devices_resolve("cuda:0,1", NULL, ids, 4, &nd, one, sizeof one, &e), KVQ_EUNSUPPORTED);
+        ck_assert_msg(strstr(e.msg, "2 GPUs need the multi-GPU pipeline") && strstr(e.msg, why), "%s", e.msg);
+    }
+    /* one GPU: "cuda:N" for --device, today's path */
+    if (kvq_cuda_device_count(NULL, 0) > 0) {
+        ck_assert(kvq_devices_resolve("cuda:0", NULL, ids, 4, &nd, one, sizeof one, &e) == KVQ_OK);
+        ck_assert(nd == 1 && !strcmp(one, "cuda:0"));
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -513,6 +589,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_need_llama);
     tcase_add_test(tc, test_loopback);
     tcase_add_test(tc, test_stage_args);
+    tcase_add_test(tc, test_cli_devices);
     tcase_add_test(tc, test_staged_qwen2);
     tcase_add_test(tc, test_staged_qwen3);
     tcase_add_test(tc, test_staged_mistral);

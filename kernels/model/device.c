@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "cuda_info.h"
+#include "pipeline.h"
+#include "pipeline_nccl.h"
 
 kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err)
 {
@@ -40,6 +42,31 @@ kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err 
 }
 
 const char *kvq_device_name(kvq_device d) { return d == KVQ_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+kvq_status kvq_devices_resolve(const char *devices, const char *device, int *ids, int max_ids, int *n, char *one_dev,
+                               size_t one_len, kvq_err *err)
+{
+    *n = 0;
+    if (one_len) one_dev[0] = 0;
+    if (device)
+        return kvq_fail(err, KVQ_EINVAL, "--device %s and --devices %s: give one of them (--devices for several GPUs)", device,
+                        devices);
+    /* syntax and duplicates, whatever this machine has */
+    int k = 0;
+    if (strcmp(devices, "all")) KVQ_TRY(kvq_devices_parse(devices, KVQ_PIPE_MAX_DEV * 16, NULL, "--devices", ids, max_ids, &k, err));
+    char why[512] = "";
+    if (k > 1 && !kvq_pipe_nccl_compiled(why, sizeof why))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "--devices %s: %d GPUs need the multi-GPU pipeline, and %s; use one GPU (--device cuda:N)",
+                        devices, k, why);
+    int avail = kvq_cuda_device_count(why, sizeof why);
+    KVQ_TRY(kvq_devices_parse(devices, avail, why, "--devices", ids, max_ids, &k, err));
+    if (k > 1 && !kvq_pipe_nccl_compiled(why, sizeof why)) /* "all" on a machine with several GPUs */
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "--devices %s: %d GPUs need the multi-GPU pipeline, and %s; use one GPU (--device cuda:N)",
+                        devices, k, why);
+    *n = k;
+    if (k == 1 && one_len) snprintf(one_dev, one_len, "cuda:%d", ids[0]);
+    return KVQ_OK;
+}
 
 const char *kvq_cuda_math_name(kvq_cuda_math m)
 {

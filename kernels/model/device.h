@@ -39,6 +39,16 @@ typedef enum { KVQ_DEVICE_CPU = 0, KVQ_DEVICE_CUDA = 1 } kvq_device;
 kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err);
 const char *kvq_device_name(kvq_device d);
 
+/* --devices LIST (pipeline.h kvq_devices_parse) beside --device DEV (NULL when
+ * not given): both given is KVQ_EINVAL. The list's syntax and duplicates are
+ * checked first, then (several GPUs) that the build has the NCCL pipeline
+ * (KVQ_EUNSUPPORTED naming what it lacks), then the GPUs present
+ * (KVQ_EUNSUPPORTED without any, KVQ_EINVAL for an absent index). On success
+ * ids[0..*n) are the GPUs in pipeline order; *n == 1 is today's single-GPU
+ * path: one_dev receives "cuda:N" for use as --device. */
+kvq_status kvq_devices_resolve(const char *devices, const char *device, int *ids, int max_ids, int *n, char *one_dev,
+                               size_t one_len, kvq_err *err);
+
 /* kvq_engine_init flag (beside KVQ_FWD_*): make the engine able to run
  * kvq_engine_backward (CPU: a kvq_backward workspace, which owns the
  * forward; GPU: the activation store, KVQ_FWD_SAVE_ACTIVATIONS). */

@@ -1,0 +1,77 @@
+/* pipeline_nccl.h — the multi-GPU pipeline on CUDA (issue 47, pipeline.h):
+ * the NCCL stage transport (ncclSend / ncclRecv between the GPUs that hold
+ * consecutive layer ranges, inside ncclGroupStart / ncclGroupEnd, on each
+ * stage's CUDA stream so that transfers are ordered with its kernels), the
+ * multi-stage forward driver over micro-batches of windows (one host thread
+ * per stage: stage s receives window m's residual stream from stage s-1,
+ * runs its layers, sends it to stage s+1, and goes on to window m+1 while
+ * the next stage works on m, GPipe's schedule), and the MPI bootstrap for one
+ * process per GPU (rank 0 makes the ncclUniqueId, MPI_Bcast hands it to every
+ * rank, ncclCommInitRank).
+ *
+ * Compiled when the build has NCCL (make NCCL=1, detected: the PyPI wheel
+ * nvidia-nccl-cu13 that scripts/setup.sh installs, or the CUDA toolkit's
+ * nccl.h + libnccl.so) and, for the bootstrap, MPI (make MPI=1, detected:
+ * mpicc from Debian's libopenmpi-dev). Without them every function fails
+ * with KVQ_EUNSUPPORTED naming what the build lacks, and
+ * kvq_pipe_nccl_compiled() / kvq_pipe_mpi_compiled() return 0.
+ *
+ * NCCL's environment (NCCL_NVLS_ENABLE=0 on the lent machines: NVLink
+ * multicast off) is read by NCCL itself; kvq sets no NCCL variable.
+ */
+#ifndef KVQ_PIPELINE_NCCL_H
+#define KVQ_PIPELINE_NCCL_H
+
+#include <stddef.h>
+
+#include "forward.h"
+#include "forward_cuda.h"
+#include "model.h"
+#include "pipeline.h"
+#include "status.h"
+
+/* 1 when built with NCCL / MPI. why (if non-NULL) receives what is lacking otherwise. */
+int kvq_pipe_nccl_compiled(char *why, size_t why_len);
+int kvq_pipe_mpi_compiled(char *why, size_t why_len);
+
+typedef struct kvq_pipe_cuda kvq_pipe_cuda; /* opaque */
+
+/* A pipeline over the GPUs gpus[0..n) of this process (stage s on gpus[s]),
+ * layers split by kvq_pipe_partition from the GPUs' free memory (or `first`
+ * [n+1] when non-NULL), one CUDA forward workspace per stage holding only its
+ * layers (kvq_forward_cuda_init_stage) and one NCCL communicator per GPU
+ * (ncclCommInitAll). report (may be NULL, report_len > 0) receives one line
+ * per stage: GPU, layers, bytes planned / free. Errors: those of the
+ * partitioner and the CUDA forward; KVQ_EIO for NCCL failures (the call and
+ * ncclGetErrorString); KVQ_EUNSUPPORTED without NCCL. */
+kvq_status kvq_pipe_cuda_init(kvq_pipe_cuda **out, const kvq_model *m, const int *gpus, int n, const int *first, int max_T,
+                              int max_P, unsigned flags, kvq_cuda_math math, char *report, size_t report_len, kvq_err *err);
+void kvq_pipe_cuda_free(kvq_pipe_cuda *p);
+
+/* Forward of n_windows windows (kvq_forward_run's contract for each: ios[i]
+ * with its hooks, prefix and outputs, res[i]), pipelined: the windows are
+ * the micro-batches. Hooks of layer l run on the host thread of the stage
+ * holding l, so hooks of different stages run concurrently (for different
+ * layers and windows): a hook's state must be per layer, or locked. */
+kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios, kvq_fwd_result *res, int n_windows, kvq_err *err);
+
+/* The layer range of each stage: first[0..n] (n+1 entries). */
+void kvq_pipe_cuda_stages(const kvq_pipe_cuda *p, int *first, int *n);
+
+/* MPI bootstrap (one process per GPU, mpirun -np N): this process's rank and
+ * size in MPI_COMM_WORLD, and an NCCL communicator over all ranks (rank 0
+ * creates the unique id, MPI_Bcast distributes it). The process selects GPU
+ * `gpu` (the rank's local index: OMPI_COMM_WORLD_LOCAL_RANK under Open MPI)
+ * before joining. The communicator is returned as an opaque pointer
+ * (ncclComm_t). Errors: KVQ_EUNSUPPORTED without MPI or NCCL; KVQ_EIO. */
+kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, void **nccl_comm, kvq_err *err);
+void kvq_pipe_mpi_finalize(void *nccl_comm);
+
+/* A stage transport over an NCCL communicator in which stage s is rank s:
+ * sends and receives of stages that are not this process's (rank != own
+ * when own >= 0) are skipped, so that the same stage loop runs in every
+ * process; buffers are device pointers on the stage's GPU; stream (a
+ * cudaStream_t) orders them with the stage's kernels. */
+kvq_status kvq_pipe_nccl_xport(void *nccl_comm, int own, void *stream, kvq_pipe_xport *out, kvq_err *err);
+
+#endif
