@@ -61,6 +61,7 @@ static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; 
 struct kvq_forward_cuda {
     const kvq_model *m;
     int dev, max_T, max_P;
+    int l0, l1;             // the layers this workspace holds: l0 .. l1-1 (0 .. n_layers: the whole model)
     unsigned flags;
     kvq_cuda_math math;
     cudaStream_t st;

@@ -1,9 +1,9 @@
 /* pipeline_mpi.c — the MPI bootstrap of pipeline_nccl.h: one process per GPU
- * (mpirun -np N kvdump ...), NCCL's unique id made by rank 0 and broadcast
- * with MPI_Bcast, then ncclCommInitRank on every rank (NCCL's documented
- * "one device per process" initialisation). Compiled with MPI and NCCL
- * (make MPI=1 NCCL=1, both detected); otherwise stubs that say what the
- * build lacks. */
+ * (mpirun -np N), NCCL's unique id made by rank 0 and broadcast with
+ * MPI_Bcast, then ncclCommInitRank on every rank (NCCL's documented "one
+ * device per process" initialisation). Compiled with MPI and NCCL (make
+ * MPI=1 NCCL=1, both detected); otherwise stubs that say what the build
+ * lacks. */
 #include "pipeline_nccl.h"
 
 #include <stdio.h>
@@ -11,7 +11,9 @@
 #if defined(KVQ_CUDA) && defined(KVQ_NCCL) && defined(KVQ_MPI)
 #include <cuda_runtime.h>
 #include <mpi.h>
-#include <nccl.h>
+#include <stdlib.h>
+
+#include "nccl_api.h"
 
 int kvq_pipe_mpi_compiled(char *why, size_t why_len)
 {
@@ -19,35 +21,54 @@ int kvq_pipe_mpi_compiled(char *why, size_t why_len)
     return 1;
 }
 
-kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, void **nccl_comm, kvq_err *err)
+kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, kvq_pipe_comm **out, kvq_err *err)
 {
-    *nccl_comm = NULL;
+    *out = NULL;
+    *rank = 0, *size = 1;
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return kvq_fail(err, KVQ_EIO, "MPI: MPI_Init failed");
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
-    cudaError_t ce = cudaSetDevice(gpu);
-    if (ce != cudaSuccess)
-        return kvq_fail(err, KVQ_EIO, "MPI rank %d: cudaSetDevice(%d): %s", *rank, gpu, cudaGetErrorString(ce));
-    ncclUniqueId id;
-    if (*rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&id);
-        if (r != ncclSuccess) return kvq_fail(err, KVQ_EIO, "MPI rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
+    kvq_pipe_comm *c = calloc(1, sizeof *c);
+    if (!c) return kvq_fail(err, KVQ_ENOMEM, "MPI rank %d: out of memory", *rank);
+    kvq_status s = kvqi_nccl_load(&c->api, err);
+    if (s) {
+        free(c);
+        return kvq_err_prefix(err, "MPI rank %d", *rank);
     }
-    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return kvq_fail(err, KVQ_EIO, "MPI rank %d: MPI_Bcast of the NCCL unique id failed", *rank);
-    ncclComm_t comm;
-    ncclResult_t r = ncclCommInitRank(&comm, *size, id, *rank);
-    if (r != ncclSuccess)
-        return kvq_fail(err, KVQ_EIO, "MPI rank %d of %d: ncclCommInitRank: %s", *rank, *size, ncclGetErrorString(r));
-    *nccl_comm = comm;
+    c->own_api = 1;
+    c->rank = *rank;
+    c->size = *size;
+    cudaError_t ce = cudaSetDevice(gpu);
+    ncclUniqueId id;
+    ncclResult_t r = ncclSuccess;
+    if (ce != cudaSuccess) {
+        s = kvq_fail(err, KVQ_EIO, "MPI rank %d: cudaSetDevice(%d): %s", *rank, gpu, cudaGetErrorString(ce));
+    } else if (*rank == 0 && (r = c->api.GetUniqueId(&id)) != ncclSuccess) {
+        s = kvq_fail(err, KVQ_EIO, "MPI rank 0: ncclGetUniqueId: %s", c->api.GetErrorString(r));
+    }
+    /* every rank takes part in the broadcast (a failed rank 0 sends garbage, then everyone fails in init) */
+    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS && !s)
+        s = kvq_fail(err, KVQ_EIO, "MPI rank %d: MPI_Bcast of the NCCL unique id failed", *rank);
+    if (!s && (r = c->api.CommInitRank(&c->comm, *size, id, *rank)) != ncclSuccess)
+        s = kvq_fail(err, KVQ_EIO, "MPI rank %d of %d: ncclCommInitRank: %s", *rank, *size, c->api.GetErrorString(r));
+    if (s) {
+        kvqi_nccl_unload(&c->api);
+        free(c);
+        return s;
+    }
+    *out = c;
     return KVQ_OK;
 }
 
-void kvq_pipe_mpi_finalize(void *nccl_comm)
+void kvq_pipe_mpi_finalize(kvq_pipe_comm *c)
 {
-    if (nccl_comm) ncclCommDestroy((ncclComm_t)nccl_comm);
+    if (c) {
+        if (c->comm) c->api.CommDestroy(c->comm);
+        if (c->own_api) kvqi_nccl_unload(&c->api);
+        free(c);
+    }
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();
@@ -65,11 +86,11 @@ int kvq_pipe_mpi_compiled(char *why, size_t why_len)
     if (why && why_len) snprintf(why, why_len, "%s", NO_MPI);
     return 0;
 }
-kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, void **nccl_comm, kvq_err *err)
+kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, kvq_pipe_comm **out, kvq_err *err)
 {
     (void)gpu;
-    *rank = 0, *size = 1, *nccl_comm = NULL;
+    *rank = 0, *size = 1, *out = NULL;
     return kvq_fail(err, KVQ_EUNSUPPORTED, "MPI bootstrap: %s", NO_MPI);
 }
-void kvq_pipe_mpi_finalize(void *nccl_comm) { (void)nccl_comm; }
+void kvq_pipe_mpi_finalize(kvq_pipe_comm *c) { (void)c; }
 #endif

@@ -58,20 +58,26 @@ kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios, kvq_fwd_re
 /* The layer range of each stage: first[0..n] (n+1 entries). */
 void kvq_pipe_cuda_stages(const kvq_pipe_cuda *p, int *first, int *n);
 
-/* MPI bootstrap (one process per GPU, mpirun -np N): this process's rank and
- * size in MPI_COMM_WORLD, and an NCCL communicator over all ranks (rank 0
- * creates the unique id, MPI_Bcast distributes it). The process selects GPU
- * `gpu` (the rank's local index: OMPI_COMM_WORLD_LOCAL_RANK under Open MPI)
- * before joining. The communicator is returned as an opaque pointer
- * (ncclComm_t). Errors: KVQ_EUNSUPPORTED without MPI or NCCL; KVQ_EIO. */
-kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, void **nccl_comm, kvq_err *err);
-void kvq_pipe_mpi_finalize(void *nccl_comm);
+/* An NCCL communicator with the library's entry points (NCCL is loaded at
+ * run time, dlopen of libnccl.so.2: the path of the build's NCCL first, then
+ * the loader's search path, so that a binary built with NCCL still starts
+ * where it is absent and says so when several GPUs are asked for). */
+typedef struct kvq_pipe_comm kvq_pipe_comm; /* opaque */
 
-/* A stage transport over an NCCL communicator in which stage s is rank s:
- * sends and receives of stages that are not this process's (rank != own
- * when own >= 0) are skipped, so that the same stage loop runs in every
- * process; buffers are device pointers on the stage's GPU; stream (a
- * cudaStream_t) orders them with the stage's kernels. */
-kvq_status kvq_pipe_nccl_xport(void *nccl_comm, int own, void *stream, kvq_pipe_xport *out, kvq_err *err);
+/* MPI bootstrap (one process per GPU, mpirun -np N): this process's rank and
+ * size in MPI_COMM_WORLD and an NCCL communicator over all ranks (rank 0
+ * creates the unique id, MPI_Bcast distributes it, ncclCommInitRank). The
+ * process selects GPU `gpu` (under Open MPI: OMPI_COMM_WORLD_LOCAL_RANK)
+ * before joining. Errors: KVQ_EUNSUPPORTED without MPI or NCCL; KVQ_EIO. */
+kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, kvq_pipe_comm **out, kvq_err *err);
+/* Destroy the communicator and finalize MPI. */
+void kvq_pipe_mpi_finalize(kvq_pipe_comm *c);
+
+/* A stage transport over communicator c in which stage s is rank s and this
+ * process (or thread) is stage `own`: sends from and receives into other
+ * stages are skipped, so that the same stage loop runs in every process;
+ * buffers are device pointers on own's GPU; stream (a cudaStream_t) orders
+ * the transfers with the stage's kernels. The transport borrows c. */
+kvq_status kvq_pipe_nccl_xport(kvq_pipe_comm *c, int own, void *stream, kvq_pipe_xport *out, kvq_err *err);
 
 #endif

@@ -35,9 +35,9 @@ void kvq_pipe_cuda_stages(const kvq_pipe_cuda *p, int *first, int *n)
     (void)p, (void)first;
     *n = 0;
 }
-kvq_status kvq_pipe_nccl_xport(void *nccl_comm, int own, void *stream, kvq_pipe_xport *out, kvq_err *err)
+kvq_status kvq_pipe_nccl_xport(kvq_pipe_comm *c, int own, void *stream, kvq_pipe_xport *out, kvq_err *err)
 {
-    (void)nccl_comm, (void)own, (void)stream, (void)out;
+    (void)c, (void)own, (void)stream, (void)out;
     return kvq_fail(err, KVQ_EUNSUPPORTED, "NCCL transport: %s", NO_NCCL);
 }
 #endif
