@@ -75,15 +75,6 @@ NCCL ?= $(if $(strip $(NCCL_HOME)),1,0)
 ifeq ($(NCCL),1)
 NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so.2 $(NCCL_HOME)/lib64/libnccl.so.2) libnccl.so.2)
 NCCL_CFLAGS := -DKVQ_NCCL=1 -I$(NCCL_HOME)/include -DKVQ_NCCL_LIB='"$(NCCL_LIB)"'
-MPICC ?= $(shell command -v mpicc 2>/dev/null)
-MPI ?= $(if $(strip $(MPICC)),1,0)
-ifeq ($(MPI),1)
-NCCL_CFLAGS += -DKVQ_MPI=1 $(shell $(MPICC) --showme:compile 2>/dev/null)
-# only the programs that call the MPI bootstrap keep libmpi (--as-needed)
-LDLIBS += -Wl,--as-needed $(shell $(MPICC) --showme:link 2>/dev/null) -Wl,--no-as-needed
-endif
-else
-MPI := 0
 endif
 CFLAGS += -DKVQ_CUDA=1 $(NCCL_CFLAGS) -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror $(INC_FLAGS)
@@ -93,6 +84,18 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64
 LIB_OBJ := $(KVC_INST_OBJ) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(LIB_SRC:%.c=$(BUILD)/%.o)
 else
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+endif
+
+# MPI (the pipeline's processes, one per GPU; kernels/cuda/pipeline_mpi.c): MPI=1 when mpicc (Debian's libopenmpi-dev,
+# scripts/setup.sh) is found, in CPU builds too (its host transport runs the CPU stage loop in several processes,
+# tests/test_pipeline.c). Only the programs that call MPI keep libmpi (--as-needed).
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+MPI ?= $(if $(strip $(MPICC)),1,0)
+ifeq ($(MPI),1)
+ifeq ($(SAN),0)
+CFLAGS += -DKVQ_MPI=1 $(shell $(MPICC) --showme:compile 2>/dev/null)
+LDLIBS += -Wl,--as-needed $(shell $(MPICC) --showme:link 2>/dev/null) -Wl,--no-as-needed
+endif
 endif
 
 LIB := $(BUILD)/libkvq.a
@@ -125,7 +128,7 @@ help:
 
 # what this build has beyond the CPU (also printed by make config)
 config:
-	@echo "CUDA=$(CUDA) NCCL=$(if $(filter 1,$(CUDA)),$(NCCL),0 (needs CUDA)) $(if $(filter 1,$(NCCL)),NCCL_HOME=$(NCCL_HOME) )MPI=$(if $(filter 1,$(CUDA)),$(MPI),0)"
+	@echo "CUDA=$(CUDA) NCCL=$(if $(filter 1,$(CUDA)),$(NCCL),0 (needs CUDA)) $(if $(filter 1,$(CUDA)),$(if $(filter 1,$(NCCL)),NCCL_HOME=$(NCCL_HOME) ))MPI=$(if $(filter 0,$(SAN)),$(MPI),0 (not with SAN=1))"
 
 check-deps:
 	@pkg-config --exists $(PKGS) check || { echo "kvq: missing build dependencies (pkg-config: $(PKGS) check)."; \

@@ -578,6 +578,146 @@ START_TEST(test_cli_devices)
 }
 END_TEST
 
+/* ---- several processes (MPI) on one host ---- */
+/* The worker: run by mpirun -np S as "test_pipeline --mpi-worker MODEL_DIR". Every
+ * rank runs the same stage loop with only its own stage's workspace (the others
+ * NULL) over the MPI host transport, and the whole unstaged model alone as the
+ * reference; each rank checks what its stage produced, bit for bit: the last the
+ * loss, NLL and logits, every rank the gradients of its layers, rank 0 dL/d(embeddings).
+ * Prints "OK rank R of S" and exits 0, else prints the mismatch and exits 1. */
+typedef struct {
+    float *dk, *dv;
+    int l0, l1, calls, bad_layer;
+} own_grads;
+
+static kvq_status own_grads_cb(void *user, const kvq_layer_grads *g, kvq_err *err)
+{
+    (void)err;
+    own_grads *o = user;
+    if (g->layer < o->l0 || g->layer >= o->l1) o->bad_layer = g->layer;
+    size_t n = (size_t)g->T * g->n_kv_heads * g->head_dim;
+    memcpy(o->dk + (size_t)g->layer * n, g->dk_pre, n * 4);
+    memcpy(o->dv + (size_t)g->layer * n, g->dv, n * 4);
+    o->calls++;
+    return KVQ_OK;
+}
+
+static int mpi_worker(const char *dir)
+{
+    int rank = 0, size = 1;
+    kvq_err e = {0};
+    if (kvq_pipe_mpi_init(&rank, &size, &e)) {
+        fprintf(stderr, "worker: %s\n", e.msg);
+        return 1;
+    }
+    int fail = 0;
+    kvq_model m;
+    kvq_load_opts lo = {.weights = KVQ_WEIGHTS_F32};
+    if (kvq_model_load_opts(dir, &lo, &m, &e)) {
+        fprintf(stderr, "rank %d: %s\n", rank, e.msg);
+        kvq_pipe_mpi_done();
+        return 1;
+    }
+    const int L = m.hp.n_layers, T = 20, dim = m.hp.dim, kvd = kvq_kv_dim(&m.hp), V = m.hp.vocab_size;
+    int first[KVQ_PIPE_MAX_DEV + 1];
+    for (int s = 0; s <= size; s++) first[s] = (int)((long)L * s / size);
+    int tok[20];
+    for (int i = 0; i < T; i++) tok[i] = (i * 41 + 5) % V;
+    const size_t n = (size_t)L * T * kvd;
+    /* reference: the whole model in this process */
+    kvq_forward fw0;
+    kvq_backward bw0;
+    float *lg0 = malloc((size_t)T * V * 4), *lg1 = malloc((size_t)T * V * 4), *de0 = malloc((size_t)T * dim * 4),
+          *de1 = malloc((size_t)T * dim * 4);
+    double nll0[20], nll1[20];
+    kvq_grad_store g0 = {.dk_pre = malloc(n * 4), .dv = malloc(n * 4)};
+    own_grads g1 = {.dk = calloc(n, 4), .dv = calloc(n, 4), .l0 = first[rank], .l1 = first[rank + 1], .bad_layer = -1};
+    kvq_fwd_io io = {.tokens = tok, .T = T, .logits = lg0, .nll = nll0};
+    kvq_fwd_result f0, f1;
+    kvq_bwd_spec sp0 = {.user = &g0, .xent = true, .grads = kvq_grad_store_cb, .d_embd = de0};
+    kvq_bwd_spec sp1 = {.user = &g1, .xent = true, .grads = own_grads_cb, .d_embd = de1};
+    kvq_bwd_result b0, b1;
+    if (kvq_forward_init(&fw0, &m, T, 0, 0, &e) || kvq_forward_run(&fw0, &io, &f0, &e) || kvq_backward_init(&bw0, &m, T, 0, &e)) {
+        fprintf(stderr, "rank %d: %s\n", rank, e.msg);
+        fail = 1;
+    }
+    kvq_fwd_io bio = {.tokens = tok, .T = T};
+    if (!fail && kvq_backward_run(&bw0, &bio, &sp0, &b0, &e)) fail = 1;
+    /* this rank's stage only */
+    kvq_forward *fws[KVQ_PIPE_MAX_DEV] = {0};
+    kvq_backward *bws[KVQ_PIPE_MAX_DEV] = {0};
+    float *xb[KVQ_PIPE_MAX_DEV] = {0}, *db[KVQ_PIPE_MAX_DEV] = {0};
+    kvq_forward fw1;
+    kvq_backward bw1;
+    xb[rank] = malloc((size_t)T * dim * 4), db[rank] = malloc((size_t)T * dim * 4);
+    kvq_pipe_xport xp;
+    if (!fail && (kvq_forward_init(&fw1, &m, T, 0, 0, &e) || kvq_backward_init(&bw1, &m, T, 0, &e) || kvq_pipe_mpi_xport(rank, &xp, &e)))
+        fail = 1;
+    fws[rank] = &fw1, bws[rank] = &bw1;
+    io.logits = lg1, io.nll = nll1;
+    if (!fail && kvq_pipe_cpu_forward(fws, xb, first, size, &xp, &io, &f1, &e)) fail = 1;
+    if (!fail && kvq_pipe_cpu_backward(bws, xb, db, first, size, &xp, &bio, &sp1, &b1, &e)) fail = 1;
+    if (fail) fprintf(stderr, "rank %d: %s\n", rank, e.msg);
+    if (!fail && rank == size - 1 &&
+        (f0.loss != f1.loss || memcmp(lg0, lg1, (size_t)T * V * 4) || memcmp(nll0, nll1, sizeof nll0) || b0.loss != b1.loss)) {
+        fprintf(stderr, "rank %d: loss %.9g / %.9g, backward %.9g / %.9g: not the unstaged bits\n", rank, f0.loss, f1.loss, b0.loss, b1.loss);
+        fail = 1;
+    }
+    size_t off = (size_t)first[rank] * T * kvd, len = (size_t)(first[rank + 1] - first[rank]) * T * kvd;
+    if (!fail && (g1.calls != first[rank + 1] - first[rank] || g1.bad_layer >= 0 || memcmp(g0.dk_pre + off, g1.dk + off, len * 4) ||
+                  memcmp(g0.dv + off, g1.dv + off, len * 4))) {
+        fprintf(stderr, "rank %d: gradients of layers %d..%d differ from the unstaged run\n", rank, first[rank], first[rank + 1] - 1);
+        fail = 1;
+    }
+    if (!fail && rank == 0 && memcmp(de0, de1, (size_t)T * dim * 4)) {
+        fprintf(stderr, "rank 0: dL/d(embeddings) differ\n");
+        fail = 1;
+    }
+    if (!fail) printf("OK rank %d of %d: layers %d..%d\n", rank, size, first[rank], first[rank + 1] - 1);
+    fflush(stdout);
+    kvq_pipe_mpi_xport_free(&xp);
+    kvq_pipe_mpi_done();
+    return fail;
+}
+
+START_TEST(test_mpi_processes)
+{
+    char why[512];
+    if (!kvq_pipe_mpi_host_compiled(why, sizeof why)) {
+        if (kvq_test_quick()) KVQ_SKIP_OPTIONAL_IF(1, "the sanitizer build has no MPI");
+        kvq_test_skip_missing("test_mpi_processes", why);
+        return;
+    }
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        kvq_test_skip_missing("test_mpi_processes", "mpirun absent (Debian's openmpi-bin, with libopenmpi-dev)");
+        return;
+    }
+    char self[4096];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert(k > 0);
+    self[k] = 0;
+    char cmd[8192], out[256];
+    snprintf(out, sizeof out, "/tmp/kvq_test_pipeline_mpi_%ld.txt", (long)getpid());
+    /* two processes, one layer each, on two 2-layer families (Qwen3: q/k norms; Qwen2: biases) */
+    const char *models[2] = {"tests/fixtures/hf-qwen3", "tests/fixtures/hf-qwen2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+                 "mpirun -np 2 %s --mpi-worker %s > %s 2>&1",
+                 self, models[i], out);
+        int st = system(cmd);
+        size_t n = 0;
+        char *txt = kvq_test_slurp(out, &n);
+        ck_assert_msg(st == 0 && txt && strstr(txt, "OK rank 0 of 2: layers 0..0") && strstr(txt, "OK rank 1 of 2: layers 1..1"),
+                      "mpirun (%s): status %d, output:\n%s", models[i], st, txt ? txt : "(none)");
+        fprintf(stderr, "INFO %s: 2 processes over MPI, each its own stage, equal the unstaged run bit for bit\n", models[i]);
+        free(txt);
+    }
+    unlink(out);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -590,6 +730,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_loopback);
     tcase_add_test(tc, test_stage_args);
     tcase_add_test(tc, test_cli_devices);
+    tcase_add_test(tc, test_mpi_processes);
     tcase_add_test(tc, test_staged_qwen2);
     tcase_add_test(tc, test_staged_qwen3);
     tcase_add_test(tc, test_staged_mistral);
@@ -598,4 +739,13 @@ static Suite *suite(void)
     return s;
 }
 
-KVQ_TEST_MAIN(suite)
+/* KVQ_TEST_MAIN's main, and the MPI worker mode (test_mpi_processes runs this binary under mpirun) */
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--mpi-worker")) return mpi_worker(argv[2]);
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+}

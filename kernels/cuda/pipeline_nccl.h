@@ -30,7 +30,9 @@
 #include "pipeline.h"
 #include "status.h"
 
-/* 1 when built with NCCL / MPI. why (if non-NULL) receives what is lacking otherwise. */
+/* 1 when built with NCCL / MPI (kvq_pipe_mpi_compiled: MPI with NCCL, for the GPU bootstrap). why (if non-NULL)
+ * receives what is lacking otherwise. kvq_pipe_mpi_host_compiled: MPI alone (the host transport below). */
+int kvq_pipe_mpi_host_compiled(char *why, size_t why_len);
 int kvq_pipe_nccl_compiled(char *why, size_t why_len);
 int kvq_pipe_mpi_compiled(char *why, size_t why_len);
 
@@ -72,6 +74,19 @@ typedef struct kvq_pipe_comm kvq_pipe_comm; /* opaque */
 kvq_status kvq_pipe_mpi_bootstrap(int *rank, int *size, int gpu, kvq_pipe_comm **out, kvq_err *err);
 /* Destroy the communicator and finalize MPI. */
 void kvq_pipe_mpi_finalize(kvq_pipe_comm *c);
+
+/* MPI without GPUs (host buffers): MPI_Init when not yet done, this
+ * process's rank and size in MPI_COMM_WORLD; and a stage transport in which
+ * stage s is rank s and this process is stage `own` (sends and receives of
+ * other stages skipped; inside a group MPI_Isend / MPI_Irecv, completed by
+ * MPI_Waitall at the group's end, NCCL's semantics). For the CPU stage loop in
+ * several processes on one host (tests/test_pipeline.c runs it under
+ * mpirun -np 2), the layout the GPU processes use. kvq_pipe_mpi_done calls
+ * MPI_Finalize. Errors: KVQ_EUNSUPPORTED without MPI; KVQ_EIO. */
+kvq_status kvq_pipe_mpi_init(int *rank, int *size, kvq_err *err);
+kvq_status kvq_pipe_mpi_xport(int own, kvq_pipe_xport *out, kvq_err *err);
+void kvq_pipe_mpi_xport_free(kvq_pipe_xport *xp);
+void kvq_pipe_mpi_done(void);
 
 /* A stage transport over communicator c in which stage s is rank s and this
  * process (or thread) is stage `own`: sends from and receives into other

@@ -345,12 +345,16 @@ static kvq_status check_stages(const int *first, int n_stages, int L, kvq_err *e
 kvq_status kvq_pipe_cpu_forward(kvq_forward *const *fw, float *const *xbuf, const int *first, int n_stages,
                                 const kvq_pipe_xport *xp, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
-    const kvq_hparams *hp = &fw[0]->m->hp;
+    const kvq_forward *any = NULL;
+    for (int s = 0; s < n_stages && !any; s++) any = fw[s];
+    if (!any) return kvq_fail(err, KVQ_EINVAL, "pipeline: no stage of the %d has a workspace in this process", n_stages);
+    const kvq_hparams *hp = &any->m->hp;
     KVQ_TRY(check_stages(first, n_stages, hp->n_layers, err));
     const size_t n = (size_t)io->T * hp->dim;
     for (int s = 0; s < n_stages; s++) {
-        KVQ_TRY(kvq_forward_stage(fw[s], io, first[s], first[s + 1], s ? xbuf[s] : NULL, res, err));
-        if (s + 1 < n_stages) KVQ_TRY(kvq_pipe_xfer(xp, s, s + 1, kvq_forward_stage_output(fw[s]), xbuf[s + 1], n, err));
+        if (fw[s]) KVQ_TRY(kvq_forward_stage(fw[s], io, first[s], first[s + 1], s ? xbuf[s] : NULL, res, err));
+        if (s + 1 < n_stages)
+            KVQ_TRY(kvq_pipe_xfer(xp, s, s + 1, fw[s] ? kvq_forward_stage_output(fw[s]) : NULL, fw[s + 1] ? xbuf[s + 1] : NULL, n, err));
     }
     return KVQ_OK;
 }
@@ -359,20 +363,26 @@ kvq_status kvq_pipe_cpu_backward(kvq_backward *const *bw, float *const *xbuf, fl
                                  int n_stages, const kvq_pipe_xport *xp, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
                                  kvq_bwd_result *res, kvq_err *err)
 {
-    const kvq_hparams *hp = &bw[0]->m->hp;
+    const kvq_backward *any = NULL;
+    for (int s = 0; s < n_stages && !any; s++) any = bw[s];
+    if (!any) return kvq_fail(err, KVQ_EINVAL, "pipeline: no stage of the %d has a workspace in this process", n_stages);
+    const kvq_hparams *hp = &any->m->hp;
     KVQ_TRY(check_stages(first, n_stages, hp->n_layers, err));
     const size_t n = (size_t)io->T * hp->dim;
     for (int s = 0; s < n_stages; s++) {
-        KVQ_TRY(kvq_backward_stage_forward(bw[s], io, spec, first[s], first[s + 1], s ? xbuf[s] : NULL, res, err));
+        if (bw[s]) KVQ_TRY(kvq_backward_stage_forward(bw[s], io, spec, first[s], first[s + 1], s ? xbuf[s] : NULL, res, err));
         if (s + 1 < n_stages)
-            KVQ_TRY(kvq_pipe_xfer(xp, s, s + 1, kvq_forward_stage_output(&bw[s]->fw), xbuf[s + 1], n, err));
+            KVQ_TRY(kvq_pipe_xfer(xp, s, s + 1, bw[s] ? kvq_forward_stage_output(&bw[s]->fw) : NULL, bw[s + 1] ? xbuf[s + 1] : NULL,
+                                  n, err));
     }
     kvq_bwd_result last = *res;
     for (int s = n_stages - 1; s >= 0; s--) {
         kvq_bwd_result r = last; /* the last stage's loss fields are the run's */
-        KVQ_TRY(kvq_backward_stage_backward(bw[s], io, spec, first[s], first[s + 1], s + 1 < n_stages ? dbuf[s] : NULL, &r, err));
+        if (bw[s])
+            KVQ_TRY(kvq_backward_stage_backward(bw[s], io, spec, first[s], first[s + 1], s + 1 < n_stages ? dbuf[s] : NULL, &r, err));
         if (s == n_stages - 1) last = r;
-        if (s > 0) KVQ_TRY(kvq_pipe_xfer(xp, s, s - 1, kvq_backward_stage_dx(bw[s]), dbuf[s - 1], n, err));
+        if (s > 0)
+            KVQ_TRY(kvq_pipe_xfer(xp, s, s - 1, bw[s] ? kvq_backward_stage_dx(bw[s]) : NULL, bw[s - 1] ? dbuf[s - 1] : NULL, n, err));
     }
     *res = last;
     return KVQ_OK;

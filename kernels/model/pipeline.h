@@ -145,6 +145,11 @@ kvq_status kvq_pipe_xfer(const kvq_pipe_xport *xp, int from, int to, const float
  * s >= 1). res: the last stage's (kvq_forward_run's contract). */
 kvq_status kvq_pipe_cpu_forward(kvq_forward *const *fw, float *const *xbuf, const int *first, int n_stages,
                                 const kvq_pipe_xport *xp, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+/* Several processes (MPI, one stage each): fw[s] == NULL for the stages this
+ * process does not run; the transport skips their sends and receives (an
+ * "own stage" transport: kvq_pipe_mpi_xport, kvq_pipe_nccl_xport), so every
+ * process runs the same loop; res is the run's in the last stage's process.
+ * The same holds for kvq_pipe_cpu_backward (bw[s] == NULL). */
 /* kvq_backward_run's contract staged the same way: the forward stage by stage,
  * then the backward from the last stage to the first, dL/dx handed back through
  * xp into dbuf[s] (stage s's receive buffer, [max_T][dim], s < n_stages-1).
