@@ -108,19 +108,21 @@ int main(int argc, char **argv)
     o.force = force;
     o.quiet = quiet;
     char one_gpu[32];
+    int dev_ids[KVQ_PIPE_MAX_DEV], n_dev = 0;
     if (devices) { /* several GPUs: the pipeline by layers; one: today's single-GPU path (--device cuda:N) */
-        int ids[KVQ_PIPE_MAX_DEV], nd = 0;
-        if (kvq_devices_resolve(devices, device, ids, KVQ_PIPE_MAX_DEV, &nd, one_gpu, sizeof one_gpu, &e)) {
+        if (kvq_devices_resolve(devices, device, dev_ids, KVQ_PIPE_MAX_DEV, &n_dev, one_gpu, sizeof one_gpu, &e)) {
             fprintf(stderr, "kvdump: %s\n", e.msg);
             return e.code == KVQ_EINVAL ? 2 : 1;
         }
-        if (nd > 1) {
-            fprintf(stderr, "kvdump: --devices %s: the pipelined capture (observe, Fisher and the dump over %d GPUs) is not wired "
-                            "into kvdump yet; the multi-GPU forward is kernels/cuda/pipeline_nccl.h (docs/MULTIGPU.md)\n",
-                    devices, nd);
+        if (n_dev > 1 && fisher) {
+            fprintf(stderr, "kvdump: --fisher over %d GPUs (--devices %s): the backward pass over a pipeline is not implemented on "
+                            "the GPU yet (docs/MULTIGPU.md); use one GPU (--device cuda:N) or the CPU\n",
+                    n_dev, devices);
             return 1;
         }
-        device = one_gpu;
+        if (n_dev == 1) device = one_gpu;
+        o.gpus = dev_ids;
+        o.n_gpus = n_dev;
     }
     o.device = device ? device : "auto";
     o.write_behind = !overlap || !strcmp(overlap, "auto") ? -1 : !strcmp(overlap, "on");

@@ -299,23 +299,20 @@ int main(int argc, char **argv)
 
     /* --devices: several GPUs are the pipeline by layers; one is today's single-GPU path (--device cuda:N) */
     char one_gpu[32];
+    int dev_ids[KVQ_PIPE_MAX_DEV], n_dev = 0;
     if (o.devices) {
-        int ids[KVQ_PIPE_MAX_DEV], nd = 0;
-        if (kvq_devices_resolve(o.devices, o.device, ids, KVQ_PIPE_MAX_DEV, &nd, one_gpu, sizeof one_gpu, &e)) {
+        if (kvq_devices_resolve(o.devices, o.device, dev_ids, KVQ_PIPE_MAX_DEV, &n_dev, one_gpu, sizeof one_gpu, &e)) {
             free(specs);
             return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
         }
-        if (nd > 1) {
-            fprintf(stderr, "kveval: --devices %s: the pipelined evaluation over %d GPUs is not wired into kveval yet; the "
-                            "multi-GPU forward is kernels/cuda/pipeline_nccl.h (docs/MULTIGPU.md)\n",
-                    o.devices, nd);
-            free(specs);
-            return 1;
-        }
-        o.device = one_gpu;
+        o.device = n_dev == 1 ? one_gpu : "cuda";
     }
     /* device: a bad name fails before loading; cuda without a GPU fails here too */
     kvq_ppl_exec exec = {0};
+    if (n_dev > 1) { /* the pipeline over several GPUs (forward only) */
+        exec.n_gpus = n_dev;
+        memcpy(exec.gpus, dev_ids, (size_t)n_dev * sizeof *dev_ids);
+    }
     if (kvq_device_parse(o.device ? o.device : "auto", &exec.device, &exec.gpu, &e)) {
         free(specs);
         return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);

@@ -401,8 +401,10 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
     }
     kvq_device dev = x ? x->device : KVQ_DEVICE_CPU;
     kvq_engine e;
-    kvq_status st = kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m,
-                                             (int)plan->ctx, max_P, 0, x ? x->note : NULL, x ? sizeof x->note : 0, err);
+    kvq_status st = x && x->n_gpus > 1
+                        ? kvq_engine_init_pipe(&e, x->gpus, x->n_gpus, x->math, m, (int)plan->ctx, max_P, 0, NULL, 0, err)
+                        : kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m,
+                                                   (int)plan->ctx, max_P, 0, x ? x->note : NULL, x ? sizeof x->note : 0, err);
     if (st) {
         kvq_ppl_results_free(results, n_schemes);
         return st;
@@ -444,11 +446,11 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                         kvq_err_prefix(err, "scheme %s", schemes[s].name);
                         break;
                     }
-                    kvq_forward_cuda_stats(e.gpu, &s0);
+                    kvq_engine_cuda_stats(&e, &s0);
                 }
                 st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, kld ? &kw : NULL, err);
                 if (!st && d) {
-                    kvq_forward_cuda_stats(e.gpu, &s1);
+                    kvq_engine_cuda_stats(&e, &s1);
                     gpu_counts_add(&results[s], &s0, &s1);
                 }
                 if (!st && prog) kvq_progress_update(prog, ++done);
@@ -464,12 +466,12 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                 break;
             }
             kvq_cuda_stats s0, s1;
-            kvq_forward_cuda_stats(e.gpu, &s0);
+            kvq_engine_cuda_stats(&e, &s0);
             for (size_t w = 0; st == KVQ_OK && w < plan->n_windows; w++) {
                 st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, NULL, err);
                 if (!st && prog) kvq_progress_update(prog, ++done);
             }
-            kvq_forward_cuda_stats(e.gpu, &s1);
+            kvq_engine_cuda_stats(&e, &s1);
             if (d) {
                 gpu_counts_add(&results[s], &s0, &s1);
             }

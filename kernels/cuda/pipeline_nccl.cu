@@ -157,6 +157,42 @@ extern "C" void kvq_pipe_cuda_free(kvq_pipe_cuda *p)
     delete p;
 }
 
+extern "C" kvq_status kvq_pipe_cuda_set_kv(kvq_pipe_cuda *p, const kvq_kv_desc *d, kvq_err *err)
+{
+    for (int s = 0; s < p->n; s++) {
+        kvq_status st = kvq_forward_cuda_set_kv(p->g[s], d, err);
+        if (st) return kvq_err_prefix(err, "pipeline stage %d (cuda:%d)", s, p->gpus[s]);
+    }
+    return KVQ_OK;
+}
+
+extern "C" void kvq_pipe_cuda_stats(const kvq_pipe_cuda *p, kvq_cuda_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int s = 0; s < p->n; s++) {
+        kvq_cuda_stats t;
+        kvq_forward_cuda_stats(p->g[s], &t);
+        if (s == 0) out->runs = t.runs, out->seconds = t.seconds;
+        out->host_transforms += t.host_transforms;
+        out->native_transforms += t.native_transforms;
+        out->k_outliers += t.k_outliers;
+        out->v_outliers += t.v_outliers;
+        out->k_clipped += t.k_clipped;
+        out->v_clipped += t.v_clipped;
+    }
+}
+
+extern "C" void kvq_pipe_cuda_describe(const kvq_pipe_cuda *p, char *buf, size_t n)
+{
+    size_t k = (size_t)snprintf(buf, n, "pipeline of %d GPUs (", p->n);
+    for (int s = 0; s < p->n && k < n; s++)
+        k += (size_t)snprintf(buf + k, n - k, "%slayers %d..%d on cuda:%d", s ? ", " : "", p->first[s], p->first[s + 1] - 1, p->gpus[s]);
+    if (k + 4 < n) {
+        k += (size_t)snprintf(buf + k, n - k, "): ");
+        kvq_forward_cuda_describe(p->g[0], buf + k, n - k);
+    }
+}
+
 extern "C" void kvq_pipe_cuda_stages(const kvq_pipe_cuda *p, int *first, int *n)
 {
     *n = p->n;

@@ -57,6 +57,13 @@ void kvq_pipe_cuda_free(kvq_pipe_cuda *p);
  * layers and windows): a hook's state must be per layer, or locked. */
 kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios, kvq_fwd_result *res, int n_windows, kvq_err *err);
 
+/* The built-in KV transform of every stage (kvq_forward_cuda_set_kv). */
+kvq_status kvq_pipe_cuda_set_kv(kvq_pipe_cuda *p, const kvq_kv_desc *d, kvq_err *err);
+/* Counters summed over the stages (runs and seconds: the first stage's). */
+void kvq_pipe_cuda_stats(const kvq_pipe_cuda *p, kvq_cuda_stats *out);
+/* "pipeline of N GPUs (layers a..b on cuda:i, ...): " + the first stage's description. */
+void kvq_pipe_cuda_describe(const kvq_pipe_cuda *p, char *buf, size_t n);
+
 /* The layer range of each stage: first[0..n] (n+1 entries). */
 void kvq_pipe_cuda_stages(const kvq_pipe_cuda *p, int *first, int *n);
 

@@ -3,6 +3,7 @@
 #include "pipeline_nccl.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #if !defined(KVQ_CUDA) || !defined(KVQ_NCCL)
 #ifndef KVQ_CUDA
@@ -29,6 +30,21 @@ kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios, kvq_fwd_re
 {
     (void)p, (void)ios, (void)res, (void)n_windows;
     return kvq_fail(err, KVQ_EUNSUPPORTED, "multi-GPU pipeline: %s", NO_NCCL);
+}
+kvq_status kvq_pipe_cuda_set_kv(kvq_pipe_cuda *p, const kvq_kv_desc *d, kvq_err *err)
+{
+    (void)p, (void)d;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, "multi-GPU pipeline: %s", NO_NCCL);
+}
+void kvq_pipe_cuda_stats(const kvq_pipe_cuda *p, kvq_cuda_stats *out)
+{
+    (void)p;
+    memset(out, 0, sizeof *out);
+}
+void kvq_pipe_cuda_describe(const kvq_pipe_cuda *p, char *buf, size_t n)
+{
+    (void)p;
+    if (n) snprintf(buf, n, "(no pipeline: %s)", NO_NCCL);
 }
 void kvq_pipe_cuda_stages(const kvq_pipe_cuda *p, int *first, int *n)
 {

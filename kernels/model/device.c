@@ -119,10 +119,33 @@ kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, co
     return kvq_engine_init_at(e, dev, 0, math, m, max_T, max_P, flags, err);
 }
 
+kvq_status kvq_engine_init_pipe(kvq_engine *e, const int *gpus, int n, kvq_cuda_math math, const kvq_model *m, int max_T,
+                                int max_P, unsigned flags, char *report, size_t report_len, kvq_err *err)
+{
+    if (n == 1) {
+        if (report && report_len) report[0] = 0;
+        return kvq_engine_init_at(e, KVQ_DEVICE_CUDA, gpus[0], math, m, max_T, max_P, flags, err);
+    }
+    memset(e, 0, sizeof *e);
+    e->dev = KVQ_DEVICE_CUDA;
+    if (flags & KVQ_ENGINE_BACKWARD)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "the backward pass (Fisher information) over several GPUs is not implemented on "
+                        "the GPU yet (docs/MULTIGPU.md); use one GPU or the CPU");
+    return kvq_pipe_cuda_init(&e->pipe, m, gpus, n, NULL, max_T, max_P, flags, math, report, report_len, err);
+}
+
+void kvq_engine_cuda_stats(const kvq_engine *e, kvq_cuda_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (e->pipe) kvq_pipe_cuda_stats(e->pipe, out);
+    else if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_stats(e->gpu, out);
+}
+
 void kvq_engine_free(kvq_engine *e)
 {
     kvq_kv_desc_run_free(&e->run);
-    if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
+    if (e->pipe) kvq_pipe_cuda_free(e->pipe);
+    else if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
     else if (e->has_bw) kvq_backward_free(&e->bw);
     else kvq_forward_free(&e->cpu);
     memset(e, 0, sizeof *e);
@@ -130,7 +153,9 @@ void kvq_engine_free(kvq_engine *e)
 
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
 {
-    if (e->dev == KVQ_DEVICE_CUDA) {
+    if (e->pipe) {
+        KVQ_TRY(kvq_pipe_cuda_set_kv(e->pipe, d, err));
+    } else if (e->dev == KVQ_DEVICE_CUDA) {
         KVQ_TRY(kvq_forward_cuda_set_kv(e->gpu, d, err));
     } else if (d) {
         KVQ_TRY(kvq_kv_desc_validate(d, &cpu_fw(e)->m->hp, err));
@@ -174,6 +199,7 @@ kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *r
 {
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
+    if (e->pipe) return kvq_pipe_cuda_run(e->pipe, io, res, 1, err);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
     if (!e->has_desc) return kvq_forward_run(cpu_fw(e), io, res, err);
     kvq_fwd_io io2;
@@ -186,6 +212,7 @@ kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bw
 {
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "backward: a built-in KV scheme is set and the hooks carry a transform too");
+    if (e->pipe) return kvq_fail(err, KVQ_EUNSUPPORTED, "backward: not implemented over several GPUs (docs/MULTIGPU.md)");
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_backward(e->gpu, io, spec, res, err);
     if (!e->has_bw) return kvq_fail(err, KVQ_EINVAL, "backward: the engine was initialised without KVQ_ENGINE_BACKWARD");
     if (!e->has_desc) return kvq_backward_run(&e->bw, io, spec, res, err);
@@ -196,6 +223,7 @@ kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bw
 
 kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err)
 {
+    if (e->pipe) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer input %d: a pipeline over several GPUs keeps no checkpoints", l);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_layer_input(e->gpu, l, out, err);
     const kvq_forward *fw = cpu_fw(e);
     if (l < 0 || l > fw->m->hp.n_layers) return kvq_fail(err, KVQ_EINVAL, "layer input %d, expected 0..%d", l, fw->m->hp.n_layers);
@@ -208,7 +236,8 @@ kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err
 
 const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n)
 {
-    if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_describe(e->gpu, buf, n);
+    if (e->pipe) kvq_pipe_cuda_describe(e->pipe, buf, n);
+    else if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_describe(e->gpu, buf, n);
     else snprintf(buf, n, "CPU (%d OpenMP threads, OpenBLAS sgemm, fp32)", e->has_bw ? e->bw.fw.n_threads : e->cpu.n_threads);
     return buf;
 }

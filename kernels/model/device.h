@@ -59,7 +59,8 @@ typedef struct {
     kvq_forward cpu;          /* dev == CPU, without KVQ_ENGINE_BACKWARD */
     kvq_backward bw;          /* dev == CPU, with KVQ_ENGINE_BACKWARD (its forward is bw.fw) */
     bool has_bw;
-    kvq_forward_cuda *gpu;    /* dev == CUDA */
+    kvq_forward_cuda *gpu;    /* dev == CUDA, one GPU */
+    struct kvq_pipe_cuda *pipe; /* dev == CUDA, several GPUs (kvq_engine_init_pipe; gpu is NULL) */
     kvq_kv_desc desc;         /* current built-in transform (CPU side) */
     bool has_desc;
     kvq_kv_desc_run run;      /* CPU hook state */
@@ -82,6 +83,14 @@ kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_m
 kvq_status kvq_engine_init_fallback(kvq_engine *e, kvq_device dev, bool fallback, int gpu, kvq_cuda_math math,
                                     const kvq_model *m, int max_T, int max_P, unsigned flags, char *note, size_t note_len,
                                     kvq_err *err);
+/* The engine over several GPUs of this host (pipeline_nccl.h: layers split by
+ * memory, NCCL between the stages; forward only: KVQ_ENGINE_BACKWARD and
+ * KVQ_FWD_SAVE_* are refused with KVQ_EUNSUPPORTED). n == 1 is
+ * kvq_engine_init_at on gpus[0]. report: kvq_pipe_cuda_init's. */
+kvq_status kvq_engine_init_pipe(kvq_engine *e, const int *gpus, int n, kvq_cuda_math math, const kvq_model *m, int max_T,
+                                int max_P, unsigned flags, char *report, size_t report_len, kvq_err *err);
+/* The CUDA counters of the engine (summed over a pipeline's stages); zeros on the CPU. */
+void kvq_engine_cuda_stats(const kvq_engine *e, kvq_cuda_stats *out);
 void kvq_engine_free(kvq_engine *e);
 /* Built-in KV transform for the next runs (NULL / FP32 = none). The
  * descriptor is copied; its tables must outlive the runs on the CPU. */
