@@ -383,7 +383,11 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     if (o->n_gpus > 1) {
         char plan[2048];
         s = kvq_engine_init_pipe(&eng, o->gpus, o->n_gpus, o->math, &m, L, 0, 0, plan, sizeof plan, err);
-        if (!s && !o->quiet) fprintf(stderr, "kvdump: %s\n", plan);
+        for (char *ln = plan, *nx; !s && !o->quiet && ln && *ln; ln = nx) { /* one "kvdump: stage ..." line per stage */
+            nx = strchr(ln, '\n');
+            if (nx) *nx++ = 0;
+            fprintf(stderr, "kvdump: %s\n", ln);
+        }
     } else {
         s = kvq_engine_init_fallback(&eng, dev, !strcmp(dv, "auto"), gpu, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0,
                                      note, sizeof note, err);

@@ -12,6 +12,9 @@ Shapes (transformers LlamaConfig fields):
                 llama3 scaling (factor 8, original context 8192), context 131072
     llama2-7b   dim 4096, 32 layers, 32 / 32 heads, SwiGLU 11008, vocab 32000,
                 rope_theta 10000, context 4096
+    llama2-70b  dim 8192, 80 layers, 64 / 8 heads, SwiGLU 28672, vocab 32000,
+                rope_theta 10000, context 4096 (138 GB in bf16: the multi-GPU
+                pipeline's measurements, scripts/gpu_multi.sh)
 --layers keeps the shape but fewer layers (a quick variant).
 
 A byte-level tokenizer.json with the model's vocabulary size is written
@@ -42,6 +45,9 @@ SHAPES = {
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
                       rope_theta=10000.0),
+    "llama2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       rope_theta=10000.0),
 }
 
 
