@@ -114,12 +114,6 @@ int main(int argc, char **argv)
             fprintf(stderr, "kvdump: %s\n", e.msg);
             return e.code == KVQ_EINVAL ? 2 : 1;
         }
-        if (n_dev > 1 && fisher) {
-            fprintf(stderr, "kvdump: --fisher over %d GPUs (--devices %s): the backward pass over a pipeline is not implemented on "
-                            "the GPU yet (docs/MULTIGPU.md); use one GPU (--device cuda:N) or the CPU\n",
-                    n_dev, devices);
-            return 1;
-        }
         if (n_dev == 1) device = one_gpu;
         o.gpus = dev_ids;
         o.n_gpus = n_dev;

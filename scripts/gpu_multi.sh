@@ -10,10 +10,10 @@
 #   1. a Llama-2-7B-shaped random model (tests/scripts/random_llama_model.py --shape llama2-7b, bf16
 #      on disk): kveval (fp32 scheme, ctx 2048, $KVQ_WINDOWS windows, --math bf16) and kvdump 16 x 2048
 #      (forward: K/V, --attn-stats) on 1, 2 and 4 GPUs (--device cuda:0 / --devices cuda:0,1 /
-#      --devices cuda:0,1,2,3, as many as the machine has); the 1-GPU run also with --fisher, and
-#      --fisher on 2 GPUs, which is refused until the pipeline's GPU backward exists;
+#      --devices cuda:0,1,2,3, as many as the machine has); kvdump --fisher on 1 and 2 GPUs, and
+#      the two Fisher dumps compared (tests/scripts/check_dump_h5py.py-style: max relative difference);
 #   2. a Llama-2-70B-shaped random model (--shape llama2-70b, 138 GB in bf16; needs >= 2 H100s for the
-#      forward in bf16): kvdump 16 x 2048 --fisher (refused, see 1) and without, kveval on
+#      forward in bf16, 4 with --fisher): kvdump 16 x 2048 --fisher and without, kveval on
 #      $KVQ_WINDOWS windows, over every GPU (--devices all), --math bf16;
 #   then the pipeline's efficiency: the single-GPU time per layer (7B on one GPU: seconds / 32) times
 #   the layers, against the pipelined time (summary.txt).
@@ -92,9 +92,24 @@ if [[ "$STEPS" == *" 1 "* ]]; then
     done
     run 7b_kvdump_fisher_1gpu "$KVDUMP" --model "$M7" --text "$TEXT" --format raw -n 16 -L 2048 --fisher --math bf16 \
         --device cuda:0 --force -o "$OUT/dump7b_fisher.h5"
-    [ "$NG" -ge 2 ] && run 7b_kvdump_fisher_2gpu "$KVDUMP" --model "$M7" --text "$TEXT" --format raw -n 16 -L 2048 --fisher \
-        --math bf16 --devices cuda:0,1 --force -o "$OUT/dump7b_fisher2.h5"
-    # the dumps of 1 and several GPUs hold the same K/V up to the GPUs' rounding (same kernels, same order per layer)
+    if [ "$NG" -ge 2 ]; then
+        run 7b_kvdump_fisher_2gpu "$KVDUMP" --model "$M7" --text "$TEXT" --format raw -n 16 -L 2048 --fisher \
+            --math bf16 --devices cuda:0,1 --force -o "$OUT/dump7b_fisher2.h5"
+        # one GPU and two run the same kernels in the same order per layer: the dumps should agree bit for bit
+        python3 - "$OUT/dump7b_fisher.h5" "$OUT/dump7b_fisher2.h5" <<'PY' | tee -a "$SUM" || true
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+worst, n = 0.0, 0
+def visit(name, obj):
+    global worst, n
+    if isinstance(obj, h5py.Dataset) and name in b:
+        x, y = np.asarray(obj[()], dtype=np.float64), np.asarray(b[name][()], dtype=np.float64)
+        d = np.max(np.abs(x - y)) / max(np.max(np.abs(x)), 1e-30) if x.size else 0.0
+        worst, n = max(worst, d), n + 1
+a.visititems(visit)
+print(f"7B Fisher dump, 1 GPU vs 2 GPUs: {n} datasets, largest relative difference {worst:.3g}")
+PY
+    fi
     rm -f "$OUT"/dump7b_*.h5
 fi
 if [[ "$STEPS" == *" 2 "* ]] && [ "$NG" -ge 2 ]; then

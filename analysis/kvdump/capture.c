@@ -325,9 +325,6 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     kvq_device dev;
     int gpu = 0;
     const char *dv = o->device ? o->device : "cpu";
-    if (o->n_gpus > 1 && o->fisher)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "--fisher over %d GPUs: the backward pass over a pipeline is not implemented on the "
-                        "GPU yet (docs/MULTIGPU.md); use one GPU (--device cuda:N) or the CPU", o->n_gpus);
     if (o->n_gpus > 1) dv = "cuda";
     KVQ_TRY(kvq_device_parse(dv, &dev, &gpu, err));
     if (!strcmp(dv, "auto") && dev == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o->quiet) {
@@ -382,7 +379,8 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     note[0] = 0;
     if (o->n_gpus > 1) {
         char plan[2048];
-        s = kvq_engine_init_pipe(&eng, o->gpus, o->n_gpus, o->math, &m, L, 0, 0, plan, sizeof plan, err);
+        s = kvq_engine_init_pipe(&eng, o->gpus, o->n_gpus, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, plan, sizeof plan,
+                                 err);
         for (char *ln = plan, *nx; !s && !o->quiet && ln && *ln; ln = nx) { /* one "kvdump: stage ..." line per stage */
             nx = strchr(ln, '\n');
             if (nx) *nx++ = 0;

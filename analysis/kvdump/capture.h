@@ -57,7 +57,7 @@ typedef struct {
     const char *device;
     /* Several GPUs of this host (kvdump --devices, n_gpus > 1): the forward as a
      * pipeline by layers over gpus[0..n_gpus) (kvq_engine_init_pipe; device
-     * is then ignored). Forward only: with fisher it is refused (KVQ_EUNSUPPORTED). */
+     * is then ignored); with fisher the backward runs over the pipeline too. */
     const int *gpus;
     int n_gpus;
     /* Write sample i (HDF5, compression) in a background thread while sample

@@ -55,10 +55,7 @@ extern "C" kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const 
     if (l0 < 0 || l1 <= l0 || l1 > hp->n_layers)
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: stage of layers %d..%d, expected 0 <= first < last <= %d", l0, l1 - 1,
                         hp->n_layers - 1);
-    const bool whole = l0 == 0 && l1 == hp->n_layers;
-    if (!whole && (flags & (KVQ_FWD_SAVE_LAYER_INPUTS | KVQ_FWD_SAVE_ACTIVATIONS)))
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "CUDA forward: a pipeline stage (layers %d..%d) keeps no checkpoints: the backward "
-                        "pass (Fisher information) over several GPUs is not implemented on the GPU yet (docs/MULTIGPU.md)", l0, l1 - 1);
+
     if (max_T <= 0 || max_P < 0 || max_T > (1 << 24) || max_P > (1 << 24))
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: max_T %d / max_P %d out of range (1..2^24 / 0..2^24)", max_T, max_P);
     if (flags & KVQ_FWD_SAVE_ACTIVATIONS) flags |= KVQ_FWD_SAVE_LAYER_INPUTS;
@@ -319,34 +316,34 @@ extern "C" kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const 
     // ---- checkpoints / activations kept for the backward ----
     if (flags & KVQ_FWD_SAVE_LAYER_INPUTS) {
         const bool acts = flags & KVQ_FWD_SAVE_ACTIVATIONS;
-        const size_t nh = hp->n_heads;
+        const size_t nh = hp->n_heads, SL = (size_t)(l1 - l0); // the stage's layers: stores indexed l - l0
         carve sc;
         for (int pass = 0; pass < 2; pass++) {
             sc.off = 0;
-            sc.take(&g->xs, (NL + 1) * T * dim);
+            sc.take(&g->xs, (SL + 1) * T * dim);
             if (acts) {
-                sc.take(&g->s_q, NL * T * qd);
-                sc.take(&g->s_k, NL * T * kvd);
-                sc.take(&g->s_v, NL * T * kvd);
-                sc.take(&g->s_kq, NL * T * kvd);
-                sc.take(&g->s_vq, NL * T * kvd);
-                sc.take(&g->s_att, NL * T * qd);
-                sc.take(&g->s_lse, NL * nh * T);
-                sc.take(&g->s_xmid, NL * T * dim);
-                sc.take(&g->s_gate, NL * T * hid);
-                sc.take(&g->s_up, NL * T * hid);
-                sc.take(&g->s_kb, NL * T);
-                sc.take(&g->s_vb, NL * T);
+                sc.take(&g->s_q, SL * T * qd);
+                sc.take(&g->s_k, SL * T * kvd);
+                sc.take(&g->s_v, SL * T * kvd);
+                sc.take(&g->s_kq, SL * T * kvd);
+                sc.take(&g->s_vq, SL * T * kvd);
+                sc.take(&g->s_att, SL * T * qd);
+                sc.take(&g->s_lse, SL * nh * T);
+                sc.take(&g->s_xmid, SL * T * dim);
+                sc.take(&g->s_gate, SL * T * hid);
+                sc.take(&g->s_up, SL * T * hid);
+                sc.take(&g->s_kb, SL * T);
+                sc.take(&g->s_vb, SL * T);
             }
             if (pass == 0) {
                 char what[200];
                 snprintf(what, sizeof what, "the %s kept for the backward pass (%d tokens x %zu layers)",
-                         acts ? "activations" : "layer-input checkpoints", max_T, NL);
+                         acts ? "activations" : "layer-input checkpoints", max_T, SL);
                 TRY(dev_alloc(g, &g->sbuf, sc.off, what, err));
                 sc.base = (char *)g->sbuf;
             }
         }
-        g->s_alt.assign(NL, 0);
+        g->s_alt.assign(SL, 0);
     }
     *out = g;
     return KVQ_OK;
@@ -614,7 +611,8 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
     };
     for (int l = g->l0; l < g->l1; l++) {
         const dev_layer &w = g->L[l];
-        if (g->xs) CU(keep(g->xs + l * mT * dim, g->x, Tn * dim));
+        const size_t sl = (size_t)(l - g->l0); // the stage's store slot of layer l
+        if (g->xs) CU(keep(g->xs + sl * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.attn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->q, g->xn, w.wq, T, dim, qd, 0, err));
         KVQ_TRY(linear(g, g->k_pre, g->xn, w.wk, T, dim, kvd, 0, err));
@@ -633,7 +631,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
         a.k = g->k_post;
         a.v = g->v;
         a.out = g->att;
-        a.lse = acts ? g->s_lse + l * nh * mT : stats ? g->lse : NULL;
+        a.lse = acts ? g->s_lse + sl * nh * mT : stats ? g->lse : NULL;
         a.window = kvq_layer_window(hp, l);
         a.pos0 = io->pos0;
         a.bf16_tc = g->attn_tc;
@@ -652,36 +650,36 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
         }
         if (!attended) CU(kvq_cu_attention(&a, g->st));
         if (acts) {
-            const size_t kvo = l * mT * kvd, qo = l * mT * qd;
+            const size_t kvo = sl * mT * kvd, qo = sl * mT * qd;
             CU(keep(g->s_q + qo, g->q, Tn * qd));
             CU(keep(g->s_k + kvo, a.k, Tn * kvd));
             CU(keep(g->s_v + kvo, a.v, Tn * kvd));
             CU(keep(g->s_att + qo, g->att, Tn * qd));
-            g->s_alt[l] = (a.kq ? 1 : 0) | (a.vq ? 2 : 0);
+            g->s_alt[sl] = (a.kq ? 1 : 0) | (a.vq ? 2 : 0);
             if (a.kq) {
                 CU(keep(g->s_kq + kvo, a.kq, Tn * kvd));
-                CU(cudaMemcpyAsync(g->s_kb + l * mT, a.kb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
+                CU(cudaMemcpyAsync(g->s_kb + sl * mT, a.kb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
             }
             if (a.vq) {
                 CU(keep(g->s_vq + kvo, a.vq, Tn * kvd));
-                CU(cudaMemcpyAsync(g->s_vb + l * mT, a.vb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
+                CU(cudaMemcpyAsync(g->s_vb + sl * mT, a.vb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
             }
         }
         if (hk && hk->observe) KVQ_TRY(host_observe(g, hk, &ctx, T, &a, err));
         KVQ_TRY(linear(g, g->x, g->att, w.wo, T, qd, dim, 1.0f, err));
         if (w.bo) CU(kvq_cu_add_bias(g->x, w.bo, T, dim, g->st));
-        if (acts) CU(keep(g->s_xmid + l * mT * dim, g->x, Tn * dim));
+        if (acts) CU(keep(g->s_xmid + sl * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.ffn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->gate, g->xn, w.w_gate, T, dim, hid, 0, err));
         KVQ_TRY(linear(g, g->up, g->xn, w.w_up, T, dim, hid, 0, err));
         if (acts) {
-            CU(keep(g->s_gate + l * mT * hid, g->gate, Tn * hid));
-            CU(keep(g->s_up + l * mT * hid, g->up, Tn * hid));
+            CU(keep(g->s_gate + sl * mT * hid, g->gate, Tn * hid));
+            CU(keep(g->s_up + sl * mT * hid, g->up, Tn * hid));
         }
         CU(kvq_cu_swiglu(g->gate, g->gate, g->up, (size_t)T * hid, g->st));
         KVQ_TRY(linear(g, g->x, g->gate, w.w_down, T, hid, dim, 1.0f, err));
     }
-    if (g->xs) CU(keep(g->xs + (size_t)hp->n_layers * mT * dim, g->x, Tn * dim));
+    if (g->xs) CU(keep(g->xs + (size_t)(g->l1 - g->l0) * mT * dim, g->x, Tn * dim));
     int n_tg = 0;
     for (int t = 0; t < T; t++) n_tg += tg[t] >= 0;
     if (g->l1 < hp->n_layers || (!io->logits && (io->skip_loss || n_tg == 0))) {
@@ -827,10 +825,10 @@ extern "C" kvq_status kvq_forward_cuda_layer_input(kvq_forward_cuda *g, int l, f
     if (!g->xs)
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer inputs were not kept (the workspace needs KVQ_FWD_SAVE_LAYER_INPUTS)");
     if (g->T_last <= 0) return kvq_fail(err, KVQ_EINVAL, "CUDA forward: no successful run yet: no layer input to read");
-    if (l < 0 || l > hp->n_layers)
-        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer input %d, expected 0..%d", l, hp->n_layers);
+    if (l < g->l0 || l > g->l1)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer input %d, expected %d..%d", l, g->l0, g->l1);
     CU(cudaSetDevice(g->dev));
-    CU(cudaMemcpyAsync(out, g->xs + (size_t)l * g->max_T * hp->dim, (size_t)g->T_last * hp->dim * sizeof(float),
+    CU(cudaMemcpyAsync(out, g->xs + (size_t)(l - g->l0) * g->max_T * hp->dim, (size_t)g->T_last * hp->dim * sizeof(float),
                        cudaMemcpyDeviceToHost, g->st));
     CU(cudaStreamSynchronize(g->st));
     return KVQ_OK;

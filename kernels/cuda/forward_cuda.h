@@ -183,6 +183,22 @@ float *kvq_forward_cuda_stage_x(kvq_forward_cuda *g);
 void *kvq_forward_cuda_stream(kvq_forward_cuda *g);
 int kvq_forward_cuda_gpu(const kvq_forward_cuda *g);
 
+/* kvq_forward_cuda_backward of a pipeline stage (the CPU's kvq_backward_stage_*):
+ * _forward runs the stage's forward from x_in (device memory, as
+ * kvq_forward_cuda_stage) keeping its activations (the workspace needs
+ * KVQ_FWD_SAVE_ACTIVATIONS) and allocates the gradients; _backward then
+ * differentiates layers l1-1 .. l0, from the cross-entropy on the last stage,
+ * else from dx_in (device memory [T][dim], dL/d(stream leaving l1-1); may be
+ * kvq_forward_cuda_stage_dx(g), where a transport receives it). Afterwards
+ * kvq_forward_cuda_stage_dx(g) holds dL/d(stream entering l0) (device memory).
+ * The grads callback sees the stage's layers; d_embd is written by the first
+ * stage. kvq_forward_cuda_backward is the two on the whole model. */
+kvq_status kvq_forward_cuda_backward_stage_forward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                   const float *x_in, kvq_bwd_result *res, kvq_err *err);
+kvq_status kvq_forward_cuda_backward_stage_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                    const float *dx_in, kvq_bwd_result *res, kvq_err *err);
+float *kvq_forward_cuda_stage_dx(kvq_forward_cuda *g);
+
 /* Copy the residual stream entering layer l of the last successful run
  * (l = n_layers: entering the final norm) into out [T][dim] (host memory).
  * Errors: KVQ_EINVAL without KVQ_FWD_SAVE_LAYER_INPUTS, before any run, or

@@ -125,6 +125,8 @@ struct kvq_forward_cuda {
     int *hb_flag;
     cudaEvent_t b_ev;   // "this layer's gradients are on the host" (created with the backward workspace)
     double t_bwd_forward, t_bwd_head, t_bwd_layers; // wall seconds of the last backward, by phase
+    kvq_fwd_result bs_fr;   // the stage forward awaiting its backward (kvq_forward_cuda_backward_stage_*)
+    bool bs_skip, bs_ready;
 };
 
 static inline kvq_status dev_alloc(kvq_forward_cuda *g, void **p, size_t bytes, const char *what, kvq_err *err)

@@ -26,6 +26,23 @@ kvq_status kvq_forward_cuda_stage(kvq_forward_cuda *g, const kvq_fwd_io *io, con
     (void)g, (void)io, (void)x_in, (void)res;
     return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
 }
+kvq_status kvq_forward_cuda_backward_stage_forward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                   const float *x_in, kvq_bwd_result *res, kvq_err *err)
+{
+    (void)g, (void)io, (void)spec, (void)x_in, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+kvq_status kvq_forward_cuda_backward_stage_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                    const float *dx_in, kvq_bwd_result *res, kvq_err *err)
+{
+    (void)g, (void)io, (void)spec, (void)dx_in, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+float *kvq_forward_cuda_stage_dx(kvq_forward_cuda *g)
+{
+    (void)g;
+    return NULL;
+}
 float *kvq_forward_cuda_stage_x(kvq_forward_cuda *g)
 {
     (void)g;

@@ -206,9 +206,6 @@ extern "C" kvq_status kvq_pipe_cuda_init(kvq_pipe_cuda **out, const kvq_model *m
     if (report && report_len) report[0] = 0;
     const kvq_hparams *hp = &m->hp;
     if (n < 1 || n > KVQ_PIPE_MAX_DEV) return kvq_fail(err, KVQ_EINVAL, "pipeline: %d GPUs, expected 1..%d", n, KVQ_PIPE_MAX_DEV);
-    if (flags & (KVQ_FWD_SAVE_LAYER_INPUTS | KVQ_FWD_SAVE_ACTIVATIONS))
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "pipeline: the backward pass (Fisher information) over several GPUs is not "
-                        "implemented on the GPU yet (docs/MULTIGPU.md)");
     kvq_pipe_cuda *p = new kvq_pipe_cuda();
     p->m = m;
     p->n = n;
@@ -236,7 +233,8 @@ extern "C" kvq_status kvq_pipe_cuda_init(kvq_pipe_cuda **out, const kvq_model *m
         np[d] = &names[(size_t)d * 16];
     }
     kvq_pipe_need need;
-    kvq_pipe_need_llama(hp, math == KVQ_CUDA_BF16 ? 2 : 4, max_T, max_P, 1, false, KVQ_PIPE_RESERVE, lb.data(), &need);
+    kvq_pipe_need_llama(hp, math == KVQ_CUDA_BF16 ? 2 : 4, max_T, max_P, 1, (flags & KVQ_FWD_SAVE_ACTIVATIONS) != 0,
+                        KVQ_PIPE_RESERVE, lb.data(), &need);
     if (first) {
         for (int d = 0; d <= n; d++) p->first[d] = first[d];
         if (p->first[0] != 0 || p->first[n] != hp->n_layers)
@@ -337,6 +335,60 @@ extern "C" kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios,
         }
         return kvq_fail(err, KVQ_EIO, "pipeline: a stage failed");
     }
+    return KVQ_OK;
+}
+// One window's forward and backward over the stages, from this one host thread: stage by stage forward (the
+// residual stream handed on), then from the last stage back (dL/dx handed back). Each hand-over is one NCCL group
+// with the send on the sending GPU's communicator and stream and the receive on the receiving GPU's (the
+// single-thread, several-GPU use of ncclGroupStart / ncclGroupEnd); the receiving stage's kernels follow on its stream.
+namespace {
+kvq_status hand_over(kvq_pipe_cuda *p, int from, int to, const float *src, float *dst, size_t n, kvq_err *err)
+{
+    ncclResult_t r = p->api.GroupStart();
+    if (r == ncclSuccess) {
+        r = p->api.Send(src, n, ncclFloat32, to, p->comms[from], (cudaStream_t)kvq_forward_cuda_stream(p->g[from]));
+        ncclResult_t r2 = r == ncclSuccess
+                              ? p->api.Recv(dst, n, ncclFloat32, from, p->comms[to], (cudaStream_t)kvq_forward_cuda_stream(p->g[to]))
+                              : ncclSuccess;
+        ncclResult_t r3 = p->api.GroupEnd();
+        r = r != ncclSuccess ? r : r2 != ncclSuccess ? r2 : r3;
+    }
+    if (r != ncclSuccess)
+        return kvq_fail(err, KVQ_EIO, "pipeline: NCCL hand-over stage %d (cuda:%d) -> stage %d (cuda:%d): %s", from, p->gpus[from], to,
+                        p->gpus[to], p->api.GetErrorString(r));
+    return KVQ_OK;
+}
+} // namespace
+
+extern "C" kvq_status kvq_pipe_cuda_backward(kvq_pipe_cuda *p, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
+                                             kvq_err *err)
+{
+    if (p->broken) return kvq_fail(err, KVQ_EINVAL, "pipeline: an earlier run failed and aborted the NCCL communicators");
+    const int S = p->n;
+    const size_t n = (size_t)io->T * p->m->hp.dim;
+    kvq_status s = KVQ_OK;
+    int st = 0;
+    for (st = 0; st < S && !s; st++) {
+        kvq_forward_cuda *g = p->g[st];
+        s = kvq_forward_cuda_backward_stage_forward(g, io, spec, st ? kvq_forward_cuda_stage_x(g) : NULL, res, err);
+        if (!s && st + 1 < S) s = hand_over(p, st, st + 1, kvq_forward_cuda_stage_x(g), kvq_forward_cuda_stage_x(p->g[st + 1]), n, err);
+    }
+    kvq_bwd_result last = *res;
+    for (st = S - 1; st >= 0 && !s; st--) {
+        kvq_forward_cuda *g = p->g[st];
+        kvq_bwd_result r = last;
+        s = kvq_forward_cuda_backward_stage_backward(g, io, spec, st + 1 < S ? kvq_forward_cuda_stage_dx(g) : NULL, &r, err);
+        if (!s && st == S - 1) last = r;
+        if (!s && st > 0) s = hand_over(p, st, st - 1, kvq_forward_cuda_stage_dx(g), kvq_forward_cuda_stage_dx(p->g[st - 1]), n, err);
+    }
+    if (s) {
+        // a hand-over may be left half-done on a stream: abort the communicators (the pipeline is unusable afterwards)
+        for (auto c : p->comms) p->api.CommAbort(c);
+        p->comms.assign(S, (ncclComm_t)NULL);
+        p->broken = true;
+        return s;
+    }
+    *res = last;
     return KVQ_OK;
 }
 #endif

@@ -40,8 +40,9 @@ typedef struct kvq_pipe_cuda kvq_pipe_cuda; /* opaque */
 
 /* A pipeline over the GPUs gpus[0..n) of this process (stage s on gpus[s]),
  * layers split by kvq_pipe_partition from the GPUs' free memory (or `first`
- * [n+1] when non-NULL), one CUDA forward workspace per stage holding only its
- * layers (kvq_forward_cuda_init_stage) and one NCCL communicator per GPU
+ * [n+1] when non-NULL; with KVQ_FWD_SAVE_ACTIVATIONS in flags the plan counts
+ * the backward's activation store), one CUDA forward workspace per stage
+ * holding only its layers (kvq_forward_cuda_init_stage) and one NCCL communicator per GPU
  * (ncclCommInitAll). report (may be NULL, report_len > 0) receives one line
  * per stage: GPU, layers, bytes planned / free. Errors: those of the
  * partitioner and the CUDA forward; KVQ_EIO for NCCL failures (the call and
@@ -57,6 +58,16 @@ void kvq_pipe_cuda_free(kvq_pipe_cuda *p);
  * layers and windows): a hook's state must be per layer, or locked. */
 kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios, kvq_fwd_result *res, int n_windows, kvq_err *err);
 
+/* Forward then backward of one window (kvq_backward_run's contract; the
+ * pipeline made with KVQ_FWD_SAVE_ACTIVATIONS, each stage keeping its
+ * layers' activations): the stages' forwards in order, the residual stream
+ * handed on with NCCL, then their backwards from the last (the LM head's
+ * cross-entropy) to the first, dL/dx handed back; grads sees the layers
+ * n_layers-1 .. 0 as on one GPU. One host thread, one window at a time (no
+ * overlap between stages). A failure aborts the communicators (the pipeline
+ * cannot run again). */
+kvq_status kvq_pipe_cuda_backward(kvq_pipe_cuda *p, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
+                                  kvq_err *err);
 /* The built-in KV transform of every stage (kvq_forward_cuda_set_kv). */
 kvq_status kvq_pipe_cuda_set_kv(kvq_pipe_cuda *p, const kvq_kv_desc *d, kvq_err *err);
 /* Counters summed over the stages (runs and seconds: the first stage's). */

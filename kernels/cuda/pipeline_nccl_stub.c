@@ -31,6 +31,12 @@ kvq_status kvq_pipe_cuda_run(kvq_pipe_cuda *p, const kvq_fwd_io *ios, kvq_fwd_re
     (void)p, (void)ios, (void)res, (void)n_windows;
     return kvq_fail(err, KVQ_EUNSUPPORTED, "multi-GPU pipeline: %s", NO_NCCL);
 }
+kvq_status kvq_pipe_cuda_backward(kvq_pipe_cuda *p, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
+                                  kvq_err *err)
+{
+    (void)p, (void)io, (void)spec, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, "multi-GPU pipeline: %s", NO_NCCL);
+}
 kvq_status kvq_pipe_cuda_set_kv(kvq_pipe_cuda *p, const kvq_kv_desc *d, kvq_err *err)
 {
     (void)p, (void)d;

@@ -128,10 +128,10 @@ kvq_status kvq_engine_init_pipe(kvq_engine *e, const int *gpus, int n, kvq_cuda_
     }
     memset(e, 0, sizeof *e);
     e->dev = KVQ_DEVICE_CUDA;
-    if (flags & KVQ_ENGINE_BACKWARD)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "the backward pass (Fisher information) over several GPUs is not implemented on "
-                        "the GPU yet (docs/MULTIGPU.md); use one GPU or the CPU");
-    return kvq_pipe_cuda_init(&e->pipe, m, gpus, n, NULL, max_T, max_P, flags, math, report, report_len, err);
+    const bool bw = flags & KVQ_ENGINE_BACKWARD;
+    flags &= ~(unsigned)KVQ_ENGINE_BACKWARD;
+    return kvq_pipe_cuda_init(&e->pipe, m, gpus, n, NULL, max_T, max_P, flags | (bw ? KVQ_FWD_SAVE_ACTIVATIONS : 0), math, report,
+                              report_len, err);
 }
 
 void kvq_engine_cuda_stats(const kvq_engine *e, kvq_cuda_stats *out)
@@ -212,7 +212,7 @@ kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bw
 {
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "backward: a built-in KV scheme is set and the hooks carry a transform too");
-    if (e->pipe) return kvq_fail(err, KVQ_EUNSUPPORTED, "backward: not implemented over several GPUs (docs/MULTIGPU.md)");
+    if (e->pipe) return kvq_pipe_cuda_backward(e->pipe, io, spec, res, err);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_backward(e->gpu, io, spec, res, err);
     if (!e->has_bw) return kvq_fail(err, KVQ_EINVAL, "backward: the engine was initialised without KVQ_ENGINE_BACKWARD");
     if (!e->has_desc) return kvq_backward_run(&e->bw, io, spec, res, err);
@@ -223,7 +223,7 @@ kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bw
 
 kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err)
 {
-    if (e->pipe) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer input %d: a pipeline over several GPUs keeps no checkpoints", l);
+    if (e->pipe) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer input %d: not read across a pipeline's stages", l);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_layer_input(e->gpu, l, out, err);
     const kvq_forward *fw = cpu_fw(e);
     if (l < 0 || l > fw->m->hp.n_layers) return kvq_fail(err, KVQ_EINVAL, "layer input %d, expected 0..%d", l, fw->m->hp.n_layers);

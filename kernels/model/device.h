@@ -84,9 +84,9 @@ kvq_status kvq_engine_init_fallback(kvq_engine *e, kvq_device dev, bool fallback
                                     const kvq_model *m, int max_T, int max_P, unsigned flags, char *note, size_t note_len,
                                     kvq_err *err);
 /* The engine over several GPUs of this host (pipeline_nccl.h: layers split by
- * memory, NCCL between the stages; forward only: KVQ_ENGINE_BACKWARD and
- * KVQ_FWD_SAVE_* are refused with KVQ_EUNSUPPORTED). n == 1 is
- * kvq_engine_init_at on gpus[0]. report: kvq_pipe_cuda_init's. */
+ * memory, NCCL between the stages; KVQ_ENGINE_BACKWARD: kvq_engine_backward
+ * runs kvq_pipe_cuda_backward; kvq_engine_layer_input is not available).
+ * n == 1 is kvq_engine_init_at on gpus[0]. report: kvq_pipe_cuda_init's. */
 kvq_status kvq_engine_init_pipe(kvq_engine *e, const int *gpus, int n, kvq_cuda_math math, const kvq_model *m, int max_T,
                                 int max_P, unsigned flags, char *report, size_t report_len, kvq_err *err);
 /* The CUDA counters of the engine (summed over a pipeline's stages); zeros on the CPU. */
