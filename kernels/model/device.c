@@ -207,6 +207,18 @@ kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *r
     return kvq_forward_run(cpu_fw(e), &io2, res, err);
 }
 
+kvq_status kvq_engine_run_batch(kvq_engine *e, const kvq_fwd_io *ios, kvq_fwd_result *res, int n, kvq_err *err)
+{
+    if (e->pipe) {
+        for (int i = 0; i < n; i++)
+            if (e->has_desc && ios[i].hooks && ios[i].hooks->transform)
+                return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
+        return kvq_pipe_cuda_run(e->pipe, ios, res, n, err);
+    }
+    for (int i = 0; i < n; i++) KVQ_TRY(kvq_engine_run(e, &ios[i], &res[i], err));
+    return KVQ_OK;
+}
+
 kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
                                kvq_err *err)
 {

@@ -97,6 +97,10 @@ void kvq_engine_free(kvq_engine *e);
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err);
 /* kvq_forward_run's contract; with a descriptor set, io->hooks->transform must be NULL. */
 kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+/* n windows: on a pipeline (kvq_engine_init_pipe) as micro-batches, so that the stages overlap
+ * (kvq_pipe_cuda_run; hooks of different stages then run concurrently, so a caller passes hooks only
+ * when their state is per layer); elsewhere kvq_engine_run for each in turn. */
+kvq_status kvq_engine_run_batch(kvq_engine *e, const kvq_fwd_io *ios, kvq_fwd_result *res, int n, kvq_err *err);
 /* kvq_backward_run's contract (backward.h) on the engine's device, with the
  * descriptor's transform (straight-through) when one is set. Needs
  * KVQ_ENGINE_BACKWARD at init (else KVQ_EINVAL). */
