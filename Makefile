@@ -65,8 +65,6 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # NCCL (the multi-GPU pipeline, kernels/cuda/pipeline_nccl.h): NCCL=1 when nccl.h is found, in NCCL_HOME (default: the
 # PyPI wheel nvidia-nccl-cu13 that scripts/setup.sh installs, else the CUDA toolkit's). libnccl.so.2 is loaded at run
 # time (dlopen: the build's first, then the loader's path), so the binaries start where it is absent. NCCL=0: without.
-# MPI (one process per GPU across hosts, kernels/cuda/pipeline_mpi.c): MPI=1 when mpicc (Debian's libopenmpi-dev) is
-# found and NCCL=1.
 NCCL_HOME ?= $(shell python3 -c 'import os, nvidia.nccl as n; p = list(n.__path__)[0]; print(p if os.path.exists(p + "/include/nccl.h") else "")' 2>/dev/null)
 ifeq ($(strip $(NCCL_HOME)),)
 override NCCL_HOME := $(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(CUDA_HOME))
@@ -77,7 +75,7 @@ NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so.2 $(NCCL_HOME)/li
 NCCL_CFLAGS := -DKVQ_NCCL=1 -I$(NCCL_HOME)/include -DKVQ_NCCL_LIB='"$(NCCL_LIB)"'
 endif
 CFLAGS += -DKVQ_CUDA=1 $(NCCL_CFLAGS) -I$(CUDA_HOME)/include
-NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror $(INC_FLAGS)
+NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror,-fopenmp $(INC_FLAGS)
 NVCCFLAGS += $(filter-out -pthread,$(NCCL_CFLAGS))
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 # the longest compilations first, so that a parallel build does not end on one of them

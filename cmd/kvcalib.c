@@ -147,6 +147,7 @@ static int option_table(cli_args *a, kvq_opt *t, const char *methods)
 typedef struct {
     double t0;
     bool quiet;
+    bool outliers; /* the fit keeps sparse outliers (--outliers > 0): only then is their share printed */
 } progress_ctx;
 
 static const char *chosen_name(uint8_t c)
@@ -159,7 +160,7 @@ static void on_table(void *vctx, int done, int total, int layer, char kv, const 
     progress_ctx *c = vctx;
     if (c->quiet) return;
     fprintf(stderr, "%s: [%d/%d] layer %d %c: %.2f s", PROG, done, total, layer, kv == 'k' ? 'K' : 'V', seconds);
-    if (t->n_elems)
+    if (t->n_elems && (c->outliers || t->n_outliers))
         fprintf(stderr, ", outliers %.3f%%", 100.0 * (double)t->n_outliers / (double)t->n_elems);
     for (size_t h = 0; h < t->n_tables; h++) {
         if (t->n_tables > 1) fprintf(stderr, "\n    head %zu:", h);
@@ -829,7 +830,7 @@ static int cmd_calibrate(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", PROG, e.msg);
         return EXIT_USAGE;
     }
-    progress_ctx pc = {.t0 = kvq_now(), .quiet = a.quiet};
+    progress_ctx pc = {.t0 = kvq_now(), .quiet = a.quiet, .outliers = o.outlier_frac > 0};
     o.on_table = on_table;
     o.on_table_ctx = &pc;
     int threads = o.n_threads > 0 ? o.n_threads : omp_get_max_threads();

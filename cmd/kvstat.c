@@ -186,14 +186,14 @@ static int run(const args_t *a, const char *dump_path)
             kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
     }
     /* --scheme: families without tables (zipcache, hh, int, kivi, ...), the resting cache as the family's quantize
-     * gives it (post-RoPE keys), checked against the dump's head_dim before the pass */
+     * gives it (keys at the spec's stage, through its rotation), checked against the dump's head_dim before the pass */
     for (int i = 0; i < a->scheme.n; i++) {
         kvq_scheme_spec ss;
         kvq_hparams hp = {.n_layers = src.layer_last + 1, .n_heads = src.n_heads, .n_kv_heads = src.n_kv_heads,
                           .head_dim = src.head_dim};
         if (kvq_scheme_parse(a->scheme.v[i], &ss, &err) != KVQ_OK ||
             (ss.q.fam->check_model && ss.q.fam->check_model(&ss.q, a->scheme.v[i], &hp, &err) != KVQ_OK) ||
-            kvq_qscheme_plain(&ss.q, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) != KVQ_OK) {
+            kvq_qscheme_spec(&ss, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) != KVQ_OK) {
             fprintf(stderr, "kvstat: --scheme %s: %s\n", a->scheme.v[i], err.msg);
             goto out;
         }

@@ -20,13 +20,14 @@
 #     WORK   dump, artifacts (WORK/art) and outputs (WORK/<step>.md/.json/.err, WORK/calib.log)
 # Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda), KVQ_ART
 # (the artifacts' folder, default WORK/art: eval can use artifacts made elsewhere), KVQ_GROUPS (the eval
-# groups, default "g1 g2 g3 g4 g5 sched"), KVQ_MAX_WINDOWS (the
+# groups, default "g1 g2 g3 g4 g5 sched"; g2a/g2b .. g5a/g5b are the halves of a host-path group, s:<spec> one
+# scheme, each its own process; KVQ_THREADS_<group> its OpenMP threads), KVQ_MAX_WINDOWS (the
 # host-path groups g2..g5 on the first N windows; g1, the native baselines, always runs the whole split),
 # and the above; for a smoke test on a small model: KVQ_SAMPLES, KVQ_SEQ_LEN (the dump, default
 # 16 x 2048), KVQ_CTX (2048).
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 STEP=$1 MODEL=$2 CALIB=$3 TEXT=$4 WORK=$5
@@ -58,8 +59,8 @@ ARTS=(
 # transform families over the whole split, in groups run side by side (each kveval process also runs
 # its own fp32 baseline pass; the host-path families transform on the CPU cores between GPU layers)
 G1=(fp16 int4+sink1 kivi2 kivi4 nuq4-1% nuq3-1% nuq2-1% fp8 q8_0 q4_0)
-G2=(q4_0+hadamard int4+hadamard nuq4-1%+hadamard nuq3-1%+hadamard int8-pth fp8-pth int4-pth)
-G3=(turboquant-k8v4 turboquant-4bit-nc turboquant-3bit-nc nvfp4 nvfp4-tensor mxfp4 fp4_mx_block16)
+G2=(q4_0+hadamard q8_0+hadamard int4+hadamard int4-pth+hadamard nuq4-1%+hadamard nuq3-1%+hadamard int8-pth fp8-pth int4-pth)
+G3=(turboquant-k8v4 turboquant-4bit-nc nvfp4 nvfp4-tensor turboquant-k3v4-nc turboquant-3bit-nc mxfp4 fp4_mx_block16)
 G4=(wkvq4 wkvq3 wkvq2-g64 skvq2-w32 skvq3-w32 skvq4-w32 skvq2-w128)
 G5=(cq-c4b4 cq-c4b6 cq-c8b8 cq-c4b8 cq-c2b8)
 # attention-driven schedules (host attention for every layer): the first KVQ_SCHED_WINDOWS windows
@@ -68,7 +69,8 @@ SCHED=(kivi2 nuq2-1% nuq3-1% nuq4-1% hh4-20%-w32
        zipcache-h4-l2-b10%-w32 zipcache-h3-l2-b20%-w64 zipcache-h4-l3-b20%-w64)
 
 arts=()
-for a in "${ARTS[@]}"; do arts+=(--artifact "$ART/${a%%|*}.safetensors"); done
+# eval: the artifacts present in ART (a run of a few groups carries only the ones it binds)
+for a in "${ARTS[@]}"; do [ "$STEP" = calib ] || [ -f "$ART/${a%%|*}.safetensors" ] && arts+=(--artifact "$ART/${a%%|*}.safetensors"); done
 schemes() { local s out=(); for s in "$@"; do out+=(--scheme "$s"); done; printf '%s\n' "${out[@]}"; }
 
 run_group() { # name, window args..., --, schemes...
@@ -77,7 +79,8 @@ run_group() { # name, window args..., --, schemes...
     while [ "$1" != -- ]; do win+=("$1"); shift; done
     shift
     for x in "$@"; do sc+=(--scheme "$x"); done
-    OMP_NUM_THREADS=${THREADS:-${KVQ_GROUP_THREADS:-2}} timeout "${KVQ_EVAL_TIMEOUT:-400}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
+    local tv="KVQ_THREADS_$name"
+    OMP_NUM_THREADS=${!tv:-${THREADS:-${KVQ_GROUP_THREADS:-2}}} timeout "${KVQ_EVAL_TIMEOUT:-400}" "$BIN/kveval" --device "$DEV" --model "$MODEL" \
         --text "$TEXT" --ctx "${KVQ_CTX:-2048}" "${win[@]}" "${arts[@]}" "${sc[@]}" --quiet --json "$WORK/$name.json" >"$WORK/$name.md" \
         2>"$WORK/$name.err" || echo "$name: exit $? (see $name.err)" >>"$WORK/eval.status"
 }
@@ -109,6 +112,16 @@ eval)
         g3) run_group g3 "${all[@]}" -- "${G3[@]}" & ;;
         g4) run_group g4 "${all[@]}" -- "${G4[@]}" & ;;
         g5) run_group g5 "${all[@]}" -- "${G5[@]}" & ;;
+        s:*) # one scheme in its own process (group name s<i>, i its place in KVQ_GROUPS)
+            n_s=$((${n_s:-0} + 1))
+            run_group "s$n_s" "${all[@]}" -- "${g#s:}" & ;;
+        g[2-5][ab])
+            # half of a host-path group (its own process and fp32 pass): more processes on the CPU cores
+            local_arr="G${g:1:1}[@]"
+            members=("${!local_arr}")
+            h=$(((${#members[@]} + 1) / 2))
+            if [ "${g:2:1}" = a ]; then members=("${members[@]:0:$h}"); else members=("${members[@]:$h}"); fi
+            run_group "$g" "${all[@]}" -- "${members[@]}" & ;;
         sched) THREADS=${KVQ_SCHED_THREADS:-6} run_group sched --max-windows "${KVQ_SCHED_WINDOWS:-6}" -- "${SCHED[@]}" & ;;
         *) echo "gpu_kveval_families: unknown group $g" >&2; exit 2 ;;
         esac
@@ -116,6 +129,10 @@ eval)
     wait
     echo "eval: $(($(date +%s) - s0)) s for the groups ($groups) side by side" | tee -a "$WORK/eval.status"
     cat "$WORK/eval.status"
-    for g in $groups; do echo "### $g"; cat "$WORK/$g.md"; done ;;
+    n_s=0
+    for g in $groups; do
+        case "$g" in s:*) n_s=$((n_s + 1)); g=s$n_s ;; esac
+        echo "### $g"; cat "$WORK/$g.md"
+    done ;;
 *) echo "gpu_kveval_families: unknown step $STEP (calib, eval)" >&2; exit 2 ;;
 esac

@@ -440,6 +440,33 @@ START_TEST(test_build_dependencies)
 }
 END_TEST
 
+/* Host code in .cu files that uses OpenMP is compiled with it: nvcc's host compiler got no -fopenmp, so
+ * `#ifdef _OPENMP` blocks in forward_cuda.cu vanished and the GPU path's host schedule attention ran on one
+ * thread whatever OMP_NUM_THREADS said (and an unguarded `#pragma omp` would be ignored silently). */
+START_TEST(test_cuda_host_openmp)
+{
+    char *mk = kvq_test_slurp("Makefile", NULL);
+    ck_assert_msg(mk, "cannot read the Makefile");
+    char *nv = strstr(mk, "NVCCFLAGS ?=");
+    ck_assert_msg(nv, "the Makefile has no NVCCFLAGS ?= line");
+    char *eol = strchr(nv, '\n');
+    if (eol) *eol = 0;
+    bool has = strstr(nv, "-fopenmp") != NULL;
+    FILE *ls = popen("grep -rlE '_OPENMP|#pragma omp|omp_get' --include='*.cu' --include='*.cuh' kernels tests 2>/dev/null", "r");
+    ck_assert(ls != NULL);
+    char path[512];
+    int users = 0;
+    while (fgets(path, sizeof path, ls)) {
+        users++;
+        ck_assert_msg(has, "%.*s uses OpenMP but NVCCFLAGS (%s) does not pass -fopenmp to the host compiler",
+                      (int)strcspn(path, "\n"), path, nv);
+    }
+    pclose(ls);
+    ck_assert_msg(users > 0, "no .cu file uses OpenMP: the check would pass vacuously (forward_cuda.cu's host schedule does)");
+    free(mk);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("conventions");
@@ -450,6 +477,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_aliases);
     tcase_add_test(tc, test_json_keys_documented);
     tcase_add_test(tc, test_build_dependencies);
+    tcase_add_test(tc, test_cuda_host_openmp);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -347,6 +347,31 @@ START_TEST(test_cli_end_to_end)
             ck_assert_msg(z > 0 && z < i2, "layer %d %c: zipcache 8-bit resting MSE %g vs int2 %g", j, w ? 'v' : 'k', z, i2);
         }
     cJSON_Delete(root);
+    /* the spec's key stage and rotation are honoured (they were dropped: every --scheme measured post-RoPE keys
+     * unrotated): +pre-rope changes the keys' error and leaves the values' bit for bit; +hadamard changes both */
+    snprintf(cmd, sizeof cmd, "%s '%s' --scheme int3 --scheme int3+pre-rope --scheme int3+hadamard --json - -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 0 && out[0] == '{', "rc %d: %.300s", rc, out);
+    root = cJSON_Parse(out);
+    ck_assert(root != NULL);
+    sc = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "quant_error"), "schemes");
+    ck_assert_int_eq(cJSON_GetArraySize(sc), 3);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(sc, 1), "name")->valuestring, "int3+pre-rope");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(sc, 2), "name")->valuestring, "int3+hadamard");
+    for (int j = 0; j < SY_NL; j++) {
+        double e[3][2];
+        for (int t = 0; t < 3; t++)
+            for (int w = 0; w < 2; w++)
+                e[t][w] = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(sc, t), w ? "mse_v" : "mse_k"), j)->valuedouble;
+        ck_assert_msg(e[0][0] > 0 && e[1][0] > 0 && e[0][0] != e[1][0], "layer %d: int3 K MSE %g vs +pre-rope %g", j, e[0][0], e[1][0]);
+        ck_assert_msg(e[0][1] == e[1][1], "layer %d: V MSE %g vs +pre-rope %g (values have no stage)", j, e[0][1], e[1][1]);
+        ck_assert_msg(e[2][0] != e[0][0] && e[2][1] != e[0][1], "layer %d: +hadamard K/V MSE %g/%g equal the unrotated", j,
+                      e[2][0], e[2][1]);
+    }
+    cJSON_Delete(root);
+    snprintf(cmd, sizeof cmd, "%s '%s' --scheme int4+intactkv -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "+intactkv changes the prefix"), "rc %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s '%s' --scheme zipcache-g5 -q", kvstat, dump);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "--scheme zipcache-g5") && strstr(out, "does not divide head_dim 16"), "rc %d: %s", rc, out);

@@ -206,6 +206,8 @@ START_TEST(test_wkvq_artifact_and_cli)
                       strstr(out, "past-only; channel shift and scale (closed form, alpha 0.75)") && strstr(out, "shift [") &&
                       strstr(out, "scale [") && strstr(out, "sink tokens   1"),
                   "%s", out);
+    /* a family without sparse outliers prints no outlier share per table (it printed "outliers 0.000%") */
+    ck_assert_msg(!strstr(out, "outliers 0.000%") && strstr(out, "layer  0 K: points"), "%s", out);
     /* kvcalib --param: the rules named, nothing written */
     struct { const char *args; int code; const char *want; } cases[] = {
         {"--param beta=1", 2, "NAME one of method wkvq's parameters (alpha)"},

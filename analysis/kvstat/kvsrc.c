@@ -176,6 +176,20 @@ kvq_status kvq_qscheme_plain(const kvq_scheme *sc, size_t head_dim, kvq_qscheme_
     return KVQ_OK;
 }
 
+kvq_status kvq_qscheme_spec(const kvq_scheme_spec *ss, size_t head_dim, kvq_qscheme_state *st, kvq_qscheme *out,
+                            kvq_err *err)
+{
+    if (ss->intactkv)
+        return kvq_fail(err, KVQ_EINVAL, "%s: +intactkv changes the prefix the model attends to, not the cached K/V; "
+                        "kvstat measures the resting cache (drop the modifier)", ss->spec);
+    KVQ_TRY(kvq_qscheme_plain(&ss->q, head_dim, st, out, err));
+    st->desc.key_stage = ss->key_stage;
+    st->desc.rot = ss->rot;
+    snprintf(st->name, sizeof st->name, "%s", ss->spec);
+    fill_qscheme(st, out);
+    return KVQ_OK;
+}
+
 void kvq_qscheme_state_free(kvq_qscheme_state *st)
 {
     if (!st) return;

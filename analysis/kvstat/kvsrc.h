@@ -12,6 +12,7 @@
 #include "kv_desc.h"
 #include "kvstats.h"
 #include "quant.h"
+#include "scheme.h"
 
 /* Open a dump read-only and fill src over it (src->ctx = the reader; close
  * with kvq_kvsrc_dump_close). n_samples = samples committed (a .partial dump
@@ -46,6 +47,12 @@ kvq_status kvq_qscheme_from_artifact(const kvq_artifact *a, kvq_qscheme_state *s
  * ...), post-RoPE keys. */
 kvq_status kvq_qscheme_plain(const kvq_scheme *sc, size_t head_dim, kvq_qscheme_state *st, kvq_qscheme *out,
                              kvq_err *err);
+/* A parsed --scheme spec of a table-free family: kvq_qscheme_plain with the spec's key stage (the family's
+ * default or +pre-rope / +post-rope) and rotation (+hadamard / +rht: every head vector rotated before the
+ * family's quantize and un-rotated after it, kv_desc.h); named by the spec as given. KVQ_EINVAL for
+ * +intactkv (a trained prefix has no resting representation to measure). */
+kvq_status kvq_qscheme_spec(const kvq_scheme_spec *ss, size_t head_dim, kvq_qscheme_state *st, kvq_qscheme *out,
+                            kvq_err *err);
 void kvq_qscheme_state_free(kvq_qscheme_state *st);
 
 #endif

@@ -9,11 +9,15 @@
 
 #include <algorithm>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h> /* host-side loops of the CUDA forward (the Makefile passes -fopenmp to nvcc's host compiler) */
+#endif
 
 extern "C" {
 #include "attention.h"
 #include "half.h"
 #include "forward_cuda.h"
+#include "gguf.h"
 #include "ops.h"
 }
 #include "cuda_ops.cuh"
@@ -181,6 +185,8 @@ extern "C" kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const 
         const size_t cols = (size_t)mt->cols, rows = (size_t)mt->rows;
         const float *f = kvq_mat_f32(mt);
         if (f && !g->bf16) return up(d, f, rows * cols);
+        if (g->bf16 && mt->type == KVQ_GGML_BF16 && mt->row_bytes == cols * sizeof(unsigned short))
+            return cudaMemcpy(d, mt->data, rows * cols * sizeof(unsigned short), cudaMemcpyHostToDevice); // bf16 as stored
         const size_t nb = std::max<size_t>(1, ((size_t)1 << 24) / cols); // 64 MiB of fp32 rows at a time
         for (size_t r0 = 0; r0 < rows; r0 += nb) {
             const size_t n = std::min(nb, rows - r0), ne = n * cols;
@@ -193,7 +199,9 @@ extern "C" kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const 
             cudaError_t e;
             if (g->bf16) {
                 hb.resize(ne);
-                for (size_t i = 0; i < ne; i++) hb[i] = kvq_f32_to_bf16(src[i]);
+                unsigned short *hbp = hb.data();
+#pragma omp parallel for schedule(static) if (ne > (1u << 16))
+                for (size_t i = 0; i < ne; i++) hbp[i] = kvq_f32_to_bf16(src[i]);
                 e = cudaMemcpy(reinterpret_cast<unsigned short *>(d) + r0 * cols, hb.data(), ne * sizeof(unsigned short), cudaMemcpyHostToDevice);
             } else {
                 e = cudaMemcpy(d + r0 * cols, src, ne * sizeof(float), cudaMemcpyHostToDevice);

@@ -64,6 +64,8 @@ kvq_status kvq_rotation_apply(const kvq_rotation *r, float *x, size_t n_tokens, 
     float sg[KVQ_HADAMARD_MAX];
     for (size_t d = 0; rht && d < head_dim; d++) sg[d] = (float)kvq_rht_sign(r->seed, d);
     size_t n_vec = n_tokens * (kv_dim / head_dim);
+    /* each head vector on its own: the same bits on any thread count */
+#pragma omp parallel for schedule(static) if (n_vec * head_dim > (1u << 16))
     for (size_t i = 0; i < n_vec; i++) {
         float *h = x + i * head_dim;
         if (rht && !inverse)

@@ -946,12 +946,14 @@ static void print_levels(FILE *f, const float *lv, size_t nl)
     fputc(']', f);
 }
 
-static void print_table(FILE *f, size_t i, char kv, const kvq_kv_table *t)
+static void print_table(FILE *f, size_t i, char kv, const kvq_kv_table *t, bool outliers)
 {
     fprintf(f, "  layer %2zu %c:", i, kv);
-    if (t->n_elems)
+    if (t->n_elems && (outliers || t->n_outliers))
         fprintf(f, " outliers %.3f%% (%llu/%llu), points %llu", 100.0 * (double)t->n_outliers / (double)t->n_elems,
                 (unsigned long long)t->n_outliers, (unsigned long long)t->n_elems, (unsigned long long)t->n_points);
+    else if (t->n_elems)
+        fprintf(f, " points %llu", (unsigned long long)t->n_points);
     if (t->fp8_scale) {
         fprintf(f, ", fp8 scale%s", t->n_fp8_scales > 1 ? "s" : "");
         for (size_t h = 0; h < t->n_fp8_scales; h++) fprintf(f, " %.6g", (double)t->fp8_scale[h]);
@@ -1053,8 +1055,8 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
         if (n) fprintf(f, "fit totals    lloyd %.6g, exact %.6g; exact chosen for %zu of %zu tables\n", tl, te, wins, n);
         fprintf(f, "tables:\n");
         for (size_t i = 0; i < p->n_layers; i++) {
-            if (a.k) print_table(f, i, 'K', &a.k[i]);
-            if (a.v) print_table(f, i, 'V', &a.v[i]);
+            if (a.k) print_table(f, i, 'K', &a.k[i], p->outlier_frac > 0);
+            if (a.v) print_table(f, i, 'V', &a.v[i], p->outlier_frac > 0);
         }
     }
     kvq_artifact_free(&a);
