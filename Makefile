@@ -6,6 +6,7 @@
 #   make bench         benchmarks (tests/bench), results for docs/BENCHMARKS.md
 #   make demo          the whole pipeline on the default model and data
 #   make V=1           show full compiler command lines
+#   make NCCL=0 / MPI=0   build without the multi-GPU pipeline's NCCL / MPI parts (default: on when found; make config)
 #   make -jN           parallel build (the CUDA kernel template instances compile as 7 units, build/gen/)
 .DEFAULT_GOAL := all
 .SECONDARY:
@@ -61,13 +62,38 @@ KVC_INST := kivi_2_2 kivi_2_4 kivi_4_2 kivi_4_4 nuq_2 nuq_3 nuq_4
 KVC_INST_OBJ := $(KVC_INST:%=$(BUILD)/gen/kvcache_cuda_inst_%.cu.o)
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CFLAGS += -DKVQ_CUDA=1 -I$(CUDA_HOME)/include
+# NCCL (the multi-GPU pipeline, kernels/cuda/pipeline_nccl.h): NCCL=1 when nccl.h is found, in NCCL_HOME (default: the
+# PyPI wheel nvidia-nccl-cu13 that scripts/setup.sh installs, else the CUDA toolkit's). libnccl.so.2 is loaded at run
+# time (dlopen: the build's first, then the loader's path), so the binaries start where it is absent. NCCL=0: without.
+NCCL_HOME ?= $(shell python3 -c 'import os, nvidia.nccl as n; p = list(n.__path__)[0]; print(p if os.path.exists(p + "/include/nccl.h") else "")' 2>/dev/null)
+ifeq ($(strip $(NCCL_HOME)),)
+override NCCL_HOME := $(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(CUDA_HOME))
+endif
+NCCL ?= $(if $(strip $(NCCL_HOME)),1,0)
+ifeq ($(NCCL),1)
+NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so.2 $(NCCL_HOME)/lib64/libnccl.so.2) libnccl.so.2)
+NCCL_CFLAGS := -DKVQ_NCCL=1 -I$(NCCL_HOME)/include -DKVQ_NCCL_LIB='"$(NCCL_LIB)"'
+endif
+CFLAGS += -DKVQ_CUDA=1 $(NCCL_CFLAGS) -I$(CUDA_HOME)/include
 NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -Wall,-Wextra,-Werror,-fopenmp $(INC_FLAGS)
+NVCCFLAGS += $(filter-out -pthread,$(NCCL_CFLAGS))
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 # the longest compilations first, so that a parallel build does not end on one of them
 LIB_OBJ := $(KVC_INST_OBJ) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(LIB_SRC:%.c=$(BUILD)/%.o)
 else
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+endif
+
+# MPI (the pipeline's processes, one per GPU; kernels/cuda/pipeline_mpi.c): MPI=1 when mpicc (Debian's libopenmpi-dev,
+# scripts/setup.sh) is found, in CPU builds too (its host transport runs the CPU stage loop in several processes,
+# tests/test_pipeline.c). Only the programs that call MPI keep libmpi (--as-needed).
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+MPI ?= $(if $(strip $(MPICC)),1,0)
+ifeq ($(MPI),1)
+ifeq ($(SAN),0)
+CFLAGS += -DKVQ_MPI=1 $(shell $(MPICC) --showme:compile 2>/dev/null)
+LDLIBS += -Wl,--as-needed $(shell $(MPICC) --showme:link 2>/dev/null) -Wl,--no-as-needed
+endif
 endif
 
 LIB := $(BUILD)/libkvq.a
@@ -92,7 +118,7 @@ GPU_CHECK_PARTS := $(wildcard tests/gpu/gpu_check_*.c)
 GPU_SRC := $(filter-out $(GPU_CHECK_PARTS),$(wildcard tests/gpu/*.c))
 GPU_BINS := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 
-.PHONY: all lib tools tests test check-deps check-symbols asan bench demo setup clean help gpu-tests
+.PHONY: all lib tools tests test check-deps check-symbols asan bench demo setup clean help gpu-tests config
 all: check-deps $(LIB) $(TOOL_BINS)
 lib: $(LIB)
 tools: $(TOOL_BINS)
@@ -100,6 +126,10 @@ tests: $(TEST_BINS)
 
 help:
 	@sed -n "/^#/p;/^[^#]/q" Makefile | sed "s/^# \{0,1\}//"
+
+# what this build has beyond the CPU (also printed by make config)
+config:
+	@echo "CUDA=$(CUDA) NCCL=$(if $(filter 1,$(CUDA)),$(NCCL),0 (needs CUDA)) $(if $(filter 1,$(CUDA)),$(if $(filter 1,$(NCCL)),NCCL_HOME=$(NCCL_HOME) ))MPI=$(if $(filter 0,$(SAN)),$(MPI),0 (not with SAN=1))"
 
 check-deps:
 	@pkg-config --exists $(PKGS) check || { echo "kvq: missing build dependencies (pkg-config: $(PKGS) check)."; \

@@ -9,6 +9,7 @@
 #include "capture.h"
 #include "cuda_info.h"
 #include "device.h"
+#include "pipeline.h"
 #include "cli.h"
 
 /* The one process-wide mutable: set by SIGINT/SIGTERM, read between samples
@@ -34,7 +35,7 @@ int main(int argc, char **argv)
 {
     kvq_capture_opts o = kvq_capture_opts_default();
     const char *model = NULL, *text = NULL, *out = NULL, *tokenizer = NULL, *format = NULL, *dtype = "f16",
-               *layers = NULL, *device = NULL, *overlap = NULL, *math = NULL, *weights = NULL;
+               *layers = NULL, *device = NULL, *devices = NULL, *overlap = NULL, *math = NULL, *weights = NULL;
     long samples = o.samples, seq_len = 0, seed = 0, deflate = o.deflate, threads = 0;
     bool fisher = false, attn = false, q = false, resume = false, force = false, quiet = false, version = false;
     kvq_opt opts[] = {
@@ -56,6 +57,7 @@ int main(int argc, char **argv)
         {"resume", 0, KVQ_OPT_FLAG, &resume, NULL, "continue OUT.partial after checking it matches this request", NULL, 0, 0, false},
         {"force", 'f', KVQ_OPT_FLAG, &force, NULL, "overwrite an existing OUT (or OUT.partial)", NULL, 0, 0, false},
         kvq_cli_common(KVQ_COPT_DEVICE, &device, false),
+        kvq_cli_common(KVQ_COPT_DEVICES, &devices, false),
         kvq_cli_common(KVQ_COPT_MATH, &math, false),
         kvq_cli_common(KVQ_COPT_WEIGHTS, &weights, false),
         kvq_cli_common(KVQ_COPT_THREADS, &threads, false),
@@ -105,6 +107,17 @@ int main(int argc, char **argv)
     o.resume = resume;
     o.force = force;
     o.quiet = quiet;
+    char one_gpu[32];
+    int dev_ids[KVQ_PIPE_MAX_DEV], n_dev = 0;
+    if (devices) { /* several GPUs: the pipeline by layers; one: today's single-GPU path (--device cuda:N) */
+        if (kvq_devices_resolve(devices, device, dev_ids, KVQ_PIPE_MAX_DEV, &n_dev, one_gpu, sizeof one_gpu, &e)) {
+            fprintf(stderr, "kvdump: %s\n", e.msg);
+            return e.code == KVQ_EINVAL ? 2 : 1;
+        }
+        if (n_dev == 1) device = one_gpu;
+        o.gpus = dev_ids;
+        o.n_gpus = n_dev;
+    }
     o.device = device ? device : "auto";
     o.write_behind = !overlap || !strcmp(overlap, "auto") ? -1 : !strcmp(overlap, "on");
     if (weights && kvq_weights_parse(weights, "--weights", &o.weights, &e)) {

@@ -17,6 +17,7 @@
 #include "cuda_info.h"
 #include "model.h"
 #include "passkey.h"
+#include "pipeline.h"
 #include "perplexity.h"
 #include "progress.h"
 #include "quant.h"
@@ -45,7 +46,7 @@ static const char *summary_text(char *buf, size_t n)
 }
 
 typedef struct {
-    const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *math, *ctx_s, *weights;
+    const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *devices, *math, *ctx_s, *weights;
     const char *task, *pk_lengths, *pk_depths;
     long ctx, max_windows, pk_trials, seed, threads;
     bool ctx_max;
@@ -219,6 +220,7 @@ int main(int argc, char **argv)
         {"allow-model-mismatch", 0, KVQ_OPT_FLAG, &o.allow_mismatch, NULL,
          "load artifacts whose model fingerprint differs (warning instead of error)", NULL, 0, 0, false},
         kvq_cli_common(KVQ_COPT_DEVICE, &o.device, false),
+        kvq_cli_common(KVQ_COPT_DEVICES, &o.devices, false),
         {"fast", 0, KVQ_OPT_FLAG, &o.fast, NULL,
          "GPU fast mode: TF32 tensor cores for the GEMMs (~1e-3 relative; labelled in the output); = --math tf32", NULL,
          0, 0, false},
@@ -295,8 +297,22 @@ int main(int argc, char **argv)
             return fail(NULL, &e, 2);
         }
 
+    /* --devices: several GPUs are the pipeline by layers; one is today's single-GPU path (--device cuda:N) */
+    char one_gpu[32];
+    int dev_ids[KVQ_PIPE_MAX_DEV], n_dev = 0;
+    if (o.devices) {
+        if (kvq_devices_resolve(o.devices, o.device, dev_ids, KVQ_PIPE_MAX_DEV, &n_dev, one_gpu, sizeof one_gpu, &e)) {
+            free(specs);
+            return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
+        }
+        o.device = n_dev == 1 ? one_gpu : "cuda";
+    }
     /* device: a bad name fails before loading; cuda without a GPU fails here too */
     kvq_ppl_exec exec = {0};
+    if (n_dev > 1) { /* the pipeline over several GPUs (forward only) */
+        exec.n_gpus = n_dev;
+        memcpy(exec.gpus, dev_ids, (size_t)n_dev * sizeof *dev_ids);
+    }
     if (kvq_device_parse(o.device ? o.device : "auto", &exec.device, &exec.gpu, &e)) {
         free(specs);
         return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);

@@ -46,6 +46,10 @@ static const kvq_opt COMMON[KVQ_COPT_COUNT] = {
     [KVQ_COPT_DEVICE] = {"device", 0, KVQ_OPT_STRING, NULL, "DEV",
                          "where the model runs: cpu, cuda, cuda:N (GPU N) or auto (default: cuda when a GPU is present, else cpu)",
                          NULL, 0, 0, false},
+    [KVQ_COPT_DEVICES] = {"devices", 0, KVQ_OPT_STRING, NULL, "LIST",
+                          "GPUs of this host for a model larger than one GPU: all, or cuda:N,M,... in pipeline order (layers split "
+                          "by memory, docs/MULTIGPU.md; needs a build with NCCL); one GPU is --device cuda:N",
+                          NULL, 0, 0, false},
     [KVQ_COPT_MATH] = {"math", 0, KVQ_OPT_CHOICE, NULL, "M",
                        "GPU arithmetic: exact (fp32 weights, TF32 off), tf32, or bf16 (bf16 weights and GEMM inputs, fp32 "
                        "accumulation, attention on bf16 tensor cores, ~1e-2 relative); fast modes are labelled in the "

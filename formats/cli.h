@@ -97,7 +97,7 @@ kvq_status kvq_cli_check_out_dir(const char *opt, const char *dir, const char *w
  * short letter, metavar, help text and choices (tests/test_conventions.c checks every binary's
  * --help). A tool puts kvq_cli_common(KVQ_COPT_MODEL, &model, true) in its option table; only
  * the target and whether the option is required differ between tools. Targets: const char **
- * for MODEL, TEXT, FORMAT, TOKENIZER, DEVICE, MATH, WEIGHTS; long * for THREADS; bool * for
+ * for MODEL, TEXT, FORMAT, TOKENIZER, DEVICE, DEVICES, MATH, WEIGHTS; long * for THREADS; bool * for
  * QUIET and VERSION. Short letters: -m model, -t text, -j threads, -q quiet; no tool gives these
  * letters another meaning. */
 typedef enum {
@@ -106,6 +106,7 @@ typedef enum {
     KVQ_COPT_FORMAT,    /* --format FMT {raw|wikitext-tokens|jsonl} */
     KVQ_COPT_TOKENIZER, /* --tokenizer FILE */
     KVQ_COPT_DEVICE,    /* --device DEV */
+    KVQ_COPT_DEVICES,   /* --devices LIST (several GPUs: pipeline by layers) */
     KVQ_COPT_MATH,      /* --math M {exact|tf32|bf16} */
     KVQ_COPT_WEIGHTS,   /* --weights W {auto|f32|bf16|f16|native} */
     KVQ_COPT_THREADS,   /* -j, --threads N, 0..4096 */

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # setup.sh — install kvq's build/test dependencies and fetch the default model.
+# (Debian packages, the PyPI test tools, NCCL's wheel where nvcc is)
 # Idempotent: does nothing that is already done. Options:
 #   --no-model   skip the model download
 #   --no-python  skip the PyPI test tools (numpy, gguf, safetensors, h5py)
@@ -19,8 +20,9 @@ for a in "$@"; do
 done
 
 # libopenblas-dev: BLAS and the LAPACK routines OpenBLAS bundles (dsyevd for kernels/schemes/lowrank.c)
+# libopenmpi-dev: MPI for the multi-GPU pipeline across hosts (docs/MULTIGPU.md; the build uses it when found)
 DEB_PKGS=(build-essential pkg-config libhdf5-dev zlib1g-dev libopenblas-dev libcjson-dev libpcre2-dev
-          libcairo2-dev check libssl-dev python3-pip unzip chromium)
+          libcairo2-dev check libssl-dev python3-pip unzip chromium libopenmpi-dev)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
@@ -48,6 +50,16 @@ if [ "$want_py" = 1 ] && command -v "$PY" >/dev/null; then
     "$PY" -m pip install -q --disable-pip-version-check numpy gguf safetensors h5py ||
       echo "setup.sh: warning: could not pip-install numpy/gguf/safetensors/h5py; the scripts under tests/scripts need them" >&2
   fi
+fi
+
+# NCCL for the multi-GPU pipeline (docs/MULTIGPU.md): the PyPI wheel nvidia-nccl-cu13 (nccl.h and libnccl.so.2) for
+# the CUDA 13 toolkit, only where nvcc is (CUDA builds); the Makefile finds it (make config)
+NVCC_BIN=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -n "$NVCC_BIN" ] && command -v "$PY" >/dev/null && ! "$PY" -c 'import nvidia.nccl' 2>/dev/null; then
+  echo "setup.sh: installing NCCL (PyPI nvidia-nccl-cu13)" >&2
+  "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore --break-system-packages nvidia-nccl-cu13 2>/dev/null ||
+  "$PY" -m pip install -q --disable-pip-version-check nvidia-nccl-cu13 ||
+    echo "setup.sh: warning: could not pip-install nvidia-nccl-cu13; the build goes without the multi-GPU pipeline" >&2
 fi
 
 if [ "$want_model" = 1 ]; then

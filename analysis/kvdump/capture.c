@@ -325,6 +325,7 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     kvq_device dev;
     int gpu = 0;
     const char *dv = o->device ? o->device : "cpu";
+    if (o->n_gpus > 1) dv = "cuda";
     KVQ_TRY(kvq_device_parse(dv, &dev, &gpu, err));
     if (!strcmp(dv, "auto") && dev == KVQ_DEVICE_CPU && kvq_cuda_compiled() && !o->quiet) {
         char why[256] = "";
@@ -375,8 +376,20 @@ kvq_status kvq_capture_run(const kvq_capture_opts *o, kvq_capture_report *rep, k
     int L = (int)seq_len;
     /* --fisher: the engine also runs the backward pass (CPU or GPU) */
     char note[320];
-    s = kvq_engine_init_fallback(&eng, dev, !strcmp(dv, "auto"), gpu, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, note,
-                                 sizeof note, err);
+    note[0] = 0;
+    if (o->n_gpus > 1) {
+        char plan[2048];
+        s = kvq_engine_init_pipe(&eng, o->gpus, o->n_gpus, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0, plan, sizeof plan,
+                                 err);
+        for (char *ln = plan, *nx; !s && !o->quiet && ln && *ln; ln = nx) { /* one "kvdump: stage ..." line per stage */
+            nx = strchr(ln, '\n');
+            if (nx) *nx++ = 0;
+            fprintf(stderr, "kvdump: %s\n", ln);
+        }
+    } else {
+        s = kvq_engine_init_fallback(&eng, dev, !strcmp(dv, "auto"), gpu, o->math, &m, L, 0, o->fisher ? KVQ_ENGINE_BACKWARD : 0,
+                                     note, sizeof note, err);
+    }
     have_eng = s == KVQ_OK;
     if (s) goto done;
     if (note[0] && !o->quiet) fprintf(stderr, "kvdump: --device auto: %s\n", note);

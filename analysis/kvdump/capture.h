@@ -55,6 +55,11 @@ typedef struct {
      * run the model (kvq_engine_init_fallback). Resolved device in
      * kvq_capture_report.device. */
     const char *device;
+    /* Several GPUs of this host (kvdump --devices, n_gpus > 1): the forward as a
+     * pipeline by layers over gpus[0..n_gpus) (kvq_engine_init_pipe; device
+     * is then ignored); with fisher the backward runs over the pipeline too. */
+    const int *gpus;
+    int n_gpus;
     /* Write sample i (HDF5, compression) in a background thread while sample
      * i+1 is computed, with two sample buffers: 1 on, 0 off, -1 auto (on when
      * the device is a GPU; on the CPU the writer would compete with the

@@ -222,8 +222,10 @@ kvq_status kvq_passkey_run(kvq_ppl_exec *x, const kvq_model *m, const kvq_tokeni
     }
     kvq_device dev = x ? x->device : KVQ_DEVICE_CPU;
     kvq_engine e;
-    st = kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m, (int)max_len,
-                                  max_P > step_P ? max_P : step_P, o->engine_flags, x ? x->note : NULL, x ? sizeof x->note : 0, err);
+    st = x && x->n_gpus > 1
+             ? kvq_engine_init_pipe(&e, x->gpus, x->n_gpus, x->math, m, (int)max_len, max_P > step_P ? max_P : step_P, o->engine_flags, NULL, 0, err)
+             : kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m, (int)max_len,
+                                        max_P > step_P ? max_P : step_P, o->engine_flags, x ? x->note : NULL, x ? sizeof x->note : 0, err);
     if (st) {
         kvq_passkey_result_free(res);
         return st;

@@ -344,6 +344,46 @@ static kvq_status run_window(kvq_engine *e, const kvq_model *m, const kvq_window
     return KVQ_OK;
 }
 
+/* A pipeline over several GPUs (kvq_engine_init_pipe) with a native scheme (no host hooks): windows w0 .. w0+nb-1
+ * as micro-batches of one kvq_engine_run_batch, so that the stages overlap; the accounting of run_window per
+ * window. targets, nll: [nb][ctx]. */
+static kvq_status run_windows_pipe(kvq_engine *e, const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan, size_t w0,
+                                   size_t nb, const kvq_eval_scheme *sc, kvq_ppl_result *res, int *targets, double *nll,
+                                   kvq_fwd_io *io, kvq_fwd_result *r, kvq_err *err)
+{
+    kvq_prefix px = {0};
+    if (sc->prefix) px = (kvq_prefix){.P = sc->prefix->P, .k = sc->prefix->k, .v = sc->prefix->v};
+    const size_t T = plan->ctx;
+    for (size_t i = 0; i < nb; i++) {
+        const int32_t *tok = win->tokens + (w0 + i) * T;
+        kvq_ppl_targets(plan, tok, targets + i * T);
+        io[i] = (kvq_fwd_io){.tokens = (const int *)tok, .T = (int)T, .pos0 = px.P, .targets = targets + i * T,
+                             .prefix = sc->prefix ? &px : NULL, .nll = nll + i * T};
+    }
+    double t0 = kvq_now();
+    kvq_status st = kvq_engine_run_batch(e, io, r, (int)nb, err);
+    res->seconds += kvq_now() - t0;
+    if (st) return kvq_err_prefix(err, "scheme %s, windows %zu..%zu", sc->name, w0, w0 + nb - 1);
+    const uint64_t L = (uint64_t)m->hp.n_layers, kvd = (uint64_t)kvq_kv_dim(&m->hp), ns = sc->s.q.n_sink < T ? sc->s.q.n_sink : T;
+    for (size_t i = 0; i < nb; i++) {
+        const size_t w = w0 + i;
+        if (r[i].n_scored != (int)plan->scored_per_window)
+            return kvq_fail(err, KVQ_EINVAL, "perplexity: scheme %s, window %zu: %d positions scored, expected %zu", sc->name, w,
+                            r[i].n_scored, plan->scored_per_window);
+        double sum = 0;
+        for (size_t t = plan->first_scored; t + 1 < T; t++) sum += nll[i * T + t];
+        res->nll_sum += sum;
+        res->n_scored += (uint64_t)r[i].n_scored;
+        res->window_nll[w] = sum / r[i].n_scored;
+        /* the GPU counts outliers only (added per scheme by the caller); elements and sink tokens here (run_window) */
+        res->k_counts.n_elems += L * T * kvd;
+        res->v_counts.n_elems += L * T * kvd;
+        res->k_counts.n_sink += L * ns * kvd;
+        res->v_counts.n_sink += L * ns * kvd;
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_ppl_run(const kvq_model *m, const kvq_windows *win, const kvq_ppl_plan *plan,
                        const kvq_eval_scheme *schemes, size_t n_schemes, kvq_progress *prog,
                        kvq_ppl_result *results, kvq_err *err)
@@ -404,8 +444,10 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
     }
     kvq_device dev = x ? x->device : KVQ_DEVICE_CPU;
     kvq_engine e;
-    kvq_status st = kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m,
-                                             (int)plan->ctx, max_P, 0, x ? x->note : NULL, x ? sizeof x->note : 0, err);
+    kvq_status st = x && x->n_gpus > 1
+                        ? kvq_engine_init_pipe(&e, x->gpus, x->n_gpus, x->math, m, (int)plan->ctx, max_P, 0, NULL, 0, err)
+                        : kvq_engine_init_fallback(&e, dev, x && x->auto_device, x ? x->gpu : 0, x ? x->math : KVQ_CUDA_EXACT, m,
+                                                   (int)plan->ctx, max_P, 0, x ? x->note : NULL, x ? sizeof x->note : 0, err);
     if (st) {
         kvq_ppl_results_free(results, n_schemes);
         return st;
@@ -447,11 +489,11 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                         kvq_err_prefix(err, "scheme %s", schemes[s].name);
                         break;
                     }
-                    kvq_forward_cuda_stats(e.gpu, &s0);
+                    kvq_engine_cuda_stats(&e, &s0);
                 }
                 st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, kld ? &kw : NULL, err);
                 if (!st && d) {
-                    kvq_forward_cuda_stats(e.gpu, &s1);
+                    kvq_engine_cuda_stats(&e, &s1);
                     gpu_counts_add(&results[s], &s0, &s1);
                 }
                 if (!st && prog) kvq_progress_update(prog, ++done);
@@ -467,12 +509,28 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                 break;
             }
             kvq_cuda_stats s0, s1;
-            kvq_forward_cuda_stats(e.gpu, &s0);
-            for (size_t w = 0; st == KVQ_OK && w < plan->n_windows; w++) {
-                st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, NULL, err);
-                if (!st && prog) kvq_progress_update(prog, ++done);
+            kvq_engine_cuda_stats(&e, &s0);
+            if (e.pipe && d) { /* several GPUs, a native scheme: batches of windows so that the pipeline's stages overlap */
+                enum { PIPE_BATCH = 16 };
+                int *tb = malloc((size_t)PIPE_BATCH * plan->ctx * sizeof *tb);
+                double *nb_ = malloc((size_t)PIPE_BATCH * plan->ctx * sizeof *nb_);
+                kvq_fwd_io ios[PIPE_BATCH];
+                kvq_fwd_result rs[PIPE_BATCH];
+                if (!tb || !nb_) st = kvq_fail(err, KVQ_ENOMEM, "perplexity: out of memory");
+                for (size_t w = 0; st == KVQ_OK && w < plan->n_windows; w += PIPE_BATCH) {
+                    const size_t nb = plan->n_windows - w < PIPE_BATCH ? plan->n_windows - w : PIPE_BATCH;
+                    st = run_windows_pipe(&e, m, win, plan, w, nb, &schemes[s], &results[s], tb, nb_, ios, rs, err);
+                    if (!st && prog) kvq_progress_update(prog, done += nb);
+                }
+                free(tb);
+                free(nb_);
+            } else {
+                for (size_t w = 0; st == KVQ_OK && w < plan->n_windows; w++) {
+                    st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, NULL, err);
+                    if (!st && prog) kvq_progress_update(prog, ++done);
+                }
             }
-            kvq_forward_cuda_stats(e.gpu, &s1);
+            kvq_engine_cuda_stats(&e, &s1);
             if (d) {
                 gpu_counts_add(&results[s], &s0, &s1);
             }

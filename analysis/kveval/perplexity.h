@@ -72,6 +72,8 @@ typedef struct {
     bool kld;
     size_t kld_baseline;
     int gpu;             /* GPU index (cuda:N) */
+    int n_gpus;          /* > 1: the pipeline over gpus[0..n_gpus) (--devices; kvq_engine_init_pipe), forward only */
+    int gpus[64];
     kvq_cuda_math math;  /* CUDA: KVQ_CUDA_EXACT (fp32, TF32 off), KVQ_CUDA_TF32 or KVQ_CUDA_BF16 (fast modes) */
     bool auto_device;    /* device came from "auto": a GPU that cannot run the model falls back to the CPU */
     char described[256]; /* output of kvq_ppl_run_on: kvq_engine_describe of the engine that ran */

@@ -95,7 +95,7 @@ kvq_status head_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, bool set_los
 {
     const kvq_hparams *hp = &g->m->hp;
     const int T = io->T, dim = hp->dim, V = hp->vocab_size;
-    const float *x_last = g->xs + (size_t)hp->n_layers * g->max_T * dim;
+    const float *x_last = g->xs + (size_t)(g->l1 - g->l0) * g->max_T * dim; // (the last stage: l1 == n_layers)
     CU(kvq_cu_rmsnorm(g->b_xn, x_last, g->out_norm, T, dim, hp->norm_eps, g->st));
     CU(kvq_cu_lse_init(g->row_max, g->row_sum, g->row_tgt, T, g->st));
     for (int v0 = 0; v0 < V; v0 += g->v_chunk) {
@@ -142,11 +142,11 @@ kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_b
     const dev_layer &w = g->L[l];
     const int T = io->T, P = g->P_last, dim = hp->dim, qd = kvq_q_dim(hp), kvd = kvq_kv_dim(hp), hid = hp->hidden_dim;
     const int nh = hp->n_heads, nkv = hp->n_kv_heads, hd = hp->head_dim;
-    const size_t mT = g->max_T, kvn = (size_t)T * kvd;
-    const float *x_in = g->xs + l * mT * dim, *x_mid = g->s_xmid + l * mT * dim;
+    const size_t mT = g->max_T, kvn = (size_t)T * kvd, sl = (size_t)(l - g->l0); // the stage's store slot of layer l
+    const float *x_in = g->xs + sl * mT * dim, *x_mid = g->s_xmid + sl * mT * dim;
     // ---- MLP ----
     KVQ_TRY(linear_bwd(g, g->b_dh, g->b_dx, w.w_down, T, hid, dim, 0.0f, err));
-    CU(kvq_cu_swiglu_bwd(g->b_dh, g->b_dup, g->b_dh, g->s_gate + l * mT * hid, g->s_up + l * mT * hid, (size_t)T * hid, g->st));
+    CU(kvq_cu_swiglu_bwd(g->b_dh, g->b_dup, g->b_dh, g->s_gate + sl * mT * hid, g->s_up + sl * mT * hid, (size_t)T * hid, g->st));
     KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dh, w.w_gate, T, dim, hid, 0.0f, err));
     KVQ_TRY(linear_bwd(g, g->b_dxn, g->b_dup, w.w_up, T, dim, hid, 1.0f, err));
     CU(kvq_cu_rmsnorm_bwd(g->b_dx, g->b_dxn, x_mid, w.ffn_norm, T, dim, hp->norm_eps, 1, g->st));
@@ -158,23 +158,23 @@ kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_b
     a.n_heads = nh;
     a.n_kv_heads = nkv;
     a.head_dim = hd;
-    a.q = g->s_q + l * mT * qd;
-    a.k = g->s_k + l * mT * kvd;
-    a.v = g->s_v + l * mT * kvd;
-    if (g->s_alt[l] & 1) {
-        a.kq = g->s_kq + l * mT * kvd;
-        a.kb = g->s_kb + l * mT;
+    a.q = g->s_q + sl * mT * qd;
+    a.k = g->s_k + sl * mT * kvd;
+    a.v = g->s_v + sl * mT * kvd;
+    if (g->s_alt[sl] & 1) {
+        a.kq = g->s_kq + sl * mT * kvd;
+        a.kb = g->s_kb + sl * mT;
     }
-    if (g->s_alt[l] & 2) {
-        a.vq = g->s_vq + l * mT * kvd;
-        a.vb = g->s_vb + l * mT;
+    if (g->s_alt[sl] & 2) {
+        a.vq = g->s_vq + sl * mT * kvd;
+        a.vb = g->s_vb + sl * mT;
     }
     if (P > 0) {
         a.pk = g->pk + (size_t)l * P * kvd;
         a.pv = g->pv + (size_t)l * P * kvd;
     }
-    a.out = g->s_att + l * mT * qd;
-    a.lse = g->s_lse + l * (size_t)nh * mT;
+    a.out = g->s_att + sl * mT * qd;
+    a.lse = g->s_lse + sl * (size_t)nh * mT;
     a.window = kvq_layer_window(hp, l);
     a.pos0 = io->pos0;
     kvq_cu_attn_grad b = {};
@@ -240,33 +240,56 @@ kvq_status layer_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_b
     return KVQ_OK;
 }
 
-kvq_status backward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err)
+// The forward of a stage (all layers: the whole model) keeping what the backward needs.
+kvq_status stage_forward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec, const float *x_in,
+                              kvq_bwd_result *res, kvq_err *err)
 {
-    const kvq_hparams *hp = &g->m->hp;
-    const int T = io->T, dim = hp->dim;
     double t0 = now_s();
+    g->bs_ready = false;
     kvq_fwd_io fio = *io;
     fio.skip_loss = spec->xent && !io->logits;
     kvq_fwd_result fr;
-    KVQ_TRY(kvq_forward_cuda_run(g, &fio, &fr, err));
+    KVQ_TRY(kvq_forward_cuda_stage(g, &fio, x_in, &fr, err));
     res->loss = fr.loss;
     res->n_scored = fr.n_scored;
     if (spec->xent && fr.n_scored == 0)
-        return kvq_fail(err, KVQ_EINVAL, "backward: cross-entropy requested but no position of the %d-token window is scored", T);
+        return kvq_fail(err, KVQ_EINVAL, "backward: cross-entropy requested but no position of the %d-token window is scored", io->T);
+    g->bs_fr = fr;
+    g->bs_skip = fio.skip_loss;
+    g->bs_ready = true;
+    g->t_bwd_forward = now_s() - t0;
+    return KVQ_OK;
+}
+
+// The backward of a stage: from the LM head (the last stage) or from dx_in (device, dL/d(stream leaving layer l1-1));
+// on return b_dx = dL/d(stream entering layer l0).
+kvq_status stage_backward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec, const float *dx_in,
+                               kvq_bwd_result *res, kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const int T = io->T, dim = hp->dim;
+    if (!g->bs_ready || g->T_last != T)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA backward: stage of layers %d..%d without its forward", g->l0, g->l1 - 1);
+    g->bs_ready = false;
     CU(cudaSetDevice(g->dev));
     double t1 = now_s();
-    g->t_bwd_forward = t1 - t0;
-    if (spec->xent) KVQ_TRY(head_backward(g, io, fio.skip_loss, fr.n_scored, res, err));
-    else CU(cudaMemsetAsync(g->b_dx, 0, (size_t)T * dim * sizeof(float), g->st));
+    const size_t mT = g->max_T, n = (size_t)T * dim;
+    if (g->l1 < hp->n_layers) {
+        if (!dx_in) return kvq_fail(err, KVQ_EINVAL, "CUDA backward: a stage ending before the last layer needs dL/dx of its output");
+        if (dx_in != g->b_dx) CU(cudaMemcpyAsync(g->b_dx, dx_in, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+    } else if (spec->xent) {
+        KVQ_TRY(head_backward(g, io, g->bs_skip, g->bs_fr.n_scored, res, err));
+    } else {
+        CU(cudaMemsetAsync(g->b_dx, 0, n * sizeof(float), g->st));
+    }
     CU(cudaStreamSynchronize(g->st));
     double t2 = now_s();
     g->t_bwd_head = t2 - t1;
-    const size_t mT = g->max_T, n = (size_t)T * dim;
-    for (int l = hp->n_layers - 1; l >= 0; l--) {
+    for (int l = g->l1 - 1; l >= g->l0; l--) {
         if (spec->upstream) {
             kvq_layer_ctx ctx = {l, T, io->pos0, g->P_last, hp->n_heads, hp->n_kv_heads, hp->head_dim, io->tokens,
                                  hp->n_layers};
-            KVQ_TRY(d2h(g, g->hb_x, g->xs + (size_t)(l + 1) * mT * dim, n, err));
+            KVQ_TRY(d2h(g, g->hb_x, g->xs + (size_t)(l + 1 - g->l0) * mT * dim, n, err));
             KVQ_TRY(d2h(g, g->hb_dx, g->b_dx, n, err));
             CU(cudaStreamSynchronize(g->st));
             kvq_status s = spec->upstream(spec->user, &ctx, g->hb_x, g->hb_dx, err);
@@ -275,7 +298,7 @@ kvq_status backward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bw
         }
         KVQ_TRY(layer_backward(g, io, spec, l, err));
     }
-    if (spec->d_embd) {
+    if (g->l0 == 0 && spec->d_embd) {
         CU(cudaMemcpyAsync(spec->d_embd, g->b_dx, n * sizeof(float), cudaMemcpyDeviceToHost, g->st));
     }
     CU(cudaStreamSynchronize(g->st));
@@ -284,10 +307,7 @@ kvq_status backward_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bw
     return KVQ_OK;
 }
 
-} // namespace
-
-extern "C" kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
-                                                kvq_bwd_result *res, kvq_err *err)
+kvq_status bwd_check(kvq_forward_cuda *g, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err)
 {
     res->loss = NAN;
     res->n_scored = 0;
@@ -298,14 +318,43 @@ extern "C" kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_f
         return kvq_fail(err, KVQ_EINVAL,
                         "CUDA backward: the workspace keeps no activations (initialise it with KVQ_FWD_SAVE_ACTIVATIONS)");
     CU(cudaSetDevice(g->dev));
-    KVQ_TRY(bwd_alloc(g, err));
-    kvq_status s = backward_impl(g, io, spec, res, err);
+    return bwd_alloc(g, err);
+}
+
+kvq_status bwd_done(kvq_forward_cuda *g, kvq_status s)
+{
     if (s != KVQ_OK) {
         cudaStreamSynchronize(g->st);
         (void)cudaGetLastError();
     }
     return s;
 }
+
+} // namespace
+
+extern "C" kvq_status kvq_forward_cuda_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                kvq_bwd_result *res, kvq_err *err)
+{
+    KVQ_TRY(bwd_check(g, spec, res, err));
+    kvq_status s = stage_forward_impl(g, io, spec, NULL, res, err);
+    if (!s) s = stage_backward_impl(g, io, spec, NULL, res, err);
+    return bwd_done(g, s);
+}
+
+extern "C" kvq_status kvq_forward_cuda_backward_stage_forward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                              const float *x_in, kvq_bwd_result *res, kvq_err *err)
+{
+    KVQ_TRY(bwd_check(g, spec, res, err));
+    return bwd_done(g, stage_forward_impl(g, io, spec, x_in, res, err));
+}
+
+extern "C" kvq_status kvq_forward_cuda_backward_stage_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                               const float *dx_in, kvq_bwd_result *res, kvq_err *err)
+{
+    return bwd_done(g, stage_backward_impl(g, io, spec, dx_in, res, err));
+}
+
+extern "C" float *kvq_forward_cuda_stage_dx(kvq_forward_cuda *g) { return g->b_dx; }
 
 extern "C" void kvq_forward_cuda_backward_times(const kvq_forward_cuda *g, double *forward_s, double *head_s, double *layers_s)
 {

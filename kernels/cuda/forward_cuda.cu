@@ -51,8 +51,18 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
 extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_model *m, int max_T, int max_P,
                                             unsigned flags, kvq_cuda_math math, int device, kvq_err *err)
 {
+    return kvq_forward_cuda_init_stage(out, m, 0, m->hp.n_layers, max_T, max_P, flags, math, device, err);
+}
+
+extern "C" kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const kvq_model *m, int l0, int l1, int max_T,
+                                                  int max_P, unsigned flags, kvq_cuda_math math, int device, kvq_err *err)
+{
     *out = NULL;
     const kvq_hparams *hp = &m->hp;
+    if (l0 < 0 || l1 <= l0 || l1 > hp->n_layers)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: stage of layers %d..%d, expected 0 <= first < last <= %d", l0, l1 - 1,
+                        hp->n_layers - 1);
+
     if (max_T <= 0 || max_P < 0 || max_T > (1 << 24) || max_P > (1 << 24))
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: max_T %d / max_P %d out of range (1..2^24 / 0..2^24)", max_T, max_P);
     if (flags & KVQ_FWD_SAVE_ACTIVATIONS) flags |= KVQ_FWD_SAVE_LAYER_INPUTS;
@@ -74,6 +84,8 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     kvq_forward_cuda *g = new kvq_forward_cuda();
     g->m = m;
     g->dev = device;
+    g->l0 = l0;
+    g->l1 = l1;
     g->max_T = max_T;
     g->max_P = max_P;
     g->flags = flags;
@@ -134,12 +146,15 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     carve w;
     g->L.resize(NL);
     const size_t we = g->bf16 ? 2 : 4; // bytes per GEMM-weight element
+    // a stage holds its layers, the embedding table when it starts at layer 0, the final norm and the LM head when it
+    // ends at the last (tied: the embedding table again, unless the stage holds both ends)
+    const bool has_embd = l0 == 0, has_head = (size_t)l1 == NL, head_own = has_head && (!tied || !has_embd);
     for (int pass = 0; pass < 2; pass++) {
         w.off = 0;
-        w.take_as(&g->tok_embd, V * dim, we);
-        w.take(&g->out_norm, dim);
-        if (!tied) w.take_as(&g->output, V * dim, we);
-        for (size_t l = 0; l < NL; l++) {
+        if (has_embd) w.take_as(&g->tok_embd, V * dim, we);
+        if (has_head) w.take(&g->out_norm, dim);
+        if (head_own) w.take_as(&g->output, V * dim, we);
+        for (size_t l = (size_t)l0; l < (size_t)l1; l++) {
             dev_layer &d = g->L[l];
             w.take(&d.attn_norm, dim);
             w.take_as(&d.wq, qd * dim, we);
@@ -168,7 +183,7 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
             w.base = (char *)g->wbuf;
         }
     }
-    if (tied) g->output = g->tok_embd;
+    if (tied && has_embd && has_head) g->output = g->tok_embd;
     std::vector<unsigned short> hb; // host bf16 staging of a block of rows
     std::vector<float> hf;          // host fp32 staging of a block of rows (matrices not stored in fp32)
     auto up = [&](float *d, const float *h, size_t nf) { return cudaMemcpy(d, h, nf * sizeof(float), cudaMemcpyHostToDevice); };
@@ -202,10 +217,10 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
         }
         return cudaSuccess;
     };
-    CUI(upw(g->tok_embd, &m->tok_embd));
-    CUI(up(g->out_norm, m->out_norm, dim));
-    if (!tied) CUI(upw(g->output, &m->output));
-    for (size_t l = 0; l < NL; l++) {
+    if (has_embd) CUI(upw(g->tok_embd, &m->tok_embd));
+    if (has_head) CUI(up(g->out_norm, m->out_norm, dim));
+    if (head_own) CUI(upw(g->output, &m->output));
+    for (size_t l = (size_t)l0; l < (size_t)l1; l++) {
         const kvq_layer_weights *hl = &m->layers[l];
         dev_layer &d = g->L[l];
         CUI(up(d.attn_norm, hl->attn_norm, dim));
@@ -316,34 +331,34 @@ extern "C" kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_mo
     // ---- checkpoints / activations kept for the backward ----
     if (flags & KVQ_FWD_SAVE_LAYER_INPUTS) {
         const bool acts = flags & KVQ_FWD_SAVE_ACTIVATIONS;
-        const size_t nh = hp->n_heads;
+        const size_t nh = hp->n_heads, SL = (size_t)(l1 - l0); // the stage's layers: stores indexed l - l0
         carve sc;
         for (int pass = 0; pass < 2; pass++) {
             sc.off = 0;
-            sc.take(&g->xs, (NL + 1) * T * dim);
+            sc.take(&g->xs, (SL + 1) * T * dim);
             if (acts) {
-                sc.take(&g->s_q, NL * T * qd);
-                sc.take(&g->s_k, NL * T * kvd);
-                sc.take(&g->s_v, NL * T * kvd);
-                sc.take(&g->s_kq, NL * T * kvd);
-                sc.take(&g->s_vq, NL * T * kvd);
-                sc.take(&g->s_att, NL * T * qd);
-                sc.take(&g->s_lse, NL * nh * T);
-                sc.take(&g->s_xmid, NL * T * dim);
-                sc.take(&g->s_gate, NL * T * hid);
-                sc.take(&g->s_up, NL * T * hid);
-                sc.take(&g->s_kb, NL * T);
-                sc.take(&g->s_vb, NL * T);
+                sc.take(&g->s_q, SL * T * qd);
+                sc.take(&g->s_k, SL * T * kvd);
+                sc.take(&g->s_v, SL * T * kvd);
+                sc.take(&g->s_kq, SL * T * kvd);
+                sc.take(&g->s_vq, SL * T * kvd);
+                sc.take(&g->s_att, SL * T * qd);
+                sc.take(&g->s_lse, SL * nh * T);
+                sc.take(&g->s_xmid, SL * T * dim);
+                sc.take(&g->s_gate, SL * T * hid);
+                sc.take(&g->s_up, SL * T * hid);
+                sc.take(&g->s_kb, SL * T);
+                sc.take(&g->s_vb, SL * T);
             }
             if (pass == 0) {
                 char what[200];
                 snprintf(what, sizeof what, "the %s kept for the backward pass (%d tokens x %zu layers)",
-                         acts ? "activations" : "layer-input checkpoints", max_T, NL);
+                         acts ? "activations" : "layer-input checkpoints", max_T, SL);
                 TRY(dev_alloc(g, &g->sbuf, sc.off, what, err));
                 sc.base = (char *)g->sbuf;
             }
         }
-        g->s_alt.assign(NL, 0);
+        g->s_alt.assign(SL, 0);
     }
     *out = g;
     return KVQ_OK;
@@ -636,7 +651,7 @@ kvq_status host_observe(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_laye
     return KVQ_OK;
 }
 
-kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
+kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in, kvq_fwd_result *res, kvq_err *err)
 {
     const kvq_model *m = g->m;
     const kvq_hparams *hp = &m->hp;
@@ -687,8 +702,14 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         CU(cudaMemcpyAsync(g->vb, g->h_vb, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
     }
     CU(cudaMemsetAsync(g->cnt, 0, 4 * sizeof(unsigned long long), g->st));
-    if (g->bf16) CU(kvq_cu_embed_bf16(g->x, reinterpret_cast<const unsigned short *>(g->tok_embd), g->tok, T, dim, g->st));
-    else CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
+    if (g->l0 > 0) { // a later pipeline stage: the residual stream entering layer l0 (received into g->x, or copied)
+        if (!x_in) return kvq_fail(err, KVQ_EINVAL, "CUDA forward: a stage starting at layer %d needs the stream entering it", g->l0);
+        if (x_in != g->x) CU(cudaMemcpyAsync(g->x, x_in, (size_t)T * dim * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+    } else if (g->bf16) {
+        CU(kvq_cu_embed_bf16(g->x, reinterpret_cast<const unsigned short *>(g->tok_embd), g->tok, T, dim, g->st));
+    } else {
+        CU(kvq_cu_embed(g->x, g->tok_embd, g->tok, T, dim, g->st));
+    }
 
     const size_t Tn = T, mT = g->max_T, nh = hp->n_heads;
     const bool acts = g->s_q != NULL;
@@ -696,9 +717,10 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
     auto keep = [&](float *dst, const float *src, size_t n) {
         return cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, g->st);
     };
-    for (int l = 0; l < hp->n_layers; l++) {
+    for (int l = g->l0; l < g->l1; l++) {
         const dev_layer &w = g->L[l];
-        if (g->xs) CU(keep(g->xs + l * mT * dim, g->x, Tn * dim));
+        const size_t sl = (size_t)(l - g->l0); // the stage's store slot of layer l
+        if (g->xs) CU(keep(g->xs + sl * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.attn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->q, g->xn, w.wq, T, dim, qd, 0, err));
         KVQ_TRY(linear(g, g->k_pre, g->xn, w.wk, T, dim, kvd, 0, err));
@@ -717,7 +739,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         a.k = g->k_post;
         a.v = g->v;
         a.out = g->att;
-        a.lse = acts ? g->s_lse + l * nh * mT : stats ? g->lse : NULL;
+        a.lse = acts ? g->s_lse + sl * nh * mT : stats ? g->lse : NULL;
         a.window = kvq_layer_window(hp, l);
         a.pos0 = io->pos0;
         a.bf16_tc = g->attn_tc;
@@ -736,40 +758,41 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         }
         if (!attended) CU(kvq_cu_attention(&a, g->st));
         if (acts) {
-            const size_t kvo = l * mT * kvd, qo = l * mT * qd;
+            const size_t kvo = sl * mT * kvd, qo = sl * mT * qd;
             CU(keep(g->s_q + qo, g->q, Tn * qd));
             CU(keep(g->s_k + kvo, a.k, Tn * kvd));
             CU(keep(g->s_v + kvo, a.v, Tn * kvd));
             CU(keep(g->s_att + qo, g->att, Tn * qd));
-            g->s_alt[l] = (a.kq ? 1 : 0) | (a.vq ? 2 : 0);
+            g->s_alt[sl] = (a.kq ? 1 : 0) | (a.vq ? 2 : 0);
             if (a.kq) {
                 CU(keep(g->s_kq + kvo, a.kq, Tn * kvd));
-                CU(cudaMemcpyAsync(g->s_kb + l * mT, a.kb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
+                CU(cudaMemcpyAsync(g->s_kb + sl * mT, a.kb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
             }
             if (a.vq) {
                 CU(keep(g->s_vq + kvo, a.vq, Tn * kvd));
-                CU(cudaMemcpyAsync(g->s_vb + l * mT, a.vb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
+                CU(cudaMemcpyAsync(g->s_vb + sl * mT, a.vb, Tn * sizeof(int), cudaMemcpyDeviceToDevice, g->st));
             }
         }
         if (hk && hk->observe) KVQ_TRY(host_observe(g, hk, &ctx, T, &a, err));
         KVQ_TRY(linear(g, g->x, g->att, w.wo, T, qd, dim, 1.0f, err));
         if (w.bo) CU(kvq_cu_add_bias(g->x, w.bo, T, dim, g->st));
-        if (acts) CU(keep(g->s_xmid + l * mT * dim, g->x, Tn * dim));
+        if (acts) CU(keep(g->s_xmid + sl * mT * dim, g->x, Tn * dim));
         CU(kvq_cu_rmsnorm(g->xn, g->x, w.ffn_norm, T, dim, hp->norm_eps, g->st));
         KVQ_TRY(linear(g, g->gate, g->xn, w.w_gate, T, dim, hid, 0, err));
         KVQ_TRY(linear(g, g->up, g->xn, w.w_up, T, dim, hid, 0, err));
         if (acts) {
-            CU(keep(g->s_gate + l * mT * hid, g->gate, Tn * hid));
-            CU(keep(g->s_up + l * mT * hid, g->up, Tn * hid));
+            CU(keep(g->s_gate + sl * mT * hid, g->gate, Tn * hid));
+            CU(keep(g->s_up + sl * mT * hid, g->up, Tn * hid));
         }
         CU(kvq_cu_swiglu(g->gate, g->gate, g->up, (size_t)T * hid, g->st));
         KVQ_TRY(linear(g, g->x, g->gate, w.w_down, T, hid, dim, 1.0f, err));
     }
-    if (g->xs) CU(keep(g->xs + (size_t)hp->n_layers * mT * dim, g->x, Tn * dim));
+    if (g->xs) CU(keep(g->xs + (size_t)(g->l1 - g->l0) * mT * dim, g->x, Tn * dim));
     int n_tg = 0;
     for (int t = 0; t < T; t++) n_tg += tg[t] >= 0;
-    if (!io->logits && (io->skip_loss || n_tg == 0)) {
-        // no LM head: the caller computes the loss itself (backward), or no row is scored
+    if (g->l1 < hp->n_layers || (!io->logits && (io->skip_loss || n_tg == 0))) {
+        // no LM head: not the last pipeline stage (g->x is handed on), the caller computes the loss itself
+        // (backward), or no row is scored
         CU(cudaMemcpyAsync(g->h_cnt, g->cnt, 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, g->st));
         CU(cudaStreamSynchronize(g->st));
         CU(cudaGetLastError());
@@ -778,7 +801,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
         g->stats.k_clipped += g->h_cnt[2];
         g->stats.v_clipped += g->h_cnt[3];
         res->n_scored = n_tg;
-        if (io->nll && !io->skip_loss)
+        if (io->nll && !io->skip_loss && g->l1 == hp->n_layers)
             for (int t = 0; t < T; t++) io->nll[t] = NAN;
         g->T_last = T;
         g->P_last = P;
@@ -882,8 +905,18 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *r
 
 extern "C" kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
+    return kvq_forward_cuda_stage(g, io, NULL, res, err);
+}
+
+extern "C" float *kvq_forward_cuda_stage_x(kvq_forward_cuda *g) { return g->x; }
+extern "C" void *kvq_forward_cuda_stream(kvq_forward_cuda *g) { return (void *)g->st; }
+extern "C" int kvq_forward_cuda_gpu(const kvq_forward_cuda *g) { return g->dev; }
+
+extern "C" kvq_status kvq_forward_cuda_stage(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in, kvq_fwd_result *res,
+                                             kvq_err *err)
+{
     double t0 = now_s();
-    kvq_status s = run_impl(g, io, res, err);
+    kvq_status s = run_impl(g, io, x_in, res, err);
     if (s != KVQ_OK) {
         // leave the stream idle so the workspace stays usable
         cudaStreamSynchronize(g->st);
@@ -900,10 +933,10 @@ extern "C" kvq_status kvq_forward_cuda_layer_input(kvq_forward_cuda *g, int l, f
     if (!g->xs)
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer inputs were not kept (the workspace needs KVQ_FWD_SAVE_LAYER_INPUTS)");
     if (g->T_last <= 0) return kvq_fail(err, KVQ_EINVAL, "CUDA forward: no successful run yet: no layer input to read");
-    if (l < 0 || l > hp->n_layers)
-        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer input %d, expected 0..%d", l, hp->n_layers);
+    if (l < g->l0 || l > g->l1)
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: layer input %d, expected %d..%d", l, g->l0, g->l1);
     CU(cudaSetDevice(g->dev));
-    CU(cudaMemcpyAsync(out, g->xs + (size_t)l * g->max_T * hp->dim, (size_t)g->T_last * hp->dim * sizeof(float),
+    CU(cudaMemcpyAsync(out, g->xs + (size_t)(l - g->l0) * g->max_T * hp->dim, (size_t)g->T_last * hp->dim * sizeof(float),
                        cudaMemcpyDeviceToHost, g->st));
     CU(cudaStreamSynchronize(g->st));
     return KVQ_OK;

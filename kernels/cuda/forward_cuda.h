@@ -165,6 +165,44 @@ kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kv
  * KVQ_EIO / KVQ_ENOMEM for device failures. */
 kvq_status kvq_forward_cuda_run(kvq_forward_cuda *g, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
 
+/* Pipeline stages (pipeline.h, pipeline_nccl.h): a workspace on GPU `device`
+ * that holds only layers l0 .. l1-1 (plus the embedding table when l0 == 0,
+ * the final norm and LM head when l1 == n_layers; tied embeddings are
+ * uploaded to both ends when they are different stages); init with 0 ..
+ * n_layers is kvq_forward_cuda_init. A partial stage keeps no checkpoints
+ * (KVQ_FWD_SAVE_* refused with KVQ_EUNSUPPORTED: no GPU backward over a
+ * pipeline yet). kvq_forward_cuda_stage runs the stage's layers of window io
+ * from x_in (device memory of this GPU, [T][dim], the stream entering l0;
+ * may be kvq_forward_cuda_stage_x(g), where a transport receives it; ignored
+ * when l0 == 0); after it, kvq_forward_cuda_stage_x(g) holds the stream
+ * leaving l1-1 (device memory, valid until the next run), and the last
+ * stage's res/io outputs are kvq_forward_cuda_run's. kvq_forward_cuda_run is
+ * kvq_forward_cuda_stage(g, io, NULL, ...): one code path. The stream
+ * (a cudaStream_t) orders a transport's transfers with the stage's kernels. */
+kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const kvq_model *m, int l0, int l1, int max_T, int max_P,
+                                       unsigned flags, kvq_cuda_math math, int device, kvq_err *err);
+kvq_status kvq_forward_cuda_stage(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in, kvq_fwd_result *res,
+                                  kvq_err *err);
+float *kvq_forward_cuda_stage_x(kvq_forward_cuda *g);
+void *kvq_forward_cuda_stream(kvq_forward_cuda *g);
+int kvq_forward_cuda_gpu(const kvq_forward_cuda *g);
+
+/* kvq_forward_cuda_backward of a pipeline stage (the CPU's kvq_backward_stage_*):
+ * _forward runs the stage's forward from x_in (device memory, as
+ * kvq_forward_cuda_stage) keeping its activations (the workspace needs
+ * KVQ_FWD_SAVE_ACTIVATIONS) and allocates the gradients; _backward then
+ * differentiates layers l1-1 .. l0, from the cross-entropy on the last stage,
+ * else from dx_in (device memory [T][dim], dL/d(stream leaving l1-1); may be
+ * kvq_forward_cuda_stage_dx(g), where a transport receives it). Afterwards
+ * kvq_forward_cuda_stage_dx(g) holds dL/d(stream entering l0) (device memory).
+ * The grads callback sees the stage's layers; d_embd is written by the first
+ * stage. kvq_forward_cuda_backward is the two on the whole model. */
+kvq_status kvq_forward_cuda_backward_stage_forward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                   const float *x_in, kvq_bwd_result *res, kvq_err *err);
+kvq_status kvq_forward_cuda_backward_stage_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                    const float *dx_in, kvq_bwd_result *res, kvq_err *err);
+float *kvq_forward_cuda_stage_dx(kvq_forward_cuda *g);
+
 /* Copy the residual stream entering layer l of the last successful run
  * (l = n_layers: entering the final norm) into out [T][dim] (host memory).
  * Errors: KVQ_EINVAL without KVQ_FWD_SAVE_LAYER_INPUTS, before any run, or

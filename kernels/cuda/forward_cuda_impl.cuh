@@ -61,6 +61,7 @@ static inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; 
 struct kvq_forward_cuda {
     const kvq_model *m;
     int dev, max_T, max_P;
+    int l0, l1;             // the layers this workspace holds: l0 .. l1-1 (0 .. n_layers: the whole model)
     unsigned flags;
     kvq_cuda_math math;
     cudaStream_t st;
@@ -135,6 +136,8 @@ struct kvq_forward_cuda {
     int *hb_flag;
     cudaEvent_t b_ev;   // "this layer's gradients are on the host" (created with the backward workspace)
     double t_bwd_forward, t_bwd_head, t_bwd_layers; // wall seconds of the last backward, by phase
+    kvq_fwd_result bs_fr;   // the stage forward awaiting its backward (kvq_forward_cuda_backward_stage_*)
+    bool bs_skip, bs_ready;
 };
 
 static inline kvq_status dev_alloc(kvq_forward_cuda *g, void **p, size_t bytes, const char *what, kvq_err *err)

@@ -13,6 +13,51 @@ kvq_status kvq_forward_cuda_init(kvq_forward_cuda **out, const kvq_model *m, int
     *out = NULL;
     return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
 }
+kvq_status kvq_forward_cuda_init_stage(kvq_forward_cuda **out, const kvq_model *m, int l0, int l1, int max_T, int max_P,
+                                       unsigned flags, kvq_cuda_math math, int device, kvq_err *err)
+{
+    (void)m, (void)l0, (void)l1, (void)max_T, (void)max_P, (void)flags, (void)math, (void)device;
+    *out = NULL;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+kvq_status kvq_forward_cuda_stage(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in, kvq_fwd_result *res,
+                                  kvq_err *err)
+{
+    (void)g, (void)io, (void)x_in, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+kvq_status kvq_forward_cuda_backward_stage_forward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                   const float *x_in, kvq_bwd_result *res, kvq_err *err)
+{
+    (void)g, (void)io, (void)spec, (void)x_in, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+kvq_status kvq_forward_cuda_backward_stage_backward(kvq_forward_cuda *g, const kvq_fwd_io *io, const kvq_bwd_spec *spec,
+                                                    const float *dx_in, kvq_bwd_result *res, kvq_err *err)
+{
+    (void)g, (void)io, (void)spec, (void)dx_in, (void)res;
+    return kvq_fail(err, KVQ_EUNSUPPORTED, NO_CUDA);
+}
+float *kvq_forward_cuda_stage_dx(kvq_forward_cuda *g)
+{
+    (void)g;
+    return NULL;
+}
+float *kvq_forward_cuda_stage_x(kvq_forward_cuda *g)
+{
+    (void)g;
+    return NULL;
+}
+void *kvq_forward_cuda_stream(kvq_forward_cuda *g)
+{
+    (void)g;
+    return NULL;
+}
+int kvq_forward_cuda_gpu(const kvq_forward_cuda *g)
+{
+    (void)g;
+    return -1;
+}
 void kvq_forward_cuda_free(kvq_forward_cuda *g) { (void)g; }
 kvq_status kvq_forward_cuda_set_kv(kvq_forward_cuda *g, const kvq_kv_desc *d, kvq_err *err)
 {

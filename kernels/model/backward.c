@@ -279,32 +279,58 @@ static kvq_status layer_backward(kvq_backward *bw, const kvq_fwd_io *io, const k
 
 kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err)
 {
-    const kvq_model *m = bw->m;
-    const kvq_hparams *hp = &m->hp;
+    const int L = bw->m->hp.n_layers;
+    KVQ_TRY(kvq_backward_stage_forward(bw, io, spec, 0, L, NULL, res, err));
+    return kvq_backward_stage_backward(bw, io, spec, 0, L, NULL, res, err);
+}
+
+kvq_status kvq_backward_stage_forward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l0, int l1,
+                                      const float *x_in, kvq_bwd_result *res, kvq_err *err)
+{
     res->loss = NAN;
     res->n_scored = 0;
     res->xent_loss = NAN;
+    bw->st_l0 = bw->st_l1 = -1;
     if (!spec->xent && !spec->upstream)
         return kvq_fail(err, KVQ_EINVAL, "backward: nothing to differentiate (neither cross-entropy nor an upstream gradient)");
     bw->t_forward = bw->t_head = bw->t_recompute = bw->t_attn_bwd = bw->t_other_bwd = 0;
     double t0 = omp_get_wtime();
-    kvq_fwd_result fr;
     /* with the cross-entropy, the loss (and io->nll) come from the backward's
-     * own LM-head pass below: the forward skips its LM head */
+     * own LM-head pass (the last stage's): the forward skips its LM head */
     kvq_fwd_io fio = *io;
     fio.skip_loss = spec->xent && !io->logits;
-    KVQ_TRY(kvq_forward_run(&bw->fw, &fio, &fr, err));
+    KVQ_TRY(kvq_forward_stage(&bw->fw, &fio, l0, l1, x_in, &bw->st_fr, err));
     bw->t_forward = omp_get_wtime() - t0;
-    res->loss = fr.loss;
-    res->n_scored = fr.n_scored;
+    res->loss = bw->st_fr.loss;
+    res->n_scored = bw->st_fr.n_scored;
+    if (spec->xent && bw->st_fr.n_scored == 0)
+        return kvq_fail(err, KVQ_EINVAL, "backward: cross-entropy requested but no position of the %d-token window is scored", io->T);
+    bw->st_skip = fio.skip_loss;
+    bw->st_l0 = l0;
+    bw->st_l1 = l1;
+    return KVQ_OK;
+}
+
+kvq_status kvq_backward_stage_backward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l0, int l1,
+                                       const float *dx_in, kvq_bwd_result *res, kvq_err *err)
+{
+    const kvq_model *m = bw->m;
+    const kvq_hparams *hp = &m->hp;
+    if (bw->st_l0 != l0 || bw->st_l1 != l1 || bw->fw.T_last != io->T)
+        return kvq_fail(err, KVQ_EINVAL, "backward: stage of layers %d..%d without its forward (kvq_backward_stage_forward)", l0,
+                        l1 - 1);
+    if (l1 < hp->n_layers && !dx_in)
+        return kvq_fail(err, KVQ_EINVAL, "backward: a stage ending before the last layer needs dL/dx of its output");
+    bw->st_l0 = bw->st_l1 = -1; /* one backward per forward */
+    const kvq_fwd_result fr = bw->st_fr;
     const int T = io->T, dim = hp->dim;
-    if (spec->xent && fr.n_scored == 0)
-        return kvq_fail(err, KVQ_EINVAL, "backward: cross-entropy requested but no position of the %d-token window is scored", T);
     kvq_rope_table(hp, io->pos0, T, bw->rope_cos, bw->rope_sin);
 
-    const float *x_last = kvq_forward_layer_input(&bw->fw, hp->n_layers);
-    t0 = omp_get_wtime();
-    if (spec->xent) {
+    double t0 = omp_get_wtime();
+    if (l1 < hp->n_layers) {
+        if (dx_in != bw->dx) memcpy(bw->dx, dx_in, (size_t)T * dim * sizeof(float));
+    } else if (spec->xent) {
+        const float *x_last = kvq_forward_layer_input(&bw->fw, hp->n_layers);
         const int *tg = io->targets;
         if (!tg) {
             for (int t = 0; t < T; t++) bw->targets[t] = t + 1 < T ? io->tokens[t + 1] : -1;
@@ -314,7 +340,7 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
         double sum = kvq_lm_head_xent_bwd(bw->dxn, bw->nll, bw->xn, &m->output, bw->head_buf, tg, T, dim, hp->vocab_size, 1.0 / fr.n_scored,
                                           bw->v_chunk, bw->zbuf, bw->rmax, bw->rsum, bw->rtgt);
         res->xent_loss = sum / fr.n_scored;
-        if (fio.skip_loss) {
+        if (bw->st_skip) {
             res->loss = res->xent_loss;
             if (io->nll) memcpy(io->nll, bw->nll, (size_t)T * sizeof(double));
             for (int t = 0; t < T; t++)
@@ -328,7 +354,7 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
     }
     bw->t_head = omp_get_wtime() - t0;
     const int P = io->prefix ? io->prefix->P : 0;
-    for (int l = hp->n_layers - 1; l >= 0; l--) {
+    for (int l = l1 - 1; l >= l0; l--) {
         if (spec->upstream) {
             kvq_layer_ctx ctx = {.layer = l, .T = T, .pos0 = io->pos0, .P = P, .n_heads = hp->n_heads,
                                  .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim, .tokens = io->tokens,
@@ -338,7 +364,7 @@ kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bw
         }
         KVQ_TRY(layer_backward(bw, io, spec, l, kvq_forward_layer_input(&bw->fw, l), err));
     }
-    if (spec->d_embd) memcpy(spec->d_embd, bw->dx, (size_t)T * dim * sizeof(float));
+    if (l0 == 0 && spec->d_embd) memcpy(spec->d_embd, bw->dx, (size_t)T * dim * sizeof(float));
     return KVQ_OK;
 }
 

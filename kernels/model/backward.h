@@ -151,6 +151,10 @@ typedef struct {
     float *head_buf;                            /* [v_chunk][dim] converted LM-head rows (non-fp32 head only) */
     kvq_attn_grad_ws attn;     /* attention backward */
     kvq_attn_ws fattn;         /* recomputed attention forward (kvq_attention with lse) */
+    /* the stage run by kvq_backward_stage_forward, awaiting its backward */
+    kvq_fwd_result st_fr;
+    bool st_skip;
+    int st_l0, st_l1;
     /* wall seconds of the last run, by phase (profiling; not part of results) */
     double t_forward, t_head, t_recompute, t_attn_bwd, t_other_bwd;
     float *arena;
@@ -178,6 +182,23 @@ kvq_status kvq_backward_init_opts(kvq_backward *bw, const kvq_model *m, int max_
  * xent with no scored position; any status a callback returns (the message
  * names the layer); KVQ_ENUMERIC when a gradient is not finite. */
 kvq_status kvq_backward_run(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res, kvq_err *err);
+
+/* kvq_backward_run in pipeline stages (pipeline.h): for a stage of layers
+ * l0 .. l1-1, kvq_backward_stage_forward runs its forward (kvq_forward_stage
+ * from x_in, the stream entering l0; NULL when l0 == 0) keeping what the
+ * backward needs; then kvq_backward_stage_backward differentiates layers
+ * l1-1 .. l0: from the LM head's cross-entropy when l1 == n_layers, else from
+ * dx_in [T][dim] = dL/d(stream leaving layer l1-1), the next stage's
+ * kvq_backward_stage_dx. Afterwards kvq_backward_stage_dx is dL/d(stream
+ * entering l0). res: the loss fields as kvq_backward_run's (final on the last
+ * stage). kvq_backward_run is the one stage 0 .. n_layers: the same code.
+ * Errors: those of kvq_backward_run; KVQ_EINVAL for a backward whose forward
+ * was not the same stage's last call, or a missing x_in / dx_in. */
+kvq_status kvq_backward_stage_forward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l0, int l1,
+                                      const float *x_in, kvq_bwd_result *res, kvq_err *err);
+kvq_status kvq_backward_stage_backward(kvq_backward *bw, const kvq_fwd_io *io, const kvq_bwd_spec *spec, int l0, int l1,
+                                       const float *dx_in, kvq_bwd_result *res, kvq_err *err);
+static inline const float *kvq_backward_stage_dx(const kvq_backward *bw) { return bw->dx; }
 
 /* A ready-made grads callback that copies each layer into caller-owned
  * arrays (any may be NULL): [n_layers][T][n_kv_heads][head_dim] for dk_pre,

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "cuda_info.h"
+#include "pipeline.h"
+#include "pipeline_nccl.h"
 
 kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err)
 {
@@ -41,6 +43,31 @@ kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err 
 }
 
 const char *kvq_device_name(kvq_device d) { return d == KVQ_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+kvq_status kvq_devices_resolve(const char *devices, const char *device, int *ids, int max_ids, int *n, char *one_dev,
+                               size_t one_len, kvq_err *err)
+{
+    *n = 0;
+    if (one_len) one_dev[0] = 0;
+    if (device)
+        return kvq_fail(err, KVQ_EINVAL, "--device %s and --devices %s: give one of them (--devices for several GPUs)", device,
+                        devices);
+    /* syntax and duplicates, whatever this machine has */
+    int k = 0;
+    if (strcmp(devices, "all")) KVQ_TRY(kvq_devices_parse(devices, KVQ_PIPE_MAX_DEV * 16, NULL, "--devices", ids, max_ids, &k, err));
+    char why[512] = "";
+    if (k > 1 && !kvq_pipe_nccl_compiled(why, sizeof why))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "--devices %s: %d GPUs need the multi-GPU pipeline, and %s; use one GPU (--device cuda:N)",
+                        devices, k, why);
+    int avail = kvq_cuda_device_count(why, sizeof why);
+    KVQ_TRY(kvq_devices_parse(devices, avail, why, "--devices", ids, max_ids, &k, err));
+    if (k > 1 && !kvq_pipe_nccl_compiled(why, sizeof why)) /* "all" on a machine with several GPUs */
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "--devices %s: %d GPUs need the multi-GPU pipeline, and %s; use one GPU (--device cuda:N)",
+                        devices, k, why);
+    *n = k;
+    if (k == 1 && one_len) snprintf(one_dev, one_len, "cuda:%d", ids[0]);
+    return KVQ_OK;
+}
 
 const char *kvq_cuda_math_name(kvq_cuda_math m)
 {
@@ -94,10 +121,33 @@ kvq_status kvq_engine_init(kvq_engine *e, kvq_device dev, kvq_cuda_math math, co
     return kvq_engine_init_at(e, dev, 0, math, m, max_T, max_P, flags, err);
 }
 
+kvq_status kvq_engine_init_pipe(kvq_engine *e, const int *gpus, int n, kvq_cuda_math math, const kvq_model *m, int max_T,
+                                int max_P, unsigned flags, char *report, size_t report_len, kvq_err *err)
+{
+    if (n == 1) {
+        if (report && report_len) report[0] = 0;
+        return kvq_engine_init_at(e, KVQ_DEVICE_CUDA, gpus[0], math, m, max_T, max_P, flags, err);
+    }
+    memset(e, 0, sizeof *e);
+    e->dev = KVQ_DEVICE_CUDA;
+    const bool bw = flags & KVQ_ENGINE_BACKWARD;
+    flags &= ~(unsigned)KVQ_ENGINE_BACKWARD;
+    return kvq_pipe_cuda_init(&e->pipe, m, gpus, n, NULL, max_T, max_P, flags | (bw ? KVQ_FWD_SAVE_ACTIVATIONS : 0), math, report,
+                              report_len, err);
+}
+
+void kvq_engine_cuda_stats(const kvq_engine *e, kvq_cuda_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (e->pipe) kvq_pipe_cuda_stats(e->pipe, out);
+    else if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_stats(e->gpu, out);
+}
+
 void kvq_engine_free(kvq_engine *e)
 {
     kvq_kv_desc_run_free(&e->run);
-    if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
+    if (e->pipe) kvq_pipe_cuda_free(e->pipe);
+    else if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_free(e->gpu);
     else if (e->has_bw) kvq_backward_free(&e->bw);
     else kvq_forward_free(&e->cpu);
     memset(e, 0, sizeof *e);
@@ -105,11 +155,14 @@ void kvq_engine_free(kvq_engine *e)
 
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err)
 {
-    if (e->dev == KVQ_DEVICE_CUDA) {
-        if (kvq_kv_desc_chunk(d) > 0) /* the CUDA forward's own host hook has no steps: the caller's hooks do */
-            return kvq_fail(err, KVQ_EUNSUPPORTED, "forward: a KV scheme that runs windows in steps (%s) is given to the GPU "
-                                                   "engine as hooks (kvq_kv_desc_hooks), not as its built-in scheme",
-                            d->q.fam->name);
+    if ((e->pipe || e->dev == KVQ_DEVICE_CUDA) && kvq_kv_desc_chunk(d) > 0)
+        /* the CUDA forward's own host hook has no steps: the caller's hooks do */
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "forward: a KV scheme that runs windows in steps (%s) is given to the GPU "
+                                               "engine as hooks (kvq_kv_desc_hooks), not as its built-in scheme",
+                        d->q.fam->name);
+    if (e->pipe) {
+        KVQ_TRY(kvq_pipe_cuda_set_kv(e->pipe, d, err));
+    } else if (e->dev == KVQ_DEVICE_CUDA) {
         KVQ_TRY(kvq_forward_cuda_set_kv(e->gpu, d, err));
     } else if (d) {
         KVQ_TRY(kvq_kv_desc_validate(d, &cpu_fw(e)->m->hp, err));
@@ -159,6 +212,7 @@ static void merge_hooks(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_io *io2)
 
 static kvq_status engine_run_one(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
+    if (e->pipe) return kvq_pipe_cuda_run(e->pipe, io, res, 1, err);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_run(e->gpu, io, res, err);
     return kvq_forward_run(cpu_fw(e), io, res, err);
 }
@@ -227,7 +281,7 @@ kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *r
 {
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
-    if (e->dev == KVQ_DEVICE_CUDA || !e->has_desc) {
+    if (e->pipe || e->dev == KVQ_DEVICE_CUDA || !e->has_desc) {
         if (io->hooks && io->hooks->chunk > 0 && io->hooks->chunk < io->T) return run_chunked(e, io, io->hooks, res, err);
         return engine_run_one(e, io, res, err);
     }
@@ -237,11 +291,24 @@ kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *r
     return kvq_forward_run(cpu_fw(e), &io2, res, err);
 }
 
+kvq_status kvq_engine_run_batch(kvq_engine *e, const kvq_fwd_io *ios, kvq_fwd_result *res, int n, kvq_err *err)
+{
+    if (e->pipe) {
+        for (int i = 0; i < n; i++)
+            if (e->has_desc && ios[i].hooks && ios[i].hooks->transform)
+                return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
+        return kvq_pipe_cuda_run(e->pipe, ios, res, n, err);
+    }
+    for (int i = 0; i < n; i++) KVQ_TRY(kvq_engine_run(e, &ios[i], &res[i], err));
+    return KVQ_OK;
+}
+
 kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bwd_spec *spec, kvq_bwd_result *res,
                                kvq_err *err)
 {
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "backward: a built-in KV scheme is set and the hooks carry a transform too");
+    if (e->pipe) return kvq_pipe_cuda_backward(e->pipe, io, spec, res, err);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_backward(e->gpu, io, spec, res, err);
     if (!e->has_bw) return kvq_fail(err, KVQ_EINVAL, "backward: the engine was initialised without KVQ_ENGINE_BACKWARD");
     if (!e->has_desc) return kvq_backward_run(&e->bw, io, spec, res, err);
@@ -252,6 +319,7 @@ kvq_status kvq_engine_backward(kvq_engine *e, const kvq_fwd_io *io, const kvq_bw
 
 kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err)
 {
+    if (e->pipe) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer input %d: not read across a pipeline's stages", l);
     if (e->dev == KVQ_DEVICE_CUDA) return kvq_forward_cuda_layer_input(e->gpu, l, out, err);
     const kvq_forward *fw = cpu_fw(e);
     if (l < 0 || l > fw->m->hp.n_layers) return kvq_fail(err, KVQ_EINVAL, "layer input %d, expected 0..%d", l, fw->m->hp.n_layers);
@@ -264,7 +332,8 @@ kvq_status kvq_engine_layer_input(kvq_engine *e, int l, float *out, kvq_err *err
 
 const char *kvq_engine_describe(const kvq_engine *e, char *buf, size_t n)
 {
-    if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_describe(e->gpu, buf, n);
+    if (e->pipe) kvq_pipe_cuda_describe(e->pipe, buf, n);
+    else if (e->dev == KVQ_DEVICE_CUDA) kvq_forward_cuda_describe(e->gpu, buf, n);
     else snprintf(buf, n, "CPU (%d OpenMP threads, OpenBLAS sgemm, fp32)", e->has_bw ? e->bw.fw.n_threads : e->cpu.n_threads);
     return buf;
 }

@@ -39,6 +39,16 @@ typedef enum { KVQ_DEVICE_CPU = 0, KVQ_DEVICE_CUDA = 1 } kvq_device;
 kvq_status kvq_device_parse(const char *s, kvq_device *out, int *index, kvq_err *err);
 const char *kvq_device_name(kvq_device d);
 
+/* --devices LIST (pipeline.h kvq_devices_parse) beside --device DEV (NULL when
+ * not given): both given is KVQ_EINVAL. The list's syntax and duplicates are
+ * checked first, then (several GPUs) that the build has the NCCL pipeline
+ * (KVQ_EUNSUPPORTED naming what it lacks), then the GPUs present
+ * (KVQ_EUNSUPPORTED without any, KVQ_EINVAL for an absent index). On success
+ * ids[0..*n) are the GPUs in pipeline order; *n == 1 is today's single-GPU
+ * path: one_dev receives "cuda:N" for use as --device. */
+kvq_status kvq_devices_resolve(const char *devices, const char *device, int *ids, int max_ids, int *n, char *one_dev,
+                               size_t one_len, kvq_err *err);
+
 /* kvq_engine_init flag (beside KVQ_FWD_*): make the engine able to run
  * kvq_engine_backward (CPU: a kvq_backward workspace, which owns the
  * forward; GPU: the activation store, KVQ_FWD_SAVE_ACTIVATIONS). */
@@ -50,7 +60,8 @@ typedef struct {
     kvq_forward cpu;          /* dev == CPU, without KVQ_ENGINE_BACKWARD */
     kvq_backward bw;          /* dev == CPU, with KVQ_ENGINE_BACKWARD (its forward is bw.fw) */
     bool has_bw;
-    kvq_forward_cuda *gpu;    /* dev == CUDA */
+    kvq_forward_cuda *gpu;    /* dev == CUDA, one GPU */
+    struct kvq_pipe_cuda *pipe; /* dev == CUDA, several GPUs (kvq_engine_init_pipe; gpu is NULL) */
     kvq_kv_desc desc;         /* current built-in transform (CPU side) */
     bool has_desc;
     kvq_kv_desc_run run;      /* CPU hook state */
@@ -73,12 +84,24 @@ kvq_status kvq_engine_init_at(kvq_engine *e, kvq_device dev, int gpu, kvq_cuda_m
 kvq_status kvq_engine_init_fallback(kvq_engine *e, kvq_device dev, bool fallback, int gpu, kvq_cuda_math math,
                                     const kvq_model *m, int max_T, int max_P, unsigned flags, char *note, size_t note_len,
                                     kvq_err *err);
+/* The engine over several GPUs of this host (pipeline_nccl.h: layers split by
+ * memory, NCCL between the stages; KVQ_ENGINE_BACKWARD: kvq_engine_backward
+ * runs kvq_pipe_cuda_backward; kvq_engine_layer_input is not available).
+ * n == 1 is kvq_engine_init_at on gpus[0]. report: kvq_pipe_cuda_init's. */
+kvq_status kvq_engine_init_pipe(kvq_engine *e, const int *gpus, int n, kvq_cuda_math math, const kvq_model *m, int max_T,
+                                int max_P, unsigned flags, char *report, size_t report_len, kvq_err *err);
+/* The CUDA counters of the engine (summed over a pipeline's stages); zeros on the CPU. */
+void kvq_engine_cuda_stats(const kvq_engine *e, kvq_cuda_stats *out);
 void kvq_engine_free(kvq_engine *e);
 /* Built-in KV transform for the next runs (NULL / FP32 = none). The
  * descriptor is copied; its tables must outlive the runs on the CPU. */
 kvq_status kvq_engine_set_kv(kvq_engine *e, const kvq_kv_desc *d, kvq_err *err);
 /* kvq_forward_run's contract; with a descriptor set, io->hooks->transform must be NULL. */
 kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
+/* n windows: on a pipeline (kvq_engine_init_pipe) as micro-batches, so that the stages overlap
+ * (kvq_pipe_cuda_run; hooks of different stages then run concurrently, so a caller passes hooks only
+ * when their state is per layer); elsewhere kvq_engine_run for each in turn. */
+kvq_status kvq_engine_run_batch(kvq_engine *e, const kvq_fwd_io *ios, kvq_fwd_result *res, int n, kvq_err *err);
 /* kvq_backward_run's contract (backward.h) on the engine's device, with the
  * descriptor's transform (straight-through) when one is set. Needs
  * KVQ_ENGINE_BACKWARD at init (else KVQ_EINVAL). */

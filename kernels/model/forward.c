@@ -264,11 +264,22 @@ static void qkv_project(kvq_forward *fw, const kvq_layer_weights *w, int T)
 
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
+    return kvq_forward_stage(fw, io, 0, fw->m->hp.n_layers, NULL, res, err);
+}
+
+kvq_status kvq_forward_stage(kvq_forward *fw, const kvq_fwd_io *io, int l0, int l1, const float *x_in, kvq_fwd_result *res,
+                             kvq_err *err)
+{
     const kvq_model *m = fw->m;
     const kvq_hparams *hp = &m->hp;
     const int T = io->T, dim = hp->dim, qd = kvq_q_dim(hp), hid = hp->hidden_dim, V = hp->vocab_size;
     res->loss = NAN;
     res->n_scored = 0;
+    if (l0 < 0 || l1 <= l0 || l1 > hp->n_layers)
+        return kvq_fail(err, KVQ_EINVAL, "forward: stage of layers %d..%d, expected 0 <= first < last <= %d", l0, l1 - 1,
+                        hp->n_layers - 1);
+    if (l0 > 0 && !x_in)
+        return kvq_fail(err, KVQ_EINVAL, "forward: a stage starting at layer %d needs the residual stream entering it", l0);
     if (T <= 0 || T > fw->max_T)
         return kvq_fail(err, KVQ_EINVAL, "forward: window of %d tokens, expected 1..%d (max_T of the workspace)", T, fw->max_T);
     int P = io->prefix ? io->prefix->P : 0;
@@ -289,9 +300,12 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
 
     fw->T_last = 0; /* saved checkpoints/activations are invalid until this run has passed every layer */
     kvq_rope_table(hp, io->pos0, T, fw->rope_cos, fw->rope_sin);
-    for (int t = 0; t < T; t++) kvq_mat_rows(&m->tok_embd, io->tokens[t], 1, fw->x + (size_t)t * dim);
+    if (l0 == 0)
+        for (int t = 0; t < T; t++) kvq_mat_rows(&m->tok_embd, io->tokens[t], 1, fw->x + (size_t)t * dim);
+    else if (x_in != fw->x)
+        memcpy(fw->x, x_in, (size_t)T * dim * sizeof(float));
 
-    for (int l = 0; l < hp->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
         const kvq_layer_weights *w = &m->layers[l];
         if (fw->saved) memcpy(fw->saved + (size_t)l * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
         kvq_rmsnorm(fw->xn, fw->x, w->attn_norm, T, dim, hp->norm_eps);
@@ -310,10 +324,14 @@ kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result
         kvq_swiglu(fw->gate, fw->gate, fw->up, (size_t)T * hid);
         linear(fw, fw->x, fw->gate, &w->w_down, T, hid, dim, 1.0f);
     }
-    if (fw->saved) memcpy(fw->saved + (size_t)hp->n_layers * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
+    if (fw->saved) memcpy(fw->saved + (size_t)l1 * fw->max_T * dim, fw->x, (size_t)T * dim * sizeof(float));
     fw->T_last = T;
     int n_tg = 0;
     for (int t = 0; t < T; t++) n_tg += tg[t] >= 0;
+    if (l1 < hp->n_layers) { /* not the last stage: fw->x is handed on, the LM head is the last stage's */
+        res->n_scored = n_tg;
+        return KVQ_OK;
+    }
     if (!io->logits && (io->skip_loss || n_tg == 0)) {
         /* no LM head: the caller computes the loss itself, or no row is scored */
         res->n_scored = n_tg;

@@ -336,6 +336,23 @@ void kvq_forward_free(kvq_forward *fw);
  * names the position). io->nll and io->logits are filled even then. */
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
 
+/* One pipeline stage of kvq_forward_run (pipeline.h): layers l0 .. l1-1 of
+ * the window io. l0 == 0: from the token embeddings (x_in ignored); else from
+ * x_in [T][dim], the residual stream entering layer l0 (the previous stage's
+ * kvq_forward_stage_output; may be fw->x itself). l1 == n_layers: the final
+ * norm and LM head follow as in kvq_forward_run (res, io->nll, io->logits,
+ * io->head); else they are skipped (res->loss NaN, res->n_scored counted) and
+ * the stream leaving layer l1-1 is kvq_forward_stage_output. Hooks see layers
+ * l0 .. l1-1. Checkpoints (KVQ_FWD_SAVE_*) are written for layers l0 .. l1
+ * only. kvq_forward_run(fw, io, ...) is kvq_forward_stage(fw, io, 0,
+ * n_layers, NULL, ...): one code path, so that staging changes no bit.
+ * Errors: those of kvq_forward_run; KVQ_EINVAL for a layer range outside
+ * 0 <= l0 < l1 <= n_layers or l0 > 0 without x_in. */
+kvq_status kvq_forward_stage(kvq_forward *fw, const kvq_fwd_io *io, int l0, int l1, const float *x_in, kvq_fwd_result *res,
+                             kvq_err *err);
+/* The residual stream leaving the last stage run, [T][dim] (valid until the next run). */
+static inline const float *kvq_forward_stage_output(const kvq_forward *fw) { return fw->x; }
+
 /* kvq_fwd_head from full logits [T][vocab] (the io->logits path of both
  * devices): lse, argmax and expect of the scored rows (targets[t] >= 0;
  * targets NULL: every row but the last), hidden copied from xn [T][dim] when

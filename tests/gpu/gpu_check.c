@@ -30,6 +30,9 @@
  *       for fp32, KIVI-2 (boundaries), nuq4-1% (native) and nuq4 through the host
  *       hook, with the prefix gradients and an upstream-gradient term; attention
  *       statistics (mass, entropy) CPU vs GPU.
+ *   gpu_check --pipeline
+ *       the pipeline stages of issue 47 (gpu_check_pipeline.c): two stage workspaces on one GPU against the
+ *       whole model, forward and backward, bit for bit; with two GPUs and NCCL the kvq_pipe_cuda driver.
  *   gpu_check --families [DIR]
  *       the model families of tests/test_families.c (DIR, default
  *       tests/fixtures: hf-<name> HF checkpoints and their GGUF conversions:
@@ -496,7 +499,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *dev = "auto";
     int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, attn = 0, backward = 0, fisher = 0,
-        sched = 0;
+        sched = 0, pipeline = 0;
     const char *families = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -506,6 +509,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--sched")) sched = 1;
         else if (!strcmp(a, "--no-bench")) bench = 0;
         else if (!strcmp(a, "--backward")) backward = 1;
+        else if (!strcmp(a, "--pipeline")) pipeline = 1;
         else if (!strcmp(a, "--families")) families = v && v[0] != '-' ? (i++, v) : "tests/fixtures";
         else if (!strcmp(a, "--fisher") && v) fisher = atoi(v), i++;
         else if (!strcmp(a, "--model") && v) model = v, i++;
@@ -525,6 +529,7 @@ int main(int argc, char **argv)
     if (synthetic || attn) ok &= run_attn_check();
     if (synthetic || sched) ok &= run_sched_check();
     if (backward) ok &= run_backward_synthetic(d);
+    if (pipeline) ok &= run_pipeline_check();
     if (families) ok &= run_families(families, d);
     if (model) {
         if (!text) DIE("--model needs --text");

@@ -114,6 +114,9 @@ int run_attn_check(void);
 int stats_check(kvq_engine *cpu, kvq_engine *gpu, const kvq_hparams *hp, const kvq_kv_desc *d, const char *name,
                 const int32_t *tokens, int T, const kvq_prefix *px, int layer);
 
+/* gpu_check_pipeline.c: the CUDA pipeline stages vs the whole model (gpu_check --pipeline) */
+int run_pipeline_check(void);
+
 /* gpu_check_models.c: the model families, the real model */
 int run_families(const char *dir, kvq_device gdev);
 int run_fisher_model(const char *model_path, const char *text_path, int ctx, int n_win, kvq_device gdev);

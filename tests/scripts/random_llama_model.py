@@ -15,6 +15,9 @@ Shapes (transformers LlamaConfig fields):
     smollm2-135m  dim 576, 30 layers, 9 / 3 heads (head_dim 64), SwiGLU 1536, vocab
                 49152, rope_theta 100000, context 8192 (SmolLM2-135M's shape, its
                 embeddings untied here; scripts/gpu_carry_sched.sh)
+    llama2-70b  dim 8192, 80 layers, 64 / 8 heads, SwiGLU 28672, vocab 32000,
+                rope_theta 10000, context 4096 (138 GB in bf16: the multi-GPU
+                pipeline's measurements, scripts/gpu_multi.sh)
 --layers keeps the shape but fewer layers (a quick variant).
 
 A byte-level tokenizer.json with the model's vocabulary size is written
@@ -48,6 +51,9 @@ SHAPES = {
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
                       rope_theta=10000.0),
+    "llama2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       rope_theta=10000.0),
 }
 
 
