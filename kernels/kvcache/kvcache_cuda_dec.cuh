@@ -1,4 +1,4 @@
-// kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2- and 4-bit codes, P·V on the tensor
+// kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2-, 3- and 4-bit codes, P·V on the tensor
 // cores) of kvcache_cuda.cu, with the exact-region
 // and combine kernels they share. Included by kvcache_cuda.cu; tests/gpu/emu/emu_kvcache_dec.cc compiles the
 // same source on the host (KVQ_EMU: one std::thread per CUDA thread) to check the index arithmetic
@@ -274,7 +274,7 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 }
 #endif
 
-// ---- v4: 2- and 4-bit keys and values ------------------------------------------------------------
+// ---- v4: 2-, 3- and 4-bit keys and values ---------------------------------------------------------
 // One block of NT4 = 256 threads per (sequence, KV head, query group, chunk of positions); chunks are
 // multiples of the 256-position warp tile.
 //
@@ -285,7 +285,9 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // 4-bit keys: a per-channel table of 16 floats (the dequantized key, klut), 2-bit keys: a per-pair table
 // of 16 float2 indexed by the pair's nibble. Code extraction works on bytes: two shift+mask operations
 // per word put every code (times the entry size) in a byte, and one PRMT per lookup moves that byte
-// into the low byte of the table's (256-aligned) shared address, so a lookup is PRMT + LDS.
+// into the low byte of the table's (256-aligned) shared address, so a lookup is PRMT + LDS. 3-bit keys: a
+// per-channel table of 8 floats, the unit's 3 words taken one at a time (see the key pass), a lookup is
+// SHF + LOP3 + LDS.
 // RoPE: w = conj(q̄)·e^{i p θ} per pair; the warp composes w at its tile's first position from the
 // two-level table (e^{ipθ} = hi[p >> 6]·lo[p & 63], in fp32), a lane multiplies it by e^{i 8L θ} (per-block
 // table) and steps to its next 7 positions with one complex multiply and then the Chebyshev recurrence
@@ -294,13 +296,14 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // position (a thread takes 8 consecutive positions and loads their 9 row pointers at once), then one thread
 // per entry (4 entries' loads in flight per thread) adds its correction to the score atomically; the dense
 // value at the zero code comes from the shared key table.
-// Softmax statistics as v3. Phase 3 (P·V) on the tensor cores (pv_mma): mma.m16n8k16 with the value levels
+// Softmax statistics per block. Phase 3 (P·V) on the tensor cores (pv_mma): mma.m16n8k16 with the value levels
 // (fp16, from a per-lane replicated byte table) as A (16 dims × 16 positions) and p·r (fp16) as B, fp32
 // accumulators; Σ p·zp is added once per query head. Per-warp outputs are staged in the dead phase-1 tables
 // and summed into the block's partial, to which the sparse value corrections are added with red.global.add
 // (shared-memory float atomics are CAS loops on sm_90). The fp16 rounding of the levels and of p·r makes
 // the result differ from the fp32 reference by ~1e-4..5e-4 relative L2 (below an fp16 cache's own rounding
-// of V; the CUDA-vs-CPU checks use 1e-3 for these kernels, 2e-5 for the fp32 v3).
+// of V; the CUDA-vs-CPU checks use 1e-3). 3-bit values: pv_mma3 (16-dim half-unit slots, a 6-bit index per
+// dim and position pair).
 // The RoPE step from the warp's tile start to a lane's first position, e^{i 8L θ}, is a per-block table.
 // Phase 1's tables span at most 32 banks (16 words, or 16 float2), so no lookup pattern conflicts; phase
 // 3's table is replicated per lane (entry stride 128 bytes), so neither does it.
