@@ -9,6 +9,10 @@
 #                     command (DIR/lib is put on LD_LIBRARY_PATH for libcjson), e.g. on a
 #                     device image without hdf5/check; KVQ_BENCH_MEM=bytes caps the caches
 #                     benchmarked at once (default 100e9).
+#   KVQ_BENCH_BREAKDOWN=1  then where the NUQ decode kernel's time goes (breakdown.txt): Llama-2-7B heads at
+#                     B = 32, N = 32K and B = 1, N = 128K, nuq2/3/4 with one phase left out at a time
+#                     (KVQ_DEC_PROF: 1 dense keys, 2 sparse keys, 4 dense P·V, 8 sparse values; outputs then
+#                     wrong) and without the L2 prefetches (16), next to the full kernel in the same run.
 set -euo pipefail
 out=${1:-out/gpu_kvcache}
 mkdir -p "$out"
@@ -28,3 +32,14 @@ echo "== CUDA vs CPU checks"
 "$bin/test_kvcache_cuda" 2>&1 | tee "$out/test.log"
 echo "== benchmark"
 "$bin/bench_kvcache_cuda" "$out/bench.csv" "${KVQ_BENCH_MEM:-100e9}" 2>&1 | tee "$out/bench.txt"
+if [ -n "${KVQ_BENCH_BREAKDOWN:-}" ]; then
+    echo "== breakdown (KVQ_DEC_PROF)"
+    for bn in "32 32768" "1 131072"; do
+        set -- $bn
+        for pf in 0 16 1 2 4 8; do
+            echo "-- B=$1 N=$2 KVQ_DEC_PROF=$pf"
+            KVQ_DEC_PROF=$pf KVQ_BENCH_FORMAT=nuq KVQ_BENCH_NO_FP16=1 KVQ_BENCH_MODEL=llama KVQ_BENCH_B=$1 KVQ_BENCH_N=$2 \
+                "$bin/bench_kvcache_cuda" 2>&1 | grep -E '^llama' || true
+        done
+    done 2>&1 | tee "$out/breakdown.txt"
+fi

@@ -34,16 +34,11 @@ static const size_t SMEM_MAX = 160 * 1024;
 // kvcache_cuda_nuq.cuh); nullptr where none
 static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? nuq_kernel<2>(bv, gq) : bk == 3 ? nuq_kernel<3>(bv, gq) : nuq_kernel<4>(bv, gq); }
 
-// query heads per block: the candidate (1, 2, 3, 4, 8; at most 64 / channels per unit of keys and of
-// values) that wastes the fewest masked query slots, ties to the larger
-static bool use_v4(int bk, int bv) { return bk != 3 && bv != 3; }
-// v4: at most 4 (its registers hold 8 scores and the value accumulators per query head)
-static int choose_gq(int g, int bk, int bv)
+// query heads per block: the candidate (1, 2, 3, 4; v4's registers hold 8 scores per query head) that wastes the
+// fewest masked query slots, ties to the larger
+static int choose_gq(int g)
 {
-    const int ck = bk == 2 ? 16 : bk == 3 ? 32 : 8, cv = bv == 2 ? 16 : bv == 3 ? 32 : 8;
-    int gmax = 64 / (ck > cv ? ck : cv);
-    if (gmax > 8) gmax = 8;
-    if (use_v4(bk, bv)) gmax = 4;
+    const int gmax = 4;
     const int cand[5] = {8, 4, 3, 2, 1};
     int best = 1;
     long bw = -1;
@@ -63,7 +58,7 @@ struct kvq_kvcache_cuda {
     int *dlen;
     uint16_t *k16, *v16;
     uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    float *vscale, *klut, *klutr, *vlevels, *klevels, *klo, *khi;
+    float *vscale, *klut, *vlevels, *klevels, *klo, *khi;
     uint8_t *kz, *vz;
     float2 *rlo, *rhi;
     double *inv_freq;
@@ -104,7 +99,7 @@ template <class T> static kvq_status dalloc(T **p, size_t n, const char *what, k
 extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
 {
     if (!c) return;
-    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut, c->klutr,
+    void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut,
                  c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range,
                  c->kscale, c->kring, c->vring, c->stg, c->tick};
     for (void *x : d)
@@ -226,7 +221,6 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         DA(c->vent, B * H * c->ent_cap, "value outliers");
         DA(c->vscale, B * c->capq * 2, "value scales");
         DA(c->klut, C * nlk, "key LUT");
-        DA(c->klutr, H * kvq_kvcache_unit_channels(cfg->k_bits) * nlk * 32, "key LUT (per lane)");
         DA(c->vlevels, H * nlv, "value levels");
         DA(c->klevels, H * nlk, "key levels");
         DA(c->klo, C, "thresholds");
@@ -286,20 +280,6 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         cudaError_t e = cudaSuccess;
 #define UP(dst, src, bytes) if (e == cudaSuccess) e = cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice)
         if (nuq) UP(c->klut, hl, C * nlk * sizeof(float));
-        if (e == cudaSuccess && nuq) {
-            // the decode kernel's per-lane key LUT of each head: entry (j, code) of lane L's unit
-            // (L mod nuk) at (j * nlk + code) * 32 + L (formats/KVCACHE.md "Decode attention")
-            const size_t ck = kvq_kvcache_unit_channels(cfg->k_bits), nuk = (D + ck - 1) / ck, per = ck * nlk * 32;
-            float *hr = (float *)malloc(H * per * sizeof(float));
-            if (!hr) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate tables"); goto fail; }
-            for (size_t h = 0; h < H; h++)
-                for (size_t i = 0; i < per; i++) {
-                    const size_t L = i & 31, x = i >> 5, j = x / nlk, code = x % nlk, ch = (L % nuk) * ck + j;
-                    hr[h * per + i] = ch < D ? hl[(h * D + ch) * nlk + code] : 0.f;
-                }
-            e = cudaMemcpy(c->klutr, hr, H * per * sizeof(float), cudaMemcpyHostToDevice);
-            free(hr);
-        }
         if (nuq) {
             UP(c->vlevels, hv, H * nlv * sizeof(float));
             UP(c->klevels, hk, H * nlk * sizeof(float));
@@ -810,14 +790,6 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
 }
 
 // ---- attention -----------------------------------------------------------------------------------
-static size_t dec_smem(const kvq_kvcache_cuda *c, int gq, int chunk, int nhb_max)
-{
-    const size_t nlk = (size_t)1 << c->cfg.k_bits, ck = kvq_kvcache_unit_channels(c->cfg.k_bits);
-    const size_t f = 32 + ck * nlk * 32; // value table, per-lane key LUT (even)
-    const size_t tail = (size_t)gq * chunk + (size_t)gq * c->cfg.head_dim + gq * 8 + 2 * gq + 4 * 8 * 33 + chunk + 1;
-    return f * 4 + (size_t)gq * nhb_max * c->np * 8 + tail * 4;
-}
-
 // a device buffer *p of *cap elements grown to at least need, zero-filled when (re)allocated
 template <class T> static kvq_status ensure_dev(T **p, size_t *cap, size_t need, const char *what, kvq_err *err)
 {
@@ -879,7 +851,7 @@ static kvq_status kivi_attend(kvq_kvcache_cuda *c, const float *q, size_t n_head
     }
     int gq = 1, qgroups = gg;
     if (fast && maxqf) {
-        gq = choose_gq(gg, 4, 4);
+        gq = choose_gq(gg);
         qgroups = (gg + gq - 1) / gq;
     }
     const kv::KiviSchedule ks = kv::kivi_schedule(maxqf, maxrest, B * H * qgroups, B * n_heads, (size_t)c->n_sm, max_splits, gq, (int)D,
@@ -951,44 +923,35 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
     if (n_heads == 0 || n_heads % H)
         return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: n_heads %zu: expected a multiple of n_kv_heads %zu", n_heads, H);
     if (g->format == KVQ_KVCACHE_KIVI) return kivi_attend(c, q, n_heads, scale, out, max_splits, sync, err);
-    const int gg = (int)(n_heads / H), gq = choose_gq(gg, g->k_bits, g->v_bits), qgroups = (gg + gq - 1) / gq;
+    const int gg = (int)(n_heads / H), gq = choose_gq(gg), qgroups = (gg + gq - 1) / gq;
     size_t maxlen = 0;
     for (size_t s = 0; s < B; s++) if (c->len[s] > maxlen) maxlen = c->len[s];
     const size_t nq = maxlen > c->n_exact ? maxlen - c->n_exact : 0;
-    const bool v4k = use_v4(g->k_bits, g->v_bits);
-    const int npk = (int)c->kw * (int)(kvq_kvcache_unit_channels(g->k_bits) / 2);
+    // key pairs (padded to whole units: 3-bit units are 3 words of 32 channels)
+    const int npk = (int)(c->kw / kvq_kvcache_unit_words(g->k_bits) * (kvq_kvcache_unit_channels(g->k_bits) / 2));
     size_t splits, chunk;
-    if (v4k) {
-        v4::plan(nq, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, npk, SMEM_MAX, &chunk, &splits);
-    } else {
-        size_t target = 4 * (size_t)c->n_sm, per = B * H * qgroups;
-        splits = (target + per - 1) / per;
-        size_t maxch = 2048;
-        while (maxch > NT && dec_smem(c, gq, (int)maxch, (int)(maxch / 64 + 2)) > SMEM_MAX / 2) maxch /= 2;
-        if (splits < 1) splits = 1;
-        if (max_splits && splits > max_splits) splits = max_splits;
-        chunk = nq ? (nq + splits - 1) / splits : NT;
-        chunk = (chunk + NT - 1) / NT * NT;
-        if (chunk > maxch && !max_splits) chunk = maxch;
-        while (chunk > NT && dec_smem(c, gq, (int)chunk, (int)(chunk / 64 + 2)) > SMEM_MAX) chunk = (chunk / 2 + NT - 1) / NT * NT;
-        splits = nq ? (nq + chunk - 1) / chunk : 1;
-    }
+    v4::plan(nq, B * H * qgroups, (size_t)c->n_sm, max_splits, gq, npk, SMEM_MAX, &chunk, &splits);
     const int nhb_max = (int)(chunk / 64 + 2);
     const size_t nslots = splits + 1;
     KVQ_TRY(ensure_part(c, B * n_heads * nslots * (D + 2), err));
     DecP p;
     p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.krow = c->krow; p.vrow = c->vrow; p.kent = c->kent; p.vent = c->vent;
-    p.vscale = c->vscale; p.klut = c->klut; p.klutr = c->klutr; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
+    p.vscale = c->vscale; p.klut = c->klut; p.vlevels = c->vlevels; p.kz = c->kz; p.vz = c->vz;
     p.rlo = c->rlo; p.rhi = c->rhi; p.k16 = c->k16; p.v16 = c->v16; p.q = q; p.part = c->part; p.len = c->dlen;
     p.H = (int)H; p.D = (int)D; p.dpad = (int)c->dpad; p.np = (int)c->np; p.n_heads = (int)n_heads; p.g = gg; p.qgroups = qgroups;
     p.kw = (int)c->kw; p.vw = (int)c->vw; p.capq = (int)c->capq; p.n_exact = (int)c->n_exact; p.n_splits = (int)splits;
     p.chunk = (int)chunk; p.nhb_max = nhb_max; p.ent_cap = (int)c->ent_cap; p.nslots = (int)nslots;
     p.scale = scale > 0 ? scale : 1.0f / sqrtf((float)D);
+    {
+        // benchmark time breakdown only (kvcache_cuda_dec.cuh, KVQ_SKIP): phases to skip, the outputs then wrong
+        const char *pe = getenv("KVQ_DEC_PROF");
+        p.prof = pe ? atoi(pe) & 31 : 0;
+    }
     DecFn f = pick(g->k_bits, g->v_bits, gq);
     if (!f) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: no kernel for %d/%d bits, %d query heads per block", g->k_bits, g->v_bits, gq);
-    size_t sm = v4k ? v4::smem_bytes(gq, npk, (int)chunk) : dec_smem(c, gq, (int)chunk, nhb_max);
+    size_t sm = v4::smem_bytes(gq, npk, (int)chunk);
     if (sm > SMEM_MAX) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: %zu bytes of shared memory needed", sm);
-    f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), v4k ? v4::NT4 : NT, sm>>>(p);
+    f<<<dim3((unsigned)splits, (unsigned)(H * qgroups), (unsigned)B), v4::NT4, sm>>>(p);
     CKL();
     KVQ_TRY(exact_and_combine(c, q, n_heads, scale, out, nslots, err));
     if (sync) CK(cudaDeviceSynchronize());

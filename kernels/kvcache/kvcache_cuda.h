@@ -19,12 +19,11 @@
  * could differ by an ulp and a code word with it);
  * scores and softmax run in fp32 with RoPE factors composed from a two-level
  * table (pos = 64*hi + lo, computed in double, composed in fp32) and advanced a
- * few positions from each anchor (3-bit codes: one complex multiply per
- * position, anchors every 64; 2/4-bit: one complex multiply then the Chebyshev
- * recurrence, at most 7 steps). P·V: 3-bit codes in fp32; 2- and 4-bit codes on
- * the tensor cores with the value levels and p·r rounded to fp16 and fp32 sums,
- * so the output differs from kvq_kvcache_attend by ~1e-4..5e-4 relative L2
- * (checked at 1e-3; 3-bit at 2e-5). KIVI: post-RoPE keys with 2/4-bit codes
+ * few positions from each anchor (one complex multiply then the Chebyshev
+ * recurrence, at most 7 steps). P·V (2-, 3- and 4-bit codes) on the tensor
+ * cores with the value levels and p·r rounded to fp16 and fp32 sums, so the
+ * output differs from kvq_kvcache_attend by ~1e-4..5e-4 relative L2 (checked
+ * at 1e-3). KIVI: post-RoPE keys with 2/4-bit codes
  * and a power-of-two group of 16..128 run on the tensor cores with every fp16
  * operand split into a high and a low part (fp32-accurate: observed <= 7e-6,
  * checked at 2e-5), or, for 2-bit keys and values at group = head_dim = 128
@@ -76,9 +75,8 @@ kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float 
 
 /* Decode attention, as kvq_kvcache_attend: q_dev [n_seqs][n_heads][head_dim]
  * float32 (post-RoPE), out_dev same shape. max_splits: upper bound on the
- * split-K partitions per (sequence, KV head) (0 = auto: 2/4-bit codes pick the
- * split that minimises waves × chunk length for the blocks resident per SM,
- * 3-bit codes at least 4 blocks per SM). KIVI: the bound applies to each of its
+ * split-K partitions per (sequence, KV head) (0 = auto: NUQ picks the split
+ * that minimises waves × chunk length for the blocks resident per SM). KIVI: the bound applies to each of its
  * two kernels separately, and the fp32 kernel's chunks hold at most 8192
  * positions, so a long range can take more splits than asked. Asynchronous on the
  * default stream when sync == 0. Errors: KVQ_EUNSUPPORTED at create when the

@@ -1,4 +1,4 @@
-// kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2- and 4-bit codes, P·V on the tensor
+// kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2-, 3- and 4-bit codes, P·V on the tensor
 // cores) of kvcache_cuda.cu, with the exact-region
 // and combine kernels they share. Included by kvcache_cuda.cu; tests/gpu/emu/emu_kvcache_dec.cc compiles the
 // same source on the host (KVQ_EMU: one std::thread per CUDA thread) to check the index arithmetic
@@ -30,6 +30,17 @@ __device__ __forceinline__ float2 kvq_lds2(uint32_t a)
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a));
     return v;
 }
+// hint: bring [p, p + bytes) into L2 with Hopper's bulk prefetch (the copy engine fetches it; no registers, no shared
+// memory, nothing waits), in pieces of at most 64 KB, the range widened to 16-byte boundaries
+__device__ __forceinline__ void kvq_prefetch_l2(const void *p, size_t bytes)
+{
+    if (!bytes) return;
+    const size_t a = (size_t)p & ~(size_t)15, e = ((size_t)p + bytes + 15) & ~(size_t)15;
+    for (size_t x = a; x < e; x += 65536) {
+        const uint32_t sz = (uint32_t)(e - x < 65536 ? e - x : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(x), "r"(sz) : "memory");
+    }
+}
 __device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)(bits & 0xffff))); }
 // fp16 pair (lo, hi) from two floats, round to nearest even, as one 32-bit register
 __device__ __forceinline__ uint32_t kvq_h2pack(float lo, float hi)
@@ -57,14 +68,14 @@ template <int B> struct U {
 
 struct DecP {
     const uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
-    const float *vscale, *klut, *klutr, *vlevels;
+    const float *vscale, *klut, *vlevels;
     const uint8_t *kz, *vz;
     const float2 *rlo, *rhi;
     const uint16_t *k16, *v16;
     const float *q;
     float *part;
     const int *len;
-    int H, D, dpad, np, n_heads, g, qgroups, kw, vw, capq, n_exact, n_splits, chunk, nhb_max, ent_cap, nslots;
+    int H, D, dpad, np, n_heads, g, qgroups, kw, vw, capq, n_exact, n_splits, chunk, nhb_max, ent_cap, nslots, prof;
     float scale;
 };
 
@@ -263,7 +274,7 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 }
 #endif
 
-// ---- v4: 2- and 4-bit keys and values ------------------------------------------------------------
+// ---- v4: 2-, 3- and 4-bit keys and values ---------------------------------------------------------
 // One block of NT4 = 256 threads per (sequence, KV head, query group, chunk of positions); chunks are
 // multiples of the 256-position warp tile.
 //
@@ -274,7 +285,9 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // 4-bit keys: a per-channel table of 16 floats (the dequantized key, klut), 2-bit keys: a per-pair table
 // of 16 float2 indexed by the pair's nibble. Code extraction works on bytes: two shift+mask operations
 // per word put every code (times the entry size) in a byte, and one PRMT per lookup moves that byte
-// into the low byte of the table's (256-aligned) shared address, so a lookup is PRMT + LDS.
+// into the low byte of the table's (256-aligned) shared address, so a lookup is PRMT + LDS. 3-bit keys: a
+// per-channel table of 8 floats, the unit's 3 words taken one at a time (see the key pass), a lookup is
+// SHF + LOP3 + LDS.
 // RoPE: w = conj(q̄)·e^{i p θ} per pair; the warp composes w at its tile's first position from the
 // two-level table (e^{ipθ} = hi[p >> 6]·lo[p & 63], in fp32), a lane multiplies it by e^{i 8L θ} (per-block
 // table) and steps to its next 7 positions with one complex multiply and then the Chebyshev recurrence
@@ -283,19 +296,24 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // position (a thread takes 8 consecutive positions and loads their 9 row pointers at once), then one thread
 // per entry (4 entries' loads in flight per thread) adds its correction to the score atomically; the dense
 // value at the zero code comes from the shared key table.
-// Softmax statistics as v3. Phase 3 (P·V) on the tensor cores (pv_mma): mma.m16n8k16 with the value levels
+// Softmax statistics per block. Phase 3 (P·V) on the tensor cores (pv_mma): mma.m16n8k16 with the value levels
 // (fp16, from a per-lane replicated byte table) as A (16 dims × 16 positions) and p·r (fp16) as B, fp32
 // accumulators; Σ p·zp is added once per query head. Per-warp outputs are staged in the dead phase-1 tables
 // and summed into the block's partial, to which the sparse value corrections are added with red.global.add
 // (shared-memory float atomics are CAS loops on sm_90). The fp16 rounding of the levels and of p·r makes
 // the result differ from the fp32 reference by ~1e-4..5e-4 relative L2 (below an fp16 cache's own rounding
-// of V; the CUDA-vs-CPU checks use 1e-3 for these kernels, 2e-5 for the fp32 v3).
+// of V; the CUDA-vs-CPU checks use 1e-3). 3-bit values: pv_mma3 (16-dim half-unit slots, a 6-bit index per
+// dim and position pair).
 // The RoPE step from the warp's tile start to a lane's first position, e^{i 8L θ}, is a per-block table.
 // Phase 1's tables span at most 32 banks (16 words, or 16 float2), so no lookup pattern conflicts; phase
 // 3's table is replicated per lane (entry stride 128 bytes), so neither does it.
 #ifndef KVQ_PROF
 #define KVQ_PROF 0 // profiling builds only: 1 skips the dense key pass, 2 the sparse key pass, 4 the dense P·V, 8 the sparse values
 #endif
+// a phase is skipped when its bit is set in KVQ_PROF or in p.prof (kvq_kvcache_cuda_attend sets p.prof from the
+// environment variable KVQ_DEC_PROF, for the benchmark's time breakdown; the outputs are then wrong); 16 leaves out the
+// L2 prefetches (the outputs stay right)
+#define KVQ_SKIP(p, bit) ((KVQ_PROF | (p).prof) & (bit))
 namespace v4 {
 constexpr int NT4 = 256, NW4 = 8, TILE = 256, SPP = 2048; // threads, warps, positions per warp tile, sparse entries per piece
 
@@ -494,11 +512,96 @@ __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int 
     }
 }
 
+// the 3-bit code at bit b of a 64-bit stream (hi:lo), shifted left by SH and masked to its three bits (b a
+// compile-time constant after unrolling: one shift and one mask, a funnel shift where the code straddles the words)
+template <int SH> __device__ __forceinline__ uint32_t code3_sh(uint32_t lo, uint32_t hi, int b)
+{
+    uint32_t v;
+    if (b + 3 <= 32) v = SH >= b ? lo << (SH - b) : lo >> (b - SH);
+    else if (b >= 32) v = SH >= b - 32 ? hi << (SH - (b - 32)) : hi >> (b - 32 - SH);
+    else v = (uint32_t)((((uint64_t)hi << 32) | lo) >> b) << SH;
+    return v & (7u << SH);
+}
+
+// Phase 3 for 3-bit values, as pv_mma: a 32-channel unit is 3 words (96 bits) of a token-major row, so lane group g
+// takes the 16-dim slot sl = pass·8 + g (half a unit: bits [48·(sl & 1), +48) of unit sl / 2), two word loads per row
+// (words 3·(sl/2) + (sl & 1) and the next). The codes of positions 2t and 2t+1 of a dim form a 6-bit index into a
+// table replicated per lane (64 entries × 32 lanes of fp16x2 (level at 2t, level at 2t+1): entry stride 128 bytes,
+// a lane reads only its own bank). A-row g of m-tile j = dim 16·sl + 2j, row g + 8 = dim 16·sl + 2j + 1.
+__device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, int chpw,
+                                        const uint32_t *tabs, float *stage, int gstride)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int D = p.D, vw = p.vw, nsl = 2 * (vw / 3), npass = (nsl + 7) / 8, nkt = (n + 15) >> 4;
+    const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * vw;
+    const char *tb = (const char *)tabs;
+    const uint32_t lanea = (uint32_t)lane * 4u;
+    const bool bq = g < gn;
+    for (int pass = 0; pass < npass; pass++) {
+        const int sl = pass * 8 + g, hf = sl & 1;
+        const bool has = sl < nsl;
+        const int wo = has ? 3 * (sl >> 1) + hf : 0;
+        float acc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        // the two words of rows 2t, 2t+1, 2t+8, 2t+9 of k-tile kt (positions past the chunk read allocated rows; their
+        // p·r is 0)
+        auto load = [&](int kt, uint32_t (&dst)[4][2]) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const bool ok = has && kt < nkt;
+                const uint32_t *src = vc + (size_t)(q0 + kt * 16 + 2 * t + (r & 1) + 8 * (r >> 1)) * vw + wo;
+                dst[r][0] = ok ? __ldcs(src) : 0u;
+                dst[r][1] = ok ? __ldcs(src + 1) : 0u;
+            }
+        };
+        const int per = (nkt + NW4 - 1) / NW4, kb = warp * per, ke = min(nkt, kb + per);
+        uint32_t wn[4][2], wn2[4][2];
+        load(kb < ke ? kb : nkt, wn);
+        load(kb + 1 < ke ? kb + 1 : nkt, wn2);
+#pragma unroll 1
+        for (int kt = kb; kt < ke; kt++) {
+            const int k0 = kt * 16;
+            const uint32_t b0 = bq ? pr16w[g * chpw + (k0 >> 1) + t] : 0u, b1 = bq ? pr16w[g * chpw + (k0 >> 1) + t + 4] : 0u;
+            uint32_t lo[4], hi[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                // the slot's 48 bits as (hi:lo)
+                lo[r] = hf ? (wn[r][0] >> 16) | (wn[r][1] << 16) : wn[r][0];
+                hi[r] = hf ? wn[r][1] >> 16 : wn[r][1];
+                wn[r][0] = wn2[r][0];
+                wn[r][1] = wn2[r][1];
+            }
+            load(kt + 2 < ke ? kt + 2 : nkt, wn2);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t a[4];
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int k = 2 * j + (x & 1), r = 2 * (x >> 1); // a0: dim 2j rows r0 r1, a1: dim 2j+1, a2/a3: rows r2 r3
+                    const uint32_t off = code3_sh<7>(lo[r], hi[r], 3 * k) | code3_sh<10>(lo[r + 1], hi[r + 1], 3 * k) | lanea;
+                    a[x] = *(const uint32_t *)(tb + off);
+                }
+                kvq_mma16816(acc[j], a[0], a[1], a[2], a[3], b0, b1);
+            }
+        }
+        if (has) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int d = 16 * sl + 2 * j + (i >> 1), qq = 2 * t + (i & 1);
+                    if (d < D && qq < gn) stage[warp * gstride + qq * D + d] = acc[j][i];
+                }
+        }
+    }
+}
+
 template <int BK, int BV, int GQ>
 __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
 {
-    constexpr int CK = BK == 2 ? 16 : 8, PK = CK / 2, NLK = 1 << BK, NLV = 1 << BV;
-    static_assert((BK == 2 || BK == 4) && (BV == 2 || BV == 4), "v4: 2- and 4-bit codes");
+    constexpr int CK = BK == 2 ? 16 : BK == 3 ? 32 : 8, PK = CK / 2, NLK = 1 << BK, NLV = 1 << BV, WK = BK == 3 ? 3 : 1;
+    static_assert(BK >= 2 && BK <= 4 && BV >= 2 && BV <= 4, "v4: 2-, 3- and 4-bit codes");
     // phase 1: the key table ktab = tabs[0, 4096): 4-bit [channel][16] float, 2-bit [pair][16] float2 (<= 16 KB at
     // head_dim 256); phase 3: the value table replicated per lane (32 KB, pv_mma)
     KVQ_STATIC_SMEM(float, tabs, 8192, 256);
@@ -507,7 +610,7 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s = blockIdx.z, h = blockIdx.y / p.qgroups, qg = blockIdx.y % p.qgroups;
     const int gq0 = qg * GQ, gn = min(GQ, p.g - gq0);
-    const int D = p.D, np = p.np, nuk = p.kw, npk = nuk * PK;
+    const int D = p.D, np = p.np, nuk = p.kw / WK, npk = nuk * PK; // nuk: key units
     const int nq = max(0, p.len[s] - p.n_exact);
     const int q0 = blockIdx.x * p.chunk, q1 = min(q0 + p.chunk, nq);
     float *part0 = p.part + ((size_t)(s * p.n_heads + h * p.g + gq0) * p.nslots + blockIdx.x) * (D + 2);
@@ -517,6 +620,19 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
         return;
     }
     const int n = q1 - q0;
+    // the chunk's sparse row pointers, value scales and sparse entries into L2 now, so that the sparse passes (latency-
+    // bound: row pointers, then entries, then their corrections) find them there after the key pass; the last warp
+    // (its lane 0 waits for the four row pointers that bound the entries)
+    if (!KVQ_SKIP(p, 16) && tid == NT4 - 32) {
+        const size_t hb = (size_t)s * p.H + h;
+        const uint32_t *kr = p.krow + hb * (p.capq + 1) + q0, *vr = p.vrow + hb * (p.capq + 1) + q0;
+        kvq_prefetch_l2(kr, (size_t)(n + 1) * 4);
+        kvq_prefetch_l2(vr, (size_t)(n + 1) * 4);
+        kvq_prefetch_l2((const float2 *)p.vscale + (size_t)s * p.capq + q0, (size_t)n * 8);
+        const uint32_t k0 = __ldg(kr), k1 = __ldg(kr + n), v0 = __ldg(vr), v1 = __ldg(vr + n);
+        kvq_prefetch_l2(p.kent + hb * p.ent_cap + k0, (size_t)(k1 - k0) * 4);
+        kvq_prefetch_l2(p.vent + hb * p.ent_cap + v0, (size_t)(v1 - v0) * 4);
+    }
     float4 *rho = sm4;                                // [npk] (e^{iθ}, 2 cos θ, 0)
     float2 *r8 = (float2 *)(rho + npk);               // [npk][32] e^{i 8m θ}
     float2 *qs = r8 + 32 * npk;                       // [GQ][npk] conj(q̄)·scale
@@ -531,7 +647,9 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     // ---- tables
     {
         const float *kl = p.klut + (size_t)h * D * NLK;
-        if (BK == 4) {
+        if (BK == 3) {
+            for (int i = tid; i < nuk * 32 * 8; i += NT4) ktab[i] = (i >> 3) < D ? __ldg(kl + i) : 0.f;
+        } else if (BK == 4) {
             for (int i = tid; i < nuk * 8 * 16; i += NT4) {
                 const int ch = i >> 4;
                 ktab[i] = ch < D ? __ldg(kl + ch * 16 + (i & 15)) : 0.f;
@@ -564,10 +682,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     __syncthreads();
 
     // ---- phase 1: dense scores, lanes along positions
-    if (!(KVQ_PROF & 1)) {
+    if (!KVQ_SKIP(p, 1)) {
         const uint32_t kt = kvq_saddr(ktab);
         const int ntile = (n + TILE - 1) / TILE;
-        const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * nuk * p.capq;
+        const uint32_t *kc = p.kcodes + (size_t)(s * p.H + h) * p.kw * p.capq;
         for (int tile = warp; tile < ntile; tile += NW4) {
             const int g0 = q0 + tile * TILE + lane * 8;
             const bool live = g0 < q1;
@@ -589,6 +707,77 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
             for (int gg = 0; gg < GQ; gg++)
 #pragma unroll
                 for (int k = 0; k < 8; k++) sp[gg][k] = 0.f;
+            // score contributions of key pair i at the lane's 8 positions (ka / kb2: its two channels' dequantized keys)
+            auto pair_fma = [&](int i, const float (&ka)[8], const float (&kb2)[8]) {
+                const float2 e = r8[i * 32 + lane]; // e^{i 8 lane θ}: from the tile start to the lane's first position
+                const float4 r4 = rho[i];
+#pragma unroll
+                for (int gg = 0; gg < GQ; gg++) {
+                    float2 wp = cmul(qw[gg * npk + i], e), wc = cmul(wp, make_float2(r4.x, r4.y));
+                    sp[gg][0] = fmaf(-kb2[0], wp.y, fmaf(ka[0], wp.x, sp[gg][0]));
+                    sp[gg][1] = fmaf(-kb2[1], wc.y, fmaf(ka[1], wc.x, sp[gg][1]));
+#pragma unroll
+                    for (int k = 2; k < 8; k++) {
+                        const float2 wn = make_float2(fmaf(r4.z, wc.x, -wp.x), fmaf(r4.z, wc.y, -wp.y));
+                        wp = wc;
+                        wc = wn;
+                        sp[gg][k] = fmaf(-kb2[k], wc.y, fmaf(ka[k], wc.x, sp[gg][k]));
+                    }
+                }
+            };
+            if constexpr (BK == 3) {
+                // 3-bit: a unit is 3 words (32 channels, channel c at bits [3c, 3c+3) of the 96-bit stream); the words
+                // are taken one at a time (the lane's 8 positions' word as two 16-byte loads, the next word in flight),
+                // the previous word kept for the channels that straddle (10 and 21). Word x of a unit completes the
+                // pairs [0, 5), [5, 10), [10, 16). Table: ktab [channel][8] float (32 bytes per channel), so a lookup is
+                // (the channel's 32-byte-aligned address | code·4): one shift and one LOP3, then LDS
+                uint32_t pw[8], cw[8];
+                {
+                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+                    if (live) {
+                        x0 = __ldcs((const uint4 *)(kc + g0));
+                        x1 = __ldcs((const uint4 *)(kc + g0 + 4));
+                    }
+                    cw[0] = x0.x; cw[1] = x0.y; cw[2] = x0.z; cw[3] = x0.w; cw[4] = x1.x; cw[5] = x1.y; cw[6] = x1.z; cw[7] = x1.w;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) pw[k] = 0u;
+                }
+#pragma unroll 1
+                for (int u = 0; u < nuk; u++) {
+#pragma unroll
+                    for (int x = 0; x < 3; x++) {
+                        const int wnext = 3 * u + x + 1;
+                        uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0; // the next word, in flight
+                        if (live && wnext < 3 * nuk) {
+                            b0 = __ldcs((const uint4 *)(kc + (size_t)wnext * p.capq + g0));
+                            b1 = __ldcs((const uint4 *)(kc + (size_t)wnext * p.capq + g0 + 4));
+                        }
+                        const uint32_t cb = kt + (uint32_t)u * 1024u; // channel 32u of the table
+#pragma unroll
+                        for (int jj = (x == 0 ? 0 : x == 1 ? 5 : 10); jj < (x == 0 ? 5 : x == 1 ? 10 : 16); jj++) {
+                            float ka[8], kb2[8];
+#pragma unroll
+                            for (int c2 = 0; c2 < 2; c2++) {
+                                const int c = 2 * jj + c2, bit = 3 * c - 32 * (x - 1); // bit of the code in (cw:pw)
+#pragma unroll
+                                for (int k = 0; k < 8; k++) {
+                                    const uint32_t code4 = code3_sh<2>(pw[k], cw[k], bit);
+                                    const float v = kvq_lds((cb + (uint32_t)c * 32u) | code4);
+                                    if (c2) kb2[k] = v;
+                                    else ka[k] = v;
+                                }
+                            }
+                            pair_fma(u * PK + jj, ka, kb2);
+                        }
+                        const uint32_t nx[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                        for (int k = 0; k < 8; k++) {
+                            pw[k] = cw[k];
+                            cw[k] = nx[k];
+                        }
+                    }
+                }
+            } else {
             uint4 a0 = make_uint4(0, 0, 0, 0), a1 = a0;
             if (live) {
                 a0 = __ldcs((const uint4 *)(kc + g0));
@@ -612,9 +801,6 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                 const uint32_t kb = kt + (uint32_t)u * (BK == 4 ? 512u : 1024u);
 #pragma unroll
                 for (int jj = 0; jj < PK; jj++) {
-                    const int i = u * PK + jj;
-                    const float2 e = r8[i * 32 + lane]; // e^{i 8 lane θ}: from the tile start to the lane's first position
-                    const float4 r4 = rho[i];
                     float ka[8], kb2[8];
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
@@ -627,22 +813,11 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
                             kb2[k] = v.y;
                         }
                     }
-#pragma unroll
-                    for (int gg = 0; gg < GQ; gg++) {
-                        float2 wp = cmul(qw[gg * npk + i], e), wc = cmul(wp, make_float2(r4.x, r4.y));
-                        sp[gg][0] = fmaf(-kb2[0], wp.y, fmaf(ka[0], wp.x, sp[gg][0]));
-                        sp[gg][1] = fmaf(-kb2[1], wc.y, fmaf(ka[1], wc.x, sp[gg][1]));
-#pragma unroll
-                        for (int k = 2; k < 8; k++) {
-                            const float2 wn = make_float2(fmaf(r4.z, wc.x, -wp.x), fmaf(r4.z, wc.y, -wp.y));
-                            wp = wc;
-                            wc = wn;
-                            sp[gg][k] = fmaf(-kb2[k], wc.y, fmaf(ka[k], wc.x, sp[gg][k]));
-                        }
-                    }
+                    pair_fma(u * PK + jj, ka, kb2);
                 }
                 a0 = b0;
                 a1 = b1;
+            }
             }
             if (live) {
 #pragma unroll
@@ -654,9 +829,16 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
             }
         }
     }
+    // the value rows of this warp's phase-3 k-tiles (pv_mma / pv_mma3: the contiguous k-tiles [kb, ke)) into L2 as the
+    // warp leaves the key pass, to arrive during the sparse key pass and the softmax
+    if (!KVQ_SKIP(p, 16) && lane == 0) {
+        const int nkt = (n + 15) >> 4, per = (nkt + NW4 - 1) / NW4, kb = warp * per, ke = min(nkt, kb + per);
+        if (kb < ke)
+            kvq_prefetch_l2(p.vcodes + ((size_t)(s * p.H + h) * p.capq + q0 + 16 * kb) * p.vw, (size_t)16 * (ke - kb) * p.vw * 4);
+    }
     __syncthreads();
     // sparse key outliers
-    if (!(KVQ_PROF & 2)) {
+    if (!KVQ_SKIP(p, 2)) {
         const uint32_t *kent = p.kent + ((size_t)s * p.H + h) * p.ent_cap;
         const int kzc = p.kz[h];
         struct KE { int t, d; float corr; float2 ep; };
@@ -667,7 +849,7 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
             x.t = t;
             x.d = d;
             // the dense value at the zero code from the shared key table (4-bit: [channel][code], 2-bit: [pair][nibble])
-            x.corr = h2f(en) - (BK == 4 ? ktab[d * 16 + kzc] : ktab[2 * (i * 16 + (kzc | kzc << 2)) + (d & 1)]);
+            x.corr = h2f(en) - (BK == 4 ? ktab[d * 16 + kzc] : BK == 3 ? ktab[d * 8 + kzc] : ktab[2 * (i * 16 + (kzc | kzc << 2)) + (d & 1)]);
             x.ep = cmul(__ldg(p.rhi + (size_t)(pos >> 6) * np + i), __ldg(p.rlo + i * 64 + (pos & 63)));
             return x;
         }, [&](const KE &x) {
@@ -685,12 +867,15 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     {
         const float *vl = p.vlevels + h * NLV;
         uint32_t *tw = (uint32_t *)tabs;
-        for (int i = tid; i < 8192; i += NT4) {
+        for (int i = tid; i < (BV == 3 ? 2048 : 8192); i += NT4) {
             const int e = i >> 5;
             // e = the combined byte of two positions (pv_mma): 4-bit (code of the first, of the second) -> their
             // levels; 2-bit: bits 0-1 / 2-3 the first position's codes of two dims, bits 4-5 / 6-7 the second's ->
             // (dim 0 of both positions, dim 1 of both positions)
+            // (dim 0 of both positions, dim 1 of both positions); 3-bit (pv_mma3): bits 0-2 the first position's code,
+            // bits 3-5 the second's
             if (BV == 4) tw[i] = kvq_h2pack(__ldg(vl + (e & 15)), __ldg(vl + (e >> 4)));
+            else if (BV == 3) tw[i] = kvq_h2pack(__ldg(vl + (e & 7)), __ldg(vl + (e >> 3)));
             else tw[i] = (i & 1) ? kvq_h2pack(__ldg(vl + ((e >> 2) & 3)), __ldg(vl + (e >> 6)))
                                  : kvq_h2pack(__ldg(vl + (e & 3)), __ldg(vl + ((e >> 4) & 3)));
         }
@@ -716,9 +901,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
         const int rowb = 4 * p.vw;
         // per-warp partial outputs in the dead phase-1 tables (r8, qs, qt: at least NW4·GQ·D floats, as npk >= D/2)
         float *stage = (float *)r8;
-        if (KVQ_PROF & 4) {
+        if (KVQ_SKIP(p, 4)) {
             for (int i = tid; i < NW4 * GQ * D; i += NT4) stage[i] = 0.f;
-        } else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
+        } else if constexpr (BV == 3) pv_mma3(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
+        else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
         else if (rowb >= 32) pv_mma<BV, 4>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
         else pv_mma<BV, 2>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
         __syncthreads();
@@ -737,7 +923,7 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     }
     // sparse value outliers, added to the partial in global memory (red.global.add: native, unlike a float atomic on
     // shared memory); the first sync of the pass orders the plain stores above before them
-    if (!(KVQ_PROF & 8)) {
+    if (!KVQ_SKIP(p, 8)) {
         const uint32_t *vent = p.vent + ((size_t)s * p.H + h) * p.ent_cap;
         const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
         const float lz = __ldg(p.vlevels + h * NLV + p.vz[h]);

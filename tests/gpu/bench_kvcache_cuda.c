@@ -9,7 +9,7 @@
  * zeros), 1 sparse outlier per (token, KV head) row for K and for V (0.8% of elements
  * at head_dim 128, 1.6% at 64), 1 fp16 sink token.
  *
- * Size-matched copy (KIVI gD rows): a device-to-device copy moving the same number of bytes
+ * Size-matched copy (NUQ rows and KIVI gD rows): a device-to-device copy moving the same number of bytes
  * as the pass reads (bytes / 2 read + bytes / 2 written), timed the same way, as a share of
  * the 4 GiB copy bandwidth: what the launch, the L2 flush's aftermath and the DRAM ramp leave
  * of the bandwidth at that size, i.e. the %copy no pass of that size reaches past. */
@@ -81,6 +81,19 @@ static double matched_copy_pct(timer *tm, cp_ctx *big, double bytes, double bw_c
     return 100.0 * (2.0 * c.n / (*us * 1e-6) / 1e9) / bw_copy;
 }
 
+/* whether n is one of the comma-separated numbers of list */
+static int in_list(const char *list, size_t n)
+{
+    for (const char *p = list; *p;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (v > 0 && (size_t)v == n) return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     FILE *csv = argc > 1 ? fopen(argv[1], "w") : NULL;
@@ -113,7 +126,7 @@ int main(int argc, char **argv)
      * that NUQ variant), KVQ_BENCH_NO_FP16=1 (skip the fp16 and cuBLAS baselines; x fp16 columns then read 0) */
     const char *only_model = getenv("KVQ_BENCH_MODEL");
     const long only_b = getenv("KVQ_BENCH_B") ? atol(getenv("KVQ_BENCH_B")) : 0;
-    const long only_n = getenv("KVQ_BENCH_N") ? atol(getenv("KVQ_BENCH_N")) : 0;
+    const char *only_n = getenv("KVQ_BENCH_N"); /* one N or a comma-separated list */
     const int only_bits = getenv("KVQ_BENCH_BITS") ? atoi(getenv("KVQ_BENCH_BITS")) : 0;
     const int no_f16 = getenv("KVQ_BENCH_NO_FP16") != NULL;
     /* KVQ_BENCH_FORMAT=nuq or kivi: only that format's rows (default: both; KIVI rows follow the NUQ row of the same shape) */
@@ -131,7 +144,7 @@ int main(int argc, char **argv)
                 const size_t H = models[mi].H, g = models[mi].g, D = models[mi].D, B = Bs[bi], N = Ns[ni], nh = H * g;
                 if (quick && (B == 8 || N != 32768)) continue;
                 if ((only_model && strncmp(models[mi].name, only_model, strlen(only_model))) || (only_b && (size_t)only_b != B) ||
-                    (only_n && (size_t)only_n != N))
+                    (only_n && !in_list(only_n, N)))
                     continue;
                 const double f16_bytes = 2.0 * B * H * N * D * 2;
                 if (f16_bytes > mem_limit) continue;
@@ -169,7 +182,7 @@ int main(int argc, char **argv)
                     if (cb && !no_f16) fprintf(csv, "%s,%zu,%zu,cublas,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, tcb, f16_bytes,
                                     f16_bytes / (tcb * 1e-6) / 1e9, f16_bytes / (tcb * 1e-6) / 1e9 / bw_copy, t16 / tcb);
                 }
-                double tq[4], bwq[4];
+                double tq[4], bwq[4], nq_mus[4] = {0}, nq_mpct[4] = {0};
                 for (int k = 0; k < 4 && !kivi_only; k++) {
                     tq[k] = bwq[k] = 0;
                     if (only_bits && (bits[k] != only_bits || per_row[k] == 0)) continue;
@@ -193,6 +206,11 @@ int main(int argc, char **argv)
                     bwq[k] = by / (tq[k] * 1e-6) / 1e9;
                     if (csv) fprintf(csv, "%s,%zu,%zu,nuq%d%s,%.2f,%.0f,%.1f,%.3f,%.3f\n", models[mi].name, B, N, bits[k], per_row[k] ? "" : "-dense", tq[k], by, bwq[k],
                                      bwq[k] / bw_copy, t16 / tq[k]);
+                    if (per_row[k]) { /* the issue-46 target: the pass's rate against a copy of its bytes, same run */
+                        nq_mpct[k] = matched_copy_pct(&tm, &cp, by, bw_copy, &nq_mus[k]);
+                        if (csv && nq_mus[k] > 0) fprintf(csv, "%s,%zu,%zu,copy-matched-nuq%d,%.2f,%.0f,%.1f,%.3f,0\n", models[mi].name, B, N, bits[k],
+                                                    nq_mus[k], by, by / (nq_mus[k] * 1e-6) / 1e9, nq_mpct[k] / 100);
+                    }
                     kvq_kvcache_cuda_free(nc.c);
                     free(lo);
                     free(hi);
@@ -201,6 +219,12 @@ int main(int argc, char **argv)
                     printf("%-13s %3zu %7zu | %9.1f %9.1f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %9.1f %6.2f %5.0f | %5.0f | %9.1f %5.0f\n", models[mi].name, B, N,
                            t16, tcb, tq[0], t16 / tq[0], 100 * bwq[0] / bw_copy, tq[1], t16 / tq[1], 100 * bwq[1] / bw_copy, tq[2], t16 / tq[2],
                            100 * bwq[2] / bw_copy, 100 * bw16 / bw_copy, tq[3], 100 * bwq[3] / bw_copy);
+                if (!kivi_only) {
+                    printf("%-13s %3zu %7zu | nuq / size-matched copy:", models[mi].name, B, N);
+                    for (int k = 0; k < 3; k++)
+                        if (nq_mus[k] > 0) printf(" nuq%d %.2f (copy %.1f us, %.0f%% of copy)", bits[k], nq_mus[k] / tq[k], nq_mus[k], nq_mpct[k]);
+                    printf("\n");
+                }
                 /* KIVI (post-RoPE keys as in KIVI; residual 128, no sink): 2 and 4 bits at group 32 (KIVI's default) and
                  * 128 (head_dim 64: 64) */
                 double tk[4], bwk[4], mpct[4] = {0}, mus[4] = {0};

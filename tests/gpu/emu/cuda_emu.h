@@ -63,6 +63,7 @@ inline void *emu_static_alloc(size_t bytes, size_t al)
 #define KVQ_DYN_SMEM(T, name) T *name = (T *)(emu.arena + EmuState::DYN)
 #define KVQ_STATIC_SMEM(T, name, n, al) static T *name = (T *)emu_static_alloc(sizeof(T) * (n), al)
 inline uint32_t kvq_saddr(const void *p) { return (uint32_t)((const char *)p - emu.arena); }
+inline void kvq_prefetch_l2(const void *, size_t) {} // an L2 hint: nothing to do on the host
 inline float kvq_lds(uint32_t a) { float v; memcpy(&v, emu.arena + a, 4); return v; }
 inline float2 kvq_lds2(uint32_t a)
 {

@@ -29,11 +29,8 @@ template <int BK, int BV> static KFn pick2(int gq)
     default: return v4::nuq_decode<BK, BV, 4>;
     }
 }
-static KFn pick(int bk, int bv, int gq)
-{
-    if (bk == 2) return bv == 2 ? pick2<2, 2>(gq) : pick2<2, 4>(gq);
-    return bv == 2 ? pick2<4, 2>(gq) : pick2<4, 4>(gq);
-}
+template <int BK> static KFn pick1(int bv, int gq) { return bv == 2 ? pick2<BK, 2>(gq) : bv == 3 ? pick2<BK, 3>(gq) : pick2<BK, 4>(gq); }
+static KFn pick(int bk, int bv, int gq) { return bk == 2 ? pick1<2>(bv, gq) : bk == 3 ? pick1<3>(bv, gq) : pick1<4>(bv, gq); }
 
 static int n_fail, n_pass;
 
@@ -138,7 +135,7 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
         for (size_t s = 0; s < B; s++) ilen[s] = (int)v.len[s];
         const int gq = g <= 4 ? (int)g : (g % 4 == 0 ? 4 : g % 3 == 0 ? 3 : 1), qgroups = (int)((g + gq - 1) / gq);
         const size_t nq = len > v.n_exact ? len - v.n_exact : 0;
-        const size_t ck = kb == 2 ? 16 : 8, npk = v.k_head_words * (ck / 2);
+        const size_t ck = kb == 2 ? 16 : kb == 3 ? 32 : 8, npk = v.k_head_words / (kb == 3 ? 3 : 1) * (ck / 2);
         for (size_t ms : {(size_t)0, (size_t)1, (size_t)3}) {
             size_t chunk, splits;
             v4::plan(nq, B * H * qgroups, n_sm, ms, gq, (int)npk, 160 * 1024, &chunk, &splits);
@@ -354,6 +351,14 @@ int main(int argc, char **argv)
     run(1, 1, 40, 2, 4, 2, 1, 0, 700, 0.1, l2, 2, 4, "d40 4/2 f0.1");
     run(1, 1, 256, 5, 4, 4, 1, 2, 700, 0.05, l2, 2, 4, "d256 4/4 gqa5");
     if (!quick) run(1, 1, 64, 1, 4, 2, 1, 1, 2600, 0.01, l2, 3, 2, "long 4/2");
+    /* 3-bit codes (nuq3): keys in 3-word units with channels 10 and 21 straddling words, values through pv_mma3's
+     * 16-dim half-unit slots; head_dim 40 (a unit and a quarter: padding channels and slots past head_dim), 3/4 and 2/3
+     * mixes, grouped query heads */
+    run(2, 2, 128, 1, 3, 3, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 3/3");
+    run(2, 3, 64, 3, 3, 3, 3, 1, 1100, 0.01, l1, quick ? 3 : 4, 132, "smollm-like 3/3 gqa3");
+    run(1, 1, 40, 2, 3, 4, 1, 0, 700, 0.1, l2, 2, 4, "d40 3/4 f0.1");
+    run(1, 2, 96, 4, 2, 3, 1, 2, 700, 0.05, l2, 2, 4, "d96 2/3 gqa4");
+    run(1, 1, 256, 5, 3, 2, 1, 2, 700, 0.05, l2, 2, 4, "d256 3/2 gqa5");
     const size_t l3[] = {3, 100, 333, 900};
     //       B  H  D   g  kb vb  G   R   post  sink NT
     run_kivi(2, 2, 128, 1, 2, 2, 32, 128, true, 0, 900, l3, quick ? 3 : 4, 132, "kivi llama-like 2/2 g32");
