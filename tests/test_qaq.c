@@ -554,6 +554,8 @@ START_TEST(test_qaq_kvcalib_chain)
     /* teeth: the table's norms put the widths strictly inside [L, H] */
     fprintf(stderr, "INFO qaq kvstat keys of layer 1: %.3f code bits per element\n", (double)want_bits / (double)(T * kvd));
     ck_assert(want_bits > (uint64_t)(T - 1) * kvd + 8ull * kvd && want_bits < 8ull * T * kvd);
+    free(x);
+    free(y);
     kvq_artifact_set_free(&set);
     kvq_artifact_free(&ar);
     kvq_model_free(&m);
