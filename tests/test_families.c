@@ -20,6 +20,7 @@
  * the artifact fingerprint's RoPE naming, and bad configs naming key and value.
  * The backward of each family is checked against finite differences in
  * tests/test_backward.c. */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -389,7 +390,10 @@ static void with_config(const char *fixture, const char *key, const char *json, 
     char src[512], dst[512];
     snprintf(src, sizeof src, FIXDIR "%s/model.safetensors", fixture);
     snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
-    ck_assert(symlink(realpath(src, NULL), dst) == 0 || 1);
+    char *abs = realpath(src, NULL);
+    ck_assert_msg(abs, "%s: %s", src, strerror(errno));
+    ck_assert_msg(symlink(abs, dst) == 0, "symlink %s -> %s: %s", dst, abs, strerror(errno));
+    free(abs);
     snprintf(src, sizeof src, FIXDIR "%s/config.json", fixture);
     char *cfg = kvq_test_slurp(src, NULL);
     ck_assert(cfg);
