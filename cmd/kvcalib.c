@@ -676,7 +676,7 @@ static int cmd_calibrate(int argc, char **argv)
     cli_args a = {.keys = NULL, .fit = "auto", .bits = 0, .sink = -1, .group = -1, .residual = -1,
                   .outliers = -1, .percentile = -1};
     kvq_opt tab[32];
-    char methods[160], summary[4096];
+    char methods[160], summary[16384]; /* every method's lines: 13 families filled 4096 bytes and the last were cut */
     int n = option_table(&a, tab, kvq_family_methods("|", methods, sizeof methods));
     kvq_strlist pos = {0};
     bool help = false;

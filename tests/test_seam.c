@@ -271,6 +271,23 @@ START_TEST(test_registry_round_trip)
         ck_assert(f[i]->parse && f[i]->format && f[i]->quantize && f[i]->bits);
         if (f[i]->calib) ck_assert(f[i]->artifact && f[i]->from_params);
     }
+    /* kvcalib --help describes every method (its summary buffer once filled up and dropped minicache and qaq) */
+    char bin[4096], cmd[4400];
+    const char *kvcalib = kvq_test_bin(bin, sizeof bin, "kvcalib");
+    ck_assert_msg(kvcalib, "%s: kvcalib not built (KVQ_BIN_DIR)", bin);
+    snprintf(cmd, sizeof cmd, "%s --help 2>&1", kvcalib);
+    FILE *hf = popen(cmd, "r");
+    ck_assert(hf != NULL);
+    static char help[65536];
+    size_t hn = fread(help, 1, sizeof help - 1, hf);
+    help[hn] = 0;
+    pclose(hf);
+    for (size_t i = 0; i < n; i++) {
+        if (!f[i]->calib) continue;
+        char line[64];
+        snprintf(line, sizeof line, "\n  %-7s %.16s", f[i]->name, f[i]->summary);
+        ck_assert_msg(strstr(help, line), "kvcalib --help lacks the line of method %s ('%s')", f[i]->name, line + 1);
+    }
     /* the original methods first, in listing order (families added later follow: wkvq, cq, ...) */
     ck_assert_msg(!strncmp(methods, "nuq|int|int-pc|kivi|fp8|", 24), "%s", methods);
     ck_assert_msg(strstr(methods, "|wkvq") && strstr(methods, "|cq") && strstr(methods, "|nvfp4") && strstr(methods, "|mikv") &&
