@@ -1014,6 +1014,16 @@ done:
     return s;
 }
 
+// In the entry points below (kvq_cuda_attention, kvq_cuda_attention_sched): a CUDA call that
+// fails records the error in st (e, st, err in scope) and jumps to their cleanup label `done`.
+#define CU_OR_DONE(call)                                                  \
+    do {                                                                  \
+        if ((e = (call)) != cudaSuccess) {                                \
+            st = cu_fail(err, e, #call, __FILE__, __LINE__);              \
+            goto done;                                                    \
+        }                                                                 \
+    } while (0)
+
 extern "C" kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda_math math, const float *q,
                                          const float *k, const float *v, const float *pk, const float *pv, float *out,
                                          float *lse, int reps, double *ms, kvq_err *err)
@@ -1050,38 +1060,30 @@ extern "C" kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *
     cudaEvent_t e0 = NULL, e1 = NULL;
     std::vector<float> t;
     kvq_status st = KVQ_OK;
-#define ATT_CU(call)                                                      \
-    do {                                                                  \
-        if ((e = (call)) != cudaSuccess) {                                \
-            st = cu_fail(err, e, #call, __FILE__, __LINE__);              \
-            goto done;                                                    \
-        }                                                                 \
-    } while (0)
-    ATT_CU(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
-    ATT_CU(cudaMemcpy(dk, k, nk * sizeof(float), cudaMemcpyHostToDevice));
-    ATT_CU(cudaMemcpy(dv, v, nk * sizeof(float), cudaMemcpyHostToDevice));
+    CU_OR_DONE(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
+    CU_OR_DONE(cudaMemcpy(dk, k, nk * sizeof(float), cudaMemcpyHostToDevice));
+    CU_OR_DONE(cudaMemcpy(dv, v, nk * sizeof(float), cudaMemcpyHostToDevice));
     if (np) {
-        ATT_CU(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
-        ATT_CU(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
     }
-    ATT_CU(cudaEventCreate(&e0));
-    ATT_CU(cudaEventCreate(&e1));
+    CU_OR_DONE(cudaEventCreate(&e0));
+    CU_OR_DONE(cudaEventCreate(&e1));
     for (int r = -1; r < reps; r++) {
-        ATT_CU(cudaEventRecord(e0, 0));
-        ATT_CU(kvq_cu_attention(&a, 0));
-        ATT_CU(cudaEventRecord(e1, 0));
-        ATT_CU(cudaEventSynchronize(e1));
+        CU_OR_DONE(cudaEventRecord(e0, 0));
+        CU_OR_DONE(kvq_cu_attention(&a, 0));
+        CU_OR_DONE(cudaEventRecord(e1, 0));
+        CU_OR_DONE(cudaEventSynchronize(e1));
         float x = 0;
-        ATT_CU(cudaEventElapsedTime(&x, e0, e1));
+        CU_OR_DONE(cudaEventElapsedTime(&x, e0, e1));
         if (r >= 0) t.push_back(x);
     }
-    ATT_CU(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
-    if (lse) ATT_CU(cudaMemcpy(lse, dlse, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    CU_OR_DONE(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    if (lse) CU_OR_DONE(cudaMemcpy(lse, dlse, nl * sizeof(float), cudaMemcpyDeviceToHost));
     if (ms && !t.empty()) {
         std::sort(t.begin(), t.end());
         *ms = t[t.size() / 2];
     }
-#undef ATT_CU
 done:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
@@ -1140,40 +1142,32 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
     cudaEvent_t e0 = NULL, e1 = NULL, em = NULL;
     kvq_status st = KVQ_OK;
     std::vector<unsigned long long> cnt(4 * nkv);
-#define SCH_CU(call)                                                      \
-    do {                                                                  \
-        if ((e = (call)) != cudaSuccess) {                                \
-            st = cu_fail(err, e, #call, __FILE__, __LINE__);              \
-            goto done;                                                    \
-        }                                                                 \
-    } while (0)
-    SCH_CU(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
+    CU_OR_DONE(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
     for (int r = 0; r < 3; r++) {
-        SCH_CU(cudaMemcpy((float *)a.k[r], sc->k[r], nk * sizeof(float), cudaMemcpyHostToDevice));
-        SCH_CU(cudaMemcpy((float *)a.v[r], sc->v[r], nk * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy((float *)a.k[r], sc->k[r], nk * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy((float *)a.v[r], sc->v[r], nk * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (np) {
-        SCH_CU(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
-        SCH_CU(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
     }
-    SCH_CU(cudaEventCreate(&e0));
-    SCH_CU(cudaEventCreate(&e1));
-    SCH_CU(cudaEventCreate(&em));
-    SCH_CU(cudaEventRecord(e0, 0));
-    SCH_CU(kvq_cu_sched_attention(&a, 0, em));
-    SCH_CU(cudaEventRecord(e1, 0));
-    SCH_CU(cudaEventSynchronize(e1));
+    CU_OR_DONE(cudaEventCreate(&e0));
+    CU_OR_DONE(cudaEventCreate(&e1));
+    CU_OR_DONE(cudaEventCreate(&em));
+    CU_OR_DONE(cudaEventRecord(e0, 0));
+    CU_OR_DONE(kvq_cu_sched_attention(&a, 0, em));
+    CU_OR_DONE(cudaEventRecord(e1, 0));
+    CU_OR_DONE(cudaEventSynchronize(e1));
     if (ms) {
         float x = 0, y = 0;
-        SCH_CU(cudaEventElapsedTime(&x, e0, em));
-        SCH_CU(cudaEventElapsedTime(&y, em, e1));
+        CU_OR_DONE(cudaEventElapsedTime(&x, e0, em));
+        CU_OR_DONE(cudaEventElapsedTime(&y, em, e1));
         ms[0] = x, ms[1] = y;
     }
-    SCH_CU(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
-    SCH_CU(cudaMemcpy(sc->k_from, dfrom, 2 * nkv * T * sizeof(int), cudaMemcpyDeviceToHost));
-    SCH_CU(cudaMemcpy(cnt.data(), dcnt, cnt.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    CU_OR_DONE(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    CU_OR_DONE(cudaMemcpy(sc->k_from, dfrom, 2 * nkv * T * sizeof(int), cudaMemcpyDeviceToHost));
+    CU_OR_DONE(cudaMemcpy(cnt.data(), dcnt, cnt.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
     for (size_t x = 0; x < cnt.size(); x++) im->counts[x] = cnt[x];
-#undef SCH_CU
 done:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
