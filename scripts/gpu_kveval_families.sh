@@ -21,7 +21,8 @@
 # Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda), KVQ_ART
 # (the artifacts' folder, default WORK/art: eval can use artifacts made elsewhere), KVQ_GROUPS (the eval
 # groups, default "g1 g2 g3 g4 g5 sched"; g2a/g2b .. g5a/g5b are the halves of a host-path group, s:<spec> one
-# scheme, each its own process; KVQ_THREADS_<group> its OpenMP threads), KVQ_MAX_WINDOWS (the
+# scheme, m:<spec>,<spec>,... several schemes in one process, each group its own process, the s: and m: ones
+# named s1, s2, ... in their order; KVQ_THREADS_<group> its OpenMP threads), KVQ_MAX_WINDOWS (the
 # host-path groups g2..g5 on the first N windows; g1, the native baselines, always runs the whole split),
 # and the above; for a smoke test on a small model: KVQ_SAMPLES, KVQ_SEQ_LEN (the dump, default
 # 16 x 2048), KVQ_CTX (2048).
@@ -55,6 +56,9 @@ ARTS=(
     "cq-c8b8|--method cq --group 8 --bits 8"
     "cq-c4b8|--method cq --group 4 --bits 8"
     "cq-c2b8|--method cq --group 2 --bits 8"
+    "qaq|--method qaq --bits 4"
+    "lowrank-g1|--method lowrank --group 1"
+    "minicache|--method minicache --bits 4"
 )
 # transform families over the whole split, in groups run side by side (each kveval process also runs
 # its own fp32 baseline pass; the host-path families transform on the CPU cores between GPU layers)
@@ -115,6 +119,10 @@ eval)
         s:*) # one scheme in its own process (group name s<i>, i its place in KVQ_GROUPS)
             n_s=$((${n_s:-0} + 1))
             run_group "s$n_s" "${all[@]}" -- "${g#s:}" & ;;
+        m:*) # several schemes, comma-separated, in one process (one fp32 pass; group name s<i> as above)
+            n_s=$((${n_s:-0} + 1))
+            IFS=, read -r -a members <<<"${g#m:}"
+            run_group "s$n_s" "${all[@]}" -- "${members[@]}" & ;;
         g[2-5][ab])
             # half of a host-path group (its own process and fp32 pass): more processes on the CPU cores
             local_arr="G${g:1:1}[@]"
@@ -131,7 +139,7 @@ eval)
     cat "$WORK/eval.status"
     n_s=0
     for g in $groups; do
-        case "$g" in s:*) n_s=$((n_s + 1)); g=s$n_s ;; esac
+        case "$g" in [sm]:*) n_s=$((n_s + 1)); g=s$n_s ;; esac
         echo "### $g"; cat "$WORK/$g.md"
     done ;;
 *) echo "gpu_kveval_families: unknown step $STEP (calib, eval)" >&2; exit 2 ;;

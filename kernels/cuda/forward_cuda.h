@@ -254,7 +254,7 @@ kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda
  * sched->imp->counts, as kvq_attention_sched's steps leave them (the step is not called). ms (may be
  * NULL): [2] the device times of the policy kernel and of the output kernel, milliseconds (CUDA events); with
  * KVQ_SCHED_PRESCORE=1 in the environment the scores of all three representations are computed ahead of the
- * policy (as the forward then does; included in the first time). Errors:
+ * policy (as the forward does by default where they fit; included in the first time). Errors:
  * KVQ_EUNSUPPORTED (no declarative policy, a shape the device path does not take, no CUDA build),
  * KVQ_EINVAL, KVQ_ENOMEM, KVQ_EIO (CUDA). */
 kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,

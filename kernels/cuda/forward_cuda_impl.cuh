@@ -99,7 +99,9 @@ struct kvq_forward_cuda {
     // 3 key + 3 value representations [max_T][kv_dim], from [2][n_kv_heads][max_T], row max / sum
     // [n_heads][max_T], counts [n_kv_heads][4]
     bool sched_host; // KVQ_SCHED_HOST=1: every schedule on the host (same-run comparisons)
-    bool sched_pre;  // KVQ_SCHED_PRESCORE=1: every representation's scores ahead of the policy (cuda_sched.cuh S)
+    bool sched_pre;  // every representation's scores ahead of the policy (cuda_sched.cuh S): KVQ_SCHED_PRESCORE unset
+                     // (when they fit a quarter of the free memory) or 1 (always); 0 never
+    bool sched_pre_forced; // KVQ_SCHED_PRESCORE=1
     float *sd_S;     // [3][n_heads][max_T][max_P + max_T] for sched_pre, lazily (NULL: not allocated or too large)
     void *sched_buf;
     float *sd_k[3], *sd_v[3], *sd_m, *sd_s;

@@ -58,7 +58,7 @@ int run_pipeline_check(void)
     TRYE(kvq_forward_cuda_init_stage(&s0, &m, 0, 2, T, 0, KVQ_FWD_SAVE_ACTIVATIONS, KVQ_CUDA_EXACT, 0, &err));
     TRYE(kvq_forward_cuda_init_stage(&s1, &m, 2, L, T, 0, KVQ_FWD_SAVE_ACTIVATIONS, KVQ_CUDA_EXACT, 0, &err));
     scheme_list sl = {0};
-    add_scheme(&sl, "kivi", 2, 32, 16, 0, 0, KVQ_KEYS_POST_ROPE, NULL, NULL); /* KIVI-2, group 32, residual 16: boundaries */
+    add_scheme(&sl, "kivi", 2, 16, 32, 0, 0, KVQ_KEYS_POST_ROPE, NULL, NULL); /* KIVI-2, group 16, residual 32: boundaries */
     for (int sc = 0; sc < 2; sc++) {
         const kvq_kv_desc *d = sc ? &sl.d[0] : NULL;
         TRYE(kvq_forward_cuda_set_kv(whole, d, &err));

@@ -339,7 +339,7 @@ int run_synthetic(kvq_device gdev)
             kvq_engine mc, mg;
             TRYE(kvq_engine_init(&mc, KVQ_DEVICE_CPU, KVQ_CUDA_EXACT, &m, T, T, 0, &err));
             TRYE(kvq_engine_init(&mg, gdev, KVQ_CUDA_EXACT, &m, T, T, 0, &err));
-            const char *specs[] = {"minicache4-s0-c16", "minicache-c1"};
+            const char *specs[] = {"minicache4-s0-c16", "minicache-s0-c1"}; /* -s0: the 2-layer models have one pair */
             for (int i = 0; i < 2; i++) {
                 kvq_eval_scheme es;
                 TRYE(kvq_eval_scheme_make(specs[i], NULL, hp, &es, &err));
