@@ -20,8 +20,10 @@
  * "Semantics"), rotates keys in double after dequantization and attends in double; the
  * simulation holds those values in fp32, rotates with the forward's float tables and attends in
  * fp32. fp16's relative rounding (2^-11) on the residual's keys and values is the largest term. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/wait.h>
 
 #include "decode.h"
 #include "decode_eval.h"
@@ -283,6 +285,124 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* ---- bin/kveval --task decode ($KVQ_BIN_DIR/kveval) ---- */
+
+static int run_kveval(const char *bin, const char *dir, const char *args, char *err, size_t en)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "%s %s > %s/out.txt 2> %s/err.txt", bin, args, dir, dir);
+    int st = system(cmd);
+    ck_assert(st != -1 && WIFEXITED(st));
+    char p[512];
+    snprintf(p, sizeof p, "%s/err.txt", dir);
+    FILE *f = fopen(p, "rb");
+    size_t n = f ? fread(err, 1, en - 1, f) : 0;
+    if (f) fclose(f);
+    err[n] = 0;
+    return WEXITSTATUS(st);
+}
+
+/* a run with --json: the report's tokens are the library decoder's on the report's prompts, the simulation's the argmax
+ * of kvq_decode_sim_logits; then the refusals with their exit status and rule, and no JSON left behind */
+START_TEST(test_cli)
+{
+    char bin[64], tokf[4096], text[4096], other[4096];
+    dec_env env;
+    KVQ_SKIP_IF(!kvq_test_bin(bin, sizeof bin, "kveval"), "bin/kveval absent (make all)");
+    KVQ_SKIP_IF(!kvq_test_shared(tokf, sizeof tokf, "models/llama2c/aidreams-tok512.bin") ||
+                !kvq_test_shared(text, sizeof text, "datasets/wikitext-2/wiki.valid.tokens") ||
+                !kvq_test_shared(other, sizeof other, "models/llama2c/aidreams260K.bin") ||
+                !env_open(&env, "models/llama2c/stories260K.bin"),
+                "../shared tiny models or wikitext absent");
+    kvq_err e = {0};
+    const kvq_model *m = &env.m;
+    char dir[256], args[16384], json[512];
+    static char err[65536];
+    snprintf(dir, sizeof dir, "/tmp/kvq_test_decode_cli_%ld", (long)getpid());
+    snprintf(args, sizeof args, "mkdir -p %s", dir);
+    ck_assert(system(args) == 0);
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    const char *common = "--device cpu --prompt-len 16 --prompts 2";
+    snprintf(args, sizeof args, "--task decode --model %s --tokenizer %s --text %s --artifact %s --scheme nuq3-1%% %s --steps 24 "
+             "--batch 2 --noise-floor --json %s --quiet", m->path, tokf, text, env.paths[1], common, json);
+    int rc = run_kveval(bin, dir, args, err, sizeof err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    char *js = kvq_test_slurp(json, NULL);
+    ck_assert_ptr_nonnull(js);
+    cJSON *root = cJSON_Parse(js);
+    ck_assert_ptr_nonnull(root);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "schema"), "name")->valuestring, "kvq.kveval.decode");
+    ck_assert_str_eq(cJSON_GetObjectItem(root, "scheme")->valuestring, "nuq3-1%");
+    const cJSON *pa = cJSON_GetObjectItem(root, "prompts");
+    ck_assert_int_eq(cJSON_GetArraySize(pa), 2);
+    ck_assert(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "kv_cache"), "bytes_packed")->valuedouble > 0);
+    int prompts[2 * 16], want[2 * 24];
+    for (int i = 0; i < 2; i++) {
+        const cJSON *po = cJSON_GetArrayItem(pa, i), *pt = cJSON_GetObjectItem(po, "prompt_tokens"), *tt = cJSON_GetObjectItem(po, "tokens");
+        ck_assert_int_eq(cJSON_GetArraySize(pt), 16);
+        ck_assert_int_eq(cJSON_GetArraySize(tt), 24);
+        for (int t = 0; t < 16; t++) prompts[i * 16 + t] = cJSON_GetArrayItem(pt, t)->valueint;
+        for (int t = 0; t < 24; t++) want[i * 24 + t] = cJSON_GetArrayItem(tt, t)->valueint;
+        ck_assert_ptr_nonnull(cJSON_GetObjectItem(po, "noise_floor"));
+        ck_assert_ptr_nonnull(cJSON_GetObjectItem(po, "text"));
+    }
+    ck_assert_msg(memcmp(prompts, prompts + 16, sizeof(int) * 16) != 0, "the two prompts are the same text");
+    kvq_eval_scheme s;
+    ck_assert(kvq_eval_scheme_make("nuq3-1%", &env.set, &m->hp, &s, &e) == KVQ_OK);
+    kvq_decoder d;
+    int got[2 * 24];
+    ck_assert(kvq_decoder_init(&d, m, &s, 2, 16 + 24 - 1, 0, &e) == KVQ_OK);
+    ck_assert_msg(kvq_decoder_generate(&d, prompts, 16, 24, got, NULL, NULL, NULL, NULL, &e) == KVQ_OK, "%s", e.msg);
+    kvq_decoder_free(&d);
+    ck_assert_msg(!memcmp(got, want, sizeof got), "the report's tokens are not the decoder's");
+    cJSON_Delete(root);
+    free(js);
+    remove(json);
+    /* refusals: exit status, the rule named, no JSON */
+    char other_art[512];
+    snprintf(other_art, sizeof other_art, "%s/other.safetensors", dir);
+    {
+        kvq_model om;
+        char ofp[65];
+        int tk[64];
+        ck_assert(kvq_model_load(other, &om, &e) == KVQ_OK);
+        ck_assert(kvq_identity_model(&om, ofp, &e) == KVQ_OK);
+        make_tokens(tk, 64, om.hp.vocab_size, 3);
+        ck_assert(kvq_util_make_nuq_artifact(&om, tk, 1, 64, 3, 0.01, 0, false, ofp, other_art, &e) == KVQ_OK);
+        kvq_model_free(&om);
+    }
+    struct {
+        const char *extra, *scheme, *art;
+        int rc;
+        const char *msg;
+    } bad[] = {
+        {"--steps 0", "nuq3-1%", env.paths[1], 2, "--steps"},
+        {"--steps 100000", "nuq3-1%", env.paths[1], 2, "context length"},
+        {"--steps 8", "int4", env.paths[1], 2, "nuq and kivi"},
+        {"--steps 8", "nuq3-1%+hadamard", env.paths[1], 1, "hadamard"},
+        {"--steps 8 --scheme nuq2-1%", "nuq3-1%", env.paths[1], 2, "exactly one --scheme"},
+        {"--steps 8", "nuq3-1%", other_art, 1, "fingerprint"},
+        {"--steps 8 --ctx 64", "nuq3-1%", env.paths[1], 2, "--ctx"},
+        {"--steps 8 --no-sim --noise-floor", "nuq3-1%", env.paths[1], 2, "--no-sim"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "--task decode --model %s --tokenizer %s --text %s --artifact %s --scheme '%s' %s %s --json %s",
+                 m->path, tokf, text, bad[i].art, bad[i].scheme, common, bad[i].extra, json);
+        rc = run_kveval(bin, dir, args, err, sizeof err);
+        ck_assert_msg(rc == bad[i].rc && strstr(err, bad[i].msg), "case %zu (%s %s): exit %d: %s", i, bad[i].scheme, bad[i].extra, rc,
+                      err);
+        ck_assert_msg(access(json, F_OK) != 0, "case %zu left a JSON behind", i);
+    }
+    /* the decode options belong to --task decode */
+    snprintf(args, sizeof args, "--model %s --tokenizer %s --text %s --scheme fp16 --steps 8", m->path, tokf, text);
+    ck_assert_int_eq(run_kveval(bin, dir, args, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "--task decode"), "%s", err);
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    ck_assert(system(args) == 0);
+    env_close(&env);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("decode");
@@ -292,6 +412,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_decode_stories_gqa);
     tcase_add_test(tc, test_batch);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
     return s;
 }

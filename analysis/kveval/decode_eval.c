@@ -106,18 +106,21 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
     r->prompt_len = P;
     r->steps = S;
     r->batch = B;
+    r->dev = o->dev;
+    r->noise_floor = o->noise_floor && !o->no_sim;
     r->p = calloc(n_prompts, sizeof *r->p);
     float *dl = malloc(B * S * V * sizeof *dl), *sl = o->no_sim ? NULL : malloc(S * V * sizeof *sl);
+    float *fl = o->no_sim || !o->noise_floor ? NULL : malloc(S * V * sizeof *fl);
     int *gen = malloc(B * S * sizeof *gen);
     kvq_status st = KVQ_OK;
-    if (!r->p || !dl || !gen || (!o->no_sim && !sl)) {
+    if (!r->p || !dl || !gen || (!o->no_sim && !sl) || (!o->no_sim && o->noise_floor && !fl)) {
         st = kvq_fail(err, KVQ_ENOMEM, "decode: out of memory for %zu x %zu logits of %zu", B, S, V);
         goto done;
     }
     for (size_t b0 = 0; b0 < n_prompts && !st; b0 += B) {
         const size_t nb = n_prompts - b0 < B ? n_prompts - b0 : B;
         kvq_decoder d;
-        st = kvq_decoder_init(&d, m, s, nb, P + S - 1, o->fwd_flags, err);
+        st = kvq_decoder_init_on(&d, o->dev, o->gpu, m, s, nb, P + S - 1, o->fwd_flags, err);
         if (st) break;
         double pf = 0, dc = 0;
         st = kvq_decoder_generate(&d, prompts + b0 * P, P, S, gen, dl, &pf, &dc, NULL, err);
@@ -154,9 +157,23 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
             const double t0 = kvq_now();
             st = kvq_decode_sim_logits(m, s, prompts + (b0 + i) * P, P, pr->tokens, S, o->fwd_flags, sl, err);
             r->sim_s += kvq_now() - t0;
+            if (!st && fl) /* the noise floor: the same simulation with the other GEMM order */
+                st = kvq_decode_sim_logits(m, s, prompts + (b0 + i) * P, P, pr->tokens, S, o->fwd_flags ^ KVQ_FWD_ROW_INVARIANT, fl,
+                                           err);
             if (st) {
                 kvq_err_prefix(err, "prompt %zu", b0 + i);
                 break;
+            }
+            pr->floor_first = -1;
+            for (size_t t = 0; fl && t < S; t++) {
+                double ab, kl;
+                kvq_decode_logit_diff(sl + t * V, fl + t * V, V, &ab, &kl);
+                pr->floor_abs = fmax(pr->floor_abs, ab);
+                pr->floor_kl = fmax(pr->floor_kl, kl);
+                if (kvq_decoder_argmax(sl + t * V, V) != kvq_decoder_argmax(fl + t * V, V)) {
+                    if (pr->floor_first < 0) pr->floor_first = (int)t;
+                    pr->floor_flips++;
+                }
             }
             for (size_t t = 0; t < S; t++) {
                 const float *zs = sl + t * V, *zd = dl + (i * S + t) * V;
@@ -178,6 +195,7 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
 done:
     free(dl);
     free(sl);
+    free(fl);
     free(gen);
     if (st) kvq_decode_result_free(r);
     return st;
@@ -207,7 +225,8 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
     const bool sim = r->n_prompts && r->p[0].sim;
     fprintf(f, "# kveval decode: %s on the packed KV cache, greedy\n\n", s->name);
     fprintf(f, "model: %s\n", m->path);
-    fprintf(f, "device: CPU (kvq_kvcache, forward with an attend hook)\n");
+    fprintf(f, "device: %s (the packed cache through the forward's attend hook); simulation on the CPU\n",
+            r->dev == KVQ_DEVICE_CUDA ? "CUDA (kvq_kvcache_cuda)" : "CPU (kvq_kvcache)");
     fprintf(f, "prompts: %zu x %zu tokens, %zu steps, batch %zu\n", r->n_prompts, r->prompt_len, r->steps, r->batch);
     if (sim)
         fprintf(f, "reference: the decode-equivalent simulation of %s (kveval's transform), teacher-forced on the decoded "
@@ -235,6 +254,13 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
     const double dec_tok = (double)r->n_prompts * (double)(r->steps - 1), pre_tok = (double)r->n_prompts * r->prompt_len;
     fprintf(f, "\n");
     if (sim) fprintf(f, "tokens equal: %zu of %zu prompts\n", n_eq, r->n_prompts);
+    if (sim && r->noise_floor) {
+        fprintf(f, "noise floor (the simulation against itself with the other GEMM order):");
+        for (size_t i = 0; i < r->n_prompts; i++)
+            fprintf(f, "%s prompt %zu: worst max abs diff %.3g, worst KL %.3g, argmax differs at %d steps (first %d)", i ? ";" : "", i,
+                    r->p[i].floor_abs, r->p[i].floor_kl, r->p[i].floor_flips, r->p[i].floor_first);
+        fprintf(f, "\n");
+    }
     fprintf(f, "decode: %.2f tokens/s (%zu sequences x %zu steps in %.2f s); prefill %.2f tokens/s (token by token)\n",
             tok_per_s(dec_tok, r->decode_s), r->n_prompts, r->steps - 1, r->decode_s, tok_per_s(pre_tok, r->prefill_s));
     fprintf(f, "KV cache at %zu positions x %zu sequences: %zu bytes packed, %zu bytes fp16 (%.3fx)\n",
@@ -259,7 +285,7 @@ kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kv
     if (tok) cJSON_AddStringToObject(root, "tokenizer", kvq_tokenizer_describe(tok));
     cJSON_AddStringToObject(root, "scheme", s->name);
     if (s->art_path) cJSON_AddStringToObject(root, "artifact", s->art_path);
-    cJSON_AddStringToObject(root, "device", "cpu");
+    cJSON_AddStringToObject(root, "device", r->dev == KVQ_DEVICE_CUDA ? "cuda" : "cpu");
     cJSON *oj = cJSON_AddObjectToObject(root, "options");
     cJSON_AddNumberToObject(oj, "prompts", (double)r->n_prompts);
     cJSON_AddNumberToObject(oj, "prompt_len", (double)r->prompt_len);
@@ -267,6 +293,7 @@ kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kv
     cJSON_AddNumberToObject(oj, "batch", (double)r->batch);
     const bool sim = r->n_prompts && r->p[0].sim;
     cJSON_AddBoolToObject(oj, "simulation", sim);
+    cJSON_AddBoolToObject(oj, "noise_floor", sim && r->noise_floor);
     cJSON *th = cJSON_AddObjectToObject(root, "throughput");
     cJSON_AddNumberToObject(th, "decode_tokens_per_s", tok_per_s((double)r->n_prompts * (double)(r->steps - 1), r->decode_s));
     cJSON_AddNumberToObject(th, "decode_seconds", r->decode_s);
@@ -302,6 +329,13 @@ kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kv
             }
             cJSON_AddNumberToObject(po, "worst_max_abs_diff", p->worst_abs);
             cJSON_AddNumberToObject(po, "worst_kl", p->worst_kl);
+            if (r->noise_floor) {
+                cJSON *nf = cJSON_AddObjectToObject(po, "noise_floor");
+                cJSON_AddNumberToObject(nf, "worst_max_abs_diff", p->floor_abs);
+                cJSON_AddNumberToObject(nf, "worst_kl", p->floor_kl);
+                cJSON_AddNumberToObject(nf, "argmax_differs_steps", p->floor_flips);
+                cJSON_AddNumberToObject(nf, "first_step", p->floor_first);
+            }
         }
         cJSON_AddNumberToObject(po, "batch", (double)p->batch_index);
         cJSON_AddItemToArray(pa, po);

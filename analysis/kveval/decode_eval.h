@@ -17,6 +17,13 @@
  * tie" when that margin is at most 2 max |diff| (the two runs' logit
  * difference can reorder the two tokens), otherwise the runs disagree.
  *
+ * Noise floor (opts.noise_floor): the simulation run a second time with the
+ * other GEMM order (one sgemm per token row, KVQ_FWD_ROW_INVARIANT, or the
+ * batched window) and compared with the first in the same way: float rounding
+ * alone moves values across quantization-code boundaries, and the flips
+ * cascade over the layers (docs/KVEVAL.md "Decode equivalence"); the
+ * decoder's deviation is to be read against this.
+ *
  * Throughput: tokens/s = B * (S - 1) / seconds of the decode steps (prefill
  * excluded; its tokens/s separately), wall time on the CPU. Cache bytes:
  * kvq_decoder_bytes after the last step (P + S - 1 positions per sequence).
@@ -41,6 +48,10 @@ typedef struct {
     unsigned fwd_flags;  /* KVQ_FWD_ROW_INVARIANT (tests), KVQ_DECODE_KV_FP16 (K/V rounded to fp16 in both runs,
                             decode.h), or 0; for the decoder and the simulation */
     bool no_sim;         /* skip the simulation (tokens/s and bytes only) */
+    bool noise_floor;    /* also run the simulation with the other GEMM order (KVQ_FWD_ROW_INVARIANT toggled) and
+                            compare the two: how far the simulation moves under float rounding alone */
+    kvq_device dev;      /* where the decoder runs (the simulation: always the CPU) */
+    int gpu;             /* cuda:N */
 } kvq_decode_opts;
 
 typedef struct {
@@ -50,6 +61,9 @@ typedef struct {
     double diff_abs, diff_kl, margin; /* at first_diff (NaN when equal) */
     bool near_tie;       /* first_diff's flip within 2 max |diff| */
     double worst_abs, worst_kl;       /* max over all S steps */
+    /* noise_floor: the simulation against itself with the other GEMM order, over all S steps */
+    double floor_abs, floor_kl;       /* worst max |diff|, worst KL */
+    int floor_flips, floor_first;     /* steps whose argmax differs, the first (-1: none) */
     size_t batch_index;  /* which batch ran it */
 } kvq_decode_prompt;
 
@@ -60,6 +74,8 @@ typedef struct {
     double prefill_s, decode_s, sim_s; /* totals over the batches */
     size_t bytes_packed, bytes_fp16;   /* of the first batch's caches at the end (B sequences) */
     size_t batch0_seqs;                /* sequences in the first batch */
+    kvq_device dev;                    /* where the decoder ran */
+    bool noise_floor;                  /* the p[].floor_* are set */
 } kvq_decode_result;
 
 /* Decode n_prompts prompts [n][P] with scheme s in batches of opts->batch and

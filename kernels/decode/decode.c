@@ -74,8 +74,12 @@ void kvq_decoder_free(kvq_decoder *d)
 {
     if (d->cache && d->m)
         for (int l = 0; l < d->m->hp.n_layers; l++) kvq_kvcache_free(d->cache[l]);
+    if (d->gcache && d->m)
+        for (int l = 0; l < d->m->hp.n_layers; l++) kvq_kvcache_cuda_free(d->gcache[l]);
     free(d->cache);
-    kvq_forward_free(&d->fw);
+    free(d->gcache);
+    if (d->gpu) kvq_forward_cuda_free(d->gpu);
+    else kvq_forward_free(&d->fw);
     free(d->pos);
     free(d->targets);
     free(d->logits);
@@ -87,7 +91,16 @@ void kvq_decoder_free(kvq_decoder *d)
 kvq_status kvq_decoder_init(kvq_decoder *d, const kvq_model *m, const kvq_eval_scheme *s, size_t n_seqs, size_t max_tokens,
                             unsigned fwd_flags, kvq_err *err)
 {
+    return kvq_decoder_init_on(d, KVQ_DEVICE_CPU, 0, m, s, n_seqs, max_tokens, fwd_flags, err);
+}
+
+kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kvq_model *m, const kvq_eval_scheme *s,
+                               size_t n_seqs, size_t max_tokens, unsigned fwd_flags, kvq_err *err)
+{
     memset(d, 0, sizeof *d);
+    const bool cuda = dev == KVQ_DEVICE_CUDA;
+    if (cuda && (fwd_flags & KVQ_DECODE_KV_FP16))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "decoder: fp16 K/V rounding (KVQ_DECODE_KV_FP16) runs on the CPU only");
     const kvq_hparams *hp = &m->hp;
     if (n_seqs == 0 || n_seqs > (1u << 16))
         return kvq_fail(err, KVQ_EINVAL, "decoder: %zu sequences, expected 1..65536", n_seqs);
@@ -97,9 +110,11 @@ kvq_status kvq_decoder_init(kvq_decoder *d, const kvq_model *m, const kvq_eval_s
     kvq_kvcache_config cfg;
     KVQ_TRY(kvq_decoder_cache_config(s, hp, 0, &cfg, err)); /* refusals before any allocation */
     d->m = m;
+    d->dev = cuda ? KVQ_DEVICE_CUDA : KVQ_DEVICE_CPU;
     d->n_seqs = n_seqs;
     d->max_tokens = max_tokens;
-    d->cache = calloc((size_t)hp->n_layers, sizeof *d->cache);
+    if (cuda) d->gcache = calloc((size_t)hp->n_layers, sizeof *d->gcache);
+    else d->cache = calloc((size_t)hp->n_layers, sizeof *d->cache);
     d->pos = malloc(n_seqs * sizeof *d->pos);
     d->targets = malloc(n_seqs * sizeof *d->targets);
     d->logits = malloc(n_seqs * (size_t)hp->vocab_size * sizeof *d->logits);
@@ -108,25 +123,27 @@ kvq_status kvq_decoder_init(kvq_decoder *d, const kvq_model *m, const kvq_eval_s
         d->kbuf = malloc(n_seqs * (size_t)kvq_kv_dim(hp) * sizeof *d->kbuf);
         d->vbuf = malloc(n_seqs * (size_t)kvq_kv_dim(hp) * sizeof *d->vbuf);
     }
-    if (!d->cache || !d->pos || !d->targets || !d->logits || (d->kv_fp16 && (!d->kbuf || !d->vbuf))) {
+    if ((!d->cache && !d->gcache) || !d->pos || !d->targets || !d->logits || (d->kv_fp16 && (!d->kbuf || !d->vbuf))) {
         kvq_decoder_free(d);
         return kvq_fail(err, KVQ_ENOMEM, "decoder: out of memory for %zu sequences", n_seqs);
     }
     for (size_t b = 0; b < n_seqs; b++) d->targets[b] = -1;
-    kvq_status st = kvq_forward_init(&d->fw, m, (int)n_seqs, 0, fwd_flags & KVQ_FWD_ROW_INVARIANT, err);
+    kvq_status st = cuda ? kvq_forward_cuda_init(&d->gpu, m, (int)n_seqs, 0, 0, KVQ_CUDA_EXACT, gpu, err)
+                         : kvq_forward_init(&d->fw, m, (int)n_seqs, 0, fwd_flags & KVQ_FWD_ROW_INVARIANT, err);
     for (int l = 0; !st && l < hp->n_layers; l++) {
         st = kvq_decoder_cache_config(s, hp, (size_t)l, &cfg, err);
         if (st) break;
         cfg.n_seqs = n_seqs;
         cfg.max_tokens = max_tokens;
-        st = kvq_kvcache_create(&d->cache[l], &cfg, err);
+        st = cuda ? kvq_kvcache_cuda_create(&d->gcache[l], &cfg, err) : kvq_kvcache_create(&d->cache[l], &cfg, err);
         if (st) kvq_err_prefix(err, "layer %d", l);
     }
+    d->post_rope = cfg.post_rope;
     if (st) kvq_decoder_free(d);
     return st;
 }
 
-size_t kvq_decoder_len(const kvq_decoder *d) { return kvq_kvcache_len(d->cache[0], 0); }
+size_t kvq_decoder_len(const kvq_decoder *d) { return d->len; }
 
 /* kvq_hooks.attend: the step's rows are the sequences; append their K/V to the layer's cache, attend from it */
 static kvq_status dec_attend(void *user, const kvq_layer_ctx *c, const float *q, const float *k_pre, const float *k_post,
@@ -139,7 +156,7 @@ static kvq_status dec_attend(void *user, const kvq_layer_ctx *c, const float *q,
     kvq_kvcache *kc = d->cache[c->layer];
     /* pre-RoPE keys for a format that quantizes them (NUQ: the cache rotates after dequantization); post-RoPE keys
      * as the model's RoPE rotated them for one that quantizes those (KIVI; its cache then has no RoPE of its own) */
-    const bool post = kvq_kvcache_config_of(kc)->post_rope;
+    const bool post = d->post_rope;
     const float *k = post ? k_post : k_pre;
     if (d->kv_fp16) { /* KVQ_DECODE_KV_FP16: values, and pre-RoPE keys (post-RoPE ones the cache rounds itself) */
         const size_t n = d->n_seqs * kvd;
@@ -155,20 +172,36 @@ static kvq_status dec_attend(void *user, const kvq_layer_ctx *c, const float *q,
     return kvq_kvcache_attend(kc, q, (size_t)c->n_heads, 0, out, err);
 }
 
+/* the same on the GPU: device pointers, the forward's stream idle (forward.h kvq_hooks.attend) */
+static kvq_status dec_attend_cuda(void *user, const kvq_layer_ctx *c, const float *q, const float *k_pre, const float *k_post,
+                                  const float *v, float *out, kvq_err *err)
+{
+    kvq_decoder *d = user;
+    const size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    if ((size_t)c->T != d->n_seqs)
+        return kvq_fail(err, KVQ_EINVAL, "decoder: %d rows for %zu sequences", c->T, d->n_seqs);
+    kvq_kvcache_cuda *kc = d->gcache[c->layer];
+    const float *k = d->post_rope ? k_post : k_pre;
+    for (size_t b = 0; b < d->n_seqs; b++)
+        if (kvq_kvcache_cuda_append(kc, b, k + b * kvd, v + b * kvd, 1, err)) return kvq_err_prefix(err, "sequence %zu", b);
+    return kvq_kvcache_cuda_attend(kc, q, (size_t)c->n_heads, 0, out, 0, 1, err);
+}
+
 kvq_status kvq_decoder_step(kvq_decoder *d, const int *tokens, kvq_err *err)
 {
     const size_t len = kvq_decoder_len(d);
     if (len >= d->max_tokens)
         return kvq_fail(err, KVQ_EINVAL, "decoder: the sequences hold %zu positions, the capacity (max_tokens)", len);
     for (size_t b = 0; b < d->n_seqs; b++) d->pos[b] = (int)len;
-    kvq_hooks hk = {.user = d, .attend = dec_attend};
+    kvq_hooks hk = {.user = d, .attend = d->gpu ? dec_attend_cuda : dec_attend};
     kvq_fwd_io io = {.tokens = tokens, .T = (int)d->n_seqs, .pos0 = (int)len, .pos = d->pos, .targets = d->targets,
                      .hooks = &hk, .logits = d->logits};
     kvq_fwd_result r;
     const double t0 = kvq_now();
-    KVQ_TRY(kvq_forward_run(&d->fw, &io, &r, err));
+    KVQ_TRY(d->gpu ? kvq_forward_cuda_run(d->gpu, &io, &r, err) : kvq_forward_run(&d->fw, &io, &r, err));
     d->seconds += kvq_now() - t0;
     d->steps++;
+    d->len++;
     return KVQ_OK;
 }
 
@@ -223,6 +256,11 @@ void kvq_decoder_bytes(const kvq_decoder *d, size_t *packed, size_t *fp16)
     const kvq_hparams *hp = &d->m->hp;
     size_t p = 0, n = 0;
     for (int l = 0; l < hp->n_layers; l++) {
+        if (d->gcache) {
+            p += kvq_kvcache_cuda_bytes_read(d->gcache[l]);
+            n += d->len * d->n_seqs;
+            continue;
+        }
         kvq_kvcache_stats s;
         kvq_kvcache_stats_get(d->cache[l], &s);
         p += s.bytes_k + s.bytes_v;

@@ -45,9 +45,13 @@
  * model the logits therefore agree to a tolerance, not bit for bit
  * (tests/test_decode.c states it).
  *
- * Device: CPU. The CUDA twin (kvcache_cuda.h) and the CUDA forward have no
- * per-layer seam for an external cache yet (docs/KVEVAL.md "Real decoding",
- * GPU design note).
+ * Devices: the CPU (kvq_kvcache, kvq_forward) or one GPU (kvq_decoder_init_on:
+ * kvq_kvcache_cuda, the CUDA forward in its exact mode, the same attend hook
+ * with device pointers; the logits come back to the host every step). The
+ * GPU cache attends in fp32 with P·V on the tensor cores (kvcache_cuda.h:
+ * ~1e-4..5e-4 relative against the CPU cache), so GPU and CPU decoding agree
+ * to that rounding, and then as far as quantization-code flips let them
+ * (tests/gpu/gpu_check.c --decode).
  *
  * Memory: per layer one cache of capacity max_tokens positions for each of the
  * B sequences; a forward workspace for B rows; logits [B][vocab].
@@ -59,8 +63,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "device.h"
 #include "forward.h"
+#include "forward_cuda.h"
 #include "kvcache.h"
+#include "kvcache_cuda.h"
 #include "model.h"
 #include "progress.h"
 #include "scheme.h"
@@ -82,10 +89,15 @@ kvq_status kvq_decoder_cache_config(const kvq_eval_scheme *s, const kvq_hparams 
 
 typedef struct {
     const kvq_model *m;
+    kvq_device dev;         /* KVQ_DEVICE_CPU or KVQ_DEVICE_CUDA */
     size_t n_seqs;          /* B */
     size_t max_tokens;      /* positions per sequence (cache capacity) */
-    kvq_kvcache **cache;    /* [n_layers] */
-    kvq_forward fw;         /* B rows */
+    kvq_kvcache **cache;    /* [n_layers] (CPU) */
+    kvq_forward fw;         /* B rows (CPU) */
+    kvq_kvcache_cuda **gcache; /* [n_layers] (CUDA) */
+    kvq_forward_cuda *gpu;  /* B rows (CUDA) */
+    size_t len;             /* positions every sequence holds */
+    bool post_rope;         /* the format quantizes post-RoPE keys (KIVI): appended as the model rotated them */
     int *pos;               /* [B] positions of the current step's rows */
     int *targets;           /* [B] all -1 (no loss) */
     float *logits;          /* [B][vocab] of the last step */
@@ -103,6 +115,12 @@ typedef struct {
  * (kvq_decoder_cache_config), KVQ_ENOMEM. */
 kvq_status kvq_decoder_init(kvq_decoder *d, const kvq_model *m, const kvq_eval_scheme *s, size_t n_seqs, size_t max_tokens,
                             unsigned fwd_flags, kvq_err *err);
+/* The same on a device: KVQ_DEVICE_CPU is kvq_decoder_init; KVQ_DEVICE_CUDA on
+ * GPU `gpu` (the N of cuda:N), KVQ_FWD_ROW_INVARIANT ignored, KVQ_DECODE_KV_FP16
+ * refused (KVQ_EUNSUPPORTED: the rounding runs on the CPU only). In a build
+ * without CUDA: KVQ_EUNSUPPORTED. */
+kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kvq_model *m, const kvq_eval_scheme *s,
+                               size_t n_seqs, size_t max_tokens, unsigned fwd_flags, kvq_err *err);
 void kvq_decoder_free(kvq_decoder *d);
 
 /* Current length of every sequence (they advance together). */
@@ -132,7 +150,8 @@ kvq_status kvq_decoder_generate(kvq_decoder *d, const int *prompts, size_t P, si
 
 /* Bytes of the caches now (all layers and sequences): packed = what an
  * attention pass reads (kvq_kvcache_stats bytes_k + bytes_v: codes, scales,
- * sparse outliers, fp16 rows; tables excluded), fp16 = an fp16 K and V cache
+ * sparse outliers, fp16 rows; tables excluded; on the GPU
+ * kvq_kvcache_cuda_bytes_read), fp16 = an fp16 K and V cache
  * of the same positions (n_layers * tokens * kv_dim * 2 * 2). */
 void kvq_decoder_bytes(const kvq_decoder *d, size_t *packed, size_t *fp16);
 

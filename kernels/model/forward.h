@@ -223,7 +223,9 @@ typedef struct {
      * before RoPE, k_post = RoPE(k_pre) at the row's position, v), after the projections, biases and q/k norms
      * of the model; it writes the attention output out [T][n_heads][head_dim]. The rows of the window are then
      * independent (no causal attention among them): row t may be another sequence, at position io->pos[t].
-     * Not with transform, observe, a prefix or a workspace that keeps activations (KVQ_EINVAL). */
+     * Not with transform, observe, a prefix or a workspace that keeps activations (KVQ_EINVAL). On the CUDA
+     * forward (forward_cuda.h) the five pointers are device memory: the forward's stream is synchronised
+     * before the call, and the callback's device work must be complete when it returns. */
     kvq_status (*attend)(void *user, const kvq_layer_ctx *ctx, const float *q, const float *k_pre, const float *k_post,
                          const float *v, float *out, kvq_err *err);
 } kvq_hooks;
