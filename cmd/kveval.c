@@ -250,7 +250,7 @@ static int run_decode(const kveval_opts *o)
     }
     const char *unused = o->pk_lengths || o->pk_depths || o->pk_trials != 1 ? "--passkey-*" : o->ctx_s ? "--ctx"
                          : o->max_windows ? "--max-windows" : o->no_kld ? "--no-kld" : o->gemm_rate ? "--gemm-rate"
-                         : o->devices ? "--devices" : (o->prompt_file && o->n_prompts) ? "--prompts (with --prompt-file)"
+                         : o->devices ? "--devices" : (o->prompt_file && o->n_prompts != 3) ? "--prompts (with --prompt-file)"
                                                                                            : NULL;
     if (unused) {
         fprintf(stderr, "kveval: %s does not apply to --task decode\n", unused);
@@ -280,7 +280,7 @@ static int run_decode(const kveval_opts *o)
         fprintf(stderr, "kveval: --noise-floor compares simulations; it contradicts --no-sim\n");
         return 2;
     }
-    const size_t steps = o->steps ? (size_t)o->steps : 256;
+    const size_t steps = (size_t)o->steps;
     int rc = 1;
     kvq_model m = {0};
     kvq_tokenizer *tok = NULL;
@@ -318,7 +318,7 @@ static int run_decode(const kveval_opts *o)
         if (read_prompt_file(o->prompt_file, tok, fl, o->prompt_len, &prompts, &n_prompts, &P)) goto out;
     } else {
         P = o->prompt_len ? (size_t)o->prompt_len : 64;
-        n_prompts = o->n_prompts ? (size_t)o->n_prompts : 3;
+        n_prompts = (size_t)o->n_prompts;
         kvq_text_format fmt = !o->format ? kvq_text_format_from_path(o->text)
                               : !strcmp(o->format, "jsonl") ? KVQ_TEXT_JSONL
                               : !strcmp(o->format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS
@@ -345,7 +345,7 @@ static int run_decode(const kveval_opts *o)
         rc = 2;
         goto out;
     }
-    kvq_decode_opts dopt = {.steps = steps, .batch = o->batch ? (size_t)o->batch : 1, .no_sim = o->no_sim,
+    kvq_decode_opts dopt = {.steps = steps, .batch = (size_t)o->batch, .no_sim = o->no_sim,
                             .noise_floor = o->noise_floor, .fwd_flags = o->kv_fp16 ? KVQ_DECODE_KV_FP16 : 0, .dev = dev, .gpu = gpu};
     const size_t nb = (n_prompts + dopt.batch - 1) / dopt.batch;
     kvq_progress prog;
@@ -383,7 +383,8 @@ out:
 int main(int argc, char **argv)
 {
     signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
-    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1};
+    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1,
+                     .n_prompts = 3, .steps = 256, .batch = 1};
     kvq_opt tab[] = {
         kvq_cli_common(KVQ_COPT_MODEL, &o.model, true),
         kvq_cli_common(KVQ_COPT_TEXT, &o.text, false),
@@ -402,13 +403,14 @@ int main(int argc, char **argv)
         {"prompt-file", 0, KVQ_OPT_STRING, &o.prompt_file, "FILE",
          "decode: one prompt per non-empty line, each cut to its first --prompt-len tokens (default: the shortest "
          "prompt's length); instead of --text", NULL, 0, 0, false},
-        {"prompts", 0, KVQ_OPT_INT, &o.n_prompts, "N", "decode: prompts cut from --text, consecutive windows [default 3]", NULL, 1,
-         4096, false},
-        {"prompt-len", 0, KVQ_OPT_INT, &o.prompt_len, "P", "decode: prompt tokens (BOS included) [default 64 with --text]", NULL,
-         1, 1 << 24, false},
-        {"steps", 0, KVQ_OPT_INT, &o.steps, "S", "decode: generated tokens per prompt [default 256]", NULL, 1, 1 << 24, false},
-        {"batch", 0, KVQ_OPT_INT, &o.batch, "B", "decode: prompts decoded together in one cache (its `seq`) [default 1]", NULL,
-         1, 65536, false},
+        {"prompts", 0, KVQ_OPT_INT, &o.n_prompts, "N", "decode: prompts cut from --text, consecutive windows", NULL, 1, 4096,
+         false},
+        {"prompt-len", 0, KVQ_OPT_INT, &o.prompt_len, "P",
+         "decode: prompt tokens (BOS included); 0: 64 with --text, the shortest prompt's length with --prompt-file", NULL, 0,
+         1 << 24, false},
+        {"steps", 0, KVQ_OPT_INT, &o.steps, "S", "decode: generated tokens per prompt", NULL, 1, 1 << 24, false},
+        {"batch", 0, KVQ_OPT_INT, &o.batch, "B", "decode: prompts decoded together in one cache (its `seq`)", NULL, 1, 65536,
+         false},
         {"kv-fp16", 0, KVQ_OPT_FLAG, &o.kv_fp16, NULL,
          "decode: round the model's keys and values to fp16 in the decode and the simulation alike, as an fp16 model's "
          "cache holds them (the packed cache keeps sink rows, outliers and KIVI's residual in fp16)", NULL, 0, 0, false},
@@ -482,7 +484,8 @@ int main(int argc, char **argv)
     }
     const bool decode = !strcmp(o.task, "decode");
     if (decode) return run_decode(&o);
-    if (o.prompt_file || o.n_prompts || o.prompt_len || o.steps || o.batch || o.kv_fp16 || o.no_sim || o.noise_floor) {
+    if (o.prompt_file || o.n_prompts != 3 || o.prompt_len || o.steps != 256 || o.batch != 1 || o.kv_fp16 || o.no_sim ||
+        o.noise_floor) {
         fprintf(stderr, "kveval: --prompt-file, --prompts, --prompt-len, --steps, --batch, --kv-fp16, --no-sim and --noise-floor "
                         "apply to --task decode only\n");
         return 2;
