@@ -54,7 +54,7 @@ typedef struct {
     const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *devices, *math, *ctx_s, *weights;
     const char *task, *pk_lengths, *pk_depths, *prompt_file;
     long ctx, max_windows, pk_trials, seed, threads, n_prompts, prompt_len, steps, batch;
-    bool decode, kv_fp16, no_sim, noise_floor;
+    bool decode, kv_fp16, no_sim, noise_floor, dequant_attn;
     bool ctx_max;
     kvq_strlist artifacts, schemes;
     bool quiet, version, allow_mismatch, fast, no_kld, gemm_rate;
@@ -269,9 +269,9 @@ static int run_decode(const kveval_opts *o)
     kvq_device dev;
     int gpu = 0;
     if (kvq_device_parse(o->device ? o->device : "auto", &dev, &gpu, &e)) return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
-    if (dev == KVQ_DEVICE_CUDA && o->kv_fp16) {
+    if (dev == KVQ_DEVICE_CUDA && (o->kv_fp16 || o->dequant_attn)) {
         if (o->device) {
-            fprintf(stderr, "kveval: --kv-fp16 rounds the K/V on the CPU only; use --device cpu\n");
+            fprintf(stderr, "kveval: --kv-fp16 and --dequant-attn run on the CPU only; use --device cpu\n");
             return 2;
         }
         dev = KVQ_DEVICE_CPU; /* auto */
@@ -346,7 +346,8 @@ static int run_decode(const kveval_opts *o)
         goto out;
     }
     kvq_decode_opts dopt = {.steps = steps, .batch = (size_t)o->batch, .no_sim = o->no_sim,
-                            .noise_floor = o->noise_floor, .fwd_flags = o->kv_fp16 ? KVQ_DECODE_KV_FP16 : 0, .dev = dev, .gpu = gpu};
+                            .noise_floor = o->noise_floor, .dev = dev, .gpu = gpu,
+                            .fwd_flags = (o->kv_fp16 ? KVQ_DECODE_KV_FP16 : 0u) | (o->dequant_attn ? KVQ_DECODE_DEQUANT_ATTN : 0u)};
     const size_t nb = (n_prompts + dopt.batch - 1) / dopt.batch;
     kvq_progress prog;
     kvq_progress_init(&prog, "kveval", "steps", (uint64_t)nb * (P + steps - 1), o->quiet);
@@ -415,6 +416,9 @@ int main(int argc, char **argv)
          "decode: round the model's keys and values to fp16 in the decode and the simulation alike, as an fp16 model's "
          "cache holds them (the packed cache keeps sink rows, outliers and KIVI's residual in fp16)", NULL, 0, 0, false},
         {"no-sim", 0, KVQ_OPT_FLAG, &o.no_sim, NULL, "decode: skip the simulation (tokens/s and bytes only)", NULL, 0, 0, false},
+        {"dequant-attn", 0, KVQ_OPT_FLAG, &o.dequant_attn, NULL,
+         "decode, a diagnostic (CPU): attend with the forward's fp32 attention over the cache's dequantized contents instead "
+         "of the cache's decode attention (in double): the cache's bits without its attention arithmetic", NULL, 0, 0, false},
         {"noise-floor", 0, KVQ_OPT_FLAG, &o.noise_floor, NULL,
          "decode: also run the simulation with the other GEMM order and report how far it moves from itself (float "
          "rounding alone flips quantization codes, which cascade over the layers)", NULL, 0, 0, false},
@@ -485,9 +489,9 @@ int main(int argc, char **argv)
     const bool decode = !strcmp(o.task, "decode");
     if (decode) return run_decode(&o);
     if (o.prompt_file || o.n_prompts != 3 || o.prompt_len || o.steps != 256 || o.batch != 1 || o.kv_fp16 || o.no_sim ||
-        o.noise_floor) {
-        fprintf(stderr, "kveval: --prompt-file, --prompts, --prompt-len, --steps, --batch, --kv-fp16, --no-sim and --noise-floor "
-                        "apply to --task decode only\n");
+        o.noise_floor || o.dequant_attn) {
+        fprintf(stderr, "kveval: --prompt-file, --prompts, --prompt-len, --steps, --batch, --kv-fp16, --no-sim, --noise-floor "
+                        "and --dequant-attn apply to --task decode only\n");
         return 2;
     }
     const bool passkey = !strcmp(o.task, "passkey");

@@ -34,6 +34,8 @@
 
 #define DEC_TOL 5e-2       /* max |diff| of logits, K/V rounded to fp16 in both runs (KVQ_DECODE_KV_FP16) */
 #define DEC_TOL_EXACT 1e-4 /* the same for a scheme that holds nothing at 16 bits (nuq3: no sink, no outliers) */
+#define DEC_TOL_DEQ 5e-3   /* K/V fp16 and the forward's attention over the dequantized cache (KVQ_DECODE_DEQUANT_ATTN) */
+#define DEC_TIE 0.25       /* KIVI: the simulation's margin over the decoded token at a first differing step */
 #define DEC_P 16
 #define DEC_S 64
 #define DEC_N 3
@@ -88,8 +90,8 @@ static void env_close(dec_env *env)
 }
 
 /* one scheme: decode DEC_N prompts (batch 1) with fwd_flags; every step's logits within tol of the simulation's and equal
- * tokens, or (tie_ok) equal tokens up to a first differing step that is a near tie (decode_eval.h) in at most one
- * prompt, with the logits within tol at the first step; teeth: fp32's simulation on the decoded tokens is further than 5 tol from the scheme's */
+ * tokens, or (tie_ok) equal tokens up to a first differing step in at most one prompt where the decoded token is the
+ * simulation's runner-up by at most DEC_TIE, with the logits within tol at the first step; teeth: fp32's simulation on the decoded tokens is further than 5 tol from the scheme's */
 static void decode_case(dec_env *env, const char *spec, const int *prompts, unsigned flags, double tol, bool tie_ok)
 {
     kvq_err e = {0};
@@ -106,9 +108,13 @@ static void decode_case(dec_env *env, const char *spec, const int *prompts, unsi
     int n_eq = 0, n_far = 0;
     for (int i = 0; i < DEC_N; i++) {
         const kvq_decode_prompt *p = &r.p[i];
-        ck_assert_msg(p->first_diff < 0 || (tie_ok && p->near_tie),
-                      "%s on %s, prompt %d: the decoder's token %d at step %d, the simulation's %d (max |diff| %g, margin %g)", spec,
-                      m->path, i, p->tokens[p->first_diff], p->first_diff, p->sim[p->first_diff], p->diff_abs, p->margin);
+        ck_assert_msg(p->first_diff < 0 || (tie_ok && p->rank == 2 && p->margin <= DEC_TIE),
+                      "%s on %s, prompt %d: the decoder's token %d at step %d, the simulation's %d (max |diff| %g, margin %g, rank %d)",
+                      spec, m->path, i, p->tokens[p->first_diff], p->first_diff, p->sim[p->first_diff], p->diff_abs, p->margin,
+                      p->rank);
+        if (p->first_diff >= 0)
+            fprintf(stderr, "test_decode: %s on %s, prompt %d: first differing step %d, margin %.3g, rank %d\n", spec, m->path, i,
+                    p->first_diff, p->margin, p->rank);
         n_eq += p->first_diff < 0;
         ck_assert(kvq_decode_sim_logits(m, &f32, prompts + i * DEC_P, DEC_P, p->tokens, DEC_S, o.fwd_flags, lf, &e) == KVQ_OK);
         ck_assert(kvq_decode_sim_logits(m, &s, prompts + i * DEC_P, DEC_P, p->tokens, DEC_S, o.fwd_flags, lq, &e) == KVQ_OK);
@@ -147,7 +153,7 @@ static void decode_case(dec_env *env, const char *spec, const int *prompts, unsi
     if (!tie_ok && m->hp.head_dim >= 16) ck_assert_uint_lt(r.bytes_packed, r.bytes_fp16);
     ck_assert_uint_eq(r.bytes_fp16, (size_t)m->hp.n_layers * (DEC_P + DEC_S - 1) * kvq_kv_dim(&m->hp) * 4);
     fprintf(stderr, "test_decode: %s%s on %s: %d of %d prompts equal for %d steps, worst max |diff| %.3g (%d steps > %g; fp32 %.3g), "
-            "%zu / %zu bytes\n", spec, flags & KVQ_DECODE_KV_FP16 ? " (K/V fp16)" : "", m->path, n_eq, DEC_N, DEC_S, worst, n_far, tol,
+            "%zu / %zu bytes\n", spec, flags & KVQ_DECODE_DEQUANT_ATTN ? " (K/V fp16, dequantized-cache attention)" : flags & KVQ_DECODE_KV_FP16 ? " (K/V fp16)" : "", m->path, n_eq, DEC_N, DEC_S, worst, n_far, tol,
             fp32_far, r.bytes_packed, r.bytes_fp16);
     kvq_decode_result_free(&r);
     free(lf);
@@ -168,6 +174,8 @@ static void model_cases(const char *rel)
      * logits on stories260K; left out of the tight check.) */
     const char *nuq[] = {"nuq3-1%", "nuq2-1%", "nuq4-1%", "nuq3+sink1"};
     for (size_t i = 0; i < sizeof nuq / sizeof *nuq; i++) decode_case(&env, nuq[i], prompts, KVQ_DECODE_KV_FP16, DEC_TOL, false);
+    /* the diagnostic path: the forward's fp32 attention over the cache's dequantized contents */
+    decode_case(&env, "nuq3-1%", prompts, KVQ_DECODE_KV_FP16 | KVQ_DECODE_DEQUANT_ATTN, DEC_TOL_DEQ, false);
     const char *kivi[] = {"kivi2-g4-r8", "kivi4-g8-r16+sink1"};
     for (size_t i = 0; i < sizeof kivi / sizeof *kivi; i++) decode_case(&env, kivi[i], prompts, KVQ_DECODE_KV_FP16, DEC_TOL, true);
     env_close(&env);

@@ -187,7 +187,9 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
                     pr->diff_abs = ab;
                     pr->diff_kl = kl;
                     pr->margin = (double)zs[pr->sim[t]] - zs[pr->tokens[t]];
-                    pr->near_tie = pr->margin <= 2 * ab;
+                    pr->rank = 1;
+                    for (size_t v = 0; v < V; v++) pr->rank += zs[v] > zs[pr->tokens[t]];
+                    pr->within_floor = fl && pr->margin <= pr->floor_abs;
                 }
             }
         }
@@ -248,8 +250,9 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
         if (p->first_diff < 0)
             fprintf(f, "| %zu | yes (%zu) | - | - | - | - | %.3g | %.3g | %s |\n", i, r->steps, p->worst_abs, p->worst_kl, txt);
         else
-            fprintf(f, "| %zu | no%s | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %s |\n", i, p->near_tie ? " (near tie)" : "",
-                    p->first_diff, p->diff_abs, p->diff_kl, p->margin, p->worst_abs, p->worst_kl, txt);
+            fprintf(f, "| %zu | no%s | %d | %.3g | %.3g | %.3g (rank %d) | %.3g | %.3g | %s |\n", i,
+                    p->within_floor ? " (within the noise floor)" : "", p->first_diff, p->diff_abs, p->diff_kl, p->margin, p->rank,
+                    p->worst_abs, p->worst_kl, txt);
     }
     const double dec_tok = (double)r->n_prompts * (double)(r->steps - 1), pre_tok = (double)r->n_prompts * r->prompt_len;
     fprintf(f, "\n");
@@ -325,7 +328,8 @@ kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kv
                 cJSON_AddNumberToObject(fd, "max_abs_diff", p->diff_abs);
                 cJSON_AddNumberToObject(fd, "kl", p->diff_kl);
                 cJSON_AddNumberToObject(fd, "margin", p->margin);
-                cJSON_AddBoolToObject(fd, "near_tie", p->near_tie);
+                cJSON_AddNumberToObject(fd, "rank", p->rank);
+                if (r->noise_floor) cJSON_AddBoolToObject(fd, "within_noise_floor", p->within_floor);
             }
             cJSON_AddNumberToObject(po, "worst_max_abs_diff", p->worst_abs);
             cJSON_AddNumberToObject(po, "worst_kl", p->worst_kl);

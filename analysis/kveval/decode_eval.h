@@ -12,10 +12,14 @@
  *   max |diff|   max over the vocabulary of |z_dec - z_sim| (logits)
  *   KL           KL(softmax(z_sim) || softmax(z_dec)) in nats, in double
  * The tokens are equal when g[s] == sim[s] for every s. At the first step
- * where they differ the report gives max |diff| and KL there and the
- * simulation's margin z_sim[sim[s]] - z_sim[g[s]] (>= 0); a flip is a "near
- * tie" when that margin is at most 2 max |diff| (the two runs' logit
- * difference can reorder the two tokens), otherwise the runs disagree.
+ * where they differ the report gives max |diff| and KL there, the
+ * simulation's margin z_sim[sim[s]] - z_sim[g[s]] (>= 0) and the rank of the
+ * decoded token among the simulation's logits (2: its runner-up). (The margin
+ * is always <= 2 max |diff|: a flip needs the two logits to move by the
+ * margin; that bound says nothing.) With the noise floor below, the flip is
+ * "within the floor" when the margin is at most the floor's worst max |diff|
+ * of that prompt: the simulation moves its own logits by more than the margin
+ * under float rounding alone.
  *
  * Noise floor (opts.noise_floor): the simulation run a second time with the
  * other GEMM order (one sgemm per token row, KVQ_FWD_ROW_INVARIANT, or the
@@ -59,7 +63,8 @@ typedef struct {
     int *sim;            /* [S] the simulation's argmax (NULL with no_sim) */
     int first_diff;      /* first s with tokens[s] != sim[s], -1 = equal */
     double diff_abs, diff_kl, margin; /* at first_diff (NaN when equal) */
-    bool near_tie;       /* first_diff's flip within 2 max |diff| */
+    int rank;            /* at first_diff: the decoded token's rank among the simulation's logits (2 = its runner-up), 0 */
+    bool within_floor;   /* at first_diff, with noise_floor: margin <= floor_abs (the simulation itself moves more) */
     double worst_abs, worst_kl;       /* max over all S steps */
     /* noise_floor: the simulation against itself with the other GEMM order, over all S steps */
     double floor_abs, floor_kl;       /* worst max |diff|, worst KL */
@@ -97,7 +102,7 @@ kvq_status kvq_decode_sim_logits(const kvq_model *m, const kvq_eval_scheme *s, c
 void kvq_decode_logit_diff(const float *a, const float *b, size_t n, double *max_abs, double *kl);
 
 /* The report: a header (model, scheme, device, sizes), one line per prompt
- * (equal or the first differing step with max |diff|, KL, margin, near tie;
+ * (equal or the first differing step with max |diff|, KL, margin, rank, within the noise floor;
  * worst max |diff| and KL over all steps; the generated text's start), then
  * tokens/s (decode, prefill) and cache bytes packed vs fp16. JSON (schema
  * kvq.kveval.decode, docs/JSON.md): the same with every generated token;

@@ -2,6 +2,7 @@
 #include "decode.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +86,9 @@ void kvq_decoder_free(kvq_decoder *d)
     free(d->logits);
     free(d->kbuf);
     free(d->vbuf);
+    free(d->dk);
+    free(d->dv);
+    kvq_attn_ws_free(&d->aws);
     memset(d, 0, sizeof *d);
 }
 
@@ -99,8 +103,8 @@ kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kv
 {
     memset(d, 0, sizeof *d);
     const bool cuda = dev == KVQ_DEVICE_CUDA;
-    if (cuda && (fwd_flags & KVQ_DECODE_KV_FP16))
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "decoder: fp16 K/V rounding (KVQ_DECODE_KV_FP16) runs on the CPU only");
+    if (cuda && (fwd_flags & (KVQ_DECODE_KV_FP16 | KVQ_DECODE_DEQUANT_ATTN)))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "decoder: fp16 K/V rounding and the dequantized-cache attention run on the CPU only");
     const kvq_hparams *hp = &m->hp;
     if (n_seqs == 0 || n_seqs > (1u << 16))
         return kvq_fail(err, KVQ_EINVAL, "decoder: %zu sequences, expected 1..65536", n_seqs);
@@ -123,13 +127,21 @@ kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kv
         d->kbuf = malloc(n_seqs * (size_t)kvq_kv_dim(hp) * sizeof *d->kbuf);
         d->vbuf = malloc(n_seqs * (size_t)kvq_kv_dim(hp) * sizeof *d->vbuf);
     }
-    if ((!d->cache && !d->gcache) || !d->pos || !d->targets || !d->logits || (d->kv_fp16 && (!d->kbuf || !d->vbuf))) {
+    d->dequant_attn = (fwd_flags & KVQ_DECODE_DEQUANT_ATTN) != 0;
+    if (d->dequant_attn) {
+        d->dk = malloc(max_tokens * (size_t)kvq_kv_dim(hp) * sizeof *d->dk);
+        d->dv = malloc(max_tokens * (size_t)kvq_kv_dim(hp) * sizeof *d->dv);
+    }
+    if ((!d->cache && !d->gcache) || !d->pos || !d->targets || !d->logits || (d->kv_fp16 && (!d->kbuf || !d->vbuf)) ||
+        (d->dequant_attn && (!d->dk || !d->dv))) {
         kvq_decoder_free(d);
         return kvq_fail(err, KVQ_ENOMEM, "decoder: out of memory for %zu sequences", n_seqs);
     }
     for (size_t b = 0; b < n_seqs; b++) d->targets[b] = -1;
     kvq_status st = cuda ? kvq_forward_cuda_init(&d->gpu, m, (int)n_seqs, 0, 0, KVQ_CUDA_EXACT, gpu, err)
                          : kvq_forward_init(&d->fw, m, (int)n_seqs, 0, fwd_flags & KVQ_FWD_ROW_INVARIANT, err);
+    if (!st && d->dequant_attn)
+        st = kvq_attn_ws_init(&d->aws, 1, (int)max_tokens, hp->n_kv_heads, hp->head_dim, omp_get_max_threads(), err);
     for (int l = 0; !st && l < hp->n_layers; l++) {
         st = kvq_decoder_cache_config(s, hp, (size_t)l, &cfg, err);
         if (st) break;
@@ -169,7 +181,21 @@ static kvq_status dec_attend(void *user, const kvq_layer_ctx *c, const float *q,
     }
     for (size_t b = 0; b < d->n_seqs; b++)
         if (kvq_kvcache_append(kc, b, k + b * kvd, v + b * kvd, 1, err)) return kvq_err_prefix(err, "sequence %zu", b);
-    return kvq_kvcache_attend(kc, q, (size_t)c->n_heads, 0, out, err);
+    if (!d->dequant_attn) return kvq_kvcache_attend(kc, q, (size_t)c->n_heads, 0, out, err);
+    /* KVQ_DECODE_DEQUANT_ATTN: the forward's attention over the cache's contents, the new token as the window */
+    const size_t qd = (size_t)c->n_heads * c->head_dim, len = kvq_kvcache_len(kc, 0);
+    for (size_t b = 0; b < d->n_seqs; b++) {
+        KVQ_TRY(kvq_kvcache_dequant(kc, b, d->dk, d->dv, err));
+        kvq_attn_args a = {.T = 1, .P = (int)len - 1, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                           .q = q + b * qd, .k = d->dk + (len - 1) * kvd, .v = d->dv + (len - 1) * kvd, .out = out + b * qd,
+                           .pos0 = (int)len - 1};
+        if (len > 1) {
+            a.pk = d->dk;
+            a.pv = d->dv;
+        }
+        KVQ_TRY(kvq_attention(&a, &d->aws, err));
+    }
+    return KVQ_OK;
 }
 
 /* the same on the GPU: device pointers, the forward's stream idle (forward.h kvq_hooks.attend) */

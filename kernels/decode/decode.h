@@ -86,6 +86,11 @@ kvq_status kvq_decoder_cache_config(const kvq_eval_scheme *s, const kvq_hparams 
  * (then the cache's own fp16 storage of sink rows, outliers and KIVI's residual changes nothing: the checks
  * against the simulation can be tight; kvq_decode_sim_logits rounds the same way). */
 #define KVQ_DECODE_KV_FP16 (1u << 12)
+/* kvq_decoder_init flag, a diagnostic (CPU only): attend with the forward's own fp32 attention (kvq_attention, the
+ * simulation's kernel) over what the cache holds (kvq_kvcache_dequant: the dequantized keys rotated by the cache,
+ * outliers and fp16 rows substituted) instead of the cache's decode attention (kvq_kvcache_attend, in double). It
+ * separates the cache's contents from its attention arithmetic when the decode and the simulation part. */
+#define KVQ_DECODE_DEQUANT_ATTN (1u << 13)
 
 typedef struct {
     const kvq_model *m;
@@ -102,6 +107,9 @@ typedef struct {
     int *targets;           /* [B] all -1 (no loss) */
     float *logits;          /* [B][vocab] of the last step */
     bool kv_fp16;           /* KVQ_DECODE_KV_FP16 */
+    bool dequant_attn;      /* KVQ_DECODE_DEQUANT_ATTN */
+    kvq_attn_ws aws;        /* its workspace: one query after max_tokens - 1 prefix keys */
+    float *dk, *dv;         /* [max_tokens][kv_dim] its dequantized K/V of one sequence */
     float *kbuf, *vbuf;     /* [B][kv_dim] rounded copies (kv_fp16) */
     double seconds;         /* wall time of the steps so far */
     size_t steps;           /* steps so far */
@@ -110,14 +118,14 @@ typedef struct {
 /* An empty decoder for n_seqs sequences of up to max_tokens positions each
  * (max_tokens <= the model's context length) under scheme s, which must
  * outlive it. fwd_flags: KVQ_FWD_ROW_INVARIANT makes every sequence's
- * activations independent of B (tests), KVQ_DECODE_KV_FP16 (above); 0 otherwise. Errors: KVQ_EINVAL
+ * activations independent of B (tests), KVQ_DECODE_KV_FP16, KVQ_DECODE_DEQUANT_ATTN (above); 0 otherwise. Errors: KVQ_EINVAL
  * (n_seqs 0, max_tokens 0 or beyond the context), KVQ_EUNSUPPORTED
  * (kvq_decoder_cache_config), KVQ_ENOMEM. */
 kvq_status kvq_decoder_init(kvq_decoder *d, const kvq_model *m, const kvq_eval_scheme *s, size_t n_seqs, size_t max_tokens,
                             unsigned fwd_flags, kvq_err *err);
 /* The same on a device: KVQ_DEVICE_CPU is kvq_decoder_init; KVQ_DEVICE_CUDA on
  * GPU `gpu` (the N of cuda:N), KVQ_FWD_ROW_INVARIANT ignored, KVQ_DECODE_KV_FP16
- * refused (KVQ_EUNSUPPORTED: the rounding runs on the CPU only). In a build
+ * and KVQ_DECODE_DEQUANT_ATTN refused (KVQ_EUNSUPPORTED: CPU only). In a build
  * without CUDA: KVQ_EUNSUPPORTED. */
 kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kvq_model *m, const kvq_eval_scheme *s,
                                size_t n_seqs, size_t max_tokens, unsigned fwd_flags, kvq_err *err);

@@ -13,8 +13,8 @@
  * (after the prefill) max |diff| and relative L2; the worst max |diff| up to the first differing token; tokens/s of
  * the decode steps (prefill excluded) on each device; the caches' bytes (an attention pass's reads) on each device.
  * Pass: the first step's logits within 1e-2 relative L2 (the GPU cache attends in fp32 with P·V on the tensor cores,
- * ~1e-4..5e-4 relative on the attention output, kvcache_cuda.h) and the first token equal or a near tie (its CPU
- * margin within 2 max |diff|). Later steps are reported only: rounding moves quantization codes across boundaries
+ * ~1e-4..5e-4 relative on the attention output, kvcache_cuda.h) and the first token equal or a tie (the CPU's logit
+ * margin between its token and the GPU's at most 5e-2). Later steps are reported only: rounding moves quantization codes across boundaries
  * and the flips cascade over the layers (docs/KVEVAL.md "Decode equivalence"); on the CPU, kveval --task decode
  * --noise-floor measures the same effect within the simulation itself. */
 #include "gpu_check.h"
@@ -74,9 +74,9 @@ static int compare_scheme(const kvq_model *m, const kvq_eval_scheme *s, const in
             for (size_t v = 0; v < V; v++) worst = fmax(worst, fabs((double)c0[t * V + v] - g0[t * V + v]));
         const double r0 = rel_l2(g0, c0, V);
         bool first_ok = eq > 0;
-        if (!first_ok) { /* a near tie: the CPU's margin between its token and the GPU's within 2 max |diff| */
+        if (!first_ok) { /* a tie: the CPU's margin between its token and the GPU's within 5e-2 (GPU rounding, ~5e-4 relative) */
             const double margin = (double)c0[tc[i * S]] - c0[tg[i * S]];
-            first_ok = margin <= 2 * d0;
+            first_ok = margin <= 5e-2;
         }
         const bool pass = r0 <= 1e-2 && first_ok;
         ok &= pass;
