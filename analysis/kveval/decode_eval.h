@@ -25,8 +25,9 @@
  * other GEMM order (one sgemm per token row, KVQ_FWD_ROW_INVARIANT, or the
  * batched window) and compared with the first in the same way: float rounding
  * alone moves values across quantization-code boundaries, and the flips
- * cascade over the layers (docs/KVEVAL.md "Decode equivalence"); the
- * decoder's deviation is to be read against this.
+ * cascade over the layers (docs/KVEVAL.md "Decode equivalence"). A weak
+ * yardstick: the GEMM order changes only some rows' rounding, the decoder
+ * differs from the simulation by rounding in every row.
  *
  * Throughput: tokens/s = B * (S - 1) / seconds of the decode steps (prefill
  * excluded; its tokens/s separately), wall time on the CPU. Cache bytes:
