@@ -123,7 +123,7 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
         st = kvq_decoder_init_on(&d, o->dev, o->gpu, m, s, nb, P + S - 1, o->fwd_flags, err);
         if (st) break;
         double pf = 0, dc = 0;
-        st = kvq_decoder_generate(&d, prompts + b0 * P, P, S, gen, dl, &pf, &dc, NULL, err);
+        st = kvq_decoder_generate(&d, prompts + b0 * P, P, S, gen, dl, &pf, &dc, prog, err);
         if (!st && b0 == 0) {
             kvq_decoder_bytes(&d, &r->bytes_packed, &r->bytes_fp16);
             r->batch0_seqs = nb;
@@ -136,7 +136,6 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
         r->prefill_s += pf;
         r->decode_s += dc;
         r->n_batches++;
-        if (prog) kvq_progress_update(prog, (uint64_t)r->n_batches * (P + S - 1));
         for (size_t i = 0; i < nb && !st; i++) {
             kvq_decode_prompt *pr = &r->p[b0 + i];
             pr->batch_index = r->n_batches - 1;

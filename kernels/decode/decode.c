@@ -252,6 +252,7 @@ kvq_status kvq_decoder_generate(kvq_decoder *d, const int *prompts, size_t P, si
     int *tok = malloc(B * sizeof *tok);
     if (!tok) return kvq_fail(err, KVQ_ENOMEM, "decoder: out of memory");
     kvq_status st = KVQ_OK;
+    const uint64_t base = prog ? prog->done : 0; /* steps counted on from where the progress stands */
     double t0 = kvq_now(), t1 = t0;
     for (size_t t = 0; t < P + steps - 1 && !st; t++) {
         for (size_t b = 0; b < B; b++) tok[b] = t < P ? prompts[b * P + t] : out[b * steps + (t - P)];
@@ -269,7 +270,7 @@ kvq_status kvq_decoder_generate(kvq_decoder *d, const int *prompts, size_t P, si
             }
         }
         if (t + 1 == P) t1 = kvq_now();
-        if (prog) kvq_progress_update(prog, t + 1);
+        if (prog) kvq_progress_update(prog, base + t + 1);
     }
     if (prefill_s) *prefill_s = t1 - t0;
     if (decode_s) *decode_s = kvq_now() - t1;

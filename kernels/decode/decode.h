@@ -151,7 +151,7 @@ int kvq_decoder_argmax(const float *x, size_t n);
  * out[b][s-1]); logits, when non-NULL, [B][steps][vocab] the logits each was
  * chosen from. P + steps - 1 <= max_tokens. prefill_s / decode_s (optional):
  * wall seconds of the P prompt steps and of the steps - 1 decode steps. prog
- * (optional) counts steps. Errors: KVQ_EINVAL (P or steps 0, too long, caches
+ * (optional) counts the P + steps - 1 steps on from its current `done`. Errors: KVQ_EINVAL (P or steps 0, too long, caches
  * not empty), kvq_decoder_step's. */
 kvq_status kvq_decoder_generate(kvq_decoder *d, const int *prompts, size_t P, size_t steps, int *out, float *logits,
                                 double *prefill_s, double *decode_s, kvq_progress *prog, kvq_err *err);
