@@ -236,7 +236,7 @@ done:
     return rc;
 }
 
-/* --task decode: one scheme, prompts from --text or --prompt-file, the packed cache on the CPU */
+/* --task decode: one scheme, prompts from --text or --prompt-file, the packed cache on the CPU or the GPU */
 static int run_decode(const kveval_opts *o)
 {
     kvq_err e = {0};

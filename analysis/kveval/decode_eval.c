@@ -109,11 +109,12 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
     r->dev = o->dev;
     r->noise_floor = o->noise_floor && !o->no_sim;
     r->p = calloc(n_prompts, sizeof *r->p);
-    float *dl = malloc(B * S * V * sizeof *dl), *sl = o->no_sim ? NULL : malloc(S * V * sizeof *sl);
+    /* the decoder's logits are kept for the comparison only: B x S x vocab floats */
+    float *dl = o->no_sim ? NULL : malloc(B * S * V * sizeof *dl), *sl = o->no_sim ? NULL : malloc(S * V * sizeof *sl);
     float *fl = o->no_sim || !o->noise_floor ? NULL : malloc(S * V * sizeof *fl);
     int *gen = malloc(B * S * sizeof *gen);
     kvq_status st = KVQ_OK;
-    if (!r->p || !dl || !gen || (!o->no_sim && !sl) || (!o->no_sim && o->noise_floor && !fl)) {
+    if (!r->p || !gen || (!o->no_sim && (!dl || !sl)) || (!o->no_sim && o->noise_floor && !fl)) {
         st = kvq_fail(err, KVQ_ENOMEM, "decode: out of memory for %zu x %zu logits of %zu", B, S, V);
         goto done;
     }

@@ -30,8 +30,11 @@
  * differs from the simulation by rounding in every row.
  *
  * Throughput: tokens/s = B * (S - 1) / seconds of the decode steps (prefill
- * excluded; its tokens/s separately), wall time on the CPU. Cache bytes:
+ * excluded; its tokens/s separately), wall time. Cache bytes:
  * kvq_decoder_bytes after the last step (P + S - 1 positions per sequence).
+ * Memory (with the simulation): the batch's logits, B x S x vocab floats, and
+ * the simulation's window logits, (P + S - 1) x vocab floats (twice with the
+ * noise floor).
  */
 #ifndef KVQ_DECODE_EVAL_H
 #define KVQ_DECODE_EVAL_H
