@@ -361,7 +361,8 @@ static void check_report(const char *file, const char *schema)
     ck_assert_str_eq(cJSON_GetObjectItem(s, "name")->valuestring, schema);
     ck_assert_int_eq(cJSON_GetObjectItem(s, "version")->valueint,
                      !strcmp(schema, "kvq.kveval") ? KVQ_JSON_KVEVAL_VERSION
-                     : !strcmp(schema, "kvq.kvstat") ? KVQ_JSON_KVSTAT_VERSION : KVQ_JSON_PASSKEY_VERSION);
+                     : !strcmp(schema, "kvq.kvstat") ? KVQ_JSON_KVSTAT_VERSION
+                     : !strcmp(schema, "kvq.kveval.decode") ? KVQ_JSON_DECODE_VERSION : KVQ_JSON_PASSKEY_VERSION);
     ck_assert_str_eq(cJSON_GetObjectItem(root, "version")->valuestring, KVQ_VERSION);
     int before = g_nchecked;
     check_keys(schema, "", root, false);
@@ -386,7 +387,8 @@ START_TEST(test_json_keys_documented)
     snprintf(dir, sizeof dir, "/tmp/kvq_test_conventions_%ld", (long)getpid());
     /* a dump with attention statistics and Fisher information, a nuq artifact and an fp8 one, the
      * kvstat report with quantization error, kveval over schemes whose families describe parameters
-     * (int groups, KIVI, fp8, llama.cpp blocks, heavy hitters, IntactKV, zipcache, skvq, mikv, qaq), the passkey report */
+     * (int groups, KIVI, fp8, llama.cpp blocks, heavy hitters, IntactKV, zipcache, skvq, mikv, qaq), the passkey report,
+     * the decode report */
     snprintf(cmd, sizeof cmd,
              "set -e; rm -rf %1$s; mkdir -p %1$s; head -c 12000 %2$s > %1$s/t.tokens; "
              "%3$s -m %4$s --tokenizer %5$s -t %1$s/t.tokens -n 2 -L 48 --fisher --attn-stats -o %1$s/d.h5 -q; "
@@ -401,7 +403,9 @@ START_TEST(test_json_keys_documented)
              "-s nuq3-1%%+artifact3+intactkv -s hh2 -s zipcache-h4-l2-w8-n4-p50%% -s skvq2-w8 -s mikv-nobal "
              "-s qaq-k0.003-v0.02-w3-q60 > /dev/null; "
              "%8$s --task passkey -m %4$s --tokenizer %5$s --passkey-lengths 200 --passkey-depths 0,100 -s int4 -q "
-             "--json %1$s/passkey.json > /dev/null",
+             "--json %1$s/passkey.json > /dev/null; "
+             "%8$s --task decode -m %4$s --tokenizer %5$s -t %1$s/t.tokens -a %1$s/nuq.safetensors -s nuq3-1%% --prompts 2 "
+             "--prompt-len 8 --steps 6 --noise-floor --device cpu -q --json %1$s/decode.json > /dev/null",
              dir, src, kvdump, model, tok, kvcalib, kvstat, kveval);
     int rc;
     char *out = run_capture(cmd, &rc);
@@ -412,6 +416,8 @@ START_TEST(test_json_keys_documented)
     check_report(p, "kvq.kveval");
     snprintf(p, sizeof p, "%s/passkey.json", dir);
     check_report(p, "kvq.kveval.passkey");
+    snprintf(p, sizeof p, "%s/decode.json", dir);
+    check_report(p, "kvq.kveval.decode");
     snprintf(p, sizeof p, "%s/kvstat.json", dir);
     check_report(p, "kvq.kvstat");
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
