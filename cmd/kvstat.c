@@ -410,6 +410,13 @@ int main(int argc, char **argv)
                 return 2;
             }
     }
+    for (int i = 0; i < a.scheme.n; i++) { /* a spec's syntax is the command line's: exit 2 before the dump is read */
+        kvq_scheme_spec ss;
+        if (kvq_scheme_parse(a.scheme.v[i], &ss, &err) != KVQ_OK) {
+            fprintf(stderr, "kvstat: --scheme %s: %s\n", a.scheme.v[i], err.msg);
+            return 2;
+        }
+    }
     if (a.json && !strcmp(a.json, "-")) { /* stdout carries the JSON alone */
         const bool md_given = kvq_cli_given(opts, n_opts, given, "markdown");
         if (md_given && !strcmp(a.markdown, "-")) {

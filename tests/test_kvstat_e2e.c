@@ -372,6 +372,10 @@ START_TEST(test_cli_end_to_end)
     snprintf(cmd, sizeof cmd, "%s '%s' --scheme int4+intactkv -q", kvstat, dump);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "+intactkv changes the prefix"), "rc %d: %s", rc, out);
+    /* a spec that does not parse is a bad command line (exit 2, as kveval), before the dump is read */
+    snprintf(cmd, sizeof cmd, "%s '%s' --scheme foo4 -q", kvstat, dump);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 2 && strstr(out, "--scheme foo4") && strstr(out, "unknown scheme"), "rc %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s '%s' --scheme zipcache-g5 -q", kvstat, dump);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "--scheme zipcache-g5") && strstr(out, "does not divide head_dim 16"), "rc %d: %s", rc, out);
