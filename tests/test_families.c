@@ -357,9 +357,9 @@ START_TEST(test_rope_identity)
     ck_assert(kvq_identity_rope_desc_hp(&a.hp, d1, sizeof d1, &e) == KVQ_OK);
     kvq_status s = kvq_artifact_check_model_rope(&p, f1, d1, false, NULL, &e);
     ck_assert_int_eq(s, KVQ_EMISMATCH);
-    ck_assert_msg(strstr(e.msg, "calibrated under RoPE llama3 (theta 500000, rope_dim 8, factor 8, low_freq_factor 1, high_freq_factor 4, "
+    ck_assert_msg(strstr(e.msg, "calibrated under RoPE scaling llama3 (theta 500000, rope_dim 8, factor 8, low_freq_factor 1, high_freq_factor 4, "
                                 "original ctx 16)") &&
-                      strstr(e.msg, "the model uses RoPE yarn (theta 10000, rope_dim 8, factor 4, original ctx 16, beta_fast=32"),
+                      strstr(e.msg, "the model uses RoPE scaling yarn (theta 10000, rope_dim 8, factor 4, original ctx 16, beta_fast=32"),
                   "%s", e.msg);
     /* the same model: accepted */
     ck_assert(kvq_identity_model_hp(w, &b.hp, f2, &e) == KVQ_OK);
@@ -573,7 +573,7 @@ START_TEST(test_artifact_rope_mismatch_cli)
     ck_assert_int_eq(sh(cmd), 1);
     char *msg = kvq_test_slurp(errf, NULL);
     ck_assert_ptr_nonnull(msg);
-    ck_assert_msg(strstr(msg, "calibrated under RoPE none (theta 1000000, rope_dim 8), but the model uses RoPE yarn (theta 1000000, "
+    ck_assert_msg(strstr(msg, "calibrated under RoPE scaling none (theta 1000000, rope_dim 8), but the model uses RoPE scaling yarn (theta 1000000, "
                               "rope_dim 8, factor 4, original ctx 32, beta_fast=32 beta_slow=1 attn_factor=1.13862944 truncate=1)"),
                   "%s", msg);
     free(msg);

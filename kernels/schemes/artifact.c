@@ -920,7 +920,7 @@ kvq_status kvq_artifact_check_model_rope(const kvq_artifact_params *p, const cha
     if (*have && strcmp(have, want) == 0) return KVQ_OK;
     char msg[KVQ_ERR_MSG_MAX];
     if (model_rope && p->model_rope[0] && strcmp(model_rope, p->model_rope))
-        snprintf(msg, sizeof msg, "calibrated under RoPE %.400s, but the model uses RoPE %.400s (artifact model fingerprint \"%.70s\", the model's \"%.70s\")",
+        snprintf(msg, sizeof msg, "calibrated under RoPE scaling %.400s, but the model uses RoPE scaling %.400s (artifact model fingerprint \"%.70s\", the model's \"%.70s\")",
                  p->model_rope, model_rope, *have ? have : "(none recorded)", *want ? want : "(none)");
     else
         snprintf(msg, sizeof msg, "artifact model fingerprint \"%.200s\" does not match the model's \"%.200s\"",
@@ -1020,7 +1020,7 @@ kvq_status kvq_artifact_inspect(FILE *f, const char *path, kvq_err *err)
             p->bits_k, p->bits_v, p->bits_ctx);
     fprintf(f, "model fp      %s\n", *p->model_fingerprint ? p->model_fingerprint : "(none)");
     fprintf(f, "dump fp       %s\n", *p->dump_fingerprint ? p->dump_fingerprint : "(none)");
-    if (p->model_rope[0]) fprintf(f, "model RoPE    %s\n", p->model_rope);
+    if (p->model_rope[0]) fprintf(f, "model RoPE    scaling %s\n", p->model_rope);
     if (a.prefix) {
         const kvq_artifact_prefix *px = a.prefix;
         fprintf(f, "intactkv      prefix of %zu token%s at positions 0..%zu: \"%.200s\"%s, %s\n", px->P, px->P == 1 ? "" : "s",
