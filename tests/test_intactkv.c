@@ -648,6 +648,14 @@ START_TEST(test_cli)
         rc = run_cmd(cmd, buf, sizeof buf);
         snprintf(want, sizeof want, "use --ctx <= %d", m.hp.ctx_len - P);
         ck_assert_msg(rc == 1 && strstr(buf, want) && strstr(buf, "IntactKV prefix of"), "'%s': exit %d\n%s", cmd, rc, buf);
+        /* a family that runs the window in steps (minicache) cannot follow the prefix: refused while the schemes
+         * are bound, before any window (it failed inside window 0, and the run lost the other schemes' rows) */
+        snprintf(cmd, sizeof cmd, "%s -m %s --tokenizer %s -t %s --artifact %s --scheme int4 --scheme minicache4-s0+intactkv "
+                 "--max-windows 1", kveval, m0, tp, txv, out);
+        rc = run_cmd(cmd, buf, sizeof buf);
+        ck_assert_msg(rc != 0 && strstr(buf, "minicache runs the window in steps of 1 token") &&
+                          strstr(buf, "cannot follow an IntactKV prefix") && !strstr(buf, "window-runs"),
+                      "'%s': exit %d\n%s", cmd, rc, buf);
     }
     /* --train on the tiny model: a few steps, loss CSV, trained metadata */
     char csv[512], txp[4096];

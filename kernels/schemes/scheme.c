@@ -362,10 +362,16 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         if (pick < 0 || set->prefix[pick].P == 0)
             return kvq_fail(err, KVQ_EINVAL,
                             "scheme '%s': +intactkv needs an artifact holding an IntactKV prefix (tensors intactkv.token_ids, "
-                            "layers.<i>.intactkv.k/v; kvcalib intactkv, issue 9); %s",
+                            "layers.<i>.intactkv.k/v; written by kvcalib intactkv); %s",
                             spec->spec, pick >= 0 ? "the selected --artifact has none" : n_art ? "no --artifact has one" : "no --artifact given");
         out->prefix = &set->prefix[pick];
         out->prefix_index = pick;
+        /* refused here, before any work (the engine refused it inside the first window, losing every row) */
+        const int C = f->chunk ? f->chunk(&out->s.q) : 0;
+        if (C > 0)
+            return kvq_fail(err, KVQ_EINVAL,
+                            "scheme '%s': +intactkv: %s runs the window in steps of %d token%s, each attending the cache it built; "
+                            "that cannot follow an IntactKV prefix", spec->spec, f->name, C, C == 1 ? "" : "s");
     }
     if (f->check_model) KVQ_TRY(f->check_model(&out->s.q, spec->spec, hp, err));
     out->desc = (kvq_kv_desc){.q = out->s.q, .key_stage = out->s.key_stage, .rot = spec->rot};
