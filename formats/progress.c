@@ -33,12 +33,22 @@ static void fmt_time(char *buf, size_t n, double s)
     else snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
 }
 
+/* the rate as units per second, or seconds per unit when below 1/s ("0.0 window-runs/s" told nothing) */
+static void fmt_rate(char *buf, size_t n, double rate, const char *unit)
+{
+    if (rate >= 1) snprintf(buf, n, "%.1f %s/s", rate, unit);
+    else if (rate > 0) snprintf(buf, n, "%.1f s each", 1.0 / rate);
+    else snprintf(buf, n, "- %s/s", unit);
+}
+
 static void draw(kvq_progress *p, double now, bool final)
 {
     double el = now - p->t0;
     double rate = el > 0 ? p->done / el : 0;
     char eta[32] = "", elapsed[32];
     fmt_time(elapsed, sizeof elapsed, el);
+    char rs[64];
+    fmt_rate(rs, sizeof rs, rate, p->unit);
     if (p->total && rate > 0 && !final) fmt_time(eta, sizeof eta, (p->total - (p->done < p->total ? p->done : p->total)) / rate);
     if (p->tty) {
         int width = 30, fill = p->total ? (int)(width * (double)p->done / p->total) : 0;
@@ -46,13 +56,12 @@ static void draw(kvq_progress *p, double now, bool final)
         char bar[64];
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
         bar[width] = 0;
-        fprintf(stderr, "\r%s [%s] %llu/%llu %s  %.1f %s/s  %s %s\033[K", p->label, bar,
-                (unsigned long long)p->done, (unsigned long long)p->total, p->unit, rate, p->unit,
-                final ? "elapsed" : "ETA", final ? elapsed : eta);
+        fprintf(stderr, "\r%s [%s] %llu/%llu %s  %s  %s %s\033[K", p->label, bar, (unsigned long long)p->done,
+                (unsigned long long)p->total, p->unit, rs, final ? "elapsed" : "ETA", final ? elapsed : eta);
         if (final) fputc('\n', stderr);
     } else {
-        fprintf(stderr, "%s: %llu/%llu %s, %.1f %s/s, %s %s\n", p->label, (unsigned long long)p->done,
-                (unsigned long long)p->total, p->unit, rate, p->unit, final ? "elapsed" : "ETA", final ? elapsed : eta);
+        fprintf(stderr, "%s: %llu/%llu %s, %s, %s %s\n", p->label, (unsigned long long)p->done, (unsigned long long)p->total,
+                p->unit, rs, final ? "elapsed" : "ETA", final ? elapsed : eta);
     }
     p->drawn = true;
 }
