@@ -56,7 +56,7 @@ ARTS=(
     "cq-c8b8|--method cq --group 8 --bits 8"
     "cq-c4b8|--method cq --group 4 --bits 8"
     "cq-c2b8|--method cq --group 2 --bits 8"
-    "qaq|--method qaq --bits 4"
+    "qaq|--method qaq --bits 8"
     "lowrank-g1|--method lowrank --group 1"
     "minicache|--method minicache --bits 4"
 )

@@ -611,6 +611,11 @@ START_TEST(test_cli)
              "'Once\\n</s>\\n upon')\"", bin, m0, tp, bp, out);
     ck_assert_msg(run_cmd(cmd, buf, sizeof buf) == 0, "%s", buf);
     ck_assert_msg(strstr(buf, "wrote") && !strstr(buf, "--special changed nothing"), "%s", buf);
+    {
+        char sp[sizeof out + 16];
+        snprintf(sp, sizeof sp, "%s.special", out);
+        ck_assert_int_eq(unlink(sp), 0); /* written, and not left under /tmp */
+    }
     /* the 'Once upon a time' artifact holds that text's tokens and the base's scheme */
     kvq_artifact r;
     ck_assert_msg(kvq_artifact_read(out, &r, &e) == KVQ_OK, "%s", e.msg);

@@ -340,8 +340,11 @@ START_TEST(test_llama2c_aidreams)
 }
 END_TEST
 
+/* path: the caller's buffer, "" at first; the file it named before (if any) is removed first, so that one
+ * unlink(path) at the end leaves nothing behind */
 static const char *tmpfile_with(const char *name, const void *data, size_t n, char *path, size_t pn)
 {
+    if (path[0]) unlink(path);
     snprintf(path, pn, "/tmp/kvq_test_tok_%d_%s", (int)getpid(), name);
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
@@ -402,7 +405,7 @@ END_TEST
 /* Vocabulary defects: clear errors or the documented first-id-wins rule. */
 START_TEST(test_bad_vocab)
 {
-    char path[512];
+    char path[512] = "";
     kvq_tokenizer *tok;
     kvq_err e = {0};
     const char *nomerges = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
