@@ -245,7 +245,7 @@ bench: all $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; $$b || exit 1; done
 
 demo: setup all
-	bash scripts/demo.sh
+	KVQ_BIN_DIR=$(BIN) bash scripts/demo.sh
 
 clean:
 	rm -rf build build-asan build-cpu bin bin-asan bin-cpu

@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "identity.h"
 #include "cuda_info.h"
+#include "decode_eval.h"
 #include "model.h"
 #include "passkey.h"
 #include "pipeline.h"
@@ -40,15 +41,20 @@ static const char *summary_text(char *buf, size_t n)
              "gives each scheme's throughput: model FLOPs (2 x matmul parameters x tokens + causal attention) / seconds of\n"
              "its forward calls (model load excluded; LM head included); --gemm-rate adds its ratio to cuBLAS's GEMM rate.\n"
              "--task passkey: a number hidden in filler text at several lengths and depths, retrieved by greedy decoding\n"
-             "with each scheme's cache (fp16 first).",
+             "with each scheme's cache (fp16 first).\n"
+             "--task decode (or --decode): real token-by-token greedy decoding on the packed KV cache (nuq and kivi schemes,\n"
+             "one --scheme; CPU or GPU) from --prompts prompts of --prompt-len tokens, compared step by step with kveval's\n"
+             "decode-equivalent simulation of the same scheme (CPU) teacher-forced on the decoded tokens; tokens/s and cache\n"
+             "bytes.",
              kvq_scheme_syntax(syn, sizeof syn));
     return buf;
 }
 
 typedef struct {
     const char *model, *text, *format, *protocol, *newlines, *json, *tokenizer, *bos, *device, *devices, *math, *ctx_s, *weights;
-    const char *task, *pk_lengths, *pk_depths;
-    long ctx, max_windows, pk_trials, seed, threads;
+    const char *task, *pk_lengths, *pk_depths, *prompt_file;
+    long ctx, max_windows, pk_trials, seed, threads, n_prompts, prompt_len, steps, batch;
+    bool decode, kv_fp16, no_sim, noise_floor, dequant_attn;
     bool ctx_max;
     kvq_strlist artifacts, schemes;
     bool quiet, version, allow_mismatch, fast, no_kld, gemm_rate;
@@ -177,23 +183,245 @@ done:
     return rc;
 }
 
+/* --prompt-file: one prompt per non-empty line; P = prompt_len or the shortest; *out [n][P] */
+static int read_prompt_file(const char *path, const kvq_tokenizer *tok, unsigned flags, long prompt_len, int **out, size_t *n,
+                            size_t *P)
+{
+    kvq_err e = {0};
+    kvq_text txt = {0};
+    if (kvq_text_read(path, KVQ_TEXT_RAW, KVQ_EOL_TO_LF, &txt, &e)) return fail(NULL, &e, 1);
+    int32_t **ids = NULL;
+    size_t *len = NULL, cap = 0, shortest = SIZE_MAX;
+    int rc = 1;
+    *n = 0;
+    for (char *line = txt.data, *end; line < txt.data + txt.len; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(txt.data + txt.len - line));
+        if (!end) end = txt.data + txt.len;
+        if (end == line) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int32_t **ni = realloc(ids, cap * sizeof *ids);
+            size_t *nl = ni ? realloc(len, cap * sizeof *len) : NULL;
+            if (ni) ids = ni;
+            if (!ni || !nl) goto done;
+            len = nl;
+        }
+        if (kvq_tokenizer_encode(tok, line, (size_t)(end - line), flags, &ids[*n], &len[*n], &e)) {
+            fail(path, &e, 1);
+            goto done;
+        }
+        if (prompt_len > 0 && len[*n] < (size_t)prompt_len) {
+            fprintf(stderr, "kveval: %s: prompt %zu has %zu tokens, --prompt-len asks for %ld\n", path, *n + 1, len[*n], prompt_len);
+            (*n)++;
+            goto done;
+        }
+        if (len[*n] < shortest) shortest = len[*n];
+        (*n)++;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "kveval: %s: no prompt (every line is empty)\n", path);
+        goto done;
+    }
+    *P = prompt_len > 0 ? (size_t)prompt_len : shortest;
+    *out = malloc(*n * *P * sizeof **out);
+    if (!*out) goto done;
+    for (size_t i = 0; i < *n; i++)
+        for (size_t t = 0; t < *P; t++) (*out)[i * *P + t] = ids[i][t];
+    rc = 0;
+done:
+    for (size_t i = 0; i < *n; i++) free(ids[i]);
+    free(ids);
+    free(len);
+    kvq_text_free(&txt);
+    return rc;
+}
+
+/* --task decode: one scheme, prompts from --text or --prompt-file, the packed cache on the CPU or the GPU */
+static int run_decode(const kveval_opts *o)
+{
+    kvq_err e = {0};
+    if (o->schemes.n != 1) {
+        fprintf(stderr, "kveval: --task decode takes exactly one --scheme (found %d)\n", o->schemes.n);
+        return 2;
+    }
+    if (!o->text == !o->prompt_file) {
+        fprintf(stderr, "kveval: --task decode needs the prompts from --text FILE or --prompt-file FILE (one of them)\n");
+        return 2;
+    }
+    const char *unused = o->pk_lengths || o->pk_depths || o->pk_trials != 1 ? "--passkey-*" : o->ctx_s ? "--ctx"
+                         : o->max_windows ? "--max-windows" : o->no_kld ? "--no-kld" : o->gemm_rate ? "--gemm-rate"
+                         : o->devices ? "--devices" : (o->prompt_file && o->n_prompts != 3) ? "--prompts (with --prompt-file)"
+                                                                                           : NULL;
+    if (unused) {
+        fprintf(stderr, "kveval: %s does not apply to --task decode\n", unused);
+        return 2;
+    }
+    { /* the JSON output must be writable and replace no input */
+        kvq_cli_file outs[1] = {{"--json", o->json}},
+                     ins[3 + KVQ_STRLIST_MAX] = {{"--model", o->model}, {"--text", o->text}, {"--tokenizer", o->tokenizer},
+                                                 {"--prompt-file", o->prompt_file}};
+        int n_in = 4;
+        for (int i = 0; i < o->artifacts.n && n_in < 3 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o->artifacts.v[i]};
+        if (kvq_cli_check_outputs(outs, 1, ins, n_in, &e)) return fail(NULL, &e, 2);
+    }
+    kvq_scheme_spec spec;
+    if (kvq_scheme_parse(o->schemes.v[0], &spec, &e)) return fail(NULL, &e, 2);
+    kvq_device dev;
+    int gpu = 0;
+    if (kvq_device_parse(o->device ? o->device : "auto", &dev, &gpu, &e)) return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
+    if (dev == KVQ_DEVICE_CUDA && (o->kv_fp16 || o->dequant_attn)) {
+        if (o->device) {
+            fprintf(stderr, "kveval: --kv-fp16 and --dequant-attn run on the CPU only; use --device cpu\n");
+            return 2;
+        }
+        dev = KVQ_DEVICE_CPU; /* auto */
+    }
+    if (o->no_sim && o->noise_floor) {
+        fprintf(stderr, "kveval: --noise-floor compares simulations; it contradicts --no-sim\n");
+        return 2;
+    }
+    const size_t steps = (size_t)o->steps;
+    int rc = 1;
+    kvq_model m = {0};
+    kvq_tokenizer *tok = NULL;
+    kvq_artifact_set arts = {0};
+    kvq_text txt = {0};
+    kvq_windows win = {0};
+    kvq_decode_result res = {0};
+    int *prompts = NULL;
+    size_t n_prompts = 0, P = 0;
+    char fp[65];
+    {
+        kvq_load_opts lo = {.weights = KVQ_WEIGHTS_AUTO};
+        if (o->weights && kvq_weights_parse(o->weights, "--weights", &lo.weights, &e)) { rc = fail(NULL, &e, 2); goto out; }
+        if (kvq_model_load_opts(o->model, &lo, &m, &e)) { fail("model", &e, 1); goto out; }
+        if (!o->quiet) fprintf(stderr, "kveval: weights: %s\n", m.weights_desc);
+    }
+    if (o->artifacts.n > 0) {
+        if (kvq_identity_model(&m, fp, &e)) { fail("model fingerprint", &e, 1); goto out; }
+        if (kvq_artifact_set_load(&arts, o->artifacts.v, (size_t)o->artifacts.n, &m, fp, o->allow_mismatch, stderr, &e)) {
+            fail(NULL, &e, 1);
+            goto out;
+        }
+    }
+    kvq_eval_scheme sch;
+    if (kvq_eval_scheme_bind(&spec, &arts, &m.hp, &sch, &e)) { fail(NULL, &e, 1); goto out; }
+    { /* the cache refuses before any text is read */
+        kvq_kvcache_config cfg;
+        if (kvq_decoder_cache_config(&sch, &m.hp, 0, &cfg, &e)) { rc = fail(NULL, &e, e.code == KVQ_EUNSUPPORTED ? 2 : 1); goto out; }
+    }
+    if (load_tokenizer(o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }
+    if (kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o->tokenizer ? o->tokenizer : o->model, &e)) { fail(NULL, &e, 1); goto out; }
+    kvq_bos_policy bos = !strcmp(o->bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o->bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
+    if (o->prompt_file) {
+        unsigned fl = bos == KVQ_BOS_ALWAYS ? KVQ_TOK_ADD_BOS : bos == KVQ_BOS_MODEL ? KVQ_TOK_ADD_BOS_DEFAULT : 0;
+        if (read_prompt_file(o->prompt_file, tok, fl, o->prompt_len, &prompts, &n_prompts, &P)) goto out;
+    } else {
+        P = o->prompt_len ? (size_t)o->prompt_len : 64;
+        n_prompts = (size_t)o->n_prompts;
+        kvq_text_format fmt = !o->format ? kvq_text_format_from_path(o->text)
+                              : !strcmp(o->format, "jsonl") ? KVQ_TEXT_JSONL
+                              : !strcmp(o->format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS
+                                                                       : KVQ_TEXT_RAW;
+        if (kvq_text_read(o->text, fmt, KVQ_EOL_TO_LF, &txt, &e)) { fail("text", &e, 1); goto out; }
+        if (P + steps - 1 > (size_t)m.hp.ctx_len) {
+            fprintf(stderr, "kveval: --prompt-len %zu and --steps %zu need %zu positions, beyond the context length of %s (%d)\n", P,
+                    steps, P + steps - 1, o->model, m.hp.ctx_len);
+            rc = 2;
+            goto out;
+        }
+        if (kvq_ppl_windows(&txt, tok, KVQ_PPL_KVQUANT, P, bos, &win, &e)) { fail("text", &e, 1); goto out; }
+        if (win.n_windows < n_prompts) {
+            fprintf(stderr, "kveval: %s holds %zu prompts of %zu tokens, --prompts asks for %zu\n", o->text, win.n_windows, P, n_prompts);
+            goto out;
+        }
+        prompts = malloc(n_prompts * P * sizeof *prompts);
+        if (!prompts) goto out;
+        for (size_t i = 0; i < n_prompts * P; i++) prompts[i] = win.tokens[i];
+    }
+    if (P + steps - 1 > (size_t)m.hp.ctx_len) {
+        fprintf(stderr, "kveval: prompts of %zu tokens and --steps %zu need %zu positions, beyond the context length of %s (%d)\n",
+                P, steps, P + steps - 1, o->model, m.hp.ctx_len);
+        rc = 2;
+        goto out;
+    }
+    kvq_decode_opts dopt = {.steps = steps, .batch = (size_t)o->batch, .no_sim = o->no_sim,
+                            .noise_floor = o->noise_floor, .dev = dev, .gpu = gpu,
+                            .fwd_flags = (o->kv_fp16 ? KVQ_DECODE_KV_FP16 : 0u) | (o->dequant_attn ? KVQ_DECODE_DEQUANT_ATTN : 0u)};
+    const size_t nb = (n_prompts + dopt.batch - 1) / dopt.batch;
+    kvq_progress prog;
+    kvq_progress_init(&prog, "kveval", "steps", (uint64_t)nb * (P + steps - 1), o->quiet);
+    if (!o->quiet)
+        fprintf(stderr, "kveval: decode: %s, %zu prompts x %zu tokens, %zu steps, batch %zu, on %s\n", sch.name, n_prompts, P,
+                steps, dopt.batch, dev == KVQ_DEVICE_CUDA ? "the GPU" : "the CPU");
+    if (kvq_decode_eval(&m, &sch, prompts, n_prompts, P, &dopt, &prog, &res, &e)) {
+        if (!o->quiet && prog.drawn && prog.tty) fputc('\n', stderr);
+        rc = fail(NULL, &e, e.code == KVQ_EUNSUPPORTED ? 2 : 1);
+        goto out;
+    }
+    kvq_progress_finish(&prog);
+    {
+        kvq_err je = {0};
+        const kvq_status js = o->json ? kvq_decode_report_json(o->json, &m, tok, &sch, &res, prompts, &je) : KVQ_OK;
+        const bool json_stdout = o->json && !strcmp(o->json, "-");
+        FILE *tf = json_stdout ? stderr : stdout;
+        const kvq_status ts = (!json_stdout || !o->quiet) ? kvq_decode_report_table(tf, &m, tok, &sch, &res, &e) : KVQ_OK;
+        if (js) fail("--json", &je, 1);
+        if (ts) fail(NULL, &e, 1);
+        rc = js || ts ? 1 : 0;
+    }
+out:
+    kvq_decode_result_free(&res);
+    free(prompts);
+    kvq_windows_free(&win);
+    kvq_text_free(&txt);
+    kvq_artifact_set_free(&arts);
+    if (tok) kvq_tokenizer_free(tok);
+    kvq_model_free(&m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
-    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1};
+    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1,
+                     .n_prompts = 3, .steps = 256, .batch = 1};
     kvq_opt tab[] = {
         kvq_cli_common(KVQ_COPT_MODEL, &o.model, true),
         kvq_cli_common(KVQ_COPT_TEXT, &o.text, false),
         {"task", 0, KVQ_OPT_CHOICE, &o.task, "T",
          "ppl: perplexity, KL divergence and top-1 agreement over --text; passkey: retrieval of a number hidden in "
-         "filler text at several lengths and depths (greedy, decode-equivalent; fp16 first)",
-         "ppl|passkey", 0, 0, false},
+         "filler text at several lengths and depths (greedy, decode-equivalent; fp16 first); decode: real greedy decoding "
+         "on the packed KV cache against the simulation (see below)",
+         "ppl|passkey|decode", 0, 0, false},
         {"passkey-lengths", 0, KVQ_OPT_STRING, &o.pk_lengths, "L,...",
          "passkey window lengths in tokens, or max (the model's context) [default 512,1024,2048,4096,max]", NULL, 0, 0, false},
         {"passkey-depths", 0, KVQ_OPT_STRING, &o.pk_depths, "D,...",
          "passkey depths in percent of the filler before the key [default 0,25,50,75,100]", NULL, 0, 0, false},
         {"passkey-trials", 0, KVQ_OPT_INT, &o.pk_trials, "N", "passkey keys per length and depth", NULL, 1, 1000, false},
         {"seed", 0, KVQ_OPT_INT, &o.seed, "S", "passkey keys: random.seed(S)", NULL, 0, 1L << 31, false},
+        {"decode", 0, KVQ_OPT_FLAG, &o.decode, NULL, "= --task decode", NULL, 0, 0, false},
+        {"prompt-file", 0, KVQ_OPT_STRING, &o.prompt_file, "FILE",
+         "decode: one prompt per non-empty line, each cut to its first --prompt-len tokens (default: the shortest "
+         "prompt's length); instead of --text", NULL, 0, 0, false},
+        {"prompts", 0, KVQ_OPT_INT, &o.n_prompts, "N", "decode: prompts cut from --text, consecutive windows", NULL, 1, 4096,
+         false},
+        {"prompt-len", 0, KVQ_OPT_INT, &o.prompt_len, "P",
+         "decode: prompt tokens (BOS included); 0: 64 with --text, the shortest prompt's length with --prompt-file", NULL, 0,
+         1 << 24, false},
+        {"steps", 0, KVQ_OPT_INT, &o.steps, "S", "decode: generated tokens per prompt", NULL, 1, 1 << 24, false},
+        {"batch", 0, KVQ_OPT_INT, &o.batch, "B", "decode: prompts decoded together in one cache (its `seq`)", NULL, 1, 65536,
+         false},
+        {"kv-fp16", 0, KVQ_OPT_FLAG, &o.kv_fp16, NULL,
+         "decode: round the model's keys and values to fp16 in the decode and the simulation alike, as an fp16 model's "
+         "cache holds them (the packed cache keeps sink rows, outliers and KIVI's residual in fp16)", NULL, 0, 0, false},
+        {"no-sim", 0, KVQ_OPT_FLAG, &o.no_sim, NULL, "decode: skip the simulation (tokens/s and bytes only)", NULL, 0, 0, false},
+        {"dequant-attn", 0, KVQ_OPT_FLAG, &o.dequant_attn, NULL,
+         "decode, a diagnostic (CPU): attend with the forward's fp32 attention over the cache's dequantized contents instead "
+         "of the cache's decode attention (in double): the cache's bits without its attention arithmetic", NULL, 0, 0, false},
+        {"noise-floor", 0, KVQ_OPT_FLAG, &o.noise_floor, NULL,
+         "decode: also run the simulation with the other GEMM order and report how far it moves from itself (float "
+         "rounding alone flips quantization codes, which cascade over the layers)", NULL, 0, 0, false},
         kvq_cli_common(KVQ_COPT_FORMAT, &o.format, false),
         {"protocol", 0, KVQ_OPT_CHOICE, &o.protocol, "P",
          "kvquant: windows of ctx, all but the first position scored; llamacpp: BOS first, second half scored",
@@ -251,6 +479,21 @@ int main(int argc, char **argv)
         return fail(NULL, &e, 2);
     if (help) return 0;
     if (o.threads > 0) omp_set_num_threads((int)o.threads);
+    if (o.decode) {
+        if (strcmp(o.task, "ppl") && strcmp(o.task, "decode")) {
+            fprintf(stderr, "kveval: --decode contradicts --task %s\n", o.task);
+            return 2;
+        }
+        o.task = "decode";
+    }
+    const bool decode = !strcmp(o.task, "decode");
+    if (decode) return run_decode(&o);
+    if (o.prompt_file || o.n_prompts != 3 || o.prompt_len || o.steps != 256 || o.batch != 1 || o.kv_fp16 || o.no_sim ||
+        o.noise_floor || o.dequant_attn) {
+        fprintf(stderr, "kveval: --prompt-file, --prompts, --prompt-len, --steps, --batch, --kv-fp16, --no-sim, --noise-floor "
+                        "and --dequant-attn apply to --task decode only\n");
+        return 2;
+    }
     const bool passkey = !strcmp(o.task, "passkey");
     if (!passkey && !o.text) {
         fprintf(stderr, "kveval: missing required option --text (the perplexity task's text)\n");

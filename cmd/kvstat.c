@@ -380,7 +380,7 @@ int main(int argc, char **argv)
     kvq_err err = {0};
     int given[sizeof opts / sizeof *opts] = {0};
     if (kvq_cli_parse_given("kvstat", summary, opts, n_opts, argc, argv, &pos, &help, given, &err) != KVQ_OK) {
-        fprintf(stderr, "kvstat: %s (see --help)\n", err.msg);
+        fprintf(stderr, "kvstat: %s\n", err.msg); /* the parser names kvstat --help */
         return 2;
     }
     if (help) return 0;

@@ -13,6 +13,7 @@
 
 #define KVQ_JSON_KVEVAL_VERSION 1  /* "kvq.kveval": kveval --json, --task ppl */
 #define KVQ_JSON_PASSKEY_VERSION 1 /* "kvq.kveval.passkey": kveval --json, --task passkey */
+#define KVQ_JSON_DECODE_VERSION 1  /* "kvq.kveval.decode": kveval --json, --task decode */
 #define KVQ_JSON_KVSTAT_VERSION 1  /* "kvq.kvstat": kvstat --json */
 
 #endif

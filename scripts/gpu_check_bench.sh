@@ -14,7 +14,8 @@
 #                      binary and its shared libraries, set LD_LIBRARY_PATH)
 #   CUDA_ARCH=sm_90    GPU architecture for the build (default sm_90, H100/H200)
 # Output: markdown tables (synthetic-model checks, CPU vs GPU on the model,
-# the benchmark) on stdout; exit status 0 when every check passes.
+# the benchmark, GPU vs CPU decoding on the packed cache when ../shared or
+# $KVQ_SHARED holds the tiny models) on stdout; exit status 0 when every check passes.
 set -euo pipefail
 if [ $# -lt 2 ]; then
     sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
@@ -39,4 +40,8 @@ rc=0
 "$BIN" --synthetic || rc=1
 echo "== $MODEL on $TEXT: CPU vs GPU, then the perplexity benchmark"
 "$BIN" --model "$MODEL" --text "$TEXT" "$@" || rc=1
+if [ -d "${KVQ_SHARED:-../shared}/models/llama2c" ]; then
+    echo "== greedy decoding on the packed KV cache, GPU vs CPU (tiny models of ${KVQ_SHARED:-../shared})"
+    "$BIN" --decode || rc=1
+fi
 exit $rc

@@ -8,6 +8,7 @@
  *  - every key of the JSON reports (kveval ppl and passkey, kvstat) on a small run is in the key
  *    reference docs/JSON.md with a type that admits the value, and each report names its schema.
  * Runs the built binaries ($KVQ_BIN_DIR) on the tiny llama2.c models of ../shared. */
+#include <ctype.h>
 #include <cjson/cJSON.h>
 #include <sys/wait.h>
 
@@ -360,7 +361,8 @@ static void check_report(const char *file, const char *schema)
     ck_assert_str_eq(cJSON_GetObjectItem(s, "name")->valuestring, schema);
     ck_assert_int_eq(cJSON_GetObjectItem(s, "version")->valueint,
                      !strcmp(schema, "kvq.kveval") ? KVQ_JSON_KVEVAL_VERSION
-                     : !strcmp(schema, "kvq.kvstat") ? KVQ_JSON_KVSTAT_VERSION : KVQ_JSON_PASSKEY_VERSION);
+                     : !strcmp(schema, "kvq.kvstat") ? KVQ_JSON_KVSTAT_VERSION
+                     : !strcmp(schema, "kvq.kveval.decode") ? KVQ_JSON_DECODE_VERSION : KVQ_JSON_PASSKEY_VERSION);
     ck_assert_str_eq(cJSON_GetObjectItem(root, "version")->valuestring, KVQ_VERSION);
     int before = g_nchecked;
     check_keys(schema, "", root, false);
@@ -385,7 +387,8 @@ START_TEST(test_json_keys_documented)
     snprintf(dir, sizeof dir, "/tmp/kvq_test_conventions_%ld", (long)getpid());
     /* a dump with attention statistics and Fisher information, a nuq artifact and an fp8 one, the
      * kvstat report with quantization error, kveval over schemes whose families describe parameters
-     * (int groups, KIVI, fp8, llama.cpp blocks, heavy hitters, IntactKV, zipcache, skvq, mikv, qaq), the passkey report */
+     * (int groups, KIVI, fp8, llama.cpp blocks, heavy hitters, IntactKV, zipcache, skvq, mikv, qaq), the passkey report,
+     * the decode report */
     snprintf(cmd, sizeof cmd,
              "set -e; rm -rf %1$s; mkdir -p %1$s; head -c 12000 %2$s > %1$s/t.tokens; "
              "%3$s -m %4$s --tokenizer %5$s -t %1$s/t.tokens -n 2 -L 48 --fisher --attn-stats -o %1$s/d.h5 -q; "
@@ -400,7 +403,9 @@ START_TEST(test_json_keys_documented)
              "-s nuq3-1%%+artifact3+intactkv -s hh2 -s zipcache-h4-l2-w8-n4-p50%% -s skvq2-w8 -s mikv-nobal "
              "-s qaq-k0.003-v0.02-w3-q60 > /dev/null; "
              "%8$s --task passkey -m %4$s --tokenizer %5$s --passkey-lengths 200 --passkey-depths 0,100 -s int4 -q "
-             "--json %1$s/passkey.json > /dev/null",
+             "--json %1$s/passkey.json > /dev/null; "
+             "%8$s --task decode -m %4$s --tokenizer %5$s -t %1$s/t.tokens -a %1$s/nuq.safetensors -s nuq3-1%% --prompts 2 "
+             "--prompt-len 8 --steps 6 --noise-floor --device cpu -q --json %1$s/decode.json > /dev/null",
              dir, src, kvdump, model, tok, kvcalib, kvstat, kveval);
     int rc;
     char *out = run_capture(cmd, &rc);
@@ -411,6 +416,8 @@ START_TEST(test_json_keys_documented)
     check_report(p, "kvq.kveval");
     snprintf(p, sizeof p, "%s/passkey.json", dir);
     check_report(p, "kvq.kveval.passkey");
+    snprintf(p, sizeof p, "%s/decode.json", dir);
+    check_report(p, "kvq.kveval.decode");
     snprintf(p, sizeof p, "%s/kvstat.json", dir);
     check_report(p, "kvq.kvstat");
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -468,6 +475,176 @@ START_TEST(test_cuda_host_openmp)
 }
 END_TEST
 
+/* GitHub's heading anchor: lower case, ASCII letters/digits/'-'/'_' kept, spaces to '-', the rest (punctuation,
+ * backticks, non-ASCII symbols such as '×') dropped; the n-th repeat of a slug gets "-n" */
+static void md_slug(const char *h, char *out, size_t n)
+{
+    size_t k = 0;
+    for (const unsigned char *c = (const unsigned char *)h; *c && k + 1 < n; c++) {
+        if (isalnum(*c) || *c == '-' || *c == '_') out[k++] = (char)tolower(*c);
+        else if (*c == ' ') out[k++] = '-';
+    }
+    out[k] = 0;
+}
+
+typedef struct {
+    char **slug;
+    size_t n, cap;
+} slug_set;
+
+static void md_headings(const char *text, slug_set *set)
+{
+    bool fence = false;
+    for (const char *l = text; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        if (len >= 3 && !strncmp(l, "```", 3)) fence = !fence;
+        else if (!fence && l[0] == '#') {
+            const char *h = l;
+            while (*h == '#') h++;
+            while (*h == ' ') h++;
+            char head[512], sl[512];
+            snprintf(head, sizeof head, "%.*s", (int)(len - (size_t)(h - l)), h);
+            md_slug(head, sl, sizeof sl);
+            int dup = 0;
+            for (size_t i = 0; i < set->n; i++) {
+                const char *x = set->slug[i];
+                size_t sn = strlen(sl);
+                if (!strncmp(x, sl, sn) && (x[sn] == 0 || (x[sn] == '-' && isdigit((unsigned char)x[sn + 1])))) dup++;
+            }
+            if (set->n == set->cap) {
+                set->cap = set->cap ? 2 * set->cap : 64;
+                set->slug = realloc(set->slug, set->cap * sizeof *set->slug);
+            }
+            char full[530];
+            if (dup) snprintf(full, sizeof full, "%s-%d", sl, dup);
+            else snprintf(full, sizeof full, "%s", sl);
+            set->slug[set->n++] = strdup(full);
+        }
+        l = e ? e + 1 : NULL;
+    }
+}
+
+static bool slug_in(const slug_set *set, const char *a)
+{
+    for (size_t i = 0; i < set->n; i++)
+        if (!strcmp(set->slug[i], a)) return true;
+    return false;
+}
+
+static void slug_free(slug_set *set)
+{
+    for (size_t i = 0; i < set->n; i++) free(set->slug[i]);
+    free(set->slug);
+}
+
+/* Every relative link in the repository's markdown resolves: the file exists and, with #anchor into a
+ * markdown file, a heading of that file has that anchor. (BENCHMARKS.md's index kept linking four sections
+ * an edit had deleted; ARTIFACT.md linked a KVCACHE.md next to itself that lives in formats/.) */
+START_TEST(test_doc_links)
+{
+    FILE *ls = popen("git ls-files '*.md' 2>/dev/null", "r");
+    ck_assert(ls != NULL);
+    char path[512];
+    int files = 0, links = 0, anchors = 0, bad = 0;
+    static char report[16384];
+    report[0] = 0;
+    while (fgets(path, sizeof path, ls)) {
+        path[strcspn(path, "\n")] = 0;
+        char *text = kvq_test_slurp(path, NULL);
+        ck_assert_msg(text, "cannot read %s", path);
+        files++;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) slash[1] = 0;
+        else dir[0] = 0;
+        bool fence = false;
+        for (char *l = text; l && *l;) {
+            char *e = strchr(l, '\n');
+            if (e) *e = 0;
+            if (!strncmp(l, "```", 3)) fence = !fence;
+            for (char *p = l; !fence && (p = strstr(p, "](")) != NULL; p += 2) {
+                char *q = p + 2, *end = strchr(q, ')');
+                if (!end) break;
+                char tgt[512];
+                snprintf(tgt, sizeof tgt, "%.*s", (int)(end - q), q);
+                if (strstr(tgt, "://") || !strncmp(tgt, "mailto:", 7) || strchr(tgt, ' ') || !tgt[0]) continue;
+                char *hash = strchr(tgt, '#');
+                char anchor[512] = "";
+                if (hash) {
+                    snprintf(anchor, sizeof anchor, "%s", hash + 1);
+                    *hash = 0;
+                }
+                char file[1100];
+                if (tgt[0]) snprintf(file, sizeof file, "%s%s", dir, tgt);
+                else snprintf(file, sizeof file, "%s", path);
+                links++;
+                size_t rl = strlen(report);
+                if (access(file, F_OK) != 0) {
+                    bad++;
+                    snprintf(report + rl, sizeof report - rl, "\n  %s: link '%s%s%s' names %s, which does not exist", path, tgt,
+                             anchor[0] ? "#" : "", anchor, file);
+                    continue;
+                }
+                size_t fl = strlen(file);
+                if (anchor[0] && fl > 3 && !strcmp(file + fl - 3, ".md")) {
+                    char *t2 = kvq_test_slurp(file, NULL);
+                    ck_assert(t2 != NULL);
+                    slug_set set = {0};
+                    md_headings(t2, &set);
+                    anchors++;
+                    if (!slug_in(&set, anchor)) {
+                        bad++;
+                        snprintf(report + rl, sizeof report - rl, "\n  %s: link to %s#%s: no heading there has that anchor", path,
+                                 file, anchor);
+                    }
+                    slug_free(&set);
+                    free(t2);
+                }
+            }
+            l = e ? e + 1 : NULL;
+        }
+        free(text);
+    }
+    pclose(ls);
+    ck_assert_msg(bad == 0, "%d broken markdown link(s):%s", bad, report);
+    /* not vacuous: the repository's docs link to files and to sections */
+    ck_assert_msg(files >= 10 && links >= 20 && anchors >= 10, "%d markdown files, %d links, %d anchors checked", files, links,
+                  anchors);
+}
+END_TEST
+
+/* A make recipe that runs a script reading KVQ_BIN_DIR passes the build's binaries ($(BIN)): `make CUDA=0
+ * demo` ran scripts/demo.sh on bin/ (absent in a CPU build: "bin/kvdump is not built"; stale otherwise). */
+START_TEST(test_make_scripts_bin_dir)
+{
+    char *mk = kvq_test_slurp("Makefile", NULL);
+    ck_assert_msg(mk, "cannot read the Makefile");
+    int checked = 0;
+    for (char *l = mk; l && *l;) {
+        char *e = strchr(l, '\n');
+        if (e) *e = 0;
+        const char *sc = l[0] == '\t' ? strstr(l, "scripts/") : NULL;
+        if (sc) {
+            char script[256];
+            size_t n = strcspn(sc, " \t;|&)");
+            snprintf(script, sizeof script, "%.*s", (int)n, sc);
+            char *body = strstr(script, ".sh") ? kvq_test_slurp(script, NULL) : NULL;
+            if (body && strstr(body, "KVQ_BIN_DIR")) {
+                checked++;
+                ck_assert_msg(strstr(l, "KVQ_BIN_DIR="), "Makefile: '%s' runs %s, which reads KVQ_BIN_DIR, without setting it", l + 1,
+                              script);
+            }
+            free(body);
+        }
+        l = e ? e + 1 : NULL;
+    }
+    ck_assert_msg(checked >= 1, "no recipe runs a script that reads KVQ_BIN_DIR (demo does): the check is vacuous (%d)", checked);
+    free(mk);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("conventions");
@@ -479,6 +656,8 @@ static Suite *suite(void)
     tcase_add_test(tc, test_json_keys_documented);
     tcase_add_test(tc, test_build_dependencies);
     tcase_add_test(tc, test_cuda_host_openmp);
+    tcase_add_test(tc, test_doc_links);
+    tcase_add_test(tc, test_make_scripts_bin_dir);
     suite_add_tcase(s, tc);
     return s;
 }

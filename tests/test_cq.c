@@ -491,7 +491,7 @@ START_TEST(test_cq_artifact_and_cli)
     unlink(md);
     /* kvcalib options: the rules named, nothing written */
     struct { const char *args; int code; const char *want; } cases[] = {
-        {"--group 3", 1, "group size: expected 0 or a divisor of kv_dim 64"},
+        {"--group 3", 1, "group_size: cq's channels per group must divide head_dim 16"}, /* cq's rule, not int's kv_dim one */
         {"--group 32", 1, "group_size: cq's channels per group must divide head_dim 16"},
         {"--group 4 --param iters=0", 1, "iters: expected an integer 1..1000"},
         {"--group 4 --param points=1.5", 1, "points: expected an integer 1..1e8"},

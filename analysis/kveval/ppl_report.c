@@ -214,9 +214,10 @@ size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *pre
         }
         const double nominal = s->s.q.outlier_frac;
         /* keys only: their thresholds are calibrated offline, so the realised share measures the match of
-         * tables and data; values' outliers are chosen per token (a fixed count, 2 k_side / kv_dim) */
+         * tables and data; values' outliers (and the keys' of families that choose them per token, qaq) are a
+         * fixed count per row, 2 k_side / kv_dim, above the nominal where kv_dim is small */
         const double got = kvq_bits_outlier_frac(kc, nominal); /* the nominal itself when nothing was counted */
-        if (nominal > 0 && got > KVQ_OUTLIER_WARN_RATIO * nominal) {
+        if (nominal > 0 && !s->s.q.fam->key_outliers_online && got > KVQ_OUTLIER_WARN_RATIO * nominal) {
             if (f)
                 fprintf(f, "%s%s: %.3g%% of the keys went to the sparse outliers, %.1fx the nominal %.3g%% (tables calibrated on "
                            "other data or another model?); the bits column counts the realised fraction\n",

@@ -679,6 +679,16 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
             return kvq_fail(err, KVQ_EINVAL, "forward: token %d at window index %d outside the vocabulary [0, %d)", io->tokens[t], t, V);
     const kvq_hooks *hk = io->hooks;
     const bool stats = hk && hk->observe && hk->attn_stats;
+    const bool attend = hk && hk->attend; // an external cache (forward.h kvq_hooks.attend, device pointers here)
+    if (attend && (hk->transform || hk->observe || P > 0 || g->has_desc || g->s_q || g->l0 > 0 || g->l1 < hp->n_layers))
+        return kvq_fail(err, KVQ_EINVAL, "CUDA forward: an attend hook (external cache) runs without a transform, built-in "
+                        "scheme, observe hook, prefix, activation store or pipeline stage");
+    if (io->pos && !attend)
+        return kvq_fail(err, KVQ_EINVAL, "forward: per-row positions need an attend hook (rows of independent sequences)");
+    if (io->pos)
+        for (int t = 0; t < T; t++)
+            if (io->pos[t] < 0 || io->pos[t] == INT32_MAX)
+                return kvq_fail(err, KVQ_EINVAL, "forward: position %d of row %d out of range", io->pos[t], t);
     g->T_last = 0;
     if (g->has_desc && hk && hk->transform)
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: a built-in KV scheme is set and the hooks carry a transform too");
@@ -692,8 +702,11 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
     }
     CU(cudaSetDevice(g->dev));
     // the staging buffers may still be read by the previous run's copies: none in flight (run ends synchronised)
-    kvq_rope_table(hp, io->pos0, T, g->h_cos, g->h_sin);
     const size_t half = hp->rope_dim / 2;
+    if (io->pos) // per-row positions (independent sequences, kvq_hooks.attend)
+        for (int t = 0; t < T; t++) kvq_rope_table(hp, io->pos[t], 1, g->h_cos + t * half, g->h_sin + t * half);
+    else
+        kvq_rope_table(hp, io->pos0, T, g->h_cos, g->h_sin);
     CU(cudaMemcpyAsync(g->tok, g->h_tok, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
     CU(cudaMemcpyAsync(g->tg, g->h_tg, (size_t)T * sizeof(int), cudaMemcpyHostToDevice, g->st));
     if (half) {
@@ -757,7 +770,12 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
         }
         kvq_layer_ctx ctx = {l, T, io->pos0, P, hp->n_heads, nkv, hd, io->tokens, hp->n_layers};
         bool attended = false;
-        if (g->has_desc) {
+        if (attend) { // the external cache appends the new K/V and attends (device pointers, stream idle)
+            CU(cudaStreamSynchronize(g->st));
+            kvq_status s = hk->attend(hk->user, &ctx, g->q, g->k_pre, g->k_post, g->v, g->att, err);
+            if (s) return kvq_err_prefix(err, "layer %d: attend hook", l);
+            attended = true;
+        } else if (g->has_desc) {
             KVQ_TRY(native_transform(g, l, T, &a, err));
             g->stats.native_transforms++;
         } else if (hk && hk->transform) {

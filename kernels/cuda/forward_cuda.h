@@ -26,6 +26,12 @@
  *    hooks->attn_stats the attention mass and entropy (attention.h) are
  *    computed on the GPU from the attention's per-row log-sum-exp
  *    (cuda_bwd_ops.cu) and copied with them.
+ *  - An external KV cache: kvq_hooks.attend (forward.h) is called with device
+ *    pointers (q, k_pre, k_post, v, out) after the forward's stream is
+ *    synchronised, in place of the attention (kernels/decode: the packed
+ *    cache kvcache_cuda.h appends and attends); io->pos gives the rows their
+ *    own positions. Not with a transform, a built-in scheme, observe, a
+ *    prefix, the activation store or a pipeline stage (KVQ_EINVAL).
  *  - Checkpoints: KVQ_FWD_SAVE_LAYER_INPUTS keeps the n_layers+1 residual
  *    streams on the device (kvq_forward_cuda_layer_input copies one out);
  *    KVQ_FWD_SAVE_ACTIVATIONS also every layer's activations (the CPU's

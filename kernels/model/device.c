@@ -279,6 +279,9 @@ static kvq_status run_chunked(kvq_engine *e, const kvq_fwd_io *io, const kvq_hoo
 
 kvq_status kvq_engine_run(kvq_engine *e, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
+    if ((e->pipe || e->dev == KVQ_DEVICE_CUDA) && ((io->hooks && io->hooks->attend) || io->pos))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "forward: an attend hook (external KV cache) is not run through the engine on "
+                        "the GPU; kernels/decode drives the CUDA forward itself");
     if (e->has_desc && io->hooks && io->hooks->transform)
         return kvq_fail(err, KVQ_EINVAL, "forward: a built-in KV scheme is set and the hooks carry a transform too");
     if (e->pipe || e->dev == KVQ_DEVICE_CUDA || !e->has_desc) {

@@ -178,6 +178,10 @@ static kvq_status layer_attention(kvq_forward *fw, const kvq_fwd_io *io, int l, 
     memcpy(fw->k_post, fw->k_pre, kvn * sizeof(float));
     kvq_rope_apply(fw->q, T, hp->n_heads, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
     kvq_rope_apply(fw->k_post, T, nkv, hd, hp->rope_dim, fw->rope_cos, fw->rope_sin, 0);
+    if (hk && hk->attend) { /* an external cache: it stores the new K/V and attends (forward.h kvq_hooks.attend) */
+        kvq_status s = hk->attend(hk->user, &ctx, fw->q, fw->k_pre, fw->k_post, fw->v, fw->att, err);
+        return s ? kvq_err_prefix(err, "layer %d: attend hook", l) : KVQ_OK;
+    }
 
     kvq_attn_args a = {.T = T, .P = P, .n_heads = hp->n_heads, .n_kv_heads = nkv, .head_dim = hd,
                        .q = fw->q, .k = fw->k_post, .v = fw->v, .out = fw->att,
@@ -298,8 +302,24 @@ kvq_status kvq_forward_stage(kvq_forward *fw, const kvq_fwd_io *io, int l0, int 
     for (int t = 0; t < T; t++)
         if (tg[t] >= V) return kvq_fail(err, KVQ_EINVAL, "forward: target %d at window index %d outside the vocabulary [0, %d)", tg[t], t, V);
 
+    const bool attend = io->hooks && io->hooks->attend;
+    if (attend && (io->hooks->transform || io->hooks->observe || P > 0 || fw->acts))
+        return kvq_fail(err, KVQ_EINVAL, "forward: an attend hook (external cache) runs without a transform, observe hook, "
+                        "prefix or activation store");
+    if (io->pos && !attend)
+        return kvq_fail(err, KVQ_EINVAL, "forward: per-row positions need an attend hook (rows of independent sequences)");
+    if (io->pos)
+        for (int t = 0; t < T; t++)
+            if (io->pos[t] < 0 || io->pos[t] == INT32_MAX)
+                return kvq_fail(err, KVQ_EINVAL, "forward: position %d of row %d out of range", io->pos[t], t);
+
     fw->T_last = 0; /* saved checkpoints/activations are invalid until this run has passed every layer */
-    kvq_rope_table(hp, io->pos0, T, fw->rope_cos, fw->rope_sin);
+    if (io->pos) {
+        const size_t half = (size_t)hp->rope_dim / 2;
+        for (int t = 0; t < T; t++) kvq_rope_table(hp, io->pos[t], 1, fw->rope_cos + t * half, fw->rope_sin + t * half);
+    } else {
+        kvq_rope_table(hp, io->pos0, T, fw->rope_cos, fw->rope_sin);
+    }
     if (l0 == 0)
         for (int t = 0; t < T; t++) kvq_mat_rows(&m->tok_embd, io->tokens[t], 1, fw->x + (size_t)t * dim);
     else if (x_in != fw->x)

@@ -217,6 +217,17 @@ typedef struct {
      * as that call's prefix. chunk == 1 is a token-by-token decode; 0 = the whole window in one call. */
     int chunk;
     kvq_status (*cache)(void *user, int P, struct kvq_prefix *out, kvq_err *err);
+    /* Attention from an external KV cache (kernels/decode/decode.h: the packed runtime cache), instead of the
+     * forward's own causal attention, transform and observe. Called once per layer with the window's post-RoPE
+     * queries q [T][n_heads][head_dim] and the layer's new keys and values [T][n_kv_heads][head_dim] (k_pre
+     * before RoPE, k_post = RoPE(k_pre) at the row's position, v), after the projections, biases and q/k norms
+     * of the model; it writes the attention output out [T][n_heads][head_dim]. The rows of the window are then
+     * independent (no causal attention among them): row t may be another sequence, at position io->pos[t].
+     * Not with transform, observe, a prefix or a workspace that keeps activations (KVQ_EINVAL). On the CUDA
+     * forward (forward_cuda.h) the five pointers are device memory: the forward's stream is synchronised
+     * before the call, and the callback's device work must be complete when it returns. */
+    kvq_status (*attend)(void *user, const kvq_layer_ctx *ctx, const float *q, const float *k_pre, const float *k_post,
+                         const float *v, float *out, kvq_err *err);
 } kvq_hooks;
 
 /* A cached full-precision prefix (IntactKV): per layer, P entries of post-RoPE
@@ -268,6 +279,9 @@ typedef struct {
     const int *tokens;  /* [T] token ids in [0, vocab) */
     int T;              /* 1 .. max_T */
     int pos0;           /* position of tokens[0] (>= 0) */
+    /* Per-row positions [T] (only with hooks->attend, whose rows are independent sequences): row t at
+     * pos[t] (>= 0) instead of pos0 + t. NULL = pos0 + t. */
+    const int *pos;
     /* Targets: targets[t] is the token position t must predict, < 0 = not
      * scored. NULL: targets[t] = tokens[t+1] for t < T-1, last not scored. */
     const int *targets;

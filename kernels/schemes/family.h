@@ -286,6 +286,8 @@ struct kvq_family {
     kvq_key_stage default_stage;
     bool stage_free;           /* the key stage changes nothing (fp32, fp16): +pre-rope / +post-rope refused */
     bool identity;             /* fp32: no transform, no hook */
+    bool key_outliers_online;  /* key outliers chosen per token at write time (a fixed count per row, qaq), not by offline
+                                  thresholds: kveval's "realised share far above the nominal" warning does not apply */
 
     /* spec */
     /* parse a base name: 0 = not this family's, 1 = parsed (q filled), -1 = malformed (err filled) */

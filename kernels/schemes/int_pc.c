@@ -179,7 +179,8 @@ const kvq_family kvq_family_int_pc = {
     .name = "int-pc",
     .syntax = "int<b>-pc[-<f>%]",
     .summary = "uniform, per-channel keys with offline thresholds (KVQuant App.G; f > 0 keeps keys outside them exact), "
-               "per-token values; pre-RoPE keys",
+               "per-token values; keys at the artifact's stage (kvcalib: post-RoPE by default, the ablation's per-channel step; "
+               "--keys pre-rope for KVQuant's)",
     .default_stage = KVQ_KEYS_PRE_ROPE,
     .parse = parse_int_pc,
     .format = fmt_int_pc,

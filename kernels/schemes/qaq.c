@@ -718,6 +718,7 @@ static kvq_status bits_qaq(const kvq_scheme *q, const kvq_bits_in *in, kvq_bits 
 const kvq_family kvq_family_qaq = {
     .name = "qaq",
     .syntax = "qaq-k<Ks>-v<Vs>[-o<f>%][-w<N>][-l<L>][-h<H>][-q<Q2>] (default f=1, N=5, L=1, H=8; without -q a kvcalib artifact)",
+    .key_outliers_online = true,
     .summary = "QAQ (arXiv 2403.04643 §4): per (token, head) key and value widths in [L, H] from error budgets sigma_S (keys, "
                "from the cache length and the calibrated query norm) and sigma_X (values, from the max of each token's last N "
                "attention scores), re-decided after every decode step (down or back up), f% outliers per vector exact; post-RoPE keys",

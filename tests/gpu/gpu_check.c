@@ -46,6 +46,10 @@
  *       size where the kernels tile (head_dim 64/128, q/k/v/o biases, q/k
  *       norms, sliding windows of 40 and 100 over 300 tokens after a prefix,
  *       YaRN RoPE, bf16 weights held on the host).
+ *   gpu_check --decode [--model M --artifact A --scheme S --text T [--steps 256] [--prompt-len 64] [--prompts 3]]
+ *       real greedy decoding on the packed KV cache (kernels/decode/decode.h), GPU (kvq_kvcache_cuda, the CUDA
+ *       forward's attend hook) vs CPU, batch 1 and batch 3: tokens equal per prompt, the first step's logits, tokens/s
+ *       on each device (gpu_check_decode.c); without --model on the tiny models with in-process nuq artifacts.
  *   gpu_check --model M --text T --fisher N
  *       Fisher information (squared dL/dK pre-RoPE and dL/dV of the mean
  *       cross-entropy) of N calibration windows of --ctx tokens, CPU vs GPU,
@@ -497,9 +501,9 @@ int is_exact_scheme(const kvq_kv_desc *d) { return d->q.fam == KVQ_FAM("fp32"); 
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *text = NULL, *dev = "auto";
+    const char *model = NULL, *text = NULL, *dev = "auto", *artifact = NULL, *scheme = NULL;
     int ctx = 2048, check_windows = 2, max_windows = 0, bench = 1, synthetic = 0, attn = 0, backward = 0, fisher = 0,
-        sched = 0, pipeline = 0;
+        sched = 0, pipeline = 0, decode = 0, steps = 0, prompt_len = 0, prompts = 0;
     const char *families = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -518,6 +522,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--ctx") && v) ctx = atoi(v), i++;
         else if (!strcmp(a, "--check-windows") && v) check_windows = atoi(v), i++;
         else if (!strcmp(a, "--max-windows") && v) max_windows = atoi(v), i++;
+        else if (!strcmp(a, "--decode")) decode = 1;
+        else if (!strcmp(a, "--artifact") && v) artifact = v, i++;
+        else if (!strcmp(a, "--scheme") && v) scheme = v, i++;
+        else if (!strcmp(a, "--steps") && v) steps = atoi(v), i++;
+        else if (!strcmp(a, "--prompt-len") && v) prompt_len = atoi(v), i++;
+        else if (!strcmp(a, "--prompts") && v) prompts = atoi(v), i++;
         else DIE("unknown or incomplete option '%s'; see the header of tests/gpu/gpu_check.c", a);
     }
     kvq_err err = {0};
@@ -531,7 +541,10 @@ int main(int argc, char **argv)
     if (backward) ok &= run_backward_synthetic(d);
     if (pipeline) ok &= run_pipeline_check();
     if (families) ok &= run_families(families, d);
-    if (model) {
+    if (decode) {
+        if (d != KVQ_DEVICE_CUDA) DIE("--decode compares the GPU with the CPU: it needs a GPU (--device cuda)");
+        ok &= run_decode_check(model, artifact, scheme, text, steps, prompt_len, prompts);
+    } else if (model) {
         if (!text) DIE("--model needs --text");
         if (ctx < 2) DIE("--ctx must be >= 2");
         if (fisher > 0) ok &= run_fisher_model(model, text, ctx, fisher, d);

@@ -119,6 +119,9 @@ int run_pipeline_check(void);
 
 /* gpu_check_models.c: the model families, the real model */
 int run_families(const char *dir, kvq_device gdev);
+/* gpu_check_decode.c: --decode (GPU vs CPU greedy decoding on the packed KV cache); model NULL = the tiny models */
+int run_decode_check(const char *model, const char *artifact, const char *scheme, const char *text, int steps, int prompt_len,
+                     int prompts);
 int run_fisher_model(const char *model_path, const char *text_path, int ctx, int n_win, kvq_device gdev);
 int run_model(const char *model_path, const char *text_path, int ctx, int check_windows, int max_windows, int bench,
               kvq_device gdev);
