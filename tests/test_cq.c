@@ -2,7 +2,10 @@
  * c-dimensional k-means (kernels/quant/vq.h):
  *  - vq: the nearest codeword against a brute-force double search; k-means
  *    recovers planted clusters, weights of 0 never move a centre, weights
- *    pull centres, deterministic, errors named;
+ *    pull centres, deterministic, errors named; the bounded Lloyd equals a
+ *    plain Lloyd written here (from a given codebook) and the exhaustive mode
+ *    (from a seed) bit for bit on tie-heavy, subnormal and wide-range data,
+ *    objective non-increasing and equal to a float64 recomputation;
  *  - kvdump --fisher -> kvcalib --method cq -> kveval on both tiny models:
  *    codebook shapes; the Fisher-weighted codebook has a lower Fisher-weighted
  *    error than the unweighted one on the calibration vectors (recomputed
@@ -113,6 +116,138 @@ START_TEST(test_vq_kmeans)
     ck_assert_msg(strstr(e.msg, "weight of point 7"), "%s", e.msg);
     ck_assert_int_eq(kvq_vq_kmeans(x, NULL, N, C, 0, &o, cb2, NULL, &e), KVQ_EINVAL);
     ck_assert_int_eq(kvq_vq_kmeans(x, NULL, 0, C, K, &o, cb2, NULL, &e), KVQ_EINVAL);
+}
+END_TEST
+
+/* Lloyd as vq.h documents it, written plainly: every point searched against every codeword each iteration
+ * (float squared distance summed over d in order, ties to the lowest index), centres = weighted means in
+ * double in point order, stop when at most 0.1% of the assignments change or after max_iter updates.
+ * J[t] = the objective after assignment t; returns the number of updates. */
+static int lloyd_ref(const float *x, const float *w, size_t n, size_t c, size_t K, int max_iter, float *cb, double *J)
+{
+    uint32_t *as = malloc(n * sizeof *as);
+    double *sum = malloc(K * c * sizeof *sum), *sw = malloc(K * sizeof *sw);
+    int it = 0;
+    for (;;) {
+        size_t changed = 0;
+        J[it] = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t best = 0;
+            float bd = INFINITY;
+            for (size_t k = 0; k < K; k++) {
+                float e = x[i * c] - cb[k * c], s = e * e;
+                for (size_t d = 1; d < c; d++) {
+                    e = x[i * c + d] - cb[k * c + d];
+                    s += e * e;
+                }
+                if (k == 0 || s < bd) {
+                    bd = s;
+                    best = (uint32_t)k;
+                }
+            }
+            if (it == 0 || best != as[i]) changed++;
+            as[i] = best;
+            J[it] += (w ? (double)w[i] : 1.0) * (double)bd;
+        }
+        if (changed * 1000 <= n || it == max_iter) break;
+        memset(sum, 0, K * c * sizeof *sum);
+        memset(sw, 0, K * sizeof *sw);
+        for (size_t i = 0; i < n; i++) {
+            double wi = w ? (double)w[i] : 1.0;
+            if (wi <= 0) continue;
+            sw[as[i]] += wi;
+            for (size_t d = 0; d < c; d++) sum[as[i] * c + d] += wi * (double)x[i * c + d];
+        }
+        for (size_t k = 0; k < K; k++)
+            if (sw[k] > 0)
+                for (size_t d = 0; d < c; d++) cb[k * c + d] = (float)(sum[k * c + d] / sw[k]);
+        it++;
+    }
+    free(as);
+    free(sum);
+    free(sw);
+    return it;
+}
+
+/* J in float64: every point against its nearest codeword by a double brute force */
+static double objective64(const float *x, const float *w, size_t n, size_t c, size_t K, const float *cb)
+{
+    double J = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = nearest_ref(x + i * c, cb, K, c);
+        double s = 0;
+        for (size_t d = 0; d < c; d++) s += ((double)x[i * c + d] - cb[k * c + d]) * ((double)x[i * c + d] - cb[k * c + d]);
+        J += (w ? (double)w[i] : 1.0) * s;
+    }
+    return J;
+}
+
+/* The bounds (Hamerly) and the seeding's first assignment skip work, never change a result: against the
+ * plain Lloyd above from the same initial codebook, and against the exhaustive mode from the same seed, the
+ * codebook, iterations and objective are equal bit for bit, on data made to break float margins: heavy
+ * ties (points and codewords on an integer grid, duplicated codewords), magnitudes whose squares are
+ * subnormal, zero weights, clustered Fisher-like weights. Where squares are normal floats the objective
+ * never increases over the iterations and the reported one is the float64 objective of the codebook. */
+START_TEST(test_vq_kmeans_bounds_exact)
+{
+    enum { N = 1500, KMAX = 64, CMAX = 8, IT = 25 };
+    static float x[N * CMAX], w[N], init[KMAX * CMAX], cb[KMAX * CMAX], ref[KMAX * CMAX], ex[KMAX * CMAX];
+    static double J[IT + 1];
+    struct {
+        size_t c, K;
+        int data; /* 0 clustered gaussian, 1 integer grid (ties), 2 subnormal squares, 3 wide dynamic range */
+        bool weighted;
+    } cases[] = {{2, 64, 0, true}, {4, 32, 1, false}, {8, 16, 1, true}, {2, 16, 2, true}, {4, 64, 3, true}, {1, 8, 1, false}};
+    kvq_err e = {0};
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        size_t c = cases[t].c, K = cases[t].K;
+        rng_s = 777 + t;
+        for (size_t i = 0; i < N; i++) {
+            size_t cl = (size_t)(unif() * 12);
+            for (size_t d = 0; d < c; d++) {
+                double v;
+                switch (cases[t].data) {
+                case 0: v = cl * 0.7 + 0.2 * gauss(); break;
+                case 1: v = floor(3 * unif()) - 1; break;
+                case 2: v = 1e-22 * (cl + gauss()); break;
+                default: v = pow(10, 4 * unif() - 2) * gauss(); break;
+                }
+                x[i * c + d] = (float)v;
+            }
+            w[i] = (float)(i % 7 == 3 ? 0 : 1e-9 * exp(3 * gauss()));
+        }
+        const float *wt = cases[t].weighted ? w : NULL;
+        /* initial codebook: points, with codeword 1 a copy of codeword 0 (exact ties between codewords) */
+        for (size_t k = 0; k < K; k++) memcpy(init + k * c, x + ((k == 1 ? 0 : k) * 37 % N) * c, c * sizeof(float));
+        memcpy(ref, init, K * c * sizeof(float));
+        int it_ref = lloyd_ref(x, wt, N, c, K, IT, ref, J);
+        for (int i = 1; i <= it_ref && cases[t].data != 2; i++) /* (subnormal squares round too coarsely to be monotone) */
+            ck_assert_msg(J[i] <= J[i - 1] * (1 + 1e-6), "case %zu: J rose at iteration %d: %.17g -> %.17g", t, i,
+                                                         J[i - 1], J[i]);
+        kvq_vq_report rep, rep2;
+        kvq_vq_opts o = {.max_iter = IT, .init = init};
+        ck_assert_msg(kvq_vq_kmeans(x, wt, N, c, K, &o, cb, &rep, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_msg(memcmp(cb, ref, K * c * sizeof(float)) == 0, "case %zu: codebook differs from the plain Lloyd", t);
+        ck_assert_int_eq(rep.iterations, it_ref);
+        ck_assert_msg(rep.objective == J[it_ref], "case %zu: J %.17g vs %.17g", t, rep.objective, J[it_ref]);
+        double j64 = objective64(x, wt, N, c, K, cb);
+        ck_assert_msg(cases[t].data == 2 || fabs(rep.objective - j64) <= 1e-5 * j64, "case %zu: J %.17g vs float64 %.17g", t, rep.objective, j64);
+        /* from k-means++ seeding: bounds and the seeding's assignment against the exhaustive mode */
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            kvq_vq_opts a = {.max_iter = IT, .seed = seed}, b = {.max_iter = IT, .seed = seed, .exhaustive = true};
+            ck_assert_msg(kvq_vq_kmeans(x, wt, N, c, K, &a, cb, &rep, &e) == KVQ_OK, "%s", e.msg);
+            ck_assert_msg(kvq_vq_kmeans(x, wt, N, c, K, &b, ex, &rep2, &e) == KVQ_OK, "%s", e.msg);
+            ck_assert_msg(memcmp(cb, ex, K * c * sizeof(float)) == 0, "case %zu seed %d: codebook differs from the exhaustive", t, (int)seed);
+            ck_assert_int_eq(rep.iterations, rep2.iterations);
+            ck_assert_msg(rep.objective == rep2.objective, "case %zu: %.17g vs %.17g", t, rep.objective, rep2.objective);
+            ck_assert_uint_eq(rep.n_used, rep2.n_used);
+        }
+    }
+    /* a non-finite initial codebook is refused, naming the codeword */
+    init[5] = NAN;
+    kvq_vq_opts o = {.max_iter = 3, .init = init};
+    ck_assert_int_eq(kvq_vq_kmeans(x, NULL, N, 1, 8, &o, cb, NULL, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "initial codebook: codeword 5"), "%s", e.msg);
 }
 END_TEST
 
@@ -428,6 +563,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_vq_kmeans);
+    tcase_add_test(tc, test_vq_kmeans_bounds_exact);
     tcase_add_test(tc, test_cq_spec_bits);
     tcase_add_test(tc, test_cq_artifact_and_cli);
     tcase_add_test(tc, test_cq_chain_decode);

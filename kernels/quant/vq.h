@@ -19,10 +19,20 @@
  * (centres = weighted means in double) until at most 0.1% of the
  * assignments change or max_iter. An empty cluster keeps its centre. Points of weight 0 never move
  * a centre. With fewer distinct weighted points than K the extra centres
- * repeat earlier ones (never increasing J). */
+ * repeat earlier ones (never increasing J).
+ *
+ * Cost: the assignment after seeding comes from the seeding's own distances;
+ * later assignments skip every point whose codeword Hamerly's bounds (a lower
+ * bound of the distance to the second-nearest codeword, decreased by the
+ * codewords' moves, and half the distance between codewords; Hamerly 2010,
+ * "Making k-means even faster") prove unchanged, with margins for float
+ * rounding, so the result is exactly that of a full search every iteration
+ * (opts.exhaustive): the same codebook, iterations and J, bit for bit,
+ * for any thread count (the function is sequential). */
 #ifndef KVQ_VQ_H
 #define KVQ_VQ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,8 +49,10 @@ size_t kvq_vq_nearest_t(const float *x, const float *cbt, size_t K, size_t c, fl
 void kvq_vq_transpose(float *cbt, const float *cb, size_t K, size_t c);
 
 typedef struct {
-    int max_iter;  /* Lloyd iterations after seeding (0 -> 20) */
-    uint64_t seed; /* k-means++ seed */
+    int max_iter;      /* Lloyd iterations after seeding (0 -> 20) */
+    uint64_t seed;     /* k-means++ seed */
+    const float *init; /* NULL: k-means++; else the initial codebook [K][c] (finite), no seeding */
+    bool exhaustive;   /* every assignment by a full search, no bounds (the reference the bounds must equal) */
 } kvq_vq_opts;
 
 typedef struct {
