@@ -215,7 +215,7 @@ START_TEST(test_wkvq_artifact_and_cli)
         {"--param alpha", 2, "expected NAME=VALUE"},
         {"--param alpha=1.5", 1, "alpha: expected the smoothing strength in [0, 1], found 1.5"},
         {"--param alpha=-0.1", 1, "alpha: expected the smoothing strength in [0, 1], found -0.1"},
-        {"--group 5", 1, "group size"},
+        {"--group 5", 1, "group_size: expected 0 or a divisor of kv_dim 64, found 5"},
     };
     unlink(b);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
