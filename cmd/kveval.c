@@ -528,6 +528,16 @@ int main(int argc, char **argv)
         int n_in = 3;
         for (int i = 0; i < o.artifacts.n && n_in < 2 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
         if (kvq_cli_check_outputs(outs, 1, ins, n_in, &e)) return fail(NULL, &e, 2);
+        /* the inputs readable before the model is loaded (a missing --text was reported after the load) */
+        for (int i = 1; i < n_in; i++) {
+            if (!ins[i].path || (o.text && i == 1 && !strcmp(ins[i].path, "-"))) continue;
+            FILE *f = fopen(ins[i].path, "rb");
+            if (!f) {
+                fprintf(stderr, "kveval: %s %s: cannot open: %s\n", ins[i].opt, ins[i].path, strerror(errno));
+                return 1;
+            }
+            fclose(f);
+        }
     }
 
     /* schemes first: a typo fails before anything heavy is loaded */

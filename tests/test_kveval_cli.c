@@ -335,7 +335,7 @@ START_TEST(test_cli_errors)
         {"ctx above model", tx, "--scheme int4 --ctx 4096", "exceeds the context length", 1},
         {"text too short", sm, "--scheme int4", "fewer than one window", 1},
         {"intactkv without prefix", tx, "--scheme nuq3-1%+intactkv", "IntactKV prefix", 1},
-        {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "/nonexistent/x.txt", 1},
+        {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "--text /nonexistent/x.txt: cannot open", 1}, /* before the model load */
         {"bad option value", tx, "--scheme int4 --ctx 12x", "--ctx: expected an integer", 2},
         /* schemes that quantize nothing in the window reported "+0.0000" as if lossless (exit 0) */
         {"sink covers the window", tx, "--scheme int4 --scheme int3+sink64",
