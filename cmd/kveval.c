@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "artifact.h"
 #include "cli.h"
@@ -530,13 +532,13 @@ int main(int argc, char **argv)
         if (kvq_cli_check_outputs(outs, 1, ins, n_in, &e)) return fail(NULL, &e, 2);
         /* the inputs readable before the model is loaded (a missing --text was reported after the load) */
         for (int i = 1; i < n_in; i++) {
-            if (!ins[i].path || (o.text && i == 1 && !strcmp(ins[i].path, "-"))) continue;
-            FILE *f = fopen(ins[i].path, "rb");
-            if (!f) {
+            if (!ins[i].path) continue;
+            /* stat and access, never open: a FIFO would block (the loaders refuse what is not a regular file) */
+            struct stat sb;
+            if (stat(ins[i].path, &sb) != 0 || (S_ISREG(sb.st_mode) && access(ins[i].path, R_OK) != 0)) {
                 fprintf(stderr, "kveval: %s %s: cannot open: %s\n", ins[i].opt, ins[i].path, strerror(errno));
                 return 1;
             }
-            fclose(f);
         }
     }
 
