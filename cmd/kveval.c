@@ -530,16 +530,6 @@ int main(int argc, char **argv)
         int n_in = 3;
         for (int i = 0; i < o.artifacts.n && n_in < 2 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
         if (kvq_cli_check_outputs(outs, 1, ins, n_in, &e)) return fail(NULL, &e, 2);
-        /* the inputs readable before the model is loaded (a missing --text was reported after the load) */
-        for (int i = 1; i < n_in; i++) {
-            if (!ins[i].path) continue;
-            /* stat and access, never open: a FIFO would block (the loaders refuse what is not a regular file) */
-            struct stat sb;
-            if (stat(ins[i].path, &sb) != 0 || (S_ISREG(sb.st_mode) && access(ins[i].path, R_OK) != 0)) {
-                fprintf(stderr, "kveval: %s %s: cannot open: %s\n", ins[i].opt, ins[i].path, strerror(errno));
-                return 1;
-            }
-        }
     }
 
     /* schemes first: a typo fails before anything heavy is loaded */
@@ -595,6 +585,21 @@ int main(int argc, char **argv)
     exec.gemm_rate = o.gemm_rate;
     if (o.gemm_rate && exec.device != KVQ_DEVICE_CUDA && !o.quiet)
         fprintf(stderr, "kveval: --gemm-rate applies to the GPU only; nothing measured\n");
+    { /* after the command line's own checks (exit 2), before the model is loaded: the inputs readable (a missing
+       * --text was reported after the load); stat and access, never open: a FIFO would block (the loaders refuse
+       * what is not a regular file) */
+        kvq_cli_file ins[2 + KVQ_STRLIST_MAX] = {{"--text", o.text}, {"--tokenizer", o.tokenizer}};
+        int n_in = 2;
+        for (int i = 0; i < o.artifacts.n && n_in < 2 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
+        for (int i = 0; i < n_in; i++) {
+            struct stat sb;
+            if (ins[i].path && (stat(ins[i].path, &sb) != 0 || (S_ISREG(sb.st_mode) && access(ins[i].path, R_OK) != 0))) {
+                fprintf(stderr, "kveval: %s %s: cannot open: %s\n", ins[i].opt, ins[i].path, strerror(errno));
+                free(specs);
+                return 1;
+            }
+        }
+    }
 
     int rc = 1;
     kvq_model m = {0};
