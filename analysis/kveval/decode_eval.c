@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "outfile.h"
+#include "perplexity.h"
 #include "quant.h"
 #include "version.h"
 
@@ -275,16 +276,7 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
 kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kvq_tokenizer *tok, const kvq_eval_scheme *s,
                                   const kvq_decode_result *r, const int *prompts, kvq_err *err)
 {
-    cJSON *root = cJSON_CreateObject();
-    cJSON *schema = cJSON_AddObjectToObject(root, "schema"); /* docs/JSON.md */
-    cJSON_AddStringToObject(schema, "name", "kvq.kveval.decode");
-    cJSON_AddNumberToObject(schema, "version", KVQ_JSON_DECODE_VERSION);
-    cJSON_AddStringToObject(root, "tool", "kveval");
-    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
-    cJSON_AddStringToObject(root, "task", "decode");
-    cJSON *mj = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(mj, "path", m->path);
-    cJSON_AddNumberToObject(mj, "ctx_len", m->hp.ctx_len);
+    cJSON *root = kvq_kveval_json_head("kvq.kveval.decode", KVQ_JSON_DECODE_VERSION, "decode", m);
     if (tok) cJSON_AddStringToObject(root, "tokenizer", kvq_tokenizer_describe(tok));
     cJSON_AddStringToObject(root, "scheme", s->name);
     if (s->art_path) cJSON_AddStringToObject(root, "artifact", s->art_path);

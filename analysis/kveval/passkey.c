@@ -358,16 +358,7 @@ kvq_status kvq_passkey_report_json(const char *path, const kvq_model *m, const k
 {
     bool keep[KVQ_PASSKEY_MAX];
     summary_lengths(o, r, keep);
-    cJSON *root = cJSON_CreateObject();
-    cJSON *schema = cJSON_AddObjectToObject(root, "schema"); /* docs/JSON.md */
-    cJSON_AddStringToObject(schema, "name", "kvq.kveval.passkey");
-    cJSON_AddNumberToObject(schema, "version", KVQ_JSON_PASSKEY_VERSION);
-    cJSON_AddStringToObject(root, "tool", "kveval");
-    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
-    cJSON_AddStringToObject(root, "task", "passkey");
-    cJSON *mj = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(mj, "path", m->path);
-    cJSON_AddNumberToObject(mj, "ctx_len", m->hp.ctx_len);
+    cJSON *root = kvq_kveval_json_head("kvq.kveval.passkey", KVQ_JSON_PASSKEY_VERSION, "passkey", m);
     cJSON_AddStringToObject(root, "tokenizer", kvq_tokenizer_describe(tok));
     cJSON *oj = cJSON_AddObjectToObject(root, "options");
     cJSON *lj = cJSON_AddArrayToObject(oj, "lengths"), *dj = cJSON_AddArrayToObject(oj, "depths");

@@ -223,4 +223,9 @@ size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *pre
  * failure. Errors: KVQ_EIO naming the path, KVQ_ENOMEM. */
 kvq_status kvq_ppl_report_json(const char *path, const kvq_ppl_report *r, kvq_err *err);
 
+/* The head of kveval's per-task JSON reports (docs/JSON.md; passkey.c, decode_eval.c): schema {name,
+ * version}, tool "kveval", version, task, model {path, ctx_len}. Returns the root (the caller deletes it). */
+struct cJSON;
+struct cJSON *kvq_kveval_json_head(const char *schema, int version, const char *task, const kvq_model *m);
+
 #endif

@@ -228,6 +228,21 @@ size_t kvq_ppl_report_warnings(FILE *f, const kvq_ppl_report *r, const char *pre
     return n;
 }
 
+cJSON *kvq_kveval_json_head(const char *schema, int version, const char *task, const kvq_model *m)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *sj = cJSON_AddObjectToObject(root, "schema");
+    cJSON_AddStringToObject(sj, "name", schema);
+    cJSON_AddNumberToObject(sj, "version", version);
+    cJSON_AddStringToObject(root, "tool", "kveval");
+    cJSON_AddStringToObject(root, "version", KVQ_VERSION);
+    cJSON_AddStringToObject(root, "task", task);
+    cJSON *mj = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(mj, "path", m->path);
+    cJSON_AddNumberToObject(mj, "ctx_len", m->hp.ctx_len);
+    return root;
+}
+
 static cJSON *build(const kvq_ppl_report *r)
 {
     const kvq_windows *w = r->win;
