@@ -525,10 +525,12 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    /* the files read: the model first (its loader reports it), then the text, tokenizer and artifacts */
+    kvq_cli_file ins[3 + KVQ_STRLIST_MAX] = {{"--model", o.model}, {"--text", o.text}, {"--tokenizer", o.tokenizer}};
+    int n_in = 3;
+    for (int i = 0; i < o.artifacts.n && n_in < 3 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
     { /* the JSON output must be writable and replace no input (it used to overwrite --text or --tokenizer) */
-        kvq_cli_file outs[1] = {{"--json", o.json}}, ins[2 + KVQ_STRLIST_MAX] = {{"--model", o.model}, {"--text", o.text}, {"--tokenizer", o.tokenizer}};
-        int n_in = 3;
-        for (int i = 0; i < o.artifacts.n && n_in < 2 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
+        kvq_cli_file outs[1] = {{"--json", o.json}};
         if (kvq_cli_check_outputs(outs, 1, ins, n_in, &e)) return fail(NULL, &e, 2);
     }
 
@@ -588,10 +590,7 @@ int main(int argc, char **argv)
     { /* after the command line's own checks (exit 2), before the model is loaded: the inputs readable (a missing
        * --text was reported after the load); stat and access, never open: a FIFO would block (the loaders refuse
        * what is not a regular file) */
-        kvq_cli_file ins[2 + KVQ_STRLIST_MAX] = {{"--text", o.text}, {"--tokenizer", o.tokenizer}};
-        int n_in = 2;
-        for (int i = 0; i < o.artifacts.n && n_in < 2 + KVQ_STRLIST_MAX; i++) ins[n_in++] = (kvq_cli_file){"--artifact", o.artifacts.v[i]};
-        for (int i = 0; i < n_in; i++) {
+        for (int i = 1; i < n_in; i++) {
             struct stat sb;
             if (ins[i].path && (stat(ins[i].path, &sb) != 0 || (S_ISREG(sb.st_mode) && access(ins[i].path, R_OK) != 0))) {
                 fprintf(stderr, "kveval: %s %s: cannot open: %s\n", ins[i].opt, ins[i].path, strerror(errno));
