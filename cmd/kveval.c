@@ -271,9 +271,9 @@ static int run_decode(const kveval_opts *o)
     kvq_device dev;
     int gpu = 0;
     if (kvq_device_parse(o->device ? o->device : "auto", &dev, &gpu, &e)) return fail(NULL, &e, e.code == KVQ_EINVAL ? 2 : 1);
-    if (dev == KVQ_DEVICE_CUDA && (o->kv_fp16 || o->dequant_attn)) {
+    if (dev == KVQ_DEVICE_CUDA && o->dequant_attn) {
         if (o->device) {
-            fprintf(stderr, "kveval: --kv-fp16 and --dequant-attn run on the CPU only; use --device cpu\n");
+            fprintf(stderr, "kveval: --dequant-attn (a diagnostic) runs on the CPU only; use --device cpu\n");
             return 2;
         }
         dev = KVQ_DEVICE_CPU; /* auto */

@@ -86,6 +86,8 @@ void kvq_decoder_free(kvq_decoder *d)
     free(d->logits);
     free(d->kbuf);
     free(d->vbuf);
+    kvq_cuda_free(d->kbuf_dev);
+    kvq_cuda_free(d->vbuf_dev);
     free(d->dk);
     free(d->dv);
     kvq_attn_ws_free(&d->aws);
@@ -103,8 +105,8 @@ kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kv
 {
     memset(d, 0, sizeof *d);
     const bool cuda = dev == KVQ_DEVICE_CUDA;
-    if (cuda && (fwd_flags & (KVQ_DECODE_KV_FP16 | KVQ_DECODE_DEQUANT_ATTN)))
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "decoder: fp16 K/V rounding and the dequantized-cache attention run on the CPU only");
+    if (cuda && (fwd_flags & KVQ_DECODE_DEQUANT_ATTN))
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "decoder: the dequantized-cache attention (a diagnostic) runs on the CPU only");
     const kvq_hparams *hp = &m->hp;
     if (n_seqs == 0 || n_seqs > (1u << 16))
         return kvq_fail(err, KVQ_EINVAL, "decoder: %zu sequences, expected 1..65536", n_seqs);
@@ -123,7 +125,7 @@ kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kv
     d->targets = malloc(n_seqs * sizeof *d->targets);
     d->logits = malloc(n_seqs * (size_t)hp->vocab_size * sizeof *d->logits);
     d->kv_fp16 = (fwd_flags & KVQ_DECODE_KV_FP16) != 0;
-    if (d->kv_fp16) {
+    if (d->kv_fp16 && !cuda) {
         d->kbuf = malloc(n_seqs * (size_t)kvq_kv_dim(hp) * sizeof *d->kbuf);
         d->vbuf = malloc(n_seqs * (size_t)kvq_kv_dim(hp) * sizeof *d->vbuf);
     }
@@ -132,7 +134,7 @@ kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kv
         d->dk = malloc(max_tokens * (size_t)kvq_kv_dim(hp) * sizeof *d->dk);
         d->dv = malloc(max_tokens * (size_t)kvq_kv_dim(hp) * sizeof *d->dv);
     }
-    if ((!d->cache && !d->gcache) || !d->pos || !d->targets || !d->logits || (d->kv_fp16 && (!d->kbuf || !d->vbuf)) ||
+    if ((!d->cache && !d->gcache) || !d->pos || !d->targets || !d->logits || (d->kv_fp16 && !cuda && (!d->kbuf || !d->vbuf)) ||
         (d->dequant_attn && (!d->dk || !d->dv))) {
         kvq_decoder_free(d);
         return kvq_fail(err, KVQ_ENOMEM, "decoder: out of memory for %zu sequences", n_seqs);
@@ -140,6 +142,11 @@ kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kv
     for (size_t b = 0; b < n_seqs; b++) d->targets[b] = -1;
     kvq_status st = cuda ? kvq_forward_cuda_init(&d->gpu, m, (int)n_seqs, 0, 0, KVQ_CUDA_EXACT, gpu, err)
                          : kvq_forward_init(&d->fw, m, (int)n_seqs, 0, fwd_flags & KVQ_FWD_ROW_INVARIANT, err);
+    if (!st && cuda && d->kv_fp16) {
+        const size_t bytes = n_seqs * (size_t)kvq_kv_dim(hp) * sizeof(float);
+        st = kvq_cuda_alloc((void **)&d->kbuf_dev, bytes, err);
+        if (!st) st = kvq_cuda_alloc((void **)&d->vbuf_dev, bytes, err);
+    }
     if (!st && d->dequant_attn)
         st = kvq_attn_ws_init(&d->aws, 1, (int)max_tokens, hp->n_kv_heads, hp->head_dim, omp_get_max_threads(), err);
     for (int l = 0; !st && l < hp->n_layers; l++) {
@@ -208,6 +215,15 @@ static kvq_status dec_attend_cuda(void *user, const kvq_layer_ctx *c, const floa
         return kvq_fail(err, KVQ_EINVAL, "decoder: %d rows for %zu sequences", c->T, d->n_seqs);
     kvq_kvcache_cuda *kc = d->gcache[c->layer];
     const float *k = d->post_rope ? k_post : k_pre;
+    if (d->kv_fp16) { /* as dec_attend: values, and pre-RoPE keys, rounded on the device */
+        const size_t n = d->n_seqs * kvd;
+        if (!d->post_rope) {
+            KVQ_TRY(kvq_cuda_round_fp16(d->kbuf_dev, k, n, err));
+            k = d->kbuf_dev;
+        }
+        KVQ_TRY(kvq_cuda_round_fp16(d->vbuf_dev, v, n, err));
+        v = d->vbuf_dev;
+    }
     for (size_t b = 0; b < d->n_seqs; b++)
         if (kvq_kvcache_cuda_append(kc, b, k + b * kvd, v + b * kvd, 1, err)) return kvq_err_prefix(err, "sequence %zu", b);
     return kvq_kvcache_cuda_attend(kc, q, (size_t)c->n_heads, 0, out, 0, 1, err);

@@ -110,7 +110,8 @@ typedef struct {
     bool dequant_attn;      /* KVQ_DECODE_DEQUANT_ATTN */
     kvq_attn_ws aws;        /* its workspace: one query after max_tokens - 1 prefix keys */
     float *dk, *dv;         /* [max_tokens][kv_dim] its dequantized K/V of one sequence */
-    float *kbuf, *vbuf;     /* [B][kv_dim] rounded copies (kv_fp16) */
+    float *kbuf, *vbuf;     /* [B][kv_dim] rounded copies (kv_fp16, CPU) */
+    float *kbuf_dev, *vbuf_dev; /* the same in device memory (kv_fp16, CUDA) */
     double seconds;         /* wall time of the steps so far */
     size_t steps;           /* steps so far */
 } kvq_decoder;
@@ -125,8 +126,8 @@ kvq_status kvq_decoder_init(kvq_decoder *d, const kvq_model *m, const kvq_eval_s
                             unsigned fwd_flags, kvq_err *err);
 /* The same on a device: KVQ_DEVICE_CPU is kvq_decoder_init; KVQ_DEVICE_CUDA on
  * GPU `gpu` (the N of cuda:N), KVQ_FWD_ROW_INVARIANT ignored, KVQ_DECODE_KV_FP16
- * and KVQ_DECODE_DEQUANT_ATTN refused (KVQ_EUNSUPPORTED: CPU only). In a build
- * without CUDA: KVQ_EUNSUPPORTED. */
+ * rounding on the device (kvq_cuda_round_fp16, the CPU's rule), KVQ_DECODE_DEQUANT_ATTN
+ * refused (KVQ_EUNSUPPORTED: CPU only). In a build without CUDA: KVQ_EUNSUPPORTED. */
 kvq_status kvq_decoder_init_on(kvq_decoder *d, kvq_device dev, int gpu, const kvq_model *m, const kvq_eval_scheme *s,
                                size_t n_seqs, size_t max_tokens, unsigned fwd_flags, kvq_err *err);
 void kvq_decoder_free(kvq_decoder *d);

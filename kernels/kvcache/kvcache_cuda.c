@@ -66,4 +66,16 @@ kvq_status kvq_cuda_fill_half(uint16_t *dev, size_t n, uint64_t seed, kvq_err *e
     (void)dev; (void)n; (void)seed;
     return NOCUDA("kvq_cuda_fill_half");
 }
+kvq_status kvq_cuda_round_fp16(float *dst_dev, const float *src_dev, size_t n, kvq_err *err)
+{
+    (void)dst_dev; (void)src_dev; (void)n;
+    return NOCUDA("kvq_cuda_round_fp16");
+}
+kvq_status kvq_cuda_alloc(void **out, size_t bytes, kvq_err *err)
+{
+    (void)bytes;
+    if (out) *out = NULL;
+    return NOCUDA("kvq_cuda_alloc");
+}
+void kvq_cuda_free(void *dev) { (void)dev; }
 #endif

@@ -1055,6 +1055,38 @@ extern "C" kvq_status kvq_cuda_fill_half(uint16_t *dev, size_t n, uint64_t seed,
     return KVQ_OK;
 }
 
+__global__ void round_fp16_kernel(float *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __half2float(__ushort_as_half(f2h_sat(src[i])));
+}
+
+extern "C" kvq_status kvq_cuda_round_fp16(float *dst, const float *src, size_t n, kvq_err *err)
+{
+    if (!n) return KVQ_OK;
+    const size_t nb = (n + 255) / 256;
+    round_fp16_kernel<<<(unsigned)(nb < 4096 ? nb : 4096), 256>>>(dst, src, n);
+    CKL();
+    CK(cudaDeviceSynchronize());
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_cuda_alloc(void **out, size_t bytes, kvq_err *err)
+{
+    *out = nullptr;
+    const cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = nullptr;
+        return kvq_fail(err, KVQ_ENOMEM, "CUDA: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+    }
+    return KVQ_OK;
+}
+
+extern "C" void kvq_cuda_free(void *dev)
+{
+    if (dev) cudaFree(dev);
+}
+
 extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t len, size_t per_row, uint64_t seed, kvq_err *err)
 {
     const kvq_kvcache_config *g = &c->cfg;

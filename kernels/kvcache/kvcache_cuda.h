@@ -135,6 +135,16 @@ kvq_status kvq_cublas_attend(kvq_cublas *b, const kvq_fp16_cache *f, const float
 /* Fill n half values at dev with pseudo-random numbers in [-1, 1) (benchmark). */
 kvq_status kvq_cuda_fill_half(uint16_t *dev, size_t n, uint64_t seed, kvq_err *err);
 
+/* dst_dev[i] = src_dev[i] rounded to fp16 and back to float: round to nearest even, saturating at ±65504
+ * (kvq_round_fp16's rule, quant.h; the cache's fp16 rows use the same), n floats in device memory, dst_dev may
+ * equal src_dev; returns after the kernel completed. What the decoder's KVQ_DECODE_KV_FP16 appends on the GPU
+ * (kernels/decode/decode.h). Errors: KVQ_EIO naming the CUDA error. */
+kvq_status kvq_cuda_round_fp16(float *dst_dev, const float *src_dev, size_t n, kvq_err *err);
+/* *out = bytes of device memory (cudaMalloc; NULL and KVQ_ENOMEM naming the size when it fails); kvq_cuda_free
+ * releases it (NULL ignored). For callers in C that hold device scratch (the decoder). */
+kvq_status kvq_cuda_alloc(void **out, size_t bytes, kvq_err *err);
+void kvq_cuda_free(void *dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,12 @@
  * Per scheme and batch: GPU tokens equal to the CPU's for how many steps of each prompt; the first step's logits
  * (after the prefill) max |diff| and relative L2; the worst max |diff| up to the first differing token; tokens/s of
  * the decode steps (prefill excluded) on each device; the caches' bytes (an attention pass's reads) on each device.
+ * Judged with the K/V of both runs rounded to fp16 before the append (KVQ_DECODE_KV_FP16, on the device for the GPU:
+ * kvq_cuda_round_fp16), as test_decode.c judges the CPU decode against the simulation: the two forwards' K/V differ by
+ * rounding (~1e-6 relative), which in fp32 can move values across code boundaries and outlier thresholds (an H100
+ * run without the rounding: the first step's logits up to 0.19 relative L2 apart on stories260K, head_dim 8), while
+ * after fp16 rounding they are the same numbers but for the rare value at an fp16 rounding boundary. The same comparison
+ * without the rounding follows each scheme, reported only.
  * Pass: the first step's logits within 1e-2 relative L2 (the GPU cache attends in fp32 with P·V on the tensor cores,
  * ~1e-4..5e-4 relative on the attention output, kvcache_cuda.h) and the first token equal or a tie (the CPU's logit
  * margin between its token and the GPU's at most 5e-2). Later steps are reported only: rounding moves quantization codes across boundaries
@@ -35,7 +41,7 @@ static void lcg_tokens(int *tok, int n, int V, uint32_t seed)
 
 /* decode n prompts in batches of B on dev: tokens [n][S], logits [n][S][V], decode seconds, bytes of the first batch */
 static void decode_all(kvq_device dev, const kvq_model *m, const kvq_eval_scheme *s, const int *prompts, int n, int P, int S, int B,
-                       int *tok, float *lg, double *sec, size_t *bytes)
+                       unsigned flags, int *tok, float *lg, double *sec, size_t *bytes)
 {
     kvq_err err = {0};
     const size_t V = (size_t)m->hp.vocab_size;
@@ -43,7 +49,7 @@ static void decode_all(kvq_device dev, const kvq_model *m, const kvq_eval_scheme
     for (int b0 = 0; b0 < n; b0 += B) {
         const int nb = n - b0 < B ? n - b0 : B;
         kvq_decoder d;
-        TRYE(kvq_decoder_init_on(&d, dev, 0, m, s, (size_t)nb, (size_t)(P + S - 1), 0, &err));
+        TRYE(kvq_decoder_init_on(&d, dev, 0, m, s, (size_t)nb, (size_t)(P + S - 1), flags, &err));
         double pf, dc;
         TRYE(kvq_decoder_generate(&d, prompts + (size_t)b0 * P, (size_t)P, (size_t)S, tok + (size_t)b0 * S,
                                   lg + (size_t)b0 * S * V, &pf, &dc, NULL, &err));
@@ -53,7 +59,9 @@ static void decode_all(kvq_device dev, const kvq_model *m, const kvq_eval_scheme
     }
 }
 
-static int compare_scheme(const kvq_model *m, const kvq_eval_scheme *s, const int *prompts, int n, int P, int S, int B)
+/* fp16: K/V rounded to fp16 before the append in both runs (KVQ_DECODE_KV_FP16), the judged comparison; without it the
+ * runs are reported only (a rounding-level difference of the two forwards' K/V flips codes: see the head of this file) */
+static int compare_scheme(const kvq_model *m, const kvq_eval_scheme *s, const int *prompts, int n, int P, int S, int B, bool fp16)
 {
     const size_t V = (size_t)m->hp.vocab_size;
     int *tc = malloc((size_t)n * S * sizeof *tc), *tg = malloc((size_t)n * S * sizeof *tg);
@@ -61,8 +69,9 @@ static int compare_scheme(const kvq_model *m, const kvq_eval_scheme *s, const in
     if (!tc || !tg || !lc || !lgp) DIE("out of memory");
     double sc, sg;
     size_t bc, bg;
-    decode_all(KVQ_DEVICE_CPU, m, s, prompts, n, P, S, B, tc, lc, &sc, &bc);
-    decode_all(KVQ_DEVICE_CUDA, m, s, prompts, n, P, S, B, tg, lgp, &sg, &bg);
+    const unsigned fl = fp16 ? KVQ_DECODE_KV_FP16 : 0u;
+    decode_all(KVQ_DEVICE_CPU, m, s, prompts, n, P, S, B, fl, tc, lc, &sc, &bc);
+    decode_all(KVQ_DEVICE_CUDA, m, s, prompts, n, P, S, B, fl, tg, lgp, &sg, &bg);
     int ok = 1;
     for (int i = 0; i < n; i++) {
         const float *c0 = lc + (size_t)i * S * V, *g0 = lgp + (size_t)i * S * V;
@@ -79,13 +88,14 @@ static int compare_scheme(const kvq_model *m, const kvq_eval_scheme *s, const in
             first_ok = margin <= 5e-2;
         }
         const bool pass = r0 <= 1e-2 && first_ok;
-        ok &= pass;
-        printf("  %-22s B=%d prompt %d: tokens equal for %3d of %d steps; step 0 logits max|diff| %.3g rel L2 %.2g; worst max|diff| "
+        if (fp16) ok &= pass;
+        printf("  %-22s %s B=%d prompt %d: tokens equal for %3d of %d steps; step 0 logits max|diff| %.3g rel L2 %.2g; worst max|diff| "
                "while equal %.3g %s\n",
-               s->name, B, i, eq, S, d0, r0, worst, pass ? "ok" : "FAIL");
+               s->name, fp16 ? "fp16 K/V" : "fp32 K/V", B, i, eq, S, d0, r0, worst, !fp16 ? "(reported)" : pass ? "ok" : "FAIL");
     }
     const double ntok = (double)n * (S - 1);
-    printf("  %-22s B=%d decode tokens/s: CPU %.1f, GPU %.1f (%.2fx); cache bytes (first batch) CPU %zu, GPU %zu\n", s->name, B,
+    printf("  %-22s %s B=%d decode tokens/s: CPU %.1f, GPU %.1f (%.2fx); cache bytes (first batch) CPU %zu, GPU %zu\n", s->name,
+           fp16 ? "fp16 K/V" : "fp32 K/V", B,
            sc > 0 ? ntok / sc : NAN, sg > 0 ? ntok / sg : NAN, sg > 0 && sc > 0 ? sc / sg : NAN, bc, bg);
     free(tc);
     free(tg);
@@ -128,8 +138,9 @@ static int tiny_model(const char *rel)
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         kvq_eval_scheme s;
         TRYE(kvq_eval_scheme_make(specs[i], &set, &m.hp, &s, &err));
-        ok &= compare_scheme(&m, &s, prompts, n, P, S, 1);
-        ok &= compare_scheme(&m, &s, prompts, n, P, S, 3);
+        ok &= compare_scheme(&m, &s, prompts, n, P, S, 1, true);
+        ok &= compare_scheme(&m, &s, prompts, n, P, S, 3, true);
+        compare_scheme(&m, &s, prompts, n, P, S, 1, false);
     }
     kvq_artifact_set_free(&set);
     for (int i = 0; i < 3; i++) remove(ap[i]);
@@ -161,8 +172,9 @@ static int real_model(const char *model, const char *artifact, const char *schem
     if (!prompts) DIE("out of memory");
     for (size_t i = 0; i < (size_t)n * P; i++) prompts[i] = win.tokens[i];
     printf("\n%s, %s, %d prompts x %d tokens, %d steps\n", model, s.name, n, P, steps);
-    int ok = compare_scheme(&m, &s, prompts, n, P, steps, 1);
-    ok &= compare_scheme(&m, &s, prompts, n, P, steps, n);
+    int ok = compare_scheme(&m, &s, prompts, n, P, steps, 1, true);
+    ok &= compare_scheme(&m, &s, prompts, n, P, steps, n, true);
+    compare_scheme(&m, &s, prompts, n, P, steps, 1, false);
     free(prompts);
     kvq_windows_free(&win);
     kvq_text_free(&txt);

@@ -505,9 +505,12 @@ int main(void)
         {2, 2, 64, 2, 4, 2, 1, 1, 900, 0.01, 4},    /* IntactKV prefix of 4 (and a sink: n_exact 4) */
         {2, 2, 128, 1, 3, 3, 1, 1, 1500, 0.01, 0},  /* Llama-like head, nuq3 (the 3-bit key units and value slots) */
         {2, 3, 64, 3, 3, 2, 3, 1, 1300, 0.01, 0},   /* SmolLM2 heads, 3-bit keys, 2-bit values */
+        {3, 4, 8, 2, 3, 3, 4, 1, 300, 0.01, 0},     /* stories260K's heads (head_dim 8, GQA 2; gpu_check --decode) */
+        {3, 4, 8, 2, 2, 4, 1, 2, 300, 0.01, 0},     /* the same, 2-bit keys, 4-bit values, 2 sink tokens */
+        {2, 4, 16, 1, 4, 2, 4, 1, 300, 0.01, 0},    /* aidreams260K's heads (head_dim 16, MHA) */
     };
     const char *names[] = {"llama-like 4/4", "smollm-like 2/2 gqa3", "d256 3/4 gqa5", "d40 4/3", "d9 2/4 gqa12", "long 4/2", "prefix 4 nuq 4/2", "llama-like 3/3",
-                           "smollm-like 3/2 gqa3"};
+                           "smollm-like 3/2 gqa3", "stories-like d8 3/3 gqa2", "stories-like d8 2/4 sink2", "aidreams-like d16 4/2"};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
     run_limit();
     run_refusals();
