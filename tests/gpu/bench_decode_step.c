@@ -5,9 +5,9 @@
  *
  * The step (one token per sequence, all B sequences at the same position N): token embedding (bf16 table);
  * per layer RMSNorm, Q/K/V projections (one cuBLAS strided-batched bf16 GEMM, fp32 accumulation and output:
- * cublasGemmStridedBatchedEx; the activation rounded to bf16 first), RoPE on q (and on k for the fp16 cache
- * and KIVI, whose keys are post-RoPE; NUQ appends pre-RoPE keys and rotates after dequantization), the new
- * token appended to the layer's cache (kvq_kvcache_cuda_append, one call per sequence; the fp16 cache: one
+ * cublasGemmStridedBatchedEx; the activation rounded to bf16 first), RoPE on q (and on k for the fp16 cache;
+ * NUQ appends pre-RoPE keys and rotates after dequantization; KIVI, configured with post-RoPE keys and the
+ * model's RoPE, rotates the pre-RoPE keys it is given before quantizing them), the new token appended to the layer's cache (kvq_kvcache_cuda_append, one call per sequence; the fp16 cache: one
  * kernel writing the fp16 row), decode attention (kvq_kvcache_cuda_attend; the fp16 cache: kvq_fp16_attend,
  * the tuned split-K kernel), O projection, residual, RMSNorm, SwiGLU MLP (gate and up as one batched GEMM),
  * residual; final RMSNorm and the LM head (32000 logits per sequence). Activations fp32; RMSNorm, SwiGLU,
@@ -42,7 +42,7 @@
  *     product of the same bf16 values, small shapes: relative L2 <= 1e-5;
  *  2. one layer's step at small N (B = 2, N = 200) for every format: the pre-step cache downloaded
  *     (kvq_kvcache_cuda_download) into a CPU cache (kernels/kvcache/kvcache.h), the layer's own K/V appended
- *     there (kvq_kvcache_append; KIVI keys rotated by kvq_rope_rotate), its q rotated by kvq_rope_rotate and
+ *     there (kvq_kvcache_append), its q rotated by kvq_rope_rotate and
  *     kvq_kvcache_attend (float64) against the device's attention output: relative L2 <= 1e-3 (the GPU
  *     cache's stated tolerance, kvcache_cuda.h); the device RoPE of q against kvq_rope_rotate: relative
  *     L2 <= 1e-6; fp16: the appended row against fp16(kvq_rope_rotate(k)) (at most 1 fp16 ulp apart) and
@@ -316,12 +316,9 @@ static void step(model *M, caches *C, marks *mk, capture *cap, unsigned tok_seed
             mark(mk, CAT_ATTN);
             OK(kvq_fp16_attend(&C->fc[l], M->qr, (size_t)nh, 0, M->att, C->part, 0, 0, ERR));
         } else {
-            const float *kk = k;
-            if (C->cfg.post_rope) { /* KIVI keys post-RoPE */
-                KD(kvq_ds_rope(M->kr, k, B, H, D, (long)pos, ROPE_THETA));
-                kk = M->kr;
-            }
-            for (int b = 0; b < B; b++) OK(kvq_kvcache_cuda_append(C->pc[l], (size_t)b, kk + b * kvd, v + b * kvd, 1, ERR));
+            /* pre-RoPE keys: NUQ quantizes them so and rotates after dequantization; KIVI (post_rope with the model's
+             * RoPE in its configuration) rotates them on the way in, before quantizing (kvcache_cuda.h) */
+            for (int b = 0; b < B; b++) OK(kvq_kvcache_cuda_append(C->pc[l], (size_t)b, k + b * kvd, v + b * kvd, 1, ERR));
             mark(mk, CAT_ATTN);
             OK(kvq_kvcache_cuda_attend(C->pc[l], M->qr, (size_t)nh, 0, M->att, 0, 0, ERR));
         }
@@ -503,8 +500,7 @@ static int check_layer(model *M, int fmt)
             }
         tol = 1e-4;
     } else {
-        const float *kk = C.cfg.post_rope ? kh : cp.k;
-        for (size_t b = 0; b < B; b++) OK(kvq_kvcache_append(cpu, b, kk + b * kvd, cp.v + b * kvd, 1, ERR));
+        for (size_t b = 0; b < B; b++) OK(kvq_kvcache_append(cpu, b, cp.k + b * kvd, cp.v + b * kvd, 1, ERR));
         float *o32 = malloc(B * d * 4);
         if (!o32) { fprintf(stderr, "out of host memory\n"); exit(2); }
         OK(kvq_kvcache_attend(cpu, qh, nh, 0, o32, ERR));
