@@ -203,41 +203,6 @@ static void caches_config(caches *C, const kvq_dp_model *m, int fmt, size_t B, s
     g->outlier_cap = kvq_dp_ent_cap(N, 1, extra);
 }
 
-/* allocate and fill every layer's cache to N positions (seed per layer) */
-static void caches_create(caches *C, const kvq_dp_model *m, int fmt, size_t B, size_t N, size_t extra)
-{
-    caches_config(C, m, fmt, B, N, extra);
-    const size_t L = m->n_layers, H = m->n_kv_heads, D = m->head_dim;
-    C->len = N;
-    if (fmt == F_FP16) {
-        C->fc = calloc(L, sizeof *C->fc);
-        if (!C->fc) { fprintf(stderr, "out of host memory\n"); exit(2); }
-        for (size_t l = 0; l < L; l++) {
-            uint16_t *k, *v;
-            CU(cudaMalloc((void **)&k, B * H * C->cap * D * 2));
-            CU(cudaMalloc((void **)&v, B * H * C->cap * D * 2));
-            OK(kvq_cuda_fill_half(k, B * H * C->cap * D, 11 + 2 * l, ERR));
-            OK(kvq_cuda_fill_half(v, B * H * C->cap * D, 12 + 2 * l, ERR));
-            C->fc[l] = (kvq_fp16_cache){B, H, D, C->cap, N, k, v};
-        }
-        kvq_fp16_cache f = C->fc[0];
-        size_t part = 0; /* the split count follows the length: the most any length of the row asks for */
-        for (f.len = N; f.len <= C->cap; f.len++) {
-            const size_t s = kvq_fp16_attend_scratch(&f, m->n_heads, 0);
-            if (s > part) part = s;
-        }
-        CU(cudaMalloc((void **)&C->part, part * 4));
-        CU(cudaDeviceSynchronize());
-        return;
-    }
-    C->pc = calloc(L, sizeof *C->pc);
-    if (!C->pc) { fprintf(stderr, "out of host memory\n"); exit(2); }
-    for (size_t l = 0; l < L; l++) {
-        OK(kvq_kvcache_cuda_create(&C->pc[l], &C->cfg, ERR));
-        OK(kvq_kvcache_cuda_fill_random(C->pc[l], N, 1, 99 + 7 * l, ERR));
-    }
-}
-
 static void caches_free(caches *C, size_t L)
 {
     for (size_t l = 0; C->fc && l < L; l++) {
@@ -252,6 +217,66 @@ static void caches_free(caches *C, size_t L)
     free(C->lo);
     free(C->hi);
     memset(C, 0, sizeof *C);
+}
+
+/* a device allocation that may fail for memory (the row is then skipped): 0, or 1 with the reason in why */
+static int try_alloc(void **p, size_t bytes, const char *what, char *why, size_t nwhy)
+{
+    const cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return 0;
+    *p = NULL;
+    if (e != cudaErrorMemoryAllocation) CU(e);
+    (void)cudaGetLastError();
+    snprintf(why, nwhy, "%s: cudaMalloc of %zu bytes: %s", what, bytes, cudaGetErrorString(e));
+    return 1;
+}
+
+/* allocate and fill every layer's cache to N positions (seed per layer). 0, or 1 when the device memory ran out
+ * (why says where; everything allocated is freed again); any other failure is fatal */
+static int caches_create(caches *C, const kvq_dp_model *m, int fmt, size_t B, size_t N, size_t extra, char *why, size_t nwhy)
+{
+    caches_config(C, m, fmt, B, N, extra);
+    const size_t L = m->n_layers, H = m->n_kv_heads, D = m->head_dim;
+    C->len = N;
+    if (fmt == F_FP16) {
+        C->fc = calloc(L, sizeof *C->fc);
+        if (!C->fc) { fprintf(stderr, "out of host memory\n"); exit(2); }
+        for (size_t l = 0; l < L; l++) {
+            uint16_t *k = NULL, *v = NULL;
+            const size_t n = B * H * C->cap * D;
+            if (try_alloc((void **)&k, n * 2, "fp16 keys", why, nwhy) || try_alloc((void **)&v, n * 2, "fp16 values", why, nwhy)) {
+                if (k) cudaFree(k);
+                caches_free(C, L);
+                return 1;
+            }
+            C->fc[l] = (kvq_fp16_cache){B, H, D, C->cap, N, k, v};
+            OK(kvq_cuda_fill_half(k, n, 11 + 2 * l, ERR));
+            OK(kvq_cuda_fill_half(v, n, 12 + 2 * l, ERR));
+        }
+        kvq_fp16_cache f = C->fc[0];
+        size_t part = 0; /* the split count follows the length: the most any length of the row asks for */
+        for (f.len = N; f.len <= C->cap; f.len++) {
+            const size_t s = kvq_fp16_attend_scratch(&f, m->n_heads, 0);
+            if (s > part) part = s;
+        }
+        if (try_alloc((void **)&C->part, part * 4, "fp16 attention partials", why, nwhy)) { caches_free(C, L); return 1; }
+        CU(cudaDeviceSynchronize());
+        return 0;
+    }
+    C->pc = calloc(L, sizeof *C->pc);
+    if (!C->pc) { fprintf(stderr, "out of host memory\n"); exit(2); }
+    for (size_t l = 0; l < L; l++) {
+        kvq_err e;
+        kvq_status st = kvq_kvcache_cuda_create(&C->pc[l], &C->cfg, &e);
+        if (st == KVQ_OK) st = kvq_kvcache_cuda_fill_random(C->pc[l], N, 1, 99 + 7 * l, &e);
+        if (st == KVQ_ENOMEM) {
+            snprintf(why, nwhy, "layer %zu: %.400s", l, e.msg);
+            caches_free(C, L);
+            return 1;
+        }
+        if (st != KVQ_OK) { fprintf(stderr, "error in the cache of layer %zu: %s\n", l, e.msg); exit(2); }
+    }
+    return 0;
 }
 
 /* bytes attention reads from all layers' caches in their current state */
@@ -440,7 +465,8 @@ static int check_layer(model *M, int fmt)
     const kvq_dp_model *m = &M->m;
     const size_t B = 2, N = 200, L = m->n_layers, d = m->dim, H = m->n_kv_heads, D = m->head_dim, kvd = H * D, nh = m->n_heads;
     caches C;
-    caches_create(&C, m, fmt, B, N, 8);
+    char why[1024];
+    if (caches_create(&C, m, fmt, B, N, 8, why, sizeof why)) { fprintf(stderr, "check: %s: %s\n", fmt_name[fmt], why); exit(2); }
     step(M, &C, NULL, NULL, 1); /* one real token first, so the checked step's cache holds appended rows too */
     capture cp = {L / 2, malloc(B * d * 4), malloc(B * kvd * 4), malloc(B * kvd * 4), malloc(B * d * 4), malloc(B * d * 4)};
     double *ref = malloc(B * d * 8);
@@ -801,7 +827,12 @@ int main(int argc, char **argv)
                         continue;
                     }
                     caches C;
-                    caches_create(&C, m, fmt, B, N, extra);
+                    char why[1024];
+                    if (caches_create(&C, m, fmt, B, N, extra, why, sizeof why)) {
+                        printf("%-8s %3zu %8zu | skipped: out of device memory (%s)\n", fmt_name[fmt], B, N, why);
+                        snprintf(skipped + strlen(skipped), sizeof skipped - strlen(skipped), "  %s: out of device memory at allocation (%s)\n", tag, why);
+                        continue;
+                    }
                     result r;
                     memset(&r, 0, sizeof r);
                     time_row(&M, &C, warm, reps, &mk, &r);
