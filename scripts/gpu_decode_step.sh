@@ -7,7 +7,8 @@
 #
 # usage: scripts/gpu_decode_step.sh [--quick | --moonshot] [OUTDIR] [-- bench_decode_step options]
 #   (default)   fp16, nuq4/3/2-1%, kivi2 at N = 4K, 32K, 128K and the longest N that fits, B = 1 and 32
-#               (about 2-4 minutes with a prebuilt binary; rows past a 420 s budget are listed as skipped)
+#               (estimated 1-3 minutes with a prebuilt binary; rows that would start past 3/4 of the time limit
+#               are listed as skipped)
 #   --quick     fp16 and nuq3-1% at B = 1, N = 4K and 32K (under a minute)
 #   --moonshot  nuq2-1% at B = 1, N = 1M and the longest N that fits (an H200: 139 GB; an 80 GB H100 skips 1M)
 #   OUTDIR      default $OUT/decode_step when $OUT is set, else out/gpu_decode_step; receives gpu.txt, run.log,
@@ -15,19 +16,25 @@
 #   KVQ_PREBUILT=DIR  use DIR/bench_decode_step built elsewhere (`make CUDA=1 gpu-tests`, then
 #               scripts/gpu_carry_bins.sh DIR bench_decode_step); DIR/lib (or DIR/libs.tar.xz, unpacked) goes on
 #               LD_LIBRARY_PATH. Without it the script builds with `make CUDA=1 CUDA_ARCH=sm_90 gpu-tests`.
+#   KVQ_TIMEOUT=S  the benchmark's time limit (default 560 s; rows start only within the first 3/4 of it):
+#               e.g. 270 for each of two runs chained in one 600 s device call
 # Exit status: that of bench_decode_step (0 done, 1 a check failed, 2 a CUDA/cuBLAS or usage error), or 3 when the
 # binary cannot be built or found.
 set -euo pipefail
 mode=()
-budget=420
+limit=${KVQ_TIMEOUT:-560}
+[[ "$limit" =~ ^[0-9]+$ ]] && [ "$limit" -ge 60 ] || { echo "gpu_decode_step: KVQ_TIMEOUT: expected seconds >= 60, found '$limit'" >&2; exit 2; }
+budget=$((limit * 3 / 4))
 case "${1:-}" in
---quick) mode=(--quick); budget=120; shift ;;
---moonshot) mode=(--moonshot); budget=420; shift ;;
--h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+--quick) mode=(--quick); budget=$((budget < 120 ? budget : 120)); shift ;;
+--moonshot) mode=(--moonshot); shift ;;
+-h|--help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then out=$1; shift; else out=${OUT:+$OUT/decode_step}; out=${out:-out/gpu_decode_step}; fi
 [ "${1:-}" = "--" ] && shift
 mkdir -p "$out"
+out=$(realpath "$out")
+[ -z "${KVQ_PREBUILT:-}" ] || KVQ_PREBUILT=$(realpath "$KVQ_PREBUILT")
 cd "$(dirname "$0")/.."
 echo "== build check"
 if [ -n "${KVQ_PREBUILT:-}" ]; then
@@ -48,7 +55,7 @@ done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt" || true
 echo "== checks and benchmark"
 rc=0
-timeout 560 "$bin" "${mode[@]}" --budget "$budget" --csv "$out/decode_step.csv" --md "$out/decode_step.md" "$@" 2>&1 | tee "$out/run.log" ||
+timeout "$limit" "$bin" "${mode[@]}" --budget "$budget" --csv "$out/decode_step.csv" --md "$out/decode_step.md" "$@" 2>&1 | tee "$out/run.log" ||
     rc=${PIPESTATUS[0]}
 echo "gpu_decode_step: exit $rc; results in $out (decode_step.csv, decode_step.md, run.log)"
 exit "$rc"
