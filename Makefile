@@ -214,6 +214,13 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(LIB)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $< -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
 
+# bench_decode_step has device kernels of its own (tests/gpu/bench_decode_step_kern.cu, through $(BUILD)/%.cu.o)
+$(BUILD)/gpu/bench_decode_step: tests/gpu/bench_decode_step.c tests/gpu/bench_decode_step_kern.h tests/gpu/decode_plan.h \
+                                $(BUILD)/tests/gpu/bench_decode_step_kern.cu.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  LD    $@',true)
+	$(Q)$(CC) $(CFLAGS) $< $(BUILD)/tests/gpu/bench_decode_step_kern.cu.o -Wl,--as-needed $(LIB) $(LDLIBS) -o $@
+
 $(BUILD)/gpu/gpu_check: tests/gpu/gpu_check.c $(GPU_CHECK_PARTS) tests/gpu/gpu_check.h $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  LD    $@',true)

@@ -95,7 +95,7 @@ START_TEST(test_scripts_no_pipe_into_grep_q)
 {
     const char *scripts[] = {"scripts/demo.sh", "scripts/setup.sh", "scripts/fetch_model.sh", "scripts/run_tests.sh",
                              "scripts/gpu_backward_check.sh", "scripts/gpu_carry_pack.sh", "scripts/gpu_check_bench.sh",
-                             "scripts/gpu_kvcache_bench.sh", "scripts/gpu_kveval.sh", "scripts/fuzz_tokenizer.sh", ".ci/run"};
+                             "scripts/gpu_kvcache_bench.sh", "scripts/gpu_decode_step.sh", "scripts/gpu_kveval.sh", "scripts/fuzz_tokenizer.sh", ".ci/run"};
     int checked = 0;
     for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) {
         char *txt = kvq_test_slurp(scripts[i], NULL);
