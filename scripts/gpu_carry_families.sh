@@ -4,8 +4,8 @@
 #
 #   scripts/gpu_carry_families.sh DEST MODEL CALIB TEXT [ARTDIR]
 #     DEST   output folder (emptied): DEST/p1, DEST/p2 (the model in two halves: with the repository's
-#            ~11 MB tree a transfer holds ~50 MB) and DEST/p3 (kvdump / kvcalib / kveval / gpu_check with
-#            libs.tar.xz (scripts/gpu_carry_bins.sh), the two texts, the scripts, run.sh)
+#            ~13 MB tree a transfer holds ~50 MB) and DEST/p3 (kvdump / kvcalib / kveval / gpu_check as
+#            bins.tar.xz, libs.tar.xz (scripts/gpu_carry_bins.sh), the two texts, the scripts, run.sh: ~38 MB)
 #     MODEL  models/SmolLM2-135M-Instruct.Q4_1.gguf (checked against scripts/models.sha256 there)
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw
@@ -31,6 +31,9 @@ half=$((($(stat -c %s "$MODEL") + 1) / 2))
 head -c "$half" "$MODEL" >"$DEST/p1/model.part.a"
 tail -c "+$((half + 1))" "$MODEL" >"$DEST/p2/model.part.b"
 bash scripts/gpu_carry_bins.sh "$DEST/p3/bin" kvdump kvcalib kveval gpu_check
+# the binaries (~80 MB with their CUDA kernels) as one xz archive (~25 MB), so p3 fits a transfer; run.sh unpacks it
+tar -C "$DEST/p3/bin" -cf - kvdump kvcalib kveval gpu_check | xz -T2 -6 >"$DEST/p3/bin/bins.tar.xz"
+rm -f "$DEST/p3/bin/kvdump" "$DEST/p3/bin/kvcalib" "$DEST/p3/bin/kveval" "$DEST/p3/bin/gpu_check"
 cp scripts/gpu_kveval_families.sh "$DEST/p3/"
 cp "$CALIB" "$DEST/p3/calib.tokens"
 cp "$TEXT" "$DEST/p3/text.raw"
@@ -47,6 +50,7 @@ cat "\$STASH"/model.part.a "\$STASH"/model.part.b >/tmp/kvq_model/model.gguf
 sha256sum /tmp/kvq_model/model.gguf | tee "\$WORK/sha256.txt"
 [ -z "$sum" ] || grep -q "$sum" "\$WORK/sha256.txt" || { echo "run.sh: model sha256 differs from $sum" >&2; exit 1; }
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "\$HERE/bin/libs.tar.xz" "\$HERE/bin"
+[ -x "\$HERE/bin/kveval" ] || python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "\$HERE/bin/bins.tar.xz" "\$HERE/bin"
 export LD_LIBRARY_PATH=\$HERE/bin/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 chmod +x "\$HERE"/bin/*
 if ldd "\$HERE/bin/kveval" | grep 'libcublas.*not found' >/dev/null; then

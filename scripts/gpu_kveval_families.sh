@@ -35,7 +35,7 @@ STEP=$1 MODEL=$2 CALIB=$3 TEXT=$4 WORK=$5
 BIN=${KVQ_BIN:-bin}
 DEV=${KVQ_DEVICE:-cuda}
 ART=${KVQ_ART:-$WORK/art}
-mkdir -p "$ART"
+mkdir -p "$WORK" "$ART"
 t() { local s0 s1; s0=$(date +%s.%N); "$@"; s1=$(date +%s.%N); awk -v a="$s0" -v b="$s1" -v c="${*:2:8}" 'BEGIN { printf "%8.1f s  %s\n", b - a, c }' >>"$WORK/calib.log"; }
 
 # artifacts: name | kvcalib arguments
