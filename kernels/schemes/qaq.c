@@ -76,6 +76,9 @@
  *   - kvstat (no attention at hand) shows keys at their formula widths for the whole window (T = the
  *     window) and values at uniform attention S = 1 / T; the last N - 1 tokens at H bits; an artifact's
  *     own scheme (kvstat --artifact) takes Ks = 0.001, Vs = 0.1.
+ * The step is also described declaratively (forward.h kvq_sched_sel: the ranges, the key units per (head, row), the
+ * value unit and sqrt(T) per row, computed here once per layer and read by the step too), so the CUDA forward runs
+ * it on the device (kernels/cuda/cuda_sched.cuh) with the same selections and counts.
  * Cost of the simulation: every width is a representation of its own, (H - L + 1) x 2 x T x kv_dim floats
  * per layer (8 widths of a 2048-token SmolLM2 window: 25 MB); the step is O(N T) per query row. */
 #include <math.h>
