@@ -445,7 +445,7 @@ typedef struct {
     double *root;        /* [T]: sqrt(P + i + 2) */
     unsigned char *mask; /* [cap_T][kvd] scratch */
     float *lo, *hi;      /* [cap_T][H] scratch */
-    float *scratch;      /* [kvd] */
+    float *scratch;      /* [cap_T][kvd]: a token's own (the tokens are prepared in parallel) */
     signed char *sel;    /* [2][H][cap_T] */
     float *ring;         /* [H][N][cap_T] */
     uint64_t *cnt;       /* [2][H][5]: elements, sink, exact, outliers, code bits of the last query */
@@ -560,7 +560,7 @@ static kvq_status grow(qa_state *st, size_t T, size_t H, size_t kvd, size_t n_re
     b.mask = malloc(T * kvd);
     b.lo = malloc(T * H * sizeof(float));
     b.hi = malloc(T * H * sizeof(float));
-    b.scratch = malloc(kvd * sizeof(float));
+    b.scratch = malloc(T * kvd * sizeof(float));
     b.sel = malloc(2 * H * T);
     b.ring = malloc(H * (size_t)N * T * sizeof(float));
     b.cnt = calloc(2 * H * 5, sizeof(uint64_t));
@@ -608,8 +608,10 @@ static kvq_status transform_qaq(kvq_kv_desc_run *run, const kvq_layer_ctx *c, fl
     const size_t cap = st->cap_T;
     for (int w = 0; w < 2; w++) {
         const float *x = w ? v : k;
+        /* every token on its own (its rows of every buffer): the same bits on any thread count */
+#pragma omp parallel for schedule(static) if (T * kvd * n_rep > (1u << 18))
         for (size_t t = 0; t < T; t++) {
-            qa_prep(x + t * kvd, kvd, hd, ko, st->scratch, st->mask + t * kvd, st->lo + t * H, st->hi + t * H,
+            qa_prep(x + t * kvd, kvd, hd, ko, st->scratch + t * kvd, st->mask + t * kvd, st->lo + t * H, st->hi + t * H,
                     st->nout + ((size_t)w * T + t) * H);
             for (size_t h = 0; h < H; h++) {
                 const size_t o = t * kvd + h * hd, th = t * H + h;
