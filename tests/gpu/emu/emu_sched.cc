@@ -98,6 +98,7 @@ static kvq_status emu_ssel_runner(void *user, const kvq_cuda_attn_shape *s, cons
     case 2: run_ssel_g<2>(a); break;
     case 3: run_ssel_g<3>(a); break;
     case 4: run_ssel_g<4>(a); break;
+    case 8: run_ssel_g<8>(a); break;
     default: return kvq_fail(err, KVQ_EINVAL, "emu: group of %d query heads not instantiated here", s->n_heads / s->n_kv_heads);
     }
     memcpy(sc->k_sel, sel.data(), nkv * T);
