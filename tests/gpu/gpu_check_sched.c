@@ -414,9 +414,9 @@ int ssel_cases_run(sched_dev_fn dev, void *user, int quick)
                     memcpy(hg + ((s2 * nkv + h) * (T + 1) + i) * T, tr + ((s2 * nkv + h) * T + i) * T, i + 1);
                 memcpy(hg + ((s2 * nkv + h) * (T + 1) + T) * T, (s2 ? sc->v_sel : sc->k_sel) + h * T, T);
             }
-        /* every differing decision: a near-tie on the value side, or a failure */
+        /* every differing decision: a near-tie on the value side, or a failure; worst: the largest distance */
         long ndiff = 0, nbad = 0;
-        double worst = 0;
+        double worst = -1;
         unsigned char *row_ok = malloc(T);
         if (!row_ok) DIE("out of memory");
         memset(row_ok, 1, T);
@@ -430,12 +430,12 @@ int ssel_cases_run(sched_dev_fn dev, void *user, int quick)
                         if (i < T) row_ok[i] = 0;
                         /* the decision of step i - 1 (row T: of step T - 1); row 0 and j == i are never decided */
                         const double m = i > 0 && j < i ? ss_margin(pol, amax, c->T, c->nkv, s2, (int)h, (int)i - 1, (int)j) : -1;
+                        if (m > worst) worst = m;
                         if (m < 0 || m > SCHED_TIE_REL) {
                             if (nbad++ < 3)
-                                printf("  %s: %s of KV head %zu, key %zu at row %zu: CPU %d, device %d (distance %.2e)\n", c->name,
-                                       s2 ? "value" : "key", h, j, i, hc[x], hg[x], m);
-                        } else if (m > worst)
-                            worst = m;
+                                printf("  %s: %s of KV head %zu, key %zu at row %zu: CPU %d, device %d (distance %.2e; -1: a "
+                                       "decision that reads no attention)\n", c->name, s2 ? "value" : "key", h, j, i, hc[x], hg[x], m);
+                        }
                     }
         /* outputs of the rows that read the same selections */
         double dmax = 0, omax = 0;
