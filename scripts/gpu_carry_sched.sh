@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# gpu_carry_sched.sh — package the device importance-schedule check and benchmark (issue 43: hh, mikv and
-# zipcache on the GPU, kernels/cuda/cuda_sched.cuh) for a GPU machine without our build dependencies that
-# receives one transfer of at most ~50 MB beside the repository's tree.
+# gpu_carry_sched.sh — package the device schedule check and benchmark (issue 43: hh, mikv and zipcache's
+# importance policy and qaq's selection step on the GPU, kernels/cuda/cuda_sched.cuh) for a GPU machine
+# without our build dependencies that receives one transfer of at most ~50 MB beside the repository's tree.
 #
 #   scripts/gpu_carry_sched.sh DEST TEXT
 #     DEST  output folder (emptied): bin/ (kveval and gpu_check with libs.tar.xz, scripts/gpu_carry_bins.sh),
@@ -48,27 +48,27 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 rc=0
 t0=$(date +%s)
 echo "== gpu_check --sched"
-timeout 120 "$HERE/bin/gpu_check" --sched >"$OUT/sched.txt" 2>&1 || rc=1
-grep -E '^\||PASS|FAIL' "$OUT/sched.txt" | tail -14
+timeout 240 "$HERE/bin/gpu_check" --sched >"$OUT/sched.txt" 2>&1 || rc=1
+grep -E '^\||PASS|FAIL' "$OUT/sched.txt" | tail -24
 echo "== random SmolLM2-135M-shaped model ($(($(date +%s) - t0)) s)"
 python3 "$HERE/random_llama_model.py" --shape smollm2-135m --out /tmp/kvq_sm --dtype bf16 >"$OUT/model.txt" 2>&1 || rc=1
 tail -1 "$OUT/model.txt"
 M=/tmp/kvq_sm
-S1=(-s hh2 -s zipcache-p10%+sink4 -s mikv-nobal+pre-rope)
+S1=(-s hh2 -s zipcache-p10%+sink4 -s mikv-nobal+pre-rope -s qaq-k0.0003-v0.03-q300)
 echo "== kveval, one window, device path ($(($(date +%s) - t0)) s)"
 timeout 60 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 1 --no-kld "${S1[@]}" >"$OUT/kveval_dev1.txt" 2>&1 || rc=1
 cat "$OUT/kveval_dev1.txt" | grep -vi progress | tail -12
 echo "== kveval, the same window, host path (KVQ_SCHED_HOST=1) ($(($(date +%s) - t0)) s)"
-KVQ_SCHED_HOST=1 timeout 150 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 1 --no-kld "${S1[@]}" \
+KVQ_SCHED_HOST=1 timeout 240 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 1 --no-kld "${S1[@]}" \
     >"$OUT/kveval_host1.txt" 2>&1 || rc=1
 cat "$OUT/kveval_host1.txt" | grep -vi progress | tail -12
 echo "== kveval, 4 windows, device path ($(($(date +%s) - t0)) s)"
 timeout 90 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 4 --no-kld -s hh2 -s zipcache -s mikv-nobal \
-    >"$OUT/kveval_dev.txt" 2>&1 || rc=1
+    -s qaq-k0.0003-v0.03-q300 >"$OUT/kveval_dev.txt" 2>&1 || rc=1
 cat "$OUT/kveval_dev.txt" | grep -vi progress | tail -12
 echo "== kveval, 4 windows, device path, scores ahead of the policy (KVQ_SCHED_PRESCORE=1) ($(($(date +%s) - t0)) s)"
 KVQ_SCHED_PRESCORE=1 timeout 90 "$HERE/bin/kveval" -m $M -t "$HERE/text.raw" -c 2048 -w 4 --no-kld -s hh2 -s zipcache \
-    -s mikv-nobal >"$OUT/kveval_pre.txt" 2>&1 || rc=1
+    -s mikv-nobal -s qaq-k0.0003-v0.03-q300 >"$OUT/kveval_pre.txt" 2>&1 || rc=1
 cat "$OUT/kveval_pre.txt" | grep -vi progress | tail -12
 if [ "${SYNTH_S:-60}" != 0 ]; then # SYNTH_S=0: skip
     echo "== gpu_check --synthetic ($(($(date +%s) - t0)) s)"

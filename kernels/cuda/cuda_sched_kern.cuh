@@ -75,7 +75,7 @@ __device__ __forceinline__ const float *sch_key(const kvq_cu_sched_args &a, cons
     return (value ? a.v[r] : a.k[r]) + (size_t)w * stride + (size_t)h * a.head_dim;
 }
 
-__device__ __forceinline__ void sch_load_q(const kvq_cu_sched_args &a, float *qs, int G, int h, int i)
+template <class A> __device__ __forceinline__ void sch_load_q(const A &a, float *qs, int G, int h, int i)
 {
     const int hd = a.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -307,6 +307,232 @@ __global__ void __launch_bounds__(128) sched_out_k(kvq_cu_sched_args a)
 // written for r = 0 only (they have one representation).
 template <int G>
 __global__ void __launch_bounds__(128) sched_score_k(kvq_cu_sched_args a)
+{
+    KVQ_DYN_SMEM(unsigned char, smem);
+    const int i = blockIdx.x, h = blockIdx.y, r = blockIdx.z, T = a.T, P = a.P, hd = a.head_dim, ld = P + T;
+    float *qs = reinterpret_cast<float *>(smem);
+    sch_load_q(a, qs, G, h, i);
+    __syncthreads();
+    const size_t stride = (size_t)a.n_kv_heads * hd;
+    float acc[G];
+    for (int j = (r ? P : 0) + threadIdx.x; j < P + i + 1; j += blockDim.x) {
+        const float *kr = j < P ? a.pk + (size_t)j * stride + (size_t)h * hd : a.k[r] + (size_t)(j - P) * stride + (size_t)h * hd;
+        sch_dot<G>(acc, qs, kr, hd);
+#pragma unroll
+        for (int q = 0; q < G; q++) a.S[(((size_t)r * a.n_heads + (size_t)h * G + q) * T + i) * ld + j] = acc[q];
+    }
+}
+
+// ---- the selection form (kvq_cu_ssel_args, forward.h kvq_sched_sel) ----------------------------------------------
+
+inline size_t ssel_policy_smem(int T, int P, int G, int hd)
+{
+    return ((size_t)G * (P + T) + (size_t)G * hd) * sizeof(float) + 2 * (size_t)T;
+}
+inline size_t ssel_out_smem(int T, int P, int G, int hd)
+{
+    return ((size_t)G * hd + (size_t)G * (P + T)) * sizeof(float) + 2 * (size_t)T;
+}
+
+// kvq_sched_sel's width rule: 1 + (the smallest b in [lo, lo + n_lv - 1) with x <= ldexp(u, b), else the last) - lo
+__device__ __forceinline__ int ssel_width(double x, double u, int lo, int n_lv)
+{
+    int b = lo;
+    while (b < lo + n_lv - 1 && x > ldexp(u, b)) b++;
+    return b - lo + 1;
+}
+
+template <int G>
+__global__ void __launch_bounds__(1024) ssel_policy_k(kvq_cu_ssel_args a)
+{
+    KVQ_DYN_SMEM(unsigned char, smem);
+    const int h = blockIdx.x, T = a.T, P = a.P, hd = a.head_dim, ld = P + T, nkv = a.n_kv_heads;
+    const int N = a.window < T ? a.window : T;
+    float *s = reinterpret_cast<float *>(smem);
+    float *qs = s + (size_t)G * ld;
+    signed char *selk = reinterpret_cast<signed char *>(qs + G * hd), *selv = selk + T;
+    KVQ_STATIC_SMEM(float, red, G * 32, 4);
+    KVQ_STATIC_SMEM(float, mxs, G, 4);
+    KVQ_STATIC_SMEM(float, sums, G, 4);
+    KVQ_STATIC_SMEM(unsigned long long, cnt_s, 6, 8); // per side: exact, outliers, code bits
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const size_t stride = (size_t)nkv * hd;
+    float *ring = a.ring + (size_t)h * N * T;
+    for (int j = tid; j < T; j += nt) selk[j] = selv[j] = 0;
+    if (tid < 6) cnt_s[tid] = 0;
+    for (int i = 0; i < T; i++) {
+        const int n = P + i + 1;
+        sch_load_q(a, qs, G, h, i);
+        __syncthreads();
+        // the selections query i reads
+        signed char *hk = a.hist + ((size_t)h * T + i) * T, *hv = a.hist + (((size_t)nkv + h) * T + i) * T;
+        for (int j = tid; j <= i; j += nt) hk[j] = selk[j], hv[j] = selv[j];
+        if (i == T - 1) // the resting cache as the last query reads it
+            for (int j = a.n_sink + tid; j < T; j += nt)
+                for (int w = 0; w < 2; w++) {
+                    const int r = w ? selv[j] : selk[j];
+                    if (r == 0) atomicAdd(&cnt_s[3 * w], 1ull);
+                    else {
+                        atomicAdd(&cnt_s[3 * w + 1], (unsigned long long)a.nout[((size_t)w * T + j) * nkv + h]);
+                        atomicAdd(&cnt_s[3 * w + 2], (unsigned long long)(a.lo + r - 1));
+                    }
+                }
+        float lm[G], acc[G];
+#pragma unroll
+        for (int q = 0; q < G; q++) lm[q] = -INFINITY;
+        for (int j = tid; j < n; j += nt) {
+            const int r = j < P ? 0 : selk[j - P];
+            if (a.S) {
+#pragma unroll
+                for (int q = 0; q < G; q++) acc[q] = a.S[(((size_t)r * a.n_heads + (size_t)h * G + q) * T + i) * ld + j];
+            } else
+                sch_dot<G>(acc, qs, j < P ? a.pk + (size_t)j * stride + (size_t)h * hd : a.k[r] + (size_t)(j - P) * stride + (size_t)h * hd,
+                           hd);
+#pragma unroll
+            for (int q = 0; q < G; q++) {
+                s[(size_t)q * ld + j] = acc[q];
+                lm[q] = fmaxf(lm[q], acc[q]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < G; q++) {
+            for (int o = 16; o > 0; o >>= 1) lm[q] = fmaxf(lm[q], __shfl_xor_sync(0xffffffffu, lm[q], o));
+            if (lane == 0) red[q * 32 + warp] = lm[q];
+        }
+        __syncthreads();
+        if (tid < G) {
+            float m = red[tid * 32];
+            for (int w = 1; w < nw; w++) m = fmaxf(m, red[tid * 32 + w]);
+            mxs[tid] = m;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < G; q++) lm[q] = 0.f;
+        for (int j = tid; j < n; j += nt)
+#pragma unroll
+            for (int q = 0; q < G; q++) {
+                const float e = expf(s[(size_t)q * ld + j] - mxs[q]);
+                s[(size_t)q * ld + j] = e;
+                lm[q] += e;
+            }
+#pragma unroll
+        for (int q = 0; q < G; q++) {
+            for (int o = 16; o > 0; o >>= 1) lm[q] += __shfl_xor_sync(0xffffffffu, lm[q], o);
+            if (lane == 0) red[q * 32 + warp] = lm[q];
+        }
+        __syncthreads();
+        if (tid < G) {
+            float m = 0;
+            for (int w = 0; w < nw; w++) m += red[tid * 32 + w];
+            sums[tid] = m;
+            a.row_m[((size_t)h * G + tid) * T + i] = mxs[tid];
+            a.row_s[((size_t)h * G + tid) * T + i] = m;
+        }
+        __syncthreads();
+        // a[i][j]: the group's largest probability (each (float)(e * (1.0 / sum)), as the step's probs)
+        {
+            double dinv[G];
+#pragma unroll
+            for (int q = 0; q < G; q++) dinv[q] = 1.0 / (double)sums[q];
+            float *row = ring + (size_t)(i % N) * T;
+            for (int j = tid; j <= i; j += nt) {
+                float x = 0.f;
+#pragma unroll
+                for (int q = 0; q < G; q++) {
+                    const float p = (float)((double)s[(size_t)q * ld + P + j] * dinv[q]);
+                    if (p > x) x = p;
+                }
+                row[j] = x;
+            }
+        }
+        __syncthreads();
+        // the decisions, read from query i + 1 on
+        for (int j = a.n_sink + tid; j <= i; j += nt) {
+            if (i - j + 1 < N) {
+                selk[j] = selv[j] = (signed char)a.young;
+                continue;
+            }
+            float x = 0.f;
+            for (int r = 0; r < N; r++) {
+                const float y = ring[(size_t)r * T + j];
+                if (y > x) x = y;
+            }
+            for (int w = 0; w < 2; w++) {
+                const double rg = (double)a.range[((size_t)w * T + j) * nkv + h];
+                const double lhs = a.attn[w] ? rg * (double)x * a.root[i] : rg;
+                const int r = ssel_width(lhs, a.unit[((size_t)w * nkv + h) * T + i], a.lo, a.n_lv);
+                if (w) selv[j] = (signed char)r;
+                else selk[j] = (signed char)r;
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = tid; j < T; j += nt) {
+        a.sel[(size_t)h * T + j] = selk[j];
+        a.sel[((size_t)nkv + h) * T + j] = selv[j];
+    }
+    if (tid == 0) {
+        const unsigned long long d = (unsigned long long)hd, ns = (unsigned long long)(a.n_sink < T ? a.n_sink : T);
+        for (int w = 0; w < 2; w++) {
+            unsigned long long *c = a.counts + ((size_t)w * nkv + h) * 5;
+            c[0] = (unsigned long long)T * d;
+            c[1] = ns * d;
+            c[2] = cnt_s[3 * w] * d;
+            c[3] = cnt_s[3 * w + 1];
+            c[4] = cnt_s[3 * w + 2] * d;
+        }
+    }
+}
+
+template <int G>
+__global__ void __launch_bounds__(128) ssel_out_k(kvq_cu_ssel_args a)
+{
+    KVQ_DYN_SMEM(unsigned char, smem);
+    const int i = blockIdx.x, h = blockIdx.y, T = a.T, P = a.P, hd = a.head_dim, n = P + i + 1, nkv = a.n_kv_heads;
+    float *qs = reinterpret_cast<float *>(smem), *p = qs + G * hd;
+    signed char *rk = reinterpret_cast<signed char *>(p + (size_t)G * n), *rv = rk + T;
+    const signed char *hk = a.hist + ((size_t)h * T + i) * T, *hv = a.hist + (((size_t)nkv + h) * T + i) * T;
+    sch_load_q(a, qs, G, h, i);
+    for (int j = threadIdx.x; j <= i; j += blockDim.x) rk[j] = hk[j], rv[j] = hv[j];
+    __syncthreads();
+    const size_t stride = (size_t)nkv * hd;
+    float m[G], acc[G];
+#pragma unroll
+    for (int q = 0; q < G; q++) m[q] = a.row_m[((size_t)h * G + q) * T + i];
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int r = j < P ? 0 : rk[j - P];
+        if (a.S) {
+#pragma unroll
+            for (int q = 0; q < G; q++) acc[q] = a.S[(((size_t)r * a.n_heads + (size_t)h * G + q) * T + i) * (P + T) + j];
+        } else
+            sch_dot<G>(acc, qs, j < P ? a.pk + (size_t)j * stride + (size_t)h * hd : a.k[r] + (size_t)(j - P) * stride + (size_t)h * hd,
+                       hd);
+#pragma unroll
+        for (int q = 0; q < G; q++) p[(size_t)q * n + j] = expf(acc[q] - m[q]);
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < G * hd; x += blockDim.x) {
+        const int q = x / hd, d = x % hd;
+        const float *pq = p + (size_t)q * n;
+        float o = 0.f;
+        for (int j = 0; j < P; j++) o = __fadd_rn(o, __fmul_rn(pq[j], a.pv[(size_t)j * stride + (size_t)h * hd + d]));
+        int j = 0;
+        for (; j + 8 <= i + 1; j += 8) {
+            float vb[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) vb[u] = __ldg(a.v[rv[j + u]] + (size_t)(j + u) * stride + (size_t)h * hd + d);
+#pragma unroll
+            for (int u = 0; u < 8; u++) o = __fadd_rn(o, __fmul_rn(pq[P + j + u], vb[u]));
+        }
+        for (; j <= i; j++) o = __fadd_rn(o, __fmul_rn(pq[P + j], a.v[rv[j]][(size_t)j * stride + (size_t)h * hd + d]));
+        const float inv = __fdiv_rn(1.0f, a.row_s[((size_t)h * G + q) * T + i]);
+        a.out[((size_t)i * a.n_heads + (size_t)h * G + q) * hd + d] = __fmul_rn(o, inv);
+    }
+}
+
+// every key representation's scores ahead of the policy (a.S given): block (query row i, KV head h, representation r)
+template <int G>
+__global__ void __launch_bounds__(128) ssel_score_k(kvq_cu_ssel_args a)
 {
     KVQ_DYN_SMEM(unsigned char, smem);
     const int i = blockIdx.x, h = blockIdx.y, r = blockIdx.z, T = a.T, P = a.P, hd = a.head_dim, ld = P + T;

@@ -40,6 +40,8 @@ extern "C" void kvq_forward_cuda_free(kvq_forward_cuda *g)
     cudaFree(g->sbuf);
     cudaFree(g->sched_buf);
     cudaFree(g->sd_S);
+    cudaFree(g->ss_buf);
+    cudaFree(g->ss_S);
     cudaFree(g->bbuf);
     cudaFreeHost(g->hbbuf);
     if (g->b_ev) cudaEventDestroy(g->b_ev);
@@ -561,6 +563,147 @@ kvq_status device_sched_attention(kvq_forward_cuda *g, const kvq_hooks *hk, cons
     return KVQ_OK;
 }
 
+// The selection form's declarative step (forward.h kvq_sched_sel) on the device: one buffer of the parts below, for
+// windows of up to mT tokens (the layout of the current T fits: every part is indexed by T <= mT).
+enum { SP_REPS, SP_ROWS, SP_RING, SP_HIST, SP_SEL, SP_CNT, SP_RANGE, SP_UNIT, SP_ROOT, SP_NOUT, SP_N };
+size_t ssel_plan(size_t *off, size_t mT, size_t nh, size_t nkv, size_t N, size_t nrep, size_t kvd)
+{
+    const size_t sz[SP_N] = {nrep * mT * kvd * sizeof(float), 2 * nh * mT * sizeof(float), nkv * N * mT * sizeof(float),
+                             2 * nkv * mT * mT, 2 * nkv * mT, 10 * nkv * sizeof(unsigned long long), 2 * mT * nkv * sizeof(float),
+                             2 * nkv * mT * sizeof(double), mT * sizeof(double), 2 * mT * nkv * sizeof(unsigned short)};
+    size_t o = 0;
+    for (int x = 0; x < SP_N; x++) off[x] = o, o = align_up(o + sz[x], 256);
+    return o;
+}
+
+// Points a's buffers into base (ssel_plan's offsets for windows of mT tokens) and queues the uploads of the schedule's
+// representations (each distinct host buffer once) and of its policy arrays on st. a's shape (T, P, heads) is set.
+kvq_status ssel_bind(kvq_cu_ssel_args &a, char *base, const size_t *off, size_t mT, const kvq_kv_sched *sc, cudaStream_t st,
+                     kvq_err *err)
+{
+    const kvq_sched_sel *p = sc->sel;
+    const size_t T = a.T, nkv = a.n_kv_heads, kvd = nkv * a.head_dim, nh = a.n_heads;
+    float *rb = (float *)(base + off[SP_REPS]);
+    size_t slot = 0;
+    a.n_k = sc->n_k, a.n_v = sc->n_v;
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < (w ? sc->n_v : sc->n_k); r++) {
+            float *const *src = w ? sc->v : sc->k;
+            const float **arg = w ? a.v : a.k;
+            int same = -1;
+            for (int r2 = 0; r2 < r; r2++)
+                if (src[r2] == src[r]) same = r2;
+            if (same >= 0) {
+                arg[r] = arg[same];
+                continue;
+            }
+            float *d = rb + slot++ * mT * kvd;
+            CU(cudaMemcpyAsync(d, src[r], T * kvd * sizeof(float), cudaMemcpyHostToDevice, st));
+            arg[r] = d;
+        }
+    a.row_m = (float *)(base + off[SP_ROWS]);
+    a.row_s = a.row_m + nh * mT;
+    a.ring = (float *)(base + off[SP_RING]);
+    a.hist = (signed char *)(base + off[SP_HIST]);
+    a.sel = (signed char *)(base + off[SP_SEL]);
+    a.counts = (unsigned long long *)(base + off[SP_CNT]);
+    float *rg = (float *)(base + off[SP_RANGE]);
+    double *un = (double *)(base + off[SP_UNIT]), *ro = (double *)(base + off[SP_ROOT]);
+    unsigned short *no = (unsigned short *)(base + off[SP_NOUT]);
+    CU(cudaMemcpyAsync(rg, p->range, 2 * T * nkv * sizeof(float), cudaMemcpyHostToDevice, st));
+    CU(cudaMemcpyAsync(un, p->unit, 2 * nkv * T * sizeof(double), cudaMemcpyHostToDevice, st));
+    CU(cudaMemcpyAsync(ro, p->root, T * sizeof(double), cudaMemcpyHostToDevice, st));
+    CU(cudaMemcpyAsync(no, p->nout, 2 * T * nkv * sizeof(unsigned short), cudaMemcpyHostToDevice, st));
+    a.range = rg, a.unit = un, a.root = ro, a.nout = no;
+    a.n_sink = p->n_sink, a.window = p->window, a.young = p->young, a.n_lv = p->n_lv, a.lo = p->lo;
+    a.attn[0] = p->attn[0], a.attn[1] = p->attn[1];
+    return KVQ_OK;
+}
+
+// The device's decisions into the schedule as the host steps leave them (selections, counts; the trace when asked),
+// queued on st (the caller synchronises).
+kvq_status ssel_download(const kvq_cu_ssel_args &a, const kvq_kv_sched *sc, cudaStream_t st, kvq_err *err)
+{
+    const size_t T = a.T, nkv = a.n_kv_heads;
+    CU(cudaMemcpyAsync(sc->k_sel, a.sel, nkv * T, cudaMemcpyDeviceToHost, st));
+    CU(cudaMemcpyAsync(sc->v_sel, a.sel + nkv * T, nkv * T, cudaMemcpyDeviceToHost, st));
+    CU(cudaMemcpyAsync(sc->sel->counts, a.counts, 10 * nkv * sizeof(uint64_t), cudaMemcpyDeviceToHost, st));
+    if (sc->sel->trace) CU(cudaMemcpyAsync(sc->sel->trace, a.hist, 2 * nkv * T * T, cudaMemcpyDeviceToHost, st));
+    return KVQ_OK;
+}
+
+// Is sc a selection-form schedule with a declarative step the device takes? (else the reason)
+const char *ssel_form(const kvq_kv_sched *sc)
+{
+    const kvq_sched_sel *p = sc->sel;
+    if (!p || !sc->k_sel || !sc->v_sel || !p->counts || !p->range || !p->unit || !p->root || !p->nout)
+        return "the schedule has no declarative selection step";
+    if (p->n_lv < 1 || sc->n_k != p->n_lv + 1 || sc->n_v != p->n_lv + 1 || p->young < 0 || p->young > p->n_lv || p->window < 1)
+        return "the selection step does not match the schedule's representations";
+    return 0;
+}
+
+// A selection-form schedule with a declarative step (forward.h kvq_sched_sel) on the device, as
+// device_sched_attention does for kvq_sched_imp. Returns KVQ_EUNSUPPORTED without side effects when the shape does
+// not fit (the caller takes the host path).
+kvq_status device_ssel_attention(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_kv_sched *sc,
+                                 kvq_err *err)
+{
+    const kvq_hparams *hp = &g->m->hp;
+    const int nkv = hp->n_kv_heads, hd = hp->head_dim, l = ctx->layer, P = ctx->P;
+    const size_t kvd = kvq_kv_dim(hp);
+    const char *why = ssel_form(sc);
+    if (why) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: %s", l, why);
+    why = kvq_cu_ssel_unsupported(T, P, hp->n_heads, nkv, hd, sc->n_k, sc->n_v, g->dev);
+    if (why) return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: device selection schedule: %s", l, why);
+    const int N = sc->sel->window < T ? sc->sel->window : T;
+    size_t off[SP_N];
+    const size_t need = ssel_plan(off, g->max_T, hp->n_heads, nkv, N, sc->n_k + sc->n_v, kvd);
+    if (g->ss_cap < need) {
+        cudaFree(g->ss_buf);
+        g->ss_buf = NULL;
+        g->ss_cap = 0;
+        KVQ_TRY(dev_alloc(g, &g->ss_buf, need, "the device selection schedule's representations", err));
+        g->ss_cap = need;
+    }
+    kvq_cu_ssel_args sa = {};
+    sa.T = T, sa.P = P, sa.n_heads = hp->n_heads, sa.n_kv_heads = nkv, sa.head_dim = hd;
+    KVQ_TRY(ssel_bind(sa, (char *)g->ss_buf, off, g->max_T, sc, g->st, err));
+    if (hk->key_stage == KVQ_KEYS_PRE_ROPE)
+        for (int r = 0; r < sc->n_k; r++) {
+            bool seen = false;
+            for (int r2 = 0; r2 < r; r2++) seen |= sa.k[r2] == sa.k[r];
+            if (!seen) CU(kvq_cu_rope((float *)sa.k[r], T, nkv, hd, hp->rope_dim, g->rcos, g->rsin, g->st));
+        }
+    sa.q = g->q;
+    if (P > 0) {
+        sa.pk = g->pk + (size_t)l * P * kvd;
+        sa.pv = g->pv + (size_t)l * P * kvd;
+    }
+    sa.out = g->att;
+    // every key representation's scores ahead of the policy where they fit a quarter of the free memory (or forced)
+    const size_t want = kvq_cu_ssel_prescore_bytes(sc->n_k, g->max_T, g->max_P, hp->n_heads);
+    if (g->sched_pre && g->ss_S_cap < want) {
+        cudaFree(g->ss_S);
+        g->ss_S = NULL;
+        g->ss_S_cap = 0;
+        size_t free_b = 0, total_b = 0;
+        if (!g->sched_pre_forced && (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess || want > free_b / 4))
+            (void)cudaGetLastError();
+        else if (cudaMalloc(&g->ss_S, want) != cudaSuccess) {
+            (void)cudaGetLastError();
+            g->ss_S = NULL;
+        } else
+            g->ss_S_cap = want;
+    }
+    sa.S = g->sched_pre && g->ss_S_cap >= want ? g->ss_S : NULL;
+    CU(kvq_cu_ssel_attention(&sa, g->st, nullptr));
+    KVQ_TRY(ssel_download(sa, sc, g->st, err));
+    CU(cudaStreamSynchronize(g->st));
+    g->stats.device_scheds++;
+    return KVQ_OK;
+}
+
 kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_layer_ctx *ctx, int T, kvq_cu_attn *a,
                           const kvq_prefix *px, bool *attended, kvq_err *err)
 {
@@ -578,6 +721,9 @@ kvq_status host_transform(kvq_forward_cuda *g, const kvq_hooks *hk, const kvq_la
         kvq_status ds = KVQ_EUNSUPPORTED;
         if (alt.sched->imp && !g->sched_host && !hk->observe && !g->s_q && !g->xs) {
             ds = device_sched_attention(g, hk, ctx, T, alt.sched, err);
+            if (ds && ds != KVQ_EUNSUPPORTED) return ds;
+        } else if (alt.sched->sel && !g->sched_host && !hk->observe && !g->s_q && !g->xs) {
+            ds = device_ssel_attention(g, hk, ctx, T, alt.sched, err);
             if (ds && ds != KVQ_EUNSUPPORTED) return ds;
         }
         if (ds) {
@@ -1118,6 +1264,68 @@ done:
     return st;
 }
 
+// kvq_cuda_attention_sched for a selection-form schedule (kvq_sched_sel): every buffer of its own, freed at the end.
+static kvq_status ssel_entry(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk, const float *pv,
+                             kvq_kv_sched *sc, float *out, double *ms, kvq_err *err)
+{
+    const char *why = ssel_form(sc);
+    if (why) return kvq_fail(err, KVQ_EUNSUPPORTED, "attention schedule: %s", why);
+    why = kvq_cu_ssel_unsupported(s->T, s->P, s->n_heads, s->n_kv_heads, s->head_dim, sc->n_k, sc->n_v, device);
+    if (why) return kvq_fail(err, KVQ_EUNSUPPORTED, "attention schedule on the device: %s", why);
+    CU(cudaSetDevice(device));
+    const size_t T = s->T, nkv = s->n_kv_heads, nq = T * s->n_heads * s->head_dim, np = (size_t)s->P * nkv * s->head_dim;
+    const int N = sc->sel->window < s->T ? sc->sel->window : s->T;
+    const char *pre_env = getenv("KVQ_SCHED_PRESCORE");
+    const bool pre = pre_env && !strcmp(pre_env, "1");
+    size_t off[SP_N];
+    const size_t plan = ssel_plan(off, T, s->n_heads, nkv, N, sc->n_k + sc->n_v, nkv * s->head_dim);
+    const size_t nS = pre ? kvq_cu_ssel_prescore_bytes(sc->n_k, s->T, s->P, s->n_heads) : 0;
+    const size_t fo = align_up(plan, 256), bytes = fo + (2 * nq + 2 * np) * sizeof(float) + nS + 256;
+    char *buf = NULL;
+    cudaError_t e = cudaMalloc(&buf, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kvq_fail(err, KVQ_ENOMEM, "attention schedule: cannot allocate %zu bytes on the GPU: %s", bytes, cudaGetErrorString(e));
+    }
+    kvq_cu_ssel_args a = {};
+    a.T = s->T, a.P = s->P, a.n_heads = s->n_heads, a.n_kv_heads = s->n_kv_heads, a.head_dim = s->head_dim;
+    float *dq = (float *)(buf + fo), *dout = dq + nq, *dpk = dout + nq, *dpv = dpk + np;
+    a.q = dq, a.out = dout;
+    if (s->P > 0) a.pk = dpk, a.pv = dpv;
+    if (pre) a.S = (float *)align_up((size_t)(dpv + np), 256);
+    cudaEvent_t e0 = NULL, e1 = NULL, em = NULL;
+    kvq_status st = ssel_bind(a, buf, off, T, sc, 0, err);
+    if (st) goto done;
+    CU_OR_DONE(cudaMemcpy(dq, q, nq * sizeof(float), cudaMemcpyHostToDevice));
+    if (np) {
+        CU_OR_DONE(cudaMemcpy(dpk, pk, np * sizeof(float), cudaMemcpyHostToDevice));
+        CU_OR_DONE(cudaMemcpy(dpv, pv, np * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    CU_OR_DONE(cudaEventCreate(&e0));
+    CU_OR_DONE(cudaEventCreate(&e1));
+    CU_OR_DONE(cudaEventCreate(&em));
+    CU_OR_DONE(cudaEventRecord(e0, 0));
+    CU_OR_DONE(kvq_cu_ssel_attention(&a, 0, em));
+    CU_OR_DONE(cudaEventRecord(e1, 0));
+    CU_OR_DONE(cudaEventSynchronize(e1));
+    if (ms) {
+        float x = 0, y = 0;
+        CU_OR_DONE(cudaEventElapsedTime(&x, e0, em));
+        CU_OR_DONE(cudaEventElapsedTime(&y, em, e1));
+        ms[0] = x, ms[1] = y;
+    }
+    CU_OR_DONE(cudaMemcpy(out, dout, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    if ((st = ssel_download(a, sc, 0, err)) != KVQ_OK) goto done;
+    CU_OR_DONE(cudaDeviceSynchronize());
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (em) cudaEventDestroy(em);
+    cudaFree(buf);
+    (void)cudaGetLastError();
+    return st;
+}
+
 extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
                                                const float *pv, kvq_kv_sched *sc, float *out, double *ms, kvq_err *err)
 {
@@ -1126,6 +1334,7 @@ extern "C" kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_s
         (s->P > 0 && (!pk || !pv)))
         return kvq_fail(err, KVQ_EINVAL, "attention schedule: T %d, P %d (prefix %s), heads %d/%d", s->T, s->P,
                         pk && pv ? "given" : "missing", s->n_heads, s->n_kv_heads);
+    if (sc->sel) return ssel_entry(device, s, q, pk, pv, sc, out, ms, err);
     const kvq_sched_imp *im = sc->imp;
     if (!im || sc->n_k != 3 || sc->n_v != 3 || !sc->k_from || sc->k_from != sc->v_from || !im->counts)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "attention schedule: no declarative policy (forward.h kvq_sched_imp)");

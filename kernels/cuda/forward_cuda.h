@@ -140,7 +140,7 @@ typedef struct {
     uint64_t runs;
     uint64_t host_transforms;   /* layer calls whose transform ran on the host */
     uint64_t native_transforms; /* layer calls transformed on the GPU */
-    uint64_t device_scheds;     /* layer calls whose per-key schedule (a declarative policy, forward.h kvq_sched_imp)
+    uint64_t device_scheds;     /* layer calls whose per-key schedule (a declarative policy, forward.h kvq_sched_imp or kvq_sched_sel)
                                    ran on the GPU (kernels/cuda/cuda_sched.cuh) */
     uint64_t host_scheds;       /* layer calls whose per-key schedule ran on the host (kvq_attention_sched; also
                                    every schedule when the environment sets KVQ_SCHED_HOST=1) */
@@ -262,7 +262,11 @@ kvq_status kvq_cuda_attention(int device, const kvq_cuda_attn_shape *s, kvq_cuda
  * KVQ_SCHED_PRESCORE=1 in the environment the scores of all three representations are computed ahead of the
  * policy (as the forward does by default where they fit; included in the first time). Errors:
  * KVQ_EUNSUPPORTED (no declarative policy, a shape the device path does not take, no CUDA build),
- * KVQ_EINVAL, KVQ_ENOMEM, KVQ_EIO (CUDA). */
+ * KVQ_EINVAL, KVQ_ENOMEM, KVQ_EIO (CUDA).
+ * A selection-form schedule with a declarative step (sched->sel, forward.h kvq_sched_sel: QAQ) takes the device's
+ * selection path instead: the selections the last step left into sched->k_sel / v_sel, the realised counts into
+ * sched->sel->counts and, when sched->sel->trace is set, the selection every query row read for every key; with
+ * KVQ_SCHED_PRESCORE=1 the scores of every key representation are computed ahead of the policy. */
 kvq_status kvq_cuda_attention_sched(int device, const kvq_cuda_attn_shape *s, const float *q, const float *pk,
                                     const float *pv, kvq_kv_sched *sched, float *out, double *ms, kvq_err *err);
 

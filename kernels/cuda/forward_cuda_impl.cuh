@@ -108,6 +108,13 @@ struct kvq_forward_cuda {
     int *sd_from;
     unsigned long long *sd_cnt;
     std::vector<unsigned long long> h_sched_cnt;
+    // the selection form's declarative step (forward.h kvq_sched_sel, cuda_sched.cuh kvq_cu_ssel_args), lazily: its
+    // representations, rows, ring, selection history and policy arrays in one buffer (ssel_plan), regrown when a
+    // layer needs more; the prescores of its key representations (sched_pre) in another
+    void *ss_buf;
+    size_t ss_cap;
+    float *ss_S;
+    size_t ss_S_cap;
     kvq_cuda_stats stats;
     // KVQ_CUDA_BF16: GEMM weights (and tok_embd / output) hold bf16 bits behind their float* type;
     // xb = bf16 copy of a GEMM's activation input ([max_T][max(dim, q_dim, hidden_dim, v_chunk)])

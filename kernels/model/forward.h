@@ -153,6 +153,42 @@ typedef struct {
     uint64_t *counts; /* [n_kv_heads][4] out: elements, sink, exact, high of the resting cache the last query read */
 } kvq_sched_imp;
 
+/* The declarative form of a selection-form step (optional; forward.h's selection form, k_sel / v_sel): a
+ * per-(side, KV head, token) choice among representations 0 (exact) and 1..n_lv (one quantizer at widths
+ * lo .. lo + n_lv - 1 bits: representation r holds width lo + r - 1), decided after every query row i from
+ * the attention the simulated cache produced (QAQ's rule, kernels/schemes/qaq.c; the CUDA forward runs it on
+ * the device, kernels/cuda/cuda_sched.cuh). Per KV head h, after query row i:
+ *   a[i][j] = the largest probability of the group's query heads for window key j (the step's probs);
+ *   tokens j < n_sink and j > i are left as they are (the transform sets every sel to 0: sinks exact, a new
+ *   token read exact by its own query);
+ *   a token with fewer than `window` rows (i - j + 1 < window) holds representation `young`;
+ *   any other j <= i: S_j = max of a[i'][j] over i' in (i - window, i], and for each side w
+ *       x = (double)range[w][j][h]                                 (attn[w] false)
+ *       x = (double)range[w][j][h] * (double)S_j * root[i]          (attn[w] true, left to right)
+ *       sel = 1 + (the smallest b in [lo, lo + n_lv - 1) with x <= ldexp(unit[w][h][i], b), else lo + n_lv - 1) - lo.
+ * The decisions are read from query i + 1 on; a representation may fall or rise at any step. The
+ * comparisons are in double on the values given (the host computes the units and roots: both devices read
+ * the same bits). With it the schedule has k_sel and v_sel, n_k == n_v == n_lv + 1, and `step` implements
+ * exactly this rule; a device run leaves in k_sel / v_sel the selections the last step left, and writes
+ * the realised counts the steps write. */
+typedef struct {
+    int n_sink;            /* tokens j < n_sink are never touched */
+    int window;            /* N >= 1 (clipped to T) */
+    int young;             /* representation of a token with fewer than N rows, 0..n_lv */
+    int n_lv, lo;          /* representations 1..n_lv at widths lo .. lo + n_lv - 1 bits */
+    bool attn[2];          /* keys (0) / values (1): x scales with S_j root[i] */
+    const float *range;    /* [2][T][n_kv_heads]: x's base per side, token, head (QAQ: the dense range max - min) */
+    const double *unit;    /* [2][n_kv_heads][T]: u per side, head, query row */
+    const double *root;    /* [T]: the factor of S_j at query row i (QAQ: sqrt(P + i + 2)) */
+    const unsigned short *nout; /* [2][T][n_kv_heads]: exact outliers of a quantized vector (counts only) */
+    /* out: per side and head, of the resting cache the last query read (the selections before the last
+     * step): elements, sink, exact (sel 0, not sink), outliers (nout of the quantized), code bits
+     * ((lo + sel - 1) head_dim of the quantized) */
+    uint64_t *counts;      /* [2][n_kv_heads][5] */
+    signed char *trace;    /* NULL, or out [2][n_kv_heads][T][T]: the representation query i read for key j <= i
+                              (checks; a device run fills it, a host step does not) */
+} kvq_sched_sel;
+
 typedef struct kvq_kv_sched {
     int n_k, n_v;                  /* representations of keys / values, 1..KVQ_KV_MAX_REPS */
     float *k[KVQ_KV_MAX_REPS];     /* [T][n_kv_heads][head_dim] each */
@@ -162,6 +198,7 @@ typedef struct kvq_kv_sched {
     kvq_status (*step)(void *user, const kvq_sched_step *st, struct kvq_kv_sched *sched, kvq_err *err);
     void *user;
     const kvq_sched_imp *imp;      /* the step's declarative form, or NULL (host steps only) */
+    const kvq_sched_sel *sel;      /* the selection form's declarative step, or NULL */
 } kvq_kv_sched;
 
 /* The representation index query i reads for key j of head h (n reps, from as above). */

@@ -34,6 +34,10 @@
  *      rows in order (kvq_attention_sched: same O(T^2) work as attention).
  *      Its selection form (k_sel / v_sel) lets a step move a token to any of up
  *      to KVQ_KV_MAX_REPS representations, also back (QAQ's per-token widths).
+ *      A step the device should run itself is described declaratively:
+ *      forward.h kvq_sched_imp (switch times: importance.h's policy) or
+ *      kvq_sched_sel (selections by a width threshold rule: qaq.c); the CUDA
+ *      forward then attends the layer and decides on the GPU.
  *   4. a window in steps (chunk / cache below; kvq_hooks.chunk): the engine
  *      runs the window as calls of at most `chunk` tokens, each attending the
  *      cache the family built for the tokens before it as a prefix; within a

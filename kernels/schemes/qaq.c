@@ -76,6 +76,9 @@
  *   - kvstat (no attention at hand) shows keys at their formula widths for the whole window (T = the
  *     window) and values at uniform attention S = 1 / T; the last N - 1 tokens at H bits; an artifact's
  *     own scheme (kvstat --artifact) takes Ks = 0.001, Vs = 0.1.
+ * The step is also described declaratively (forward.h kvq_sched_sel: the ranges, the key units per (head, row), the
+ * value unit and sqrt(T) per row, computed here once per layer and read by the step too), so the CUDA forward runs
+ * it on the device (kernels/cuda/cuda_sched.cuh) with the same selections and counts.
  * Cost of the simulation: every width is a representation of its own, (H - L + 1) x 2 x T x kv_dim floats
  * per layer (8 widths of a 2048-token SmolLM2 window: 25 MB); the step is O(N T) per query row. */
 #include <math.h>
@@ -436,11 +439,13 @@ static double qa_q2(const kvq_kv_desc *d, int layer, int h)
 typedef struct {
     size_t cap_T, H, kvd, n_rep;
     float *rep;          /* [2][n_rep][cap_T][kvd]: keys, values at widths L..H */
-    float *rng;          /* [2][cap_T][H]: dense range hi - lo */
-    unsigned short *nout;/* [2][cap_T][H]: outliers of the vector */
+    float *rng;          /* [2][T][H]: dense range hi - lo (this layer's T) */
+    unsigned short *nout;/* [2][T][H]: outliers of the vector */
+    double *unit;        /* [2][H][T]: the width rule's unit 2 sqrt(3) sigma per side, head, query row */
+    double *root;        /* [T]: sqrt(P + i + 2) */
     unsigned char *mask; /* [cap_T][kvd] scratch */
     float *lo, *hi;      /* [cap_T][H] scratch */
-    float *scratch;      /* [kvd] */
+    float *scratch;      /* [cap_T][kvd]: a token's own (the tokens are prepared in parallel) */
     signed char *sel;    /* [2][H][cap_T] */
     float *ring;         /* [H][N][cap_T] */
     uint64_t *cnt;       /* [2][H][5]: elements, sink, exact, outliers, code bits of the last query */
@@ -448,6 +453,7 @@ typedef struct {
     int T, P, ns, N, L, Hb, hd;
     double ks, vs, q2hd[64];
     kvq_kv_sched sched;
+    kvq_sched_sel desc; /* the step's declarative form (a device runs the rule itself) */
 } qa_state;
 
 static void flush_counts(kvq_kv_desc_run *run, qa_state *st)
@@ -472,6 +478,8 @@ static void free_bufs(qa_state *st)
     free(st->rep);
     free(st->rng);
     free(st->nout);
+    free(st->unit);
+    free(st->root);
     free(st->mask);
     free(st->lo);
     free(st->hi);
@@ -509,7 +517,7 @@ static kvq_status step_qaq(void *user, const kvq_sched_step *s, kvq_kv_sched *sc
             for (int j = st->ns; j < T; j++) {
                 if (sl[j] == 0) c[2] += hd;
                 else {
-                    c[3] += st->nout[((size_t)w * st->cap_T + j) * H + h];
+                    c[3] += st->nout[((size_t)w * T + j) * H + h];
                     c[4] += (uint64_t)(L + sl[j] - 1) * hd;
                 }
             }
@@ -523,9 +531,9 @@ static kvq_status step_qaq(void *user, const kvq_sched_step *s, kvq_kv_sched *sc
         }
         row[j] = a;
     }
-    const double Tn = (double)s->P + i + 2, c23 = 2 * sqrt(3.0), uk = c23 * qa_sigma_k(Tn, st->ks, st->q2hd[h]),
-                 uv = c23 * st->vs, sq = sqrt(Tn);
-    const float *rk = st->rng + (size_t)h, *rv = st->rng + st->cap_T * H + (size_t)h;
+    /* the units and roots the transform computed (kvq_sched_sel: a device reads the same bits) */
+    const double uk = st->unit[(size_t)h * T + i], uv = st->unit[(H + h) * T + i], sq = st->root[i];
+    const float *rk = st->rng + (size_t)h, *rv = st->rng + (size_t)T * H + (size_t)h;
     for (int j = st->ns; j <= i; j++) {
         if (i - j + 1 < N) {
             sk[j] = sv[j] = (signed char)(Hb - L + 1);
@@ -547,14 +555,16 @@ static kvq_status grow(qa_state *st, size_t T, size_t H, size_t kvd, size_t n_re
     b.rep = malloc(2 * n_rep * T * kvd * sizeof(float));
     b.rng = malloc(2 * T * H * sizeof(float));
     b.nout = malloc(2 * T * H * sizeof(unsigned short));
+    b.unit = malloc(2 * H * T * sizeof(double));
+    b.root = malloc(T * sizeof(double));
     b.mask = malloc(T * kvd);
     b.lo = malloc(T * H * sizeof(float));
     b.hi = malloc(T * H * sizeof(float));
-    b.scratch = malloc(kvd * sizeof(float));
+    b.scratch = malloc(T * kvd * sizeof(float));
     b.sel = malloc(2 * H * T);
     b.ring = malloc(H * (size_t)N * T * sizeof(float));
     b.cnt = calloc(2 * H * 5, sizeof(uint64_t));
-    if (!b.rep || !b.rng || !b.nout || !b.mask || !b.lo || !b.hi || !b.scratch || !b.sel || !b.ring || !b.cnt) {
+    if (!b.rep || !b.rng || !b.nout || !b.unit || !b.root || !b.mask || !b.lo || !b.hi || !b.scratch || !b.sel || !b.ring || !b.cnt) {
         free_bufs(&b);
         return kvq_fail(err, KVQ_ENOMEM, "qaq: cannot allocate %zu widths of a %zu-token x %zu-channel window", n_rep, T, kvd);
     }
@@ -562,6 +572,8 @@ static kvq_status grow(qa_state *st, size_t T, size_t H, size_t kvd, size_t n_re
     st->rep = b.rep;
     st->rng = b.rng;
     st->nout = b.nout;
+    st->unit = b.unit;
+    st->root = b.root;
     st->mask = b.mask;
     st->lo = b.lo;
     st->hi = b.hi;
@@ -596,12 +608,14 @@ static kvq_status transform_qaq(kvq_kv_desc_run *run, const kvq_layer_ctx *c, fl
     const size_t cap = st->cap_T;
     for (int w = 0; w < 2; w++) {
         const float *x = w ? v : k;
+        /* every token on its own (its rows of every buffer): the same bits on any thread count */
+#pragma omp parallel for schedule(static) if (T * kvd * n_rep > (1u << 18))
         for (size_t t = 0; t < T; t++) {
-            qa_prep(x + t * kvd, kvd, hd, ko, st->scratch, st->mask + t * kvd, st->lo + t * H, st->hi + t * H,
-                    st->nout + ((size_t)w * cap + t) * H);
+            qa_prep(x + t * kvd, kvd, hd, ko, st->scratch + t * kvd, st->mask + t * kvd, st->lo + t * H, st->hi + t * H,
+                    st->nout + ((size_t)w * T + t) * H);
             for (size_t h = 0; h < H; h++) {
                 const size_t o = t * kvd + h * hd, th = t * H + h;
-                st->rng[(size_t)w * cap * H + th] = st->hi[th] - st->lo[th];
+                st->rng[(size_t)w * T * H + th] = st->hi[th] - st->lo[th];
                 for (size_t r = 0; r < n_rep; r++)
                     qa_quant(st->rep + ((w * n_rep + r) * cap) * kvd + o, x + o, hd, st->mask + o, st->lo[th], st->hi[th], L + (int)r);
             }
@@ -617,6 +631,15 @@ static kvq_status transform_qaq(kvq_kv_desc_run *run, const kvq_layer_ctx *c, fl
     st->ks = QA_KS(q);
     st->vs = QA_VS(q);
     for (size_t h = 0; h < H; h++) st->q2hd[h] = qa_q2(d, c->layer, (int)h) / (double)hd;
+    const double c23 = 2 * sqrt(3.0);
+    for (size_t i = 0; i < T; i++) {
+        const double Tn = (double)c->P + (double)i + 2;
+        st->root[i] = sqrt(Tn);
+        for (size_t h = 0; h < H; h++) {
+            st->unit[h * T + i] = c23 * qa_sigma_k(Tn, st->ks, st->q2hd[h]);
+            st->unit[(H + h) * T + i] = c23 * st->vs;
+        }
+    }
     memset(st->sel, 0, 2 * H * T);
     memset(st->ring, 0, H * (size_t)N * T * sizeof(float));
     memset(st->cnt, 0, 2 * H * 5 * sizeof(uint64_t));
@@ -634,6 +657,10 @@ static kvq_status transform_qaq(kvq_kv_desc_run *run, const kvq_layer_ctx *c, fl
     sc->v_sel = st->sel + H * T;
     sc->step = step_qaq;
     sc->user = st;
+    st->desc = (kvq_sched_sel){.n_sink = st->ns, .window = N, .young = (int)n_rep, .n_lv = (int)n_rep, .lo = L,
+                               .attn = {false, true}, .range = st->rng, .unit = st->unit, .root = st->root, .nout = st->nout,
+                               .counts = st->cnt};
+    sc->sel = &st->desc;
     alt->sched = sc;
     return KVQ_OK;
 }

@@ -14,10 +14,11 @@
  *       windows): output relative L2 and max |dlse| under forward_cuda.h's
  *       bounds; the two kernels' times alone at a Llama-3-8B layer's shape.
  *   gpu_check --sched
- *       the attention-importance schedule (hh, mikv, zipcache) on the device
- *       (kernels/cuda/cuda_sched.cuh) vs kvq_attention_sched with the host
- *       steps on random data: switch decisions, counts, outputs (see
- *       gpu_check_sched.c); one SmolLM2-shaped layer timed. Also run by
+ *       the attention-importance schedule (hh, mikv, zipcache) and the
+ *       selection schedule (qaq) on the device (kernels/cuda/cuda_sched.cuh)
+ *       vs kvq_attention_sched with the host steps on random data: decisions,
+ *       counts, outputs (see gpu_check_sched.c); one SmolLM2-shaped layer
+ *       timed per scheme. Also run by
  *       --synthetic.
  *   gpu_check --model M --text wiki.test.raw [--ctx 2048] [--check-windows 2]
  *             [--max-windows 0] [--no-bench] [--device cuda|cpu]

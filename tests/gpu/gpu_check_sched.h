@@ -23,6 +23,8 @@ typedef kvq_status (*sched_dev_fn)(void *user, const kvq_cuda_attn_shape *s, con
 /* The cases (quick 1: small ones for the emulator; 2: every other one of those, the prefix and the probe cases)
  * against kvq_attention_sched; prints a table, returns 1 when all pass. */
 int sched_cases_run(sched_dev_fn dev, void *user, int quick);
+/* The selection form's cases (kvq_sched_sel: QAQ specs; quick as above) against kvq_attention_sched with qaq's step. */
+int ssel_cases_run(sched_dev_fn dev, void *user, int quick);
 /* gpu_check --sched: the cases on GPU 0, then one SmolLM2-135M-shaped layer timed (device / CPU / native attention). */
 int run_sched_check(void);
 

@@ -279,18 +279,25 @@ int run_synthetic(kvq_device gdev)
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
         }
-        /* qaq: the selection form of the host schedule (kernels/schemes/qaq.c: x = {sigma_S, sigma_X, ||q||^2, L}):
-         * per (token, KV head) widths 1..6 re-decided after every query row, down and back up, 1% outliers per token,
-         * a fixed query norm (no artifact); widths at near-ties may flip between the float paths: the same loose check */
+        /* qaq: the selection form (kernels/schemes/qaq.c: x = {sigma_S, sigma_X, ||q||^2, L}) with its declarative
+         * step (forward.h kvq_sched_sel), decided on the device (cuda_sched.cuh ssel_*): per (token, KV head) widths
+         * 1..6 re-decided after every query row, down and back up, 1% outliers per token, a fixed query norm (no
+         * artifact); value widths at near-ties may flip between the float paths: the same loose check */
         {
             kvq_kv_desc qa = {.q = {.fam = KVQ_FAM("qaq"), .k_bits = 6, .v_bits = 6, .outlier_frac = 0.01, .residual = 3,
                                     .x = {0.001, 0.05, 300, 1}},
                               .key_stage = KVQ_KEYS_POST_ROPE};
+            kvq_cuda_stats s0, s1;
+            kvq_engine_cuda_stats(&gpu, &s0);
             cmp_row r = compare(&cpu, &gpu, &qa, tokens, nw, T, P ? &px : NULL, 1, lc, lg);
-            report_row("qaq-k0.001-v0.05-o1%-w3-l1-h6-q300", "host sched", r, 0);
-            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu);
-            printf("qaq on the GPU (host schedule): PPL CPU %.6f GPU %.6f (rel %.2e): %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel,
-                   ok ? "PASS" : "FAIL");
+            kvq_engine_cuda_stats(&gpu, &s1);
+            report_row("qaq-k0.001-v0.05-o1%-w3-l1-h6-q300", "device sched", r, 0);
+            /* every layer of every window on the device path (not the host fallback) */
+            const unsigned long long nd = (unsigned long long)(s1.device_scheds - s0.device_scheds),
+                                     nh = (unsigned long long)(s1.host_scheds - s0.host_scheds);
+            int ok = r.ppl_rel <= 1e-2 && isfinite(r.ppl_gpu) && nd == (unsigned long long)nw * hp->n_layers && nh == 0;
+            printf("qaq on the GPU (device schedule): PPL CPU %.6f GPU %.6f (rel %.2e), %llu device / %llu host layer "
+                   "schedules: %s\n", r.ppl_cpu, r.ppl_gpu, r.ppl_rel, nd, nh, ok ? "PASS" : "FAIL");
             all_ok &= ok;
             TRYE(kvq_engine_set_kv(&cpu, NULL, &err));
         }
