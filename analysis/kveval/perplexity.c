@@ -391,6 +391,13 @@ kvq_status kvq_ppl_run(const kvq_model *m, const kvq_windows *win, const kvq_ppl
     return kvq_ppl_run_on(NULL, m, win, plan, schemes, n_schemes, prog, results, err);
 }
 
+/* the GPU's per-key schedules between two stats snapshots (any scheme on the GPU), into a scheme's result */
+static void gpu_sched_add(kvq_ppl_result *r, const kvq_cuda_stats *s0, const kvq_cuda_stats *s1)
+{
+    r->sched_device += s1->device_scheds - s0->device_scheds;
+    r->sched_host += s1->host_scheds - s0->host_scheds;
+}
+
 /* what the GPU's native transforms counted between two stats snapshots, into a scheme's result */
 static void gpu_counts_add(kvq_ppl_result *r, const kvq_cuda_stats *s0, const kvq_cuda_stats *s1)
 {
@@ -492,9 +499,10 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                     kvq_engine_cuda_stats(&e, &s0);
                 }
                 st = run_window(&e, m, win, plan, w, &schemes[s], d != NULL, &results[s], targets, nll, kld ? &kw : NULL, err);
-                if (!st && d) {
+                if (!st && dev == KVQ_DEVICE_CUDA) {
                     kvq_engine_cuda_stats(&e, &s1);
-                    gpu_counts_add(&results[s], &s0, &s1);
+                    gpu_sched_add(&results[s], &s0, &s1);
+                    if (d) gpu_counts_add(&results[s], &s0, &s1);
                 }
                 if (!st && prog) kvq_progress_update(prog, ++done);
             }
@@ -531,6 +539,7 @@ kvq_status kvq_ppl_run_on(kvq_ppl_exec *x, const kvq_model *m, const kvq_windows
                 }
             }
             kvq_engine_cuda_stats(&e, &s1);
+            gpu_sched_add(&results[s], &s0, &s1);
             if (d) {
                 gpu_counts_add(&results[s], &s0, &s1);
             }

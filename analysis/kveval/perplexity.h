@@ -131,6 +131,9 @@ typedef struct {
     kvq_quant_counts k_counts, v_counts; /* quantizer counters summed over layers and windows */
     double *window_nll;        /* [n_windows] mean NLL of each window (owned; kvq_ppl_results_free) */
     kvq_ppl_xform xform;       /* where the transform ran */
+    uint64_t sched_device, sched_host; /* on the GPU: layer calls whose per-key schedule (a scheme of contract form 3,
+                                * kernels/model/forward.h kvq_kv_sched) ran on the device / on the host (kvq_cuda_stats
+                                * device_scheds / host_scheds); 0 on the CPU and for schemes without a schedule */
     /* with kvq_ppl_exec.kld, for every scheme but the baseline: */
     bool has_kld;
     kvq_kld_stats kld;

@@ -125,10 +125,17 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
     bool notes = false;
     for (size_t i = 0; i < r->n_schemes; i++) {
         const kvq_eval_scheme *s = &r->schemes[i];
-        if (!s->art && !s->prefix) continue;
+        const kvq_ppl_result *res = &r->results[i];
+        const bool sched = res->sched_device || res->sched_host;
+        if (!s->art && !s->prefix && !sched) continue;
         if (!notes) fputc('\n', f);
         notes = true;
         fprintf(f, "- %s:", s->name);
+        if (sched)
+            fprintf(f, " per-key schedule of %llu layer call%s on the GPU, %llu on the host%s%s",
+                    (unsigned long long)res->sched_device, res->sched_device == 1 ? "" : "s", (unsigned long long)res->sched_host,
+                    res->sched_host ? " (KVQ_SCHED_HOST=1, or a shape or schedule the device path does not take: docs/architecture.md)" : "",
+                    s->art || s->prefix ? ";" : "");
         if (s->art)
             fprintf(f, " tables from `%s` (method %s, %s keys, sink %zu)", s->art_path, s->art->p.method->name,
                     s->art->p.post_rope ? "post-RoPE" : "pre-RoPE", s->art->p.n_sink);
@@ -456,6 +463,13 @@ static cJSON *build(const kvq_ppl_report *r)
         cJSON_AddStringToObject(o, "transform", kvq_ppl_xform_name(res->xform));
         if (res->xform == KVQ_PPL_XF_GPU) cJSON_AddNullToObject(o, "transform_seconds"); /* inside the GPU forward */
         else cJSON_AddNumberToObject(o, "transform_seconds", res->transform_seconds);
+        if (res->sched_device || res->sched_host) {
+            cJSON *sj = cJSON_AddObjectToObject(o, "schedule_layers");
+            cJSON_AddNumberToObject(sj, "device", (double)res->sched_device);
+            cJSON_AddNumberToObject(sj, "host", (double)res->sched_host);
+        } else {
+            cJSON_AddNullToObject(o, "schedule_layers");
+        }
         cJSON_AddItemToObject(o, "k_counts", counts_json(&res->k_counts));
         cJSON_AddItemToObject(o, "v_counts", counts_json(&res->v_counts));
         cJSON_AddItemToObject(o, "window_mean_nll", num_array(res->window_nll, pl->n_windows));
