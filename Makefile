@@ -184,7 +184,7 @@ $(BUILD)/tests/%: tests/%.c tests/kvq_test.h $(LIB)
 	@$(if $(Q),echo '  LD    $@',true)
 	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
 
-$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvcache_synth.h kernels/kvcache/kvcache_cuda_dec.cuh $(wildcard kernels/kvcache/kvcache_cuda_kivi*.cuh) $(LIB)
+$(EMU_BIN): tests/gpu/emu/emu_kvcache_dec.cc tests/gpu/emu/cuda_emu.h tests/kvcache_synth.h kernels/kvcache/kvcache_cuda_dec.cuh kernels/kvcache/kvcache_cuda_app.cuh $(wildcard kernels/kvcache/kvcache_cuda_kivi*.cuh) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  CXX   $@',true)
 	$(Q)$(CXX) -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \

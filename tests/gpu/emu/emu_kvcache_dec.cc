@@ -14,6 +14,7 @@ extern "C" {
 #include "quant.h"
 }
 #include "kvcache_cuda_dec.cuh"
+#include "kvcache_cuda_app.cuh"
 #include "kvcache_cuda_kivi.cuh"
 
 #define KVCACHE_SYNTH_SEED 0x1234567887654321ull
@@ -159,6 +160,131 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
             finish_and_check(p, cpu, part, out, q, nslots, 1e-3, name, what);
         }
     }
+    kvq_kvcache_free(cpu);
+}
+
+// the NUQ append (kvcache_cuda_app.cuh: put_exact_kernel, append_count, append_write) through the host steps of
+// kvq_kvcache_cuda_append (exact rows first, then per chunk of new tokens the counts, the row pointers advanced on
+// the host, the codes and entries), one sequence appended in the given chunks, against the bytes kvq_kvcache_append
+// wrote: exact rows, key and value codes, value scales, row pointers and entries, bit for bit. Inputs not fp16-exact
+// (the fp16 rounding of outliers and exact rows is exercised), per-head or shared tables.
+static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t n_sink, double f, const size_t *chunks, size_t nch,
+                       const char *name)
+{
+    size_t NT = 0;
+    for (size_t i = 0; i < nch; i++) NT += chunks[i];
+    const size_t C = H * D, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
+    std::vector<float> klev(tables * nlk), vlev(tables * nlv), lo(C), hi(C);
+    for (size_t i = 0; i < tables; i++) { sorted_levels(&klev[i * nlk], nlk); sorted_levels(&vlev[i * nlv], nlv); }
+    for (size_t c = 0; c < C; c++) {
+        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
+        lo[c] = (float)(off - 1.8 * sc);
+        hi[c] = (float)(off + 1.8 * sc);
+    }
+    kvq_kvcache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.format = KVQ_KVCACHE_NUQ; cfg.n_seqs = 1; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
+    cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.outlier_frac = f;
+    cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
+    cfg.k_tables = cfg.v_tables = tables; cfg.k_levels = klev.data(); cfg.v_levels = vlev.data(); cfg.k_lower = lo.data(); cfg.k_upper = hi.data();
+    std::vector<float> K, V;
+    kvq_kvcache *cpu = cpu_cache(cfg, K, V);
+    for (size_t i = 0; i < NT * C; i++) { K[i] *= (float)(1 + 1e-3 * unif()); V[i] *= (float)(1 + 1e-3 * unif()); }
+    kvq_err err;
+    size_t len = 0;
+    for (size_t i = 0; i < nch; i++) {
+        if (kvq_kvcache_append(cpu, 0, &K[len * C], &V[len * C], chunks[i], &err)) { printf("append: %s\n", err.msg); exit(2); }
+        len += chunks[i];
+    }
+    kvq_kvcache_view v;
+    kvq_kvcache_view_get(cpu, &v);
+    // the device's tables and buffers as kvq_kvcache_cuda_create builds them (layout of the view)
+    const size_t ne = v.n_exact, capq = v.capq, kw = v.k_head_words, vw = v.v_head_words, R = capq + 1, ecap = v.ent_cap;
+    std::vector<float> hk(H * nlk), hv(H * nlv);
+    std::vector<uint8_t> kz(H), vz(H);
+    for (size_t h = 0; h < H; h++) {
+        const float *kl = klev.data() + (tables > 1 ? h : 0) * nlk, *vl = vlev.data() + (tables > 1 ? h : 0) * nlv;
+        memcpy(&hk[h * nlk], kl, nlk * sizeof(float));
+        memcpy(&hv[h * nlv], vl, nlv * sizeof(float));
+        kz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
+        vz[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
+    }
+    std::vector<double> inv((D + 1) / 2, 0.0);
+    for (size_t i = 0; i < cfg.rope.rope_dim / 2; i++) inv[i] = pow(cfg.rope.rope_theta, -2.0 * (double)i / (double)cfg.rope.rope_dim);
+    std::vector<uint16_t> k16(H * (ne ? ne : 1) * D, 0), v16(H * (ne ? ne : 1) * D, 0);
+    std::vector<uint32_t> kc(H * kw * capq, 0), vc(H * capq * vw, 0), krow(H * R, 0), vrow(H * R, 0), kent(H * ecap, 0), vent(H * ecap, 0);
+    std::vector<float> vscale(capq * 2, 0.f);
+    std::vector<size_t> ku(H, 0), vu(H, 0);
+    const int kps = (int)kvq_outliers_per_side(C, f), outl = f > 0;
+    int P2 = 1;
+    while ((size_t)P2 < C) P2 <<= 1;
+    size_t pos = 0;
+    for (size_t i = 0; i < nch; i++) {
+        const float *k = &K[pos * C], *vv = &V[pos * C];
+        size_t t = 0, n = chunks[i];
+        if (pos < ne) {
+            const size_t m = ne - pos < n ? ne - pos : n;
+            emu_launch({(unsigned)((m * C + 255) / 256), 1, 1}, 256, 0, [&] {
+                put_exact_kernel(k16.data(), v16.data(), k, vv, inv.data(), (int)(cfg.rope.rope_dim / 2), (int)H, (int)D, (int)ne, (int)pos, (int)m);
+            });
+            t = m;
+        }
+        const size_t m = n - t, q0 = pos + t - ne;
+        if (m) {
+            const float *kq = k + t * C, *vq = vv + t * C;
+            std::vector<float> range(2 * m);
+            std::vector<int> cnt(m * 2 * H);
+            emu_launch({(unsigned)m, 1, 1}, 256, P2 * sizeof(float), [&] {
+                append_count(kq, vq, lo.data(), hi.data(), (int)H, (int)D, kps, outl, P2, range.data(), cnt.data());
+            });
+            for (size_t mm = 0; mm < m; mm++)
+                for (size_t h = 0; h < H; h++) {
+                    ku[h] += cnt[mm * 2 * H + h];
+                    vu[h] += cnt[mm * 2 * H + H + h];
+                    if (ku[h] > ecap || vu[h] > ecap) { printf("FAIL %s: entries beyond the CPU cache's capacity\n", name); n_fail++; return; }
+                    krow[h * R + q0 + 1 + mm] = (uint32_t)ku[h];
+                    vrow[h * R + q0 + 1 + mm] = (uint32_t)vu[h];
+                }
+            typedef void (*AF)(const float *, const float *, const float *, const float *, const float *, const float *, const uint8_t *,
+                               const uint8_t *, const float *, int, int, int, int, int, int, int, int, uint32_t *, uint32_t *,
+                               const uint32_t *, const uint32_t *, uint32_t *, uint32_t *, float *, size_t);
+            const AF fs[3][3] = {{append_write<2, 2>, append_write<2, 3>, append_write<2, 4>},
+                                 {append_write<3, 2>, append_write<3, 3>, append_write<3, 4>},
+                                 {append_write<4, 2>, append_write<4, 3>, append_write<4, 4>}};
+            emu_launch({(unsigned)m, 1, 1}, 128, 0, [&] {
+                fs[kb - 2][vb - 2](kq, vq, lo.data(), hi.data(), hk.data(), hv.data(), kz.data(), vz.data(), range.data(), (int)H, (int)D,
+                                   kps, outl, (int)q0, (int)capq, (int)kw, (int)vw, kc.data(), vc.data(), krow.data(), vrow.data(),
+                                   kent.data(), vent.data(), vscale.data(), ecap);
+            });
+        }
+        pos += n;
+    }
+    const size_t nq = NT > ne ? NT - ne : 0;
+    size_t bad = 0, first = (size_t)-1;
+    const char *what = "";
+    auto cmp = [&](const void *a, const void *b, size_t bytes, const char *w) {
+        if (memcmp(a, b, bytes)) { bad++; if (first == (size_t)-1) { first = 0; what = w; } }
+    };
+    for (size_t h = 0; h < H; h++) {
+        if (ne) {
+            cmp(&k16[h * ne * D], v.k16 + h * ne * D, ne * D * 2, "exact keys");
+            cmp(&v16[h * ne * D], v.v16 + h * ne * D, ne * D * 2, "exact values");
+        }
+        for (size_t w = 0; w < kw; w++) cmp(&kc[(h * kw + w) * capq], v.kcodes + (h * kw + w) * capq, nq * 4, "key codes");
+        cmp(&vc[h * capq * vw], v.vcodes + h * capq * vw, nq * vw * 4, "value codes");
+        cmp(&krow[h * R], v.krow + h * R, (nq + 1) * 4, "key row pointers");
+        cmp(&vrow[h * R], v.vrow + h * R, (nq + 1) * 4, "value row pointers");
+        cmp(&kent[h * ecap], v.kent + h * ecap, krow[h * R + nq] * 4, "key entries");
+        cmp(&vent[h * ecap], v.vent + h * ecap, vrow[h * R + nq] * 4, "value entries");
+    }
+    cmp(vscale.data(), v.vscale, nq * 2 * 4, "value scales");
+    size_t ents = 0;
+    for (size_t h = 0; h < H; h++) ents += krow[h * R + nq] + vrow[h * R + nq];
+    const bool ok = bad == 0 && (f == 0 || ents > 0);
+    if (ok) n_pass++; else n_fail++;
+    printf("%s %-24s append of %zu tokens in %zu chunks (%zu exact, %zu sparse entries): %s%s\n", ok ? "ok  " : "FAIL", name, NT, nch, ne, ents,
+           bad ? "differs from the CPU cache in " : "bytes equal to the CPU cache's", bad ? what : "");
+    fflush(stdout);
     kvq_kvcache_free(cpu);
 }
 
@@ -345,6 +471,18 @@ int main(int argc, char **argv)
     const size_t l1[] = {1, 2, 40, 300, 1100};
     const size_t l2[] = {5, 700, 2600};
     check_fast_split();
+    /* the append (kvcache_cuda_app.cuh) against the CPU cache's bytes: the tiny models' heads (head_dim 8 with GQA,
+     * 16), SmolLM2's, a Llama head, odd head_dim; sinks, chunks that straddle the exact region, no outliers */
+    {
+        const size_t c1[] = {1, 1, 5, 1, 17, 1, 40}, c2[] = {3, 64, 1, 1}, c3[] = {1, 1, 1, 30};
+        run_append(4, 8, 3, 3, 4, 1, 0.01, c1, 7, "app d8 3/3 per-head");
+        run_append(4, 8, 2, 4, 1, 2, 0.01, c1, 7, "app d8 2/4 sink2");
+        run_append(4, 16, 4, 2, 4, 1, 0.01, c1, 7, "app d16 4/2");
+        run_append(3, 64, 3, 2, 3, 1, 0.01, c2, 4, "app smollm 3/2");
+        run_append(2, 128, 4, 4, 1, 1, 0.05, c2, 4, "app llama 4/4 f5%");
+        run_append(2, 9, 2, 3, 1, 0, 0.1, c3, 4, "app d9 2/3 no sink");
+        run_append(2, 40, 3, 4, 1, 3, 0.0, c3, 4, "app d40 3/4 no outliers");
+    }
     run(2, 2, 128, 1, 4, 4, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 4/4");
     run(2, 3, 64, 3, 2, 2, 3, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "smollm-like 2/2 gqa3");
     run(1, 2, 9, 12, 2, 4, 1, 1, 300, 0.0, l1, 4, 4, "d9 2/4 gqa12");
