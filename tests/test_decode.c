@@ -269,6 +269,23 @@ START_TEST(test_refusals)
             ck_assert_msg(i == 2, "%s: %s", no[i], e.msg); /* +hadamard needs an artifact fitted on the rotation */
         }
     }
+    /* a post-RoPE nuq artifact: the decode engine takes pre-RoPE nuq keys only */
+    {
+        char ap[256];
+        snprintf(ap, sizeof ap, "/tmp/kvq_test_decode_%ld_post.safetensors", (long)getpid());
+        int tok[2 * 32];
+        make_tokens(tok, 2 * 32, m->hp.vocab_size, 778);
+        ck_assert_msg(kvq_util_make_nuq_artifact(m, tok, 2, 32, 3, 0.01, 0, true, env.fp, ap, &e) == KVQ_OK, "%s", e.msg);
+        const char *pp[1] = {ap};
+        kvq_artifact_set ps;
+        ck_assert_msg(kvq_artifact_set_load(&ps, pp, 1, m, env.fp, false, NULL, &e) == KVQ_OK, "%s", e.msg);
+        kvq_eval_scheme b;
+        ck_assert_msg(kvq_eval_scheme_make("nuq3-1%+post-rope", &ps, &m->hp, &b, &e) == KVQ_OK, "%s", e.msg);
+        ck_assert_int_eq(kvq_decoder_init(&d, m, &b, 1, 32, 0, &e), KVQ_EUNSUPPORTED);
+        ck_assert_msg(strstr(e.msg, "pre-RoPE keys only"), "%s", e.msg);
+        kvq_artifact_set_free(&ps);
+        remove(ap);
+    }
     /* a sliding-window model: the cache attends every position */
     kvq_model sw = env.m;
     sw.hp.sliding_window = 8;

@@ -109,6 +109,8 @@ kvq_status kvq_decode_eval(const kvq_model *m, const kvq_eval_scheme *s, const i
     r->batch = B;
     r->dev = o->dev;
     r->noise_floor = o->noise_floor && !o->no_sim;
+    r->kv_fp16 = (o->fwd_flags & KVQ_DECODE_KV_FP16) != 0;
+    r->dequant_attn = (o->fwd_flags & KVQ_DECODE_DEQUANT_ATTN) != 0;
     r->p = calloc(n_prompts, sizeof *r->p);
     /* the decoder's logits are kept for the comparison only: B x S x vocab floats */
     float *dl = o->no_sim ? NULL : malloc(B * S * V * sizeof *dl), *sl = o->no_sim ? NULL : malloc(S * V * sizeof *sl);
@@ -204,19 +206,72 @@ done:
     return st;
 }
 
-/* the first n tokens of a generation as text, control characters shown as spaces */
-static void gen_text(const kvq_tokenizer *tok, const int *ids, size_t n, char *buf, size_t len)
+/* length of the valid UTF-8 sequence at s[0..n) (RFC 3629: no overlongs, surrogates or code points past U+10FFFF),
+ * 0 if none */
+static size_t utf8_len(const unsigned char *s, size_t n)
 {
-    buf[0] = 0;
-    if (!tok) return;
+    const unsigned char c = s[0];
+    size_t k;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) k = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        k = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        k = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return 0;
+    if (n < k || s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return k;
+}
+
+/* the first n tokens of a generation as text (malloc'd, NULL without a tokenizer or on failure): valid UTF-8 always
+ * (a byte that starts no valid sequence, e.g. half of a character split across tokens, becomes U+FFFD), control
+ * characters shown as spaces, '|' as '/' when for_table; at most max_bytes bytes of text, then "…" when cut */
+static char *gen_text(const kvq_tokenizer *tok, const int *ids, size_t n, size_t max_bytes, bool for_table)
+{
+    if (!tok) return NULL;
     char *t = NULL;
     size_t tl = 0;
     kvq_err e = {0};
-    if (kvq_tokenizer_decode(tok, ids, n, 0, &t, &tl, &e)) return;
-    size_t j = 0;
-    for (size_t i = 0; i < tl && j + 1 < len; i++) buf[j++] = (unsigned char)t[i] < 32 ? ' ' : t[i];
-    buf[j] = 0;
+    if (kvq_tokenizer_decode(tok, ids, n, 0, &t, &tl, &e)) return NULL;
+    char *out = malloc((tl < max_bytes ? tl : max_bytes) * 3 + 8);
+    if (!out) {
+        free(t);
+        return NULL;
+    }
+    const unsigned char *u = (const unsigned char *)t;
+    size_t i = 0, j = 0;
+    while (i < tl) {
+        size_t k = utf8_len(u + i, tl - i);
+        const size_t w = k ? k : 3;
+        if (j + w > max_bytes) {
+            memcpy(out + j, "\xE2\x80\xA6", 3); /* … */
+            j += 3;
+            break;
+        }
+        if (!k) { /* U+FFFD */
+            memcpy(out + j, "\xEF\xBF\xBD", 3);
+            j += 3;
+            i++;
+        } else if (k == 1) {
+            const char c = t[i++];
+            out[j++] = (unsigned char)c < 32 || c == 127 ? ' ' : for_table && c == '|' ? '/' : c;
+        } else {
+            memcpy(out + j, t + i, k);
+            j += k;
+            i += k;
+        }
+    }
+    out[j] = 0;
     free(t);
+    return out;
 }
 
 static double tok_per_s(double tokens, double s) { return s > 0 ? tokens / s : NAN; }
@@ -239,21 +294,18 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
     size_t n_eq = 0;
     for (size_t i = 0; i < r->n_prompts; i++) {
         const kvq_decode_prompt *p = &r->p[i];
-        char txt[96];
-        gen_text(tok, p->tokens, r->steps < 24 ? r->steps : 24, txt, sizeof txt);
-        for (char *c = txt; *c; c++)
-            if (*c == '|') *c = '/';
-        if (!sim) {
+        char *tx = gen_text(tok, p->tokens, r->steps < 24 ? r->steps : 24, 90, true);
+        const char *txt = tx ? tx : "";
+        if (!sim)
             fprintf(f, "| %zu | - | - | - | - | - | - | - | %s |\n", i, txt);
-            continue;
-        }
-        n_eq += p->first_diff < 0;
-        if (p->first_diff < 0)
+        else if (p->first_diff < 0)
             fprintf(f, "| %zu | yes (%zu) | - | - | - | - | %.3g | %.3g | %s |\n", i, r->steps, p->worst_abs, p->worst_kl, txt);
         else
             fprintf(f, "| %zu | no%s | %d | %.3g | %.3g | %.3g (rank %d) | %.3g | %.3g | %s |\n", i,
                     p->within_floor ? " (within the noise floor)" : "", p->first_diff, p->diff_abs, p->diff_kl, p->margin, p->rank,
                     p->worst_abs, p->worst_kl, txt);
+        n_eq += sim && p->first_diff < 0;
+        free(tx);
     }
     const double dec_tok = (double)r->n_prompts * (double)(r->steps - 1), pre_tok = (double)r->n_prompts * r->prompt_len;
     fprintf(f, "\n");
@@ -289,6 +341,8 @@ kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kv
     const bool sim = r->n_prompts && r->p[0].sim;
     cJSON_AddBoolToObject(oj, "simulation", sim);
     cJSON_AddBoolToObject(oj, "noise_floor", sim && r->noise_floor);
+    cJSON_AddBoolToObject(oj, "kv_fp16", r->kv_fp16);
+    cJSON_AddBoolToObject(oj, "dequant_attn", r->dequant_attn);
     cJSON *th = cJSON_AddObjectToObject(root, "throughput");
     cJSON_AddNumberToObject(th, "decode_tokens_per_s", tok_per_s((double)r->n_prompts * (double)(r->steps - 1), r->decode_s));
     cJSON_AddNumberToObject(th, "decode_seconds", r->decode_s);
@@ -307,9 +361,9 @@ kvq_status kvq_decode_report_json(const char *path, const kvq_model *m, const kv
         cJSON *po = cJSON_CreateObject();
         cJSON_AddItemToObject(po, "prompt_tokens", cJSON_CreateIntArray(prompts + i * r->prompt_len, (int)r->prompt_len));
         cJSON_AddItemToObject(po, "tokens", cJSON_CreateIntArray(p->tokens, (int)r->steps));
-        char txt[4096];
-        gen_text(tok, p->tokens, r->steps, txt, sizeof txt);
-        if (tok) cJSON_AddStringToObject(po, "text", txt);
+        char *txt = gen_text(tok, p->tokens, r->steps, (size_t)1 << 20, false);
+        if (txt) cJSON_AddStringToObject(po, "text", txt);
+        free(txt);
         if (sim) {
             n_eq += p->first_diff < 0;
             cJSON_AddBoolToObject(po, "tokens_equal", p->first_diff < 0);

@@ -85,6 +85,7 @@ typedef struct {
     size_t batch0_seqs;                /* sequences in the first batch */
     kvq_device dev;                    /* where the decoder ran */
     bool noise_floor;                  /* the p[].floor_* are set */
+    bool kv_fp16, dequant_attn;        /* the run's KVQ_DECODE_KV_FP16 / KVQ_DECODE_DEQUANT_ATTN */
 } kvq_decode_result;
 
 /* Decode n_prompts prompts [n][P] with scheme s in batches of opts->batch and
