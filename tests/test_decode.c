@@ -236,6 +236,33 @@ START_TEST(test_batch)
 }
 END_TEST
 
+/* the report's text: valid UTF-8 from any bytes (the decoded tokens of a model can split a character), cut only
+ * between characters; expected strings written out by hand (RFC 3629's table) */
+START_TEST(test_text_utf8)
+{
+    struct { const char *in; size_t n, max; bool table; const char *out; } c[] = {
+        {"abc", 3, 100, false, "abc"},
+        {"a\xC3\xA9" "b", 4, 100, false, "a\xC3\xA9" "b"},                   /* é */
+        {"\xE2\x82\xAC\xF0\x9F\x98\x80", 7, 100, false, "\xE2\x82\xAC\xF0\x9F\x98\x80"}, /* € 😀 */
+        {"x\x98y", 3, 100, false, "x\xEF\xBF\xBDy"},                   /* a lone continuation byte */
+        {"\xE2\x82", 2, 100, false, "\xEF\xBF\xBD\xEF\xBF\xBD"},      /* a character cut by the token boundary */
+        {"\xC0\xAF", 2, 100, false, "\xEF\xBF\xBD\xEF\xBF\xBD"},      /* overlong '/' */
+        {"\xED\xA0\x80", 3, 100, false, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* a surrogate */
+        {"\xF4\x90\x80\x80", 4, 100, false, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* past U+10FFFF */
+        {"a\nb\tc\x7f|", 7, 100, true, "a b c /"},
+        {"a|b", 3, 100, false, "a|b"},
+        {"ab\xC3\xA9", 4, 3, false, "ab\xE2\x80\xA6"},                /* cut before é, not inside it */
+        {"abc", 3, 3, false, "abc"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char *o = kvq_text_utf8(c[i].in, c[i].n, c[i].max, c[i].table);
+        ck_assert_ptr_nonnull(o);
+        ck_assert_msg(!strcmp(o, c[i].out), "case %zu: got \"%s\", expected \"%s\"", i, o, c[i].out);
+        free(o);
+    }
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     dec_env env;
@@ -437,6 +464,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_decode_stories_gqa);
     tcase_add_test(tc, test_batch);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_text_utf8);
     tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
     return s;

@@ -231,21 +231,10 @@ static size_t utf8_len(const unsigned char *s, size_t n)
     return k;
 }
 
-/* the first n tokens of a generation as text (malloc'd, NULL without a tokenizer or on failure): valid UTF-8 always
- * (a byte that starts no valid sequence, e.g. half of a character split across tokens, becomes U+FFFD), control
- * characters shown as spaces, '|' as '/' when for_table; at most max_bytes bytes of text, then "…" when cut */
-static char *gen_text(const kvq_tokenizer *tok, const int *ids, size_t n, size_t max_bytes, bool for_table)
+char *kvq_text_utf8(const char *t, size_t tl, size_t max_bytes, bool for_table)
 {
-    if (!tok) return NULL;
-    char *t = NULL;
-    size_t tl = 0;
-    kvq_err e = {0};
-    if (kvq_tokenizer_decode(tok, ids, n, 0, &t, &tl, &e)) return NULL;
     char *out = malloc((tl < max_bytes ? tl : max_bytes) * 3 + 8);
-    if (!out) {
-        free(t);
-        return NULL;
-    }
+    if (!out) return NULL;
     const unsigned char *u = (const unsigned char *)t;
     size_t i = 0, j = 0;
     while (i < tl) {
@@ -270,6 +259,18 @@ static char *gen_text(const kvq_tokenizer *tok, const int *ids, size_t n, size_t
         }
     }
     out[j] = 0;
+    return out;
+}
+
+/* the first n tokens of a generation as text (kvq_text_utf8; NULL without a tokenizer or on failure) */
+static char *gen_text(const kvq_tokenizer *tok, const int *ids, size_t n, size_t max_bytes, bool for_table)
+{
+    if (!tok) return NULL;
+    char *t = NULL;
+    size_t tl = 0;
+    kvq_err e = {0};
+    if (kvq_tokenizer_decode(tok, ids, n, 0, &t, &tl, &e)) return NULL;
+    char *out = kvq_text_utf8(t, tl, max_bytes, for_table);
     free(t);
     return out;
 }

@@ -88,6 +88,12 @@ typedef struct {
     bool kv_fp16, dequant_attn;        /* the run's KVQ_DECODE_KV_FP16 / KVQ_DECODE_DEQUANT_ATTN */
 } kvq_decode_result;
 
+/* Bytes t[0..n) as text for a report (malloc'd; NULL when out of memory): always valid UTF-8 (RFC 3629: a byte that
+ * starts no valid sequence — half of a character a token boundary split, an overlong form, a surrogate — becomes
+ * U+FFFD), control characters (and DEL) as spaces, '|' as '/' when for_table (a markdown cell); at most max_bytes
+ * bytes of text, then "…" (U+2026) where it was cut, never inside a character. */
+char *kvq_text_utf8(const char *t, size_t n, size_t max_bytes, bool for_table);
+
 /* Decode n_prompts prompts [n][P] with scheme s in batches of opts->batch and
  * compare with the simulation. prog (optional) counts decoder steps over all
  * batches: n_batches * (P + S - 1). Errors: the decoder's (refusals name the
