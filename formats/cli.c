@@ -269,10 +269,15 @@ static bool same_file(const char *a, const char *b)
     return strcmp(ca, cb) == 0;
 }
 
-/* The directory that holds p (if p names one) exists and is a directory. */
+/* The directory that holds p (if p names one) exists and is a directory; trailing slashes of p name p itself
+ * ("site/" is in the current directory) */
 static kvq_status check_parent(const char *opt, const char *p, kvq_err *err)
 {
-    const char *slash = strrchr(p, '/');
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') n--;
+    const char *slash = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == '/') slash = p + i;
     if (!slash || slash == p) return KVQ_OK;
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%.*s", (int)(slash - p), p);

@@ -319,6 +319,8 @@ START_TEST(test_cli_end_to_end)
         {"'%1$s' --html '%1$s'", 2, "exists and is not a directory (expected a directory for the page and its figures)"},
         {"'%1$s' --plots '%1$s'", 2, "exists and is not a directory (expected a directory for the figures)"},
         {"'%s' --html /nonexistent/kvq/site", 2, "directory '/nonexistent/kvq' does not exist"},
+        /* a trailing slash names the directory itself (README's `--html report/` was refused: "'report' does not exist") */
+        {"'%s' --html /nonexistent/kvq/site/", 2, "directory '/nonexistent/kvq' does not exist"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
