@@ -19,7 +19,7 @@
 # "calib eval"; see that script) beside it, with KVQ_BIN pointing at the carried binaries.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 DEST=$(realpath -m "$1") MODEL=$(realpath "$2") CALIB=$(realpath "$3") TEXT=$(realpath "$4") ARTDIR=${5:-}

@@ -15,11 +15,11 @@
 #               decode_step.csv, decode_step.md
 #   KVQ_PREBUILT=DIR  use DIR/bench_decode_step built elsewhere (`make CUDA=1 gpu-tests`, then
 #               scripts/gpu_carry_bins.sh DIR bench_decode_step); DIR/lib (or DIR/libs.tar.xz, unpacked) goes on
-#               LD_LIBRARY_PATH. Without it the script builds with `make CUDA=1 CUDA_ARCH=sm_90 gpu-tests`.
+#               LD_LIBRARY_PATH. Without it the script builds `make CUDA=1 CUDA_ARCH=sm_90 build/gpu/bench_decode_step`.
 #   KVQ_TIMEOUT=S  the benchmark's time limit (default 560 s; rows start only within the first 3/4 of it):
 #               e.g. 270 for each of two runs chained in one 600 s device call
-# Exit status: that of bench_decode_step (0 done, 1 a check failed, 2 a CUDA/cuBLAS or usage error), or 3 when the
-# binary cannot be built or found.
+# Exit status: that of bench_decode_step (0 done, 1 a check failed, 2 a CUDA/cuBLAS or usage error; 124 when
+# KVQ_TIMEOUT ended it), 2 for an unknown option of this script, or 3 when the binary cannot be built or found.
 set -euo pipefail
 mode=()
 limit=${KVQ_TIMEOUT:-560}
@@ -29,6 +29,9 @@ case "${1:-}" in
 --quick) mode=(--quick); budget=$((budget < 120 ? budget : 120)); shift ;;
 --moonshot) mode=(--moonshot); shift ;;
 -h|--help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+case "${1:-}" in
+-?*) [ "$1" = "--" ] || { echo "gpu_decode_step: unknown option '$1' (see --help; bench_decode_step's options go after --)" >&2; exit 2; } ;;
 esac
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then out=$1; shift; else out=${OUT:+$OUT/decode_step}; out=${out:-out/gpu_decode_step}; fi
 [ "${1:-}" = "--" ] && shift

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_kveval_families.sh — the method-family tables of issues 43–45 on a GPU: one calibration dump
+# gpu_kveval_families.sh — the method-family tables of issues 43–45 (and 44's structural families) on a GPU: one calibration dump
 # of the default model (KVQuant's set: 16 x 2048 tokens of wiki.valid.tokens, Fisher information,
 # queries), every family's kvcalib artifact from it, then kveval over the whole WikiText-2 test split
 # at ctx 2048 (kvquant protocol) with PPL, ΔPPL ± SE and the KL-divergence columns.
@@ -7,28 +7,30 @@
 #   scripts/gpu_kveval_families.sh STEP MODEL CALIB TEXT WORK
 #     STEP   calib   kvdump (GPU) + every kvcalib artifact into WORK/art (list below, 8 fits at a
 #                    time), with timings in WORK/calib.log
-#            eval    kveval in six groups side by side on the one GPU (each group its own process with
+#            eval    kveval in groups side by side on the one GPU (each group its own process with
 #                    its own fp32 baseline pass, KVQ_GROUP_THREADS OpenMP threads (default 2; the schedule group KVQ_SCHED_THREADS, 6), killed after
-#                    KVQ_EVAL_TIMEOUT s, default 400): five groups of transform families (in place or
-#                    with per-query boundaries; the host-path ones transform on the CPU between GPU
-#                    layers) over the whole split, and the attention-driven schedules (hh, mikv,
-#                    zipcache: attention on the host for every layer) on the first KVQ_SCHED_WINDOWS
-#                    windows (default 6) with baselines on the same windows. WORK/<group>.md/.json/.err
+#                    KVQ_EVAL_TIMEOUT s, default 400): by default five groups of transform families (in
+#                    place or with per-query boundaries; the host-path ones transform on the CPU between
+#                    GPU layers) over the whole split, and the attention-driven schedules (hh, mikv,
+#                    zipcache, qaq: per-key schedules, their policy on the GPU where the device path takes
+#                    the shape, else the host's attention for the layer) on the first KVQ_SCHED_WINDOWS
+#                    windows (default 6) with baselines on the same windows; g6 (not in the default) the
+#                    structural families' rows (low-rank heads, MiniCache). WORK/<group>.md/.json/.err
 #     MODEL  models/SmolLM2-135M-Instruct.Q4_1.gguf
 #     CALIB  ../shared/datasets/wikitext-2/wiki.valid.tokens (the calibration text)
 #     TEXT   ../shared/datasets/wikitext-2-raw/wiki.test.raw (the evaluation text)
 #     WORK   dump, artifacts (WORK/art) and outputs (WORK/<step>.md/.json/.err, WORK/calib.log)
 # Environment: KVQ_BIN (folder with kvdump, kvcalib, kveval; default bin), KVQ_DEVICE (cuda), KVQ_ART
 # (the artifacts' folder, default WORK/art: eval can use artifacts made elsewhere), KVQ_GROUPS (the eval
-# groups, default "g1 g2 g3 g4 g5 sched"; g2a/g2b .. g5a/g5b are the halves of a host-path group, s:<spec> one
+# groups, default "g1 g2 g3 g4 g5 sched"; g2a/g2b .. g6a/g6b are the halves of a host-path group, s:<spec> one
 # scheme, m:<spec>,<spec>,... several schemes in one process, each group its own process, the s: and m: ones
 # named s1, s2, ... in their order; KVQ_THREADS_<group> its OpenMP threads), KVQ_MAX_WINDOWS (the
-# host-path groups g2..g5 on the first N windows; g1, the native baselines, always runs the whole split),
+# host-path groups g2..g6 on the first N windows; g1, the native baselines, always runs the whole split),
 # and the above; for a smoke test on a small model: KVQ_SAMPLES, KVQ_SEQ_LEN (the dump, default
 # 16 x 2048), KVQ_CTX (2048).
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 STEP=$1 MODEL=$2 CALIB=$3 TEXT=$4 WORK=$5
@@ -67,10 +69,11 @@ G2=(q4_0+hadamard q8_0+hadamard int4+hadamard int4-pth+hadamard nuq4-1%+hadamard
 G3=(turboquant-k8v4 turboquant-4bit-nc nvfp4 nvfp4-tensor turboquant-k3v4-nc turboquant-3bit-nc mxfp4 fp4_mx_block16)
 G4=(wkvq4 wkvq3 wkvq2-g64 skvq2-w32 skvq3-w32 skvq4-w32 skvq2-w128)
 G5=(cq-c4b4 cq-c4b6 cq-c8b8 cq-c4b8 cq-c2b8)
+G6=(lowrank-g1-b2 lowrank-g1-b3 lowrank-g1-b4 minicache4-t0.6-g0.05-c64 minicache4-t0.6-g0.5-c64)
 # attention-driven schedules (host attention for every layer): the first KVQ_SCHED_WINDOWS windows
 SCHED=(kivi2 nuq2-1% nuq3-1% nuq4-1% hh4-20%-w32
        mikv-h8-l2-b20%-w32 mikv-h8-l3-b20%-w32 mikv-h4-l2-b20%-w32 mikv-h8-l2-b20%-w32-nobal
-       zipcache-h4-l2-b10%-w32 zipcache-h3-l2-b20%-w64 zipcache-h4-l3-b20%-w64)
+       zipcache-h4-l2-b10%-w32 zipcache-h3-l2-b20%-w64 zipcache-h4-l3-b20%-w64 qaq-k0.0003-v0.03 qaq-k0.001-v0.1)
 
 arts=()
 # eval: the artifacts present in ART (a run of a few groups carries only the ones it binds)
@@ -116,6 +119,7 @@ eval)
         g3) run_group g3 "${all[@]}" -- "${G3[@]}" & ;;
         g4) run_group g4 "${all[@]}" -- "${G4[@]}" & ;;
         g5) run_group g5 "${all[@]}" -- "${G5[@]}" & ;;
+        g6) run_group g6 "${all[@]}" -- "${G6[@]}" & ;;
         s:*) # one scheme in its own process (group name s<i>, i its place in KVQ_GROUPS)
             n_s=$((${n_s:-0} + 1))
             run_group "s$n_s" "${all[@]}" -- "${g#s:}" & ;;
@@ -123,7 +127,7 @@ eval)
             n_s=$((${n_s:-0} + 1))
             IFS=, read -r -a members <<<"${g#m:}"
             run_group "s$n_s" "${all[@]}" -- "${members[@]}" & ;;
-        g[2-5][ab])
+        g[2-6][ab])
             # half of a host-path group (its own process and fp32 pass): more processes on the CPU cores
             local_arr="G${g:1:1}[@]"
             members=("${!local_arr}")
