@@ -253,7 +253,10 @@ static int run_decode(const kveval_opts *o)
     const char *unused = o->pk_lengths || o->pk_depths || o->pk_trials != 1 ? "--passkey-*" : o->ctx_s ? "--ctx"
                          : o->max_windows ? "--max-windows" : o->no_kld ? "--no-kld" : o->gemm_rate ? "--gemm-rate"
                          : o->devices ? "--devices" : (o->prompt_file && o->n_prompts != 3) ? "--prompts (with --prompt-file)"
-                                                                                           : NULL;
+                         : strcmp(o->protocol, "kvquant") ? "--protocol (the prompts are cut as the kvquant protocol does)"
+                         : o->newlines ? "--newlines" : o->seed ? "--seed"
+                         : o->fast || o->math ? "--fast / --math (the decode's forward runs in its exact mode)"
+                                              : NULL;
     if (unused) {
         fprintf(stderr, "kveval: %s does not apply to --task decode\n", unused);
         return 2;
@@ -321,6 +324,12 @@ static int run_decode(const kveval_opts *o)
     } else {
         P = o->prompt_len ? (size_t)o->prompt_len : 64;
         n_prompts = (size_t)o->n_prompts;
+        if (P < 2) {
+            fprintf(stderr, "kveval: --prompt-len %zu: prompts cut from --text need at least 2 tokens (one prompt token: "
+                            "--prompt-file)\n", P);
+            rc = 2;
+            goto out;
+        }
         kvq_text_format fmt = !o->format ? kvq_text_format_from_path(o->text)
                               : !strcmp(o->format, "jsonl") ? KVQ_TEXT_JSONL
                               : !strcmp(o->format, "wikitext-tokens") ? KVQ_TEXT_WIKITEXT_TOKENS

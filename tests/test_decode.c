@@ -436,6 +436,10 @@ START_TEST(test_cli)
         {"--steps 8", "nuq3-1%", other_art, 1, "fingerprint"},
         {"--steps 8 --ctx 64", "nuq3-1%", env.paths[1], 2, "--ctx"},
         {"--steps 8 --no-sim --noise-floor", "nuq3-1%", env.paths[1], 2, "--no-sim"},
+        /* options the decode would ignore are refused; a one-token window cannot be cut from the text */
+        {"--steps 8 --math bf16", "nuq3-1%", env.paths[1], 2, "--math"},
+        {"--steps 8 --protocol llamacpp", "nuq3-1%", env.paths[1], 2, "--protocol"},
+        {"--steps 8 --prompt-len 1", "nuq3-1%", env.paths[1], 2, "at least 2 tokens"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "--task decode --model %s --tokenizer %s --text %s --artifact %s --scheme '%s' %s %s --json %s",

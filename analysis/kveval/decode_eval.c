@@ -313,9 +313,11 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
     if (sim) fprintf(f, "tokens equal: %zu of %zu prompts\n", n_eq, r->n_prompts);
     if (sim && r->noise_floor) {
         fprintf(f, "noise floor (the simulation against itself with the other GEMM order):");
-        for (size_t i = 0; i < r->n_prompts; i++)
-            fprintf(f, "%s prompt %zu: worst max abs diff %.3g, worst KL %.3g, argmax differs at %d steps (first %d)", i ? ";" : "", i,
-                    r->p[i].floor_abs, r->p[i].floor_kl, r->p[i].floor_flips, r->p[i].floor_first);
+        for (size_t i = 0; i < r->n_prompts; i++) {
+            fprintf(f, "%s prompt %zu: worst max abs diff %.3g, worst KL %.3g, argmax differs at %d step%s", i ? ";" : "", i,
+                    r->p[i].floor_abs, r->p[i].floor_kl, r->p[i].floor_flips, r->p[i].floor_flips == 1 ? "" : "s");
+            if (r->p[i].floor_first >= 0) fprintf(f, " (first %d)", r->p[i].floor_first);
+        }
         fprintf(f, "\n");
     }
     fprintf(f, "decode: %.2f tokens/s (%zu sequences x %zu steps in %.2f s); prefill %.2f tokens/s (token by token)\n",
