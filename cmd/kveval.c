@@ -196,9 +196,11 @@ static int read_prompt_file(const char *path, const kvq_tokenizer *tok, unsigned
     size_t *len = NULL, cap = 0, shortest = SIZE_MAX;
     int rc = 1;
     *n = 0;
+    size_t lineno = 0;
     for (char *line = txt.data, *end; line < txt.data + txt.len; line = end + 1) {
         end = memchr(line, '\n', (size_t)(txt.data + txt.len - line));
         if (!end) end = txt.data + txt.len;
+        lineno++;
         if (end == line) continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
@@ -213,7 +215,8 @@ static int read_prompt_file(const char *path, const kvq_tokenizer *tok, unsigned
             goto done;
         }
         if (prompt_len > 0 && len[*n] < (size_t)prompt_len) {
-            fprintf(stderr, "kveval: %s: prompt %zu has %zu tokens, --prompt-len asks for %ld\n", path, *n + 1, len[*n], prompt_len);
+            fprintf(stderr, "kveval: %s: line %zu (prompt %zu, counted from 0 as in the report) has %zu tokens, --prompt-len asks "
+                            "for %ld\n", path, lineno, *n, len[*n], prompt_len);
             (*n)++;
             goto done;
         }
