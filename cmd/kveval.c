@@ -305,6 +305,9 @@ static int run_decode(const kveval_opts *o)
         if (kvq_model_load_opts(o->model, &lo, &m, &e)) { fail("model", &e, 1); goto out; }
         if (!o->quiet) fprintf(stderr, "kveval: weights: %s\n", m.weights_desc);
     }
+    /* the rules the spec alone decides, before any artifact is read (a +rht scheme is refused for the cache's lack of
+     * rotation, not for a missing rotated artifact) */
+    if (kvq_decoder_spec_check(&spec, o->schemes.v[0], &m.hp, &e)) { rc = fail(NULL, &e, 2); goto out; }
     if (o->artifacts.n > 0) {
         if (kvq_identity_model(&m, fp, &e)) { fail("model fingerprint", &e, 1); goto out; }
         if (kvq_artifact_set_load(&arts, o->artifacts.v, (size_t)o->artifacts.n, &m, fp, o->allow_mismatch, stderr, &e)) {

@@ -431,7 +431,9 @@ START_TEST(test_cli)
         {"--steps 0", "nuq3-1%", env.paths[1], 2, "--steps"},
         {"--steps 100000", "nuq3-1%", env.paths[1], 2, "context length"},
         {"--steps 8", "int4", env.paths[1], 2, "nuq and kivi"},
-        {"--steps 8", "nuq3-1%+hadamard", env.paths[1], 1, "hadamard"},
+        /* the spec's own rules before any artifact is read: not "needs an artifact fitted on the rotation" */
+        {"--steps 8", "nuq3-1%+hadamard", env.paths[1], 2, "no rotation"},
+        {"--steps 8", "kivi2-g4-r8+intactkv", env.paths[1], 2, "+intactkv is not in the decode engine"},
         {"--steps 8 --scheme nuq2-1%", "nuq3-1%", env.paths[1], 2, "exactly one --scheme"},
         {"--steps 8", "nuq3-1%", other_art, 1, "fingerprint"},
         {"--steps 8 --ctx 64", "nuq3-1%", env.paths[1], 2, "--ctx"},

@@ -8,12 +8,9 @@
 
 #include "quant.h"
 
-kvq_status kvq_decoder_cache_config(const kvq_eval_scheme *s, const kvq_hparams *hp, size_t layer, kvq_kvcache_config *cfg,
-                                    kvq_err *err)
+kvq_status kvq_decoder_spec_check(const kvq_scheme_spec *sp, const char *name, const kvq_hparams *hp, kvq_err *err)
 {
-    memset(cfg, 0, sizeof *cfg);
-    const kvq_scheme *q = &s->s.q;
-    const kvq_family *f = q->fam;
+    const kvq_family *f = sp->q.fam;
     if (!f || !f->kvcache_config) {
         char who[160] = "";
         size_t n, len = 0;
@@ -21,22 +18,36 @@ kvq_status kvq_decoder_cache_config(const kvq_eval_scheme *s, const kvq_hparams 
         for (size_t i = 0; i < n; i++)
             if (all[i]->kvcache_config && len < sizeof who)
                 len += (size_t)snprintf(who + len, sizeof who - len, "%s%s", len ? " and " : "", all[i]->name);
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: the packed KV cache (kernels/kvcache) has formats for %s only", s->name,
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: the packed KV cache (kernels/kvcache) has formats for %s only", name,
                         who);
     }
-    if (s->s.intactkv || s->prefix)
+    if (sp->intactkv)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: +intactkv is not in the decode engine (its prefix is not fed to the "
-                        "packed cache)", s->name);
-    if (s->s.rot.kind != KVQ_ROT_NONE)
-        return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: the packed KV cache has no rotation (+hadamard / +rht)", s->name);
+                        "packed cache)", name);
+    if (sp->rot.kind != KVQ_ROT_NONE)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: the packed KV cache has no rotation (+hadamard / +rht)", name);
     for (int l = 0; l < hp->n_layers; l++)
         if (kvq_layer_window(hp, l) > 0)
             return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: a sliding window of %d keys; the packed KV cache attends every "
                             "position", l, kvq_layer_window(hp, l));
-    const bool post = s->s.key_stage == KVQ_KEYS_POST_ROPE;
-    if (!post && hp->rope_dim > 0 && hp->rope_scaling != KVQ_ROPE_SCALING_NONE && hp->rope_scaling != KVQ_ROPE_SCALING_LINEAR)
+    if (sp->key_stage != KVQ_KEYS_POST_ROPE && hp->rope_dim > 0 && hp->rope_scaling != KVQ_ROPE_SCALING_NONE &&
+        hp->rope_scaling != KVQ_ROPE_SCALING_LINEAR)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "RoPE scaling %s: the packed KV cache rotates pre-RoPE keys with none or linear "
                         "scaling only", kvq_rope_scaling_name(hp->rope_scaling));
+    return KVQ_OK;
+}
+
+kvq_status kvq_decoder_cache_config(const kvq_eval_scheme *s, const kvq_hparams *hp, size_t layer, kvq_kvcache_config *cfg,
+                                    kvq_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    const kvq_scheme *q = &s->s.q;
+    const kvq_family *f = q->fam;
+    KVQ_TRY(kvq_decoder_spec_check(&s->s, s->name, hp, err));
+    if (s->prefix)
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: +intactkv is not in the decode engine (its prefix is not fed to the "
+                        "packed cache)", s->name);
+    const bool post = s->s.key_stage == KVQ_KEYS_POST_ROPE;
     if (s->art && s->art->p.method == f) {
         KVQ_TRY(kvq_kvcache_config_from_artifact(cfg, s->art, layer, err));
     } else if (!strcmp(f->name, "kivi")) { /* online: the spec's G, R and bits */
