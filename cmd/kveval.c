@@ -317,10 +317,9 @@ static int run_decode(const kveval_opts *o)
     }
     kvq_eval_scheme sch;
     if (kvq_eval_scheme_bind(&spec, &arts, &m.hp, &sch, &e)) { fail(NULL, &e, 1); goto out; }
-    { /* the cache refuses before any text is read */
-        kvq_kvcache_config cfg;
-        if (kvq_decoder_cache_config(&sch, &m.hp, 0, &cfg, &e)) { rc = fail(NULL, &e, e.code == KVQ_EUNSUPPORTED ? 2 : 1); goto out; }
-    }
+    kvq_kvcache_config cfg0;
+    /* the cache refuses before any text is read */
+    if (kvq_decoder_cache_config(&sch, &m.hp, 0, &cfg0, &e)) { rc = fail(NULL, &e, e.code == KVQ_EUNSUPPORTED ? 2 : 1); goto out; }
     if (load_tokenizer(o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }
     if (kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o->tokenizer ? o->tokenizer : o->model, &e)) { fail(NULL, &e, 1); goto out; }
     kvq_bos_policy bos = !strcmp(o->bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o->bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
@@ -362,6 +361,15 @@ static int run_decode(const kveval_opts *o)
         rc = 2;
         goto out;
     }
+    if (sch.s.q.n_sink >= P + steps - 1) {
+        fprintf(stderr, "kveval: scheme %s: %zu attention-sink tokens for %zu positions (the prompt and the steps); expected "
+                        "fewer sink tokens than positions\n", sch.name, sch.s.q.n_sink, P + steps - 1);
+        rc = 2;
+        goto out;
+    }
+    if (cfg0.format == KVQ_KVCACHE_KIVI && cfg0.residual >= P + steps - 1)
+        fprintf(stderr, "kveval: warning: %s: its fp16 residual of %zu tokens holds all %zu positions: the cache quantizes "
+                        "nothing (KIVI quantizes a token once it leaves the residual window)\n", sch.name, cfg0.residual, P + steps - 1);
     kvq_decode_opts dopt = {.steps = steps, .batch = (size_t)o->batch, .no_sim = o->no_sim,
                             .noise_floor = o->noise_floor, .dev = dev, .gpu = gpu,
                             .fwd_flags = (o->kv_fp16 ? KVQ_DECODE_KV_FP16 : 0u) | (o->dequant_attn ? KVQ_DECODE_DEQUANT_ATTN : 0u)};

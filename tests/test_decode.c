@@ -442,6 +442,7 @@ START_TEST(test_cli)
         {"--steps 8 --math bf16", "nuq3-1%", env.paths[1], 2, "--math"},
         {"--steps 8 --protocol llamacpp", "nuq3-1%", env.paths[1], 2, "--protocol"},
         {"--steps 8 --prompt-len 1", "nuq3-1%", env.paths[1], 2, "at least 2 tokens"},
+        {"--steps 8", "nuq3-1%+sink100", env.paths[1], 2, "100 attention-sink tokens for 23 positions"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "--task decode --model %s --tokenizer %s --text %s --artifact %s --scheme '%s' %s %s --json %s",
