@@ -16,7 +16,7 @@
  * kvq_cuda_round_fp16), as test_decode.c judges the CPU decode against the simulation: the two forwards' K/V differ by
  * rounding (~1e-6 relative), which in fp32 can move values across code boundaries and outlier thresholds (an H100
  * run without the rounding: the first step's logits up to 0.19 relative L2 apart on stories260K, head_dim 8, in 4
- * of its 12 nuq prompt runs, none on aidreams260K; the CPU decoder alone moves as far: with stories260K's wq/wk/wv
+ * of its 9 nuq prompt-scheme pairs, at B = 1 and 3 alike, none on aidreams260K; the CPU decoder alone moves as far: with stories260K's wq/wk/wv
  * scaled by 1 + 1e-6·u, u uniform in [-1, 1), the first step's logits moved by up to 0.10 relative L2 (nuq2-1%, one
  * of 3 prompts; 0.013–0.016 for nuq3/nuq4), while B = 1 against B = 3 on the CPU, 1e-7 apart, flipped nothing),
  * while after fp16 rounding they are the same numbers but for the rare value at an fp16 rounding boundary (the
