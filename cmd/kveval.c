@@ -218,6 +218,7 @@ static int read_prompt_file(const char *path, const kvq_tokenizer *tok, unsigned
             fprintf(stderr, "kveval: %s: line %zu (prompt %zu, counted from 0 as in the report) has %zu tokens, --prompt-len asks "
                             "for %ld\n", path, lineno, *n, len[*n], prompt_len);
             (*n)++;
+            rc = 2;
             goto done;
         }
         if (len[*n] < shortest) shortest = len[*n];
@@ -249,8 +250,12 @@ static int run_decode(const kveval_opts *o)
         fprintf(stderr, "kveval: --task decode takes exactly one --scheme (found %d)\n", o->schemes.n);
         return 2;
     }
-    if (!o->text == !o->prompt_file) {
-        fprintf(stderr, "kveval: --task decode needs the prompts from --text FILE or --prompt-file FILE (one of them)\n");
+    if (o->text && o->prompt_file) {
+        fprintf(stderr, "kveval: --text and --prompt-file both give the decode's prompts; give one of them\n");
+        return 2;
+    }
+    if (!o->text && !o->prompt_file) {
+        fprintf(stderr, "kveval: --task decode needs the prompts from --text FILE or --prompt-file FILE\n");
         return 2;
     }
     const char *unused = o->pk_lengths || o->pk_depths || o->pk_trials != 1 ? "--passkey-*" : o->ctx_s ? "--ctx"
@@ -325,7 +330,11 @@ static int run_decode(const kveval_opts *o)
     kvq_bos_policy bos = !strcmp(o->bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o->bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
     if (o->prompt_file) {
         unsigned fl = bos == KVQ_BOS_ALWAYS ? KVQ_TOK_ADD_BOS : bos == KVQ_BOS_MODEL ? KVQ_TOK_ADD_BOS_DEFAULT : 0;
-        if (read_prompt_file(o->prompt_file, tok, fl, o->prompt_len, &prompts, &n_prompts, &P)) goto out;
+        const int pr = read_prompt_file(o->prompt_file, tok, fl, o->prompt_len, &prompts, &n_prompts, &P);
+        if (pr) {
+            rc = pr;
+            goto out;
+        }
     } else {
         P = o->prompt_len ? (size_t)o->prompt_len : 64;
         n_prompts = (size_t)o->n_prompts;
@@ -409,7 +418,7 @@ out:
 int main(int argc, char **argv)
 {
     signal(SIGXFSZ, SIG_IGN); /* past a file-size limit writes fail with EFBIG (reported, cleaned up) instead of killing us */
-    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = "ppl", .pk_trials = 1,
+    kveval_opts o = {.protocol = "kvquant", .bos = "model", .ctx = 0, .max_windows = 0, .task = NULL, .pk_trials = 1,
                      .n_prompts = 3, .steps = 256, .batch = 1};
     kvq_opt tab[] = {
         kvq_cli_common(KVQ_COPT_MODEL, &o.model, true),
@@ -417,7 +426,7 @@ int main(int argc, char **argv)
         {"task", 0, KVQ_OPT_CHOICE, &o.task, "T",
          "ppl: perplexity, KL divergence and top-1 agreement over --text; passkey: retrieval of a number hidden in "
          "filler text at several lengths and depths (greedy, decode-equivalent; fp16 first); decode: real greedy decoding "
-         "on the packed KV cache against the simulation (see below)",
+         "on the packed KV cache against the simulation (see below); default ppl",
          "ppl|passkey|decode", 0, 0, false},
         {"passkey-lengths", 0, KVQ_OPT_STRING, &o.pk_lengths, "L,...",
          "passkey window lengths in tokens, or max (the model's context) [default 512,1024,2048,4096,max]", NULL, 0, 0, false},
@@ -505,12 +514,13 @@ int main(int argc, char **argv)
     if (help) return 0;
     if (o.threads > 0) omp_set_num_threads((int)o.threads);
     if (o.decode) {
-        if (strcmp(o.task, "ppl") && strcmp(o.task, "decode")) {
+        if (o.task && strcmp(o.task, "decode")) {
             fprintf(stderr, "kveval: --decode contradicts --task %s\n", o.task);
             return 2;
         }
         o.task = "decode";
     }
+    if (!o.task) o.task = "ppl";
     const bool decode = !strcmp(o.task, "decode");
     if (decode) return run_decode(&o);
     if (o.prompt_file || o.n_prompts != 3 || o.prompt_len || o.steps != 256 || o.batch != 1 || o.kv_fp16 || o.no_sim ||

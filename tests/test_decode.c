@@ -443,6 +443,7 @@ START_TEST(test_cli)
         {"--steps 8 --protocol llamacpp", "nuq3-1%", env.paths[1], 2, "--protocol"},
         {"--steps 8 --prompt-len 1", "nuq3-1%", env.paths[1], 2, "at least 2 tokens"},
         {"--steps 8", "nuq3-1%+sink100", env.paths[1], 2, "100 attention-sink tokens for 23 positions"},
+        {"--steps 8 --task ppl --decode", "nuq3-1%", env.paths[1], 2, "--decode contradicts --task ppl"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "--task decode --model %s --tokenizer %s --text %s --artifact %s --scheme '%s' %s %s --json %s",

@@ -320,10 +320,11 @@ kvq_status kvq_decode_report_table(FILE *f, const kvq_model *m, const kvq_tokeni
         }
         fprintf(f, "\n");
     }
-    fprintf(f, "decode: %.2f tokens/s (%zu sequences x %zu steps in %.2f s); prefill %.2f tokens/s (token by token)\n",
-            tok_per_s(dec_tok, r->decode_s), r->n_prompts, r->steps - 1, r->decode_s, tok_per_s(pre_tok, r->prefill_s));
-    fprintf(f, "KV cache at %zu positions x %zu sequences: %zu bytes packed, %zu bytes fp16 (%.3fx)\n",
-            r->prompt_len + r->steps - 1, r->batch0_seqs, r->bytes_packed, r->bytes_fp16,
+    fprintf(f, "decode: %.2f tokens/s (%zu sequence%s x %zu step%s in %.2f s); prefill %.2f tokens/s (token by token)\n",
+            tok_per_s(dec_tok, r->decode_s), r->n_prompts, r->n_prompts == 1 ? "" : "s", r->steps - 1, r->steps == 2 ? "" : "s",
+            r->decode_s, tok_per_s(pre_tok, r->prefill_s));
+    fprintf(f, "KV cache at %zu positions x %zu sequence%s: %zu bytes packed, %zu bytes fp16 (%.3fx)\n",
+            r->prompt_len + r->steps - 1, r->batch0_seqs, r->batch0_seqs == 1 ? "" : "s", r->bytes_packed, r->bytes_fp16,
             r->bytes_fp16 ? (double)r->bytes_packed / (double)r->bytes_fp16 : NAN);
     return KVQ_OK;
 }
