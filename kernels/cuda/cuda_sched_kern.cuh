@@ -98,6 +98,53 @@ __device__ __forceinline__ double sch_importance(const double *score, const int 
 
 __device__ __forceinline__ bool sch_less(double v, int t, double mv, int mt) { return v < mv || (v == mv && t < mt); }
 
+// the softmax statistics of query row i of KV head h's group (G query heads), all the block's threads: lm[q] holds
+// the thread's largest score of head q on entry; s[q·ld + j], j < n, the scores, become exp(score − max); mxs[q] and
+// sums[q] (shared) receive the row's max and sum, also kept in row_m / row_s [n_heads][T] at (h·G + q, i); red:
+// G·32 floats of shared scratch. The policy kernels of both declarative schedule forms share it (the same ops in
+// the same order as the CPU's kvq_attention_sched: see cuda_sched.cuh)
+template <int G>
+__device__ __forceinline__ void sch_row_softmax(float *s, size_t ld, int n, float (&lm)[G], float *red, float *mxs, float *sums,
+                                                float *row_m, float *row_s, int h, int T, int i)
+{
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+#pragma unroll
+    for (int q = 0; q < G; q++) {
+        for (int o = 16; o > 0; o >>= 1) lm[q] = fmaxf(lm[q], __shfl_xor_sync(0xffffffffu, lm[q], o));
+        if (lane == 0) red[q * 32 + warp] = lm[q];
+    }
+    __syncthreads();
+    if (tid < G) {
+        float m = red[tid * 32];
+        for (int w = 1; w < nw; w++) m = fmaxf(m, red[tid * 32 + w]);
+        mxs[tid] = m;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < G; q++) lm[q] = 0.f;
+    for (int j = tid; j < n; j += nt)
+#pragma unroll
+        for (int q = 0; q < G; q++) {
+            const float e = expf(s[(size_t)q * ld + j] - mxs[q]);
+            s[(size_t)q * ld + j] = e;
+            lm[q] += e;
+        }
+#pragma unroll
+    for (int q = 0; q < G; q++) {
+        for (int o = 16; o > 0; o >>= 1) lm[q] += __shfl_xor_sync(0xffffffffu, lm[q], o);
+        if (lane == 0) red[q * 32 + warp] = lm[q];
+    }
+    __syncthreads();
+    if (tid < G) {
+        float m = 0;
+        for (int w = 0; w < nw; w++) m += red[tid * 32 + w];
+        sums[tid] = m;
+        row_m[((size_t)h * G + tid) * T + i] = mxs[tid];
+        row_s[((size_t)h * G + tid) * T + i] = m;
+    }
+    __syncthreads();
+}
+
 template <int G>
 __global__ void __launch_bounds__(1024) sched_policy_k(kvq_cu_sched_args a)
 {
@@ -148,42 +195,7 @@ __global__ void __launch_bounds__(1024) sched_policy_k(kvq_cu_sched_args a)
                 lm[q] = fmaxf(lm[q], acc[q]);
             }
         }
-#pragma unroll
-        for (int q = 0; q < G; q++) {
-            for (int o = 16; o > 0; o >>= 1) lm[q] = fmaxf(lm[q], __shfl_xor_sync(0xffffffffu, lm[q], o));
-            if (lane == 0) red[q * 32 + warp] = lm[q];
-        }
-        __syncthreads();
-        if (tid < G) {
-            float m = red[tid * 32];
-            for (int w = 1; w < nw; w++) m = fmaxf(m, red[tid * 32 + w]);
-            mxs[tid] = m;
-        }
-        __syncthreads();
-        // exp(score - max) and the row sums
-#pragma unroll
-        for (int q = 0; q < G; q++) lm[q] = 0.f;
-        for (int j = tid; j < n; j += nt)
-#pragma unroll
-            for (int q = 0; q < G; q++) {
-                const float e = expf(s[(size_t)q * ld + j] - mxs[q]);
-                s[(size_t)q * ld + j] = e;
-                lm[q] += e;
-            }
-#pragma unroll
-        for (int q = 0; q < G; q++) {
-            for (int o = 16; o > 0; o >>= 1) lm[q] += __shfl_xor_sync(0xffffffffu, lm[q], o);
-            if (lane == 0) red[q * 32 + warp] = lm[q];
-        }
-        __syncthreads();
-        if (tid < G) {
-            float m = 0;
-            for (int w = 0; w < nw; w++) m += red[tid * 32 + w];
-            sums[tid] = m;
-            a.row_m[((size_t)h * G + tid) * T + i] = mxs[tid];
-            a.row_s[((size_t)h * G + tid) * T + i] = m;
-        }
-        __syncthreads();
+        sch_row_softmax<G>(s, ld, n, lm, red, mxs, sums, a.row_m, a.row_s, h, T, i);
         // query i's votes: s_j += sum over the group's heads of (float)(e * (1.0 / sum)), in double, head order
         if (votes[i + 1] > votes[i]) {
             double dinv[G];
@@ -355,7 +367,7 @@ __global__ void __launch_bounds__(1024) ssel_policy_k(kvq_cu_ssel_args a)
     KVQ_STATIC_SMEM(float, mxs, G, 4);
     KVQ_STATIC_SMEM(float, sums, G, 4);
     KVQ_STATIC_SMEM(unsigned long long, cnt_s, 6, 8); // per side: exact, outliers, code bits
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int tid = threadIdx.x, nt = blockDim.x;
     const size_t stride = (size_t)nkv * hd;
     float *ring = a.ring + (size_t)h * N * T;
     for (int j = tid; j < T; j += nt) selk[j] = selv[j] = 0;
@@ -394,41 +406,7 @@ __global__ void __launch_bounds__(1024) ssel_policy_k(kvq_cu_ssel_args a)
                 lm[q] = fmaxf(lm[q], acc[q]);
             }
         }
-#pragma unroll
-        for (int q = 0; q < G; q++) {
-            for (int o = 16; o > 0; o >>= 1) lm[q] = fmaxf(lm[q], __shfl_xor_sync(0xffffffffu, lm[q], o));
-            if (lane == 0) red[q * 32 + warp] = lm[q];
-        }
-        __syncthreads();
-        if (tid < G) {
-            float m = red[tid * 32];
-            for (int w = 1; w < nw; w++) m = fmaxf(m, red[tid * 32 + w]);
-            mxs[tid] = m;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int q = 0; q < G; q++) lm[q] = 0.f;
-        for (int j = tid; j < n; j += nt)
-#pragma unroll
-            for (int q = 0; q < G; q++) {
-                const float e = expf(s[(size_t)q * ld + j] - mxs[q]);
-                s[(size_t)q * ld + j] = e;
-                lm[q] += e;
-            }
-#pragma unroll
-        for (int q = 0; q < G; q++) {
-            for (int o = 16; o > 0; o >>= 1) lm[q] += __shfl_xor_sync(0xffffffffu, lm[q], o);
-            if (lane == 0) red[q * 32 + warp] = lm[q];
-        }
-        __syncthreads();
-        if (tid < G) {
-            float m = 0;
-            for (int w = 0; w < nw; w++) m += red[tid * 32 + w];
-            sums[tid] = m;
-            a.row_m[((size_t)h * G + tid) * T + i] = mxs[tid];
-            a.row_s[((size_t)h * G + tid) * T + i] = m;
-        }
-        __syncthreads();
+        sch_row_softmax<G>(s, ld, n, lm, red, mxs, sums, a.row_m, a.row_s, h, T, i);
         // a[i][j]: the group's largest probability (each (float)(e * (1.0 / sum)), as the step's probs)
         {
             double dinv[G];

@@ -829,12 +829,7 @@ kvq_status run_impl(kvq_forward_cuda *g, const kvq_fwd_io *io, const float *x_in
     if (attend && (hk->transform || hk->observe || P > 0 || g->has_desc || g->s_q || g->l0 > 0 || g->l1 < hp->n_layers))
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: an attend hook (external cache) runs without a transform, built-in "
                         "scheme, observe hook, prefix, activation store or pipeline stage");
-    if (io->pos && !attend)
-        return kvq_fail(err, KVQ_EINVAL, "forward: per-row positions need an attend hook (rows of independent sequences)");
-    if (io->pos)
-        for (int t = 0; t < T; t++)
-            if (io->pos[t] < 0 || io->pos[t] == INT32_MAX)
-                return kvq_fail(err, KVQ_EINVAL, "forward: position %d of row %d out of range", io->pos[t], t);
+    KVQ_TRY(kvq_fwd_check_pos(io, T, attend, err));
     g->T_last = 0;
     if (g->has_desc && hk && hk->transform)
         return kvq_fail(err, KVQ_EINVAL, "CUDA forward: a built-in KV scheme is set and the hooks carry a transform too");

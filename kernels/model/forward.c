@@ -266,6 +266,17 @@ static void qkv_project(kvq_forward *fw, const kvq_layer_weights *w, int T)
     kvq_qkv_finish(hp, w, fw->q, fw->k_pre, fw->v, T);
 }
 
+kvq_status kvq_fwd_check_pos(const kvq_fwd_io *io, int T, bool attend, kvq_err *err)
+{
+    if (!io->pos) return KVQ_OK;
+    if (!attend)
+        return kvq_fail(err, KVQ_EINVAL, "forward: per-row positions need an attend hook (rows of independent sequences)");
+    for (int t = 0; t < T; t++)
+        if (io->pos[t] < 0 || io->pos[t] == INT32_MAX)
+            return kvq_fail(err, KVQ_EINVAL, "forward: position %d of row %d out of range", io->pos[t], t);
+    return KVQ_OK;
+}
+
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err)
 {
     return kvq_forward_stage(fw, io, 0, fw->m->hp.n_layers, NULL, res, err);
@@ -306,12 +317,7 @@ kvq_status kvq_forward_stage(kvq_forward *fw, const kvq_fwd_io *io, int l0, int 
     if (attend && (io->hooks->transform || io->hooks->observe || P > 0 || fw->acts))
         return kvq_fail(err, KVQ_EINVAL, "forward: an attend hook (external cache) runs without a transform, observe hook, "
                         "prefix or activation store");
-    if (io->pos && !attend)
-        return kvq_fail(err, KVQ_EINVAL, "forward: per-row positions need an attend hook (rows of independent sequences)");
-    if (io->pos)
-        for (int t = 0; t < T; t++)
-            if (io->pos[t] < 0 || io->pos[t] == INT32_MAX)
-                return kvq_fail(err, KVQ_EINVAL, "forward: position %d of row %d out of range", io->pos[t], t);
+    KVQ_TRY(kvq_fwd_check_pos(io, T, attend, err));
 
     fw->T_last = 0; /* saved checkpoints/activations are invalid until this run has passed every layer */
     if (io->pos) {

@@ -387,6 +387,11 @@ void kvq_forward_free(kvq_forward *fw);
  * names the position). io->nll and io->logits are filled even then. */
 kvq_status kvq_forward_run(kvq_forward *fw, const kvq_fwd_io *io, kvq_fwd_result *res, kvq_err *err);
 
+/* io->pos's rules, the CPU and the CUDA forward alike: per-row positions need an attend hook (attend: the run
+ * has io->hooks->attend; the rows are independent sequences), each of the T rows' in [0, INT32_MAX). KVQ_EINVAL
+ * naming the rule or the row otherwise. */
+kvq_status kvq_fwd_check_pos(const kvq_fwd_io *io, int T, bool attend, kvq_err *err);
+
 /* One pipeline stage of kvq_forward_run (pipeline.h): layers l0 .. l1-1 of
  * the window io. l0 == 0: from the token embeddings (x_in ignored); else from
  * x_in [T][dim], the residual stream entering layer l0 (the previous stage's

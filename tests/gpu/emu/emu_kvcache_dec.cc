@@ -101,23 +101,41 @@ static kvq_kvcache *cpu_cache(const kvq_kvcache_config &cfg, std::vector<float> 
     return cpu;
 }
 
+// a NUQ configuration on synthetic tables: per table sorted key and value levels, per channel c thresholds
+// (c % 3 - 1) +- 1.8 (1 + c % 4); the vectors hold the tables cfg points into (so no copies)
+struct NuqSynth {
+    std::vector<float> klev, vlev, lo, hi;
+    kvq_kvcache_config cfg;
+    NuqSynth(size_t B, size_t H, size_t D, int kb, int vb, size_t tables, size_t n_sink, size_t NT, double f)
+    {
+        const size_t C = H * D, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
+        klev.resize(tables * nlk);
+        vlev.resize(tables * nlv);
+        lo.resize(C);
+        hi.resize(C);
+        for (size_t i = 0; i < tables; i++) { sorted_levels(&klev[i * nlk], nlk); sorted_levels(&vlev[i * nlv], nlv); }
+        for (size_t c = 0; c < C; c++) {
+            double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
+            lo[c] = (float)(off - 1.8 * sc);
+            hi[c] = (float)(off + 1.8 * sc);
+        }
+        memset(&cfg, 0, sizeof cfg);
+        cfg.format = KVQ_KVCACHE_NUQ; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
+        cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.outlier_frac = f;
+        cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
+        cfg.k_tables = cfg.v_tables = tables; cfg.k_levels = klev.data(); cfg.v_levels = vlev.data(); cfg.k_lower = lo.data();
+        cfg.k_upper = hi.data();
+    }
+    NuqSynth(const NuqSynth &) = delete;
+    NuqSynth &operator=(const NuqSynth &) = delete;
+};
+
 static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t tables, size_t n_sink, size_t NT, double f,
                 const size_t *lens, size_t nlens, size_t n_sm, const char *name)
 {
-    const size_t C = H * D, nh = H * g, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
-    std::vector<float> klev(tables * nlk), vlev(tables * nlv), lo(C), hi(C);
-    for (size_t i = 0; i < tables; i++) { sorted_levels(&klev[i * nlk], nlk); sorted_levels(&vlev[i * nlv], nlv); }
-    for (size_t c = 0; c < C; c++) {
-        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
-        lo[c] = (float)(off - 1.8 * sc);
-        hi[c] = (float)(off + 1.8 * sc);
-    }
-    kvq_kvcache_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.format = KVQ_KVCACHE_NUQ; cfg.n_seqs = B; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
-    cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.outlier_frac = f;
-    cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
-    cfg.k_tables = cfg.v_tables = tables; cfg.k_levels = klev.data(); cfg.v_levels = vlev.data(); cfg.k_lower = lo.data(); cfg.k_upper = hi.data();
+    const size_t C = H * D, nh = H * g;
+    NuqSynth ns(B, H, D, kb, vb, tables, n_sink, NT, f);
+    kvq_kvcache_config &cfg = ns.cfg;
     std::vector<float> K, V;
     kvq_kvcache *cpu = cpu_cache(cfg, K, V);
     kvq_err err;
@@ -174,19 +192,9 @@ static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t
     size_t NT = 0;
     for (size_t i = 0; i < nch; i++) NT += chunks[i];
     const size_t C = H * D, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
-    std::vector<float> klev(tables * nlk), vlev(tables * nlv), lo(C), hi(C);
-    for (size_t i = 0; i < tables; i++) { sorted_levels(&klev[i * nlk], nlk); sorted_levels(&vlev[i * nlv], nlv); }
-    for (size_t c = 0; c < C; c++) {
-        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
-        lo[c] = (float)(off - 1.8 * sc);
-        hi[c] = (float)(off + 1.8 * sc);
-    }
-    kvq_kvcache_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.format = KVQ_KVCACHE_NUQ; cfg.n_seqs = 1; cfg.n_kv_heads = H; cfg.head_dim = D; cfg.max_tokens = NT;
-    cfg.k_bits = kb; cfg.v_bits = vb; cfg.n_sink = n_sink; cfg.outlier_frac = f;
-    cfg.rope.rope_dim = D / 2 * 2; cfg.rope.rope_theta = 10000;
-    cfg.k_tables = cfg.v_tables = tables; cfg.k_levels = klev.data(); cfg.v_levels = vlev.data(); cfg.k_lower = lo.data(); cfg.k_upper = hi.data();
+    NuqSynth ns(1, H, D, kb, vb, tables, n_sink, NT, f);
+    kvq_kvcache_config &cfg = ns.cfg;
+    const std::vector<float> &klev = ns.klev, &vlev = ns.vlev, &lo = ns.lo, &hi = ns.hi;
     std::vector<float> K, V;
     kvq_kvcache *cpu = cpu_cache(cfg, K, V);
     for (size_t i = 0; i < NT * C; i++) { K[i] *= (float)(1 + 1e-3 * unif()); V[i] *= (float)(1 + 1e-3 * unif()); }
