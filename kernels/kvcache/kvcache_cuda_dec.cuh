@@ -300,10 +300,12 @@ __global__ void combine(const float *part, float *out, int n_heads, int D, int n
 // (fp16, from a per-lane replicated byte table) as A (16 dims × 16 positions) and p·r (fp16) as B, fp32
 // accumulators; Σ p·zp is added once per query head. Per-warp outputs are staged in the dead phase-1 tables
 // and summed into the block's partial, to which the sparse value corrections are added with red.global.add
-// (shared-memory float atomics are CAS loops on sm_90). The fp16 rounding of the levels and of p·r makes
-// the result differ from the fp32 reference by ~1e-4..5e-4 relative L2 (below an fp16 cache's own rounding
-// of V; the CUDA-vs-CPU checks use 1e-3). 3-bit values: pv_mma3 (16-dim half-unit slots, a 6-bit index per
-// dim and position pair).
+// (shared-memory float atomics are CAS loops on sm_90). Exactness: the value levels are fp16 numbers (both caches
+// round them so: formats/KVCACHE.md) and p·r is split into two fp16 parts (high, low ·2^11, scaled by a power of two
+// into fp16's normal range) that go in as B columns 0..3 and 4..7 of the same mma, so P·V matches the CPU cache's
+// double arithmetic to ~1e-6 relative (a single fp16 p·r parted from it by ~3e-4, which greedy decoding amplified
+// through later layers' code flips into logits 1-2 apart). 3-bit values: pv_mma3 (16-dim half-unit slots, a 6-bit
+// index per dim and position pair).
 // The RoPE step from the warp's tile start to a lane's first position, e^{i 8L θ}, is a per-block table.
 // Phase 1's tables span at most 32 banks (16 words, or 16 float2), so no lookup pattern conflicts; phase
 // 3's table is replicated per lane (entry stride 128 bytes), so neither does it.
@@ -319,13 +321,13 @@ constexpr int NT4 = 256, NW4 = 8, TILE = 256, SPP = 2048; // threads, warps, pos
 
 // dynamic shared memory (bytes): rho [npk] float4, r8 [npk][32] float2, qs [GQ][npk] float2, qt [NW4][GQ][npk]
 // float2, sc [GQ][chunk], red [GQ][8], stat [3 GQ] (m, l, Σp·zp; floats), etok [SPP] u16,
-// pr16 [GQ][chunk + 16] fp16 (p·r per position, zero past the chunk's last position). Static: tabs, 32 KB.
+// pr16 [2][GQ][chunk + 16] fp16 (p·r·S per position, high and low parts, zero past the chunk's last position). Static: tabs, 32 KB.
 // (Phase 3 stages NW4·GQ·D floats of per-warp outputs over r8, qs and qt: 256·npk >= 128·D >= 32·GQ·D bytes
 // because npk (key pairs, padded) >= D/2 and GQ <= 4, so head_dim adds nothing here.)
 __host__ __device__ inline size_t smem_bytes(int gq, int npk, int chunk)
 {
     return (size_t)16 * npk + (size_t)256 * npk + (size_t)8 * gq * npk * (1 + NW4) +
-           (size_t)4 * ((size_t)gq * chunk + gq * 8 + 3 * gq) + 2 * SPP + (size_t)2 * gq * (chunk + 16);
+           (size_t)4 * ((size_t)gq * chunk + gq * 8 + 3 * gq) + 2 * SPP + (size_t)4 * gq * (chunk + 16);
 }
 
 // launch plan: chunk (a multiple of TILE) and splits for nq quantized positions and `per` blocks per split.
@@ -413,8 +415,8 @@ __device__ __forceinline__ float2 cmul(float2 a, float2 b) { return make_float2(
 // tabs: 4-bit [256 bytes][32 lanes] fp16x2, 2-bit [256 bytes][16 lanes] 2 × fp16x2: entry stride 128 bytes,
 // a lane reads only its own bank(s), no conflicts.
 template <int BV, int BPT>
-__device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, int chpw,
-                                       const uint32_t *tabs, float *stage, int gstride)
+__device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, const uint32_t *prlo,
+                                       int chpw, const uint32_t *tabs, float *stage, int gstride, float inv_s)
 {
     constexpr int MT = BV == 4 ? BPT : 2 * BPT; // m-tiles (16 dims) per pass
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -422,7 +424,11 @@ __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int 
     const unsigned char *vc = (const unsigned char *)(p.vcodes + (size_t)(s * p.H + h) * p.capq * p.vw);
     const uint32_t lanea = BV == 4 ? (uint32_t)lane * 4u : (uint32_t)(lane & 15) * 8u;
     const char *tb = (const char *)tabs;
-    const bool bq = g < gn;
+    // B columns 0..3: the high fp16 parts of p·r·S of query heads 0..3 (pr16w), columns 4..7 their low parts ·2^11
+    // (prlo; see nuq_decode's phase 3), so one mma gives both; the lanes of columns 4..7 hand theirs over at the end
+    const int gc = g & 3;
+    const bool bq = gc < gn;
+    const uint32_t *prb = g < 4 ? pr16w : prlo;
     for (int pass = 0; pass < npass; pass++) {
         const int byte0 = pass * 8 * BPT + g * BPT;
         const bool has = byte0 < rowb;
@@ -457,7 +463,7 @@ __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int 
 #pragma unroll 1
         for (int kt = kb; kt < ke; kt++) {
             const int k0 = kt * 16;
-            const uint32_t b0 = bq ? pr16w[g * chpw + (k0 >> 1) + t] : 0u, b1 = bq ? pr16w[g * chpw + (k0 >> 1) + t + 4] : 0u;
+            const uint32_t b0 = bq ? prb[gc * chpw + (k0 >> 1) + t] : 0u, b1 = bq ? prb[gc * chpw + (k0 >> 1) + t + 4] : 0u;
             uint32_t w[4][NWW];
 #pragma unroll
             for (int r = 0; r < 4; r++)
@@ -498,6 +504,11 @@ __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int 
         // rows g / g+8 of m-tile j: dims 2·byte, 2·byte + 1 (4-bit, byte = byte0 + j); 4·byte + 2(j & 1) (+1) (2-bit,
         // byte = byte0 + j/2); columns 2t, 2t+1: query heads. Every warp writes every (query < gn, dim < D) of its
         // stage slice [warp][query][dim] (plain stores; the caller sums the warps)
+        // columns 2t, 2t+1 (t < 2) and their low parts in lane t + 2's 2t + 4, 2t + 5
+#pragma unroll
+        for (int j = 0; j < MT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
         if (has) {
 #pragma unroll
             for (int j = 0; j < MT; j++) {
@@ -528,15 +539,19 @@ template <int SH> __device__ __forceinline__ uint32_t code3_sh(uint32_t lo, uint
 // (words 3·(sl/2) + (sl & 1) and the next). The codes of positions 2t and 2t+1 of a dim form a 6-bit index into a
 // table replicated per lane (64 entries × 32 lanes of fp16x2 (level at 2t, level at 2t+1): entry stride 128 bytes,
 // a lane reads only its own bank). A-row g of m-tile j = dim 16·sl + 2j, row g + 8 = dim 16·sl + 2j + 1.
-__device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, int chpw,
-                                        const uint32_t *tabs, float *stage, int gstride)
+__device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, const uint32_t *prlo,
+                                        int chpw, const uint32_t *tabs, float *stage, int gstride, float inv_s)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int D = p.D, vw = p.vw, nsl = 2 * (vw / 3), npass = (nsl + 7) / 8, nkt = (n + 15) >> 4;
     const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * vw;
     const char *tb = (const char *)tabs;
     const uint32_t lanea = (uint32_t)lane * 4u;
-    const bool bq = g < gn;
+    // B columns 0..3: the high fp16 parts of p·r·S of query heads 0..3 (pr16w), columns 4..7 their low parts ·2^11
+    // (prlo; see nuq_decode's phase 3), so one mma gives both; the lanes of columns 4..7 hand theirs over at the end
+    const int gc = g & 3;
+    const bool bq = gc < gn;
+    const uint32_t *prb = g < 4 ? pr16w : prlo;
     for (int pass = 0; pass < npass; pass++) {
         const int sl = pass * 8 + g, hf = sl & 1;
         const bool has = sl < nsl;
@@ -562,7 +577,7 @@ __device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int
 #pragma unroll 1
         for (int kt = kb; kt < ke; kt++) {
             const int k0 = kt * 16;
-            const uint32_t b0 = bq ? pr16w[g * chpw + (k0 >> 1) + t] : 0u, b1 = bq ? pr16w[g * chpw + (k0 >> 1) + t + 4] : 0u;
+            const uint32_t b0 = bq ? prb[gc * chpw + (k0 >> 1) + t] : 0u, b1 = bq ? prb[gc * chpw + (k0 >> 1) + t + 4] : 0u;
             uint32_t lo[4], hi[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
@@ -585,6 +600,10 @@ __device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int
                 kvq_mma16816(acc[j], a[0], a[1], a[2], a[3], b0, b1);
             }
         }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
         if (has) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -879,9 +898,21 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
             else tw[i] = (i & 1) ? kvq_h2pack(__ldg(vl + ((e >> 2) & 3)), __ldg(vl + (e >> 6)))
                                  : kvq_h2pack(__ldg(vl + (e & 3)), __ldg(vl + ((e >> 4) & 3)));
         }
-        // p·r in fp16 per position (zero up to the next multiple of 16) and Σ p·zp per query head
+        // p·r·S per position as two fp16 parts, hi = fp16(a) and lo = fp16((a - hi)·2^11) (zero up to the next multiple
+        // of 16; a - hi is exact in fp32), S = 2^(14 - e) with the chunk's largest r < 2^e, so that a = p·r·S < 2^14
+        // stays in fp16's normal range (p <= 1); Σ p·zp per query head in fp32. The levels are fp16 numbers (the
+        // caches round them so), so the mma's products are exact and P·V is exact to ~2^-22 relative.
         const float2 *vs = (const float2 *)p.vscale + (size_t)s * p.capq + q0;
         const int n16 = (n + 15) & ~15;
+        float rmx[1] = {0.f};
+        for (int t2 = tid; t2 < n; t2 += NT4) rmx[0] = fmaxf(rmx[0], fabsf(__ldg(vs + t2).y));
+        block_reduce<1>(rmx, red, [](float a, float b) { return fmaxf(a, b); });
+        int ex;
+        frexpf(rmx[0], &ex);
+        ex = 14 - ex < 126 ? 14 - ex : 126;
+        const float sa = ldexpf(1.f, ex), inv_s = ldexpf(1.f, -ex);
+        __syncthreads(); // red is reused below
+        uint32_t *prlo = pr16w + GQ * chpw;
         float pzl[GQ];
 #pragma unroll
         for (int gg = 0; gg < GQ; gg++) pzl[gg] = 0.f;
@@ -890,7 +921,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
 #pragma unroll
             for (int gg = 0; gg < GQ; gg++) {
                 const float e0 = t2 < n ? sc[gg * p.chunk + t2] : 0.f, e1 = t2 + 1 < n ? sc[gg * p.chunk + t2 + 1] : 0.f;
-                pr16w[gg * chpw + (t2 >> 1)] = kvq_h2pack(e0 * z0.y, e1 * z1.y);
+                const float a0 = e0 * z0.y * sa, a1 = e1 * z1.y * sa;
+                const uint32_t hw = kvq_h2pack(a0, a1);
+                pr16w[gg * chpw + (t2 >> 1)] = hw;
+                prlo[gg * chpw + (t2 >> 1)] = kvq_h2pack((a0 - h2f(hw)) * 2048.f, (a1 - h2f(hw >> 16)) * 2048.f);
                 pzl[gg] += e0 * z0.x + e1 * z1.x;
             }
         }
@@ -903,10 +937,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
         float *stage = (float *)r8;
         if (KVQ_SKIP(p, 4)) {
             for (int i = tid; i < NW4 * GQ * D; i += NT4) stage[i] = 0.f;
-        } else if constexpr (BV == 3) pv_mma3(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
-        else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
-        else if (rowb >= 32) pv_mma<BV, 4>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
-        else pv_mma<BV, 2>(p, s, h, q0, n, gn, pr16w, chpw, tw, stage, GQ * D);
+        } else if constexpr (BV == 3) pv_mma3(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
+        else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
+        else if (rowb >= 32) pv_mma<BV, 4>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
+        else pv_mma<BV, 2>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
         __syncthreads();
         // the block's partial: (m, l, Σ_warps stage + Σ p·zp); the sparse value corrections are added to it below
         for (int i = tid; i < gn * (D + 2); i += NT4) {

@@ -8,8 +8,8 @@
  * within 1 ulp: RoPE's cos/sin in double may differ by an ulp between libm and CUDA);
  * decode attention on the GPU (output poisoned with NaN before every run, fresh random
  * queries for every check, several split-K settings) must match the CPU's float64
- * attention within 1e-3 relative L2 (every NUQ code width: P·V on the tensor cores in fp16;
- * formats/KVCACHE.md). The fp16 baselines (own kernel, cuBLAS) are
+ * attention within 2e-5 relative L2 (every NUQ code width: P·V on the tensor cores with fp16 levels and p·r
+ * in two fp16 parts; formats/KVCACHE.md). The fp16 baselines (own kernel, cuBLAS) are
  * checked against float64 attention over the same fp16 cache. KIVI caches (tensor-core and generic decode
  * kernels, both fp32-accurate) the same way at 2e-5, with the rings and scales in the state comparison.
  * Exit status 0 = all pass. */
@@ -216,10 +216,10 @@ static void run(const tcfg *t, const char *name)
     setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
     float *q = malloc(t->B * nh * t->D * 4), *o = malloc(t->B * nh * t->D * 4), *ro = malloc(t->B * nh * t->D * 4);
     float *dq = dmalloc(t->B * nh * t->D * 4), *dout = dmalloc(t->B * nh * t->D * 4);
-    /* P·V runs on the tensor cores in fp16 at every code width (levels and p·r rounded to fp16, fp32 sums;
-     * formats/KVCACHE.md "Decode attention (GPU)"): 1e-3, observed 1e-4 .. 5e-4 */
+    /* P·V runs on the tensor cores at every code width (fp16 levels, p·r as two fp16 parts, fp32 sums;
+     * formats/KVCACHE.md "Decode attention (GPU)"): 2e-5 (the host emulator sees up to 1.6e-6) */
     size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
-    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, 1e-3, name, 0);
+    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, 2e-5, name, 0);
     len = NT;
     /* state equality */
     kvq_kvcache_stats st;
