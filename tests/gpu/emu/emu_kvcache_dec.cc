@@ -304,9 +304,12 @@ static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t
 // kvq_kvcache_append of the same tokens, one per sequence: device lengths, exact rows, key and value codes, value
 // scales, row pointers and entries, bit for bit; no (sequence, head) ever holds more entries than the store (the
 // host's bound). The store must grow (geometrically) at least once after the first step and before the last, and
-// the synchronisations (gathers of the exact counts) must be fewer than the steps.
+// the synchronisations (gathers of the exact counts) must be fewer than the steps. burst: every key of every step's
+// token an outlier (40, past every threshold), so the key store grows by exactly D per quantized row, the host's bound
+// is met with equality, and a bound one row short lets a step write past a store (tried: this case then differs from
+// the CPU cache in key entries).
 static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables, size_t n_sink, double f, const size_t *pre, size_t steps,
-                     size_t cap0, const char *name)
+                     size_t cap0, bool burst, const char *name)
 {
     size_t NT = 0;
     for (size_t s = 0; s < B; s++) NT = pre[s] > NT ? pre[s] : NT;
@@ -317,6 +320,8 @@ static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables
     std::vector<float> K, V;
     kvq_kvcache *cpu = cpu_cache(cfg, K, V);
     for (size_t i = 0; i < K.size(); i++) { K[i] *= (float)(1 + 1e-3 * unif()); V[i] *= (float)(1 + 1e-3 * unif()); }
+    for (size_t s = 0; burst && s < B; s++)
+        for (size_t i = (s * NT + pre[s]) * C; i < (s * NT + pre[s] + steps) * C; i++) K[i] = 40.f;
     kvq_err err;
     for (size_t s = 0; s < B; s++)
         if (pre[s] && kvq_kvcache_append(cpu, s, &K[s * NT * C], &V[s * NT * C], pre[s], &err)) { printf("append: %s\n", err.msg); exit(2); }
@@ -339,8 +344,11 @@ static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables
     std::vector<uint32_t> kc(v.kcodes, v.kcodes + B * H * kw * capq), vc(v.vcodes, v.vcodes + B * H * capq * vw);
     std::vector<uint32_t> krow(v.krow, v.krow + B * H * R), vrow(v.vrow, v.vrow + B * H * R), used(2 * B * H);
     std::vector<float> vscale(v.vscale, v.vscale + B * capq * 2);
+    // the stores, and past them a guard of D entries per step: a step that wrote past a store (the host's bound broken)
+    // lands in the next store or the guard, where the comparison below sees it, instead of past the allocation
     size_t cap = cap0;
-    std::vector<uint32_t> kent(B * H * cap, 0), vent(B * H * cap, 0);
+    const size_t guard = D * (steps + 1);
+    std::vector<uint32_t> kent(B * H * cap + guard, 0), vent(B * H * cap + guard, 0);
     std::vector<size_t> len(B), since(B, 0), ku(B * H), vu(B * H);
     std::vector<int> dlen(4 * B);
     for (size_t s = 0; s < B; s++) {
@@ -385,7 +393,7 @@ static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables
             syncs++;
             const size_t t = step_capacity(ku.data(), vu.data(), len.data(), B, H, D, ne, NT, cap, 0xffffffffu);
             if (t > cap) { // as resize_entries: every (sequence, head) store re-laid at the new stride
-                std::vector<uint32_t> k2(B * H * t, 0), v2(B * H * t, 0);
+                std::vector<uint32_t> k2(B * H * t + guard, 0), v2(B * H * t + guard, 0);
                 for (size_t i = 0; i < B * H; i++) {
                     memcpy(&k2[i * t], &kent[i * cap], cap * 4);
                     memcpy(&v2[i * t], &vent[i * cap], cap * 4);
@@ -644,8 +652,8 @@ int main(int argc, char **argv)
      * sink tokens), the outlier store growing in the middle */
     {
         const size_t p1[] = {0, 3, 11}, p2[] = {5, 1, 9, 2};
-        run_step(3, 2, 16, 4, 2, 2, 2, 0.05, p1, 12, 128, "step d16 4/2 sink2");
-        run_step(4, 3, 64, 3, 3, 3, 1, 0.01, p2, 8, 160, "step smollm 3/3");
+        run_step(3, 2, 16, 4, 2, 2, 2, 0.05, p1, 12, 128, true, "step d16 4/2 sink2 burst");
+        run_step(4, 3, 64, 3, 3, 3, 1, 0.01, p2, 8, 160, false, "step smollm 3/3");
     }
     run(2, 2, 128, 1, 4, 4, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 4/4");
     run(2, 3, 64, 3, 2, 2, 3, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "smollm-like 2/2 gqa3");
