@@ -239,8 +239,9 @@ static kvq_status dec_attend_cuda(void *user, const kvq_layer_ctx *c, const floa
         KVQ_TRY(kvq_cuda_round_fp16(d->vbuf_dev, v, n, err));
         v = d->vbuf_dev;
     }
-    for (size_t b = 0; b < d->n_seqs; b++)
-        if (kvq_kvcache_cuda_append(kc, b, k + b * kvd, v + b * kvd, 1, err)) return kvq_err_prefix(err, "sequence %zu", b);
+    /* every sequence's token in one batched append (no host synchronisation in the steady state), then the attention,
+     * which synchronises: the hook's device work is complete when it returns (forward.h) */
+    KVQ_TRY(kvq_kvcache_cuda_append_step(kc, k, v, err));
     return kvq_kvcache_cuda_attend(kc, q, (size_t)c->n_heads, 0, out, 0, 1, err);
 }
 

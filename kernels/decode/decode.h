@@ -47,7 +47,9 @@
  *
  * Devices: the CPU (kvq_kvcache, kvq_forward) or one GPU (kvq_decoder_init_on:
  * kvq_kvcache_cuda, the CUDA forward in its exact mode, the same attend hook
- * with device pointers; the logits come back to the host every step). The
+ * with device pointers, the B sequences' new tokens appended in one
+ * kvq_kvcache_cuda_append_step per layer, which needs no host synchronisation
+ * in the steady state; the logits come back to the host every step). The
  * GPU cache attends in fp32 with P·V on the tensor cores (kvcache_cuda.h:
  * ~1e-4..5e-4 relative against the CPU cache), so GPU and CPU decoding agree
  * to that rounding, and then as far as quantization-code flips let them

@@ -20,6 +20,11 @@ kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float 
     (void)c; (void)seq; (void)k_dev; (void)v_dev; (void)n;
     return NOCUDA("kvq_kvcache_cuda_append");
 }
+kvq_status kvq_kvcache_cuda_append_step(kvq_kvcache_cuda *c, const float *k_dev, const float *v_dev, kvq_err *err)
+{
+    (void)c; (void)k_dev; (void)v_dev;
+    return NOCUDA("kvq_kvcache_cuda_append_step");
+}
 kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *q_dev, size_t n_heads, float scale, float *out_dev,
                                    size_t max_splits, int sync, kvq_err *err)
 {

@@ -54,7 +54,10 @@ static int choose_gq(int g)
 struct kvq_kvcache_cuda {
     kvq_kvcache_config cfg;
     size_t C, n_exact, capq, kw, vw, ent_cap, kps, np, dpad, nhi;
-    size_t *len, *kused, *vused; // host mirrors
+    size_t *len, *kused, *vused; // host mirrors (kused / vused: entries per (sequence, head) at the last synchronisation)
+    size_t *since;              // NUQ: rows kvq_kvcache_cuda_append_step quantized into each sequence after it (host)
+    bool stale;                 // some since[s] > 0: kused / vused are bounds, not counts
+    uint32_t *dused;            // NUQ: [2][B][H] gather_used's output (device)
     int *dlen;
     uint16_t *k16, *v16;
     uint32_t *kcodes, *vcodes, *krow, *vrow, *kent, *vent;
@@ -101,7 +104,7 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
     if (!c) return;
     void *d[] = {c->dlen, c->k16, c->v16, c->kcodes, c->vcodes, c->krow, c->vrow, c->kent, c->vent, c->vscale, c->klut,
                  c->vlevels, c->klevels, c->klo, c->khi, c->kz, c->vz, c->rlo, c->rhi, c->inv_freq, c->part, c->cnt, c->range,
-                 c->kscale, c->kring, c->vring, c->stg, c->tick};
+                 c->kscale, c->kring, c->vring, c->stg, c->tick, c->dused};
     for (void *x : d)
         if (x) cudaFree(x);
     if (c->ev_fork) cudaEventDestroy(c->ev_fork);
@@ -113,6 +116,7 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
     free(c->len);
     free(c->kused);
     free(c->vused);
+    free(c->since);
     free(c);
 }
 
@@ -120,6 +124,7 @@ __global__ void append_count(const float *k, const float *v, const float *klo, c
                              int outl, int P2, float *range, int *cnt);
 __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
                                int bits, int capq, int kw, int ring_n, int n_exact, int q0, int p0);
+static kvq_status set_step_smem(kvq_err *err); // append_step's shared memory (after kvcache_cuda_app.cuh)
 static kvq_status set_smem_limits(kvq_err *err)
 {
     const int bits[3] = {2, 3, 4}, gqs[5] = {1, 2, 3, 4, 8};
@@ -184,13 +189,14 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     c->len = (size_t *)calloc(B, sizeof(size_t));
     c->kused = (size_t *)calloc(B * H, sizeof(size_t));
     c->vused = (size_t *)calloc(B * H, sizeof(size_t));
+    c->since = (size_t *)calloc(B, sizeof(size_t));
     c->kq = (size_t *)calloc(B, sizeof(size_t));
     c->vq = (size_t *)calloc(B, sizeof(size_t));
     c->prefix_set = (bool *)calloc(B, sizeof(bool));
     float *hl = nullptr, *hv = nullptr, *hk = nullptr;
     float2 *hlo = nullptr, *hhi = nullptr;
     uint8_t *hz = nullptr;
-    if (!c->len || !c->kused || !c->vused || !c->kq || !c->vq || !c->prefix_set) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
+    if (!c->len || !c->kused || !c->vused || !c->since || !c->kq || !c->vq || !c->prefix_set) { st = kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: cannot allocate"); goto fail; }
     {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
@@ -227,6 +233,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
         DA(c->khi, C, "thresholds");
         DA(c->kz, H, "zero codes");
         DA(c->vz, H, "zero codes");
+        DA(c->dused, 2 * B * H, "outlier counts");
     } else {
         DA(c->vscale, B * c->capq * (C / cfg->group) * 2, "value scales");
         DA(c->kscale, B * c->ngk * C * 2, "key scales");
@@ -293,7 +300,7 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
 #undef UP
         if (e != cudaSuccess) { st = kvq_fail(err, KVQ_EIO, "CUDA: table upload: %s", cudaGetErrorString(e)); goto fail; }
     }
-    if ((st = set_smem_limits(err)) != KVQ_OK) goto fail;
+    if ((st = set_smem_limits(err)) != KVQ_OK || (st = set_step_smem(err)) != KVQ_OK) goto fail;
     if (!nuq) {
         int lo = 0, hi = 0;
         cudaError_t e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
@@ -431,7 +438,7 @@ __global__ void kivi_ring_write(uint16_t *kring, uint16_t *vring, const uint16_t
 }
 
 // KIVI: positions [p0, p0 + m) (all past the exact region) of sequence seq
-static kvq_status kivi_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t p0, size_t m, kvq_err *err)
+static kvq_status kivi_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t p0, size_t m, bool sync, kvq_err *err)
 {
     const kvq_kvcache_config *g = &c->cfg;
     const size_t H = g->n_kv_heads, D = g->head_dim, C = c->C, G = g->group, p1 = p0 + m;
@@ -468,19 +475,27 @@ static kvq_status kivi_append(kvq_kvcache_cuda *c, size_t seq, const float *k, c
     kivi_ring_write<<<nb, 256>>>(c->kring + seq * c->ring * C, c->vring + seq * c->ring * C, sk, sv, (int)C, (int)c->ring, (int)p0,
                                  (int)pw, (int)p1);
     CKL();
-    CK(cudaDeviceSynchronize());
+    if (sync) CK(cudaDeviceSynchronize());
     c->kq[seq] = kq;
     c->vq[seq] = vq;
     return KVQ_OK;
 }
 
+// the entries a (sequence, head) store may hold: outlier_max, or what a row pointer can address
+static size_t ent_limit(const kvq_kvcache_cuda *c) { return c->cfg.outlier_max ? c->cfg.outlier_max : 0xffffffffu; }
+static kvq_status resize_entries(kvq_kvcache_cuda *c, size_t cap, kvq_err *err);
 static kvq_status grow_entries(kvq_kvcache_cuda *c, size_t need, size_t seq, size_t pos, kvq_err *err)
 {
-    size_t lim = c->cfg.outlier_max ? c->cfg.outlier_max : 0xffffffffu, cap = c->ent_cap;
+    size_t lim = ent_limit(c), cap = c->ent_cap;
     if (need > lim)
         return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda: sequence %zu position %zu: sparse outlier store needs %zu entries, limit outlier_max %zu",
                         seq, pos, need, lim);
     while (cap < need) cap = cap > lim / 2 ? lim : cap * 2;
+    return resize_entries(c, cap, err);
+}
+// both stores reallocated with cap entries per (sequence, head) (cap >= ent_cap), the entries copied
+static kvq_status resize_entries(kvq_kvcache_cuda *c, size_t cap, kvq_err *err)
+{
     const size_t B = c->cfg.n_seqs * c->cfg.n_kv_heads; /* one store per (sequence, head) */
     uint32_t *ke = nullptr, *ve = nullptr;
     KVQ_TRY(dalloc(&ke, B * cap, "key outliers", err));
@@ -515,13 +530,18 @@ __global__ void put_prefix_kernel(uint16_t *k16, uint16_t *v16, const float *k, 
     }
 }
 
+__global__ void put_lengths(int *dlen, int B, int seq, int len, int kq, int vq, int qf)
+{
+    if (threadIdx.x == 0) { dlen[seq] = len; dlen[B + seq] = kq; dlen[2 * B + seq] = vq; dlen[3 * B + seq] = qf; }
+}
 // the device copies of sequence seq's length, quantized key / value positions and kivi_fast's range: column seq
-// of the [4][B] array at dlen, in one copy
+// of the [4][B] array at dlen, by a kernel (its arguments travel with the launch: no copy from pageable memory, which
+// would synchronise the host)
 static kvq_status upload_lengths(kvq_kvcache_cuda *c, size_t seq, kvq_err *err)
 {
     const size_t qf = (c->kq[seq] < c->vq[seq] ? c->kq[seq] : c->vq[seq]) / 16 * 16;
-    const int x[4] = {(int)c->len[seq], (int)c->kq[seq], (int)c->vq[seq], (int)qf};
-    CK(cudaMemcpy2D(c->dlen + seq, c->cfg.n_seqs * sizeof(int), x, sizeof(int), sizeof(int), 4, cudaMemcpyHostToDevice));
+    put_lengths<<<1, 32>>>(c->dlen, (int)c->cfg.n_seqs, (int)seq, (int)c->len[seq], (int)c->kq[seq], (int)c->vq[seq], (int)qf);
+    CKL();
     return KVQ_OK;
 }
 
@@ -545,6 +565,45 @@ extern "C" kvq_status kvq_kvcache_cuda_set_prefix(kvq_kvcache_cuda *c, size_t se
     return KVQ_OK;
 }
 
+// append_count's outputs for m tokens: counts [m][2][H] and ranges (m·2·H of each allocated)
+static kvq_status ensure_scratch(kvq_kvcache_cuda *c, size_t m, kvq_err *err)
+{
+    const size_t H = c->cfg.n_kv_heads;
+    if (m * 2 * H <= c->cnt_cap) return KVQ_OK;
+    if (c->cnt) cudaFree(c->cnt);
+    if (c->range) cudaFree(c->range);
+    c->cnt = nullptr; c->range = nullptr; c->cnt_cap = 0;
+    KVQ_TRY(dalloc(&c->cnt, m * 2 * H, "append scratch", err));
+    KVQ_TRY(dalloc(&c->range, m * 2 * H, "append scratch", err));
+    c->cnt_cap = m * 2 * H;
+    return KVQ_OK;
+}
+
+// the exact entry counts of every (sequence, head) from the device's row pointers: ku, vu [B][H] (host)
+static cudaError_t read_used(const kvq_kvcache_cuda *c, size_t *ku, size_t *vu)
+{
+    const size_t B = c->cfg.n_seqs, H = c->cfg.n_kv_heads, n = B * H;
+    uint32_t *h = (uint32_t *)malloc(2 * n * sizeof(uint32_t));
+    if (!h) return cudaErrorMemoryAllocation;
+    gather_used<<<(unsigned)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), 256>>>(c->krow, c->vrow, c->dlen, (int)B, (int)H, (int)c->capq,
+                                                                                    (int)c->n_exact, c->dused);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(h, c->dused, 2 * n * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        for (size_t i = 0; i < n; i++) { ku[i] = h[i]; vu[i] = h[n + i]; }
+    free(h);
+    return e;
+}
+// kused / vused exact again after batched steps (one synchronisation)
+static kvq_status refresh_used(kvq_kvcache_cuda *c, kvq_err *err)
+{
+    if (!c->stale) return KVQ_OK;
+    CK(read_used(c, c->kused, c->vused));
+    memset(c->since, 0, c->cfg.n_seqs * sizeof(size_t));
+    c->stale = false;
+    return KVQ_OK;
+}
+
 extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k, const float *v, size_t n, kvq_err *err)
 {
     if (!c || (n && (!k || !v))) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append: NULL argument");
@@ -556,6 +615,7 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
     const size_t len = c->len[seq], H = g->n_kv_heads, D = g->head_dim, C = c->C;
     if (n > g->max_tokens - len)
         return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append: sequence %zu: %zu positions + %zu new exceed max_tokens %zu", seq, len, n, g->max_tokens);
+    if (g->format == KVQ_KVCACHE_NUQ) KVQ_TRY(refresh_used(c, err)); // the rows below continue from the exact counts
     size_t t = 0, pos = len;
     if (pos < c->n_exact && n) {
         size_t m = c->n_exact - pos < n ? c->n_exact - pos : n;
@@ -568,19 +628,12 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
     kvq_status st = KVQ_OK;
     const size_t m = n - t;
     if (m && g->format == KVQ_KVCACHE_KIVI) {
-        st = kivi_append(c, seq, k + t * C, v + t * C, pos, m, err);
+        st = kivi_append(c, seq, k + t * C, v + t * C, pos, m, true, err);
         if (st == KVQ_OK) pos += m;
     } else if (m) {
         const float *kq = k + t * C, *vq = v + t * C;
         const size_t q0 = pos - c->n_exact;
-        if (m * 2 * H > c->cnt_cap) {
-            if (c->cnt) cudaFree(c->cnt);
-            if (c->range) cudaFree(c->range);
-            c->cnt = nullptr; c->range = nullptr; c->cnt_cap = 0;
-            KVQ_TRY(dalloc(&c->cnt, m * 2 * H, "append scratch", err));
-            KVQ_TRY(dalloc(&c->range, m * 2 * H, "append scratch", err));
-            c->cnt_cap = m * 2 * H;
-        }
+        KVQ_TRY(ensure_scratch(c, m, err));
         int P2 = 1;
         while ((size_t)P2 < C) P2 <<= 1;
         const int outl = g->outlier_frac > 0;
@@ -640,6 +693,99 @@ extern "C" kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, c
     KVQ_TRY(upload_lengths(c, seq, err));
     CK(cudaDeviceSynchronize());
     return st;
+}
+
+// ---- the batched step ------------------------------------------------------------------------------
+typedef void (*StepFn)(StepArgs);
+template <int BK> static StepFn step1(int bv) { return bv == 2 ? append_step<BK, 2> : bv == 3 ? append_step<BK, 3> : append_step<BK, 4>; }
+static StepFn step_pick(int bk, int bv) { return bk == 2 ? step1<2>(bv) : bk == 3 ? step1<3>(bv) : step1<4>(bv); }
+static kvq_status set_step_smem(kvq_err *err)
+{
+    for (int a = 2; a <= 4; a++)
+        for (int b = 2; b <= 4; b++)
+            CK(cudaFuncSetAttribute((const void *)step_pick(a, b), cudaFuncAttributeMaxDynamicSharedMemorySize, 16384 * 4));
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_kvcache_cuda_append_step(kvq_kvcache_cuda *c, const float *k, const float *v, kvq_err *err)
+{
+    if (!c || !k || !v) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append step: NULL argument");
+    const kvq_kvcache_config *g = &c->cfg;
+    const size_t B = g->n_seqs, H = g->n_kv_heads, D = g->head_dim, C = c->C;
+    for (size_t s = 0; s < B; s++) { // every rule before any work: a refused step appends nothing
+        if (g->prefix_len && !c->prefix_set[s])
+            return kvq_fail(err, KVQ_EINVAL, "kvcache cuda append step: sequence %zu: the IntactKV prefix (%zu positions) must be set first", s,
+                            g->prefix_len);
+        if (c->len[s] >= g->max_tokens)
+            return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append step: sequence %zu: %zu positions + 1 new exceed max_tokens %zu", s, c->len[s],
+                            g->max_tokens);
+    }
+    if (g->format == KVQ_KVCACHE_KIVI) { // the per-sequence append without its synchronisation (kvcache_cuda.h)
+        for (size_t s = 0; s < B; s++) {
+            const size_t pos = c->len[s];
+            if (pos < c->n_exact) {
+                put_exact_kernel<<<(unsigned)((C + 255) / 256), 256>>>(c->k16 + s * H * c->n_exact * D, c->v16 + s * H * c->n_exact * D, k + s * C,
+                                                                      v + s * C, c->inv_freq, (int)(g->rope.rope_dim / 2), (int)H, (int)D,
+                                                                      (int)c->n_exact, (int)pos, 1);
+                CKL();
+            } else {
+                KVQ_TRY(kivi_append(c, s, k + s * C, v + s * C, pos, 1, false, err));
+            }
+            c->len[s] = pos + 1;
+            KVQ_TRY(upload_lengths(c, s, err));
+        }
+        return KVQ_OK;
+    }
+    int P2 = 1;
+    while ((size_t)P2 < C) P2 <<= 1;
+    const int outl = g->outlier_frac > 0;
+    if (outl && step_bound_exceeds(c->kused, c->vused, c->since, c->len, B, H, D, c->n_exact, c->ent_cap)) {
+        c->stale = true; // read the exact counts (one synchronisation)
+        KVQ_TRY(refresh_used(c, err));
+        const size_t lim = ent_limit(c);
+        const size_t t = step_capacity(c->kused, c->vused, c->len, B, H, D, c->n_exact, g->max_tokens, c->ent_cap, lim);
+        if (t == 0) { // near outlier_max: this step's exact counts decide
+            KVQ_TRY(ensure_scratch(c, B, err));
+            append_count<<<(unsigned)B, 256, P2 * sizeof(float)>>>(k, v, c->klo, c->khi, (int)H, (int)D, (int)c->kps, outl, P2, c->range, c->cnt);
+            CKL();
+            int *hc = (int *)malloc(B * 2 * H * sizeof(int));
+            if (!hc) return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append step: cannot allocate");
+            cudaError_t e = cudaMemcpy(hc, c->cnt, B * 2 * H * sizeof(int), cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) { free(hc); return kvq_fail(err, KVQ_EIO, "CUDA: counts: %s", cudaGetErrorString(e)); }
+            size_t need = 0;
+            for (size_t s = 0; s < B; s++) {
+                if (c->len[s] < c->n_exact) continue;
+                for (size_t h = 0; h < H; h++) {
+                    const size_t a = c->kused[s * H + h] + (size_t)hc[s * 2 * H + h], b = c->vused[s * H + h] + (size_t)hc[s * 2 * H + H + h],
+                                 m = a > b ? a : b;
+                    if (m > lim) {
+                        free(hc);
+                        return kvq_fail(err, KVQ_ENOMEM, "kvcache cuda append step: sequence %zu position %zu: sparse outlier store needs %zu "
+                                        "entries, limit outlier_max %zu; nothing of the step appended", s, c->len[s], m, lim);
+                    }
+                    if (m > need) need = m;
+                }
+            }
+            free(hc);
+            if (need > c->ent_cap) KVQ_TRY(grow_entries(c, need, 0, 0, err));
+        } else if (t > c->ent_cap) {
+            KVQ_TRY(resize_entries(c, t, err));
+        }
+    }
+    StepArgs p;
+    p.k = k; p.v = v; p.klo = c->klo; p.khi = c->khi; p.klev = c->klevels; p.vlev = c->vlevels; p.kz = c->kz; p.vz = c->vz;
+    p.inv_freq = c->inv_freq; p.rope_pairs = (int)(g->rope.rope_dim / 2); p.B = (int)B; p.H = (int)H; p.D = (int)D; p.kps = (int)c->kps;
+    p.outl = outl; p.P2 = P2; p.n_exact = (int)c->n_exact; p.capq = (int)c->capq; p.kw = (int)c->kw; p.vw = (int)c->vw;
+    p.k16 = c->k16; p.v16 = c->v16; p.kcodes = c->kcodes; p.vcodes = c->vcodes; p.krow = c->krow; p.vrow = c->vrow;
+    p.kent = c->kent; p.vent = c->vent; p.vscale = c->vscale; p.ent_cap = c->ent_cap; p.len = c->dlen;
+    step_pick(g->k_bits, g->v_bits)<<<(unsigned)B, 128, P2 * sizeof(float)>>>(p);
+    CKL();
+    for (size_t s = 0; s < B; s++) { // the host mirrors: every sequence one position longer
+        if (outl && c->len[s] >= c->n_exact) { c->since[s]++; c->stale = true; }
+        c->len[s]++;
+        c->kq[s] = c->vq[s] = c->len[s] > c->n_exact ? c->len[s] - c->n_exact : 0;
+    }
+    return KVQ_OK;
 }
 
 // ---- attention -----------------------------------------------------------------------------------
@@ -980,10 +1126,12 @@ extern "C" kvq_status kvq_kvcache_cuda_fill_random(kvq_kvcache_cuda *c, size_t l
     for (size_t s = 0; s < B; s++) {
         c->len[s] = len;
         for (size_t h = 0; h < H; h++) c->kused[s * H + h] = c->vused[s * H + h] = nq * per_row;
+        c->since[s] = 0;
         c->kq[s] = c->vq[s] = nq;
         c->prefix_set[s] = g->prefix_len > 0;
         KVQ_TRY(upload_lengths(c, s, err));
     }
+    c->stale = false;
     CK(cudaDeviceSynchronize());
     return KVQ_OK;
 }
@@ -1003,13 +1151,22 @@ extern "C" size_t kvq_kvcache_cuda_bytes_read(const kvq_kvcache_cuda *c)
         }
         return b;
     }
+    // after batched steps the host holds bounds: the exact counts from the device (one synchronisation; should that
+    // fail, the counts of the last synchronisation, a lower bound)
+    const size_t *ku = c->kused, *vu = c->vused;
+    size_t *ex = c->stale ? (size_t *)malloc(2 * c->cfg.n_seqs * H * sizeof(size_t)) : nullptr;
+    if (ex && read_used(c, ex, ex + c->cfg.n_seqs * H) == cudaSuccess) {
+        ku = ex;
+        vu = ex + c->cfg.n_seqs * H;
+    }
     for (size_t s = 0; s < c->cfg.n_seqs; s++) {
         size_t len = c->len[s], ne = len < c->n_exact ? len : c->n_exact, nq = len - ne;
         b += 2 * ne * C * 2;                         // fp16 rows
         b += nq * H * (c->kw + c->vw) * 4 + nq * 8;  // codes, value (zp, r)
         b += 2 * (nq + 1) * H * 4;                   // sparse row pointers (K, V), per head
-        for (size_t h = 0; h < H; h++) b += (c->kused[s * H + h] + c->vused[s * H + h]) * 4; // sparse entries
+        for (size_t h = 0; h < H; h++) b += (ku[s * H + h] + vu[s * H + h]) * 4; // sparse entries
     }
+    free(ex);
     return b;
 }
 

@@ -74,6 +74,45 @@ kvq_status kvq_kvcache_cuda_set_prefix(kvq_kvcache_cuda *c, size_t seq, const fl
 kvq_status kvq_kvcache_cuda_append(kvq_kvcache_cuda *c, size_t seq, const float *k_dev, const float *v_dev,
                                    size_t n, kvq_err *err);
 
+/* One decode step of every sequence at once: token s of k_dev (pre-RoPE keys)
+ * and v_dev, each [n_seqs][n_kv_heads][head_dim] float32 in device memory,
+ * appended to sequence s at its own position len(s) (sequences may differ in
+ * length). The bytes written equal those of n_seqs calls
+ * kvq_kvcache_cuda_append(c, s, k_dev + s·kv_dim, v_dev + s·kv_dim, 1) (and of
+ * the CPU's kvq_kvcache_append); the same rules and errors, all checked for
+ * every sequence before any work, so a refused step appends nothing: the
+ * IntactKV prefix set first (KVQ_EINVAL), a full sequence (len == max_tokens:
+ * KVQ_ENOMEM naming it), the outlier store limit (below). Asynchronous on the
+ * default stream: no host synchronisation in the steady state; launch errors
+ * are reported, a fault in the kernel surfaces at the next synchronising call.
+ *
+ * NUQ: one kernel (a block per sequence) writes the exact-region row (position
+ * < max(n_sink, prefix_len)) or quantizes the token (value range, codes,
+ * sparse entries), advances the sparse row pointers on the device (entries of
+ * (sequence, head) from row[q] on, their end to row[q + 1]) and the device
+ * lengths; the host's mirrors advance by one per sequence. The outlier store
+ * (entries per (sequence, head)): the host keeps a bound of each sequence's
+ * use, its exact count at the last synchronisation + head_dim per row
+ * quantized since (a row adds at most head_dim entries to each store). Only
+ * when that bound could exceed the capacity does the step synchronise once, to
+ * read the exact use (a gather of the row pointers), and then grow the store
+ * (cudaMalloc + copy) when this step's worst case (use + head_dim) does not
+ * fit or fewer than 16 steps of headroom are left: to max(2·capacity, use +
+ * 16·head_dim), clipped to what the remaining positions could ever need and to
+ * outlier_max (geometric, so the synchronisations are amortised: with the
+ * default capacity, once per ~(capacity − use) / head_dim steps). When even
+ * the worst case exceeds outlier_max, the step counts its entries exactly
+ * (a second synchronisation, every step from then on) and fails with
+ * KVQ_ENOMEM, naming the sequence, position and counts, only if they do not
+ * fit. kvq_kvcache_cuda_append, _bytes_read and _download read the exact
+ * counts again after steps (one synchronisation).
+ *
+ * KIVI: its append decides its flushes from positions alone (no counts), so the
+ * step runs it per sequence (stage, key / value flushes, ring write, a launch
+ * of each; the length by a kernel), without synchronising: n_seqs × 3..5
+ * launches per step, not one batched kernel. */
+kvq_status kvq_kvcache_cuda_append_step(kvq_kvcache_cuda *c, const float *k_dev, const float *v_dev, kvq_err *err);
+
 /* Decode attention, as kvq_kvcache_attend: q_dev [n_seqs][n_heads][head_dim]
  * float32 (post-RoPE), out_dev same shape. max_splits: upper bound on the
  * split-K partitions per (sequence, KV head) (0 = auto: NUQ picks the split

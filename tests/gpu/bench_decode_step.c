@@ -7,8 +7,8 @@
  * per layer RMSNorm, Q/K/V projections (one cuBLAS strided-batched bf16 GEMM, fp32 accumulation and output:
  * cublasGemmStridedBatchedEx; the activation rounded to bf16 first), RoPE on q (and on k for the fp16 cache;
  * NUQ appends pre-RoPE keys and rotates after dequantization; KIVI, configured with post-RoPE keys and the
- * model's RoPE, rotates the pre-RoPE keys it is given before quantizing them), the new token appended to the layer's cache (kvq_kvcache_cuda_append, one call per sequence; the fp16 cache: one
- * kernel writing the fp16 row), decode attention (kvq_kvcache_cuda_attend; the fp16 cache: kvq_fp16_attend,
+ * model's RoPE, rotates the pre-RoPE keys it is given before quantizing them), the new token of every sequence appended to the
+ * layer's cache (kvq_kvcache_cuda_append_step, one call for all B sequences; the fp16 cache: one kernel writing the fp16 row), decode attention (kvq_kvcache_cuda_attend; the fp16 cache: kvq_fp16_attend,
  * the tuned split-K kernel), O projection, residual, RMSNorm, SwiGLU MLP (gate and up as one batched GEMM),
  * residual; final RMSNorm and the LM head (32000 logits per sequence). Activations fp32; RMSNorm, SwiGLU,
  * bf16 rounding and the embedding gather are the CUDA forward's kernels (kernels/cuda/cuda_ops.cuh).
@@ -23,8 +23,9 @@
  * Timing (CUDA events on the default stream): WARM steps, then the median of R steps (each appends one token,
  * so the timed steps run at N + WARM .. N + WARM + R − 1 positions); tokens/s = B / step time. Then R more
  * steps with events between the phases, medians of: GEMMs (all weight reads: QKV, O, gate/up, down, LM head),
- * cache append (RoPE of k, the fp16 row write or kvq_kvcache_cuda_append: it copies outlier counts to the
- * host, so it synchronises once per call), attention, the rest (embedding, norms, bf16 rounding, RoPE of q,
+ * cache append (RoPE of k, the fp16 row write or kvq_kvcache_cuda_append_step: asynchronous, row pointers advanced
+ * on the device; it synchronises only when its bound on the outlier store's use could exceed the capacity, rarely:
+ * kvcache_cuda.h), attention, the rest (embedding, norms, bf16 rounding, RoPE of q,
  * SwiGLU, residual adds). No L2 flush: a step reads > 13 GB.
  * Bytes: weights read (every GEMM weight, the embedding rows) + what attention reads from the caches
  * (kvq_kvcache_cuda_bytes_read; fp16: K and V of every position); the size-matched bound is those bytes at
@@ -343,7 +344,7 @@ static void step(model *M, caches *C, marks *mk, capture *cap, unsigned tok_seed
         } else {
             /* pre-RoPE keys: NUQ quantizes them so and rotates after dequantization; KIVI (post_rope with the model's
              * RoPE in its configuration) rotates them on the way in, before quantizing (kvcache_cuda.h) */
-            for (int b = 0; b < B; b++) OK(kvq_kvcache_cuda_append(C->pc[l], (size_t)b, k + b * kvd, v + b * kvd, 1, ERR));
+            OK(kvq_kvcache_cuda_append_step(C->pc[l], k, v, ERR));
             mark(mk, CAT_ATTN);
             OK(kvq_kvcache_cuda_attend(C->pc[l], M->qr, (size_t)nh, 0, M->att, 0, 0, ERR));
         }

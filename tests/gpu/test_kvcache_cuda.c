@@ -97,14 +97,39 @@ static void setup(const kvq_kvcache_config *g, size_t NT, size_t C, kvq_kvcache 
     CU(cudaMemcpy(*dV, *V, n * 4, cudaMemcpyHostToDevice));
 }
 
+/* GPU vs CPU attention for max_splits 0, 1 and 3 (or 0 only when one_split), each with fresh random queries and the
+ * output poisoned, within relative L2 tol and finite; returns the worst relative L2 */
+static double check_attend(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, size_t B, size_t nh, size_t D, double tol, const char *name, size_t len,
+                           int one_split)
+{
+    const size_t nq = B * nh * D, splits[3] = {0, 1, 3};
+    float *q = malloc(nq * 4), *o = malloc(nq * 4), *ro = malloc(nq * 4), *dq = dmalloc(nq * 4), *dout = dmalloc(nq * 4);
+    double worst = 0;
+    for (int k = 0; k < (one_split ? 1 : 3); k++) {
+        for (size_t i = 0; i < nq; i++) q[i] = (float)gauss();
+        CU(cudaMemcpy(dq, q, nq * 4, cudaMemcpyHostToDevice));
+        poison(dout, nq * 4);
+        OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
+        CU(cudaMemcpy(o, dout, nq * 4, cudaMemcpyDeviceToHost));
+        OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
+        int nf;
+        double e = rel_l2(o, ro, nq, &nf);
+        if (e > worst) worst = e;
+        CHECK(nf == 0 && e <= tol, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance %g), %d non-finite", name, len,
+              splits[k], e, tol, nf);
+    }
+    free(q); free(o); free(ro);
+    CU(cudaFree(dq)); CU(cudaFree(dout));
+    return worst;
+}
+
 /* Chunked appends of rows [len, NT) of K / V (dK / dV: the same on the device) to both caches; after each
  * step, GPU vs CPU attention for max_splits 0, 1 and 3, each with fresh random queries and the output poisoned,
  * within relative L2 tol and finite. Returns the worst relative L2. */
 static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const float *K, const float *V, const float *dK, const float *dV,
                                size_t B, size_t NT, size_t C, size_t nh, size_t D, size_t len, double tol, const char *name, size_t skew)
 {
-    const size_t nq = B * nh * D, steps[] = {1, 3, 57, 1, 200, 7, 1000, 13}, splits[3] = {0, 1, 3};
-    float *q = malloc(nq * 4), *o = malloc(nq * 4), *ro = malloc(nq * 4), *dq = dmalloc(nq * 4), *dout = dmalloc(nq * 4);
+    const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
     size_t *sl = malloc(B * sizeof *sl); /* per-sequence lengths: sequence s runs s·skew positions ahead (capped at NT) */
     for (size_t s = 0; s < B; s++) sl[s] = len;
     double worst = 0;
@@ -118,22 +143,10 @@ static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const fl
             sl[s] = to;
         }
         len += n;
-        for (int k = 0; k < 3; k++) {
-            for (size_t i = 0; i < nq; i++) q[i] = (float)gauss();
-            CU(cudaMemcpy(dq, q, nq * 4, cudaMemcpyHostToDevice));
-            poison(dout, nq * 4);
-            OK(kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, ERR));
-            CU(cudaMemcpy(o, dout, nq * 4, cudaMemcpyDeviceToHost));
-            OK(kvq_kvcache_attend(cpu, q, nh, 0, ro, ERR));
-            int nf;
-            double e = rel_l2(o, ro, nq, &nf);
-            if (e > worst) worst = e;
-            CHECK(nf == 0 && e <= tol, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance %g), %d non-finite", name, len,
-                  splits[k], e, tol, nf);
-        }
+        const double e = check_attend(cpu, gpu, B, nh, D, tol, name, len, 0);
+        if (e > worst) worst = e;
     }
-    free(q); free(o); free(ro); free(sl);
-    CU(cudaFree(dq)); CU(cudaFree(dout));
+    free(sl);
     return worst;
 }
 
@@ -191,25 +204,36 @@ static void compare_state(const kvq_kvcache *a, const kvq_kvcache *b, const tcfg
     CHECK(badh == 0, "%s: %zu fp16 rows differ by more than 1 ulp", name, badh);
 }
 
+/* the NUQ configuration of t on synthetic tables: random sorted levels, per-channel thresholds (c % 3 - 1) ± 1.8 (1 + c % 4)
+ * (the arrays allocated into *klev, *vlev, *lo, *hi); outlier_cap 16 (small: both stores must grow) */
+static void nuq_config(const tcfg *t, kvq_kvcache_config *g, float **klev, float **vlev, float **lo, float **hi)
+{
+    const size_t C = t->H * t->D, nlk = (size_t)1 << t->kb, nlv = (size_t)1 << t->vb;
+    *klev = malloc(t->tables * nlk * 4);
+    *vlev = malloc(t->tables * nlv * 4);
+    *lo = malloc(C * 4);
+    *hi = malloc(C * 4);
+    for (size_t i = 0; i < t->tables; i++) { sorted_levels(*klev + i * nlk, nlk); sorted_levels(*vlev + i * nlv, nlv); }
+    for (size_t c = 0; c < C; c++) {
+        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
+        (*lo)[c] = (float)(off - 1.8 * sc);
+        (*hi)[c] = (float)(off + 1.8 * sc);
+    }
+    memset(g, 0, sizeof *g);
+    g->format = KVQ_KVCACHE_NUQ; g->n_seqs = t->B; g->n_kv_heads = t->H; g->head_dim = t->D; g->max_tokens = t->NT;
+    g->k_bits = t->kb; g->v_bits = t->vb; g->n_sink = t->n_sink; g->outlier_frac = t->f;
+    g->rope.rope_dim = t->D / 2 * 2; g->rope.rope_theta = 10000;
+    g->k_tables = g->v_tables = t->tables; g->k_levels = *klev; g->v_levels = *vlev; g->k_lower = *lo; g->k_upper = *hi;
+    g->outlier_cap = 16;
+    g->prefix_len = t->prefix;
+}
+
 static void run(const tcfg *t, const char *name)
 {
     const size_t C = t->H * t->D, NT = t->NT, nh = t->H * t->g;
-    const size_t nlk = (size_t)1 << t->kb, nlv = (size_t)1 << t->vb;
-    float *klev = malloc(t->tables * nlk * 4), *vlev = malloc(t->tables * nlv * 4), *lo = malloc(C * 4), *hi = malloc(C * 4);
-    for (size_t i = 0; i < t->tables; i++) { sorted_levels(klev + i * nlk, nlk); sorted_levels(vlev + i * nlv, nlv); }
-    for (size_t c = 0; c < C; c++) {
-        double off = (double)(c % 3) - 1, sc = 1 + (double)(c % 4);
-        lo[c] = (float)(off - 1.8 * sc);
-        hi[c] = (float)(off + 1.8 * sc);
-    }
+    float *klev, *vlev, *lo, *hi;
     kvq_kvcache_config g;
-    memset(&g, 0, sizeof g);
-    g.format = KVQ_KVCACHE_NUQ; g.n_seqs = t->B; g.n_kv_heads = t->H; g.head_dim = t->D; g.max_tokens = NT;
-    g.k_bits = t->kb; g.v_bits = t->vb; g.n_sink = t->n_sink; g.outlier_frac = t->f;
-    g.rope.rope_dim = t->D / 2 * 2; g.rope.rope_theta = 10000;
-    g.k_tables = g.v_tables = t->tables; g.k_levels = klev; g.v_levels = vlev; g.k_lower = lo; g.k_upper = hi;
-    g.outlier_cap = 16; /* small: both stores must grow */
-    g.prefix_len = t->prefix;
+    nuq_config(t, &g, &klev, &vlev, &lo, &hi);
     kvq_kvcache *cpu, *mirror;
     kvq_kvcache_cuda *gpu;
     float *K, *V, *dK, *dV;
@@ -374,6 +398,135 @@ static void run_kivi(const kcfg *t, const char *name)
     kvq_kvcache_cuda_free(gpu);
 }
 
+/* kvq_kvcache_cuda_append_step (one token of every sequence at once) against kvq_kvcache_append of each sequence's
+ * token on the CPU. Sequences prefilled to unequal lengths pre[s] by single appends (after the IntactKV prefix when the
+ * configuration has one: a step before it is refused), one of them still inside the exact region when pre[s] < n_sink;
+ * then `steps` steps, until the longest sequence is full (max_tokens), each step's tokens gathered into [B][kv_dim]
+ * device rows. After every step GPU vs CPU attention (fresh queries, output poisoned; all three split settings every
+ * 4th step). Halfway, a single append (kvq_kvcache_cuda_append) of the shortest sequence's next token between the
+ * steps: it must go on from the exact outlier counts. At the end: one more step refused (a full sequence, KVQ_ENOMEM
+ * naming max_tokens) with nothing appended, the state bit for bit (compare_state / compare_state_kivi: lengths, codes,
+ * scales, sparse rows and entries, rings), and the bytes an attention pass reads (kvq_kvcache_cuda_bytes_read, from
+ * the device's counts after steps) equal to the CPU cache's (kvq_kvcache_stats bytes_k + bytes_v). */
+static void run_steps(const kvq_kvcache_config *g0, const size_t *pre, size_t steps, const tcfg *t, const kcfg *kt, double tol, const char *name)
+{
+    kvq_kvcache_config g = *g0;
+    const size_t B = g.n_seqs, H = g.n_kv_heads, D = g.head_dim, C = H * D, nh = H * (t ? t->g : kt->g), P = g.prefix_len;
+    size_t NT = 0, smin = 0;
+    for (size_t s = 0; s < B; s++) {
+        NT = pre[s] > NT ? pre[s] : NT;
+        if (pre[s] < pre[smin]) smin = s;
+    }
+    NT += P + steps;
+    g.max_tokens = NT;
+    kvq_kvcache *cpu, *mirror;
+    kvq_kvcache_cuda *gpu;
+    float *K, *V, *dK, *dV;
+    setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
+    size_t *len = malloc(B * sizeof *len);
+    float *sk = dmalloc(B * C * 4), *sv = dmalloc(B * C * 4);
+    if (P) {
+        kvq_err e1;
+        kvq_status s1 = kvq_kvcache_cuda_append_step(gpu, dK, dV, &e1);
+        CHECK(s1 == KVQ_EINVAL && strstr(e1.msg, "prefix"), "%s: a step before the prefix: status %d '%s'", name, (int)s1, s1 ? e1.msg : "");
+        set_prefixes(cpu, gpu, K, V, dK, dV, B, NT, C, P, name);
+    }
+    for (size_t s = 0; s < B; s++) {
+        len[s] = P + pre[s];
+        if (!pre[s]) continue;
+        OK(kvq_kvcache_append(cpu, s, K + (s * NT + P) * C, V + (s * NT + P) * C, pre[s], ERR));
+        OK(kvq_kvcache_cuda_append(gpu, s, dK + (s * NT + P) * C, dV + (s * NT + P) * C, pre[s], ERR));
+    }
+    double worst = 0;
+    for (size_t st = 0; st < steps; st++) {
+        for (size_t s = 0; s < B; s++) {
+            const size_t r = s * NT + len[s];
+            CU(cudaMemcpy(sk + s * C, dK + r * C, C * 4, cudaMemcpyDeviceToDevice));
+            CU(cudaMemcpy(sv + s * C, dV + r * C, C * 4, cudaMemcpyDeviceToDevice));
+            OK(kvq_kvcache_append(cpu, s, K + r * C, V + r * C, 1, ERR));
+            len[s]++;
+        }
+        OK(kvq_kvcache_cuda_append_step(gpu, sk, sv, ERR));
+        if (st == steps / 2) {
+            const size_t r = smin * NT + len[smin];
+            OK(kvq_kvcache_append(cpu, smin, K + r * C, V + r * C, 1, ERR));
+            OK(kvq_kvcache_cuda_append(gpu, smin, dK + r * C, dV + r * C, 1, ERR));
+            len[smin]++;
+        }
+        const double e = check_attend(cpu, gpu, B, nh, D, tol, name, len[0], st % 4 != 0);
+        if (e > worst) worst = e;
+    }
+    kvq_kvcache_stats cs;
+    kvq_kvcache_stats_get(cpu, &cs);
+    const size_t gb = kvq_kvcache_cuda_bytes_read(gpu);
+    CHECK(gb == cs.bytes_k + cs.bytes_v, "%s: after the steps the GPU cache reads %zu bytes per pass, the CPU cache %zu", name, gb,
+          cs.bytes_k + cs.bytes_v);
+    kvq_err e1;
+    kvq_status s1 = kvq_kvcache_cuda_append_step(gpu, sk, sv, &e1);
+    CHECK(s1 == KVQ_ENOMEM && strstr(e1.msg, "max_tokens"), "%s: a step with a full sequence: status %d '%s'", name, (int)s1, s1 ? e1.msg : "");
+    g.outlier_cap = 2 * D * NT + 1024; /* above whatever the GPU store grew to (its rule clips at D per remaining position) */
+    OK(kvq_kvcache_create(&mirror, &g, ERR));
+    OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
+    if (t) compare_state(cpu, mirror, t, name);
+    else compare_state_kivi(cpu, mirror, kt, name);
+    printf("  %-28s B=%zu H=%zu D=%zu %s %zu steps at unequal lengths (prefill", name, B, H, D, t ? "NUQ" : "KIVI", steps);
+    for (size_t s = 0; s < B; s++) printf(" %zu", pre[s]);
+    printf("): worst rel L2 %.3g, outliers K %zu V %zu\n", worst, cs.k_outliers, cs.v_outliers);
+    CU(cudaFree(dK)); CU(cudaFree(dV)); CU(cudaFree(sk)); CU(cudaFree(sv));
+    free(K); free(V); free(len);
+    kvq_kvcache_free(cpu);
+    kvq_kvcache_free(mirror);
+    kvq_kvcache_cuda_free(gpu);
+}
+
+/* the outlier store's hard limit (outlier_max 100, 30% outliers: the store fills in a few steps) under batched steps:
+ * while the worst case fits the steps go on unsynchronised, then each step counts its entries exactly; the first step
+ * that does not fit fails with KVQ_ENOMEM naming outlier_max and appends nothing (the GPU state equals the CPU cache
+ * that took every step before it), and appending that step's tokens to the CPU cache fails too. */
+static void run_step_limit(void)
+{
+    const tcfg t = {2, 2, 16, 1, 4, 4, 1, 1, 64, 0.3, 0};
+    float *klev, *vlev, *lo, *hi;
+    kvq_kvcache_config g;
+    nuq_config(&t, &g, &klev, &vlev, &lo, &hi);
+    for (size_t c = 0; c < 32; c++) { lo[c] = -0.5f; hi[c] = 0.5f; }
+    g.outlier_cap = 4;
+    g.outlier_max = 100;
+    const size_t B = t.B, C = t.H * t.D, NT = t.NT;
+    kvq_kvcache *cpu, *mirror;
+    kvq_kvcache_cuda *gpu;
+    float *K, *V, *dK, *dV;
+    setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
+    float *sk = dmalloc(B * C * 4), *sv = dmalloc(B * C * 4);
+    size_t st = 0;
+    kvq_err e1;
+    kvq_status s1 = KVQ_OK;
+    for (; st < NT; st++) {
+        for (size_t s = 0; s < B; s++) {
+            CU(cudaMemcpy(sk + s * C, dK + (s * NT + st) * C, C * 4, cudaMemcpyDeviceToDevice));
+            CU(cudaMemcpy(sv + s * C, dV + (s * NT + st) * C, C * 4, cudaMemcpyDeviceToDevice));
+        }
+        if ((s1 = kvq_kvcache_cuda_append_step(gpu, sk, sv, &e1)) != KVQ_OK) break;
+        for (size_t s = 0; s < B; s++) OK(kvq_kvcache_append(cpu, s, K + (s * NT + st) * C, V + (s * NT + st) * C, 1, ERR));
+    }
+    CHECK(st > 1 && s1 == KVQ_ENOMEM && strstr(e1.msg, "outlier_max 100") && strstr(e1.msg, "nothing of the step"),
+          "step outlier limit: after %zu steps status %d '%s'", st, (int)s1, s1 ? e1.msg : "");
+    g.outlier_cap = 1000;
+    OK(kvq_kvcache_create(&mirror, &g, ERR));
+    OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
+    compare_state(cpu, mirror, &t, "step outlier limit");
+    kvq_status s2 = KVQ_OK;
+    kvq_err e2;
+    for (size_t s = 0; s < B && s2 == KVQ_OK && st < NT; s++) s2 = kvq_kvcache_append(cpu, s, K + (s * NT + st) * C, V + (s * NT + st) * C, 1, &e2);
+    CHECK(s2 == KVQ_ENOMEM, "step outlier limit: the CPU cache takes the refused step's tokens (status %d)", (int)s2);
+    printf("  step outlier limit           %zu steps, then refused: %s\n", st, s1 ? e1.msg : "(none)");
+    CU(cudaFree(dK)); CU(cudaFree(dV)); CU(cudaFree(sk)); CU(cudaFree(sv));
+    free(K); free(V); free(klev); free(vlev); free(lo); free(hi);
+    kvq_kvcache_free(cpu);
+    kvq_kvcache_free(mirror);
+    kvq_kvcache_cuda_free(gpu);
+}
+
 static void run_limit(void)
 {
     /* hard outlier limit on the GPU: fails cleanly, tokens before stay */
@@ -514,6 +667,39 @@ int main(void)
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) run(&cfgs[i], names[i]);
     run_limit();
     run_refusals();
+    {
+        /* the batched step: NUQ at SmolLM2's heads (2 sink tokens: sequence 0 starts in the exact region, sequence 1 at
+         * its edge), a Llama-like head at nuq3, the tiny models' heads, an IntactKV prefix, no outliers */
+        const tcfg st[] = {
+            /* B  H  D   g  kb vb tab sink NT f     prefix */
+            {3, 3, 64, 3, 3, 2, 3, 2, 0, 0.01, 0},
+            {2, 2, 128, 1, 3, 3, 1, 1, 0, 0.01, 0},
+            {4, 4, 8, 2, 2, 4, 1, 1, 0, 0.05, 0},
+            {2, 2, 64, 2, 4, 2, 1, 1, 0, 0.01, 4},
+            {2, 2, 40, 2, 4, 3, 1, 0, 0, 0.0, 0},
+        };
+        const size_t p0[] = {0, 2, 37}, p1[] = {300, 5}, p2[] = {1, 0, 9, 30}, p3[] = {0, 20}, p4[] = {3, 0};
+        const size_t *pre[] = {p0, p1, p2, p3, p4}, nsteps[] = {70, 40, 60, 40, 30};
+        const char *sn[] = {"step smollm-like 3/2 sink2", "step llama-like 3/3", "step stories-like d8 2/4", "step prefix 4 nuq 4/2",
+                            "step d40 4/3 no outliers"};
+        for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+            float *klev, *vlev, *lo, *hi;
+            kvq_kvcache_config g;
+            nuq_config(&st[i], &g, &klev, &vlev, &lo, &hi);
+            run_steps(&g, pre[i], nsteps[i], &st[i], NULL, 1e-3, sn[i]);
+            free(klev); free(vlev); free(lo); free(hi);
+        }
+        run_step_limit();
+        /* KIVI: the per-sequence append without synchronisation, its flushes (G 32, R 64) at each sequence's own
+         * boundaries */
+        const kcfg kt = {3, 2, 64, 2, 2, 4, 32, 64, 1, 1, 0, 0, 0};
+        kvq_kvcache_config g;
+        memset(&g, 0, sizeof g);
+        g.format = KVQ_KVCACHE_KIVI; g.n_seqs = kt.B; g.n_kv_heads = kt.H; g.head_dim = kt.D; g.k_bits = kt.kb; g.v_bits = kt.vb;
+        g.n_sink = kt.n_sink; g.group = kt.G; g.residual = kt.R; g.post_rope = kt.post; g.rope.rope_dim = kt.D; g.rope.rope_theta = 10000;
+        const size_t pk[] = {0, 31, 100};
+        run_steps(&g, pk, 110, NULL, &kt, 2e-5, "step kivi 2/4 g32 r64");
+    }
     const kcfg kc[] = {
         /* B  H  D   g  kb vb  G    R  post sink NT  prefix skew */
         {2, 2, 128, 1, 2, 2, 32, 128, 1, 0, 1500, 0, 0},   /* KIVI's defaults (2-bit, G 32, R 128), Llama-like head */

@@ -304,6 +304,163 @@ static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t
     kvq_kvcache_free(cpu);
 }
 
+// the batched step (kvcache_cuda_app.cuh: append_step, gather_used and the host rule step_bound_exceeds /
+// step_capacity) through the host steps of kvq_kvcache_cuda_append_step: B sequences prefilled to unequal lengths
+// pre[s] (the device state taken from the CPU cache's, whose layout it shares; lengths below n_sink leave a sequence
+// in the exact region for its first steps), then `steps` steps of one token per sequence at its own position, the
+// outlier store starting at cap0 entries per (sequence, head). After every step the bytes equal those of
+// kvq_kvcache_append of the same tokens, one per sequence: device lengths, exact rows, key and value codes, value
+// scales, row pointers and entries, bit for bit; no (sequence, head) ever holds more entries than the store (the
+// host's bound). The store must grow (geometrically) at least once after the first step and before the last, and
+// the synchronisations (gathers of the exact counts) must be fewer than the steps. burst: every key of every step's
+// token an outlier (40, past every threshold), so the key store grows by exactly D per quantized row, the host's bound
+// is met with equality, and a bound one row short lets a step write past a store (tried: this case then differs from
+// the CPU cache in key entries).
+static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables, size_t n_sink, double f, const size_t *pre, size_t steps,
+                     size_t cap0, bool burst, const char *name)
+{
+    size_t NT = 0;
+    for (size_t s = 0; s < B; s++) NT = pre[s] > NT ? pre[s] : NT;
+    NT += steps;
+    const size_t C = H * D, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
+    NuqSynth ns(B, H, D, kb, vb, tables, n_sink, NT, f);
+    kvq_kvcache_config &cfg = ns.cfg;
+    std::vector<float> K, V;
+    kvq_kvcache *cpu = cpu_cache(cfg, K, V);
+    for (size_t i = 0; i < K.size(); i++) { K[i] *= (float)(1 + 1e-3 * unif()); V[i] *= (float)(1 + 1e-3 * unif()); }
+    for (size_t s = 0; burst && s < B; s++)
+        for (size_t i = (s * NT + pre[s]) * C; i < (s * NT + pre[s] + steps) * C; i++) K[i] = 40.f;
+    kvq_err err;
+    for (size_t s = 0; s < B; s++)
+        if (pre[s] && kvq_kvcache_append(cpu, s, &K[s * NT * C], &V[s * NT * C], pre[s], &err)) { printf("append: %s\n", err.msg); exit(2); }
+    kvq_kvcache_view v;
+    kvq_kvcache_view_get(cpu, &v);
+    // the device's tables and buffers as kvq_kvcache_cuda_create builds them, the state copied from the CPU cache's
+    const size_t ne = v.n_exact, ne1 = ne ? ne : 1, capq = v.capq, kw = v.k_head_words, vw = v.v_head_words, R = capq + 1;
+    std::vector<float> hk(H * nlk), hv(H * nlv);
+    std::vector<uint8_t> kz(H), vz(H);
+    for (size_t h = 0; h < H; h++) {
+        const float *kl = ns.klev.data() + (tables > 1 ? h : 0) * nlk, *vl = ns.vlev.data() + (tables > 1 ? h : 0) * nlv;
+        memcpy(&hk[h * nlk], kl, nlk * sizeof(float));
+        memcpy(&hv[h * nlv], vl, nlv * sizeof(float));
+        kz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
+        vz[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
+    }
+    std::vector<double> inv((D + 1) / 2, 0.0);
+    for (size_t i = 0; i < cfg.rope.rope_dim / 2; i++) inv[i] = pow(cfg.rope.rope_theta, -2.0 * (double)i / (double)cfg.rope.rope_dim);
+    std::vector<uint16_t> k16(v.k16, v.k16 + B * H * ne1 * D), v16(v.v16, v.v16 + B * H * ne1 * D);
+    std::vector<uint32_t> kc(v.kcodes, v.kcodes + B * H * kw * capq), vc(v.vcodes, v.vcodes + B * H * capq * vw);
+    std::vector<uint32_t> krow(v.krow, v.krow + B * H * R), vrow(v.vrow, v.vrow + B * H * R), used(2 * B * H);
+    std::vector<float> vscale(v.vscale, v.vscale + B * capq * 2);
+    // the stores, and past them a guard of D entries per step: a step that wrote past a store (the host's bound broken)
+    // lands in the next store or the guard, where the comparison below sees it, instead of past the allocation
+    size_t cap = cap0;
+    const size_t guard = D * (steps + 1);
+    std::vector<uint32_t> kent(B * H * cap + guard, 0), vent(B * H * cap + guard, 0);
+    std::vector<size_t> len(B), since(B, 0), ku(B * H), vu(B * H);
+    std::vector<int> dlen(4 * B);
+    for (size_t s = 0; s < B; s++) {
+        len[s] = v.len[s];
+        const size_t q = len[s] > ne ? len[s] - ne : 0;
+        dlen[s] = (int)len[s];
+        dlen[B + s] = dlen[2 * B + s] = (int)q;
+        dlen[3 * B + s] = (int)(q / 16 * 16);
+        for (size_t h = 0; h < H; h++) {
+            const size_t i = s * H + h;
+            ku[i] = krow[i * R + q];
+            vu[i] = vrow[i * R + q];
+            if (ku[i] > cap || vu[i] > cap) { printf("FAIL %s: the prefill's entries exceed cap0 %zu\n", name, cap); n_fail++; return; }
+            memcpy(&kent[i * cap], v.kent + i * v.ent_cap, ku[i] * 4);
+            memcpy(&vent[i * cap], v.vent + i * v.ent_cap, vu[i] * 4);
+        }
+    }
+    const int kps = (int)kvq_outliers_per_side(C, f), outl = f > 0;
+    int P2 = 1;
+    while ((size_t)P2 < C) P2 <<= 1;
+    typedef void (*SF)(StepArgs);
+    const SF fs[3][3] = {{append_step<2, 2>, append_step<2, 3>, append_step<2, 4>},
+                         {append_step<3, 2>, append_step<3, 3>, append_step<3, 4>},
+                         {append_step<4, 2>, append_step<4, 3>, append_step<4, 4>}};
+    std::vector<float> ks(B * C), vs(B * C);
+    size_t bad = 0, syncs = 0, grows = 0, first_grow = 0, over = 0;
+    const char *what = "";
+    auto cmp = [&](const void *a, const void *b, size_t bytes, const char *w) {
+        if (memcmp(a, b, bytes)) { if (!bad) what = w; bad++; }
+    };
+    for (size_t st = 0; st < steps; st++) {
+        for (size_t s = 0; s < B; s++) {
+            const size_t r = s * NT + len[s];
+            memcpy(&ks[s * C], &K[r * C], C * 4);
+            memcpy(&vs[s * C], &V[r * C], C * 4);
+            if (kvq_kvcache_append(cpu, s, &K[r * C], &V[r * C], 1, &err)) { printf("append: %s\n", err.msg); exit(2); }
+        }
+        if (outl && step_bound_exceeds(ku.data(), vu.data(), since.data(), len.data(), B, H, D, ne, cap)) {
+            emu_launch({1, 1, 1}, 256, 0, [&] { gather_used(krow.data(), vrow.data(), dlen.data(), (int)B, (int)H, (int)capq, (int)ne, used.data()); });
+            for (size_t i = 0; i < B * H; i++) { ku[i] = used[i]; vu[i] = used[B * H + i]; }
+            std::fill(since.begin(), since.end(), 0);
+            syncs++;
+            const size_t t = step_capacity(ku.data(), vu.data(), len.data(), B, H, D, ne, NT, cap, 0xffffffffu);
+            if (t > cap) { // as resize_entries: every (sequence, head) store re-laid at the new stride
+                std::vector<uint32_t> k2(B * H * t + guard, 0), v2(B * H * t + guard, 0);
+                for (size_t i = 0; i < B * H; i++) {
+                    memcpy(&k2[i * t], &kent[i * cap], cap * 4);
+                    memcpy(&v2[i * t], &vent[i * cap], cap * 4);
+                }
+                kent.swap(k2);
+                vent.swap(v2);
+                cap = t;
+                if (!grows++) first_grow = st;
+            }
+        }
+        StepArgs p;
+        memset(&p, 0, sizeof p);
+        p.k = ks.data(); p.v = vs.data(); p.klo = ns.lo.data(); p.khi = ns.hi.data(); p.klev = hk.data(); p.vlev = hv.data();
+        p.kz = kz.data(); p.vz = vz.data(); p.inv_freq = inv.data(); p.rope_pairs = (int)(cfg.rope.rope_dim / 2); p.B = (int)B; p.H = (int)H;
+        p.D = (int)D; p.kps = kps; p.outl = outl; p.P2 = P2; p.n_exact = (int)ne; p.capq = (int)capq; p.kw = (int)kw; p.vw = (int)vw;
+        p.k16 = k16.data(); p.v16 = v16.data(); p.kcodes = kc.data(); p.vcodes = vc.data(); p.krow = krow.data(); p.vrow = vrow.data();
+        p.kent = kent.data(); p.vent = vent.data(); p.vscale = vscale.data(); p.ent_cap = cap; p.len = dlen.data();
+        emu_launch({(unsigned)B, 1, 1}, 128, P2 * sizeof(float), [&] { fs[kb - 2][vb - 2](p); });
+        for (size_t s = 0; s < B; s++) {
+            if (outl && len[s] >= ne) since[s]++;
+            len[s]++;
+        }
+        kvq_kvcache_view_get(cpu, &v);
+        for (size_t s = 0; s < B; s++) {
+            const size_t q = len[s] > ne ? len[s] - ne : 0;
+            const int want[4] = {(int)v.len[s], (int)v.kq[s], (int)v.vq[s], (int)(q / 16 * 16)};
+            const int got[4] = {dlen[s], dlen[B + s], dlen[2 * B + s], dlen[3 * B + s]};
+            cmp(got, want, sizeof want, "device lengths");
+            cmp(&vscale[s * capq * 2], v.vscale + s * capq * 2, q * 8, "value scales");
+            for (size_t h = 0; h < H; h++) {
+                const size_t i = s * H + h;
+                if (ne) {
+                    const size_t m = len[s] < ne ? len[s] : ne;
+                    cmp(&k16[i * ne * D], v.k16 + i * ne * D, m * D * 2, "exact keys");
+                    cmp(&v16[i * ne * D], v.v16 + i * ne * D, m * D * 2, "exact values");
+                }
+                for (size_t w = 0; w < kw; w++) cmp(&kc[(i * kw + w) * capq], v.kcodes + (i * kw + w) * capq, q * 4, "key codes");
+                cmp(&vc[i * capq * vw], v.vcodes + i * capq * vw, q * vw * 4, "value codes");
+                cmp(&krow[i * R], v.krow + i * R, (q + 1) * 4, "key row pointers");
+                cmp(&vrow[i * R], v.vrow + i * R, (q + 1) * 4, "value row pointers");
+                if (krow[i * R + q] > cap || vrow[i * R + q] > cap) { over++; continue; }
+                cmp(&kent[i * cap], v.kent + i * v.ent_cap, v.krow[i * R + q] * 4, "key entries");
+                cmp(&vent[i * cap], v.vent + i * v.ent_cap, v.vrow[i * R + q] * 4, "value entries");
+            }
+        }
+    }
+    size_t ents = 0;
+    for (size_t s = 0; s < B; s++)
+        for (size_t h = 0; h < H; h++) ents += v.krow[(s * H + h) * R + v.kq[s]] + v.vrow[(s * H + h) * R + v.kq[s]];
+    const bool ok = bad == 0 && over == 0 && grows >= 1 && first_grow > 0 && first_grow + 1 < steps && syncs < steps && ents > 0;
+    if (ok) n_pass++; else n_fail++;
+    printf("%s %-24s %zu steps of %zu sequences (%zu sparse entries; %zu synchronisations, store grown %zu times, first at step %zu, to %zu): "
+           "%s%s%s\n", ok ? "ok  " : "FAIL", name, steps, B, ents, syncs, grows, first_grow, cap,
+           bad ? "differs from the CPU cache in " : over ? "entries beyond the store" : "bytes equal to the CPU cache's after every step",
+           bad ? what : "", !bad && !over && !ok ? " (but the growth / synchronisation counts are not as required)" : "");
+    fflush(stdout);
+    kvq_kvcache_free(cpu);
+}
+
 // query heads per block as kvcache_cuda.cu's choose_gq for the tensor-core kernels: the fewest masked slots, ties to the larger
 static int gq_of(size_t g)
 {
@@ -646,6 +803,13 @@ int main(int argc, char **argv)
         run_append(2, 128, 4, 4, 1, 1, 0.05, c2, 4, "app llama 4/4 f5%");
         run_append(2, 9, 2, 3, 1, 0, 0.1, c3, 4, "app d9 2/3 no sink");
         run_append(2, 40, 3, 4, 1, 3, 0.0, c3, 4, "app d40 3/4 no outliers");
+    }
+    /* the batched step (kvq_kvcache_cuda_append_step): sequences at unequal lengths, one still in the exact region (2
+     * sink tokens), the outlier store growing in the middle */
+    {
+        const size_t p1[] = {0, 3, 11}, p2[] = {5, 1, 9, 2};
+        run_step(3, 2, 16, 4, 2, 2, 2, 0.05, p1, 12, 128, true, "step d16 4/2 sink2 burst");
+        run_step(4, 3, 64, 3, 3, 3, 1, 0.01, p2, 8, 160, false, "step smollm 3/3");
     }
     run(2, 2, 128, 1, 4, 4, 1, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "llama-like 4/4");
     run(2, 3, 64, 3, 2, 2, 3, 1, 1100, 0.01, l1, quick ? 3 : 5, 132, "smollm-like 2/2 gqa3");
