@@ -686,7 +686,7 @@ int main(void)
             float *klev, *vlev, *lo, *hi;
             kvq_kvcache_config g;
             nuq_config(&st[i], &g, &klev, &vlev, &lo, &hi);
-            run_steps(&g, pre[i], nsteps[i], &st[i], NULL, 1e-3, sn[i]);
+            run_steps(&g, pre[i], nsteps[i], &st[i], NULL, 2e-5, sn[i]);
             free(klev); free(vlev); free(lo); free(hi);
         }
         run_step_limit();
