@@ -15,6 +15,7 @@
 #   KVQ_PREBUILT=DIR  use DIR/test_kvcache_cuda and DIR/bench_kvcache_cuda (`make CUDA=1 gpu-tests`, then
 #               scripts/gpu_carry_bins.sh DIR test_kvcache_cuda bench_kvcache_cuda); DIR/lib (or DIR/libs.tar.xz,
 #               unpacked) goes on LD_LIBRARY_PATH. Without it: build/gpu/ of this checkout (nothing is built here).
+#   KVQ_ROUNDS=N  rounds of v4, v5 per row (default 2; 1 halves the benchmark's time)
 # Exit status: 0 done, 1 test_kvcache_cuda failed (the benchmark still runs), 2 a benchmark run failed or a usage error,
 # 3 a binary is missing or does not start.
 set -euo pipefail
@@ -22,6 +23,8 @@ case "${1:-}" in
 -h|--help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 -?*) echo "gpu_nuq_kernel: unknown option '$1' (see --help)" >&2; exit 2 ;;
 esac
+rounds=${KVQ_ROUNDS:-2}
+[[ "$rounds" =~ ^[1-9]$ ]] || { echo "gpu_nuq_kernel: KVQ_ROUNDS: expected 1-9, found '$rounds'" >&2; exit 2; }
 if [ $# -gt 0 ]; then out=$1; else out=${OUT:+$OUT/nuq_kernel}; out=${out:-out/gpu_nuq_kernel}; fi
 mkdir -p "$out"
 out=$(realpath "$out")
@@ -54,7 +57,7 @@ rows=("llama2-7b_B1_N128K llama2 1 131072 0" "llama2-7b_B8_N32K llama2 8 32768 0
       "smollm2_B32_N32K smollm2 32 32768 0" "llama2-7b_B32_N32K_noPV llama2 32 32768 4")
 for row in "${rows[@]}"; do
     read -r name model b n prof <<<"$row"
-    for round in 1 2; do
+    for round in $(seq "$rounds"); do
         for k in v4 v5; do
             f="$out/bench_${name}_${k}_$round"
             if ! KVQ_NUQ_KERNEL=$k KVQ_DEC_PROF=$prof KVQ_BENCH_FORMAT=nuq KVQ_BENCH_BITS=3 KVQ_BENCH_MODEL=$model KVQ_BENCH_B=$b \
