@@ -101,7 +101,7 @@ TOOLS := kvdump kvcalib kvstat kveval
 TOOL_BINS := $(TOOLS:%=$(BIN)/%)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-# the CUDA decode kernels (v4) run on the host through tests/gpu/emu/cuda_emu.h (C++20, std::thread per CUDA thread)
+# the CUDA decode kernels (v4, v5) run on the host through tests/gpu/emu/cuda_emu.h (C++20, std::thread per CUDA thread)
 EMU_BIN := $(BUILD)/tests/test_kvcache_emu
 TEST_BINS += $(EMU_BIN)
 # the device importance schedule's kernels (kernels/cuda/cuda_sched_kern.cuh) on the host, with gpu_check --sched's harness
@@ -162,7 +162,7 @@ endef
 $(BUILD)/gen/kvcache_cuda_inst_kivi_%.cu: Makefile
 	$(call kvc_inst_unit,kv::FastFn kv::fast_pick_nw<$(subst _,$(comma) ,$*)>(int$(comma) int$(comma) int))
 $(BUILD)/gen/kvcache_cuda_inst_nuq_%.cu: Makefile
-	$(call kvc_inst_unit,DecFn nuq_kernel<$*>(int$(comma) int))
+	$(call kvc_inst_unit,DecFn nuq_kernel<$*>(int$(comma) int$(comma) int))
 
 $(BUILD)/gen/%.cu.o: $(BUILD)/gen/%.cu
 	@mkdir -p $(dir $@)

@@ -30,9 +30,12 @@ extern "C" {
 static const int NT = 128;           // threads per decode block
 static const size_t SMEM_MAX = 160 * 1024;
 
-// the NUQ decode kernel for bk-bit keys, bv-bit values and gq query heads per block (nuq_kernel,
+// the NUQ decode kernel for bk-bit keys, bv-bit values, gq query heads per block and version ver (4, 5: nuq_kernel,
 // kvcache_cuda_nuq.cuh); nullptr where none
-static DecFn pick(int bk, int bv, int gq) { return bk == 2 ? nuq_kernel<2>(bv, gq) : bk == 3 ? nuq_kernel<3>(bv, gq) : nuq_kernel<4>(bv, gq); }
+static DecFn pick(int bk, int bv, int gq, int ver)
+{
+    return bk == 2 ? nuq_kernel<2>(bv, gq, ver) : bk == 3 ? nuq_kernel<3>(bv, gq, ver) : nuq_kernel<4>(bv, gq, ver);
+}
 
 // query heads per block: the candidate (1, 2, 3, 4; v4's registers hold 8 scores per query head) that wastes the
 // fewest masked query slots, ties to the larger
@@ -130,10 +133,11 @@ static kvq_status set_smem_limits(kvq_err *err)
     const int bits[3] = {2, 3, 4}, gqs[5] = {1, 2, 3, 4, 8};
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++)
-            for (int g = 0; g < 5; g++) {
-                DecFn f = pick(bits[a], bits[b], gqs[g]);
-                if (f) CK(cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
-            }
+            for (int g = 0; g < 5; g++)
+                for (int ver = 4; ver <= 5; ver++) {
+                    DecFn f = pick(bits[a], bits[b], gqs[g], ver);
+                    if (f) CK(cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
+                }
     CK(cudaFuncSetAttribute((const void *)append_count, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384 * 4));
     CK(cudaFuncSetAttribute((const void *)kivi_key_flush, cudaFuncAttributeMaxDynamicSharedMemorySize, 256 * 256));
     CK(cudaFuncSetAttribute((const void *)exact_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
@@ -946,7 +950,16 @@ extern "C" kvq_status kvq_kvcache_cuda_attend(kvq_kvcache_cuda *c, const float *
         const char *pe = getenv("KVQ_DEC_PROF");
         p.prof = pe ? atoi(pe) & 31 : 0;
     }
-    DecFn f = pick(g->k_bits, g->v_bits, gq);
+    // the kernel version: v5 (default) or v4 (KVQ_NUQ_KERNEL=v4, kept to time one against the other; the same results)
+    int ver = 5;
+    {
+        const char *kv = getenv("KVQ_NUQ_KERNEL");
+        if (kv && *kv) {
+            if (!strcmp(kv, "v4")) ver = 4;
+            else if (strcmp(kv, "v5")) return kvq_fail(err, KVQ_EINVAL, "kvcache cuda attend: KVQ_NUQ_KERNEL: expected v4 or v5, found '%s'", kv);
+        }
+    }
+    DecFn f = pick(g->k_bits, g->v_bits, gq, ver);
     if (!f) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: no kernel for %d/%d bits, %d query heads per block", g->k_bits, g->v_bits, gq);
     size_t sm = v4::smem_bytes(gq, npk, (int)chunk);
     if (sm > SMEM_MAX) return kvq_fail(err, KVQ_EUNSUPPORTED, "kvcache cuda attend: %zu bytes of shared memory needed", sm);

@@ -1,5 +1,5 @@
 // kvcache_cuda_dec.cuh — the NUQ split-K decode kernels (v4: 2-, 3- and 4-bit codes, P·V on the tensor
-// cores) of kvcache_cuda.cu, with the exact-region
+// cores; v5, the default: v4 with pv_mma3_v5 for 3-bit values) of kvcache_cuda.cu, with the exact-region
 // and combine kernels they share. Included by kvcache_cuda.cu; tests/gpu/emu/emu_kvcache_dec.cc compiles the
 // same source on the host (KVQ_EMU: one std::thread per CUDA thread) to check the index arithmetic
 // against the CPU reference without a GPU. See formats/KVCACHE.md "Decode attention (GPU)".
@@ -616,7 +616,131 @@ __device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int
     }
 }
 
-template <int BK, int BV, int GQ>
+// a 32-bit word of shared memory at shared address a
+__device__ __forceinline__ uint32_t kvq_ldsu(uint32_t a)
+{
+#ifdef KVQ_EMU
+    const float f = kvq_lds(a);
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    return v;
+#else
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+#endif
+}
+// funnel shift right: bits [s, s + 32) of the 64-bit (hi:lo), s in [0, 32)
+__device__ __forceinline__ uint32_t kvq_shf_r(uint32_t lo, uint32_t hi, uint32_t s)
+{
+#ifdef KVQ_EMU
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (s & 31));
+#else
+    return __funnelshift_r(lo, hi, s);
+#endif
+}
+
+// Phase 3 for 3-bit values in v5: pv_mma3's fragments, table and mma, with the 6-bit table index of a dim built from
+// both positions' words at once. Per row pair (positions 2t, 2t+1; 2t+8, 2t+9) the slot's fields 0-9 (bits 0-29: L)
+// and 10-15 (bits 30-47: Hh) of the two rows are merged with one LOP3 each into words whose 6-bit fields are
+// (code of the first row | code of the second row << 3): even fields in place (first row's bits under EM, the second
+// row's shifted up by 3 into the odd fields' bits), odd fields shifted down by 3; then a dim's index costs one shift
+// and one LOP3 (mask and the lane's table column) instead of two of each. The table index and entries are pv_mma3's,
+// so the results are bit-identical.
+__device__ __forceinline__ void pv_mma3_v5(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w,
+                                           const uint32_t *prlo, int chpw, const uint32_t *tabs, float *stage, int gstride,
+                                           float inv_s)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int D = p.D, vw = p.vw, nsl = 2 * (vw / 3), npass = (nsl + 7) / 8, nkt = (n + 15) >> 4;
+    const uint32_t *vc = p.vcodes + (size_t)(s * p.H + h) * p.capq * vw;
+    const uint32_t tl = kvq_saddr(tabs) | (uint32_t)lane * 4u; // tabs: 8192-byte aligned (the index ORs into bits 7-12)
+    constexpr uint32_t EM = 0x071C71C7u; // fields 0, 2, 4, 6, 8 (bits 3k..3k+2, k even)
+    // B columns 0..3 high parts of p·r·S (pr16w), 4..7 low parts (prlo), as pv_mma
+    const int gc = g & 3;
+    const bool bq = gc < gn;
+    const int per = (nkt + NW4 - 1) / NW4, kb = warp * per, ke = min(nkt, kb + per);
+    for (int pass = 0; pass < npass; pass++) {
+        const int sl = pass * 8 + g, hf = sl & 1;
+        const bool has = sl < nsl;
+        const int wo = has ? 3 * (sl >> 1) + hf : 0;
+        const uint32_t sh = 16u * (uint32_t)hf;
+        float acc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        // row r of k-tile kt: src[r] + kt·16·vw (rows 2t, 2t+1, 2t+8, 2t+9; positions past the chunk read allocated rows,
+        // their p·r is 0); the k-tile two ahead is in flight
+        const uint32_t *src[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) src[r] = vc + (size_t)(q0 + kb * 16 + 2 * t + (r & 1) + 8 * (r >> 1)) * vw + wo;
+        const size_t kstep = (size_t)16 * vw;
+        uint32_t wn[4][2], wn2[4][2];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const bool ok0 = has && kb < ke, ok1 = has && kb + 1 < ke;
+            wn[r][0] = ok0 ? __ldcs(src[r]) : 0u;
+            wn[r][1] = ok0 ? __ldcs(src[r] + 1) : 0u;
+            wn2[r][0] = ok1 ? __ldcs(src[r] + kstep) : 0u;
+            wn2[r][1] = ok1 ? __ldcs(src[r] + kstep + 1) : 0u;
+            src[r] += 2 * kstep;
+        }
+        const uint32_t *pb = (g < 4 ? pr16w : prlo) + (bq ? gc : 0) * chpw + kb * 8 + t; // p·r of query gc, positions 2t, 2t+1 of k-tile kb
+#pragma unroll 1
+        for (int kt = kb; kt < ke; kt++, pb += 8) {
+            const uint32_t b0 = bq ? pb[0] : 0u, b1 = bq ? pb[4] : 0u;
+            uint32_t L[4], Hh[4];
+            const bool ok = has && kt + 2 < ke;
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                L[r] = kvq_shf_r(wn[r][0], wn[r][1], sh);    // slot bits 0-31
+                Hh[r] = kvq_shf_r(L[r], wn[r][1] >> sh, 30); // slot bits 30-47 (fields 10-15) at 0-17
+                wn[r][0] = wn2[r][0];
+                wn[r][1] = wn2[r][1];
+                wn2[r][0] = ok ? __ldcs(src[r]) : 0u;
+                wn2[r][1] = ok ? __ldcs(src[r] + 1) : 0u;
+                src[r] += kstep;
+            }
+            // z[rp][0..3]: fields 0-9 even / odd, 10-15 even / odd of row pair rp (rows 2rp, 2rp + 1)
+            uint32_t z[2][4];
+#pragma unroll
+            for (int rp = 0; rp < 2; rp++) {
+                const int ra = 2 * rp, rb = ra + 1;
+                z[rp][0] = (L[ra] & EM) | ((L[rb] << 3) & ~EM);
+                z[rp][1] = ((L[ra] >> 3) & EM) | (L[rb] & ~EM);
+                z[rp][2] = (Hh[ra] & EM) | ((Hh[rb] << 3) & ~EM);
+                z[rp][3] = ((Hh[ra] >> 3) & EM) | (Hh[rb] & ~EM);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t a[4];
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int k = 2 * j + (x & 1), rp = x >> 1;
+                    const int w = (k >= 10 ? 2 : 0) + (k & 1), b = k >= 10 ? 3 * ((k - 10) & ~1) : 3 * (k & ~1); // index at bits b..b+5
+                    const uint32_t zz = z[rp][w];
+                    a[x] = kvq_ldsu(((b >= 7 ? zz >> (b - 7) : zz << (7 - b)) & 0x1F80u) | tl);
+                }
+                kvq_mma16816(acc[j], a[0], a[1], a[2], a[3], b0, b1);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
+        if (has) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int d = 16 * sl + 2 * j + (i >> 1), qq = 2 * t + (i & 1);
+                    if (d < D && qq < gn) stage[warp * gstride + qq * D + d] = acc[j][i];
+                }
+        }
+    }
+}
+
+// VER 4: the v4 kernel; 5: v5 (see the head of v4: the same kernel with pv_mma3_v5 for 3-bit values)
+template <int BK, int BV, int GQ, int VER = 4>
 __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
 {
     constexpr int CK = BK == 2 ? 16 : BK == 3 ? 32 : 8, PK = CK / 2, NLK = 1 << BK, NLV = 1 << BV, WK = BK == 3 ? 3 : 1;
@@ -885,7 +1009,9 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
     // ---- phase 3: P·V on the tensor cores (pv_mma); the value table replaces the key table in tabs
     {
         const float *vl = p.vlevels + h * NLV;
-        uint32_t *tw = (uint32_t *)tabs;
+        // v5, 3-bit values: the table (8 KB) at the first 8192-byte boundary in tabs (32 KB, 256-byte aligned), so that
+        // pv_mma3_v5 ORs index and lane into its address
+        uint32_t *tw = (uint32_t *)tabs + (VER >= 5 && BV == 3 ? ((8192u - (kvq_saddr(tabs) & 8191u)) & 8191u) / 4 : 0u);
         for (int i = tid; i < (BV == 3 ? 2048 : 8192); i += NT4) {
             const int e = i >> 5;
             // e = the combined byte of two positions (pv_mma): 4-bit (code of the first, of the second) -> their
@@ -937,8 +1063,10 @@ __global__ void __launch_bounds__(256, (GQ <= 2 ? 3 : 2)) nuq_decode(DecP p)
         float *stage = (float *)r8;
         if (KVQ_SKIP(p, 4)) {
             for (int i = tid; i < NW4 * GQ * D; i += NT4) stage[i] = 0.f;
-        } else if constexpr (BV == 3) pv_mma3(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
-        else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
+        } else if constexpr (BV == 3) {
+            if constexpr (VER >= 5) pv_mma3_v5(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
+            else pv_mma3(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
+        } else if (BV == 4 && rowb >= 64 && rowb % 8 == 0) pv_mma<BV, 8>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
         else if (rowb >= 32) pv_mma<BV, 4>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
         else pv_mma<BV, 2>(p, s, h, q0, n, gn, pr16w, prlo, chpw, tw, stage, GQ * D, inv_s);
         __syncthreads();

@@ -100,7 +100,7 @@ static void setup(const kvq_kvcache_config *g, size_t NT, size_t C, kvq_kvcache 
 /* GPU vs CPU attention for max_splits 0, 1 and 3 (or 0 only when one_split), each with fresh random queries and the
  * output poisoned, within relative L2 tol and finite; returns the worst relative L2 */
 static double check_attend(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, size_t B, size_t nh, size_t D, double tol, const char *name, size_t len,
-                           int one_split)
+                           int one_split, bool v4cmp)
 {
     const size_t nq = B * nh * D, splits[3] = {0, 1, 3};
     float *q = malloc(nq * 4), *o = malloc(nq * 4), *ro = malloc(nq * 4), *dq = dmalloc(nq * 4), *dout = dmalloc(nq * 4);
@@ -117,6 +117,23 @@ static double check_attend(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, size_t B, si
         if (e > worst) worst = e;
         CHECK(nf == 0 && e <= tol, "%s: len %zu splits %zu: GPU vs CPU attention rel L2 %.3g (tolerance %g), %d non-finite", name, len,
               splits[k], e, tol, nf);
+        if (v4cmp) {
+            const char *prev = getenv("KVQ_NUQ_KERNEL");
+            char keep[16] = "";
+            if (prev) snprintf(keep, sizeof keep, "%s", prev);
+            setenv("KVQ_NUQ_KERNEL", "v4", 1);
+            poison(dout, nq * 4);
+            kvq_err e4;
+            const kvq_status st = kvq_kvcache_cuda_attend(gpu, dq, nh, 0, dout, splits[k], 1, &e4);
+            if (prev) setenv("KVQ_NUQ_KERNEL", keep, 1);
+            else unsetenv("KVQ_NUQ_KERNEL");
+            if (st != KVQ_OK) { printf("error KVQ_NUQ_KERNEL=v4 attend: %s\n", e4.msg); exit(2); }
+            CU(cudaMemcpy(ro, dout, nq * 4, cudaMemcpyDeviceToHost));
+            int nf4;
+            const double e4r = rel_l2(o, ro, nq, &nf4);
+            CHECK(nf4 == 0 && e4r <= 1e-5, "%s: len %zu splits %zu: the v4 kernel's output vs v5's: rel L2 %.3g (tolerance 1e-5), %d non-finite",
+                  name, len, splits[k], e4r, nf4);
+        }
     }
     free(q); free(o); free(ro);
     CU(cudaFree(dq)); CU(cudaFree(dout));
@@ -125,9 +142,13 @@ static double check_attend(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, size_t B, si
 
 /* Chunked appends of rows [len, NT) of K / V (dK / dV: the same on the device) to both caches; after each
  * step, GPU vs CPU attention for max_splits 0, 1 and 3, each with fresh random queries and the output poisoned,
- * within relative L2 tol and finite. Returns the worst relative L2. */
+ * within relative L2 tol and finite. v4cmp (NUQ with 3-bit values, where the kernel versions differ): the v4 kernel's
+ * output (KVQ_NUQ_KERNEL=v4) within 1e-5 of v5's (the same arithmetic; the sparse corrections' atomics add in any
+ * order, so the last bits may differ; the host emulator checks bit equality without outliers). Returns the worst
+ * relative L2. */
 static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const float *K, const float *V, const float *dK, const float *dV,
-                               size_t B, size_t NT, size_t C, size_t nh, size_t D, size_t len, double tol, const char *name, size_t skew)
+                               size_t B, size_t NT, size_t C, size_t nh, size_t D, size_t len, double tol, const char *name, size_t skew,
+                               bool v4cmp)
 {
     const size_t steps[] = {1, 3, 57, 1, 200, 7, 1000, 13};
     size_t *sl = malloc(B * sizeof *sl); /* per-sequence lengths: sequence s runs s·skew positions ahead (capped at NT) */
@@ -143,7 +164,7 @@ static double append_and_check(kvq_kvcache *cpu, kvq_kvcache_cuda *gpu, const fl
             sl[s] = to;
         }
         len += n;
-        const double e = check_attend(cpu, gpu, B, nh, D, tol, name, len, 0);
+        const double e = check_attend(cpu, gpu, B, nh, D, tol, name, len, 0, v4cmp);
         if (e > worst) worst = e;
     }
     free(sl);
@@ -243,7 +264,7 @@ static void run(const tcfg *t, const char *name)
     /* P·V runs on the tensor cores at every code width (fp16 levels, p·r as two fp16 parts, fp32 sums;
      * formats/KVCACHE.md "Decode attention (GPU)"): 2e-5 (the host emulator sees up to 1.6e-6) */
     size_t len = set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name);
-    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, 2e-5, name, 0);
+    append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D, len, 2e-5, name, 0, t->vb == 3);
     len = NT;
     /* state equality */
     kvq_kvcache_stats st;
@@ -385,7 +406,7 @@ static void run_kivi(const kcfg *t, const char *name)
     setup(&g, NT, C, &cpu, &gpu, &K, &V, &dK, &dV);
     const size_t len = NT;
     const double worst = append_and_check(cpu, gpu, K, V, dK, dV, t->B, NT, C, nh, t->D,
-                                          set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name), 2e-5, name, t->skew);
+                                          set_prefixes(cpu, gpu, K, V, dK, dV, t->B, NT, C, t->prefix, name), 2e-5, name, t->skew, false);
     OK(kvq_kvcache_create(&mirror, &g, ERR));
     OK(kvq_kvcache_cuda_download(gpu, mirror, ERR));
     compare_state_kivi(cpu, mirror, t, name);
@@ -453,7 +474,7 @@ static void run_steps(const kvq_kvcache_config *g0, const size_t *pre, size_t st
             OK(kvq_kvcache_cuda_append(gpu, smin, dK + r * C, dV + r * C, 1, ERR));
             len[smin]++;
         }
-        const double e = check_attend(cpu, gpu, B, nh, D, tol, name, len[0], st % 4 != 0);
+        const double e = check_attend(cpu, gpu, B, nh, D, tol, name, len[0], st % 4 != 0, false);
         if (e > worst) worst = e;
     }
     kvq_kvcache_stats cs;

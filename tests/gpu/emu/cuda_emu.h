@@ -46,9 +46,9 @@ struct EmuState {
     std::vector<float> shfl; // [warps][32]
     std::vector<uint32_t> mma; // [warps][32][6]: a0..a3, b0, b1 of every lane
     std::mutex atom;
-    alignas(4096) char arena[1024 * 1024];
-    size_t static_top = 0;             // static shared arrays: [0, 512 KB)
-    static constexpr size_t DYN = 512 * 1024; // dynamic shared memory: [512 KB, 1 MB)
+    alignas(4096) char arena[2048 * 1024];
+    size_t static_top = 0;              // static shared arrays: [0, 1.5 MB) (each kernel instance keeps its own)
+    static constexpr size_t DYN = 1536 * 1024; // dynamic shared memory: [1.5 MB, 2 MB)
 };
 inline EmuState emu;
 

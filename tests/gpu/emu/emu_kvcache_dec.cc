@@ -1,7 +1,8 @@
-// emu_kvcache_dec.cc — runs the v4 decode kernels (kernels/kvcache/kvcache_cuda_dec.cuh) on the host through
-// cuda_emu.h and compares with kvq_kvcache_attend (the CPU reference), as tests/gpu/test_kvcache_cuda.c
+// emu_kvcache_dec.cc — runs the NUQ decode kernels (kernels/kvcache/kvcache_cuda_dec.cuh; v5 as
+// kvq_kvcache_cuda_attend runs it, and for 3-bit values v4 too, whose partials v5's must equal bit for bit) on the host
+// through cuda_emu.h and compares with kvq_kvcache_attend (the CPU reference), as tests/gpu/test_kvcache_cuda.c
 // does on a GPU. Built by `make tests` as build*/tests/test_kvcache_emu and run by `make test` (CI has no
-// GPU: this is the CPU check of the v4 kernels' index arithmetic, packing and RoPE stepping); it prints a
+// GPU: this is the CPU check of the v4 / v5 kernels' index arithmetic, packing and RoPE stepping); it prints a
 // Check-style summary line for scripts/run_tests.sh. KVQ_TEST_QUICK=1 (or any argument) runs fewer cases.
 #include "cuda_emu.h"
 
@@ -28,17 +29,26 @@ extern "C" {
 #include "../../kvcache_synth.h"
 
 typedef void (*KFn)(DecP);
-template <int BK, int BV> static KFn pick2(int gq)
+// the kernel as kvcache_cuda_nuq.cuh's nuq_kernel picks it: version 5 differs from 4 only for 3-bit values
+template <int BK, int BV, int GQ> static KFn pick3(int ver)
+{
+    if constexpr (BV == 3) return ver >= 5 ? v4::nuq_decode<BK, BV, GQ, 5> : v4::nuq_decode<BK, BV, GQ, 4>;
+    else return v4::nuq_decode<BK, BV, GQ, 4>;
+}
+template <int BK, int BV> static KFn pick2(int gq, int ver)
 {
     switch (gq) {
-    case 1: return v4::nuq_decode<BK, BV, 1>;
-    case 2: return v4::nuq_decode<BK, BV, 2>;
-    case 3: return v4::nuq_decode<BK, BV, 3>;
-    default: return v4::nuq_decode<BK, BV, 4>;
+    case 1: return pick3<BK, BV, 1>(ver);
+    case 2: return pick3<BK, BV, 2>(ver);
+    case 3: return pick3<BK, BV, 3>(ver);
+    default: return pick3<BK, BV, 4>(ver);
     }
 }
-template <int BK> static KFn pick1(int bv, int gq) { return bv == 2 ? pick2<BK, 2>(gq) : bv == 3 ? pick2<BK, 3>(gq) : pick2<BK, 4>(gq); }
-static KFn pick(int bk, int bv, int gq) { return bk == 2 ? pick1<2>(bv, gq) : bk == 3 ? pick1<3>(bv, gq) : pick1<4>(bv, gq); }
+template <int BK> static KFn pick1(int bv, int gq, int ver)
+{
+    return bv == 2 ? pick2<BK, 2>(gq, ver) : bv == 3 ? pick2<BK, 3>(gq, ver) : pick2<BK, 4>(gq, ver);
+}
+static KFn pick(int bk, int bv, int gq, int ver) { return bk == 2 ? pick1<2>(bv, gq, ver) : bk == 3 ? pick1<3>(bv, gq, ver) : pick1<4>(bv, gq, ver); }
 
 static int n_fail, n_pass;
 
@@ -177,10 +187,33 @@ static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t t
             p.kw = (int)v.k_head_words; p.vw = (int)v.v_head_words; p.capq = (int)v.capq; p.n_exact = (int)v.n_exact;
             p.n_splits = (int)splits; p.chunk = (int)chunk; p.ent_cap = (int)v.ent_cap; p.nslots = (int)nslots;
             p.scale = 1.0f / sqrtf((float)D);
-            KFn fn = pick(kb, vb, gq);
-            emu_launch({(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B}, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk), [&] { fn(p); });
+            KFn fn = pick(kb, vb, gq, 5);
+            const dim3e grid = {(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B};
+            emu_launch(grid, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk), [&] { fn(p); });
             char what[96];
             snprintf(what, sizeof what, "len %5zu chunk %5zu splits %3zu gq %d", len, chunk, splits, gq);
+            if (vb == 3) {
+                // v5's 3-bit P·V (pv_mma3_v5) builds pv_mma3's fragments another way: the v4 kernel's partials, bit for bit
+                // without sparse outliers; with them within 1e-5 relative L2 (their corrections are added by atomics, in
+                // any order: the last bits differ from run to run; an index error in the dense P·V is > 1e-2)
+                std::vector<float> part4(part.size(), NAN);
+                DecP p4 = p;
+                p4.part = part4.data();
+                KFn f4 = pick(kb, vb, gq, 4);
+                emu_launch(grid, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk), [&] { f4(p4); });
+                double num = 0, den = 0;
+                bool odd = false; // a value finite in one and not the other
+                for (size_t i = 0; i < part.size(); i++) {
+                    const float a = part[i], b = part4[i];
+                    if (std::isfinite(a) != std::isfinite(b) || (!std::isfinite(a) && a != b && !(std::isnan(a) && std::isnan(b)))) odd = true;
+                    if (std::isfinite(a) && std::isfinite(b)) { num += ((double)a - b) * ((double)a - b); den += (double)b * b; }
+                }
+                const double e = sqrt(num / (den > 0 ? den : 1));
+                const bool bits = !memcmp(part.data(), part4.data(), part.size() * sizeof(float)), ok = !odd && (f == 0 ? bits : e <= 1e-5);
+                if (ok) n_pass++; else n_fail++;
+                printf("%s %-24s %s: v5 partials vs v4's: %s, rel L2 %.3g%s\n", ok ? "ok  " : "FAIL", name, what, bits ? "bit-equal" : "differ",
+                       e, odd ? ", non-finite in one only" : "");
+            }
             // P·V on the tensor cores with fp16 levels (the caches round them so) and p·r in two fp16 parts: 1e-5 (seen
             // up to 1.6e-6; a single fp16 p·r gave 1e-4..5e-4, which greedy decoding amplified into logits 1-2 apart)
             finish_and_check(p, cpu, part, out, q, nslots, 1e-5, name, what);
@@ -685,7 +718,7 @@ static kvq_status emu_dec_attend(void *user, const kvq_layer_ctx *c, const float
     p.kw = (int)v4v.k_head_words; p.vw = (int)v4v.v_head_words; p.capq = (int)v4v.capq; p.n_exact = (int)v4v.n_exact;
     p.n_splits = (int)splits; p.chunk = (int)chunk; p.ent_cap = (int)v4v.ent_cap; p.nslots = (int)nslots;
     p.scale = 1.0f / sqrtf((float)D);
-    KFn fn = pick(kb, vb, gq);
+    KFn fn = pick(kb, vb, gq, 5);
     emu_launch({(unsigned)splits, (unsigned)(H * qgroups), (unsigned)B}, v4::NT4, v4::smem_bytes(gq, (int)npk, (int)chunk), [&] { fn(p); });
     if (p.n_exact) emu_launch({(unsigned)nh, (unsigned)B, 1}, 128, (D + p.n_exact + 1) * 4, [&] { exact_decode(p); });
     emu_launch({(unsigned)nh, (unsigned)B, 1}, 64, 0,
@@ -825,6 +858,10 @@ int main(int argc, char **argv)
     run(1, 1, 40, 2, 3, 4, 1, 0, 700, 0.1, l2, 2, 4, "d40 3/4 f0.1");
     run(1, 2, 96, 4, 2, 3, 1, 2, 700, 0.05, l2, 2, 4, "d96 2/3 gqa4");
     run(1, 1, 256, 5, 3, 2, 1, 2, 700, 0.05, l2, 2, 4, "d256 3/2 gqa5");
+    /* 3-bit values at head_dim 40 (slots past head_dim: dims 40-63 padding; no outliers, so v5's partials must equal
+     * v4's bit for bit) and 8 (stories260K's heads: one unit, two slots, 4 tables) */
+    run(1, 2, 40, 2, 4, 3, 1, 0, 500, 0.0, l2, 2, 4, "d40 4/3 no sink, no outl.");
+    run(3, 4, 8, 2, 3, 3, 4, 1, 300, 0.01, l1, 4, 4, "d8 3/3 gqa2 per-head");
     const size_t l3[] = {3, 100, 333, 900};
     //       B  H  D   g  kb vb  G   R   post  sink NT
     run_kivi(2, 2, 128, 1, 2, 2, 32, 128, true, 0, 900, l3, quick ? 3 : 4, 132, "kivi llama-like 2/2 g32");
