@@ -36,7 +36,7 @@ static void fill(float *x, size_t n_tokens, size_t C, int keys)
         }
 }
 
-/* n sorted levels, uniform in (-1, 1), the ends set to -1 and 1 */
+/* n sorted levels, uniform in (-1, 1), the ends set to -1 and 1, rounded to fp16 */
 static void sorted_levels(float *lv, size_t n)
 {
     for (size_t i = 0; i < n; i++) lv[i] = (float)(2 * unif() - 1);
@@ -44,6 +44,7 @@ static void sorted_levels(float *lv, size_t n)
         for (size_t j = i; j > 0 && lv[j] < lv[j - 1]; j--) { float t = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = t; }
     lv[0] = -1;
     lv[n - 1] = 1;
+    for (size_t i = 0; i < n; i++) lv[i] = kvq_round_fp16(lv[i]); /* fp16 numbers, as artifacts' value levels are */
 }
 
 #endif

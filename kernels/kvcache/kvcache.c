@@ -82,11 +82,6 @@ static double rope_inv_freq(const kvq_rope *r, size_t i)
     return r->scale > 0 ? f / r->scale : f;
 }
 
-void kvq_kvcache_value_levels(float *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = kvq_round_fp16(src[i]);
-}
-
 kvq_status kvq_rope_rotate(float *x, size_t n_rows, size_t n_heads, size_t head_dim,
                            const kvq_rope *rope, size_t pos0, kvq_err *err)
 {
@@ -231,9 +226,9 @@ kvq_status kvq_kvcache_create(kvq_kvcache **out, const kvq_kvcache_config *cfg, 
             const float *kl = cfg->k_levels + (cfg->k_tables > 1 ? h : 0) * nlk;
             const float *vl = cfg->v_levels + (cfg->v_tables > 1 ? h : 0) * nlv;
             memcpy(c->klevels_copy + h * nlk, kl, nlk * sizeof(float));
-            kvq_kvcache_value_levels(c->vlevels + h * nlv, vl, nlv);
+            memcpy(c->vlevels + h * nlv, vl, nlv * sizeof(float));
             c->k_zcode[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
-            c->v_zcode[h] = (uint8_t)kvq_nuq_nearest(c->vlevels + h * nlv, nlv, 0.0f);
+            c->v_zcode[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
             for (size_t d = 0; d < D; d++) {
                 size_t ch = h * D + d;
                 double zp = ((double)cfg->k_upper[ch] + (double)cfg->k_lower[ch]) * 0.5;

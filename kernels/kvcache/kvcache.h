@@ -61,12 +61,6 @@ typedef struct {
 /* Rotate `n_rows` rows x[n_rows][n_heads][head_dim] in place as the model's
  * RoPE at positions pos0, pos0 + 1, ...: (a, b) -> (a cos - b sin, a sin + b cos),
  * computed in double, rounded once to float. */
-/* The NUQ value levels a cache holds: src rounded to fp16 (kvq_round_fp16), n of them. The format's value LUT is
- * fp16 (KVQuant App. M; nuq's bits accounting counts 16 bits per level), so the GPU kernel can take the levels
- * as tensor-core operands exactly; the artifact loader rounds nuq value levels the same way, so the simulation
- * quantizes with the same numbers (formats/KVCACHE.md). */
-void kvq_kvcache_value_levels(float *dst, const float *src, size_t n);
-
 kvq_status kvq_rope_rotate(float *x, size_t n_rows, size_t n_heads, size_t head_dim,
                            const kvq_rope *rope, size_t pos0, kvq_err *err);
 
@@ -85,8 +79,8 @@ typedef struct {
     double outlier_frac;  /* [0, 0.5): > 0 enables dense-and-sparse outliers (keys and values) */
     size_t k_tables, v_tables;      /* 1 (per-layer) or n_kv_heads (per-head) */
     const float *k_levels;          /* [k_tables][1 << k_bits] ascending in [-1, 1] */
-    const float *v_levels;          /* [v_tables][1 << v_bits]; the caches hold them rounded to fp16
-                                       (kvq_kvcache_value_levels) */
+    const float *v_levels;          /* [v_tables][1 << v_bits]; fp16 numbers for an exact GPU P·V (kvcache_cuda.h;
+                                       artifacts' are: the loader rounds nuq's) */
     const float *k_lower, *k_upper; /* [kv_dim] per-channel thresholds, raw key units */
     /* sparse-outlier storage (NUQ): entries per (sequence, KV head) for keys and for values.
      * outlier_cap: initial capacity (0 = auto: 2 * ceil(outlier_frac * head_dim) + 2 per token

@@ -259,9 +259,9 @@ extern "C" kvq_status kvq_kvcache_cuda_create(kvq_kvcache_cuda **out, const kvq_
     for (size_t h = 0; nuq && h < H; h++) {
         const float *kl = cfg->k_levels + (cfg->k_tables > 1 ? h : 0) * nlk, *vl = cfg->v_levels + (cfg->v_tables > 1 ? h : 0) * nlv;
         memcpy(hk + h * nlk, kl, nlk * sizeof(float));
-        kvq_kvcache_value_levels(hv + h * nlv, vl, nlv);
+        memcpy(hv + h * nlv, vl, nlv * sizeof(float));
         hz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
-        hz[H + h] = (uint8_t)kvq_nuq_nearest(hv + h * nlv, nlv, 0.0f);
+        hz[H + h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
         for (size_t d = 0; d < D; d++) {
             size_t ch = h * D + d;
             double zp = ((double)cfg->k_upper[ch] + (double)cfg->k_lower[ch]) * 0.5, r = ((double)cfg->k_upper[ch] - (double)cfg->k_lower[ch]) * 0.5;

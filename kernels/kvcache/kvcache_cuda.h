@@ -21,10 +21,11 @@
  * table (pos = 64*hi + lo, computed in double, composed in fp32) and advanced a
  * few positions from each anchor (one complex multiply then the Chebyshev
  * recurrence, at most 7 steps). P·V (2-, 3- and 4-bit codes) on the tensor
- * cores with the value levels as fp16 numbers (the caches hold them so:
- * kvq_kvcache_value_levels) and p·r in two fp16 parts, fp32 sums, so the
- * output matches kvq_kvcache_attend to ~1e-6 relative L2 (checked at 2e-5;
- * formats/KVCACHE.md "Precision"). KIVI: post-RoPE keys with 2/4-bit codes
+ * cores with the value levels as fp16 operands and p·r in two fp16 parts,
+ * fp32 sums: with fp16-number levels (artifacts' are: the loader rounds nuq's
+ * value levels) the output matches kvq_kvcache_attend to ~1e-6 relative L2
+ * (checked at 2e-5; formats/KVCACHE.md "Precision"); other levels are rounded
+ * in the operands (~2e-4). KIVI: post-RoPE keys with 2/4-bit codes
  * and a power-of-two group of 16..128 run on the tensor cores with every fp16
  * operand split into a high and a low part (fp32-accurate: observed <= 7e-6,
  * checked at 2e-5), or, for 2-bit keys and values at group = head_dim = 128

@@ -254,9 +254,9 @@ static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t
     for (size_t h = 0; h < H; h++) {
         const float *kl = klev.data() + (tables > 1 ? h : 0) * nlk, *vl = vlev.data() + (tables > 1 ? h : 0) * nlv;
         memcpy(&hk[h * nlk], kl, nlk * sizeof(float));
-        kvq_kvcache_value_levels(&hv[h * nlv], vl, nlv);
+        memcpy(&hv[h * nlv], vl, nlv * sizeof(float));
         kz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
-        vz[h] = (uint8_t)kvq_nuq_nearest(&hv[h * nlv], nlv, 0.0f);
+        vz[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
     }
     std::vector<double> inv((D + 1) / 2, 0.0);
     for (size_t i = 0; i < cfg.rope.rope_dim / 2; i++) inv[i] = pow(cfg.rope.rope_theta, -2.0 * (double)i / (double)cfg.rope.rope_dim);
