@@ -806,7 +806,7 @@ static void run_decode(int steps, double tol)
     }
     const bool pass = same && worst <= tol;
     if (pass) n_pass++; else n_fail++;
-    printf("%s decode nuq3-1%% stories260K    8-token prompt, %d steps, v4 in the CPU decoder vs the CPU decoder: tokens %s, "
+    printf("%s decode nuq3-1%% stories260K    8-token prompt, %d steps, the v5 kernel in the CPU decoder vs the CPU decoder: tokens %s, "
            "logits max |diff| %.3g (tolerance %g)\n", pass ? "ok  " : "FAIL", steps, same ? "equal" : "DIFFER", worst, tol);
     fflush(stdout);
     kvq_decoder_free(&a);
