@@ -414,6 +414,29 @@ __device__ __forceinline__ float2 cmul(float2 a, float2 b) { return make_float2(
 // byte), so the lane that holds row g's outputs knows their dims without any exchange.
 // tabs: 4-bit [256 bytes][32 lanes] fp16x2, 2-bit [256 bytes][16 lanes] 2 × fp16x2: entry stride 128 bytes,
 // a lane reads only its own bank(s), no conflicts.
+// the P·V accumulators' low parts (B columns 4..7: lane t + 2's 2t + 4, 2t + 5) folded into the high parts (columns
+// 0..3: lane t's 2t, 2t + 1) and descaled: (hi + lo·2^-11)·inv_s (see nuq_decode's phase 3); every lane takes part
+template <int MT> __device__ __forceinline__ void pv_fold(float (&acc)[MT][4], float inv_s)
+{
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
+}
+
+// the 3-bit P·V's stage write (pv_mma3, pv_mma3_v5): A-row g of m-tile j is dim 16·sl + 2j (+1 for row g + 8),
+// columns 2t, 2t + 1 query heads; every (query < gn, dim < D) of the warp's slice wst [query][dim]
+__device__ __forceinline__ void pv_stage3(const float (&acc)[8][4], int sl, int t, int D, int gn, float *wst)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int d = 16 * sl + 2 * j + (i >> 1), qq = 2 * t + (i & 1);
+            if (d < D && qq < gn) wst[qq * D + d] = acc[j][i];
+        }
+}
+
 template <int BV, int BPT>
 __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int n, int gn, const uint32_t *pr16w, const uint32_t *prlo,
                                        int chpw, const uint32_t *tabs, float *stage, int gstride, float inv_s)
@@ -504,11 +527,7 @@ __device__ __forceinline__ void pv_mma(const DecP &p, int s, int h, int q0, int 
         // rows g / g+8 of m-tile j: dims 2·byte, 2·byte + 1 (4-bit, byte = byte0 + j); 4·byte + 2(j & 1) (+1) (2-bit,
         // byte = byte0 + j/2); columns 2t, 2t+1: query heads. Every warp writes every (query < gn, dim < D) of its
         // stage slice [warp][query][dim] (plain stores; the caller sums the warps)
-        // columns 2t, 2t+1 (t < 2) and their low parts in lane t + 2's 2t + 4, 2t + 5
-#pragma unroll
-        for (int j = 0; j < MT; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
+        pv_fold(acc, inv_s);
         if (has) {
 #pragma unroll
             for (int j = 0; j < MT; j++) {
@@ -600,19 +619,8 @@ __device__ __forceinline__ void pv_mma3(const DecP &p, int s, int h, int q0, int
                 kvq_mma16816(acc[j], a[0], a[1], a[2], a[3], b0, b1);
             }
         }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
-        if (has) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int d = 16 * sl + 2 * j + (i >> 1), qq = 2 * t + (i & 1);
-                    if (d < D && qq < gn) stage[warp * gstride + qq * D + d] = acc[j][i];
-                }
-        }
+        pv_fold(acc, inv_s);
+        if (has) pv_stage3(acc, sl, t, D, gn, stage + warp * gstride);
     }
 }
 
@@ -723,19 +731,8 @@ __device__ __forceinline__ void pv_mma3_v5(const DecP &p, int s, int h, int q0, 
                 kvq_mma16816(acc[j], a[0], a[1], a[2], a[3], b0, b1);
             }
         }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[j][i] = (acc[j][i] + __shfl_xor_sync(0xffffffffu, acc[j][i], 2) * (1.f / 2048.f)) * inv_s;
-        if (has) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int d = 16 * sl + 2 * j + (i >> 1), qq = 2 * t + (i & 1);
-                    if (d < D && qq < gn) stage[warp * gstride + qq * D + d] = acc[j][i];
-                }
-        }
+        pv_fold(acc, inv_s);
+        if (has) pv_stage3(acc, sl, t, D, gn, stage + warp * gstride);
     }
 }
 

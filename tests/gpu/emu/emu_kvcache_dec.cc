@@ -147,6 +147,31 @@ struct NuqSynth {
     NuqSynth &operator=(const NuqSynth &) = delete;
 };
 
+// the device-side tables kvq_kvcache_cuda_create builds from a NUQ configuration: levels per KV head (hk, hv), the
+// zero codes (kz, vz) and the RoPE inverse frequencies (inv, [(D + 1) / 2], 0 past rope_dim / 2)
+struct NuqDevTables {
+    std::vector<float> hk, hv;
+    std::vector<uint8_t> kz, vz;
+    std::vector<double> inv;
+    explicit NuqDevTables(const kvq_kvcache_config &cfg)
+    {
+        const size_t H = cfg.n_kv_heads, D = cfg.head_dim, nlk = (size_t)1 << cfg.k_bits, nlv = (size_t)1 << cfg.v_bits;
+        hk.resize(H * nlk);
+        hv.resize(H * nlv);
+        kz.resize(H);
+        vz.resize(H);
+        for (size_t h = 0; h < H; h++) {
+            const float *kl = cfg.k_levels + (cfg.k_tables > 1 ? h : 0) * nlk, *vl = cfg.v_levels + (cfg.v_tables > 1 ? h : 0) * nlv;
+            memcpy(&hk[h * nlk], kl, nlk * sizeof(float));
+            memcpy(&hv[h * nlv], vl, nlv * sizeof(float));
+            kz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
+            vz[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
+        }
+        inv.assign((D + 1) / 2, 0.0);
+        for (size_t i = 0; i < cfg.rope.rope_dim / 2; i++) inv[i] = pow(cfg.rope.rope_theta, -2.0 * (double)i / (double)cfg.rope.rope_dim);
+    }
+};
+
 static void run(size_t B, size_t H, size_t D, size_t g, int kb, int vb, size_t tables, size_t n_sink, size_t NT, double f,
                 const size_t *lens, size_t nlens, size_t n_sm, const char *name)
 {
@@ -232,10 +257,10 @@ static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t
 {
     size_t NT = 0;
     for (size_t i = 0; i < nch; i++) NT += chunks[i];
-    const size_t C = H * D, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
+    const size_t C = H * D;
     NuqSynth ns(1, H, D, kb, vb, tables, n_sink, NT, f);
     kvq_kvcache_config &cfg = ns.cfg;
-    const std::vector<float> &klev = ns.klev, &vlev = ns.vlev, &lo = ns.lo, &hi = ns.hi;
+    const std::vector<float> &lo = ns.lo, &hi = ns.hi;
     std::vector<float> K, V;
     kvq_kvcache *cpu = cpu_cache(cfg, K, V);
     for (size_t i = 0; i < NT * C; i++) { K[i] *= (float)(1 + 1e-3 * unif()); V[i] *= (float)(1 + 1e-3 * unif()); }
@@ -249,17 +274,10 @@ static void run_append(size_t H, size_t D, int kb, int vb, size_t tables, size_t
     kvq_kvcache_view_get(cpu, &v);
     // the device's tables and buffers as kvq_kvcache_cuda_create builds them (layout of the view)
     const size_t ne = v.n_exact, capq = v.capq, kw = v.k_head_words, vw = v.v_head_words, R = capq + 1, ecap = v.ent_cap;
-    std::vector<float> hk(H * nlk), hv(H * nlv);
-    std::vector<uint8_t> kz(H), vz(H);
-    for (size_t h = 0; h < H; h++) {
-        const float *kl = klev.data() + (tables > 1 ? h : 0) * nlk, *vl = vlev.data() + (tables > 1 ? h : 0) * nlv;
-        memcpy(&hk[h * nlk], kl, nlk * sizeof(float));
-        memcpy(&hv[h * nlv], vl, nlv * sizeof(float));
-        kz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
-        vz[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
-    }
-    std::vector<double> inv((D + 1) / 2, 0.0);
-    for (size_t i = 0; i < cfg.rope.rope_dim / 2; i++) inv[i] = pow(cfg.rope.rope_theta, -2.0 * (double)i / (double)cfg.rope.rope_dim);
+    const NuqDevTables dt(cfg);
+    const std::vector<float> &hk = dt.hk, &hv = dt.hv;
+    const std::vector<uint8_t> &kz = dt.kz, &vz = dt.vz;
+    const std::vector<double> &inv = dt.inv;
     std::vector<uint16_t> k16(H * (ne ? ne : 1) * D, 0), v16(H * (ne ? ne : 1) * D, 0);
     std::vector<uint32_t> kc(H * kw * capq, 0), vc(H * capq * vw, 0), krow(H * R, 0), vrow(H * R, 0), kent(H * ecap, 0), vent(H * ecap, 0);
     std::vector<float> vscale(capq * 2, 0.f);
@@ -355,7 +373,7 @@ static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables
     size_t NT = 0;
     for (size_t s = 0; s < B; s++) NT = pre[s] > NT ? pre[s] : NT;
     NT += steps;
-    const size_t C = H * D, nlk = (size_t)1 << kb, nlv = (size_t)1 << vb;
+    const size_t C = H * D;
     NuqSynth ns(B, H, D, kb, vb, tables, n_sink, NT, f);
     kvq_kvcache_config &cfg = ns.cfg;
     std::vector<float> K, V;
@@ -370,17 +388,10 @@ static void run_step(size_t B, size_t H, size_t D, int kb, int vb, size_t tables
     kvq_kvcache_view_get(cpu, &v);
     // the device's tables and buffers as kvq_kvcache_cuda_create builds them, the state copied from the CPU cache's
     const size_t ne = v.n_exact, ne1 = ne ? ne : 1, capq = v.capq, kw = v.k_head_words, vw = v.v_head_words, R = capq + 1;
-    std::vector<float> hk(H * nlk), hv(H * nlv);
-    std::vector<uint8_t> kz(H), vz(H);
-    for (size_t h = 0; h < H; h++) {
-        const float *kl = ns.klev.data() + (tables > 1 ? h : 0) * nlk, *vl = ns.vlev.data() + (tables > 1 ? h : 0) * nlv;
-        memcpy(&hk[h * nlk], kl, nlk * sizeof(float));
-        memcpy(&hv[h * nlv], vl, nlv * sizeof(float));
-        kz[h] = (uint8_t)kvq_nuq_nearest(kl, nlk, 0.0f);
-        vz[h] = (uint8_t)kvq_nuq_nearest(vl, nlv, 0.0f);
-    }
-    std::vector<double> inv((D + 1) / 2, 0.0);
-    for (size_t i = 0; i < cfg.rope.rope_dim / 2; i++) inv[i] = pow(cfg.rope.rope_theta, -2.0 * (double)i / (double)cfg.rope.rope_dim);
+    const NuqDevTables dt(cfg);
+    const std::vector<float> &hk = dt.hk, &hv = dt.hv;
+    const std::vector<uint8_t> &kz = dt.kz, &vz = dt.vz;
+    const std::vector<double> &inv = dt.inv;
     std::vector<uint16_t> k16(v.k16, v.k16 + B * H * ne1 * D), v16(v.v16, v.v16 + B * H * ne1 * D);
     std::vector<uint32_t> kc(v.kcodes, v.kcodes + B * H * kw * capq), vc(v.vcodes, v.vcodes + B * H * capq * vw);
     std::vector<uint32_t> krow(v.krow, v.krow + B * H * R), vrow(v.vrow, v.vrow + B * H * R), used(2 * B * H);
