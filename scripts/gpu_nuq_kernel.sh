@@ -16,6 +16,7 @@
 #               scripts/gpu_carry_bins.sh DIR test_kvcache_cuda bench_kvcache_cuda); DIR/lib (or DIR/libs.tar.xz,
 #               unpacked) goes on LD_LIBRARY_PATH. Without it: build/gpu/ of this checkout (nothing is built here).
 #   KVQ_ROUNDS=N  rounds of v4, v5 per row (default 2; 1 halves the benchmark's time)
+#   KVQ_NO_TEST=1 leave test_kvcache_cuda out (the caller ran it in the same call)
 # Exit status: 0 done, 1 test_kvcache_cuda failed (the benchmark still runs), 2 a benchmark run failed or a usage error,
 # 3 a binary is missing or does not start.
 set -euo pipefail
@@ -44,12 +45,14 @@ for b in test_kvcache_cuda bench_kvcache_cuda; do
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt" || true
 rc=0
-echo "== test_kvcache_cuda"
-if ! "$dir/test_kvcache_cuda" >"$out/test.log" 2>&1; then
-    rc=1
-    grep -m 20 FAIL "$out/test.log" || true
+if [ "${KVQ_NO_TEST:-0}" != 1 ]; then
+    echo "== test_kvcache_cuda"
+    if ! "$dir/test_kvcache_cuda" >"$out/test.log" 2>&1; then
+        rc=1
+        grep -m 20 FAIL "$out/test.log" || true
+    fi
+    tail -1 "$out/test.log"
 fi
-tail -1 "$out/test.log"
 echo "== bench_kvcache_cuda nuq3: v4 and v5 alternating"
 : >"$out/summary.txt"
 # row name, model prefix, B, N, KVQ_DEC_PROF

@@ -123,9 +123,9 @@ extern "C" void kvq_kvcache_cuda_free(kvq_kvcache_cuda *c)
     free(c);
 }
 
-__global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
+static __global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
                              int outl, int P2, float *range, int *cnt);
-__global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
+static __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
                                int bits, int capq, int kw, int ring_n, int n_exact, int q0, int p0);
 static kvq_status set_step_smem(kvq_err *err); // append_step's shared memory (after kvcache_cuda_app.cuh)
 static kvq_status set_smem_limits(kvq_err *err)
@@ -327,7 +327,7 @@ fail:
 // ---- KIVI append (formats/KVCACHE.md "KIVI"; the rules of kvcache.c's kivi_flush_keys / kivi_flush_value) ----
 // the new tokens in the quantization domain: fp16 keys (rotated first when post_rope: double, as kvq_rope_rotate)
 // and values; [n][C] each
-__global__ void kivi_stage(uint16_t *sk, uint16_t *sv, const float *k, const float *v, const double *inv_freq, int rope_pairs,
+static __global__ void kivi_stage(uint16_t *sk, uint16_t *sv, const float *k, const float *v, const double *inv_freq, int rope_pairs,
                            int post_rope, int H, int D, int pos0, int n)
 {
     const int C = H * D;
@@ -356,7 +356,7 @@ __device__ __forceinline__ unsigned char kivi_code(double x, float mn, double de
 }
 
 // pack codes[0..D) (bytes) of one (token, head) into unit words: word j of unit u -> dst[(u·W + j)·stride]
-__device__ void kivi_pack(uint32_t *dst, size_t stride, const unsigned char *codes, int D, int bits, int u)
+static __device__ void kivi_pack(uint32_t *dst, size_t stride, const unsigned char *codes, int D, int bits, int u)
 {
     const int cpu = bits == 2 ? 16 : bits == 3 ? 32 : 8, W = bits == 3 ? 3 : 1;
     uint32_t w[3] = {0u, 0u, 0u};
@@ -372,7 +372,7 @@ __device__ void kivi_pack(uint32_t *dst, size_t stride, const unsigned char *cod
 
 // key groups [q0 + G·blockIdx.x, +G) of one sequence, head blockIdx.y: per channel min / max over the G tokens,
 // scale in double, codes rint((x − min) / scale) clamped; dynamic shared memory G·D bytes
-__global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
+static __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
                                int bits, int capq, int kw, int ring_n, int n_exact, int q0, int p0)
 {
     extern __shared__ unsigned char cod[];
@@ -402,7 +402,7 @@ __global__ void kivi_key_flush(uint32_t *kcodes, float2 *kscale, const uint16_t 
 // value positions q0 + blockIdx.x of one sequence: per token and G-channel group min / max, scale in double, stored
 // [H][capq][D/G] (vscale: the sequence's block); a thread per group (codes of its G channels), then the packing;
 // dynamic shared memory C bytes
-__global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
+static __global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_t *ring, const uint16_t *stg, int H, int D, int G,
                                  int bits, int capq, int vw, int ring_n, int n_exact, int q0, int p0)
 {
     extern __shared__ unsigned char cod[];
@@ -430,7 +430,7 @@ __global__ void kivi_value_flush(uint32_t *vcodes, float2 *vscale, const uint16_
 }
 
 // the last positions [pw, p1) of the append into the ring (after the flushes that read the ring)
-__global__ void kivi_ring_write(uint16_t *kring, uint16_t *vring, const uint16_t *sk, const uint16_t *sv, int C, int ring_n, int p0, int pw,
+static __global__ void kivi_ring_write(uint16_t *kring, uint16_t *vring, const uint16_t *sk, const uint16_t *sv, int C, int ring_n, int p0, int pw,
                                 int p1)
 {
     const size_t n = (size_t)(p1 - pw) * C;
@@ -523,7 +523,7 @@ template <int BK> static AppFn app1(int bv) { return bv == 2 ? append_write<BK, 
 static AppFn app_pick(int bk, int bv) { return bk == 2 ? app1<2>(bv) : bk == 3 ? app1<3>(bv) : app1<4>(bv); }
 
 // IntactKV prefix rows [n][C] (post-RoPE keys, values) into the exact region of one sequence, fp16 (saturating)
-__global__ void put_prefix_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, int H, int D, int n_exact, int n)
+static __global__ void put_prefix_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, int H, int D, int n_exact, int n)
 {
     const int C = H * D;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * C; i += (size_t)gridDim.x * blockDim.x) {
@@ -534,7 +534,7 @@ __global__ void put_prefix_kernel(uint16_t *k16, uint16_t *v16, const float *k, 
     }
 }
 
-__global__ void put_lengths(int *dlen, int B, int seq, int len, int kq, int vq, int qf)
+static __global__ void put_lengths(int *dlen, int B, int seq, int len, int kq, int vq, int qf)
 {
     if (threadIdx.x == 0) { dlen[seq] = len; dlen[B + seq] = kq; dlen[2 * B + seq] = vq; dlen[3 * B + seq] = qf; }
 }
@@ -1026,17 +1026,17 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x)
 }
 __device__ __forceinline__ float unif11(uint64_t x) { return (float)(mix64(x) >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 
-__global__ void fill_u32(uint32_t *p, size_t n, uint64_t seed)
+static __global__ void fill_u32(uint32_t *p, size_t n, uint64_t seed)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = (uint32_t)mix64(seed ^ (i * 0x2545f4914f6cdd1dull));
 }
-__global__ void fill_h(uint16_t *p, size_t n, uint64_t seed)
+static __global__ void fill_h(uint16_t *p, size_t n, uint64_t seed)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = __half_as_ushort(__float2half_rn(unif11(seed ^ (i * 0x2545f4914f6cdd1dull))));
 }
-__global__ void fill_scale(float *p, size_t n, uint64_t seed)
+static __global__ void fill_scale(float *p, size_t n, uint64_t seed)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float u = unif11(seed ^ (i * 0x2545f4914f6cdd1dull));
@@ -1045,7 +1045,7 @@ __global__ void fill_scale(float *p, size_t n, uint64_t seed)
     }
 }
 // rows [nsh][R] (R = capq + 1) and entries [nsh][ent_cap]: per_row entries per token of the first nq tokens
-__global__ void fill_rows(uint32_t *row, uint32_t *ent, size_t nsh, size_t R, size_t nq, size_t ent_cap, int per_row, int D, uint64_t seed)
+static __global__ void fill_rows(uint32_t *row, uint32_t *ent, size_t nsh, size_t R, size_t nq, size_t ent_cap, int per_row, int D, uint64_t seed)
 {
     const size_t n = nsh * (nq + 1);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -1067,7 +1067,7 @@ extern "C" kvq_status kvq_cuda_fill_half(uint16_t *dev, size_t n, uint64_t seed,
     return KVQ_OK;
 }
 
-__global__ void round_fp16_kernel(float *dst, const float *src, size_t n)
+static __global__ void round_fp16_kernel(float *dst, const float *src, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __half2float(__ushort_as_half(f2h_sat(src[i])));
@@ -1393,13 +1393,13 @@ extern "C" size_t kvq_cublas_attend_scratch(const kvq_fp16_cache *f, size_t n_he
     return f->n_seqs * n_heads * f->head_dim * 2 + f->n_seqs * n_heads * f->len * 6 + 256;
 }
 
-__global__ void q_to_half(const float *q, __half *o, size_t n)
+static __global__ void q_to_half(const float *q, __half *o, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) o[i] = __float2half_rn(q[i]);
 }
 
 // softmax over each row of S (len floats) into fp16 P: one block per row
-__global__ void softmax_rows(const float *S, __half *P, int len)
+static __global__ void softmax_rows(const float *S, __half *P, int len)
 {
     __shared__ float red[32];
     const float *s = S + (size_t)blockIdx.x * len;

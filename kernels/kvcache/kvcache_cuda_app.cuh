@@ -28,7 +28,7 @@ __device__ __forceinline__ float rope_elem(const float *kh, int d, int pos, cons
 }
 
 // exact-region positions: RoPE in double (as kvq_rope_rotate), then fp16
-__global__ void put_exact_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, const double *inv_freq,
+KVQ_ONE_UNIT __global__ void put_exact_kernel(uint16_t *k16, uint16_t *v16, const float *k, const float *v, const double *inv_freq,
                                  int rope_pairs, int H, int D, int n_exact, int pos0, int n)
 {
     const int C = H * D;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void value_sort(const float *vt, int C, int P2, float
 }
 
 // pass 1: per token, the value range (bitonic sort in shared memory) and outlier counts per head
-__global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
+KVQ_ONE_UNIT __global__ void append_count(const float *k, const float *v, const float *klo, const float *khi, int H, int D, int kps,
                              int outl, int P2, float *range, int *cnt)
 {
     KVQ_DYN_SMEM(float4, sm4);
@@ -237,7 +237,7 @@ __global__ void append_step(StepArgs p)
 
 // the entries each (sequence, head) holds: out[0][B·H] keys, out[1][B·H] values, read from the row pointer at the
 // sequence's quantized length (len as append_step's)
-__global__ void gather_used(const uint32_t *krow, const uint32_t *vrow, const int *len, int B, int H, int capq, int n_exact, uint32_t *out)
+KVQ_ONE_UNIT __global__ void gather_used(const uint32_t *krow, const uint32_t *vrow, const int *len, int B, int H, int capq, int n_exact, uint32_t *out)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < B * H; i += gridDim.x * blockDim.x) {
         const int s = i / H, q = len[s] > n_exact ? len[s] - n_exact : 0;

@@ -13,6 +13,11 @@
 
 #include <cstdint>
 
+// KVQ_ONE_UNIT marks the kernels and __device__ functions that are neither templates nor inline (defined once, in
+// kvcache_cuda.cu): internal linkage, so that libkvq.a exports no short C++ names (make check-symbols) and a program
+// that includes these headers (the host emulator) never meets them at link time.
+#define KVQ_ONE_UNIT [[maybe_unused]] static
+
 #ifndef KVQ_EMU
 #include <cuda_fp16.h>
 #define KVQ_DYN_SMEM(T, name) extern __shared__ T name[]
@@ -137,7 +142,7 @@ __device__ void chunk_softmax(float *sc, int chunk, int n, float *red, float *mo
 
 #ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see the head of this file)
 // exact region (fp16, post-RoPE keys): one block per (query head, sequence); the last partial slot
-__global__ void exact_decode(DecP p)
+KVQ_ONE_UNIT __global__ void exact_decode(DecP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     float *sm = (float *)sm4;
@@ -207,7 +212,7 @@ __device__ __forceinline__ float combine_tiles(const float *pp, int nuse, size_t
     return M;
 }
 #ifndef KVQ_KVCACHE_CUDA_INST // kvcache_cuda.cu alone (see the head of this file)
-__device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
+KVQ_ONE_UNIT __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *sm)
 {
     constexpr int TS = 256;
     float *wt = sm, *red = sm + TS, *ss = red + 32; // weights [256], reduction [32], slice sums [nsl·D <= 256]
@@ -255,7 +260,7 @@ __device__ void combine_one(const float *pp, float *o, int D, int nuse, float *s
 // block when kivi_generic runs alone). Each thread loops over the
 // slots for its dims: with combine_one here NUQ at SmolLM2 heads B = 1 was slower on the H200
 #ifndef KVQ_KVCACHE_CUDA_INST // a kernel of kvcache_cuda.cu alone (see the head of this file)
-__global__ void combine(const float *part, float *out, int n_heads, int D, int nslots, int nuse)
+KVQ_ONE_UNIT __global__ void combine(const float *part, float *out, int n_heads, int D, int nslots, int nuse)
 {
     const int qh = blockIdx.x, s = blockIdx.y;
     const float *pp = part + (size_t)(s * n_heads + qh) * nslots * (D + 2);

@@ -129,7 +129,7 @@ __host__ __device__ inline size_t generic_smem(int D, int gchunk) { return (size
 #ifndef KVQ_KVCACHE_CUDA_INST // the generic and tail kernels with their helpers (see kvcache_cuda_dec.cuh)
 // a generic / tail partial's set-up: positions [*a, *b) of split `split` (from first, the range's start), its partial
 // slot *part; false (the empty partial written) when the range is empty, else the scaled query in qv[D] after a barrier
-__device__ bool part_begin(const KivP &p, int split, int qh, int s, int first, float *qv, int *a, int *b, float **part)
+KVQ_ONE_UNIT __device__ bool part_begin(const KivP &p, int split, int qh, int s, int first, float *qv, int *a, int *b, float **part)
 {
     const int D = p.D, nq = max(0, p.len[s] - p.n_exact);
     *a = first + split * p.gchunk;
@@ -144,7 +144,7 @@ __device__ bool part_begin(const KivP &p, int split, int qh, int s, int first, f
     return true;
 }
 // ... and its write-out: the P·V slice sums pv[nsl][D] (complete: a barrier first) and the statistics (m, l)
-__device__ void part_end(float *part, const float *pv, int nsl, int D, const float *stat)
+KVQ_ONE_UNIT __device__ void part_end(float *part, const float *pv, int nsl, int D, const float *stat)
 {
     __syncthreads();
     for (int d = threadIdx.x; d < D; d += NTG) {
@@ -155,7 +155,7 @@ __device__ void part_end(float *part, const float *pv, int nsl, int D, const flo
     if (threadIdx.x == 0) { part[0] = stat[0]; part[1] = stat[1]; }
 }
 // one generic partial: split `split` of query head qh of sequence s (block size NTG); sm: generic_smem floats
-__device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
+KVQ_ONE_UNIT __device__ void generic_part(const KivP &p, int split, int qh, int s, float *sm)
 {
     float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8, *pv = stat + 4;
     const int h = qh / p.g, D = p.D, C = p.H * D, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, R = p.ring;
@@ -303,7 +303,7 @@ __device__ __forceinline__ float dot8(const float (&q)[8], uint4 w, float acc)
 // position (lane l of the half: dims 8l.., 8(l + 16).., 4 positions per half-warp in flight, a 4-step xor sum), P·V by
 // D / 8 threads per position (8 dims each, 4 positions in flight) in slices summed through shared memory. Quantized
 // positions (keys t < kq, values t < vq: at most a group's worth here) dequantize their 8 dims from the codes
-__device__ void tail_part(const KivP &p, int split, int qh, int s, float *sm)
+KVQ_ONE_UNIT __device__ void tail_part(const KivP &p, int split, int qh, int s, float *sm)
 {
     constexpr int PP = 4, U = 4; // positions per half-warp in the scores, per thread in P·V
     float *qv = sm, *sc = qv + p.D, *red = sc + p.gchunk, *stat = red + 8, *pv = stat + 4;
@@ -415,7 +415,7 @@ __device__ void tail_part(const KivP &p, int split, int qh, int s, float *sm)
 }
 
 // the p.nuse partial slots of (query head qh, sequence s) merged into p.out (combine_one; sm: COMBINE_SMEM floats)
-__device__ void merge_row(const KivP &p, int qh, int s, float *sm)
+KVQ_ONE_UNIT __device__ void merge_row(const KivP &p, int qh, int s, float *sm)
 {
     const size_t row = (size_t)s * p.n_heads + qh;
     combine_one(p.part + row * p.nslots * (p.D + 2), p.out + row * p.D, p.D, p.nuse, sm);
@@ -425,7 +425,7 @@ __device__ void merge_row(const KivP &p, int qh, int s, float *sm)
 // to finish then merges all of its slots (the exact region's was written by the kernel launched before this one) into
 // out: the combine without a launch of its own (tick counts finished splits; the merging block resets it). Beside
 // kivi_fast (another stream, p.tick null) the combine kernel merges after both
-__global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
+KVQ_ONE_UNIT __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     KVQ_STATIC_SMEM(int, last, 1, 4);
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_generic(KivP p)
 
 // the tail's partials beside kivi_fast (tail_part; no merge: combine_par follows). The tail's cost is the SM slots its
 // blocks take from kivi_fast's and its blocks' latency (docs/BENCHMARKS.md), hence the lean kernel
-__global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
+KVQ_ONE_UNIT __global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     tail_part(p, blockIdx.x, blockIdx.y, blockIdx.z, (float *)sm4);
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(NTG, 8) kivi_tail(KivP p)
 // the combine after kivi_fast and kivi_generic (kivi_attend; COMBINE_SMEM floats of dynamic shared memory, 128
 // threads): combine_one per (query head blockIdx.x, sequence blockIdx.y); faster than the per-thread slot loops of
 // `combine` at SmolLM2-like heads, as fast at Llama-like heads
-__global__ void __launch_bounds__(128) combine_par(KivP p)
+KVQ_ONE_UNIT __global__ void __launch_bounds__(128) combine_par(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     merge_row(p, blockIdx.x, blockIdx.y, (float *)sm4);
@@ -476,7 +476,7 @@ __host__ __device__ inline bool combine_use_wide(size_t rows, size_t n_sm) { ret
 // combine_one with the slots spread over warps: warp w takes slots w, w + 16, ... of each tile of CW_TS, lane l the
 // dims l, l + 32, ... (coalesced 128-byte rows), 4 slots' loads in flight per lane, then the 16 warps' sums added
 // through shared memory; the statistics by combine_tiles, as combine_one. The same sums in another order
-__device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *sm)
+KVQ_ONE_UNIT __device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *sm)
 {
     constexpr int NW = CW_NT / 32, SU = 4; // warps, slots per batch
     float *wt = sm, *red = sm + CW_TS, *ws = red + 32;
@@ -519,7 +519,7 @@ __device__ void combine_wide(const float *pp, float *o, int D, int nuse, float *
         o[d] = M == -INFINITY ? 0.f : x / L;
     }
 }
-__global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
+KVQ_ONE_UNIT __global__ void __launch_bounds__(CW_NT) combine_par_wide(KivP p)
 {
     KVQ_DYN_SMEM(float4, sm4);
     const size_t row = (size_t)blockIdx.y * p.n_heads + blockIdx.x;

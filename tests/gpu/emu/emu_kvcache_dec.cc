@@ -21,9 +21,15 @@ extern "C" {
 #include "kvcache.h"
 #include "quant.h"
 }
+// The kernels' host copy lives in a namespace of its own: the test links libkvq.a, whose CUDA build's kvcache_cuda.cu.o
+// (pulled in through the decoder's GPU path) holds the device versions of the same templates (weak symbols the linker
+// would merge). The headers' own includes were all included above, so their guards keep them out of the namespace.
+namespace kvq_emu {
 #include "kvcache_cuda_dec.cuh"
 #include "kvcache_cuda_app.cuh"
 #include "kvcache_cuda_kivi.cuh"
+} // namespace kvq_emu
+using namespace kvq_emu;
 
 #define KVCACHE_SYNTH_SEED 0x1234567887654321ull
 #include "../../kvcache_synth.h"
