@@ -118,8 +118,9 @@ static kvq_status check_against_dump(const kvq_dump_meta *m, int64_t done, const
                         name, done, m->n_samples);
     size_t hd = (size_t)m->head_dim;
     if (o->method->calib->residual_opt && hd % o->group_size)
-        return kvq_fail(err, KVQ_EINVAL, "group size: %s needs G dividing head_dim %zu (from %s), found %zu", o->method->name, hd,
-                        name, o->group_size);
+        return kvq_fail(err, KVQ_EINVAL, "group size: %s needs G dividing head_dim %zu (from %s), found %zu%s", o->method->name, hd,
+                        name, o->group_size,
+                        o->group_size == o->method->calib->group ? " (the method's default; choose one with --group)" : "");
     /* other group rules are the family's (kvq_family_artifact.check_params: int / int-pc a divisor of kv_dim, cq of
      * head_dim, lowrank of n_kv_heads, ...), checked before any work below; a generic kv_dim rule here used to
      * answer first, with the wrong rule for cq, lowrank and skvq */

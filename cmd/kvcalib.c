@@ -53,7 +53,8 @@ static const char SUMMARY_HEAD[] =
     "  kvcalib --inspect FILE         print an artifact's summary\n"
     "  kvcalib intactkv ...           IntactKV prefix of a base artifact (kvcalib intactkv --help)\n"
     "\n"
-    "Methods (option defaults where -1 is given; docs/fp8-vllm.md for fp8, docs/KVEVAL.md for nvfp4):\n";
+    "Methods (--bits is required, except where the format fixes it (fp8, nvfp4) or the tables do not depend on it\n"
+    "(lowrank); the other options' defaults where -1 is given; docs/fp8-vllm.md for fp8, docs/KVEVAL.md for nvfp4):\n";
 
 /* The --help summary: the head above, then one line per method of the registry (family.h) with its
  * defaults, so that the list and the defaults cannot drift from the code. */
@@ -76,7 +77,7 @@ static const char *summary_text(char *buf, size_t n)
         if (c->fisher_opt && el < sizeof extra)
             el += (size_t)snprintf(extra + el, sizeof extra - el, " %s", c->fisher ? "Fisher-weighted" : "unweighted");
         char bits[32] = "";
-        if (!c->bits_free) snprintf(bits, sizeof bits, "--bits %d ", c->bits);
+        if (c->fp8_opt) snprintf(bits, sizeof bits, "--bits %d ", c->bits); /* the format's; elsewhere --bits is required */
         len += (size_t)snprintf(buf + len, n - len, "  %-7s %s\n          defaults: %s--outliers %g --sink %zu --keys %s%s\n",
                                 f[i]->name, f[i]->summary, bits, c->outliers, c->sink, c->post_rope ? "post-rope" : "pre-rope",
                                 extra);

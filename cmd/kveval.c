@@ -44,8 +44,8 @@ static const char *summary_text(char *buf, size_t n)
              "its forward calls (model load excluded; LM head included); --gemm-rate adds its ratio to cuBLAS's GEMM rate.\n"
              "--task passkey: a number hidden in filler text at several lengths and depths, retrieved by greedy decoding\n"
              "with each scheme's cache (fp16 first).\n"
-             "--task decode (or --decode): real token-by-token greedy decoding on the packed KV cache (nuq and kivi schemes,\n"
-             "one --scheme; CPU or GPU) from --prompts prompts of --prompt-len tokens, compared step by step with kveval's\n"
+             "--task decode (or --decode): real token-by-token greedy decoding on the packed KV cache (nuq and kivi schemes\n"
+             "of 2, 3 or 4 bits, one --scheme; CPU or GPU) from --prompts prompts of --prompt-len tokens, compared step by step with kveval's\n"
              "decode-equivalent simulation of the same scheme (CPU) teacher-forced on the decoded tokens; tokens/s and cache\n"
              "bytes.",
              kvq_scheme_syntax(syn, sizeof syn));

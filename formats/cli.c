@@ -1,5 +1,6 @@
 /* cli.c — see cli.h. */
 #include "cli.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -331,11 +332,15 @@ kvq_status kvq_cli_check_outputs(const kvq_cli_file *outs, int n_outs, const kvq
         if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
             return kvq_fail(err, KVQ_EINVAL, "%s %s: is a directory (expected a file name)", outs[i].opt, p);
         KVQ_TRY(check_parent(outs[i].opt, p, err));
+        if (kvq_outfile_read_only(p))
+            return kvq_fail(err, KVQ_EINVAL, "%s %s: exists and is read-only; not replaced (make it writable or choose another "
+                            "name)", outs[i].opt, p);
+        bool special = stat(p, &st) == 0 && !S_ISREG(st.st_mode); /* /dev/null, a FIFO: written in place, may repeat */
         for (int j = 0; j < n_ins; j++)
             if (ins[j].path && same_file(p, ins[j].path))
                 return kvq_fail(err, KVQ_EINVAL, "%s %s: the same file as %s %s (the output would replace the input)", outs[i].opt, p,
                                 ins[j].opt, ins[j].path);
-        for (int j = 0; j < i; j++)
+        for (int j = 0; j < i && !special; j++)
             if (outs[j].path && strcmp(outs[j].path, "-") && same_file(p, outs[j].path))
                 return kvq_fail(err, KVQ_EINVAL, "%s %s: the same file as %s %s (two outputs)", outs[i].opt, p, outs[j].opt, outs[j].path);
     }

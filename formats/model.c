@@ -388,6 +388,9 @@ kvq_status kvq_model_load_opts(const char *path, const kvq_load_opts *opts, kvq_
     kvq_status s;
     if (src == KVQ_SRC_SAFETENSORS) s = kvq_model_load_safetensors(path, wm, out, err);
     else if (src == KVQ_SRC_GGUF) s = kvq_model_load_gguf(path, wm, out, err);
+    else if (wm == KVQ_WEIGHTS_BF16 || wm == KVQ_WEIGHTS_F16) /* was ignored: the run said "f32 (exact)" */
+        return kvq_fail(err, KVQ_EUNSUPPORTED, "--weights %s: %s is a llama2.c checkpoint, loaded in fp32 only (exact mode; "
+                        "--weights auto, f32 or native)", wm == KVQ_WEIGHTS_BF16 ? "bf16" : "f16", path);
     else s = kvq_model_load_llama2c(path, out, err); /* fp32 checkpoints of small models: always exact */
     if (s == KVQ_OK) snprintf(out->path, sizeof out->path, "%s", path);
     return s;

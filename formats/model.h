@@ -209,7 +209,8 @@ typedef struct {
 /* Load any supported model file, choosing the loader by content:
  * GGUF magic, a directory / .safetensors / config.json (HF), else llama2.c.
  * On success *out owns its memory; release with kvq_model_free.
- * kvq_model_load uses KVQ_WEIGHTS_AUTO. */
+ * kvq_model_load uses KVQ_WEIGHTS_AUTO. llama2.c checkpoints are held in fp32 only: KVQ_WEIGHTS_BF16 / F16 for
+ * one fail with KVQ_EUNSUPPORTED naming the option (native and f32 are its fp32). */
 kvq_status kvq_model_load(const char *path, kvq_model *out, kvq_err *err);
 kvq_status kvq_model_load_opts(const char *path, const kvq_load_opts *opts, kvq_model *out, kvq_err *err);
 

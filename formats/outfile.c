@@ -33,6 +33,7 @@ kvq_status kvq_outfile_open(kvq_outfile *o, const char *path, kvq_err *err)
         o->direct = true;
         return KVQ_OK;
     }
+    if (kvq_outfile_read_only(path)) return kvq_fail(err, KVQ_EIO, "%s: not replaced: it exists and is read-only", path);
     /* a symbolic link: the file it names is replaced, the link stays */
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
         o->real = realpath(path, NULL);
@@ -55,12 +56,23 @@ kvq_status kvq_outfile_open(kvq_outfile *o, const char *path, kvq_err *err)
     return s;
 }
 
+bool kvq_outfile_read_only(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return false;
+    return (st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0 || access(path, W_OK) != 0;
+}
+
 kvq_status kvq_outfile_rename(const char *tmp, const char *path, kvq_err *err)
 {
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) { /* never replace a device node, FIFO or directory */
         remove(tmp);
         return kvq_fail(err, KVQ_EIO, "%s: not replaced: it exists and is not a regular file", path);
+    }
+    if (kvq_outfile_read_only(path)) { /* a rename needs only the directory's permission */
+        remove(tmp);
+        return kvq_fail(err, KVQ_EIO, "%s: not replaced: it exists and is read-only", path);
     }
     if (rename(tmp, path) == 0) return KVQ_OK;
     int e = errno;

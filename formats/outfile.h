@@ -7,7 +7,9 @@
  * destroys the previous one. "-" names stdout (written directly, flushed); an
  * existing path that is not a regular file (/dev/null, /dev/stdout, a FIFO) is
  * written in place too (renaming over it would replace the device node with a
- * regular file); a symbolic link's target is replaced and the link kept.
+ * regular file); a symbolic link's target is replaced and the link kept. An existing
+ * read-only file (no write permission bit, or not writable by this user) is never replaced:
+ * a rename needs only the directory's permission, so the rule is checked here.
  *
  *   kvq_outfile o;
  *   KVQ_TRY(kvq_outfile_open(&o, path, err));   // o.f is the stream to write
@@ -36,7 +38,8 @@ typedef struct {
 kvq_status kvq_outfile_tmpname(const char *path, char *buf, size_t n, kvq_err *err);
 
 /* Open the temporary file of `path` for writing ("-": stdout). Errors: KVQ_EINVAL for an
- * empty path, KVQ_EIO naming the temporary file and errno's text. On error o->f is NULL. */
+ * empty path, KVQ_EIO naming the temporary file and errno's text, or "PATH: not replaced: it
+ * exists and is read-only". On error o->f is NULL. */
 kvq_status kvq_outfile_open(kvq_outfile *o, const char *path, kvq_err *err);
 
 /* Close the stream and rename the temporary file over path (stdout: flush). Any write
@@ -52,9 +55,15 @@ void kvq_outfile_abort(kvq_outfile *o);
  * kvq_outfile_open / kvq_outfile_commit. */
 kvq_status kvq_outfile_write_text(const char *path, const char *text, kvq_err *err);
 
+/* Whether path is an existing regular file that is read-only: no write permission bit set
+ * (also for root), or access(W_OK) refused. Such a file is never replaced (kvq_outfile_open,
+ * kvq_outfile_rename, kvq_cli_check_outputs). */
+bool kvq_outfile_read_only(const char *path);
+
 /* Rename a finished temporary file `tmp` over `path`; on failure remove tmp. Errors:
- * KVQ_EIO "PATH: cannot rename TMP over it: ERRNO", or "PATH: not replaced: it exists and is
- * not a regular file" (a device node, FIFO or directory is never renamed over). */
+ * KVQ_EIO "PATH: cannot rename TMP over it: ERRNO", "PATH: not replaced: it exists and is
+ * not a regular file" (a device node, FIFO or directory is never renamed over), or "PATH: not
+ * replaced: it exists and is read-only". */
 kvq_status kvq_outfile_rename(const char *tmp, const char *path, kvq_err *err);
 
 #endif

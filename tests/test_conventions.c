@@ -401,7 +401,7 @@ START_TEST(test_json_keys_documented)
              "-a %1$s/nuq.safetensors -a %1$s/fp8.safetensors -a %1$s/ikv.safetensors -a %1$s/skvq.safetensors "
              "-s fp16 -s int4-g16 -s kivi2-g8-r16 -s nuq3-1%%+artifact1 -s fp8-tensor+artifact2 -s e5m2 -s q8_0 "
              "-s nuq3-1%%+artifact3+intactkv -s hh2 -s zipcache-h4-l2-w8-n4-p50%% -s skvq2-w8 -s mikv-nobal "
-             "-s qaq-k0.003-v0.02-w3-q60 -s turboquant-k3v4-nc > /dev/null; "
+             "-s qaq-k0.003-v0.02-w3-q60 -s turboquant-k3v4-nc-b1 > /dev/null; "
              "%8$s --task passkey -m %4$s --tokenizer %5$s --passkey-lengths 200 --passkey-depths 0,100 -s int4 -q "
              "--json %1$s/passkey.json > /dev/null; "
              "%8$s --task decode -m %4$s --tokenizer %5$s -t %1$s/t.tokens -a %1$s/nuq.safetensors -s nuq3-1%% --prompts 2 "

@@ -434,6 +434,10 @@ START_TEST(test_cli)
         /* the spec's own rules before any artifact is read: not "needs an artifact fitted on the rotation" */
         {"--steps 8", "nuq3-1%+hadamard", env.paths[1], 2, "no rotation"},
         {"--steps 8", "kivi2-g4-r8+intactkv", env.paths[1], 2, "+intactkv is not in the decode engine"},
+        /* code widths the packed cache cannot store, named with the scheme before the artifact is read (they were refused
+         * by the cache's per-layer check, "layer 0: k_bits: ...", naming neither) */
+        {"--steps 8", "kivi8-g4-r8", env.paths[1], 2, "scheme kivi8-g4-r8: 8-bit keys; the packed KV cache stores 2-, 3- or 4-bit"},
+        {"--steps 8", "nuq5-1%", env.paths[1], 2, "scheme nuq5-1%: 5-bit keys"},
         {"--steps 8 --scheme nuq2-1%", "nuq3-1%", env.paths[1], 2, "exactly one --scheme"},
         {"--steps 8", "nuq3-1%", other_art, 1, "fingerprint"},
         {"--steps 8 --ctx 64", "nuq3-1%", env.paths[1], 2, "--ctx"},

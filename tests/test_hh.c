@@ -802,6 +802,13 @@ START_TEST(test_hh_spec_bits)
         ck_assert_int_ne(kvq_eval_scheme_make(bad[i].spec, NULL, &hp, &s, &e), KVQ_OK);
         ck_assert_msg(strstr(e.msg, bad[i].needle), "%s: %s", bad[i].spec, e.msg);
     }
+    /* a sink and recent window covering the context: nothing quantized (the row claimed 2 bits at KLD 0); refused
+     * before any work through the family's check_ctx, one token longer accepted */
+    ck_assert(kvq_eval_scheme_make("hh2-w31+sink1", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert_ptr_nonnull(s.desc.q.fam->check_ctx);
+    ck_assert_int_eq(s.desc.q.fam->check_ctx(&s.desc.q, s.name, 32, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "recent window (31)") && strstr(e.msg, "shorter than the context"), "%s", e.msg);
+    ck_assert_int_eq(s.desc.q.fam->check_ctx(&s.desc.q, s.name, 33, &e), KVQ_OK);
     /* kvstat's resting representation: sink and the last W tokens exact, the rest at the low precision */
     ck_assert(kvq_eval_scheme_make("hh2-w4+sink1", NULL, &hp, &s, &e) == KVQ_OK);
     enum { T = 12, KVD = 192 };

@@ -694,6 +694,13 @@ START_TEST(test_minicache_spec_bits)
         ck_assert_msg(kvq_eval_scheme_make(bad[i].spec, NULL, &hp, &s, &e) != KVQ_OK, "%s accepted", bad[i].spec);
         ck_assert_msg(strstr(e.msg, bad[i].msg), "%s: '%s' lacks '%s'", bad[i].spec, e.msg, bad[i].msg);
     }
+    /* steps as long as the context: one step per window, nothing merged ever read (the row claimed 12.6 bits at KLD
+     * 1e-7); refused before any work through the family's check_ctx, one token shorter accepted */
+    ck_assert(kvq_eval_scheme_make("minicache4-c64", NULL, &hp, &s, &e) == KVQ_OK);
+    ck_assert_ptr_nonnull(s.desc.q.fam->check_ctx);
+    ck_assert_int_eq(s.desc.q.fam->check_ctx(&s.desc.q, s.name, 64, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "-c64") && strstr(e.msg, "shorter than the context"), "%s", e.msg);
+    ck_assert_int_eq(s.desc.q.fam->check_ctx(&s.desc.q, s.name, 65, &e), KVQ_OK);
 }
 END_TEST
 

@@ -28,6 +28,17 @@ START_TEST(test_llama2c_stories)
     for (int i = 0; i < m.hp.dim; i++) s += m.layers[0].attn_norm[i];
     ck_assert(s / m.hp.dim > 0.05 && s / m.hp.dim < 20);
     kvq_model_free(&m);
+    /* rounding weight modes are refused, not ignored (the run said "f32 (exact)" after --weights bf16); native and f32
+     * load the fp32 checkpoint */
+    const kvq_weights lossy[] = {KVQ_WEIGHTS_BF16, KVQ_WEIGHTS_F16};
+    for (int i = 0; i < 2; i++) {
+        kvq_load_opts o = {.weights = lossy[i]};
+        ck_assert_int_eq(kvq_model_load_opts(p, &o, &m, &e), KVQ_EUNSUPPORTED);
+        ck_assert_msg(strstr(e.msg, i ? "--weights f16" : "--weights bf16") && strstr(e.msg, "llama2.c"), "%s", e.msg);
+    }
+    kvq_load_opts on = {.weights = KVQ_WEIGHTS_NATIVE};
+    ck_assert_msg(kvq_model_load_opts(p, &on, &m, &e) == KVQ_OK, "%s", e.msg);
+    kvq_model_free(&m);
 }
 END_TEST
 

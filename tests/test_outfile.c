@@ -2,6 +2,7 @@
  * file survives every failure (a write error, a failed rename, an abort), no temporary file is
  * left behind, and success replaces the file in one rename. */
 #include "outfile.h"
+#include "cli.h"
 #include "kvq_test.h"
 
 #include <dirent.h>
@@ -133,6 +134,52 @@ START_TEST(test_failures_keep_the_old_file)
 }
 END_TEST
 
+/* A read-only report is never replaced: a rename needs only the directory's permission, so kveval --json and
+ * kvstat replaced a 0444 file (even one owned by another user) before the rule was checked. Refused before any
+ * work (kvq_cli_check_outputs), at open, and at the rename (a file made read-only while the report was written);
+ * the file's bytes intact, no temporary file left. The mode test holds for root too (no write bit). */
+START_TEST(test_read_only_kept)
+{
+    char d[128], r[256];
+    tmpdir(d, sizeof d);
+    snprintf(r, sizeof r, "%s/ro.json", d);
+    put(r, "keep\n");
+    ck_assert_int_eq(chmod(r, 0444), 0);
+    ck_assert(kvq_outfile_read_only(r));
+    kvq_err e = {0};
+    ck_assert(kvq_outfile_write_text(r, "new", &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, r) && strstr(e.msg, "read-only"), "%s", e.msg);
+    expect_text(r, "keep\n");
+    const kvq_cli_file outs[] = {{"--json", r}};
+    ck_assert(kvq_cli_check_outputs(outs, 1, NULL, 0, &e) == KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "--json") && strstr(e.msg, "read-only"), "%s", e.msg);
+    /* writable again: replaced; made read-only during the write: kept, the temporary file removed */
+    ck_assert_int_eq(chmod(r, 0644), 0);
+    ck_assert(!kvq_outfile_read_only(r));
+    ck_assert(kvq_cli_check_outputs(outs, 1, NULL, 0, &e) == KVQ_OK);
+    kvq_outfile o;
+    ck_assert(kvq_outfile_open(&o, r, &e) == KVQ_OK);
+    fputs("new\n", o.f);
+    ck_assert_int_eq(chmod(r, 0400), 0);
+    ck_assert(kvq_outfile_commit(&o, &e) == KVQ_EIO);
+    ck_assert_msg(strstr(e.msg, "read-only"), "%s", e.msg);
+    expect_text(r, "keep\n");
+    ck_assert_int_eq(n_entries(d), 1);
+    ck_assert_int_eq(chmod(r, 0644), 0);
+    ck_assert(kvq_outfile_write_text(r, "new", &e) == KVQ_OK);
+    expect_text(r, "new\n");
+    /* a missing file, a directory and /dev/null are not read-only files */
+    ck_assert(!kvq_outfile_read_only("/nonexistent/kvq"));
+    ck_assert(!kvq_outfile_read_only(d));
+    ck_assert(!kvq_outfile_read_only("/dev/null"));
+    /* the same device twice (kvstat --json /dev/null --markdown /dev/null): both written in place, no "two outputs" */
+    const kvq_cli_file two[] = {{"--json", "/dev/null"}, {"--markdown", "/dev/null"}};
+    ck_assert_msg(kvq_cli_check_outputs(two, 2, NULL, 0, &e) == KVQ_OK, "%s", e.msg);
+    unlink(r);
+    rmdir(d);
+}
+END_TEST
+
 /* Special files are written in place, never renamed over (a rename replaced /dev/null with a
  * regular file when kvstat --markdown /dev/null ran as root); a symbolic link's target is replaced and the
  * link kept (a rename would have replaced the link itself) */
@@ -175,6 +222,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_replace_and_abort);
     tcase_add_test(tc, test_failures_keep_the_old_file);
     tcase_add_test(tc, test_fifo_and_symlink);
+    tcase_add_test(tc, test_read_only_kept);
     suite_add_tcase(s, tc);
     return s;
 }

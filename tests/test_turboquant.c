@@ -172,6 +172,14 @@ START_TEST(test_specs_bits_boundary)
     kvq_hparams odd = hp_of(48, 30);
     ck_assert_int_eq(kvq_eval_scheme_make("turboquant-k8v4", NULL, &odd, &s, &e), KVQ_EINVAL);
     ck_assert_msg(strstr(e.msg, "head_dim 48") && strstr(e.msg, "power of two"), "%s", e.msg);
+    /* boundary layers covering the whole model (aidreams260K's 4 layers at N = 2): nothing would be quantized, so
+     * refused (the row claimed 8/4 bits at KLD 0); 5 layers keep the middle one; -b1 leaves two of 4 */
+    kvq_hparams four = hp_of(64, 4), five = hp_of(64, 5);
+    ck_assert_int_eq(kvq_eval_scheme_make("turboquant-k8v4", NULL, &four, &s, &e), KVQ_EINVAL);
+    ck_assert_msg(strstr(e.msg, "cover all 4 layers") && strstr(e.msg, "nothing"), "%s", e.msg);
+    ck_assert_int_eq(kvq_eval_scheme_make("turboquant-3bit-nc-b7", NULL, &four, &s, &e), KVQ_EINVAL);
+    ck_assert_msg(kvq_eval_scheme_make("turboquant-k8v4-b1", NULL, &four, &s, &e) == KVQ_OK, "%s", e.msg);
+    ck_assert_msg(kvq_eval_scheme_make("turboquant-k8v4", NULL, &five, &s, &e) == KVQ_OK, "%s", e.msg);
 
     /* boundary layers through the hook: 8 layers, N = 2: layers 0, 1, 6, 7 untouched; 3 layers: min(2, 1) = 1 */
     enum { T = 4, KVD = 128 };

@@ -26,6 +26,12 @@ kvq_status kvq_decoder_spec_check(const kvq_scheme_spec *sp, const char *name, c
                         "packed cache)", name);
     if (sp->rot.kind != KVQ_ROT_NONE)
         return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: the packed KV cache has no rotation (+hadamard / +rht)", name);
+    for (int kv = 0; kv < 2; kv++) { /* the codes' widths the cache and its kernels pack (formats/KVCACHE.md) */
+        int b = kv ? sp->q.v_bits : sp->q.k_bits;
+        if (b < 2 || b > 4)
+            return kvq_fail(err, KVQ_EUNSUPPORTED, "scheme %s: %d-bit %s; the packed KV cache stores 2-, 3- or 4-bit codes", name,
+                            b, kv ? "values" : "keys");
+    }
     for (int l = 0; l < hp->n_layers; l++)
         if (kvq_layer_window(hp, l) > 0)
             return kvq_fail(err, KVQ_EUNSUPPORTED, "layer %d: a sliding window of %d keys; the packed KV cache attends every "

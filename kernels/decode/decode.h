@@ -75,8 +75,9 @@
 #include "scheme.h"
 #include "status.h"
 
-/* The rules of the header that the spec alone decides (a family with a packed format, no +intactkv, no rotation,
- * no sliding-window layer, RoPE scaling none / linear for pre-RoPE keys), before any artifact is read: 0 or
+/* The rules of the header that the spec alone decides (a family with a packed format, key and value bits 2..4, no
+ * +intactkv, no rotation, no sliding-window layer, RoPE scaling none / linear for pre-RoPE keys), before any artifact
+ * is read: 0 or
  * KVQ_EUNSUPPORTED naming the rule (name: the scheme as the user wrote it). kvq_decoder_cache_config applies them
  * too. */
 kvq_status kvq_decoder_spec_check(const kvq_scheme_spec *sp, const char *name, const kvq_hparams *hp, kvq_err *err);

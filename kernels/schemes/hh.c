@@ -115,6 +115,14 @@ static kvq_status validate_hh(const kvq_scheme *q, kvq_err *err)
     return KVQ_OK;
 }
 
+static kvq_status check_ctx_hh(const kvq_scheme *q, const char *name, size_t ctx, kvq_err *err)
+{
+    if (q->n_sink + q->residual >= ctx)
+        return kvq_fail(err, KVQ_EINVAL, "scheme %s: the sink (%zu) and the recent window (%zu) must be shorter than the context "
+                        "(%zu tokens): nothing would ever be quantized", name, q->n_sink, q->residual, ctx);
+    return KVQ_OK;
+}
+
 static kvq_status check_model_hh(const kvq_scheme *q, const char *spec, const kvq_hparams *hp, kvq_err *err)
 {
     if (q->group && (size_t)hp->head_dim % q->group)
@@ -207,6 +215,7 @@ const kvq_family kvq_family_hh = {
     .format = fmt_hh,
     .validate = validate_hh,
     .check_model = check_model_hh,
+    .check_ctx = check_ctx_hh,
     .quantize = quantize_hh,
     .transform = transform_hh,
     .run_free = kvq_imp_run_free,

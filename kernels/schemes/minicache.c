@@ -188,6 +188,15 @@ static kvq_status check_model_mc(const kvq_scheme *q, const char *spec, const kv
     return KVQ_OK;
 }
 
+static kvq_status check_ctx_mc(const kvq_scheme *q, const char *name, size_t ctx, kvq_err *err)
+{
+    if (MC_CHUNK(q) >= (double)ctx)
+        return kvq_fail(err, KVQ_EINVAL, "scheme %s: steps of %g tokens must be shorter than the context (%zu tokens): a window "
+                        "would be one step, which attends its own exact K/V, and nothing merged would ever be read", name,
+                        MC_CHUNK(q), ctx);
+    return KVQ_OK;
+}
+
 static void describe_mc(const kvq_scheme *q, bool has_artifact, kvq_param_sink *o)
 {
     (void)has_artifact;
@@ -801,6 +810,7 @@ const kvq_family kvq_family_minicache = {
     .format = fmt_mc,
     .validate = validate_mc,
     .check_model = check_model_mc,
+    .check_ctx = check_ctx_mc,
     .needs_artifact = needs_artifact_mc,
     .match = match_mc,
     .describe_need = need_mc,

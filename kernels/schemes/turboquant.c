@@ -86,9 +86,13 @@ static kvq_status validate_tq(const kvq_scheme *q, kvq_err *err)
     return KVQ_OK;
 }
 
+static int boundary_of(const kvq_scheme *q, int L);
+
 static kvq_status check_model_tq(const kvq_scheme *q, const char *spec, const kvq_hparams *hp, kvq_err *err)
 {
-    (void)q;
+    if (hp->n_layers > 0 && 2 * boundary_of(q, hp->n_layers) >= hp->n_layers)
+        return kvq_fail(err, KVQ_EINVAL, "scheme '%s': %d boundary layers at each end cover all %d layers of the model: nothing "
+                        "would be quantized (-b<n> with 2n < %d)", spec, TQ_BOUNDARY(q), hp->n_layers, hp->n_layers);
     int hd = hp->head_dim;
     if (hd < 2 || hd > KVQ_HADAMARD_MAX || (hd & (hd - 1)))
         return kvq_fail(err, KVQ_EINVAL,
