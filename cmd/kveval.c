@@ -379,6 +379,12 @@ static int run_decode(const kveval_opts *o)
     if (cfg0.format == KVQ_KVCACHE_KIVI && cfg0.residual >= P + steps - 1)
         fprintf(stderr, "kveval: warning: %s: its fp16 residual of %zu tokens holds all %zu positions: the cache quantizes "
                         "nothing (KIVI quantizes a token once it leaves the residual window)\n", sch.name, cfg0.residual, P + steps - 1);
+    if ((size_t)o->batch > n_prompts) { /* was cut to the prompts' count without a word */
+        fprintf(stderr, "kveval: --batch %ld: only %zu prompts to decode together (--prompts, or the --prompt-file's lines)\n",
+                o->batch, n_prompts);
+        rc = 2;
+        goto out;
+    }
     kvq_decode_opts dopt = {.steps = steps, .batch = (size_t)o->batch, .no_sim = o->no_sim,
                             .noise_floor = o->noise_floor, .dev = dev, .gpu = gpu,
                             .fwd_flags = (o->kv_fp16 ? KVQ_DECODE_KV_FP16 : 0u) | (o->dequant_attn ? KVQ_DECODE_DEQUANT_ATTN : 0u)};
@@ -777,6 +783,15 @@ int main(int argc, char **argv)
     exec.kld = !o.no_kld && n_sch > 1;
     exec.kld_baseline = baseline;
     kvq_progress prog;
+    /* windows the scheme cannot quantize in (a sink and window covering the context, ...) are a command-line error,
+     * exit 2 (kvq_ppl_run applies the same rules, exit 1 for what only the run finds) */
+    for (size_t s = 0; s < n_sch; s++) {
+        const kvq_family *f = sch[s].desc.q.fam;
+        if (f && f->check_ctx && f->check_ctx(&sch[s].desc.q, sch[s].name, plan.ctx, &e)) {
+            rc = fail(NULL, &e, 2);
+            goto out;
+        }
+    }
     kvq_progress_init(&prog, "kveval", "window-runs", (uint64_t)plan.n_windows * n_sch, o.quiet);
     if (!o.quiet)
         fprintf(stderr, "kveval: %zu windows x %zu schemes at ctx %zu (%s protocol, %zu scored tokens per window) on %s, %s\n",

@@ -446,6 +446,7 @@ START_TEST(test_cli)
         {"--steps 8 --math bf16", "nuq3-1%", env.paths[1], 2, "--math"},
         {"--steps 8 --protocol llamacpp", "nuq3-1%", env.paths[1], 2, "--protocol"},
         {"--steps 8 --prompt-len 1", "nuq3-1%", env.paths[1], 2, "at least 2 tokens"},
+        {"--steps 8 --batch 3", "nuq3-1%", env.paths[1], 2, "--batch 3: only 2 prompts"},
         {"--steps 8", "nuq3-1%+sink100", env.paths[1], 2, "100 attention-sink tokens for 23 positions"},
         {"--steps 8 --task ppl --decode", "nuq3-1%", env.paths[1], 2, "--decode contradicts --task ppl"},
     };

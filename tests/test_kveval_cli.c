@@ -342,8 +342,11 @@ START_TEST(test_cli_errors)
          "scheme int3+sink64 quantizes nothing at ctx 64: its 64 attention-sink tokens cover the window of 64", 2},
         {"kivi residual covers it", tx, "--scheme kivi2-g4", "residual length 128 keeps every key and value of the window of 64 in fp16", 2},
         {"ctx 1", tx, "--scheme int4 --ctx 1", "--ctx 1: expected >= 2", 2},
+        /* a family's own context rule (check_ctx): before the run, exit 2 (it was 1, from inside the run) */
+        {"hh window covers it", tx, "--scheme int4 --scheme hh4-w64",
+         "scheme hh4-20%-w64: the sink (0) and the recent window (64) must be shorter than the context (64 tokens)", 2},
     };
-    const char *extra[] = {"", "", "", "", "", ak, ao, an, "", "", ak, "", "", "", "", ""};
+    const char *extra[] = {"", "", "", "", "", ak, ao, an, "", "", ak, "", "", "", "", "", ""};
     static char out[65536], err[65536];
     char args[40000], jp[512];
     snprintf(jp, sizeof jp, "%s/fail.json", e.dir);
