@@ -107,6 +107,16 @@ static int parse_list(const char *what, const char *s, bool lengths, size_t max_
             if (lengths) len[(*n)++] = (size_t)v;
             else dep[(*n)++] = v / 100;
         }
+        for (size_t i = 0; i + 1 < *n; i++) /* a repeated value gave two identical columns */
+            if (lengths ? len[i] == len[*n - 1] : dep[i] == dep[*n - 1]) {
+                fprintf(stderr, "kveval: %s: %.*s given twice%s\n", what, (int)(end - p), p,
+                        lengths && len[i] == max_len ? " (max is the model's context less the longest prefix)" : "");
+                return 2;
+            }
+        if (*end == ',' && !end[1]) {
+            fprintf(stderr, "kveval: %s: a value expected after the last comma of '%s'\n", what, s);
+            return 2;
+        }
         p = *end == ',' ? end + 1 : end;
     }
     if (*n == 0) {
@@ -150,6 +160,9 @@ static int run_passkey(const kveval_opts *o, const kvq_model *m, const kvq_artif
         size_t k = 0;
         for (size_t l = 512; l < max_len && l <= 4096; l *= 2) k += (size_t)snprintf(deflen + k, sizeof deflen - k, "%zu,", l);
         snprintf(deflen + k, sizeof deflen - k, "max");
+        if (max_len < 4096 && !o->quiet)
+            fprintf(stderr, "kveval: passkey: default lengths %s (those of 512,1024,2048,4096 below the context of %zu, then max)\n",
+                    deflen, max_len);
     }
     if ((rc = parse_list("--passkey-lengths", o->pk_lengths ? o->pk_lengths : deflen, true, max_len, po.lengths, NULL, &po.n_lengths)) ||
         (rc = parse_list("--passkey-depths", o->pk_depths ? o->pk_depths : "0,25,50,75,100", false, 0, NULL, po.depths, &po.n_depths)))
@@ -435,7 +448,7 @@ int main(int argc, char **argv)
          "on the packed KV cache against the simulation (see below); default ppl",
          "ppl|passkey|decode", 0, 0, false},
         {"passkey-lengths", 0, KVQ_OPT_STRING, &o.pk_lengths, "L,...",
-         "passkey window lengths in tokens, or max (the model's context) [default 512,1024,2048,4096,max]", NULL, 0, 0, false},
+         "passkey window lengths in tokens, or max (the model's context), each once [default 512,1024,2048,4096,max: those below the context]", NULL, 0, 0, false},
         {"passkey-depths", 0, KVQ_OPT_STRING, &o.pk_depths, "D,...",
          "passkey depths in percent of the filler before the key [default 0,25,50,75,100]", NULL, 0, 0, false},
         {"passkey-trials", 0, KVQ_OPT_INT, &o.pk_trials, "N", "passkey keys per length and depth", NULL, 1, 1000, false},

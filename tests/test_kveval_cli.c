@@ -536,6 +536,10 @@ START_TEST(test_cli_passkey)
         {"--task passkey --passkey-lengths 600", "--passkey-lengths: expected token counts", 2},
         {"--task passkey --passkey-depths 0,150", "--passkey-depths: expected percentages 0..100, found '150'", 2},
         {"--task passkey --passkey-lengths 100", "too short", 1},
+        /* a repeated value gave two identical columns; a trailing comma was dropped without a word */
+        {"--task passkey --passkey-lengths 256,256", "--passkey-lengths: 256 given twice", 2},
+        {"--task passkey --passkey-depths 0,50,50", "--passkey-depths: 50 given twice", 2},
+        {"--task passkey --passkey-lengths 256,", "a value expected after the last comma of '256,'", 2},
         /* a family's rule against the window length (check_ctx), before any work */
         {"--task passkey --passkey-lengths 200,300 --scheme zipcache-w250",
          "passkey: length 200: scheme zipcache-h4-l2-b60%-w250-n250: the sink (0) and the recent window (250) must be shorter than the context (200 tokens)",
