@@ -114,6 +114,22 @@ START_TEST(test_dump_source_equals_memory)
     ck_assert(src.has_attn && src.has_fisher && src.n_samples == SY_N && src.layer_last == SY_NL - 1);
     ck_assert_str_eq(src.model, "synthetic.gguf");
     ck_assert(kvq_kvsrc_dump_meta(&src) != NULL);
+    { /* a copy whose model_sha256 attribute is corrupted (one hex digit -> 'z', the HDF5 attribute has no checksum):
+       * refused naming the file and the field, as kvcalib refuses it */
+        size_t n = 0;
+        char *b = kvq_test_slurp(path, &n), want[65], bad[160];
+        snprintf(want, sizeof want, "%064d", 7);
+        char *at = b ? memmem(b, n, want, 64) : NULL;
+        ck_assert_ptr_nonnull(at);
+        at[10] = 'z';
+        snprintf(bad, sizeof bad, "%s/bad.h5", dir);
+        FILE *f = fopen(bad, "wb");
+        ck_assert(f && fwrite(b, 1, n, f) == n && fclose(f) == 0);
+        free(b);
+        kvq_kvsrc sb;
+        ck_assert_int_ne(kvq_kvsrc_dump_open(bad, &sb, &e), KVQ_OK);
+        ck_assert_msg(strstr(e.msg, bad) && strstr(e.msg, "model_sha256: expected 64 hex digits"), "%s", e.msg);
+    }
     kvq_kvstats_opts o = kvq_kvstats_opts_default();
     o.quiet = true;
     kvq_kvstats *a, *b;

@@ -1,5 +1,6 @@
 /* kvsrc.c — see kvsrc.h. */
 #include "kvsrc.h"
+#include "identity.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +47,14 @@ kvq_status kvq_kvsrc_dump_open(const char *path, kvq_kvsrc *src, kvq_err *err)
         kvq_dump_close(r);
         return kvq_fail(err, KVQ_EFORMAT, "%s: no sample committed yet (samples_done = %lld of %lld)", path,
                         (long long)done, (long long)m->n_samples);
+    }
+    { /* the model identity, as kvcalib reads it (a corrupted model_sha256 was accepted here and refused there) */
+        char hex[65];
+        kvq_status s = kvq_identity_model_from_dump(m, hex, err);
+        if (s) {
+            kvq_dump_close(r);
+            return kvq_err_prefix(err, "%s", path);
+        }
     }
     src->n_layers = m->n_layers;
     src->layer_first = m->layer_first;
