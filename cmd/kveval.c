@@ -2,7 +2,8 @@
  * with the unquantized (fp32) baseline of the same run. Thin main over
  * kernels/schemes/scheme.h and analysis/kveval/perplexity.h. Exit status: 0 success, 1 a
  * failure while running (bad input files, mismatched artifacts, numerics), 2
- * a bad command line (unknown option or scheme). */
+ * a bad command line (an unknown option or scheme, a scheme that cannot apply, --ctx beyond
+ * the model's, a llama2.c model without --tokenizer). */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -79,6 +80,10 @@ static kvq_status load_tokenizer(const kveval_opts *o, const kvq_model *m, kvq_t
     }
     return kvq_fail(e, KVQ_EINVAL, "%s: a llama2.c model carries no tokenizer; pass --tokenizer FILE (tokenizer.bin)", o->model);
 }
+
+/* load_tokenizer's exit status: a llama2.c model without --tokenizer is a command-line error (2), a tokenizer that
+ * fails to load a runtime one (1) */
+static int tokenizer_rc(const kveval_opts *o, const kvq_model *m) { return !o->tokenizer && m->source == KVQ_SRC_LLAMA2C ? 2 : 1; }
 
 /* "512,1024,max" → lengths (max = the model's context less the longest prefix); "0,50,100" → depths/100 */
 static int parse_list(const char *what, const char *s, bool lengths, size_t max_len, size_t *len, double *dep, size_t *n)
@@ -168,7 +173,7 @@ static int run_passkey(const kveval_opts *o, const kvq_model *m, const kvq_artif
         (rc = parse_list("--passkey-depths", o->pk_depths ? o->pk_depths : "0,25,50,75,100", false, 0, NULL, po.depths, &po.n_depths)))
         goto done;
     rc = 1;
-    if (load_tokenizer(o, m, &tok, &e)) { fail("tokenizer", &e, 1); goto done; }
+    if (load_tokenizer(o, m, &tok, &e)) { rc = fail("tokenizer", &e, tokenizer_rc(o, m)); goto done; }
     if (kvq_tokenizer_check_vocab(tok, m->hp.vocab_size, o->tokenizer ? o->tokenizer : o->model, &e)) { fail(NULL, &e, 1); goto done; }
     kvq_progress prog;
     kvq_progress_init(&prog, "kveval", "case-runs", (uint64_t)po.n_lengths * po.n_depths * po.trials * n, o->quiet);
@@ -338,7 +343,7 @@ static int run_decode(const kveval_opts *o)
     kvq_kvcache_config cfg0;
     /* the cache refuses before any text is read */
     if (kvq_decoder_cache_config(&sch, &m.hp, 0, &cfg0, &e)) { rc = fail(NULL, &e, e.code == KVQ_EUNSUPPORTED ? 2 : 1); goto out; }
-    if (load_tokenizer(o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }
+    if (load_tokenizer(o, &m, &tok, &e)) { rc = fail("tokenizer", &e, tokenizer_rc(o, &m)); goto out; }
     if (kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o->tokenizer ? o->tokenizer : o->model, &e)) { fail(NULL, &e, 1); goto out; }
     kvq_bos_policy bos = !strcmp(o->bos, "always") ? KVQ_BOS_ALWAYS : !strcmp(o->bos, "never") ? KVQ_BOS_NEVER : KVQ_BOS_MODEL;
     if (o->prompt_file) {
@@ -674,6 +679,7 @@ int main(int argc, char **argv)
     }
     if (o.ctx > m.hp.ctx_len) {
         fprintf(stderr, "kveval: --ctx %ld exceeds the context length of %s (%d tokens)\n", o.ctx, o.model, m.hp.ctx_len);
+        rc = 2;
         goto out;
     }
     if (o.ctx == 1) {
@@ -774,7 +780,7 @@ int main(int argc, char **argv)
         }
     }
 
-    if (load_tokenizer(&o, &m, &tok, &e)) { fail("tokenizer", &e, 1); goto out; }
+    if (load_tokenizer(&o, &m, &tok, &e)) { rc = fail("tokenizer", &e, tokenizer_rc(&o, &m)); goto out; }
     if (kvq_tokenizer_check_vocab(tok, m.hp.vocab_size, o.tokenizer ? o.tokenizer : o.model, &e)) { fail(NULL, &e, 1); goto out; }
     kvq_text_format fmt = !o.format ? kvq_text_format_from_path(o.text)
                           : !strcmp(o.format, "jsonl") ? KVQ_TEXT_JSONL

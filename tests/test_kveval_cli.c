@@ -332,7 +332,7 @@ START_TEST(test_cli_errors)
         {"no match", tx, "--scheme nuq2-1%", "none of the 1 given matches", 1},
         {"another model", tx, "--scheme nuq3-1%", "calibrated for another model", 1},
         {"schema too new", tx, "--scheme int4", "newer than this build supports", 1},
-        {"ctx above model", tx, "--scheme int4 --ctx 4096", "exceeds the context length", 1},
+        {"ctx above model", tx, "--scheme int4 --ctx 4096", "exceeds the context length", 2},
         {"text too short", sm, "--scheme int4", "fewer than one window", 1},
         {"intactkv without prefix", tx, "--scheme nuq3-1%+intactkv", "IntactKV prefix", 1},
         {"missing text", "--text /nonexistent/x.txt", "--scheme int4", "--text /nonexistent/x.txt: cannot open", 1}, /* before the model load */
@@ -359,6 +359,10 @@ START_TEST(test_cli_errors)
         ck_assert_msg(access(jp, F_OK) != 0, "%s: a JSON report was left behind", cases[i].what);
         ck_assert_msg(out[0] == 0, "%s: printed a table: %s", cases[i].what, out);
     }
+    /* a llama2.c model without --tokenizer is a command-line error: exit 2, as the other ones (it was 1) */
+    snprintf(args, sizeof args, "--model %s --ctx 64 --max-windows 1 -q %s --scheme int4", e.model, tx);
+    int trc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(trc == 2 && strstr(err, "a llama2.c model carries no tokenizer; pass --tokenizer"), "exit %d: %s", trc, err);
     /* no temporary JSON either */
     char cmd[600];
     snprintf(cmd, sizeof cmd, "ls %s | grep -q tmp", e.dir);
