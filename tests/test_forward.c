@@ -101,11 +101,13 @@ static void check_against_fixture(const char *model_path, const char *fixture_pa
     ck_assert_msg(rel_loss <= loss_tol, "loss rel error %.3e > %.1e", rel_loss, loss_tol);
     ck_assert_msg(rel_logits <= logit_tol, "logits rel L2 %.3e > %.1e", rel_logits, logit_tol);
 
-    /* loss-only run (no logits buffer) gives the same numbers */
+    /* loss-only run (no logits buffer) gives the same numbers: its LM head covers the scored rows only (T - 1 rows, the
+     * logits path T), a GEMM of another M that OpenBLAS may sum in another order (an AMD EPYC, Zen kernels: 3.3e-8 to 7.7e-8
+     * relative); a wrong row or block would be off by far more than 1e-6 */
     kvq_fwd_io io2 = {.tokens = fx.tokens, .T = fx.T, .pos0 = fx.pos0};
     kvq_fwd_result r2;
     ck_assert_msg(kvq_forward_run(&fw, &io2, &r2, &e) == KVQ_OK, "%s", e.msg);
-    ck_assert_msg(fabs(r2.loss - r.loss) <= 1e-9 * r.loss, "loss-only path: %.17g vs %.17g", r2.loss, r.loss);
+    ck_assert_msg(fabs(r2.loss - r.loss) <= 1e-6 * r.loss, "loss-only path: %.17g vs %.17g", r2.loss, r.loss);
     ck_assert_int_eq(r2.n_scored, r.n_scored);
     fw.v_chunk = 100; /* several vocabulary blocks with a ragged tail */
     ck_assert_msg(kvq_forward_run(&fw, &io2, &r2, &e) == KVQ_OK, "%s", e.msg);

@@ -654,7 +654,10 @@ static void protocol_case(text_env *env, kvq_ppl_protocol proto, size_t ctx)
     }
     fprintf(stderr, "INFO protocol %s ctx %zu: %llu scored, nll sum %.9f vs %.9f\n", kvq_ppl_protocol_name(proto), ctx,
             (unsigned long long)res[0].n_scored, res[0].nll_sum, sum);
-    ck_assert_msg(fabs(res[0].nll_sum - sum) <= 1e-9 * fabs(sum), "nll sum %.12g vs %.12g", res[0].nll_sum, sum);
+    /* the run's LM head covers the scored rows only, the plain forward all ctx rows: GEMMs of another M, which OpenBLAS
+     * may sum in another order (an AMD EPYC, llamacpp's half window: 5.6e-9 relative); a wrong row or count is off by far
+     * more */
+    ck_assert_msg(fabs(res[0].nll_sum - sum) <= 1e-7 * fabs(sum), "nll sum %.12g vs %.12g", res[0].nll_sum, sum);
     free(nll);
     free(tg);
     kvq_forward_free(&fw);
@@ -731,7 +734,10 @@ START_TEST(test_kld_reference)
     ck_assert(!res[NS - 1].has_kld);
     for (int i = 0; i < NS; i++) {
         const char *n = s[i].name;
-        ck_assert_msg(fabs(res[i].ppl - kld_fx(n, "ppl")) < 1e-5 * res[i].ppl, "%s: ppl %.9g vs %.9g", n, res[i].ppl, kld_fx(n, "ppl"));
+        /* fp16: a K/V element within fp32-vs-float64 noise of a half-way point rounds the other way in one of the two
+         * forwards (below); on an AMD EPYC (OpenBLAS's Zen kernels) that moved fp16's PPL by 2.1e-5 (the others: <= 1.1e-6) */
+        const double ptol = !strcmp(n, "fp16") ? 1e-4 : 1e-5;
+        ck_assert_msg(fabs(res[i].ppl - kld_fx(n, "ppl")) < ptol * res[i].ppl, "%s: ppl %.9g vs %.9g", n, res[i].ppl, kld_fx(n, "ppl"));
         if (i == NS - 1) continue;
         const kvq_kld_stats *k = &res[i].kld;
         fprintf(stderr, "INFO %s: KLD mean %.6g (ref %.6g) median %.6g (%.6g) p99 %.6g (%.6g) max %.6g (%.6g), same top %llu (%.0f)\n", n,
@@ -740,8 +746,10 @@ START_TEST(test_kld_reference)
         ck_assert_uint_eq(k->n, (uint64_t)kld_fx(n, "kld_tokens"));
         /* fp32 vs float64 forwards and the streamed formula: 1e-3 relative for int4 / int2. fp16's effect is itself
          * at the rounding level: a K/V element that sits within fp32-vs-float64 noise of a half-way point rounds to
-         * the other half in one of the two forwards (seen: 3% on the largest token's 8.5e-5 nats), so 5% there */
-        const double rtol = !strcmp(n, "fp16") ? 5e-2 : 1e-3;
+         * the other half in one of the two forwards (seen: 3% on the largest token's 8.5e-5 nats; on an AMD EPYC, whose
+         * OpenBLAS Zen kernels sum in another order, the median 19%, p90 8%, the paired SE 10%), so 30% there: fp16's
+         * KLD (7e-6) stays orders of magnitude from int4's, and a wrong formula is off by far more */
+        const double rtol = !strcmp(n, "fp16") ? 0.3 : 1e-3;
         const struct { const char *key; double got; } c[] = {{"kld_mean", k->mean}, {"kld_mean_se", k->mean_se},
                                                              {"kld_median", k->median}, {"kld_p90", k->p90},
                                                              {"kld_p99", k->p99}, {"kld_max", k->max}};
