@@ -101,6 +101,21 @@ static kvq_status plot_hists(const args_t *a, const kvq_kvsrc *src, const kvq_ar
     return KVQ_OK;
 }
 
+/* A scheme whose sink or window covers the dump's samples of seq_len tokens quantizes nothing in the resting view:
+ * refused with the family's rule (its check_ctx, as kveval refuses it against --ctx), where it printed an error of 0 */
+static kvq_status quantizes_nothing(const kvq_qscheme_state *st, int64_t seq_len, kvq_err *err)
+{
+    const kvq_scheme *q = &st->desc.q;
+    char name[128];
+    kvq_kv_desc_name(&st->desc, name, sizeof name);
+    if (q->n_sink >= (size_t)seq_len)
+        return kvq_fail(err, KVQ_EINVAL, "scheme %s: its %zu attention-sink tokens cover the dump's samples of %lld tokens: "
+                        "nothing would be quantized", name, q->n_sink, (long long)seq_len);
+    if (q->fam && q->fam->check_ctx && q->fam->check_ctx(q, name, (size_t)seq_len, err))
+        return kvq_err_prefix(err, "the dump's samples of %lld tokens", (long long)seq_len);
+    return KVQ_OK;
+}
+
 static int run(const args_t *a, const char *dump_path)
 {
     kvq_err err = {0};
@@ -175,6 +190,7 @@ static int run(const args_t *a, const char *dump_path)
     if (have_art) {
         if (kvq_qscheme_from_artifact(&art, &qs[0], &sch[0], &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
         n_qs = 1;
+        if (quantizes_nothing(&qs[0], src.seq_len, &err)) { fprintf(stderr, "kvstat: %s: %s\n", a->artifact, err.msg); goto out; }
         /* baselines at the artifact's code bits per element (its family's code_bits: cq-c4b8 codes 2 bits per
          * channel): uniform per-token intX, KIVI with its default group size */
         const kvq_family *fi = kvq_family_find("int"), *fk = kvq_family_find("kivi");
@@ -202,6 +218,7 @@ static int run(const args_t *a, const char *dump_path)
             goto out;
         }
         n_qs++;
+        if (quantizes_nothing(&qs[n_qs - 1], src.seq_len, &err)) { fprintf(stderr, "kvstat: --scheme %s: %s\n", a->scheme.v[i], err.msg); goto out; }
     }
     if (n_qs > 0) {
         if (kvq_qerr_compute(&src, sch, n_qs, a->quiet, &q, &err) != KVQ_OK) { fprintf(stderr, "kvstat: %s\n", err.msg); goto out; }

@@ -222,6 +222,24 @@ START_TEST(test_cli_end_to_end)
     ck_assert(kvq_artifact_write(art2, &a, &e) == KVQ_OK);
     kvq_artifact_free(&a);
 
+    /* a scheme whose window or sink covers the dump's samples (64 tokens) quantizes nothing: refused with the rule (it
+     * printed an error of 0, and its bars were missing from the log-axis figure); one token shorter runs */
+    {
+        const struct { const char *spec, *needle; } cover[] = {
+            {"hh2-w64", "recent window (64) must be shorter than the context (64 tokens)"},
+            {"int4+sink64", "64 attention-sink tokens cover the dump's samples of 64 tokens"},
+            {"zipcache-w63+sink1", "recent window (63) must be shorter"},
+        };
+        for (size_t i = 0; i < sizeof cover / sizeof *cover; i++) {
+            snprintf(cmd, sizeof cmd, "%s '%s' --scheme '%s' --json '%s/c.json' -q", kvstat, dump, cover[i].spec, dir);
+            int crc = run_cmd(cmd, out, sizeof out);
+            ck_assert_msg(crc == 1 && strstr(out, cover[i].needle) && strstr(out, "the dump's samples of 64 tokens"), "%s: rc %d: %s",
+                          cover[i].spec, crc, out);
+        }
+        snprintf(cmd, sizeof cmd, "%s '%s' --scheme hh2-w63 --json '%s/c.json' -q", kvstat, dump, dir);
+        int crc = run_cmd(cmd, out, sizeof out);
+        ck_assert_msg(crc == 0, "hh2-w63: rc %d: %s", crc, out);
+    }
     /* an output that is an input is refused before any work, both intact (--json DUMP, --markdown
      * ARTIFACT used to replace them, exit 0) */
     {
