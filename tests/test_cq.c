@@ -495,6 +495,8 @@ START_TEST(test_cq_artifact_and_cli)
         {"--group 32", 1, "group_size: cq's channels per group must divide head_dim 16"},
         {"--group 4 --param iters=0", 1, "iters: expected an integer 1..1000"},
         {"--group 4 --param points=1.5", 1, "points: expected an integer 1..1e8"},
+        /* fewer vectors than the 16 codewords: the fit made a codebook of copies (relative error ~2, worse than zeros) */
+        {"--group 4 --param points=15", 1, "points: 15 calibration vectors per group cannot fit 16 codewords (4-bit codes)"},
         {"--group 4 --param seed=1", 2, "NAME one of method cq's parameters (iters, points)"},
         {"--group 4 --outliers 0.01", 2, "outlier fraction: method cq keeps no outliers"},
         {"--group 4 --residual 8", 2, "residual length: only kivi has one, method is cq"},

@@ -25,7 +25,7 @@
  *   points  calibration vectors per group at most (default 8192): an evenly
  *           strided subset of the non-sink calibration tokens, so that the
  *           default model's 16 x 2048 dump calibrates in under a minute on
- *           two cores.
+ *           two cores; at least 2^b (one per codeword), else refused.
  * The cache (form 1 of the contract, in place): every non-sink token's group
  * is replaced by its nearest centroid (kernels/quant/vq.h: squared Euclidean
  * distance, ties to the lowest index); the first n_sink tokens stay exact.
@@ -258,6 +258,9 @@ static kvq_status check_params_cq(const kvq_artifact_params *p, kvq_err *err)
         return kvq_fail(err, KVQ_EINVAL, "iters: expected an integer 1..1000 (Lloyd iterations), found %g", it);
     if (!(pts >= 1 && pts <= 1e8 && pts == floor(pts)))
         return kvq_fail(err, KVQ_EINVAL, "points: expected an integer 1..1e8 (calibration vectors per group), found %g", pts);
+    if (p->k_bits >= 1 && p->k_bits < 31 && pts < (double)(1u << p->k_bits)) /* a codebook of copies of the few points */
+        return kvq_fail(err, KVQ_EINVAL, "points: %g calibration vectors per group cannot fit %u codewords (%d-bit codes): expected "
+                        "at least %u", pts, 1u << p->k_bits, p->k_bits, 1u << p->k_bits);
     return KVQ_OK;
 }
 
