@@ -164,14 +164,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvdump: %s\n", e.msg);
         return s == KVQ_EINVAL ? 2 : 1;
     }
+    /* after --resume the loss covers this run's samples only (the earlier ones' is not stored) */
+    char lossw[96];
+    if (rep.samples_written < rep.samples_done)
+        snprintf(lossw, sizeof lossw, "mean loss of the %lld samples this run computed %.4f nats", (long long)rep.samples_written,
+                 rep.mean_loss);
+    else
+        snprintf(lossw, sizeof lossw, "mean loss %.4f nats", rep.mean_loss);
     if (!quiet && rep.write_overlapped)
-        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); %s %.1f s, HDF5 %.1f s in the "
+        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (%s); %s %.1f s, HDF5 %.1f s in the "
                         "background (waited %.1f s for it), total %.1f s\n",
-                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, fisher ? "forward+backward" : "forward",
+                out, (long long)rep.samples_done, (long long)rep.seq_len, lossw, fisher ? "forward+backward" : "forward",
                 rep.seconds_forward, rep.seconds_write, rep.seconds_wait, rep.seconds_total);
     else if (!quiet)
-        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (mean loss %.4f nats); %s %.1f s, HDF5 %.1f s (%.0f%% of that), total %.1f s\n",
-                out, (long long)rep.samples_done, (long long)rep.seq_len, rep.mean_loss, fisher ? "forward+backward" : "forward",
+        fprintf(stderr, "kvdump: wrote %s: %lld samples x %lld tokens (%s); %s %.1f s, HDF5 %.1f s (%.0f%% of that), total %.1f s\n",
+                out, (long long)rep.samples_done, (long long)rep.seq_len, lossw, fisher ? "forward+backward" : "forward",
                 rep.seconds_forward, rep.seconds_write, rep.seconds_forward > 0 ? 100 * rep.seconds_write / rep.seconds_forward : 0,
                 rep.seconds_total);
     return 0;

@@ -298,6 +298,8 @@ START_TEST(test_file_size_limit_then_resume)
     ck_assert_msg(run(cmd, msg, sizeof msg) == 0, "resume failed: %s", msg);
     ck_assert_msg(strstr(msg, "note: --deflate applies when a dump is created; the resumed dump keeps the filters it records"), "%s",
                   msg);
+    /* the summary's loss is this run's (the 3rd sample), said so (it read as the mean over all 3) */
+    ck_assert_msg(strstr(msg, "3 samples x 128 tokens (mean loss of the 1 samples this run computed "), "%s", msg);
     kvq_dump_reader *r;
     kvq_err e = {0};
     ck_assert_msg(kvq_dump_open(out, &r, &e) == KVQ_OK, "%s", e.msg);
