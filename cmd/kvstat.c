@@ -179,6 +179,11 @@ static int run(const args_t *a, const char *dump_path)
             goto out;
         }
     }
+    if (explicitly(a, "lowrank") && !(have_art && art.p.method == kvq_family_find("lowrank"))) { /* it wrote nothing, exit 0 */
+        fprintf(stderr, "kvstat: --plot lowrank needs --artifact FILE of method lowrank (kvcalib --method lowrank)%s%s\n",
+                have_art ? "; this one is " : "", have_art ? art.p.method->name : "");
+        goto out;
+    }
     kvq_kvstats_opts o = kvq_kvstats_opts_default();
     o.outlier_mult = a->outlier_mult;
     o.outlier_stat = !strcmp(a->outlier_stat, "absmax") ? KVQ_OUTLIER_ABSMAX

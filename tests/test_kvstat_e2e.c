@@ -421,6 +421,13 @@ START_TEST(test_cli_end_to_end)
     snprintf(cmd, sizeof cmd, "%s '%s' --plot attention --plots '%s/p' -q", kvstat, noattn, dir);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "re-run kvdump with --attn-stats"), "rc %d: %s", rc, out);
+    /* a figure whose data is absent is an error, as attention's (lowrank's wrote nothing, exit 0) */
+    snprintf(cmd, sizeof cmd, "%s '%s' --plot lowrank --plots '%s/p' -q", kvstat, dump, dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "--plot lowrank needs --artifact FILE of method lowrank"), "rc %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' --plot lowrank --plots '%s/p' -q", kvstat, dump, art, dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    ck_assert_msg(rc == 1 && strstr(out, "; this one is nuq"), "rc %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "%s '%s' --artifact '%s' -q", kvstat, dump, art2);
     rc = run_cmd(cmd, out, sizeof out);
     ck_assert_msg(rc == 1 && strstr(out, "artifact for another model: kvq.n_layers is 6 in the artifact but 4 in the dump"),
