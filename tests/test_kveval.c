@@ -1065,7 +1065,8 @@ START_TEST(test_bind_artifacts)
     ck_assert_int_eq(s.art_index, 1);
     ck_assert_str_eq(s.name, "nuq2+sink1"); /* the artifact's sink */
     ck_assert(kvq_eval_scheme_make("nuq2+sink0", &set, &m.hp, &s, &e) == KVQ_OK);
-    ck_assert_str_eq(s.name, "nuq2");
+    ck_assert_str_eq(s.name, "nuq2+sink0"); /* not "nuq2": that spec means the artifact's sink 1 */
+    ck_assert_uint_eq(s.s.q.n_sink, 0);
     ck_assert(kvq_eval_scheme_make("int3-pc-1%", &set, &m.hp, &s, &e) == KVQ_OK); /* thresholds of the nuq artifact */
     ck_assert_int_eq(s.art_index, 0);
     ck_assert(kvq_eval_scheme_make("int3-pc+artifact2", &set, &m.hp, &s, &e) == KVQ_OK);

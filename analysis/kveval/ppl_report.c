@@ -137,8 +137,9 @@ kvq_status kvq_ppl_report_table(FILE *f, const kvq_ppl_report *r, kvq_err *err)
                     res->sched_host ? " (KVQ_SCHED_HOST=1, or a shape or schedule the device path does not take: docs/architecture.md)" : "",
                     s->art || s->prefix ? ";" : "");
         if (s->art)
-            fprintf(f, " tables from `%s` (method %s, %s keys, sink %zu)", s->art_path, s->art->p.method->name,
-                    s->art->p.post_rope ? "post-RoPE" : "pre-RoPE", s->art->p.n_sink);
+            fprintf(f, " tables from `%s` (method %s, %s keys, calibrated with sink %zu%s)", s->art_path, s->art->p.method->name,
+                    s->art->p.post_rope ? "post-RoPE" : "pre-RoPE", s->art->p.n_sink,
+                    s->s.q.n_sink != s->art->p.n_sink ? "; this row's sink: its +sink" : "");
         if (s->prefix) {
             fprintf(f, "%s IntactKV prefix of %d entr%s from `%s`", s->art ? ";" : "", s->prefix->P, s->prefix->P == 1 ? "y" : "ies",
                     r->arts->path[s->prefix_index]);

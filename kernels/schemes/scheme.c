@@ -384,7 +384,10 @@ kvq_status kvq_eval_scheme_bind(const kvq_scheme_spec *spec, const kvq_artifact_
         return kvq_err_prefix(err, "scheme '%s'%s%s", spec->spec, out->art ? ": --artifact " : "", out->art ? out->art_path : "");
     /* canonical name */
     f->format(&out->s.q, out->name, sizeof out->name);
-    if (out->s.q.n_sink) append(out->name, sizeof out->name, "+sink", (long)out->s.q.n_sink);
+    /* +sink<N> whenever a sink is held, and +sink0 where it overrides an artifact's sink: the name, given back as a spec
+     * with the same artifacts, is the same scheme ("nuq3-1%+sink0" was named "nuq3-1%", which means the artifact's sink) */
+    if (out->s.q.n_sink || (out->art && out->art->p.n_sink))
+        append(out->name, sizeof out->name, "+sink", (long)out->s.q.n_sink);
     if (!f->stage_free && out->s.key_stage != f->default_stage)
         append(out->name, sizeof out->name, out->s.key_stage == KVQ_KEYS_PRE_ROPE ? "+pre-rope" : "+post-rope", -1);
     if (spec->rot.kind != KVQ_ROT_NONE) {
