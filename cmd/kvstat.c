@@ -207,8 +207,12 @@ static int run(const args_t *a, const char *dump_path)
         if (art.p.method != fi && kvq_qscheme_plain(&base, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
         kvq_scheme kivi = {.fam = fk, .k_bits = bk, .v_bits = bv, .n_sink = art.p.n_sink,
                            .group = fk->calib->group, .residual = fk->calib->residual};
-        if (art.p.method != fk && src.head_dim % (int)fk->calib->group == 0 &&
-            kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
+        if (art.p.method != fk && src.head_dim % (int)fk->calib->group == 0) {
+            if (kvq_qscheme_plain(&kivi, (size_t)src.head_dim, &qs[n_qs], &sch[n_qs], &err) == KVQ_OK) n_qs++;
+        } else if (art.p.method != fk && !a->quiet) { /* the row vanished without a word */
+            fprintf(stderr, "kvstat: note: no KIVI baseline: its group of %zu does not divide head_dim %d\n", fk->calib->group,
+                    src.head_dim);
+        }
     }
     /* --scheme: families without tables (zipcache, hh, int, kivi, ...), the resting cache as the family's quantize
      * gives it (keys at the spec's stage, through its rotation), checked against the dump's head_dim before the pass */
