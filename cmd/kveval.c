@@ -727,6 +727,11 @@ int main(int argc, char **argv)
         }
         baseline = (size_t)b;
     }
+    for (size_t i = 0; i < arts.n && !o.quiet; i++) { /* an artifact no scheme reads was passed over without a word */
+        bool used = false;
+        for (size_t j = 0; j < n_sch && !used; j++) used = sch[j].art_index == (int)i || sch[j].prefix_index == (int)i;
+        if (!used) fprintf(stderr, "kveval: note: --artifact %s: no --scheme reads it\n", arts.path[i]);
+    }
     /* the window length: an IntactKV prefix of P tokens sits before every window, so P + ctx must fit
      * the model's context; the default leaves room for the longest prefix (it was min(2048, context),
      * which failed on a 128-token model with any prefix) */

@@ -363,6 +363,11 @@ START_TEST(test_cli_errors)
     snprintf(args, sizeof args, "--model %s --ctx 64 --max-windows 1 -q %s --scheme int4", e.model, tx);
     int trc = run(&e, args, out, sizeof out, err, sizeof err);
     ck_assert_msg(trc == 2 && strstr(err, "a llama2.c model carries no tokenizer; pass --tokenizer"), "exit %d: %s", trc, err);
+    /* an --artifact that no scheme reads is said (it was passed over without a word) */
+    snprintf(args, sizeof args, "--model %s --tokenizer %s --ctx 64 --max-windows 1 %s --scheme int4 --artifact %s", e.model, e.tok, tx,
+             a_ok);
+    trc = run(&e, args, out, sizeof out, err, sizeof err);
+    ck_assert_msg(trc == 0 && strstr(err, "no --scheme reads it") && strstr(err, a_ok), "exit %d: %s", trc, err);
     /* no temporary JSON either */
     char cmd[600];
     snprintf(cmd, sizeof cmd, "ls %s | grep -q tmp", e.dir);
