@@ -783,6 +783,12 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
+        /* the family's own rule (check_ctx: a window covering the context); kvq_ppl_run applies it too */
+        const kvq_family *f = sch[i].desc.q.fam;
+        if (f->check_ctx && f->check_ctx(&sch[i].desc.q, sch[i].name, ctx, &e)) {
+            rc = fail(NULL, &e, 2);
+            goto out;
+        }
     }
 
     if (load_tokenizer(&o, &m, &tok, &e)) { rc = fail("tokenizer", &e, tokenizer_rc(&o, &m)); goto out; }
@@ -807,15 +813,6 @@ int main(int argc, char **argv)
     exec.kld = !o.no_kld && n_sch > 1;
     exec.kld_baseline = baseline;
     kvq_progress prog;
-    /* windows the scheme cannot quantize in (a sink and window covering the context, ...) are a command-line error,
-     * exit 2 (kvq_ppl_run applies the same rules, exit 1 for what only the run finds) */
-    for (size_t s = 0; s < n_sch; s++) {
-        const kvq_family *f = sch[s].desc.q.fam;
-        if (f && f->check_ctx && f->check_ctx(&sch[s].desc.q, sch[s].name, plan.ctx, &e)) {
-            rc = fail(NULL, &e, 2);
-            goto out;
-        }
-    }
     kvq_progress_init(&prog, "kveval", "window-runs", (uint64_t)plan.n_windows * n_sch, o.quiet);
     if (!o.quiet)
         fprintf(stderr, "kveval: %zu windows x %zu schemes at ctx %zu (%s protocol, %zu scored tokens per window) on %s, %s\n",
