@@ -685,9 +685,9 @@ static kvq_status read_table(const kvq_safetensors *st, const kvq_artifact_param
         void *obj;
         if (p->per_head) KVQ_TRY(get_tensor(st, i, kv, "levels", KVQ_ST_F32, 2, t->n_tables, nl, (void **)&t->levels, err));
         else KVQ_TRY(get_tensor(st, i, kv, "levels", KVQ_ST_F32, 1, nl, 0, (void **)&t->levels, err));
-        /* nuq's value LUT is fp16 (KVQuant App. M, as its bits accounting counts): the simulation, the packed caches
+        /* an fp16 value LUT (nuq: KVQuant App. M, as its bits accounting counts): the simulation, the packed caches
          * and the GPU kernel's tensor-core operands (exact only for fp16 numbers) all use the levels rounded so */
-        if (kv == 'v' && !strcmp(p->method->name, "nuq"))
+        if (kv == 'v' && layout(p->method)->v_levels_fp16)
             for (size_t j = 0; j < t->n_tables * nl; j++) t->levels[j] = kvq_round_fp16(t->levels[j]);
         KVQ_TRY(get_tensor(st, i, kv, "fit_objective", KVQ_ST_F64, 2, t->n_tables, 2, &obj, err));
         t->obj_lloyd = malloc(t->n_tables * sizeof(double));

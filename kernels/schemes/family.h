@@ -169,6 +169,7 @@ typedef struct kvq_kv_desc_run {
 /* How a family stores its tables in a calibration artifact (ARTIFACT.md). */
 typedef struct {
     bool k_levels, v_levels;   /* layers.<i>.{k,v}.levels + fit_objective + fit_chosen (nuq datatypes) */
+    bool v_levels_fp16;        /* the value levels are an fp16 LUT: the reader rounds them to fp16 (nuq: KVQuant App. M) */
     bool k_thresholds;         /* layers.<i>.k.channel_lower / channel_upper */
     bool fp8_scales;           /* layers.<i>.{k,v}.fp8_scale + kvq.fp8_format, kvq.fp8_percentile: one float32 scale
                                   per layer tensor or KV head (fp8's k/v scale; nvfp4's per-tensor scale) */

@@ -183,6 +183,7 @@ static kvq_status kvcache_nuq(kvq_kvcache_config *cfg, const kvq_artifact *a, si
 static const kvq_family_artifact art_nuq = {
     .k_levels = true,
     .v_levels = true,
+    .v_levels_fp16 = true,
     .k_thresholds = true,
     .outliers = true,
     .per_head = true,
